@@ -1,0 +1,29 @@
+"""Error types: every user-facing failure is one of these, so the CLI can print one line, not a traceback."""
+
+from __future__ import annotations
+
+
+class ItlauditError(Exception):
+    """Base: the message is a complete one-line explanation with what to do about it."""
+
+    exit_code = 2
+
+
+class ScenarioError(ItlauditError):
+    """A scenario file is missing, unparsable or has a bad key."""
+
+
+class ServerUnreachableError(ItlauditError):
+    """The server could not be connected to at all."""
+
+
+class ServerRejectedError(ItlauditError):
+    """The server answered a preflight request with a 4xx/5xx (message is vLLM's own)."""
+
+
+class LaunchError(ItlauditError):
+    """A server we started died or never became ready; the message carries its log tail."""
+
+
+class RecordsError(ItlauditError):
+    """A requests.jsonl (or other run-folder file) is missing or malformed."""
