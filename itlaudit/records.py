@@ -81,6 +81,9 @@ class RequestRecord:
     text: str = ""
     chunks: ChunkSeries = field(default_factory=ChunkSeries)
     started_at_unix: float | None = None  # wall clock, for provenance only: never used in timing
+    # Time the client spent parsing chunks (receipt → record appended), summed: when this is a large
+    # share of e2e_ms the client, not the server, may be what is being measured.
+    client_overhead_ms: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Flat JSON: chunk arrays become top-level `chunk_*` keys (the requests.jsonl layout)."""
