@@ -1,0 +1,278 @@
+"""Scenario files: the whole experiment (workload + the servers to compare) in one TOML file.
+
+Validation happens here, up front, so a typo costs one line of error before any request is sent,
+and every error names the file, the key and its line.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from itlaudit.errors import ScenarioError
+from itlaudit.records import RequestParams
+
+ENDPOINTS = ("completions", "chat")
+LAUNCH_KINDS = ("python", "docker", "command", "url")
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """How to start the server for one variant (consumed by the launcher)."""
+
+    kind: str
+    python: str | None = None
+    image: str | None = None
+    command: list[str] = field(default_factory=list)
+    model: str | None = None
+    served_model_name: str | None = None
+    server_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    ready_timeout_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    url: str | None = None
+    launch: LaunchConfig | None = None
+
+
+@dataclass(frozen=True)
+class Workload:
+    prompts: list[str]
+    num_requests: int
+    concurrency: int
+    params: RequestParams
+    extra_body: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    endpoint: str
+    model: str
+    workload: Workload
+    variants: list[Variant]
+    path: Path | None = None
+
+    def prompt_for(self, index: int) -> str:
+        """Prompts cycle so num_requests may exceed the prompt list."""
+        return self.workload.prompts[index % len(self.workload.prompts)]
+
+
+class _Located:
+    """Finds the line of a key in the TOML text, so validation errors can point at it."""
+
+    _header = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*$")
+
+    def __init__(self, path: Path, text: str) -> None:
+        self.path = path
+        self.lines = text.splitlines()
+
+    def line_of(self, table: str, key: str) -> int | None:
+        current = ""
+        key_re = re.compile(rf"^\s*{re.escape(key)}\s*=")
+        for number, line in enumerate(self.lines, 1):
+            header = self._header.match(line)
+            if header:
+                current = header.group(1)
+                continue
+            if current == table and key_re.match(line):
+                return number
+        return None
+
+    def error(self, table: str, key: str, problem: str) -> ScenarioError:
+        where = f"{self.path}"
+        line = self.line_of(table, key)
+        if line is not None:
+            where += f":{line}"
+        dotted = f"{table}.{key}" if table else key
+        return ScenarioError(f"{where}: `{dotted}` {problem}")
+
+
+def _get(
+    src: dict[str, Any],
+    loc: _Located,
+    table: str,
+    key: str,
+    kind: type | tuple[type, ...],
+    default: Any = ...,
+) -> Any:
+    if key not in src:
+        if default is ...:
+            raise loc.error(table, key, "is missing; add it")
+        return default
+    value = src[key]
+    # bool is an int subclass: a `true` where a number belongs is a mistake worth naming.
+    wrong_bool = isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,))
+    if wrong_bool or not isinstance(value, kind):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise loc.error(table, key, f"must be {names}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _positive(value: int, loc: _Located, table: str, key: str) -> int:
+    if value < 1:
+        raise loc.error(table, key, f"must be at least 1, got {value}")
+    return value
+
+
+def _int_list(src: dict[str, Any], loc: _Located, table: str, key: str) -> list[int]:
+    values = _get(src, loc, table, key, list, [])
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise loc.error(table, key, "must be a list of integer token ids")
+    return values
+
+
+def _str_list(src: dict[str, Any], loc: _Located, table: str, key: str) -> list[str]:
+    values = _get(src, loc, table, key, list, [])
+    if not all(isinstance(v, str) for v in values):
+        raise loc.error(table, key, "must be a list of strings")
+    return values
+
+
+def _unknown_keys(src: dict[str, Any], allowed: set[str], loc: _Located, table: str) -> None:
+    for key in src:
+        if key not in allowed:
+            raise loc.error(table, key, f"is not a known key (known: {', '.join(sorted(allowed))})")
+
+
+def _read_prompts_file(base: Path, name: str, loc: _Located) -> list[str]:
+    """Plain text: prompts separated by a line holding only `---`, so multi-line prompts fit."""
+    path = (base / name).resolve()
+    if not path.is_file():
+        raise loc.error("workload", "prompts_file", f"names {path}, which does not exist")
+    chunks = re.split(r"^---\s*$", path.read_text(encoding="utf-8"), flags=re.MULTILINE)
+    prompts = [c.strip("\n") for c in chunks if c.strip()]
+    if not prompts:
+        raise loc.error("workload", "prompts_file", f"names {path}, which holds no prompt")
+    return prompts
+
+
+def _workload(src: dict[str, Any], loc: _Located, base: Path) -> Workload:
+    table = "workload"
+    allowed = {
+        "prompts",
+        "prompts_file",
+        "num_requests",
+        "concurrency",
+        "max_tokens",
+        "min_tokens",
+        "ignore_eos",
+        "temperature",
+        "stop_token_ids",
+        "seed",
+        "extra_body",
+    }
+    _unknown_keys(src, allowed, loc, table)
+    if "prompts" in src and "prompts_file" in src:
+        raise loc.error(table, "prompts_file", "cannot be given together with `prompts`; keep one")
+    if "prompts_file" in src:
+        prompts = _read_prompts_file(base, _get(src, loc, table, "prompts_file", str), loc)
+    else:
+        prompts = _str_list(src, loc, table, "prompts")
+        if not prompts:
+            raise loc.error(table, "prompts", "is missing or empty; give `prompts` or `prompts_file`")
+    max_tokens = _get(src, loc, table, "max_tokens", int, None)
+    min_tokens = _get(src, loc, table, "min_tokens", int, None)
+    if max_tokens is not None:
+        _positive(max_tokens, loc, table, "max_tokens")
+    if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
+        raise loc.error(table, "min_tokens", f"({min_tokens}) is larger than max_tokens ({max_tokens})")
+    temperature = _get(src, loc, table, "temperature", (int, float), None)
+    params = RequestParams(
+        max_tokens=max_tokens,
+        min_tokens=min_tokens,
+        ignore_eos=_get(src, loc, table, "ignore_eos", bool, False),
+        stop_token_ids=_int_list(src, loc, table, "stop_token_ids"),
+        temperature=float(temperature) if temperature is not None else None,
+        seed=_get(src, loc, table, "seed", int, None),
+    )
+    return Workload(
+        prompts=prompts,
+        num_requests=_positive(_get(src, loc, table, "num_requests", int, len(prompts)), loc, table, "num_requests"),
+        concurrency=_positive(_get(src, loc, table, "concurrency", int, 1), loc, table, "concurrency"),
+        params=params,
+        extra_body=_get(src, loc, table, "extra_body", dict, {}),
+    )
+
+
+def _launch(src: dict[str, Any], loc: _Located) -> LaunchConfig:
+    table = "variants.launch"
+    allowed = {"kind", "python", "image", "command", "model", "served_model_name", "server_args", "env"}
+    allowed.add("ready_timeout_s")
+    _unknown_keys(src, allowed, loc, table)
+    kind = _get(src, loc, table, "kind", str)
+    if kind not in LAUNCH_KINDS:
+        raise loc.error(table, "kind", f"must be one of {', '.join(LAUNCH_KINDS)}, got {kind!r}")
+    needs = {"python": "python", "docker": "image", "command": "command"}
+    if kind in needs and needs[kind] not in src:
+        raise loc.error(table, needs[kind], f"is missing; kind {kind!r} needs it")
+    env = _get(src, loc, table, "env", dict, {})
+    if not all(isinstance(v, str) for v in env.values()):
+        raise loc.error(table, "env", "values must be strings (quote numbers)")
+    return LaunchConfig(
+        kind=kind,
+        python=_get(src, loc, table, "python", str, None),
+        image=_get(src, loc, table, "image", str, None),
+        command=_str_list(src, loc, table, "command"),
+        model=_get(src, loc, table, "model", str, None),
+        served_model_name=_get(src, loc, table, "served_model_name", str, None),
+        server_args=_str_list(src, loc, table, "server_args"),
+        env=env,
+        ready_timeout_s=float(_get(src, loc, table, "ready_timeout_s", (int, float), 300.0)),
+    )
+
+
+def _variants(raw: Any, loc: _Located) -> list[Variant]:
+    if not isinstance(raw, list) or not raw:
+        raise loc.error("", "variants", "is missing; add at least one [[variants]] table with `name`")
+    out: list[Variant] = []
+    for src in raw:
+        table = "variants"
+        _unknown_keys(src, {"name", "url", "launch"}, loc, table)
+        name = _get(src, loc, table, "name", str)
+        if any(v.name == name for v in out):
+            raise loc.error(table, "name", f"{name!r} is used twice; variant names must be unique")
+        url = _get(src, loc, table, "url", str, None)
+        if url is not None and not re.match(r"^https?://", url):
+            raise loc.error(table, "url", f"must start with http:// or https://, got {url!r}")
+        launch = _launch(src["launch"], loc) if "launch" in src else None
+        out.append(Variant(name=name, url=url.rstrip("/") if url else None, launch=launch))
+    return out
+
+
+def parse_scenario(text: str, path: Path) -> Scenario:
+    loc = _Located(path, text)
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(f"{path}: not valid TOML: {exc}") from None
+    _unknown_keys(raw, {"name", "endpoint", "model", "workload", "variants", "description"}, loc, "")
+    endpoint = _get(raw, loc, "", "endpoint", str, "completions")
+    if endpoint not in ENDPOINTS:
+        raise loc.error("", "endpoint", f"must be one of {', '.join(ENDPOINTS)}, got {endpoint!r}")
+    if "workload" not in raw:
+        raise loc.error("", "workload", "is missing; add a [workload] table with prompts and max_tokens")
+    return Scenario(
+        name=_get(raw, loc, "", "name", str),
+        endpoint=endpoint,
+        model=_get(raw, loc, "", "model", str, "auto"),
+        workload=_workload(raw["workload"], loc, path.parent),
+        variants=_variants(raw.get("variants"), loc),
+        path=path,
+    )
+
+
+def load_scenario(path: Path) -> Scenario:
+    if not path.is_file():
+        raise ScenarioError(f"{path}: scenario file not found; pass a path to a .toml (see scenarios/)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ScenarioError(f"{path}: cannot read scenario ({exc})") from None
+    return parse_scenario(text, path)

@@ -1,0 +1,118 @@
+"""Scenario loading: valid files load with the right values; every bad key is named with its line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from itlaudit.errors import ScenarioError
+from itlaudit.scenario import load_scenario, parse_scenario
+
+REPO = Path(__file__).resolve().parent.parent
+
+GOOD = """\
+name = "k0-vs-k3"
+endpoint = "chat"
+model = "tiny"
+
+[workload]
+prompts = ["hello", "world"]
+num_requests = 5
+concurrency = 2
+max_tokens = 64
+min_tokens = 64
+ignore_eos = true
+temperature = 0
+stop_token_ids = [7, 9]
+seed = 3
+
+[[variants]]
+name = "K0"
+url = "http://127.0.0.1:8000/"
+
+[[variants]]
+name = "K3"
+[variants.launch]
+kind = "python"
+python = "/opt/venv/bin/python"
+model = "/models/tiny"
+server_args = ["--enforce-eager"]
+env = { VLLM_CPU_KVCACHE_SPACE = "1" }
+"""
+
+
+def parse(text: str) -> object:
+    return parse_scenario(text, Path("s.toml"))
+
+
+def test_good_scenario_values() -> None:
+    sc = parse_scenario(GOOD, Path("s.toml"))
+    assert sc.name == "k0-vs-k3"
+    assert sc.endpoint == "chat"
+    assert sc.workload.num_requests == 5
+    assert sc.workload.concurrency == 2
+    p = sc.workload.params
+    assert (p.max_tokens, p.min_tokens, p.ignore_eos, p.temperature, p.seed) == (64, 64, True, 0.0, 3)
+    assert p.stop_token_ids == [7, 9]
+    assert sc.variants[0].url == "http://127.0.0.1:8000"
+    launch = sc.variants[1].launch
+    assert launch is not None and launch.kind == "python" and launch.env == {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    assert [sc.prompt_for(i) for i in range(3)] == ["hello", "world", "hello"]
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        ("max_tokens = 64", 'max_tokens = "64"', "s.toml:9: `workload.max_tokens` must be int, got str '64'"),
+        ("concurrency = 2", "concurrency = 0", "s.toml:8: `workload.concurrency` must be at least 1"),
+        ("ignore_eos = true", "ignore_eos = 1", "s.toml:11: `workload.ignore_eos` must be bool"),
+        ("seed = 3", "sede = 3", "s.toml:14: `workload.sede` is not a known key"),
+        ('endpoint = "chat"', 'endpoint = "embed"', "s.toml:2: `endpoint` must be one of completions, chat"),
+        ("min_tokens = 64", "min_tokens = 65", "`workload.min_tokens` (65) is larger than max_tokens (64)"),
+        ('kind = "python"', 'kind = "k8s"', "`variants.launch.kind` must be one of python, docker"),
+        ('url = "http://127.0.0.1:8000/"', 'url = "127.0.0.1:8000"', "`variants.url` must start with http://"),
+        ("stop_token_ids = [7, 9]", 'stop_token_ids = ["7"]', "`workload.stop_token_ids` must be a list of int"),
+        ('python = "/opt/venv/bin/python"\n', "", "`variants.launch.python` is missing; kind 'python' needs it"),
+    ],
+)
+def test_bad_keys_are_named_with_line(old: str, new: str, expected: str) -> None:
+    assert old in GOOD
+    with pytest.raises(ScenarioError) as info:
+        parse(GOOD.replace(old, new))
+    assert expected in str(info.value)
+
+
+def test_toml_syntax_error_names_line() -> None:
+    with pytest.raises(ScenarioError, match=r"s.toml: not valid TOML: .*line 2"):
+        parse('name = "x"\nendpoint = \n')
+
+
+def test_missing_file_and_missing_name() -> None:
+    with pytest.raises(ScenarioError, match="scenario file not found"):
+        load_scenario(Path("/nonexistent/x.toml"))
+    with pytest.raises(ScenarioError, match="`name` is missing"):
+        parse(GOOD.replace('name = "k0-vs-k3"\n', ""))
+
+
+def test_duplicate_variant_names() -> None:
+    text = GOOD.replace('name = "K3"', 'name = "K0"')
+    with pytest.raises(ScenarioError, match="'K0' is used twice"):
+        parse(text)
+
+
+def test_prompts_file_split_on_separator(tmp_path: Path) -> None:
+    (tmp_path / "p.txt").write_text("first\nline two\n---\nsecond\n", encoding="utf-8")
+    text = GOOD.replace('prompts = ["hello", "world"]', 'prompts_file = "p.txt"')
+    path = tmp_path / "s.toml"
+    path.write_text(text, encoding="utf-8")
+    assert load_scenario(path).workload.prompts == ["first\nline two", "second"]
+    (tmp_path / "p.txt").unlink()
+    with pytest.raises(ScenarioError, match="prompts_file` names .*p.txt, which does not exist"):
+        load_scenario(path)
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "scenarios").rglob("*.toml")), ids=lambda p: p.name)
+def test_shipped_scenarios_load(path: Path) -> None:
+    sc = load_scenario(path)
+    assert sc.variants and sc.workload.prompts
