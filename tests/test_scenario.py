@@ -71,9 +71,21 @@ def test_good_scenario_values() -> None:
         ('endpoint = "chat"', 'endpoint = "embed"', "s.toml:2: `endpoint` must be one of completions, chat"),
         ("min_tokens = 64", "min_tokens = 65", "`workload.min_tokens` (65) is larger than max_tokens (64)"),
         ('kind = "python"', 'kind = "k8s"', "`variants.launch.kind` must be one of python, docker"),
-        ('url = "http://127.0.0.1:8000/"', 'url = "127.0.0.1:8000"', "`variants.url` must start with http://"),
-        ("stop_token_ids = [7, 9]", 'stop_token_ids = ["7"]', "`workload.stop_token_ids` must be a list of int"),
-        ('python = "/opt/venv/bin/python"\n', "", "`variants.launch.python` is missing; kind 'python' needs it"),
+        (
+            'url = "http://127.0.0.1:8000/"',
+            'url = "127.0.0.1:8000"',
+            "`variants.url` must start with http://",
+        ),
+        (
+            "stop_token_ids = [7, 9]",
+            'stop_token_ids = ["7"]',
+            "`workload.stop_token_ids` must be a list of int",
+        ),
+        (
+            'python = "/opt/venv/bin/python"\n',
+            "",
+            "`variants.launch.python` is missing; kind 'python' needs it",
+        ),
     ],
 )
 def test_bad_keys_are_named_with_line(old: str, new: str, expected: str) -> None:
@@ -108,7 +120,7 @@ def test_prompts_file_split_on_separator(tmp_path: Path) -> None:
     path.write_text(text, encoding="utf-8")
     assert load_scenario(path).workload.prompts == ["first\nline two", "second"]
     (tmp_path / "p.txt").unlink()
-    with pytest.raises(ScenarioError, match="prompts_file` names .*p.txt, which does not exist"):
+    with pytest.raises(ScenarioError, match=r"prompts_file` names .*p\.txt, which does not exist"):
         load_scenario(path)
 
 

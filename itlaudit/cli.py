@@ -1,0 +1,187 @@
+"""The `itlaudit` command line: thin wrappers that parse arguments and turn errors into one line."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from itlaudit import __version__
+from itlaudit.errors import ItlauditError, ScenarioError
+from itlaudit.orchestrate import RunOutcome, run_scenario
+from itlaudit.rundir import REPORT_FILE, write_derived
+from itlaudit.scenario import load_scenario, parse_scenario
+
+DEMO_SCENARIO = Path(__file__).parent / "data" / "demo.toml"
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Audit vLLM serving benchmarks: token-true ITL under speculative decoding, truncation findings.",
+)
+err = Console(stderr=True)
+out = Console()
+
+
+def _parse_variant_urls(pairs: list[str]) -> dict[str, str]:
+    urls: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, url = pair.partition("=")
+        if not sep or not name or not url.startswith(("http://", "https://")):
+            raise ScenarioError(f"--variant {pair!r}: expected NAME=http://HOST:PORT")
+        urls[name] = url.rstrip("/")
+    return urls
+
+
+def _print_outcome(outcome: RunOutcome) -> None:
+    for name, block in outcome.summary["variants"].items():
+        itl = block["itl_ms"]["p50"]
+        chunk = block["chunk_itl_ms"]["p50"]
+        tokens = block["completion_tokens"]["p50"]
+        found = ", ".join(f"{c}×{n}" for c, n in block["findings"].items()) or "none"
+        figures = (
+            f"token ITL p50 {itl:.2f} ms, chunk ITL p50 {chunk:.2f} ms"
+            if itl is not None and chunk is not None
+            else "no ITL (no decode chunks)"
+        )
+        out.print(f"[bold]{name}[/bold]: {figures}, completion tokens p50 {tokens}, findings: {found}")
+    out.print(f"report: {outcome.run_dir / REPORT_FILE}")
+
+
+@app.command()
+def run(
+    scenario: Annotated[Path, typer.Argument(help="Scenario TOML file (see scenarios/).")],
+    url: Annotated[str | None, typer.Option(help="Send every variant to this server.")] = None,
+    variant: Annotated[list[str] | None, typer.Option(help="NAME=URL: this variant's server.")] = None,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="Run folder (default reports/<name>-<time>/).")
+    ] = None,
+    fail_on_findings: Annotated[bool, typer.Option(help="Exit 1 when any finding fires.")] = False,
+) -> None:
+    """Stream the scenario's requests and audit them: ITL from server token counts, truncation findings."""
+    loaded = load_scenario(scenario)
+    outcome = run_scenario(
+        loaded,
+        url=url.rstrip("/") if url else None,
+        variant_urls=_parse_variant_urls(variant or []),
+        run_dir=out_dir,
+        console=err,
+    )
+    _print_outcome(outcome)
+    if fail_on_findings and outcome.finding_count:
+        raise typer.Exit(1)
+
+
+@app.command()
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="A run folder holding requests.jsonl.")],
+) -> None:
+    """Re-derive summary.json, requests.csv and report.md from a run's requests.jsonl."""
+    summary = write_derived(run_dir, run_dir.name)
+    out.print(f"{len(summary['variants'])} variant(s); report: {run_dir / REPORT_FILE}")
+
+
+@app.command()
+def demo(
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="Run folder (default reports/demo-...).")
+    ] = None,
+) -> None:
+    """K0 vs K3 vs a 128-token-capped K3, on the built-in simulator: the seed case in 30 seconds."""
+    scenario = parse_scenario(DEMO_SCENARIO.read_text(encoding="utf-8"), DEMO_SCENARIO)
+    outcome = run_scenario(scenario, run_dir=out_dir, console=err)
+    _print_outcome(outcome)
+
+
+@app.command()
+def sim(
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
+    model: Annotated[str, typer.Option(help="Served model name.")] = "sim-tiny",
+    num_speculative_tokens: Annotated[
+        int, typer.Option(help="K: draft tokens per step (0 = no spec decode).")
+    ] = 0,
+    acceptance_prob: Annotated[float, typer.Option(help="Per-position draft acceptance probability.")] = 1.0,
+    step_ms: Annotated[float, typer.Option(help="Engine step time in ms.")] = 5.0,
+    ttft_ms: Annotated[float, typer.Option(help="Prefill time in ms.")] = 20.0,
+    seed: Annotated[int, typer.Option(help="RNG seed for tokens and acceptance.")] = 0,
+    default_max_tokens: Annotated[
+        int | None, typer.Option(help="Cap for requests that omit max_tokens.")
+    ] = None,
+    cap_tokens: Annotated[int | None, typer.Option(help="Fault: stop every request at N tokens.")] = None,
+    ignore_stop_token_ids: Annotated[bool, typer.Option(help="Fault: ignore stop_token_ids.")] = False,
+    ignore_ignore_eos: Annotated[
+        bool, typer.Option(help="Fault: stop at natural EOS despite ignore_eos.")
+    ] = False,
+    ignore_min_tokens: Annotated[bool, typer.Option(help="Fault: ignore min_tokens.")] = False,
+    drop_usage: Annotated[bool, typer.Option(help="Fault: send no usage in chunks.")] = False,
+    error_after_tokens: Annotated[int | None, typer.Option(help="Fault: error frame after N tokens.")] = None,
+    reset_after_tokens: Annotated[
+        int | None, typer.Option(help="Fault: reset the connection after N tokens.")
+    ] = None,
+    no_done: Annotated[bool, typer.Option(help="Fault: omit data: [DONE].")] = False,
+    natural_eos_at: Annotated[
+        int | None, typer.Option(help="Token position where the model emits EOS.")
+    ] = None,
+) -> None:
+    """Serve the vLLM-compatible simulator (demo and fault-injection target; not a test of vLLM)."""
+    from itlaudit.sim import SimConfig, serve
+
+    serve(
+        SimConfig(
+            model=model,
+            num_speculative_tokens=num_speculative_tokens,
+            acceptance_prob=acceptance_prob,
+            step_ms=step_ms,
+            ttft_ms=ttft_ms,
+            seed=seed,
+            default_max_tokens=default_max_tokens,
+            cap_tokens=cap_tokens,
+            ignore_stop_token_ids=ignore_stop_token_ids,
+            ignore_ignore_eos=ignore_ignore_eos,
+            ignore_min_tokens=ignore_min_tokens,
+            drop_usage=drop_usage,
+            error_after_tokens=error_after_tokens,
+            reset_after_tokens=reset_after_tokens,
+            no_done=no_done,
+            natural_eos_at=natural_eos_at,
+        ),
+        host=host,
+        port=port,
+    )
+
+
+@app.command()
+def version() -> None:
+    """Print itlaudit's version."""
+    out.print(__version__)
+
+
+def main() -> None:
+    """Entry point: any ItlauditError becomes one line on stderr and its exit code, never a traceback."""
+    try:
+        app(standalone_mode=False)
+    except ItlauditError as exc:
+        err.print(f"itlaudit: error: {exc}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        err.print("itlaudit: interrupted; finished requests are in requests.jsonl", markup=False)
+        sys.exit(130)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        sys.exit(130)
+    except Exception as exc:  # click's own usage errors
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()

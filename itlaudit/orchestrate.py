@@ -1,0 +1,147 @@
+"""Composes a run: for each variant, find or start its server, stream the workload, land records,
+then derive the run's files. Shared by `run` and `compare`; it holds no figures of its own."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from itlaudit import __version__
+from itlaudit.errors import ScenarioError
+from itlaudit.records import RecordWriter, RequestRecord
+from itlaudit.rundir import META_FILE, REQUESTS_FILE, new_run_dir, write_derived, write_json
+from itlaudit.runner import run_variant
+from itlaudit.scenario import LaunchConfig, Scenario, Variant
+
+if TYPE_CHECKING:
+    from itlaudit.launcher import LaunchSpec
+
+DEFAULT_REPORTS = Path("reports")
+
+# Called around each variant with its base URL: `compare` uses it to scrape /metrics before/after.
+VariantHook = Callable[[str, str], Any]
+
+
+@dataclass
+class RunOutcome:
+    run_dir: Path
+    summary: dict[str, Any]
+    records: list[RequestRecord]
+
+    @property
+    def finding_count(self) -> int:
+        per_variant = sum(sum(b["findings"].values()) for b in self.summary["variants"].values())
+        return per_variant
+
+
+def _expand(text: str) -> str:
+    """`{python}` is this interpreter, `{cache}` itlaudit's cache folder (testbed venvs, models):
+    so a shipped scenario can name the testbed without knowing where this machine keeps it."""
+    from itlaudit.testbed import default_cache_dir
+
+    return text.replace("{python}", sys.executable).replace("{cache}", str(default_cache_dir()))
+
+
+def launch_spec(config: LaunchConfig) -> LaunchSpec:
+    from itlaudit.launcher import LaunchSpec
+
+    def opt(value: str | None) -> str | None:
+        return _expand(value) if value is not None else None
+
+    return LaunchSpec(
+        kind=config.kind,  # type: ignore[arg-type]  # validated against LAUNCH_KINDS by the scenario
+        python=opt(config.python),
+        image=config.image,
+        command=[_expand(part) for part in config.command],
+        model=opt(config.model),
+        served_model_name=config.served_model_name,
+        server_args=[_expand(arg) for arg in config.server_args],
+        env=dict(config.env),
+        ready_timeout_s=config.ready_timeout_s,
+    )
+
+
+@contextmanager
+def variant_target(variant: Variant, override_url: str | None, run_dir: Path) -> Iterator[str]:
+    """Yield the base URL for a variant, starting (and always stopping) its server when it has one."""
+    if override_url:
+        yield override_url
+        return
+    if variant.launch is not None:
+        from itlaudit.launcher import launch
+
+        with launch(launch_spec(variant.launch), run_dir / f"server-{variant.name}.log") as server:
+            yield server.url
+        return
+    if variant.url:
+        yield variant.url
+        return
+    raise ScenarioError(
+        f"variant {variant.name!r} has no `url` and no [variants.launch]; add one, or pass --url / "
+        f"--variant {variant.name}=URL"
+    )
+
+
+def run_scenario(
+    scenario: Scenario,
+    *,
+    url: str | None = None,
+    variant_urls: dict[str, str] | None = None,
+    run_dir: Path | None = None,
+    console: Console | None = None,
+    before_variant: VariantHook | None = None,
+    after_variant: VariantHook | None = None,
+) -> RunOutcome:
+    variant_urls = variant_urls or {}
+    unknown = set(variant_urls) - {v.name for v in scenario.variants}
+    if unknown:
+        names = ", ".join(v.name for v in scenario.variants)
+        raise ScenarioError(f"--variant names {', '.join(sorted(unknown))}, not in the scenario ({names})")
+    if run_dir is None:
+        run_dir = new_run_dir(DEFAULT_REPORTS, scenario.name)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    meta: dict[str, Any] = {
+        "itlaudit_version": __version__,
+        "scenario": scenario.name,
+        "scenario_path": str(scenario.path) if scenario.path else None,
+        "endpoint": scenario.endpoint,
+        "started_at_unix": time.time(),
+        "variants": {},
+    }
+    write_json(run_dir / META_FILE, meta)
+    records: list[RequestRecord] = []
+    total = scenario.workload.num_requests * len(scenario.variants)
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
+    with progress, RecordWriter(run_dir / REQUESTS_FILE) as writer:
+        task = progress.add_task("requests", total=total)
+        for variant in scenario.variants:
+            override = url or variant_urls.get(variant.name)
+            with variant_target(variant, override, run_dir) as base_url:
+                meta["variants"][variant.name] = {"url": base_url}
+                if before_variant is not None:
+                    meta["variants"][variant.name]["before"] = before_variant(variant.name, base_url)
+                progress.update(task, description=f"{variant.name} @ {base_url}")
+                records += asyncio.run(
+                    run_variant(scenario, variant.name, base_url, writer, lambda _r: progress.advance(task))
+                )
+                if after_variant is not None:
+                    meta["variants"][variant.name]["after"] = after_variant(variant.name, base_url)
+            write_json(run_dir / META_FILE, meta)
+    summary = write_derived(run_dir, scenario.name, [v.name for v in scenario.variants])
+    return RunOutcome(run_dir=run_dir, summary=summary, records=records)

@@ -1,0 +1,69 @@
+"""The run folder: where raw records land as they finish, and where derived files are written.
+
+Layout: requests.jsonl (append-only, one line per finished request), summary.json, requests.csv,
+report.md, meta.json (what was run, against what). Only this module and the JSONL writer touch it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from itlaudit.markdown import render_report
+from itlaudit.records import RequestRecord, load_records
+from itlaudit.summary import request_line, run_summary
+
+REQUESTS_FILE = "requests.jsonl"
+SUMMARY_FILE = "summary.json"
+CSV_FILE = "requests.csv"
+REPORT_FILE = "report.md"
+META_FILE = "meta.json"
+
+
+def new_run_dir(base: Path, scenario_name: str) -> Path:
+    """reports/<scenario>-<UTC timestamp>/, never reusing a folder that already holds a run."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    candidate = base / f"{scenario_name}-{stamp}"
+    suffix = 1
+    while candidate.exists():
+        suffix += 1
+        candidate = base / f"{scenario_name}-{stamp}-{suffix}"
+    candidate.mkdir(parents=True)
+    return candidate
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _csv_frame(records: Sequence[RequestRecord]) -> pd.DataFrame:
+    """One row per request with the scalar fields only: chunk arrays stay in requests.jsonl."""
+    rows = []
+    for record in records:
+        line = request_line(record)
+        params = line.pop("params")
+        row = {k: v for k, v in line.items() if not isinstance(v, list | dict) and k != "text"}
+        row.update({f"param_{k}": v for k, v in params.items() if not isinstance(v, list)})
+        row["findings"] = ";".join(line["findings"])
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def write_derived(run_dir: Path, title: str, variant_order: Sequence[str] | None = None) -> dict[str, Any]:
+    """(Re)derive summary.json, requests.csv and report.md from requests.jsonl."""
+    records = load_records(run_dir / REQUESTS_FILE)
+    summary = run_summary(records, variant_order)
+    write_json(run_dir / SUMMARY_FILE, summary)
+    _csv_frame(records).to_csv(run_dir / CSV_FILE, index=False)
+    findings = [f for r in records for f in request_line(r)["finding_details"]] + summary["run_findings"]
+    (run_dir / REPORT_FILE).write_text(render_report(title, summary, findings), encoding="utf-8")
+    return summary

@@ -1,0 +1,80 @@
+"""Pure assembly of a run's derived figures: per-request lines and per-variant summaries.
+
+Everything here is recomputable from requests.jsonl alone, which is what lets `itlaudit report`
+re-derive a run's results with a newer itlaudit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+from itlaudit.findings import Finding, request_findings, run_findings
+from itlaudit.metrics import RequestMetrics, request_metrics, tokens_per_chunk_hist, variant_summary
+from itlaudit.records import STATUS_OK, RequestRecord
+
+
+def text_sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def request_line(record: RequestRecord) -> dict[str, Any]:
+    """The requests.jsonl line: the raw record plus the figures and findings derived from it."""
+    metrics = request_metrics(record)
+    findings = request_findings(record, metrics)
+    line = record.to_json()
+    derived = asdict(metrics)
+    derived.pop("e2e_ms", None)  # already on the raw record, same value
+    derived.pop("completion_tokens", None)
+    line.update(derived)
+    line["text_sha256"] = text_sha256(record.text)
+    line["findings"] = [f.code for f in findings]
+    line["finding_details"] = [f.to_json() for f in findings]
+    return line
+
+
+def _variant_block(records: Sequence[RequestRecord], metrics: Sequence[RequestMetrics]) -> dict[str, Any]:
+    per_request = [request_findings(r, m) for r, m in zip(records, metrics, strict=True)]
+    codes = Counter(f.code for found in per_request for f in found)
+    hist: Counter[int] = Counter()
+    for record in records:
+        hist.update(tokens_per_chunk_hist(record))
+    sources = Counter(m.token_source for m in metrics)
+    block: dict[str, Any] = {
+        "requests": len(records),
+        "errors": sum(1 for r in records if r.status != STATUS_OK),
+        "token_source": dict(sources),
+        "tokens_per_chunk_hist": {str(k): v for k, v in sorted(hist.items())},
+        "client_overhead_share": _overhead_share(records),
+    }
+    block.update(variant_summary(metrics))
+    block["findings"] = dict(sorted(codes.items()))
+    return block
+
+
+def _overhead_share(records: Sequence[RequestRecord]) -> float | None:
+    """Client parse time over stream time: near 1 means the client, not the server, set the pace."""
+    overhead = sum(r.client_overhead_ms or 0.0 for r in records)
+    total = sum(r.e2e_ms or 0.0 for r in records)
+    return overhead / total if total > 0 else None
+
+
+def run_summary(
+    records: Sequence[RequestRecord], variant_order: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """summary.json: per-variant blocks in scenario order, then run-level findings."""
+    names = list(variant_order or [])
+    names += [r.variant for r in records if r.variant not in names]
+    variants: dict[str, Any] = {}
+    for name in dict.fromkeys(names):
+        mine = [r for r in records if r.variant == name]
+        variants[name] = _variant_block(mine, [request_metrics(r) for r in mine])
+    run_level: list[Finding] = run_findings(records)
+    for finding in run_level:
+        block = variants.get(str(finding.evidence.get("variant")))
+        if block is not None:
+            block["findings"][finding.code] = block["findings"].get(finding.code, 0) + 1
+    return {"variants": variants, "run_findings": [f.to_json() for f in run_level]}
