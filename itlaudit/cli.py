@@ -160,6 +160,9 @@ def version() -> None:
     out.print(__version__)
 
 
+# Commands that live in their own modules register here, one line each (keep this file thin).
+
+
 def main() -> None:
     """Entry point: any ItlauditError becomes one line on stderr and its exit code, never a traceback."""
     try:

@@ -194,7 +194,9 @@ def _workload(src: dict[str, Any], loc: _Located, base: Path) -> Workload:
     )
     return Workload(
         prompts=prompts,
-        num_requests=_positive(_get(src, loc, table, "num_requests", int, len(prompts)), loc, table, "num_requests"),
+        num_requests=_positive(
+            _get(src, loc, table, "num_requests", int, len(prompts)), loc, table, "num_requests"
+        ),
         concurrency=_positive(_get(src, loc, table, "concurrency", int, 1), loc, table, "concurrency"),
         params=params,
         extra_body=_get(src, loc, table, "extra_body", dict, {}),
