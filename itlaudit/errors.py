@@ -27,3 +27,9 @@ class LaunchError(ItlauditError):
 
 class RecordsError(ItlauditError):
     """A requests.jsonl (or other run-folder file) is missing or malformed."""
+
+
+class TestbedError(LaunchError):
+    """Installing the vLLM CPU testbed or building its tiny model failed; names the step and log."""
+
+    __test__ = False  # keep pytest from collecting it as a test class (name starts with "Test")

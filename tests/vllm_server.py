@@ -1,0 +1,93 @@
+"""Real vLLM CPU servers for integration tests: one per test module, torn down with the module.
+
+A server takes ~50 s to become ready on this class of machine, so tests share one per module rather
+than per test. Usage in a test module::
+
+    import pytest
+    from vllm_server import vllm_server  # tests/ is on sys.path under pytest's default import mode
+
+    pytestmark = pytest.mark.vllm
+    k3_url = vllm_server(num_speculative_tokens=3)
+
+    def test_something(k3_url: str) -> None: ...
+
+vllm-marked tests are skipped unless pytest runs with ``--vllm`` or ``-m vllm`` (see conftest.py),
+because they install a multi-GB testbed on first use and load both cores for minutes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from itlaudit.launcher import LaunchSpec, launch
+from itlaudit.testbed import DEFAULT_VERSION, build_model, default_cache_dir, install
+
+SERVED_MODEL = "tiny"
+MAX_MODEL_LEN = 2048
+READY_TIMEOUT_S = 300.0
+BASE_ARGS = ["--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN)]
+ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+def testbed_python(version: str = DEFAULT_VERSION) -> Path:
+    """The testbed venv's python, installing it first if this machine has never had it."""
+    return install(version)
+
+
+def tiny_model(seed: int = 0, draft_noise: float | None = None) -> Path:
+    """A tiny model in the shared cache, so every test module and run reuses the same files."""
+    name = f"tiny-llama-s{seed}" + (f"-noise{draft_noise:g}" if draft_noise is not None else "")
+    return build_model(
+        default_cache_dir() / "models" / name, python=testbed_python(), seed=seed, draft_noise=draft_noise
+    )
+
+
+def speculative_args(draft: Path, num_speculative_tokens: int) -> list[str]:
+    config = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": num_speculative_tokens}
+    return ["--speculative-config", json.dumps(config)]
+
+
+def server_spec(
+    extra_args: list[str],
+    *,
+    num_speculative_tokens: int = 0,
+    draft_noise: float | None = None,
+) -> LaunchSpec:
+    """The testbed server: tiny model, served as "tiny"; K>0 drafts with itself or a noisy copy."""
+    model = tiny_model()
+    args = [*BASE_ARGS, *extra_args]
+    if num_speculative_tokens:
+        draft = model if draft_noise is None else tiny_model(draft_noise=draft_noise)
+        args += speculative_args(draft, num_speculative_tokens)
+    return LaunchSpec(
+        kind="python",
+        python=str(testbed_python()),
+        model=str(model),
+        served_model_name=SERVED_MODEL,
+        server_args=args,
+        env=dict(ENV),
+        ready_timeout_s=READY_TIMEOUT_S,
+    )
+
+
+def vllm_server(
+    *extra_args: str,
+    num_speculative_tokens: int = 0,
+    draft_noise: float | None = None,
+) -> Callable[..., Iterator[str]]:
+    """A module-scoped fixture yielding the base URL of a real server started with these args."""
+
+    @pytest.fixture(scope="module")
+    def _server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+        spec = server_spec(
+            list(extra_args), num_speculative_tokens=num_speculative_tokens, draft_noise=draft_noise
+        )
+        log_path = tmp_path_factory.mktemp("vllm") / "server.log"
+        with launch(spec, log_path) as server:
+            yield server.url
+
+    return _server
