@@ -76,6 +76,44 @@ def run(
 
 
 @app.command()
+def compare(
+    scenario: Annotated[Path, typer.Argument(help="Scenario TOML with a K0 (first) and K3 variant.")],
+    url: Annotated[str | None, typer.Option(help="Send every variant to this server.")] = None,
+    variant: Annotated[list[str] | None, typer.Option(help="NAME=URL: this variant's server.")] = None,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="Run folder (default reports/<name>-<time>/).")
+    ] = None,
+) -> None:
+    """Run each variant (launching its server in turn), scrape /metrics around it, write compare.json."""
+    from itlaudit.compare import COMPARE_FILE, run_compare
+
+    outcome, comparison = run_compare(
+        load_scenario(scenario),
+        url=url.rstrip("/") if url else None,
+        variant_urls=_parse_variant_urls(variant or []),
+        run_dir=out_dir,
+        console=err,
+    )
+    _print_outcome(outcome)
+    for name, row in comparison["variants"].items():
+        spec = row["spec_decode"] or {}
+        out.print(
+            f"{name}: token-ITL speedup {_fmt(row['speedup_token_itl'], '×')}, decode tok/s speedup "
+            f"{_fmt(row['speedup_decode_tokens_per_s'], '×')}, "
+            f"acceptance rate {_fmt(spec.get('acceptance_rate'))}, "
+            f"acceptance length /metrics {_fmt(spec.get('acceptance_length'))} vs stream "
+            f"{_fmt(row['stream_acceptance_length'])}"
+        )
+    for finding in comparison["findings"]:
+        out.print(f"[bold red]{finding['code']}[/bold red]: {finding['message']}", highlight=False)
+    out.print(f"compare: {outcome.run_dir / COMPARE_FILE}")
+
+
+def _fmt(value: float | None, unit: str = "") -> str:
+    return "–" if value is None else f"{value:.2f}{unit}"
+
+
+@app.command()
 def report(
     run_dir: Annotated[Path, typer.Argument(help="A run folder holding requests.jsonl.")],
 ) -> None:

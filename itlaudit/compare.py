@@ -1,0 +1,73 @@
+"""`itlaudit compare`: run every variant with /metrics scraped around it, then compare.json.
+
+/metrics is read with urllib between variants, never while requests stream, so scraping cannot
+disturb the timing it sits beside.
+"""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from itlaudit.comparison import build_comparison
+from itlaudit.orchestrate import RunOutcome, run_scenario
+from itlaudit.rundir import write_json
+from itlaudit.scenario import Scenario
+from itlaudit.specdecode import CounterSnapshot, parse_counters, spec_decode_delta
+
+COMPARE_FILE = "compare.json"
+
+
+def scrape_counters(base_url: str, timeout_s: float = 10.0) -> dict[str, Any]:
+    """Snapshot as JSON (it goes into meta.json); an unreadable /metrics is recorded, not fatal."""
+    try:
+        with urllib.request.urlopen(f"{base_url}/metrics", timeout=timeout_s) as resp:
+            text = resp.read().decode("utf-8", errors="replace")
+    except (urllib.error.URLError, OSError) as exc:
+        return {"error": f"GET {base_url}/metrics failed: {exc}"}
+    return parse_counters(text).to_json()
+
+
+def run_compare(
+    scenario: Scenario,
+    *,
+    url: str | None = None,
+    variant_urls: dict[str, str] | None = None,
+    run_dir: Path | None = None,
+    console: Console | None = None,
+) -> tuple[RunOutcome, dict[str, Any]]:
+    snapshots: dict[str, dict[str, Any]] = {}
+
+    def before(name: str, base_url: str) -> dict[str, Any]:
+        snapshots[f"{name}/before"] = scrape_counters(base_url)
+        return snapshots[f"{name}/before"]
+
+    def after(name: str, base_url: str) -> dict[str, Any]:
+        snapshots[f"{name}/after"] = scrape_counters(base_url)
+        return snapshots[f"{name}/after"]
+
+    outcome = run_scenario(
+        scenario,
+        url=url,
+        variant_urls=variant_urls,
+        run_dir=run_dir,
+        console=console,
+        before_variant=before,
+        after_variant=after,
+    )
+    spec_stats = {}
+    for variant in scenario.variants:
+        pre, post = snapshots.get(f"{variant.name}/before", {}), snapshots.get(f"{variant.name}/after", {})
+        usable = "error" not in pre and "error" not in post
+        spec_stats[variant.name] = (
+            spec_decode_delta(CounterSnapshot.from_json(pre), CounterSnapshot.from_json(post))
+            if usable
+            else None
+        )
+    comparison = build_comparison(outcome.summary, outcome.records, spec_stats)
+    write_json(outcome.run_dir / COMPARE_FILE, comparison)
+    return outcome, comparison

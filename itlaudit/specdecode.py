@@ -1,0 +1,114 @@
+"""Speculative-decoding acceptance from vLLM's /metrics counters (pure: text in, figures out).
+
+The stream tells us tokens per chunk; the server's counters tell us how many drafts it proposed
+and accepted. Both are needed: when they disagree, either the stream lost chunks or the counters
+include traffic that was not ours.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from itlaudit.errors import ItlauditError
+
+DRAFTS = "vllm:spec_decode_num_drafts_total"
+DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+_COUNTERS = (DRAFTS, DRAFT_TOKENS, ACCEPTED, GENERATION_TOKENS)
+
+
+class MetricsParseError(ItlauditError):
+    """/metrics did not parse as Prometheus text."""
+
+
+@dataclass(frozen=True)
+class CounterSnapshot:
+    """The spec-decode counters at one instant, summed over engines (data-parallel ranks)."""
+
+    totals: dict[str, float] = field(default_factory=dict)
+    accepted_per_pos: dict[int, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "totals": self.totals,
+            "accepted_per_pos": {str(k): v for k, v in self.accepted_per_pos.items()},
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CounterSnapshot:
+        per_pos = {int(k): float(v) for k, v in data.get("accepted_per_pos", {}).items()}
+        return cls(totals=dict(data.get("totals", {})), accepted_per_pos=per_pos)
+
+
+def parse_counters(text: str) -> CounterSnapshot:
+    totals: dict[str, float] = defaultdict(float)
+    per_pos: dict[int, float] = defaultdict(float)
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in _COUNTERS:
+                    totals[sample.name] += sample.value
+                elif sample.name == ACCEPTED_PER_POS and "position" in sample.labels:
+                    per_pos[int(sample.labels["position"])] += sample.value
+    except ValueError as exc:
+        raise MetricsParseError(f"/metrics is not Prometheus text ({exc}); is this a vLLM server?") from None
+    return CounterSnapshot(totals=dict(totals), accepted_per_pos=dict(sorted(per_pos.items())))
+
+
+@dataclass(frozen=True)
+class SpecDecodeStats:
+    """Acceptance over one interval (after − before), vLLM's own definitions:
+    acceptance length = 1 + accepted / drafts, acceptance rate = accepted / draft tokens."""
+
+    num_drafts: float
+    num_draft_tokens: float
+    num_accepted_tokens: float
+    generation_tokens: float | None
+    acceptance_rate: float | None
+    acceptance_length: float | None
+    per_position_acceptance: list[float]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "num_drafts": self.num_drafts,
+            "num_draft_tokens": self.num_draft_tokens,
+            "num_accepted_tokens": self.num_accepted_tokens,
+            "generation_tokens": self.generation_tokens,
+            "acceptance_rate": self.acceptance_rate,
+            "acceptance_length": self.acceptance_length,
+            "per_position_acceptance": self.per_position_acceptance,
+        }
+
+
+def spec_decode_delta(before: CounterSnapshot, after: CounterSnapshot) -> SpecDecodeStats | None:
+    """None when the server has no spec-decode counters at all (K=0, or not vLLM)."""
+    if DRAFTS not in after.totals:
+        return None
+
+    def delta(name: str) -> float:
+        return after.totals.get(name, 0.0) - before.totals.get(name, 0.0)
+
+    drafts, draft_tokens, accepted = delta(DRAFTS), delta(DRAFT_TOKENS), delta(ACCEPTED)
+    per_pos = (
+        [
+            (after.accepted_per_pos.get(pos, 0.0) - before.accepted_per_pos.get(pos, 0.0)) / drafts
+            for pos in sorted(after.accepted_per_pos)
+        ]
+        if drafts > 0
+        else []
+    )
+    return SpecDecodeStats(
+        num_drafts=drafts,
+        num_draft_tokens=draft_tokens,
+        num_accepted_tokens=accepted,
+        generation_tokens=delta(GENERATION_TOKENS) if GENERATION_TOKENS in after.totals else None,
+        acceptance_rate=accepted / draft_tokens if draft_tokens > 0 else None,
+        acceptance_length=1.0 + accepted / drafts if drafts > 0 else None,
+        per_position_acceptance=per_pos,
+    )

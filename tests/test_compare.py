@@ -1,0 +1,119 @@
+"""/metrics parsing, acceptance deltas and the K0-vs-K3 comparison, on real capture text."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from itlaudit.comparison import ACCEPTANCE_LENGTH_MISMATCH, build_comparison, stream_acceptance_length
+from itlaudit.errors import ItlauditError
+from itlaudit.records import ChunkSeries, RequestParams, RequestRecord
+from itlaudit.specdecode import CounterSnapshot, parse_counters, spec_decode_delta
+from itlaudit.summary import run_summary
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def test_parse_real_k3_metrics_and_delta_from_zero() -> None:
+    after = parse_counters((FIXTURES / "vllm-0.32.0-cpu" / "metrics-k3.txt").read_text())
+    stats = spec_decode_delta(CounterSnapshot(), after)
+    assert stats is not None
+    assert (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens) == (13.0, 39.0, 39.0)
+    assert stats.acceptance_rate == 1.0
+    assert stats.acceptance_length == 4.0
+    assert stats.per_position_acceptance == [1.0, 1.0, 1.0]
+
+
+def test_delta_subtracts_before_and_sums_engines() -> None:
+    def text(drafts: int, accepted: int, pos0: int) -> str:
+        lines = []
+        for engine in ("0", "1"):
+            labels = f'engine="{engine}",model_name="m"'
+            lines += [
+                f"vllm:spec_decode_num_drafts_total{{{labels}}} {drafts}",
+                f"vllm:spec_decode_num_draft_tokens_total{{{labels}}} {drafts * 3}",
+                f"vllm:spec_decode_num_accepted_tokens_total{{{labels}}} {accepted}",
+                f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="0"}} {pos0}',
+            ]
+        return "\n".join(lines) + "\n"
+
+    stats = spec_decode_delta(parse_counters(text(10, 5, 4)), parse_counters(text(30, 25, 14)))
+    assert stats is not None
+    # 2 engines × (30-10) drafts = 40; accepted 2 × 20 = 40; draft tokens 2 × 60 = 120
+    assert (stats.num_drafts, stats.num_accepted_tokens, stats.num_draft_tokens) == (40.0, 40.0, 120.0)
+    assert stats.acceptance_length == pytest.approx(2.0)
+    assert stats.acceptance_rate == pytest.approx(1 / 3)
+    assert stats.per_position_acceptance == [pytest.approx(0.5)]
+
+
+def test_no_spec_counters_means_none() -> None:
+    k0 = parse_counters((FIXTURES / "vllm-0.32.0-cpu" / "metrics-k0.txt").read_text())
+    assert spec_decode_delta(k0, k0) is None
+
+
+def test_garbage_metrics_is_one_line_error() -> None:
+    with pytest.raises(ItlauditError, match="not Prometheus text"):
+        parse_counters("vllm:spec_decode_num_drafts_total{engine= 3\n")
+
+
+def _record(variant: str, counts: list[int]) -> RequestRecord:
+    n = len(counts)
+    return RequestRecord(
+        request_id=f"{variant}-00000",
+        variant=variant,
+        endpoint="completions",
+        url="u",
+        model="m",
+        params=RequestParams(max_tokens=counts[-1]),
+        finish_reason="length",
+        completion_tokens=counts[-1],
+        done_sentinel=True,
+        e2e_ms=10.0 * n + 5,
+        chunks=ChunkSeries(
+            t_ms=[10.0 * (i + 1) for i in range(n)],
+            completion_tokens=counts,
+            text_len=[1] * n,
+            has_choice=[True] * n,
+            token_ids=[None] * n,
+        ),
+    )
+
+
+def _stats(acceptance_length: float) -> object:
+    drafts = 10.0
+    accepted = (acceptance_length - 1) * drafts
+    before = CounterSnapshot(totals={"vllm:spec_decode_num_drafts_total": 0.0})
+    after = CounterSnapshot(
+        totals={
+            "vllm:spec_decode_num_drafts_total": drafts,
+            "vllm:spec_decode_num_draft_tokens_total": drafts * 3,
+            "vllm:spec_decode_num_accepted_tokens_total": accepted,
+        }
+    )
+    return spec_decode_delta(before, after)
+
+
+def test_stream_acceptance_length_excludes_prefill_chunk() -> None:
+    assert stream_acceptance_length([_record("K3", [1, 5, 9, 13])]) == 4.0
+
+
+def test_comparison_speedups_and_quiet_cross_check() -> None:
+    records = [_record("K0", list(range(1, 14))), _record("K3", [1, 5, 9, 13])]
+    comparison = build_comparison(
+        run_summary(records, ["K0", "K3"]), records, {"K0": None, "K3": _stats(4.0)}
+    )
+    k3 = comparison["variants"]["K3"]
+    # K0: 12 tokens over 120 ms → 10 ms; K3: 12 tokens over 30 ms → 2.5 ms
+    assert k3["speedup_token_itl"] == pytest.approx(4.0)
+    assert k3["speedup_chunk_itl"] == pytest.approx(1.0)  # both 10 ms per chunk
+    assert k3["spec_decode"]["acceptance_length"] == 4.0
+    assert comparison["findings"] == []
+
+
+def test_acceptance_length_mismatch_fires_past_tolerance() -> None:
+    records = [_record("K0", list(range(1, 14))), _record("K3", [1, 5, 9, 13])]
+    comparison = build_comparison(run_summary(records, ["K0", "K3"]), records, {"K3": _stats(2.0)})
+    (finding,) = comparison["findings"]
+    assert finding["code"] == ACCEPTANCE_LENGTH_MISMATCH
+    assert finding["evidence"]["stream"] == 4.0 and finding["evidence"]["metrics"] == 2.0
