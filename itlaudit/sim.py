@@ -21,8 +21,9 @@ import re
 import time
 import uuid
 import zlib
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Iterable
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
@@ -220,7 +221,8 @@ class _Engine:
         eos_stops = not job.ignore_eos or cfg.ignore_ignore_eos
         stop_ids = frozenset() if cfg.ignore_stop_token_ids else job.stop_token_ids
         min_tokens = 0 if cfg.ignore_min_tokens else job.min_tokens
-        masked = {cfg.eos_token_id, *job.stop_token_ids}
+        eos = {cfg.eos_token_id}
+        masked = eos | job.stop_token_ids  # what vLLM's min_tokens logits processor bans
         budget = job.max_tokens if cfg.cap_tokens is None else min(job.max_tokens, cfg.cap_tokens)
         self.prompt_tokens += len(job.prompt_token_ids)
 
@@ -241,10 +243,12 @@ class _Engine:
             step = _Step(token_ids=[], text="")
             for _ in range(accepted + 1):
                 index = produced
-                token_id = token_rng.randrange(FIRST_REGULAR_TOKEN_ID, cfg.vocab_size)
-                if index == cfg.natural_eos_at:
-                    token_id = cfg.eos_token_id
-                token_id = _avoid(token_id, masked if index < min_tokens else set(), cfg)
+                # One draw per position whatever happens to it, so EOS placement and masking leave
+                # the rest of the sequence unchanged.
+                drawn = _avoid(token_rng.randrange(FIRST_REGULAR_TOKEN_ID, cfg.vocab_size), eos, cfg)
+                token_id = cfg.eos_token_id if index == cfg.natural_eos_at else drawn
+                if index < min_tokens:
+                    token_id = _avoid(token_id, masked, cfg)
                 produced += 1
                 step.token_ids.append(token_id)
                 if token_id == cfg.eos_token_id and eos_stops:
@@ -348,7 +352,9 @@ def _full_usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
 
 
 def _int_field(body: dict[str, Any], name: str, default: int | None) -> int | None:
-    value = body.get(name, default)
+    value = body.get(name)
+    if value is None:
+        value = default  # vLLM treats an explicit null like an omitted field (normalize_null_max_tokens)
     if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
         raise _bad_request(f"{name} must be an integer", name)
     return value
@@ -365,7 +371,7 @@ class _Ctx:
     job: _Job
 
 
-class _Api:
+class _Api(ABC):
     """What differs between /v1/completions and /v1/chat/completions; the streaming loop is shared."""
 
     id_prefix: str
@@ -374,8 +380,9 @@ class _Api:
     # /v1/completions defaults max_tokens to 16 (CompletionRequest); chat leaves it unset.
     default_max_tokens: int | None
 
+    @abstractmethod
     def prompt(self, body: dict[str, Any], config: SimConfig) -> tuple[list[int], str]:
-        raise NotImplementedError
+        """Prompt token ids and the prompt text (the rendered template, for chat)."""
 
     def max_tokens_param(self, body: dict[str, Any]) -> str:
         return "max_tokens"
@@ -386,11 +393,13 @@ class _Api:
     def opening_chunks(self, ctx: _Ctx) -> list[dict[str, Any]]:
         return []
 
+    @abstractmethod
     def stream_choice(self, ctx: _Ctx, step: _Step, first: bool) -> dict[str, Any]:
-        raise NotImplementedError
+        """The single choice of a streamed chunk carrying one engine step."""
 
+    @abstractmethod
     def full_choice(self, ctx: _Ctx, text: str, token_ids: list[int], last: _Step) -> dict[str, Any]:
-        raise NotImplementedError
+        """The single choice of a non-streaming response."""
 
     def full_extra(self, ctx: _Ctx) -> dict[str, Any]:
         return {}
@@ -626,65 +635,67 @@ _ENGINE_DEAD_FRAME = (
 _DONE_FRAME = b"data: [DONE]\n\n"
 
 
+def _reached(limit: int | None, count: int) -> bool:
+    return limit is not None and count >= limit
+
+
 async def _stream(request: web.Request, api: _Api, ctx: _Ctx, engine: _Engine) -> web.StreamResponse:
-    cfg, job = engine.config, ctx.job
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
     await resp.prepare(request)
+    # A client that goes away mid-stream just ends the request, as vLLM aborts it.
+    with suppress(ConnectionResetError):
+        await _write_stream(request, resp, api, ctx, engine)
+    return resp
+
+
+async def _write_stream(
+    request: web.Request, resp: web.StreamResponse, api: _Api, ctx: _Ctx, engine: _Engine
+) -> None:
+    cfg, job = engine.config, ctx.job
     emitted = 0
-    errored = False
-    async for step in engine.generate(job):
-        if emitted == 0:
-            for chunk in api.opening_chunks(ctx):
-                await resp.write(_sse(chunk))
-        first = emitted == 0
-        emitted += len(step.token_ids)
-        usage = api.chunk_usage(len(job.prompt_token_ids), emitted) if job.continuous_usage else None
-        # vLLM stamps the fingerprint on the terminal chunk only when no usage chunk follows.
-        fingerprint = ctx.fingerprint if step.finish_reason and not job.include_usage else None
-        choice = api.stream_choice(ctx, step, first)
-        await resp.write(_sse(_envelope(ctx, api.chunk_object, [choice], usage, fingerprint)))
-        if cfg.reset_after_tokens is not None and emitted >= cfg.reset_after_tokens and request.transport:
-            request.transport.abort()
-            return resp
-        if (
-            cfg.error_after_tokens is not None
-            and emitted >= cfg.error_after_tokens
-            and not step.finish_reason
-        ):
-            await resp.write(_ENGINE_DEAD_FRAME)
-            errored = True
-            break
-    if job.include_usage and not errored:
-        final = _envelope(
-            ctx, api.chunk_object, [], _usage(len(job.prompt_token_ids), emitted), ctx.fingerprint
-        )
-        await resp.write(_sse(final))
+    async with aclosing(engine.generate(job)) as steps:
+        async for step in steps:
+            if emitted == 0:
+                for chunk in api.opening_chunks(ctx):
+                    await resp.write(_sse(chunk))
+            first = emitted == 0
+            emitted += len(step.token_ids)
+            usage = api.chunk_usage(len(job.prompt_token_ids), emitted) if job.continuous_usage else None
+            # vLLM stamps the fingerprint on the terminal chunk only when no usage chunk follows.
+            fingerprint = ctx.fingerprint if step.finish_reason and not job.include_usage else None
+            choice = api.stream_choice(ctx, step, first)
+            await resp.write(_sse(_envelope(ctx, api.chunk_object, [choice], usage, fingerprint)))
+            if _reached(cfg.reset_after_tokens, emitted) and request.transport:
+                request.transport.abort()
+                return
+            if _reached(cfg.error_after_tokens, emitted) and not step.finish_reason:
+                # As in vLLM, the exception path skips the usage-only chunk but still sends [DONE].
+                await resp.write(_ENGINE_DEAD_FRAME)
+                break
+        else:
+            if job.include_usage:
+                usage = _usage(len(job.prompt_token_ids), emitted)
+                await resp.write(_sse(_envelope(ctx, api.chunk_object, [], usage, ctx.fingerprint)))
     if not cfg.no_done:
         await resp.write(_DONE_FRAME)
     await resp.write_eof()
-    return resp
 
 
 async def _complete(request: web.Request, api: _Api, ctx: _Ctx, engine: _Engine) -> web.StreamResponse:
     cfg = engine.config
     text, token_ids = "", []
     last = _Step(token_ids=[], text="")
-    async for step in engine.generate(ctx.job):
-        last = step
-        text += step.text
-        token_ids += step.token_ids
-        if (
-            cfg.reset_after_tokens is not None
-            and len(token_ids) >= cfg.reset_after_tokens
-            and request.transport
-        ):
-            request.transport.abort()
-            return web.Response()
-        if cfg.error_after_tokens is not None and len(token_ids) >= cfg.error_after_tokens:
-            status = HTTPStatus.INTERNAL_SERVER_ERROR
-            return _json_response(
-                _error_body(ENGINE_DEAD_MESSAGE, "InternalServerError", None, status), status
-            )
+    async with aclosing(engine.generate(ctx.job)) as steps:
+        async for last in steps:
+            text += last.text
+            token_ids += last.token_ids
+            if _reached(cfg.reset_after_tokens, len(token_ids)) and request.transport:
+                request.transport.abort()
+                return web.Response()
+            if _reached(cfg.error_after_tokens, len(token_ids)) and not last.finish_reason:
+                status = HTTPStatus.INTERNAL_SERVER_ERROR
+                body = _error_body(ENGINE_DEAD_MESSAGE, "InternalServerError", None, status)
+                return _json_response(body, status)
     body: dict[str, Any] = {
         "id": ctx.request_id,
         "object": api.full_object,

@@ -4,6 +4,8 @@ format of real vLLM captures."""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
 import re
 from pathlib import Path
@@ -509,3 +511,59 @@ async def test_max_tokens_defaults_follow_vllm(
     assert frames[-2]["usage"]["prompt_tokens"] == 4  # the simulator's word-level tokenizer
     assert frames[-2]["usage"]["completion_tokens"] == expected
     assert token_chunks(frames)[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def spec_decode_series(metrics_text: str) -> set[str]:
+    """Sample names with their label sets, values dropped: what a scraper keys on."""
+    return {line.split(" ")[0] for line in metrics_text.splitlines() if line.startswith("vllm:spec_decode")}
+
+
+@pytest.mark.parametrize("capture", ["vllm-0.24.0-cuda/metrics-k3.txt", "vllm-0.32.0-cpu/metrics-k3.txt"])
+async def test_spec_decode_metric_names_and_labels_match_capture(capture: str) -> None:
+    async with (
+        run_sim(sim(model="tiny", num_speculative_tokens=3)) as url,
+        aiohttp.ClientSession() as session,
+        session.get(url + "/metrics") as resp,
+    ):
+        simulated = spec_decode_series(await resp.text())
+    real = spec_decode_series((FIXTURES / capture).read_text())
+    assert len(real) == 12  # 3 counters + 3 per-position series, each with _total and _created
+    assert simulated == real
+
+
+async def test_split_utf8_characters_give_empty_text_chunks() -> None:
+    """Byte-level pieces split multi-byte characters: the first half yields a chunk with a token but no
+    text, the second half completes the character, as in real streams."""
+    async with run_sim(sim(step_ms=0)) as url:
+        frames = await stream(url, completion_body(2000, ignore_eos=True))
+    texts = [c["choices"][0]["text"] for c in token_chunks(frames)]
+    assert len(texts) == 2000
+    assert "" in texts
+    assert "€" in "".join(texts) or "🙂" in "".join(texts)
+
+
+async def test_chunks_are_flushed_per_engine_step() -> None:
+    """ITL is measured from arrival times, so each step's chunk must reach the client when it is made."""
+    loop = asyncio.get_running_loop()
+    async with (
+        run_sim(sim(step_ms=25, ttft_ms=60)) as url,
+        aiohttp.ClientSession() as session,
+    ):
+        start = loop.time()
+        async with session.post(url + "/v1/completions", json={"stream": True, **completion_body(5)}) as resp:
+            arrivals = [loop.time() - start async for line in resp.content if line.startswith(b"data: {")]
+    token_arrivals = arrivals[:5]
+    assert token_arrivals[0] >= 0.05
+    gaps = [b - a for a, b in itertools.pairwise(token_arrivals)]
+    assert len(gaps) == 4
+    assert all(gap >= 0.02 for gap in gaps), gaps
+
+
+async def test_server_survives_client_disconnect() -> None:
+    async with run_sim(sim(step_ms=5)) as url, aiohttp.ClientSession() as session:
+        async with session.post(
+            url + "/v1/completions", json={"stream": True, **completion_body(500)}
+        ) as resp:
+            await resp.content.readline()
+        frames = await stream(url, completion_body(3))
+    assert len(ids(frames)) == 3
