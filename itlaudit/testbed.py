@@ -111,7 +111,9 @@ def build_model(
     out_dir.mkdir(parents=True, exist_ok=True)
     marker.unlink(missing_ok=True)
     log_path = out_dir / "build.log"
-    argv = [str(python), str(_TINYMODEL), str(out_dir), "--seed", str(seed)]
+    # -P: run by path, the script's own directory (itlaudit/) would otherwise shadow stdlib modules
+    # with itlaudit's subpackages of the same name (e.g. itlaudit/bisect hides stdlib bisect).
+    argv = [str(python), "-P", str(_TINYMODEL), str(out_dir), "--seed", str(seed)]
     if draft_noise is not None:
         argv += ["--draft-noise", repr(draft_noise)]
     _run_step(f"build tiny model (seed {seed}, draft noise {draft_noise})", argv, log_path)
