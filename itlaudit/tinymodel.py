@@ -6,9 +6,10 @@ shape matters (small enough to decode in milliseconds on two cores, large enough
 attention kernel accepts it: head_dim 64, since 16 is rejected).
 
 This module imports torch/transformers/tokenizers, which live only in the testbed venv; it is run as a
-script by that venv's python (``python -P itlaudit/tinymodel.py OUT_DIR``; -P keeps itlaudit/ off
-sys.path, where its subpackages would shadow stdlib modules, or ``python -m itlaudit.tinymodel``) and must never be imported by the rest of itlaudit. It is self-contained for the
-same reason: run by file path, it cannot import its own package.
+script by that venv's python (``python -P itlaudit/tinymodel.py OUT_DIR``, where -P keeps itlaudit/
+off sys.path so its subpackages cannot shadow stdlib modules; or ``python -m itlaudit.tinymodel``) and
+must never be imported by the rest of itlaudit. It is self-contained for the same reason: run by file
+path, it cannot import its own package.
 
 Output is byte-deterministic for a given (seed, draft_noise): weights come from an explicit
 ``torch.Generator`` rather than transformers' init code (which changes between releases), and the BPE
