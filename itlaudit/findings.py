@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from itlaudit.metrics import TOKEN_SOURCE_CHUNKS, TOKEN_SOURCE_USAGE, RequestMetrics
+from itlaudit.quality import DEFAULT_THRESHOLDS, GibberishThresholds, gibberish_reasons, text_quality
 from itlaudit.records import (
     STATUS_CONNECTION_ERROR,
     STATUS_HTTP_ERROR,
@@ -40,6 +41,7 @@ NO_DONE_SENTINEL = "no_done_sentinel"
 HTTP_ERROR = "http_error"
 CONNECTION_ERROR = "connection_error"
 COMMON_CAP = "common_cap"
+GIBBERISH_SUSPECTED = "gibberish_suspected"
 
 CODES = (
     TRUNCATED_BELOW_MAX_TOKENS,
@@ -54,6 +56,7 @@ CODES = (
     HTTP_ERROR,
     CONNECTION_ERROR,
     COMMON_CAP,
+    GIBBERISH_SUSPECTED,
 )
 
 # A shared cap needs repeated evidence: one or two requests ending at the same length can be chance
@@ -248,6 +251,21 @@ def _usage_non_monotonic(record: RequestRecord) -> Finding | None:
     return Finding(USAGE_NON_MONOTONIC, ERROR, message, evidence, record.request_id)
 
 
+def _gibberish(record: RequestRecord, thresholds: GibberishThresholds) -> Finding | None:
+    quality = text_quality(record.text)
+    reasons = gibberish_reasons(quality, thresholds)
+    if not reasons:
+        return None
+    message = (
+        f"The output looks like numeric gibberish ({'; '.join(reasons)}): a decode path may be broken, "
+        "so this server's latency is not worth comparing."
+    )
+    if record.params.ignore_eos:
+        message += " It was generated with ignore_eos; confirm with natural EOS before blaming the server."
+    evidence = {**quality.to_json(), "ignore_eos": record.params.ignore_eos, "thresholds": asdict(thresholds)}
+    return Finding(GIBBERISH_SUSPECTED, WARNING, message, evidence, record.request_id)
+
+
 def _transport(record: RequestRecord, metrics: RequestMetrics) -> list[Finding]:
     """Findings about how the request ended on the wire rather than what it generated."""
     out = []
@@ -272,7 +290,9 @@ def _transport(record: RequestRecord, metrics: RequestMetrics) -> list[Finding]:
     return out
 
 
-def request_findings(record: RequestRecord, metrics: RequestMetrics) -> list[Finding]:
+def request_findings(
+    record: RequestRecord, metrics: RequestMetrics, quality: GibberishThresholds = DEFAULT_THRESHOLDS
+) -> list[Finding]:
     """Every per-request rule that fires for this record, in CODES order."""
     tokens = _exact_tokens(record, metrics)
     candidates = [
@@ -284,7 +304,9 @@ def request_findings(record: RequestRecord, metrics: RequestMetrics) -> list[Fin
         _usage_missing(record, metrics),
         _usage_non_monotonic(record),
     ]
-    return [f for f in candidates if f is not None] + _transport(record, metrics)
+    found = [f for f in candidates if f is not None] + _transport(record, metrics)
+    gibberish = _gibberish(record, quality)
+    return found + ([gibberish] if gibberish is not None else [])
 
 
 def run_findings(records: Sequence[RequestRecord]) -> list[Finding]:

@@ -6,7 +6,6 @@ re-derive a run's results with a newer itlaudit.
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -14,11 +13,8 @@ from typing import Any
 
 from itlaudit.findings import Finding, request_findings, run_findings
 from itlaudit.metrics import RequestMetrics, request_metrics, tokens_per_chunk_hist, variant_summary
+from itlaudit.quality import text_quality
 from itlaudit.records import STATUS_OK, RequestRecord
-
-
-def text_sha256(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def request_line(record: RequestRecord) -> dict[str, Any]:
@@ -30,7 +26,7 @@ def request_line(record: RequestRecord) -> dict[str, Any]:
     derived.pop("e2e_ms", None)  # already on the raw record, same value
     derived.pop("completion_tokens", None)
     line.update(derived)
-    line["text_sha256"] = text_sha256(record.text)
+    line.update(text_quality(record.text).to_json())  # digit_ratio, rep_n, ..., text_sha256
     line["findings"] = [f.code for f in findings]
     line["finding_details"] = [f.to_json() for f in findings]
     return line

@@ -1,0 +1,143 @@
+"""Text-quality figures and the gibberish_suspected finding on the kinds of text seed 003 describes."""
+
+from __future__ import annotations
+
+import pytest
+
+from itlaudit.findings import GIBBERISH_SUSPECTED, Finding, request_findings
+from itlaudit.metrics import request_metrics
+from itlaudit.quality import (
+    GibberishThresholds,
+    gibberish_reasons,
+    rep_n,
+    text_quality,
+    text_sha256,
+    weird_runs,
+)
+from itlaudit.records import RequestParams, RequestRecord
+from itlaudit.summary import request_line
+
+CLEAN_EN = (
+    "Stable long-context inference needs a regression test that looks at the text, not only at the "
+    "speed. The test sends a fixed prompt, lets the model stop on its own, and compares the output "
+    "against a baseline produced by a known good build. Background: a faster attention backend once "
+    "replayed a captured decode graph with stale metadata; the tokens kept coming at full speed, but "
+    "after a few hundred of them the document turned into noise. Problem definition: detect such drift "
+    "automatically. Metrics: the share of digits, runs of punctuation, repeated numbers and n-gram "
+    "repetition. Acceptance criteria: version 2 of the suite must flag every known bad build."
+)
+CLEAN_ZH = (
+    "在 vLLM 中实现稳定的长上下文推理质量回归测试，需要同时关注输出文本本身，而不仅仅是速度。"
+    "测试使用固定的提示词，让模型自然结束，并将输出与已知正常版本的基线进行比较。背景是某个更快的"
+    "注意力后端在回放已捕获的解码图时读取了过期的元数据，生成速度不变，但几百个词元之后文档逐渐"
+    "变成无意义的内容。问题定义是自动发现这种漂移。指标包括数字占比、标点连续片段、重复数字以及"
+    "重复的短语片段。验收标准是测试套件必须能够标记每一个已知的坏版本，并且对正常版本不产生误报。"
+) * 2
+# What the bad runs drifted into: a fluent start, then dates and numbers.
+GIBBERISH = (
+    CLEAN_EN[:300]
+    + " 2026-06-15 2026-06-15 12:30:45, 2026-06-16 00:00:00; 1024 1024 1024 3.1415926 "
+    + "20260615 20260615 20260615 2026/06/15 - 12:00:00 | 0.0195 0.1286 0.5925 ... 7777777 "
+    + "2026-06-15T12:30:45Z 2026-06-15T12:30:46Z 99.99% 100.00% 00000000 1111 2222 3333 4444 "
+)
+
+
+@pytest.mark.parametrize("text", [CLEAN_EN, CLEAN_ZH], ids=["english", "chinese"])
+def test_clean_prose_is_on_the_clean_side(text: str) -> None:
+    quality = text_quality(text)
+    assert quality.digit_ratio <= 0.02  # the seed's clean population
+    assert quality.weird_runs == 0
+    assert quality.repeated_num_runs == 0
+    assert gibberish_reasons(quality) == []
+
+
+def test_numeric_date_gibberish_is_on_the_bad_side() -> None:
+    quality = text_quality(GIBBERISH)
+    assert 0.13 <= quality.digit_ratio <= 0.59  # the seed's bad population
+    assert quality.weird_runs >= 3
+    assert quality.repeated_num_runs >= 2  # "1024 1024 1024", "20260615 ×3"
+    assert quality.max_digit_run == 8
+    reasons = gibberish_reasons(quality)
+    assert any(r.startswith("digit_ratio") for r in reasons)
+    assert any(r.startswith("weird_runs") for r in reasons)
+
+
+def test_thresholds_are_configurable() -> None:
+    quality = text_quality(GIBBERISH)
+    lenient = GibberishThresholds(max_digit_ratio=0.9, max_weird_runs=100, max_repeated_num_runs=100)
+    assert gibberish_reasons(quality, lenient) == []
+    assert gibberish_reasons(text_quality(CLEAN_EN), GibberishThresholds(max_digit_ratio=0.0)) != []
+
+
+def test_short_outputs_are_not_judged() -> None:
+    assert gibberish_reasons(text_quality("2026-06-15 12:30:45 2026-06-16")) == []
+
+
+def test_weird_runs_need_digits_not_just_punctuation() -> None:
+    assert weird_runs("| a | b |\n|---|---|---|---|\n") == 0
+    assert weird_runs("see 2026-06-15 12:30:45 and 1.2.3.4.5.6.7 end") == 2
+
+
+def test_rep_n_and_compression_tell_a_loop_from_prose() -> None:
+    loop = "the model the model the model the model the model the model " * 10
+    assert rep_n(["a", "b", "c", "d"], 2) == 0.0
+    assert rep_n(["a", "b"] * 3, 2) == pytest.approx(1 - 2 / 5)
+    looped, prose = text_quality(loop), text_quality(CLEAN_EN)
+    assert looped.rep_4 > 0.9 > prose.rep_4
+    assert looped.compression_ratio > 3 * prose.compression_ratio
+    assert prose.text_sha256 == text_sha256(CLEAN_EN)
+
+
+def _record(text: str, ignore_eos: bool = False) -> RequestRecord:
+    return RequestRecord(
+        request_id="K0-00000",
+        variant="K0",
+        endpoint="completions",
+        url="http://x/v1/completions",
+        model="m",
+        params=RequestParams(max_tokens=1024, ignore_eos=ignore_eos),
+        text=text,
+        finish_reason="stop",
+        done_sentinel=True,
+    )
+
+
+def _codes(record: RequestRecord, **kwargs: object) -> list[str]:
+    return [f.code for f in request_findings(record, request_metrics(record), **kwargs)]  # type: ignore[arg-type]
+
+
+def _gibberish_finding(record: RequestRecord) -> Finding:
+    found = request_findings(record, request_metrics(record))
+    (finding,) = [f for f in found if f.code == GIBBERISH_SUSPECTED]
+    return finding
+
+
+def test_gibberish_finding_fires_on_numeric_drift() -> None:
+    finding = _gibberish_finding(_record(GIBBERISH))
+    assert finding.evidence["digit_ratio"] > 0.05
+    assert finding.evidence["thresholds"]["max_digit_ratio"] == 0.05
+    assert "ignore_eos" not in finding.message
+
+
+def test_gibberish_finding_under_ignore_eos_asks_for_natural_eos() -> None:
+    finding = _gibberish_finding(_record(GIBBERISH, ignore_eos=True))
+    assert "natural EOS" in finding.message
+    assert finding.evidence["ignore_eos"] is True
+
+
+@pytest.mark.parametrize("text", [CLEAN_EN, CLEAN_ZH, ""], ids=["english", "chinese", "empty"])
+def test_gibberish_finding_stays_quiet_on_clean_text(text: str) -> None:
+    assert GIBBERISH_SUSPECTED not in _codes(_record(text))
+
+
+def test_gibberish_finding_follows_custom_thresholds() -> None:
+    lenient = GibberishThresholds(max_digit_ratio=0.9, max_weird_runs=100, max_repeated_num_runs=100)
+    assert GIBBERISH_SUSPECTED not in _codes(_record(GIBBERISH), quality=lenient)
+
+
+def test_request_line_carries_quality_fields() -> None:
+    line = request_line(_record(GIBBERISH))
+    for key in ("digit_ratio", "weird_runs", "repeated_num_runs", "max_digit_run", "rep_2", "rep_3", "rep_4"):
+        assert key in line
+    assert line["text_sha256"] == text_sha256(GIBBERISH)
+    assert GIBBERISH_SUSPECTED in line["findings"]
