@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from itlaudit.launcher import LaunchSpec
 
 DEFAULT_REPORTS = Path("reports")
+RUN_DIR_ENV = "ITLAUDIT_RUN_DIR"
 
 # Called around each variant with its base URL: `compare` uses it to scrape /metrics before/after.
 VariantHook = Callable[[str, str], Any]
@@ -79,7 +80,10 @@ def variant_target(variant: Variant, override_url: str | None, run_dir: Path) ->
     if variant.launch is not None:
         from itlaudit.launcher import launch
 
-        with launch(launch_spec(variant.launch), run_dir / f"server-{variant.name}.log") as server:
+        spec = launch_spec(variant.launch)
+        # Tags the server's processes with the run that owns them, so a leftover is traceable.
+        spec.env[RUN_DIR_ENV] = str(run_dir.resolve())
+        with launch(spec, run_dir / f"server-{variant.name}.log") as server:
             yield server.url
         return
     if variant.url:

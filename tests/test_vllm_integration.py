@@ -1,0 +1,152 @@
+"""itlaudit against the real vLLM CPU engine: the behaviour the tool exists to audit, for real.
+
+One capped server for the module (truncation, stop ids, `run --url`), plus one full `itlaudit
+compare` of the shipped CPU scenario, which launches its own K0 and K3 servers in turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+from vllm_server import SERVED_MODEL, vllm_server
+
+from itlaudit.client import stream_request
+from itlaudit.orchestrate import RUN_DIR_ENV
+from itlaudit.records import RequestParams
+
+pytestmark = pytest.mark.vllm
+
+REPO = Path(__file__).resolve().parent.parent
+PROMPT = "The quick brown fox"
+capped_url = vllm_server("--override-generation-config", '{"max_new_tokens": 128}')
+
+
+def itlaudit(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "itlaudit", *args], cwd=cwd, capture_output=True, text=True, timeout=900
+    )
+
+
+def write_scenario(path: Path, url: str, workload: str, endpoint: str = "completions") -> Path:
+    path.write_text(
+        f'name = "{path.stem}"\nendpoint = "{endpoint}"\nmodel = "{SERVED_MODEL}"\n\n'
+        f'[workload]\n{workload}\n\n[[variants]]\nname = "K0"\nurl = "{url}"\n',
+        encoding="utf-8",
+    )
+    return path
+
+
+def lines(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
+
+
+def test_server_side_128_cap_is_flagged(capped_url: str, tmp_path: Path) -> None:
+    scenario = write_scenario(
+        tmp_path / "capped.toml",
+        capped_url,
+        f'prompts = ["{PROMPT}"]\nnum_requests = 3\nmax_tokens = 512\nignore_eos = true\ntemperature = 0',
+    )
+    result = itlaudit(
+        "run", str(scenario), "--out", str(tmp_path / "run"), "--fail-on-findings", cwd=tmp_path
+    )
+    assert result.returncode == 1, result.stderr
+    got = lines(tmp_path / "run")
+    assert [line["completion_tokens"] for line in got] == [128, 128, 128]
+    assert all("truncated_below_max_tokens" in line["findings"] for line in got)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    (common,) = [f for f in summary["run_findings"] if f["code"] == "common_cap"]
+    assert "128" in common["message"]
+
+
+def test_chat_without_max_tokens_exposes_generation_config_cap(capped_url: str, tmp_path: Path) -> None:
+    scenario = write_scenario(
+        tmp_path / "nomax.toml",
+        capped_url,
+        'prompts = ["Hello there"]\nnum_requests = 1\ntemperature = 0',
+        "chat",
+    )
+    result = itlaudit("run", str(scenario), "--out", str(tmp_path / "run"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    (line,) = lines(tmp_path / "run")
+    assert line["finish_reason"] == "length" and line["completion_tokens"] == 128
+    (detail,) = [d for d in line["finding_details"] if d["code"] == "truncated_below_max_tokens"]
+    assert detail["evidence"]["max_tokens"] is None
+
+
+def test_real_stop_token_id_ends_cleanly(capped_url: str) -> None:
+    async def go() -> tuple:
+        async with aiohttp.ClientSession() as session:
+            free = await stream_request(
+                session,
+                base_url=capped_url,
+                endpoint="completions",
+                model=SERVED_MODEL,
+                prompt=PROMPT,
+                params=RequestParams(max_tokens=32, ignore_eos=True, temperature=0.0),
+                request_id="free",
+                variant="K0",
+            )
+            ids = [i for chunk in free.chunks.token_ids if chunk for i in chunk]
+            stop_id = ids[4]
+            stopped = await stream_request(
+                session,
+                base_url=capped_url,
+                endpoint="completions",
+                model=SERVED_MODEL,
+                prompt=PROMPT,
+                params=RequestParams(max_tokens=32, temperature=0.0, stop_token_ids=[stop_id]),
+                request_id="stop",
+                variant="K0",
+            )
+            return ids, stop_id, stopped
+
+    ids, stop_id, stopped = asyncio.run(go())
+    from itlaudit.findings import request_findings
+    from itlaudit.metrics import request_metrics
+
+    assert stopped.finish_reason == "stop"
+    assert stopped.stop_reason == stop_id
+    assert stopped.completion_tokens == ids.index(stop_id) + 1  # vLLM counts the stop token
+    assert request_findings(stopped, request_metrics(stopped)) == []
+
+
+def test_compare_cpu_k0_vs_k3_shows_inflation_and_full_acceptance(tmp_path: Path) -> None:
+    result = itlaudit(
+        "compare", str(REPO / "scenarios" / "cpu-k0-vs-k3.toml"), "--out", str(tmp_path / "cmp"), cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "cmp" / "summary.json").read_text())
+    comparison = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    k0, k3 = summary["variants"]["K0"], summary["variants"]["K3"]
+    assert k0["findings"] == {} and k3["findings"] == {}
+    assert k0["tokens_per_chunk_hist"] == {"1": 4 * 256}
+    # 256 tokens: 1 prefill token, 63 chunks of 4, one of 3
+    assert k3["tokens_per_chunk_hist"] == {"1": 4, "3": 4, "4": 4 * 63}
+    assert 3.8 < k3["itl_inflation"]["p50"] < 4.1
+    spec = comparison["variants"]["K3"]["spec_decode"]
+    assert spec["acceptance_rate"] == 1.0
+    assert spec["acceptance_length"] == 4.0
+    assert spec["per_position_acceptance"] == [1.0, 1.0, 1.0]
+    assert comparison["variants"]["K0"]["spec_decode"] is None
+    assert comparison["findings"] == []
+    assert abs(comparison["variants"]["K3"]["stream_acceptance_length"] - 4.0) < 0.05
+    assert not _vllm_processes_left(tmp_path / "cmp"), "compare left a vLLM server running"
+
+
+def _vllm_processes_left(run_dir: Path) -> list[int]:
+    """Processes still tagged with this run's folder (orchestrate sets ITLAUDIT_RUN_DIR on launch)."""
+    tag = f"{RUN_DIR_ENV}={run_dir.resolve()}".encode()
+    left = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and tag in (entry / "environ").read_bytes().split(b"\0"):
+                left.append(int(entry.name))
+        except OSError:
+            continue
+    return left
