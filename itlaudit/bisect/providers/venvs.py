@@ -1,0 +1,58 @@
+"""A venv per build, installed by pip through subprocesses: vLLM never enters itlaudit's environment.
+
+Shared by the wheels and pip providers, which differ only in what they ask pip for and how they
+check that the result is the build they meant.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import venv
+from pathlib import Path
+
+from itlaudit.bisect.errors import BuildUnavailable
+
+INSTALL_LOG = "install.log"
+
+
+def _run(step: str, argv: list[str], log_path: Path) -> None:
+    with log_path.open("ab") as log:
+        log.write(f"\n$ {' '.join(argv)}\n".encode())
+        log.flush()
+        try:
+            result = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, check=False)
+        except OSError as exc:
+            raise BuildUnavailable(f"{step} could not start ({exc}); see {log_path}") from None
+    if result.returncode != 0:
+        raise BuildUnavailable(f"{step} failed (exit {result.returncode}); see {log_path}")
+
+
+def install(
+    root: Path, requirements: list[str], *, pip_args: list[str], fixups: list[str], label: str
+) -> Path:
+    """Create root/venv, pip install the requirements, then run each fix-up (`{python}` is the venv's
+    interpreter, split on spaces); returns the interpreter. Any failure means the build is unavailable."""
+    log_path = root / INSTALL_LOG
+    env_dir = root / "venv"
+    try:
+        venv.create(env_dir, with_pip=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise BuildUnavailable(f"{label}: cannot create a venv in {env_dir} ({exc})") from None
+    python = env_dir / "bin" / "python"
+    pip = [str(python), "-m", "pip", "--disable-pip-version-check", "--no-input"]
+    _run(f"{label}: pip install", [*pip, "install", *pip_args, *requirements], log_path)
+    for fixup in fixups:
+        argv = [part.replace("{python}", str(python)) for part in fixup.split()]
+        _run(f"{label}: post-install {fixup!r}", argv, log_path)
+    return python
+
+
+def dist_version(python: Path, dist: str, log_path: Path) -> str:
+    """The installed version as the venv itself reports it (pip's own view can differ from intent)."""
+    code = f"import importlib.metadata as m; print(m.version({dist!r}))"
+    result = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        with log_path.open("a") as log:
+            log.write(result.stderr)
+        raise BuildUnavailable(f"{dist} is not importable after install; see {log_path}")
+    return result.stdout.strip()

@@ -1,0 +1,113 @@
+"""report.md and bisect.png: the answer first, then every probe with a link to its build.
+
+Pure rendering from the state; rerunnable at any time, so an interrupted bisection still has a report.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from itlaudit.bisect.build_range import Build
+from itlaudit.bisect.state import State
+
+REPORT_FILE = "report.md"
+PLOT_FILE = "bisect.png"
+_COLOURS = {"good": "#2e7d32", "bad": "#c62828", "skip": "#9e9e9e", "unknown": "#f9a825"}
+
+
+def build_url(build: Build, github_repo: str, package: str) -> str:
+    if build.kind == "commit":
+        return f"https://github.com/{github_repo}/commit/{build.ref}"
+    return f"https://pypi.org/project/{package}/{build.ref}/"
+
+
+def compare_url(old: Build, new: Build, github_repo: str) -> str:
+    """GitHub's diff of everything the answer range holds (tags for releases: vLLM tags are v<version>)."""
+    if old.kind == "commit":
+        return f"https://github.com/{github_repo}/compare/{old.ref}...{new.ref}"
+    return f"https://github.com/{github_repo}/compare/v{old.ref}...v{new.ref}"
+
+
+def metric_name(regress: str) -> tuple[str, str]:
+    """What to plot per probe: the figure the verdict is about."""
+    if regress.startswith("finding") or regress == "truncation":
+        return "completion_tokens_p50", "completion tokens p50"
+    if regress == "error":
+        return "errors", "failed requests"
+    return "itl_p50_ms", "token ITL p50 (ms)"
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+def render_markdown(state: State) -> str:
+    settings = state.settings
+    builds: list[Build] = state.builds
+    result = state.result
+    lines = [f"# itlaudit bisect: {settings.good} → {settings.bad}", ""]
+    lines.append(f"**{result.get('message', 'bisection in progress')}**")
+    if result.get("compare_url"):
+        lines += ["", f"Changes in the answer range: {result['compare_url']}"]
+    lines += [
+        "",
+        f"Provider `{settings.provider}`, verdict `--regress {settings.regress}`"
+        + (f" (script `{settings.script}`)" if settings.script else "")
+        + (", looking for the fix" if settings.find_fix else "")
+        + f", {len(builds)} builds in range, {len(state.probes)} probes.",
+        "",
+        "| # | position | build | version | verdict | trials | ITL p50 ms | tokens p50 | reason |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for n, probe in enumerate(state.probes, 1):
+        build = builds[probe["index"]]
+        link = f"[{build.label}]({build_url(build, settings.github_repo, settings.package)})"
+        m = probe.get("metrics", {})
+        reason = str(probe.get("reason", "")).replace("|", "\\|").replace("\n", " ")
+        lines.append(
+            f"| {n} | {probe['index'] + 1}/{len(builds)} | {link} | {probe.get('version') or '–'} | "
+            f"{probe['verdict']} | {probe.get('trials', 0)} | {_fmt(m.get('itl_p50_ms'))} | "
+            f"{_fmt(m.get('completion_tokens_p50'))} | {reason} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def render_plot(state: State, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    key, label = metric_name(state.settings.regress)
+    probes = sorted(state.probes, key=lambda p: p["index"])
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for probe in probes:
+        value = probe.get("metrics", {}).get(key)
+        ax.scatter(
+            probe["index"],
+            0 if value is None else value,
+            color=_COLOURS.get(probe["verdict"], "black"),
+            marker="o" if value is not None else "x",
+            s=40,
+            zorder=3,
+        )
+    ax.set_xticks([p["index"] for p in probes])
+    ax.set_xticklabels([state.builds[p["index"]].label for p in probes], rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel(label)
+    ax.set_title(f"{state.settings.good} → {state.settings.bad} (range order)")
+    for verdict, colour in _COLOURS.items():
+        ax.scatter([], [], color=colour, label=verdict)
+    ax.legend(loc="best", fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_report(state: State, bisect_dir: Path, *, plot: bool) -> None:
+    (bisect_dir / REPORT_FILE).write_text(render_markdown(state), encoding="utf-8")
+    if plot and state.probes:
+        render_plot(state, bisect_dir / PLOT_FILE)

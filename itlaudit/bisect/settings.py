@@ -1,0 +1,142 @@
+"""Everything a bisection was started with, stored in bisect.json so `--resume DIR` needs nothing else.
+
+Also where the settings turn into things: the build list and the provider, so the CLI and resume
+share one path from options to objects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from itlaudit.bisect import build_range
+from itlaudit.bisect.build_cache import BuildCache, parse_size
+from itlaudit.bisect.build_range import Build
+from itlaudit.bisect.errors import BisectError
+from itlaudit.bisect.providers import Provider
+from itlaudit.bisect.providers.command import CommandProvider
+from itlaudit.bisect.providers.docker import DEFAULT_IMAGES, DockerProvider, release_image
+from itlaudit.bisect.providers.pip import PipProvider
+from itlaudit.bisect.providers.wheels import DEFAULT_URL, DEFAULT_VARIANTS, WheelsProvider
+from itlaudit.bisect.verdict import Regress, parse_regress
+
+PROVIDERS = ("wheels", "docker", "pip", "command")
+
+
+@dataclass
+class Settings:
+    good: str
+    bad: str
+    scenario: str
+    provider: str = "wheels"
+    repo: str | None = None
+    commits_file: str | None = None
+    find_fix: bool = False
+    regress: str = "itl"
+    script: str | None = None
+    threshold: float = 1.5
+    alpha: float = 0.05
+    trials: int | None = None
+    max_trials: int = 8
+    variant: str | None = None
+    model: str | None = None
+    server_args: list[str] = field(default_factory=list)
+    ready_timeout_s: float | None = None
+    cache_dir: str = ""
+    cache_size: str = "40G"
+    prefetch: bool | None = None
+    wheels_url: str = DEFAULT_URL
+    wheel_variants: list[str] = field(default_factory=lambda: list(DEFAULT_VARIANTS))
+    image_patterns: list[str] = field(default_factory=lambda: list(DEFAULT_IMAGES))
+    package: str = "vllm"
+    index_url: str = build_range.PYPI_SIMPLE
+    pre: bool = False
+    pip_args: list[str] = field(default_factory=list)
+    post_install: list[str] | None = None
+    server_cmd: str | None = None
+    build_cmd: str | None = None
+    github_repo: str = "vllm-project/vllm"
+
+    def __post_init__(self) -> None:
+        if self.provider not in PROVIDERS:
+            raise BisectError(f"--provider {self.provider!r}: use one of {', '.join(PROVIDERS)}")
+        if self.provider == "command" and not self.server_cmd:
+            raise BisectError("--provider command needs --server-cmd 'CMD {commit} ... {port}'")
+        if self.repo and self.commits_file:
+            raise BisectError("give --repo or --commits-file, not both")
+        if self.threshold <= 1.0:
+            raise BisectError(f"--threshold {self.threshold}: must be above 1 (a ratio, e.g. 1.5)")
+        if self.trials is not None and self.trials < 1:
+            raise BisectError("--trials must be at least 1")
+        if self.max_trials < self.effective_trials:
+            raise BisectError(f"--max-trials {self.max_trials} is below --trials {self.effective_trials}")
+        parse_regress(self.regress, self.script)  # fail before any build is touched
+
+    @property
+    def regress_rule(self) -> Regress:
+        return parse_regress(self.regress, self.script)
+
+    @property
+    def effective_trials(self) -> int:
+        """Timing needs repeats to be tested; a finding is a finding on the first pass."""
+        if self.trials is not None:
+            return self.trials
+        return 3 if parse_regress(self.regress, self.script).timing else 1
+
+    @property
+    def effective_prefetch(self) -> bool:
+        """Installing the next builds competes for CPU with the server under test, which only
+        matters when the verdict is a timing."""
+        return self.prefetch if self.prefetch is not None else not self.regress_rule.timing
+
+    @property
+    def by_version(self) -> bool:
+        return self.provider == "pip"
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Settings:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def list_builds(settings: Settings) -> list[Build]:
+    """Oldest first, whatever the source: versions for the pip provider, commits otherwise."""
+    if settings.by_version:
+        available = build_range.fetch_versions(settings.package, settings.index_url)
+        builds = build_range.versions_between(available, settings.good, settings.bad, pre=settings.pre)
+    elif settings.commits_file:
+        builds = build_range.commits_from_file(Path(settings.commits_file), settings.good, settings.bad)
+    else:
+        builds = build_range.commits_from_repo(Path(settings.repo or "."), settings.good, settings.bad)
+    if len(builds) < 2:
+        raise BisectError(f"the range {settings.good}..{settings.bad} holds fewer than two builds")
+    return builds
+
+
+def make_provider(settings: Settings, bisect_dir: Path) -> tuple[Provider, BuildCache]:
+    try:
+        limit = parse_size(settings.cache_size)
+    except ValueError as exc:
+        raise BisectError(f"--cache-size: {exc}") from None
+    cache = BuildCache(Path(settings.cache_dir), limit, {"docker": release_image})
+    if settings.provider == "wheels":
+        return WheelsProvider(
+            cache,
+            base_url=settings.wheels_url,
+            variants=tuple(settings.wheel_variants),
+            pip_args=settings.pip_args,
+            fixups=settings.post_install,
+        ), cache
+    if settings.provider == "docker":
+        return DockerProvider(cache, patterns=tuple(settings.image_patterns)), cache
+    if settings.provider == "pip":
+        return PipProvider(
+            cache, package=settings.package, pip_args=settings.pip_args, fixups=settings.post_install
+        ), cache
+    assert settings.server_cmd is not None  # checked in __post_init__
+    return CommandProvider(settings.server_cmd, build_cmd=settings.build_cmd, log_dir=bisect_dir), cache
