@@ -39,6 +39,9 @@ VLLM_VERSION = "0.32.0"
 # streaming error frame (vllm/v1/engine/exceptions.py, EngineDeadError).
 ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 
+# vLLM's default --max-logprobs.
+MAX_LOGPROBS = 20
+
 UNK_TOKEN_ID = 0
 BOS_TOKEN_ID = 1
 FIRST_REGULAR_TOKEN_ID = 3
@@ -102,6 +105,10 @@ class SimConfig:
     reset_after_tokens: int | None = None
     no_done: bool = False
     natural_eos_at: int | None = None
+    # Fault: a request's logprobs move by up to this much (nats) whenever another row shares its engine
+    # step (a multi-prompt list or a concurrent request), deterministically per step composition, like
+    # the batch variance of real kernels (seed 000). The sampled tokens do not change.
+    batch_variance: float = 0.0
 
     @property
     def system_fingerprint(self) -> str:
@@ -170,6 +177,17 @@ class _Job:
     continuous_usage: bool
     return_token_ids: bool
     return_prompt_text: bool
+    logprobs: int | None = None
+    return_tokens_as_token_ids: bool = False
+
+
+@dataclass
+class _TokenLogprob:
+    """One sampled token's logprob entry, with token strings already rendered as the API shows them."""
+
+    token: str
+    logprob: float
+    top: dict[str, float]
 
 
 @dataclass
@@ -180,6 +198,7 @@ class _Step:
     text: str
     finish_reason: str | None = None
     stop_reason: int | None = None
+    logprobs: list[_TokenLogprob] = field(default_factory=list)
 
 
 @dataclass
@@ -203,6 +222,7 @@ class _Engine:
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.finished: dict[str, int] = {"stop": 0, "length": 0}
+        self.in_flight = 0  # engine rows running now: what decides whether a step is shared
 
     def _request_seed(self, job: _Job) -> str:
         if job.seed is not None:
@@ -251,6 +271,10 @@ class _Engine:
                     token_id = _avoid(token_id, masked, cfg)
                 produced += 1
                 step.token_ids.append(token_id)
+                if job.logprobs is not None:
+                    step.logprobs.append(
+                        self._token_logprob(job, job.logprobs, f"{request_seed}-{index}", token_id)
+                    )
                 if token_id == cfg.eos_token_id and eos_stops:
                     step.finish_reason = "stop"
                 elif token_id in stop_ids:
@@ -268,6 +292,31 @@ class _Engine:
             if step.finish_reason:
                 return
             await asyncio.sleep(cfg.step_ms / 1000)
+
+    def _token_logprob(self, job: _Job, k: int, position_seed: str, token_id: int) -> _TokenLogprob:
+        """Deterministic candidates ranked below the sampled token, so greedy output is the argmax.
+
+        A few more candidates than requested are ranked, so that batch variance can also change which
+        ids make the top-k cut, as it does on real servers.
+        """
+        cfg = self.config
+        rng = random.Random(f"logprobs-{position_seed}")
+        pool = rng.sample(range(FIRST_REGULAR_TOKEN_ID, cfg.vocab_size), k + 4)
+        ranked = [token_id, *(t for t in pool if t != token_id)]
+        values = {tok: -1.0 - 0.1 * rank for rank, tok in enumerate(ranked)}
+        if cfg.batch_variance and self.in_flight > 1:
+            jitter = random.Random(f"variance-{position_seed}-{self.in_flight}")
+            values = {tok: v + cfg.batch_variance * jitter.uniform(-1, 1) for tok, v in values.items()}
+
+        def render(tok: int) -> str:
+            if job.return_tokens_as_token_ids:
+                return f"token_id:{tok}"
+            return token_bytes(tok, cfg).decode("utf-8", errors="replace")
+
+        best = sorted(values, key=values.__getitem__, reverse=True)[:k]
+        top = {render(tok): values[tok] for tok in best}
+        top.setdefault(render(token_id), values[token_id])  # vLLM always includes the sampled token
+        return _TokenLogprob(render(token_id), values[token_id], top)
 
     def _observe_spec(self, num_drafts: int, accepted: int) -> None:
         self.spec.num_drafts += 1
@@ -387,6 +436,10 @@ class _Api(ABC):
     def max_tokens_param(self, body: dict[str, Any]) -> str:
         return "max_tokens"
 
+    def rows(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        """The request body of each engine request this API request fans out into."""
+        return [body]
+
     def chunk_usage(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
         return _usage(prompt_tokens, completion_tokens)
 
@@ -398,7 +451,9 @@ class _Api(ABC):
         """The single choice of a streamed chunk carrying one engine step."""
 
     @abstractmethod
-    def full_choice(self, ctx: _Ctx, text: str, token_ids: list[int], last: _Step) -> dict[str, Any]:
+    def full_choice(
+        self, ctx: _Ctx, text: str, token_ids: list[int], last: _Step, logprobs: list[_TokenLogprob]
+    ) -> dict[str, Any]:
         """The single choice of a non-streaming response."""
 
     def full_extra(self, ctx: _Ctx) -> dict[str, Any]:
@@ -417,7 +472,14 @@ class _CompletionApi(_Api):
             return list(prompt), ""
         if isinstance(prompt, str):
             return tokenize(prompt, config), prompt
-        raise _bad_request("the simulator accepts a single prompt: a string or a list of token ids", "prompt")
+        raise _bad_request("the simulator accepts a string or a list of token ids per prompt", "prompt")
+
+    def rows(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        # A list of strings is a batch: vLLM submits one engine request per prompt, all at once.
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+            return [{**body, "prompt": p} for p in prompt]
+        return [body]
 
     def stream_choice(self, ctx: _Ctx, step: _Step, first: bool) -> dict[str, Any]:
         job = ctx.job
@@ -431,12 +493,14 @@ class _CompletionApi(_Api):
             "token_ids": step.token_ids if job.return_token_ids else None,
         }
 
-    def full_choice(self, ctx: _Ctx, text: str, token_ids: list[int], last: _Step) -> dict[str, Any]:
+    def full_choice(
+        self, ctx: _Ctx, text: str, token_ids: list[int], last: _Step, logprobs: list[_TokenLogprob]
+    ) -> dict[str, Any]:
         job = ctx.job
         return {
             "index": 0,
             "text": text,
-            "logprobs": None,
+            "logprobs": None if job.logprobs is None else _completion_logprobs(logprobs),
             "finish_reason": last.finish_reason,
             "stop_reason": last.stop_reason,
             "token_ids": token_ids if job.return_token_ids else None,
@@ -503,7 +567,9 @@ class _ChatApi(_Api):
         choice["token_ids"] = step.token_ids if ctx.job.return_token_ids else None
         return choice
 
-    def full_choice(self, ctx: _Ctx, text: str, token_ids: list[int], last: _Step) -> dict[str, Any]:
+    def full_choice(
+        self, ctx: _Ctx, text: str, token_ids: list[int], last: _Step, logprobs: list[_TokenLogprob]
+    ) -> dict[str, Any]:
         message = {
             "role": "assistant",
             "content": text,
@@ -530,6 +596,21 @@ class _ChatApi(_Api):
             "prompt_token_ids": job.prompt_token_ids if job.return_token_ids else None,
             "prompt_text": job.prompt_text if job.return_prompt_text else None,
         }
+
+
+def _completion_logprobs(entries: list[_TokenLogprob]) -> dict[str, Any]:
+    """CompletionLogProbs; text_offset counts the rendered token strings, so with
+    return_tokens_as_token_ids it advances by len("token_id:N"), as real vLLM 0.32 does."""
+    offsets, offset = [], 0
+    for entry in entries:
+        offsets.append(offset)
+        offset += len(entry.token)
+    return {
+        "text_offset": offsets,
+        "token_logprobs": [e.logprob for e in entries],
+        "tokens": [e.token for e in entries],
+        "top_logprobs": [e.top for e in entries],
+    }
 
 
 def _message_text(content: Any) -> str:
@@ -607,7 +688,19 @@ def _parse_job(api: _Api, body: dict[str, Any], config: SimConfig) -> _Job:
         and not config.drop_usage,
         return_token_ids=bool(body.get("return_token_ids")),
         return_prompt_text=bool(body.get("return_prompt_text")),
+        logprobs=_logprobs_field(body),
+        return_tokens_as_token_ids=bool(body.get("return_tokens_as_token_ids")),
     )
+
+
+def _logprobs_field(body: dict[str, Any]) -> int | None:
+    value = _int_field(body, "logprobs", None)
+    if value is not None and not 0 <= value <= MAX_LOGPROBS:
+        raise _bad_request(
+            f"Requested sample logprobs of {value}, which is greater than max allowed: {MAX_LOGPROBS}",
+            "logprobs",
+        )
+    return value
 
 
 _ENGINE: web.AppKey[_Engine] = web.AppKey("engine", _Engine)
@@ -681,14 +774,19 @@ async def _write_stream(
     await resp.write_eof()
 
 
-async def _complete(request: web.Request, api: _Api, ctx: _Ctx, engine: _Engine) -> web.StreamResponse:
+async def _complete_row(
+    request: web.Request, api: _Api, ctx: _Ctx, engine: _Engine
+) -> tuple[dict[str, Any], int] | web.Response:
+    """One engine request run to the end: its choice and token count, or the response a fault ends the
+    request with."""
     cfg = engine.config
-    text, token_ids = "", []
+    text, token_ids, logprobs = "", [], []
     last = _Step(token_ids=[], text="")
     async with aclosing(engine.generate(ctx.job)) as steps:
         async for last in steps:
             text += last.text
             token_ids += last.token_ids
+            logprobs += last.logprobs
             if _reached(cfg.reset_after_tokens, len(token_ids)) and request.transport:
                 request.transport.abort()
                 return web.Response()
@@ -696,15 +794,31 @@ async def _complete(request: web.Request, api: _Api, ctx: _Ctx, engine: _Engine)
                 status = HTTPStatus.INTERNAL_SERVER_ERROR
                 body = _error_body(ENGINE_DEAD_MESSAGE, "InternalServerError", None, status)
                 return _json_response(body, status)
+    return api.full_choice(ctx, text, token_ids, last, logprobs), len(token_ids)
+
+
+async def _complete(request: web.Request, api: _Api, ctxs: list[_Ctx], engine: _Engine) -> web.StreamResponse:
+    """Rows run concurrently and are merged as vLLM merges a prompt list: choice i is prompt i, usage
+    is summed, and the first row a fault ends decides the response."""
+    ctx = ctxs[0]
+    rows = await asyncio.gather(*(_complete_row(request, api, row_ctx, engine) for row_ctx in ctxs))
+    choices, completion_tokens = [], 0
+    for index, row in enumerate(rows):
+        if isinstance(row, web.Response):
+            return row
+        choice, tokens = row
+        choices.append({**choice, "index": index})
+        completion_tokens += tokens
+    prompt_tokens = sum(len(row_ctx.job.prompt_token_ids) for row_ctx in ctxs)
     body: dict[str, Any] = {
         "id": ctx.request_id,
         "object": api.full_object,
         "created": ctx.created,
         "model": ctx.model,
-        "choices": [api.full_choice(ctx, text, token_ids, last)],
+        "choices": choices,
         "service_tier": None,
         "system_fingerprint": ctx.fingerprint,
-        "usage": _full_usage(len(ctx.job.prompt_token_ids), len(token_ids)),
+        "usage": _full_usage(prompt_tokens, completion_tokens),
         **api.full_extra(ctx),
         "kv_transfer_params": None,
         "ec_transfer_params": None,
@@ -720,20 +834,34 @@ def _handler(api: _Api) -> Any:
             body = await request.json()
             if not isinstance(body, dict):
                 raise _bad_request("request body must be a JSON object", "body")
-            job = _parse_job(api, body, engine.config)
+            jobs = [_parse_job(api, row, engine.config) for row in api.rows(body)]
+            if len(jobs) > 1 and jobs[0].stream:
+                raise _bad_request(
+                    "the simulator streams a single prompt; send a list without stream", "prompt"
+                )
         except json.JSONDecodeError as exc:
             return _json_response(_bad_request(f"invalid JSON: {exc}", "body").body(), HTTPStatus.BAD_REQUEST)
         except SimError as exc:
             return _json_response(exc.body(), exc.status)
         request_id = request.headers.get("X-Request-Id") or f"{uuid.uuid4().int & (2**64 - 1):016x}"
-        ctx = _Ctx(
-            request_id=f"{api.id_prefix}{request_id}",
-            created=int(time.time()),
-            model=engine.config.model,
-            fingerprint=engine.config.system_fingerprint,
-            job=job,
-        )
-        return await (_stream if job.stream else _complete)(request, api, ctx, engine)
+        created = int(time.time())
+        ctxs = [
+            _Ctx(
+                request_id=f"{api.id_prefix}{request_id}",
+                created=created,
+                model=engine.config.model,
+                fingerprint=engine.config.system_fingerprint,
+                job=job,
+            )
+            for job in jobs
+        ]
+        engine.in_flight += len(ctxs)
+        try:
+            if jobs[0].stream:
+                return await _stream(request, api, ctxs[0], engine)
+            return await _complete(request, api, ctxs, engine)
+        finally:
+            engine.in_flight -= len(ctxs)
 
     return handle
 
