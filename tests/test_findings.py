@@ -340,3 +340,32 @@ def test_common_cap_without_max_tokens() -> None:
 )
 def test_common_cap_quiet(records: list[RequestRecord]) -> None:
     assert run_findings(records) == []
+
+
+def _timed(times: list[float]) -> ChunkSeries:
+    ids = list(range(20, 20 + len(times)))
+    series = chunks(ids)
+    series.t_ms[: len(times)] = times
+    return series
+
+
+def test_chunks_coalesced_fires_on_bursts() -> None:
+    # 8 content chunks in two reads of 4: 6 of the 7 gaps are zero, a real starved-server pattern.
+    times = [10.0, 10.0, 10.0, 10.0, 50.0, 50.0, 50.0, 50.0]
+    rec = record(max_tokens=8, chunks=_timed(times), client_overhead_ms=1.0, e2e_ms=60.0)
+    found = only(rec, "chunks_coalesced")
+    assert found.evidence["zero_gaps"] == 6 and found.evidence["gaps"] == 7
+    assert found.evidence["largest_burst"] == 4
+    assert "server or the network" in found.message
+
+
+def test_chunks_coalesced_blames_a_busy_client() -> None:
+    times = [10.0, 10.0, 10.0, 10.0, 50.0, 50.0, 50.0, 50.0]
+    rec = record(max_tokens=8, chunks=_timed(times), client_overhead_ms=50.0, e2e_ms=60.0)
+    assert "client was busy" in only(rec, "chunks_coalesced").message
+
+
+def test_chunks_coalesced_quiet_on_spread_arrivals() -> None:
+    # one shared read out of 7 gaps is below the 25% threshold
+    times = [10.0, 20.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0]
+    assert "chunks_coalesced" not in codes(record(max_tokens=8, chunks=_timed(times)))
