@@ -1,4 +1,4 @@
-"""Non-streaming scoring requests for the correctness audits (I/O only; figures are in invariance.py).
+"""Non-streaming scoring requests for the invariance and lossless audits (I/O only; figures elsewhere).
 
 Scoring asks for one token with `logprobs=k` at temperature 0: the logprobs of that first position are
 a pure function of the prompt and the engine step it was computed in, which is what batch invariance
@@ -18,7 +18,9 @@ import aiohttp
 
 from itlaudit.client import ENDPOINT_COMPLETIONS, ENDPOINT_PATHS, fetch_json, server_error_message
 from itlaudit.errors import ServerRejectedError, ServerUnreachableError
+from itlaudit.findings import Finding
 from itlaudit.invariance import DEFAULT_SWEEP_SIZES, PromptObservations, TopLogprobs, parse_top_logprobs
+from itlaudit.lossless import with_divergence_logprobs
 
 DEFAULT_REPEATS = 40
 DEFAULT_TOP_K = 20
@@ -36,7 +38,7 @@ class Scorer:
     timeout_s: float = 120.0
     extra_body: dict[str, Any] = field(default_factory=dict)
 
-    async def complete(self, prompt: str | list[str], max_tokens: int) -> dict[str, Any]:
+    async def complete(self, prompt: str | list[str], max_tokens: int, **overrides: Any) -> dict[str, Any]:
         """One greedy non-streaming completion with top-k logprobs keyed by token id."""
         body = {
             "model": self.model,
@@ -46,6 +48,7 @@ class Scorer:
             "logprobs": self.top_k,
             "return_tokens_as_token_ids": True,
             **self.extra_body,
+            **overrides,
         }
         url = self.base_url.rstrip("/") + ENDPOINT_PATHS[ENDPOINT_COMPLETIONS]
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
@@ -71,13 +74,26 @@ class Scorer:
         return [positions[0] for positions in parse_top_logprobs(await self.complete(prompts, 1))]
 
     async def top_logprobs_at(self, prompt: str, position: int) -> TopLogprobs:
-        """The candidates at one output position of the greedy continuation of `prompt`."""
-        positions = parse_top_logprobs(await self.complete(prompt, position + 1))[0]
+        """The candidates at one output position of the greedy continuation of `prompt`. ignore_eos
+        cannot change a greedy prefix, and keeps an early EOS from ending it before `position`."""
+        positions = parse_top_logprobs(await self.complete(prompt, position + 1, ignore_eos=True))[0]
         if len(positions) <= position:
             raise ServerRejectedError(
                 f"the greedy continuation ended after {len(positions)} tokens, before position {position}"
             )
         return positions[position]
+
+
+async def explain_mismatch(finding: Finding, prompt: str, base: Scorer, spec: Scorer) -> Finding:
+    """A spec_decode_output_mismatch plus both servers' top logprobs at the differing token, re-scored
+    on each server (greedy, so the prefix is reproduced); a text-only mismatch is returned unchanged."""
+    if finding.evidence.get("unit") != "token":
+        return finding
+    position = int(finding.evidence["position"])
+    base_top, spec_top = await asyncio.gather(
+        base.top_logprobs_at(prompt, position), spec.top_logprobs_at(prompt, position)
+    )
+    return with_divergence_logprobs(finding, base_top, spec_top)
 
 
 async def observe(
