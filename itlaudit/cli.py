@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from itlaudit import __version__, cli_bisect, cli_testbed
+from itlaudit import __version__, cli_audit, cli_bisect, cli_testbed
 from itlaudit.errors import ItlauditError, ScenarioError
 from itlaudit.orchestrate import RunOutcome, run_scenario
 from itlaudit.rundir import REPORT_FILE, write_derived
@@ -201,6 +201,9 @@ def version() -> None:
 # Commands that live in their own modules register here, one line each (keep this file thin).
 app.add_typer(cli_testbed.testbed_app, name="testbed")
 app.command(name="bisect")(cli_bisect.bisect)
+app.command(name="invariance")(cli_audit.invariance)
+app.command(name="quality")(cli_audit.quality)
+app.add_typer(cli_audit.ledger_app, name="ledger")
 
 
 def main() -> None:
