@@ -9,10 +9,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from itlaudit import __version__, cli_audit, cli_bisect, cli_testbed
+from itlaudit import __version__, cli_audit, cli_bisect, cli_report, cli_testbed
 from itlaudit.errors import ItlauditError, ScenarioError
 from itlaudit.orchestrate import RunOutcome, run_scenario
-from itlaudit.rundir import REPORT_FILE, write_derived
+from itlaudit.rundir import REPORT_FILE
 from itlaudit.scenario import load_scenario, parse_scenario
 
 DEMO_SCENARIO = Path(__file__).parent / "data" / "demo.toml"
@@ -114,15 +114,6 @@ def _fmt(value: float | None, unit: str = "") -> str:
 
 
 @app.command()
-def report(
-    run_dir: Annotated[Path, typer.Argument(help="A run folder holding requests.jsonl.")],
-) -> None:
-    """Re-derive summary.json, requests.csv and report.md from a run's requests.jsonl."""
-    summary = write_derived(run_dir, run_dir.name)
-    out.print(f"{len(summary['variants'])} variant(s); report: {run_dir / REPORT_FILE}")
-
-
-@app.command()
 def demo(
     out_dir: Annotated[
         Path | None, typer.Option("--out", help="Run folder (default reports/demo-...).")
@@ -200,6 +191,9 @@ def version() -> None:
 
 # Commands that live in their own modules register here, one line each (keep this file thin).
 app.add_typer(cli_testbed.testbed_app, name="testbed")
+app.command(name="report")(cli_report.report)
+app.command(name="diff")(cli_report.diff)
+app.command(name="export")(cli_report.export)
 app.command(name="bisect")(cli_bisect.bisect)
 app.command(name="invariance")(cli_audit.invariance)
 app.command(name="quality")(cli_audit.quality)
@@ -209,7 +203,8 @@ app.add_typer(cli_audit.ledger_app, name="ledger")
 def main() -> None:
     """Entry point: any ItlauditError becomes one line on stderr and its exit code, never a traceback."""
     try:
-        app(standalone_mode=False)
+        # Non-standalone click returns a command's exit code (typer.Exit) instead of exiting.
+        code = app(standalone_mode=False)
     except ItlauditError as exc:
         err.print(f"itlaudit: error: {exc}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
@@ -227,6 +222,7 @@ def main() -> None:
             exc.show()
             sys.exit(exc.exit_code)
         raise
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":
