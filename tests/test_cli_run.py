@@ -1,0 +1,192 @@
+"""`itlaudit run` end to end against the simulator, one server process per fault, through the real
+CLI entry point: exit codes, files on disk, and the finding each fault must raise (and no other)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from itlaudit.launcher import LaunchSpec, launch
+
+CLEAN_WORKLOAD = 'prompts = ["hi"]\nnum_requests = 3\nconcurrency = 2\nmax_tokens = 40\ntemperature = 0'
+
+
+@pytest.fixture()
+def sim(tmp_path: Path) -> Iterator[object]:
+    """Factory: start `itlaudit sim` with extra flags in its own process (timing not shared with us)."""
+    servers = []
+
+    def start(*flags: str) -> str:
+        spec = LaunchSpec(
+            kind="command",
+            command=[sys.executable, "-m", "itlaudit", "sim", "--port", "{port}", "--step-ms", "2", *flags],
+            ready_timeout_s=30,
+        )
+        server = launch(spec, tmp_path / f"sim-{len(servers)}.log")
+        servers.append(server)
+        return server.url
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def itlaudit(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "itlaudit", *args], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
+
+
+def scenario(tmp_path: Path, url: str, workload: str = CLEAN_WORKLOAD, endpoint: str = "completions") -> Path:
+    path = tmp_path / "s.toml"
+    path.write_text(
+        f'name = "t"\nendpoint = "{endpoint}"\n\n[workload]\n{workload}\n\n'
+        f'[[variants]]\nname = "A"\nurl = "{url}"\n',
+        encoding="utf-8",
+    )
+    return path
+
+
+def run_codes(
+    tmp_path: Path, url: str, workload: str = CLEAN_WORKLOAD, endpoint: str = "completions"
+) -> set[str]:
+    result = itlaudit(
+        "run", str(scenario(tmp_path, url, workload, endpoint)), "--out", str(tmp_path / "run"), cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = [json.loads(line) for line in (tmp_path / "run" / "requests.jsonl").read_text().splitlines()]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert len(lines) == summary["variants"]["A"]["requests"] == 3
+    for name in ("requests.csv", "report.md", "meta.json"):
+        assert (tmp_path / "run" / name).is_file()
+    return set(summary["variants"]["A"]["findings"])
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_clean_server_no_findings_and_k3_inflation(sim, tmp_path: Path, endpoint: str) -> None:
+    url = sim("--num-speculative-tokens", "3")
+    assert run_codes(tmp_path, url, endpoint=endpoint) == set()
+    block = json.loads((tmp_path / "run" / "summary.json").read_text())["variants"]["A"]
+    # 40 tokens: 1 prefill token then chunks of 4 (last one 3): 39 decode tokens over 10 chunks
+    assert block["decode_tokens_per_chunk"]["p50"] == pytest.approx(3.9)
+    assert block["itl_inflation"]["p50"] == pytest.approx(3.9)
+    assert block["completion_tokens"]["p50"] == 40
+
+
+FORCED = (
+    'prompts = ["hi"]\nnum_requests = 3\nmax_tokens = 40\nmin_tokens = 40\nignore_eos = true\ntemperature = 0'
+)
+
+
+@pytest.mark.parametrize(
+    ("flags", "workload", "expected"),
+    [
+        (["--cap-tokens", "16"], FORCED, {"truncated_below_max_tokens", "min_tokens_violated", "common_cap"}),
+        (
+            ["--ignore-ignore-eos", "--natural-eos-at", "10"],
+            FORCED.replace("min_tokens = 40\n", ""),
+            {"ignore_eos_violated"},
+        ),
+        (
+            ["--ignore-min-tokens", "--natural-eos-at", "10"],
+            FORCED.replace("ignore_eos = true\n", ""),
+            {"min_tokens_violated"},
+        ),
+        (["--drop-usage"], CLEAN_WORKLOAD, {"usage_missing"}),
+        (["--error-after-tokens", "8"], CLEAN_WORKLOAD, {"stream_error"}),
+        (["--reset-after-tokens", "8"], CLEAN_WORKLOAD, {"connection_error"}),
+        (["--no-done"], CLEAN_WORKLOAD, {"no_done_sentinel"}),
+    ],
+    ids=["cap", "ignore_eos", "min_tokens", "drop_usage", "error_frame", "reset", "no_done"],
+)
+def test_each_fault_raises_its_finding(
+    sim, tmp_path: Path, flags: list[str], workload: str, expected: set
+) -> None:
+    assert run_codes(tmp_path, sim(*flags), workload) == expected
+
+
+def test_ignored_stop_token_ids(sim, tmp_path: Path) -> None:
+    url = sim()
+    # Find a token the simulator emits at temperature 0, then ask it to stop there.
+    assert run_codes(tmp_path, url) == set()
+    first = json.loads((tmp_path / "run" / "requests.jsonl").read_text().splitlines()[0])
+    stop_id = [i for ids in first["chunk_token_ids"] if ids for i in ids][5]
+    workload = CLEAN_WORKLOAD + f"\nstop_token_ids = [{stop_id}]"
+    (tmp_path / "honoured").mkdir()
+    assert run_codes(tmp_path / "honoured", url, workload) == set()
+    faulty = sim("--ignore-stop-token-ids")
+    (tmp_path / "ignored").mkdir()
+    assert run_codes(tmp_path / "ignored", faulty, workload) == {"stop_token_ids_ignored"}
+
+
+def test_fail_on_findings_exit_code(sim, tmp_path: Path) -> None:
+    path = scenario(tmp_path, sim("--cap-tokens", "16"), FORCED)
+    result = itlaudit("run", str(path), "--out", str(tmp_path / "r"), "--fail-on-findings", cwd=tmp_path)
+    assert result.returncode == 1
+    clean = scenario(tmp_path, sim(), CLEAN_WORKLOAD)
+    assert (
+        itlaudit(
+            "run", str(clean), "--out", str(tmp_path / "c"), "--fail-on-findings", cwd=tmp_path
+        ).returncode
+        == 0
+    )
+
+
+def _one_line_error(result: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    text = " ".join(result.stderr.split())
+    assert text.startswith("itlaudit: error:"), result.stderr
+    for needle in needles:
+        assert needle in text, text
+
+
+def test_http_400_shows_vllms_message_and_keeps_the_record(sim, tmp_path: Path) -> None:
+    path = scenario(tmp_path, sim(), 'prompts = ["hi"]\nnum_requests = 2\nmax_tokens = 999999')
+    result = itlaudit("run", str(path), "--out", str(tmp_path / "r"), cwd=tmp_path)
+    _one_line_error(result, "HTTP 400", "max_tokens")
+    kept = (tmp_path / "r" / "requests.jsonl").read_text().splitlines()
+    assert kept and json.loads(kept[0])["status"] == "http_error"
+
+
+def test_unknown_model_and_unreachable_server(sim, tmp_path: Path) -> None:
+    path = scenario(tmp_path, sim())
+    path.write_text(
+        path.read_text().replace('endpoint = "completions"', 'endpoint = "completions"\nmodel = "nope"')
+    )
+    _one_line_error(
+        itlaudit("run", str(path), "--out", str(tmp_path / "a"), cwd=tmp_path), "'nope' is not served"
+    )
+    dead = scenario(tmp_path, "http://127.0.0.1:9")
+    _one_line_error(itlaudit("run", str(dead), "--out", str(tmp_path / "b"), cwd=tmp_path), "127.0.0.1:9")
+
+
+def test_bad_scenario_and_bad_variant_flag(tmp_path: Path) -> None:
+    _one_line_error(itlaudit("run", str(tmp_path / "missing.toml"), cwd=tmp_path), "scenario file not found")
+    path = scenario(
+        tmp_path, "http://127.0.0.1:9", CLEAN_WORKLOAD.replace("max_tokens = 40", "max_tokens = -1")
+    )
+    _one_line_error(itlaudit("run", str(path), cwd=tmp_path), "s.toml:8:", "`workload.max_tokens`")
+    good = scenario(tmp_path, "http://127.0.0.1:9")
+    _one_line_error(
+        itlaudit("run", str(good), "--variant", "B=http://x:1", cwd=tmp_path), "not in the scenario"
+    )
+    _one_line_error(itlaudit("run", str(good), "--variant", "nourl", cwd=tmp_path), "NAME=http")
+
+
+def test_report_rederives_from_requests_jsonl(sim, tmp_path: Path) -> None:
+    run_codes(tmp_path, sim("--cap-tokens", "16"), FORCED)
+    run_dir = tmp_path / "run"
+    before = json.loads((run_dir / "summary.json").read_text())
+    (run_dir / "summary.json").unlink()
+    (run_dir / "report.md").unlink()
+    result = itlaudit("report", str(run_dir), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads((run_dir / "summary.json").read_text()) == before
+    assert "common_cap" in (run_dir / "report.md").read_text()
