@@ -14,8 +14,10 @@ from typing import Any
 
 import pandas as pd
 
-from itlaudit.markdown import render_report
+from itlaudit.export import write_chunks
+from itlaudit.importers import ImportedBenchmark
 from itlaudit.records import RequestRecord, load_records
+from itlaudit.report import write_reports
 from itlaudit.summary import request_line, run_summary
 
 REQUESTS_FILE = "requests.jsonl"
@@ -58,12 +60,29 @@ def _csv_frame(records: Sequence[RequestRecord]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def write_derived(run_dir: Path, title: str, variant_order: Sequence[str] | None = None) -> dict[str, Any]:
-    """(Re)derive summary.json, requests.csv and report.md from requests.jsonl."""
+def _optional_json(path: Path) -> Any:
+    """A file another command writes (compare.json) may be missing or half-written: then it is absent."""
+    try:
+        return read_json(path)
+    except (OSError, ValueError):
+        return None
+
+
+def write_derived(
+    run_dir: Path,
+    title: str,
+    variant_order: Sequence[str] | None = None,
+    *,
+    imported: Sequence[tuple[ImportedBenchmark, str]] = (),
+) -> dict[str, Any]:
+    """(Re)derive summary.json, requests.csv, chunks.csv, the PNGs, report.md and report.html from
+    requests.jsonl (plus compare.json's spec-decode figures when present)."""
     records = load_records(run_dir / REQUESTS_FILE)
     summary = run_summary(records, variant_order)
     write_json(run_dir / SUMMARY_FILE, summary)
     _csv_frame(records).to_csv(run_dir / CSV_FILE, index=False)
+    write_chunks(records, run_dir)
     findings = [f for r in records for f in request_line(r)["finding_details"]] + summary["run_findings"]
-    (run_dir / REPORT_FILE).write_text(render_report(title, summary, findings), encoding="utf-8")
+    compare = _optional_json(run_dir / "compare.json")  # compare.COMPARE_FILE; importing it is circular
+    write_reports(run_dir, title, records, summary, findings, compare=compare, imported=imported)
     return summary
