@@ -4,22 +4,19 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
-from itlaudit.bisect import state as state_mod
-from itlaudit.bisect.bisector import Bisection, probe_scenario
 from itlaudit.bisect.errors import BisectError
 from itlaudit.bisect.providers.docker import DEFAULT_IMAGES
 from itlaudit.bisect.providers.wheels import DEFAULT_URL, DEFAULT_VARIANTS
-from itlaudit.bisect.report import REPORT_FILE, write_report
-from itlaudit.bisect.search import Search
-from itlaudit.bisect.settings import Settings, list_builds
-from itlaudit.orchestrate import DEFAULT_REPORTS
-from itlaudit.rundir import new_run_dir
 from itlaudit.testbed import default_cache_dir
+
+if TYPE_CHECKING:
+    from itlaudit.bisect.settings import Settings
+    from itlaudit.bisect.state import State
 
 err = Console(stderr=True)
 out = Console()
@@ -27,7 +24,13 @@ out = Console()
 Opt = typer.Option
 
 
-def _new_state(settings: Settings, out_dir: Path | None) -> tuple[state_mod.State, Path]:
+def _new_state(settings: Settings, out_dir: Path | None) -> tuple[State, Path]:
+    from itlaudit.bisect import state as state_mod
+    from itlaudit.bisect.bisector import probe_scenario
+    from itlaudit.bisect.settings import list_builds
+    from itlaudit.orchestrate import DEFAULT_REPORTS
+    from itlaudit.rundir import new_run_dir
+
     probe_scenario(settings)  # a bad scenario or variant fails before any folder is made
     builds = list_builds(settings)
     if out_dir is None:
@@ -92,6 +95,14 @@ def bisect(
     resume: Annotated[Path | None, Opt(help="Continue the bisection in this folder.")] = None,
 ) -> None:
     """Find the vLLM build that introduced (or, with --find-fix, fixed) a serving regression."""
+    # Imported here: scipy and pandas take seconds to import, and every other itlaudit command
+    # (including each `itlaudit sim` a bisection starts) would pay for them.
+    from itlaudit.bisect import state as state_mod
+    from itlaudit.bisect.bisector import Bisection
+    from itlaudit.bisect.report import REPORT_FILE, write_report
+    from itlaudit.bisect.search import Search
+    from itlaudit.bisect.settings import Settings
+
     if resume is not None:
         state = state_mod.load(resume)
         bisect_dir = resume

@@ -49,6 +49,11 @@ def probe_scenario(settings: Settings) -> tuple[Scenario, LaunchSpec]:
     return dataclasses.replace(scenario, variants=[variant]), spec
 
 
+def _first_line(text: str) -> str:
+    """Launch failures carry the server's log tail; the console gets its headline, bisect.json all."""
+    return text.strip().splitlines()[0] if text.strip() else ""
+
+
 class Bisection:
     def __init__(self, state: State, bisect_dir: Path, console: Console) -> None:
         self.state = state
@@ -165,7 +170,7 @@ class Bisection:
             problem = f"is {verdict}, not {expected}"
         else:
             problem = f"is not clearly {expected}"
-        message = f"{role} ({given}) {problem}: {record['reason']}"
+        message = f"{role} ({given}) {problem}: {_first_line(record['reason'])}"
         self.state.status = "failed"
         self.state.result = {"message": message}
         self._save()
@@ -175,8 +180,9 @@ class Bisection:
         colour = {GOOD: "green", BAD: "red"}.get(record["verdict"], "yellow")
         lo, hi = self.search.bounds
         left = hi - lo - 1
+        reason = _first_line(record["reason"])
         self.console.print(
-            f"  {record['label']}: [{colour}]{record['verdict']}[/{colour}] ({record['reason']}) · "
+            f"  {record['label']}: [{colour}]{record['verdict']}[/{colour}] ({reason}) · "
             f"{left} build(s) left between {self.state.builds[lo].label} and {self.state.builds[hi].label}"
             f" · ~{self.search.remaining_estimate()} probe(s) to go",
             markup=True,
