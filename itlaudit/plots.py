@@ -103,7 +103,10 @@ def plot_itl_cdf(variants: Sequence[VariantView], path: Path) -> Path | None:
         if token.size == 0:
             continue
         everything += [token, chunk]
-        for values, style, label in ((token, "-", "per token"), (chunk, "--", "per chunk")):
+        # K0's two curves coincide: say so, or the reader hunts for a dashed line that is hidden.
+        same = token.shape == chunk.shape and np.allclose(token, chunk)
+        chunk_label = "per chunk (= per token)" if same else "per chunk"
+        for values, style, label in ((token, "-", "per token"), (chunk, "--", chunk_label)):
             ordered = np.sort(values)
             share = np.arange(1, ordered.size + 1) / ordered.size
             ax.step(ordered, share, style, where="post", color=colour(i), lw=2, label=f"{view.name} {label}")
@@ -129,9 +132,10 @@ def plot_tokens_per_chunk(variants: Sequence[VariantView], path: Path) -> Path |
     hists = [
         {int(k): v for k, v in (view.block.get("tokens_per_chunk_hist") or {}).items()} for view in variants
     ]
-    sizes = sorted({k for h in hists for k in h if k > 0})
-    if not sizes:
+    largest = max((k for h in hists for k in h), default=0)
+    if largest < 1:
         return None
+    sizes = list(range(1, largest + 1))  # every size, so a missing "2" reads as 0 %, not as absent
     fig, ax = plt.subplots(figsize=WIDE)
     x = np.arange(len(sizes))
     width = 0.8 / len(variants)
@@ -216,7 +220,7 @@ def _timeline_panel(ax: Axes, view: VariantView, line_colour: str) -> None:
             color="grey",
             fontsize=8,
         )
-    title = f"{view.name}: {len(finished)} requests"
+    title = f"{view.name}: {len(finished)} request{'s' if len(finished) != 1 else ''}"
     if cut:
         title += f", {len(cut)} cut short"
     ax.set_title(title, color=TRUNCATION_RED if cut else "black", fontsize=10)
@@ -239,7 +243,12 @@ def speedup(base: float | None, new: float | None, lower_is_better: bool) -> flo
     return base / new if lower_is_better else new / base
 
 
+SAME_BAND = 0.02  # within ±2 %: printing "1.00× better" would suggest a difference that is not there
+
+
 def speedup_words(factor: float, better: str = "better", worse: str = "worse") -> str:
+    if abs(factor - 1) < SAME_BAND:
+        return "≈ same"
     return f"{factor:.2f}× {better}" if factor >= 1 else f"{1 / factor:.2f}× {worse}"
 
 

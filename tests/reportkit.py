@@ -1,0 +1,69 @@
+"""Hand-built runs for the report, plot, diff and export tests: streams whose figures are known."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from itlaudit.plots import VariantView
+from itlaudit.records import ChunkSeries, RequestParams, RequestRecord
+from itlaudit.summary import run_summary
+
+
+def stream(
+    variant: str,
+    index: int = 0,
+    *,
+    tokens: int = 64,
+    per_chunk: int = 1,
+    step_ms: float = 10.0,
+    ttft_ms: float = 40.0,
+    max_tokens: int = 64,
+    text: str = "ok",
+    jitter: float = 0.0,
+    seed: int = 0,
+) -> RequestRecord:
+    """A finished stream: one prefill token, then `per_chunk` tokens every `step_ms`; usage on every
+    chunk plus a final usage-only chunk. tokens < max_tokens makes a truncated request."""
+    rng = np.random.default_rng(seed * 1000 + index)
+    counts = [1]
+    while counts[-1] < tokens:
+        counts.append(min(tokens, counts[-1] + per_chunk))
+    t = ttft_ms + np.concatenate(([0.0], np.cumsum(step_ms * (1 + jitter * rng.standard_normal(len(counts) - 1)))))
+    chunks = ChunkSeries(
+        t_ms=[*t.tolist(), float(t[-1]) + 0.1],
+        completion_tokens=[*counts, counts[-1]],
+        text_len=[1] * len(counts) + [0],
+        has_choice=[True] * len(counts) + [False],
+        token_ids=[None] * (len(counts) + 1),
+    )
+    return RequestRecord(
+        request_id=f"{variant}-{index:05d}",
+        variant=variant,
+        endpoint="completions",
+        url="http://127.0.0.1:1/v1/completions",
+        model="tiny",
+        params=RequestParams(max_tokens=max_tokens, min_tokens=max_tokens, ignore_eos=True),
+        finish_reason="length",
+        completion_tokens=tokens,
+        done_sentinel=True,
+        e2e_ms=float(t[-1]) + 0.2,
+        text=text,
+        chunks=chunks,
+    )
+
+
+def k0_k3(n: int = 4, *, capped: bool = True) -> list[RequestRecord]:
+    """K0 at 10 ms/token; K3 at 13 ms/step with 4 tokens per chunk; K3-capped stopping at 16 of 64."""
+    records = [stream("K0", i) for i in range(n)]
+    records += [stream("K3", i, per_chunk=4, step_ms=13.0) for i in range(n)]
+    if capped:
+        records += [stream("K3-capped", i, per_chunk=4, step_ms=13.0, tokens=16) for i in range(n)]
+    return records
+
+
+def views(records: list[RequestRecord], spec: dict[str, dict] | None = None) -> list[VariantView]:
+    summary = run_summary(records)
+    return [
+        VariantView(name, [r for r in records if r.variant == name], block, (spec or {}).get(name))
+        for name, block in summary["variants"].items()
+    ]

@@ -1,0 +1,70 @@
+"""Each figure on hand-built runs: a PNG of the fixed size, or None when there is nothing to draw."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+from reportkit import k0_k3, stream, views
+
+from itlaudit.plots import (
+    DPI,
+    PLOTS,
+    WIDE,
+    is_truncated,
+    plot_acceptance,
+    plot_timeline,
+    speedup,
+    write_plots,
+)
+from itlaudit.records import STATUS_HTTP_ERROR
+
+SPEC = {"K3": {"per_position_acceptance": [0.9, 0.8, 0.7], "acceptance_length": 3.4}}
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+@pytest.mark.parametrize(("name", "function"), [(n, f) for n, _, f in PLOTS], ids=[n for n, _, _ in PLOTS])
+def test_each_plot_writes_a_png_of_the_fixed_size(tmp_path: Path, name: str, function) -> None:
+    target = tmp_path / name
+    assert function(views(k0_k3(), SPEC), target) == target
+    assert target.stat().st_size > 10_000
+    assert png_size(target) == (int(WIDE[0] * DPI), int(WIDE[1] * DPI) if name != "timeline.png" else 400)
+
+
+@pytest.mark.parametrize("n", [1, 1000])
+def test_one_request_and_a_thousand_both_draw(tmp_path: Path, n: int) -> None:
+    records = [stream("K0", i, tokens=32, max_tokens=32, jitter=0.2) for i in range(n)]
+    written = write_plots(views(records), tmp_path)
+    assert {p.name for _, p in written} == {name for name, _, _ in PLOTS} - {"acceptance.png"}
+
+
+def test_nothing_to_draw_gives_none_not_an_empty_panel(tmp_path: Path) -> None:
+    failed = stream("K0")
+    failed.status = STATUS_HTTP_ERROR
+    assert plot_timeline(views([failed]), tmp_path / "t.png") is None
+    assert plot_acceptance(views(k0_k3()), tmp_path / "a.png") is None  # no compare.json
+    assert not (tmp_path / "a.png").exists()
+
+
+def test_stale_png_of_an_absent_figure_is_removed(tmp_path: Path) -> None:
+    (tmp_path / "acceptance.png").write_bytes(b"old")
+    write_plots(views(k0_k3()), tmp_path)
+    assert not (tmp_path / "acceptance.png").exists()
+
+
+def test_truncated_requests_are_the_capped_ones() -> None:
+    assert is_truncated(stream("K3", tokens=16, max_tokens=64))
+    assert not is_truncated(stream("K3"))
+
+
+def test_speedup_direction() -> None:
+    assert speedup(12.0, 4.0, lower_is_better=True) == 3.0
+    assert speedup(80.0, 240.0, lower_is_better=False) == 3.0
+    assert speedup(None, 4.0, lower_is_better=True) is None
