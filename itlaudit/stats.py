@@ -52,7 +52,7 @@ def min_achievable_p(n_base: int, n_new: int) -> float:
 
     3 vs 3 gives 0.1, so no data, however separated, can be significant at 0.05: that is "unknown".
     """
-    if n_base + n_new > 60:  # C(60, 30) ≈ 1e17: far below any alpha, and float division overflows later
+    if n_base + n_new > 60:  # 2 / C(60, 30) ≈ 2e-17, and for thousands of samples 2 / C overflows
         return 0.0
     return min(1.0, 2.0 / math.comb(n_base + n_new, n_base))
 

@@ -28,7 +28,9 @@ def stream(
     counts = [1]
     while counts[-1] < tokens:
         counts.append(min(tokens, counts[-1] + per_chunk))
-    t = ttft_ms + np.concatenate(([0.0], np.cumsum(step_ms * (1 + jitter * rng.standard_normal(len(counts) - 1)))))
+    t = ttft_ms + np.concatenate(
+        ([0.0], np.cumsum(step_ms * (1 + jitter * rng.standard_normal(len(counts) - 1))))
+    )
     chunks = ChunkSeries(
         t_ms=[*t.tolist(), float(t[-1]) + 0.1],
         completion_tokens=[*counts, counts[-1]],

@@ -1,0 +1,73 @@
+"""diff verdicts on constructed runs, the --fail-on exit code, and the Markdown table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from reportkit import stream
+from typer.testing import CliRunner
+
+from itlaudit.cli import app
+from itlaudit.diff import diff_runs, render_diff
+from itlaudit.records import RecordWriter, RequestRecord
+
+
+def run(
+    variant: str, n: int, *, step_ms: float = 10.0, tokens: int = 64, seed: int = 0
+) -> list[RequestRecord]:
+    return [stream(variant, i, step_ms=step_ms, tokens=tokens, jitter=0.05, seed=seed) for i in range(n)]
+
+
+def verdict(diff, metric: str, variant: str = "K0") -> str:
+    return next(m.comparison.verdict for m in diff.metrics if m.metric == metric and m.variant == variant)
+
+
+def test_two_x_slowdown_is_worse() -> None:
+    diff = diff_runs(run("K0", 20), run("K0", 20, step_ms=20.0, seed=1))
+    assert verdict(diff, "itl_ms") == "worse"
+    assert verdict(diff, "decode_tokens_per_s") == "worse"
+    assert "**Worse:** K0 token ITL (ms)" in render_diff(diff, "a", "b")
+
+
+def test_identical_is_same() -> None:
+    base = run("K0", 20)
+    diff = diff_runs(base, base)
+    assert {m.comparison.verdict for m in diff.metrics} == {"same"}
+    assert not diff.appeared and not diff.vanished
+
+
+def test_three_vs_three_overlapping_is_unknown() -> None:
+    diff = diff_runs(run("K0", 3), run("K0", 3, step_ms=10.5, seed=1))
+    assert verdict(diff, "itl_ms") == "unknown"
+
+
+def test_truncation_appearing_is_worse_and_listed() -> None:
+    diff = diff_runs(run("K0", 10), run("K0", 10, tokens=16, seed=1))
+    assert verdict(diff, "completion_tokens") == "worse"
+    assert "truncated_below_max_tokens" in diff.appeared["K0"]
+    diff_back = diff_runs(run("K0", 10, tokens=16), run("K0", 10, seed=1))
+    assert "truncated_below_max_tokens" in diff_back.vanished["K0"]
+
+
+def test_variants_in_one_run_only_are_listed_not_judged() -> None:
+    diff = diff_runs(run("K0", 5), run("K0", 5) + run("K3", 5))
+    assert diff.only_new == ["K3"]
+    assert {m.variant for m in diff.metrics} == {"K0"}
+
+
+def _write(folder: Path, records: list[RequestRecord]) -> Path:
+    with RecordWriter(folder / "requests.jsonl") as writer:
+        for record in records:
+            writer.write(record.to_json())
+    return folder
+
+
+def test_fail_on_worse_exit_code(tmp_path: Path) -> None:
+    base = _write(tmp_path / "base", run("K0", 12))
+    slow = _write(tmp_path / "slow", run("K0", 12, step_ms=20.0, seed=1))
+    runner = CliRunner()
+    assert runner.invoke(app, ["diff", str(base), str(base), "--fail-on", "worse"]).exit_code == 0
+    result = runner.invoke(app, ["diff", str(base), str(slow), "--fail-on", "worse"])
+    assert result.exit_code == 1
+    assert "| K0 | token ITL (ms) |" in result.output
+    assert runner.invoke(app, ["diff", str(base), str(slow)]).exit_code == 0

@@ -1,0 +1,71 @@
+"""report.html: self-contained, every figure embedded, server strings escaped; headline sentences."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from pathlib import Path
+
+from reportkit import k0_k3, stream
+
+from itlaudit.html_report import render_html
+from itlaudit.markdown import headline
+from itlaudit.plots import PLOTS
+from itlaudit.records import RecordWriter
+from itlaudit.report import write_reports
+from itlaudit.rundir import write_derived
+from itlaudit.summary import request_line, run_summary
+
+PLANTED = "<script>alert(1)</script>"
+
+
+def _run_dir(tmp_path: Path, records: list) -> Path:
+    run = tmp_path / "run"
+    with RecordWriter(run / "requests.jsonl") as writer:
+        for record in records:
+            writer.write(record.to_json())
+    return run
+
+
+def test_html_embeds_every_plot_and_fetches_nothing(tmp_path: Path) -> None:
+    run = _run_dir(tmp_path, k0_k3())
+    compare = {"variants": {"K3": {"spec_decode": {"per_position_acceptance": [0.9, 0.8, 0.7]}}}}
+    (run / "compare.json").write_text(json.dumps(compare))
+    write_derived(run, "demo")
+    page = (run / "report.html").read_text()
+    images = re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    assert len(images) == len(PLOTS)
+    assert all(base64.b64decode(i)[:4] == b"\x89PNG" for i in images)
+    assert not re.search(r"(src|href)=\"(https?:|//)", page)
+    assert "default-src 'none'" in page
+    for name, _, _ in PLOTS:
+        assert f"]({name})" in (run / "report.md").read_text()
+    assert (run / "chunks.csv").is_file()
+
+
+def test_planted_script_in_generated_text_and_names_is_escaped(tmp_path: Path) -> None:
+    bad = stream(PLANTED, tokens=8, max_tokens=64, text=PLANTED)
+    bad.error = PLANTED
+    records = [bad, *k0_k3(3, capped=False)]
+    summary = run_summary(records)
+    findings = [f for r in records for f in request_line(r)["finding_details"]]
+    findings.append({"code": "x", "severity": "error", "message": PLANTED, "request_id": PLANTED})
+    target = write_reports(tmp_path, PLANTED, records, summary, findings)
+    page = target.read_text()
+    assert "<script" not in page
+    assert "&lt;script&gt;" in page
+
+
+def test_headline_says_faster_per_token_though_chunk_itl_larger_and_calls_out_truncation() -> None:
+    lines = headline(run_summary(k0_k3()))
+    assert lines[0].startswith("**K3 is 3.03× faster per token than K0**")
+    assert ", though its chunk ITL is 1.30× larger" in lines[0]
+    assert "(each chunk carries 3.9 tokens)" in lines[0]  # 63 decode tokens in 16 chunks
+    assert any(line.startswith("**K3-capped: 4 of 4 requests were cut short") for line in lines)
+    assert not any("K3:" in line for line in lines)
+
+
+def test_headline_renders_bold_in_html() -> None:
+    page = render_html("t", run_summary(k0_k3()), [])
+    assert "<strong>K3 is 3.03× faster per token than K0</strong>" in page
