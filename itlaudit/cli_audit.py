@@ -31,6 +31,7 @@ from itlaudit.runner import resolve_model
 from itlaudit.scenario import Variant, load_scenario
 
 INVARIANCE_FILE = "invariance.json"
+MATRIX_WIDTH = 200
 DEFAULT_PROMPTS = (
     "The quick brown fox jumps over the lazy dog. Answer A or B:",
     "Speculative decoding proposes draft tokens and verifies them in one forward pass.",
@@ -247,7 +248,8 @@ def ledger(ctx: typer.Context, ledger_path: LedgerOpt = ledger_mod.DEFAULT_LEDGE
     )
     for row in rows:
         table.add_row(*row.values())
-    out.print(table)
+    # Seven columns squeezed into 80 wrap every cell; a wide matrix that scrolls reads better.
+    Console(width=max(out.width, MATRIX_WIDTH)).print(table)
 
 
 @ledger_app.command("add")

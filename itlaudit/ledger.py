@@ -244,7 +244,7 @@ def matrix(lines: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
                 "variant": str(line.get("variant")),
                 "build": f"vllm {build.get('version')} ({build.get('system_fingerprint')})",
                 "result": format_result(line.get("result") or {})
-                + (" [forced]" if line.get("forced") else ""),
+                + (" (forced)" if line.get("forced") else ""),
                 "hash": str((line.get("result") or {}).get("outputs_sha256", ""))[:DIGEST_CHARS],
                 "fingerprint": str(line.get("fingerprint")),
                 "conclusion": conclusions.get((line.get("run_id"), line.get("variant")), ""),

@@ -3,13 +3,23 @@ with and without its batch-variance fault."""
 
 from __future__ import annotations
 
+import asyncio
+import io
 import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from itertools import accumulate
 from pathlib import Path
+from unittest import mock
 
 import aiohttp
 import pytest
+from aiohttp import web
 
+from itlaudit.cli import main
 from itlaudit.errors import ServerRejectedError
 from itlaudit.invariance import (
     PromptObservations,
@@ -21,7 +31,7 @@ from itlaudit.invariance import (
     summarize,
 )
 from itlaudit.invariance_client import Scorer, observe, server_identity
-from itlaudit.sim import SimConfig, run_sim
+from itlaudit.sim import SimConfig, make_app, run_sim
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.32.0-cpu"
 PROMPTS = ["The quick brown fox", "Once upon a time there was"]
@@ -147,3 +157,59 @@ async def test_server_identity_reads_version_and_fingerprint() -> None:
     async with run_sim(config) as url, aiohttp.ClientSession() as session:
         identity = await server_identity(session, url, "sim-tiny")
     assert identity == {"version": "0.32.0", "system_fingerprint": config.system_fingerprint}
+
+
+@contextmanager
+def sim_server(config: SimConfig) -> Iterator[str]:
+    """The simulator on its own thread and loop, for code under test that runs asyncio.run itself."""
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(make_app(config), access_log=None)
+    loop.run_until_complete(runner.setup())
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", 0).start())
+    port = runner.addresses[0][1]
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.run_until_complete(runner.cleanup())
+        loop.close()
+
+
+def itlaudit(*args: str) -> subprocess.CompletedProcess[str]:
+    """The real entry point (one-line errors, exit codes) in-process: a fresh interpreter costs ~5 s."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    code = 0
+    with (
+        mock.patch.object(sys, "argv", ["itlaudit", *args]),
+        redirect_stdout(stdout),
+        redirect_stderr(stderr),
+    ):
+        try:
+            main()
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+    return subprocess.CompletedProcess(list(args), code, stdout.getvalue(), stderr.getvalue())
+
+
+@pytest.mark.parametrize(("variance", "flagged"), [(0.0, False), (0.2, True)])
+def test_invariance_command_reports_the_seed_figures(tmp_path: Path, variance: float, flagged: bool) -> None:
+    with sim_server(SimConfig(ttft_ms=1, step_ms=0, batch_variance=variance)) as url:
+        result = itlaudit("invariance", "--url", url, "-n", "3", "--prompt", "a b c", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    for figure in ("alone_repeat", "alone_vs_batch2", "batch2_repeat", "batches bitwise identical to alone"):
+        assert figure in result.stdout
+    assert ("NOT batch-invariant" in result.stdout) is flagged
+    summary = json.loads((tmp_path / "invariance.json").read_text())["url"]["summary"]
+    assert (summary["alone_vs_batch2"] > 0) is flagged
+    assert summary["batch2_identical_to_alone"] == (0 if flagged else 3)
+
+
+def test_invariance_command_bad_input_is_one_line() -> None:
+    result = itlaudit("invariance", "--url", "http://127.0.0.1:9", "--sweep", "1,x")
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "--sweep" in result.stderr
+    result = itlaudit("invariance")
+    assert result.returncode == 2 and "SCENARIO" in result.stderr and "Traceback" not in result.stderr
