@@ -123,7 +123,8 @@ def report(
         target = out_dir or new_run_dir(Path("reports"), "report")
         summary = run_summary(records, order)
         findings = [f for r in records for f in request_line(r)["finding_details"]] + summary["run_findings"]
-        title = " vs ".join(run.title for run in runs)
+        titles = [run.title for run in runs]
+        title = " vs ".join(titles if len(set(titles)) == len(titles) else [run.path.name for run in runs])
         write_reports(target, title, records, summary, findings, imported=imported)
     out.print(f"report: {target / 'report.html'}")
 

@@ -39,6 +39,9 @@ TRUNCATION_CODES = frozenset({TRUNCATED_BELOW_MAX_TOKENS, MIN_TOKENS_VIOLATED, I
 LOG_SPAN = 10.0
 TIMELINE_SAMPLE = 20  # lines per panel: more is a blur, fewer hides the spread
 TRUNCATION_RED = "#d62728"
+# Beyond this many variants (e.g. two runs of K0/K3/K3-capped in one report) side-by-side panels and
+# two-line bar labels collide: panels stack and labels shorten.
+CROWDED = 3
 
 
 @dataclass(frozen=True)
@@ -52,8 +55,12 @@ class VariantView:
     spec_decode: dict[str, Any] | None = None
 
 
-def colour(index: int) -> str:
-    return plt.get_cmap("tab10")(index % 10)
+# tab10 without its red (index 3): red means "cut short" in the timeline and "worse" on the bars.
+_PALETTE = [c for i, c in enumerate(plt.get_cmap("tab10").colors) if i != 3]
+
+
+def colour(index: int) -> tuple[float, float, float]:
+    return _PALETTE[index % len(_PALETTE)]
 
 
 def _save(fig: Figure, path: Path) -> Path:
@@ -158,7 +165,7 @@ def plot_tokens_per_chunk(variants: Sequence[VariantView], path: Path) -> Path |
     ax.set_ylim(0, 105)
     ax.set_title("Tokens per chunk: under speculative decoding one chunk carries several tokens")
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(loc="upper center", fontsize=9)
+    ax.legend(loc="best", fontsize=9)
     fig.tight_layout()
     return _save(fig, path)
 
@@ -257,7 +264,10 @@ def plot_latency_bars(variants: Sequence[VariantView], path: Path) -> Path | Non
     annotated with its p50 ratio to the baseline."""
     if not any(_p50(v.block, key) is not None for v in variants for key, _, _ in _BAR_METRICS):
         return None
-    fig, axes = plt.subplots(1, len(_BAR_METRICS), figsize=WIDE)
+    if len(variants) > CROWDED:
+        fig, axes = plt.subplots(len(_BAR_METRICS), 1, figsize=(WIDE[0], 2.8 * len(_BAR_METRICS)))
+    else:
+        fig, axes = plt.subplots(1, len(_BAR_METRICS), figsize=WIDE)
     for ax, (key, label, lower) in zip(axes, _BAR_METRICS, strict=True):
         _bar_panel(ax, variants, key, label, lower)
     handles = [plt.Rectangle((0, 0), 1, 1, color="grey", alpha=a) for _, a in _PERCENTILES]
@@ -299,7 +309,7 @@ def _bar_panel(ax: Axes, variants: Sequence[VariantView], key: str, label: str, 
                 color="#2ca02c" if factor >= 1 else TRUNCATION_RED,
             )
     ax.set_ylim(top=max(tops) * (3 if log else 1.18))
-    ax.set_xticks(range(len(variants)), [v.name for v in variants], rotation=20 if len(variants) > 3 else 0)
+    ax.set_xticks(range(len(variants)), [v.name for v in variants])
     ax.set_title(label + (" (log)" if log else ""), fontsize=10)
     ax.grid(axis="y", alpha=0.3, which="both")
 
@@ -312,6 +322,7 @@ def plot_itl_headline(variants: Sequence[VariantView], path: Path) -> Path | Non
         return None
     fig, ax = plt.subplots(figsize=WIDE)
     width = 0.38
+    crowded = len(variants) > CROWDED
     top = max(x for pair in pairs for x in pair if x is not None)
     for i, pair in enumerate(pairs):
         for offset, value, hatched, what in zip(
@@ -330,22 +341,23 @@ def plot_itl_headline(variants: Sequence[VariantView], path: Path) -> Path | Non
                 lw=0.6,
             )
             ax.annotate(
-                f"{value:.2f} ms\n{what}",
+                f"{value:.1f}" if crowded else f"{value:.2f} ms\n{what}",
                 (i + offset, value),
                 xytext=(0, 3),
                 textcoords="offset points",
                 ha="center",
-                fontsize=9,
+                fontsize=8 if crowded else 9,
             )
     base = pairs[0][0]
     labels = [variants[0].name + "\n(baseline)"]
+    suffix = "" if crowded else " per token"
     for view, (token, _) in zip(variants[1:], pairs[1:], strict=True):
         factor = speedup(base, token, lower_is_better=True)
         labels.append(
-            view.name + (f"\n{speedup_words(factor, 'faster', 'slower')} per token" if factor else "")
+            view.name + (f"\n{speedup_words(factor, 'faster', 'slower')}{suffix}" if factor else "")
         )
     ax.set_ylim(0, top * 1.3)
-    ax.set_xticks(range(len(variants)), labels)
+    ax.set_xticks(range(len(variants)), labels, fontsize=9 if crowded else 10)
     ax.set_ylabel("ITL p50 over requests (ms)")
     ax.set_title("Token ITL (solid: lower is faster) vs chunk ITL (hatched: inflated by tokens per chunk)")
     ax.grid(axis="y", alpha=0.3)
