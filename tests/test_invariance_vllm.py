@@ -1,0 +1,80 @@
+"""All correctness audits against real vLLM 0.32 CPU servers, in one module so they share two server
+starts (~50 s each): K0 for invariance, K0 vs K3 self-draft for lossless spec decode."""
+
+from __future__ import annotations
+
+import json
+
+import aiohttp
+import pytest
+from vllm_server import SERVED_MODEL, vllm_server
+
+from itlaudit.client import stream_request
+from itlaudit.invariance import prompt_figures, summarize
+from itlaudit.invariance_client import Scorer, explain_mismatch, observe
+from itlaudit.lossless import spec_decode_mismatches
+from itlaudit.records import STATUS_OK, RequestParams, RequestRecord
+
+pytestmark = pytest.mark.vllm
+k0_url = vllm_server()
+k3_url = vllm_server(num_speculative_tokens=3)
+
+PROMPTS = [
+    "The quick brown fox jumps over the lazy dog. Answer A or B:",
+    "Speculative decoding proposes draft tokens and verifies them in one forward pass.",
+    "Once upon a time",
+]
+REPEATS = 40
+
+
+async def test_real_invariance_figures_are_reported_consistently(k0_url: str) -> None:
+    async with aiohttp.ClientSession() as session:
+        scorer = Scorer(session, k0_url, SERVED_MODEL)
+        observations = [await observe(scorer, p, REPEATS, concurrent=True) for p in PROMPTS[:2]]
+    summary = summarize([prompt_figures(o) for o in observations])
+    print("real vLLM 0.32 CPU invariance:", json.dumps(summary))
+    batches = summary["batch2_batches"]
+    assert batches == REPEATS * 2
+    for key in ("alone_repeat", "alone_vs_batch2", "batch2_repeat"):
+        assert summary[key] >= 0.0
+    # Whatever the CPU does, the counts and the deltas must tell the same story.
+    assert (summary["batch2_identical_to_alone"] == batches) == (
+        summary["alone_vs_batch2"] == 0.0 and summary["top_set_diff_alone_vs_batch2"] == 0
+    )
+    assert summary["batch2_identical_to_alone"] <= summary["batch2_rows_identical"] <= batches
+    if summary["alone_vs_batch2"] == 0.0:
+        assert summary["decision_flip_rate"] == 0.0
+    sweep = summary["sweep"]
+    assert sweep["invariant"] == all(delta == 0.0 for delta in sweep["max_delta"].values())
+
+
+async def _greedy_records(url: str, variant: str) -> list[RequestRecord]:
+    params = RequestParams(max_tokens=48, ignore_eos=True, temperature=0.0)
+    async with aiohttp.ClientSession() as session:
+        return [
+            await stream_request(
+                session,
+                base_url=url,
+                endpoint="completions",
+                model=SERVED_MODEL,
+                prompt=prompt,
+                params=params,
+                request_id=f"{variant}-{i:05d}",
+                variant=variant,
+            )
+            for i, prompt in enumerate(PROMPTS)
+        ]
+
+
+async def test_real_k3_self_draft_is_lossless_at_temperature_0(k0_url: str, k3_url: str) -> None:
+    base = await _greedy_records(k0_url, "K0")
+    spec = await _greedy_records(k3_url, "K3")
+    assert all(r.status == STATUS_OK and r.completion_tokens == 48 for r in base + spec)
+    found = spec_decode_mismatches(base, spec)
+    if found:  # show both servers' candidates at the divergence, so a failure explains itself
+        async with aiohttp.ClientSession() as session:
+            scorers = Scorer(session, k0_url, SERVED_MODEL), Scorer(session, k3_url, SERVED_MODEL)
+            index = int(found[0].evidence["prompt_index"])
+            explained = await explain_mismatch(found[0], PROMPTS[index], *scorers)
+        pytest.fail(f"{explained.message} evidence: {json.dumps(explained.evidence)}")
+    print("real vLLM 0.32 CPU lossless: K0 == K3 on", len(PROMPTS), "prompts × 48 tokens")
