@@ -1,0 +1,76 @@
+"""`itlaudit smoke`: the go/no-go command (exit 0 go, 1 a check failed, 2 could not run)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from itlaudit.errors import ItlauditError
+from itlaudit.smoke.junit import write_junit_error
+from itlaudit.smoke.output import table_lines, verdict_line
+from itlaudit.smoke.runner import REPORT_FILE, run_smoke
+from itlaudit.smoke.suite import SuiteError, load_suite
+
+DEFAULT_SUITE = Path("scenarios/smoke/dgx-spark")
+_STYLES = {"PASS": "green", "FAIL": "bold red", "SKIP": "yellow"}
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True)
+
+
+def _parse_urls(values: list[str]) -> dict[str, str]:
+    """NAME=URL per server, or one bare URL for every server."""
+    urls: dict[str, str] = {}
+    for value in values:
+        name, sep, url = value.partition("=") if "=" in value else ("*", "=", value)
+        if not sep or not name or not url.startswith(("http://", "https://")):
+            raise SuiteError(f"--url {value!r}: expected NAME=http://HOST:PORT or http://HOST:PORT")
+        urls[name] = url.rstrip("/")
+    return urls
+
+
+def smoke(
+    suite: Annotated[Path, typer.Option(help="Suite folder holding suite.toml.")] = DEFAULT_SUITE,
+    url: Annotated[
+        list[str] | None, typer.Option(help="NAME=URL of a running server (repeat), or one URL for all.")
+    ] = None,
+    launch: Annotated[
+        str | None, typer.Option(help="Start servers with python:PATH, docker:IMAGE or command:CMD.")
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option(help="Model for launched servers (overrides the suite).")
+    ] = None,
+    baseline: Annotated[
+        Path | None, typer.Option(help="A previous smoke.json: adds the ratio-to-baseline checks.")
+    ] = None,
+    junit: Annotated[Path | None, typer.Option(help="Also write the JUnit XML here.")] = None,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="Smoke folder (default reports/smoke-<suite>-<time>/).")
+    ] = None,
+) -> None:
+    """Pre-release go/no-go: full-length K0/K3 decode, stop tokens, caps, ITL vs thresholds and baseline."""
+    try:
+        loaded = load_suite(suite)
+        outcome = run_smoke(
+            loaded,
+            urls=_parse_urls(url or []),
+            launch=launch,
+            model=model,
+            baseline=baseline,
+            out_dir=out_dir,
+            junit=junit,
+            console=err,
+        )
+    except ItlauditError as exc:
+        if junit is not None:
+            write_junit_error(junit, suite.name, str(exc))
+        raise
+    for line, result in zip(table_lines(outcome.results), outcome.results, strict=True):
+        out.print(line, style=_STYLES[result.status], markup=False)
+    out.print(verdict_line(outcome.results, outcome.smoke["runtime_s"]), style="bold", markup=False)
+    out.print(f"report: {outcome.out_dir / REPORT_FILE}", markup=False)
+    if outcome.exit_code:
+        raise typer.Exit(outcome.exit_code)

@@ -1,0 +1,337 @@
+"""Check evaluation (pure): per-variant figures in, PASS/FAIL/SKIP results with evidence out.
+
+Figures are plain JSON (they are written to smoke.json and read back as a later smoke's baseline),
+so a check sees the same numbers whether they were measured a second ago or last release.
+A check that cannot find its figure fails rather than passes: an unverifiable release is no-go.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from itlaudit.records import STATUS_OK, RequestRecord
+from itlaudit.smoke.suite import DEFAULT_METRIC, CheckSpec, Suite
+from itlaudit.summary import request_line
+
+PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
+# Enough examples to show a pattern in a JUnit failure without burying it.
+MAX_EXAMPLES = 3
+
+Results = dict[str, dict[str, dict[str, Any]]]  # scenario → variant → figures
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    scenario: str
+    variant: str
+    kind: str
+    status: str
+    figure: str
+    threshold: str
+    value: float | int | str | None = None
+    message: str = ""
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def case(self) -> str:
+        return f"{self.scenario}/{self.variant}"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def variant_figures(
+    records: Sequence[RequestRecord],
+    block: dict[str, Any],
+    compare_row: dict[str, Any] | None,
+    extra_findings: Sequence[dict[str, Any]],
+    max_tokens: int | None,
+) -> dict[str, Any]:
+    """What the checks read for one scenario on one server: the variant's summary block, its
+    compare.json row, and the findings with a few of their messages as evidence."""
+    details = [d for r in records for d in request_line(r)["finding_details"]] + list(extra_findings)
+    counts = Counter(block.get("findings", {}))
+    counts.update(d["code"] for d in extra_findings)
+    examples: dict[str, list[dict[str, Any]]] = {}
+    for detail in details:
+        kept = examples.setdefault(detail["code"], [])
+        if len(kept) < MAX_EXAMPLES:
+            kept.append({"request_id": detail.get("request_id"), "message": detail["message"]})
+    spec = (compare_row or {}).get("spec_decode") or {}
+    return {
+        "requests": len(records),
+        "errors": sum(r.status != STATUS_OK for r in records),
+        "max_tokens": max_tokens,
+        "per_request": [
+            {
+                "request_id": r.request_id,
+                "status": r.status,
+                "completion_tokens": r.completion_tokens,
+                "finish_reason": r.finish_reason,
+                "error": r.error,
+            }
+            for r in records
+        ],
+        "findings": dict(sorted(counts.items())),
+        "finding_examples": examples,
+        "metrics": {
+            name: {stat: value for stat, value in stats.items() if stat != "count"}
+            for name, stats in block.items()
+            if isinstance(stats, dict) and "p50" in stats
+        },
+        "acceptance_length": {
+            "metrics": spec.get("acceptance_length"),
+            "stream": (compare_row or {}).get("stream_acceptance_length"),
+        },
+    }
+
+
+def _metric(figures: dict[str, Any] | None, path: str) -> float | None:
+    name, _, stat = path.partition(".")
+    value = ((figures or {}).get("metrics", {}).get(name) or {}).get(stat)
+    return float(value) if value is not None else None
+
+
+def _num(value: float | None, unit: str = "") -> str:
+    return "–" if value is None else f"{value:.3g}{unit}"
+
+
+def _bounds(params: dict[str, Any], unit: str = "") -> str:
+    parts = []
+    if "equals" in params:
+        parts.append(f"= {params['equals']}{unit}")
+    if "min" in params:
+        parts.append(f"≥ {params['min']}{unit}")
+    if "max" in params:
+        parts.append(f"≤ {params['max']}{unit}")
+    return ", ".join(parts)
+
+
+def _within(value: float, params: dict[str, Any]) -> bool:
+    return (
+        ("equals" not in params or value == params["equals"])
+        and ("min" not in params or value >= params["min"])
+        and ("max" not in params or value <= params["max"])
+    )
+
+
+def _bad_requests(figures: dict[str, Any], ok: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+    return [r for r in figures["per_request"] if not ok(r)]
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    spec: CheckSpec
+    figures: dict[str, Any]
+    others: dict[str, dict[str, Any]]  # the scenario's other variants
+    baseline: dict[str, Any] | None  # this scenario/variant in the baseline smoke, if any
+    has_baseline: bool
+
+
+Outcome = tuple[str, str, str, float | int | str | None, str, dict[str, Any]]
+
+
+def _completion_tokens(ctx: _Ctx) -> Outcome:
+    params = dict(ctx.spec.params) or {"equals": ctx.figures["max_tokens"]}
+    counts = [r["completion_tokens"] for r in ctx.figures["per_request"]]
+    known = [c for c in counts if c is not None]
+
+    def ok(r: dict[str, Any]) -> bool:
+        return (
+            r["status"] == STATUS_OK
+            and r["completion_tokens"] is not None
+            and _within(r["completion_tokens"], params)
+        )
+
+    bad = _bad_requests(ctx.figures, ok)
+    low, high = (min(known), max(known)) if known else (None, None)
+    figure = f"{low}..{high} tokens" if low != high else f"{low} tokens"
+    status = PASS if counts and not bad else FAIL
+    message = (
+        f"{len(bad)} of {len(counts)} requests returned a length outside {_bounds(params)}: "
+        + "; ".join(
+            f"{r['request_id']} {r['completion_tokens']} tokens, {r['finish_reason'] or r['status']}"
+            for r in bad[:MAX_EXAMPLES]
+        )
+        if bad
+        else ""
+    )
+    return status, figure, _bounds(params), low, message, {"bad_requests": bad}
+
+
+def _finish_reason(ctx: _Ctx) -> Outcome:
+    wanted = ctx.spec.params["equals"]
+    reasons = Counter(r["finish_reason"] or r["status"] for r in ctx.figures["per_request"])
+    bad = _bad_requests(ctx.figures, lambda r: r["finish_reason"] == wanted)
+    figure = ", ".join(f"{k}×{v}" for k, v in sorted(reasons.items())) or "no requests"
+    message = (
+        f"{len(bad)} of {sum(reasons.values())} requests did not finish with {wanted!r} ({figure})"
+        if bad
+        else ""
+    )
+    status = PASS if reasons and not bad else FAIL
+    return (
+        status,
+        figure,
+        f"= {wanted}",
+        figure,
+        message,
+        {"finish_reasons": dict(reasons), "bad_requests": bad},
+    )
+
+
+def _no_finding(ctx: _Ctx) -> Outcome:
+    codes = ctx.spec.params["codes"]
+    hits = {c: ctx.figures["findings"].get(c, 0) for c in codes if ctx.figures["findings"].get(c)}
+    examples = {c: ctx.figures["finding_examples"].get(c, []) for c in hits}
+    figure = ", ".join(f"{c}×{n}" for c, n in hits.items()) or "none"
+    message = " | ".join(f"{c}: {ex[0]['message']}" for c, ex in examples.items() if ex)
+    return (
+        (FAIL if hits else PASS),
+        figure,
+        "0 findings",
+        sum(hits.values()),
+        message,
+        {"findings": hits, "examples": examples},
+    )
+
+
+def _metric_check(ctx: _Ctx) -> Outcome:
+    path = ctx.spec.params["metric"]
+    value = _metric(ctx.figures, path)
+    threshold = _bounds(ctx.spec.params)
+    if value is None:
+        return FAIL, "–", threshold, None, f"{path} has no value (no finished request measured it)", {}
+    status = PASS if _within(value, ctx.spec.params) else FAIL
+    message = f"{path} is {value:.4g}, outside {threshold}" if status == FAIL else ""
+    return status, _num(value), threshold, value, message, {path: value}
+
+
+def _speedup(ctx: _Ctx) -> Outcome:
+    path = ctx.spec.params.get("metric", DEFAULT_METRIC)
+    over = ctx.spec.params["over"]
+    this, base = _metric(ctx.figures, path), _metric(ctx.others.get(over), path)
+    threshold = f"≥ {ctx.spec.params['min']}×"
+    evidence = {path: this, f"{over} {path}": base}
+    if this is None or not base or not this:
+        return FAIL, "–", threshold, None, f"{path} is missing here or on {over}, so no speedup", evidence
+    value = base / this
+    status = PASS if value >= ctx.spec.params["min"] else FAIL
+    message = (
+        f"{path} {this:.4g} vs {over} {base:.4g}: speedup {value:.3g}× is below {threshold}"
+        if status == FAIL
+        else ""
+    )
+    return status, f"{value:.3g}× ({this:.3g} vs {base:.3g})", threshold, value, message, evidence
+
+
+def _acceptance(ctx: _Ctx) -> Outcome:
+    figures = ctx.figures["acceptance_length"]
+    source = "/metrics" if figures.get("metrics") is not None else "stream"
+    value = figures.get("metrics") if source == "/metrics" else figures.get("stream")
+    threshold = f"≥ {ctx.spec.params['min']}"
+    if value is None:
+        return (
+            FAIL,
+            "–",
+            threshold,
+            None,
+            "no acceptance length: no spec-decode counters and no decode chunks",
+            figures,
+        )
+    status = PASS if value >= ctx.spec.params["min"] else FAIL
+    message = f"acceptance length {value:.3g} ({source}) is below {threshold}" if status == FAIL else ""
+    return status, f"{value:.3g} ({source})", threshold, value, message, figures
+
+
+def _baseline(ctx: _Ctx) -> Outcome:
+    path = ctx.spec.params.get("metric", DEFAULT_METRIC)
+    limit = ctx.spec.params["max_ratio"]
+    threshold = f"≤ {limit}× baseline"
+    if not ctx.has_baseline:
+        return SKIP, "no baseline", threshold, None, "pass --baseline PREVIOUS/smoke.json to compare", {}
+    this, base = _metric(ctx.figures, path), _metric(ctx.baseline, path)
+    evidence = {path: this, f"baseline {path}": base}
+    if base is None or not base:
+        return SKIP, "not in baseline", threshold, None, f"the baseline has no {path} for this case", evidence
+    if this is None:
+        return FAIL, "–", threshold, None, f"{path} has no value in this run", evidence
+    value = this / base
+    status = PASS if value <= limit else FAIL
+    message = (
+        f"{path} {this:.4g} vs baseline {base:.4g}: {value:.3g}× exceeds {threshold}"
+        if status == FAIL
+        else ""
+    )
+    return status, f"{value:.3g}× ({this:.3g} vs {base:.3g})", threshold, value, message, evidence
+
+
+_EVALUATORS: dict[str, Callable[[_Ctx], Outcome]] = {
+    "completion_tokens": _completion_tokens,
+    "finish_reason": _finish_reason,
+    "no_finding": _no_finding,
+    "metric": _metric_check,
+    "speedup": _speedup,
+    "acceptance_length": _acceptance,
+    "baseline": _baseline,
+}
+
+
+def _label(spec: CheckSpec) -> str:
+    if spec.name:
+        return spec.name
+    if spec.kind == "speedup":
+        return f"speedup {spec.params.get('metric', DEFAULT_METRIC)} over {spec.params['over']}"
+    if spec.kind in ("metric", "baseline"):
+        return f"{spec.kind} {spec.params.get('metric', DEFAULT_METRIC)}"
+    if spec.kind == "no_finding":
+        codes = spec.params["codes"]
+        return f"no {'/'.join(codes)}" if len(codes) <= 2 else f"no findings ({len(codes)} codes)"
+    return spec.kind
+
+
+def evaluate(suite: Suite, results: Results, baseline: Results | None) -> list[CheckResult]:
+    """Every check of the suite, expanded over the scenarios and variants it applies to."""
+    out = []
+    for spec in suite.checks:
+        scenarios = [spec.scenario] if spec.scenario else [s.name for s in suite.scenarios]
+        for scenario in scenarios:
+            ran = results.get(scenario, {})
+            variants = [spec.variant] if spec.variant else list(ran)
+            if spec.kind == "speedup" and not spec.variant:
+                variants = [v for v in variants if v != spec.params["over"]]
+            for variant in variants:
+                if variant not in ran:
+                    continue
+                ctx = _Ctx(
+                    spec=spec,
+                    figures=ran[variant],
+                    others=ran,
+                    baseline=(baseline or {}).get(scenario, {}).get(variant),
+                    has_baseline=baseline is not None,
+                )
+                status, figure, threshold, value, message, evidence = _EVALUATORS[spec.kind](ctx)
+                out.append(
+                    CheckResult(
+                        name=_label(spec),
+                        scenario=scenario,
+                        variant=variant,
+                        kind=spec.kind,
+                        status=status,
+                        figure=figure,
+                        threshold=threshold,
+                        value=value,
+                        message=message,
+                        evidence={**evidence, "run_dir": ran[variant].get("run_dir")},
+                    )
+                )
+    return out
+
+
+def exit_code(results: Sequence[CheckResult]) -> int:
+    """0 go, 1 no-go; SKIPs do not block (a missing baseline is not a regression)."""
+    return 1 if any(r.status == FAIL for r in results) or not results else 0

@@ -1,0 +1,80 @@
+"""The smoke's readable outputs (pure text): the go/no-go table and report.md."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from itlaudit.smoke.checks import FAIL, PASS, SKIP, CheckResult
+
+
+def verdict_line(results: Sequence[CheckResult], runtime_s: float) -> str:
+    counts = Counter(r.status for r in results)
+    verdict = "NO-GO" if counts[FAIL] or not results else "GO"
+    return (
+        f"{verdict}: {counts[PASS]} passed, {counts[FAIL]} failed, {counts[SKIP]} skipped "
+        f"in {runtime_s:.0f} s"
+    )
+
+
+def table_lines(results: Sequence[CheckResult]) -> list[str]:
+    """One aligned line per check: status, case, check, figure, threshold (plain text, CI-log safe)."""
+    rows = [(r.status, r.case, r.name, r.figure, r.threshold) for r in results]
+    widths = [max((len(row[i]) for row in rows), default=0) for i in range(4)]
+    return [
+        "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:4])) + f"  {row[4]}" for row in rows
+    ]
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _environment_lines(environment: dict[str, Any]) -> list[str]:
+    host = environment.get("host", {})
+    gpus = host.get("gpus")
+    gpu_text = ", ".join(f"{g['name']} (cc {g['compute_capability']})" for g in gpus) if gpus else "none seen"
+    lines = [
+        f"- itlaudit {host.get('itlaudit_version')}, CPU architecture {host.get('cpu_architecture')}, "
+        f"{host.get('platform')}",
+        f"- GPUs (local nvidia-smi): {gpu_text}",
+    ]
+    for name, server in environment.get("servers", {}).items():
+        lines.append(
+            f"- **{name}** {server.get('url')}: vLLM {server.get('vllm_version')} "
+            f"(commit {server.get('vllm_commit') or 'unknown'}), system_fingerprint "
+            f"{server.get('system_fingerprint')}, launched: {server.get('launch_kind') or 'no (--url)'}"
+        )
+        if server.get("non_default_args") is not None:
+            lines.append(f"  - non-default args: `{json.dumps(server['non_default_args'], default=str)}`")
+        if server.get("env"):
+            lines.append(f"  - env: `{json.dumps(server['env'])}`")
+    return lines
+
+
+def render_markdown(smoke: dict[str, Any], results: Sequence[CheckResult]) -> str:
+    lines = [
+        f"# itlaudit smoke: {smoke['suite']}",
+        "",
+        f"**{verdict_line(results, smoke['runtime_s'])}**",
+        "",
+        f"Suite `{smoke['suite_path']}`; baseline: {smoke.get('baseline') or 'none'}.",
+        "",
+        "| status | case | check | figure | threshold |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r.status} | {r.case} | {_cell(r.name)} | {_cell(r.figure)} | {_cell(r.threshold)} |"
+        for r in results
+    ]
+    failed = [r for r in results if r.status == FAIL]
+    if failed:
+        lines += ["", "## Failures", ""]
+        lines += [f"- **{r.case} {_cell(r.name)}**: {r.message}" for r in failed]
+    lines += ["", "## Environment", "", *_environment_lines(smoke["environment"]), "", "## Runs", ""]
+    for scenario, variants in smoke["results"].items():
+        for variant, figures in variants.items():
+            lines.append(f"- {scenario}/{variant}: [{figures['run_dir']}]({figures['run_dir']}/report.md)")
+    return "\n".join(lines) + "\n"

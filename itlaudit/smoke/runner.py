@@ -1,0 +1,146 @@
+"""Composes a smoke: one server at a time, every scenario that uses it, then the checks.
+
+Servers run one at a time because on a DGX Spark two 35B engines do not fit next to each other in
+unified memory; each server is started once for all its scenarios because a start costs more than
+the whole suite. Each (scenario, server) pair is an ordinary `compare` run in its own folder, so
+everything a smoke measured can be re-read with the usual tools.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from itlaudit.compare import run_compare
+from itlaudit.environment import host_environment, server_environment
+from itlaudit.errors import RecordsError
+from itlaudit.orchestrate import DEFAULT_REPORTS, server_log_name, variant_target
+from itlaudit.rundir import new_run_dir, read_json, write_json
+from itlaudit.scenario import Variant
+from itlaudit.smoke.checks import CheckResult, Results, evaluate, exit_code, variant_figures
+from itlaudit.smoke.junit import write_junit
+from itlaudit.smoke.output import render_markdown
+from itlaudit.smoke.suite import Suite, SuiteError, server_launch
+
+SMOKE_FILE = "smoke.json"
+REPORT_FILE = "report.md"
+JUNIT_FILE = "junit.xml"
+
+
+@dataclass
+class SmokeOutcome:
+    out_dir: Path
+    smoke: dict[str, Any]
+    results: list[CheckResult]
+
+    @property
+    def exit_code(self) -> int:
+        return exit_code(self.results)
+
+
+def load_baseline(path: Path) -> Results:
+    """A previous smoke.json's figures; only its `results` are compared against."""
+    try:
+        data = read_json(path)
+    except (OSError, ValueError) as exc:
+        raise RecordsError(f"--baseline {path}: cannot read a smoke.json ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("results"), dict):
+        raise RecordsError(
+            f"--baseline {path}: not a smoke.json (no `results`); pass a previous smoke's file"
+        )
+    return data["results"]
+
+
+def _check_servers(suite: Suite, urls: dict[str, str], launch: str | None, model: str | None) -> None:
+    unknown = set(urls) - {s.name for s in suite.servers} - {"*"}
+    if unknown:
+        names = ", ".join(s.name for s in suite.servers)
+        raise SuiteError(f"--url names {', '.join(sorted(unknown))}, not a server of the suite ({names})")
+    for server in suite.servers:
+        if (
+            server.name not in urls
+            and "*" not in urls
+            and server_launch(suite, server, launch, model) is None
+        ):
+            raise SuiteError(
+                f"server {server.name} has no URL and {suite.path} has no [launch]; pass "
+                f"--url {server.name}=URL or --launch python:PATH|docker:IMAGE|command:CMD"
+            )
+
+
+def run_smoke(
+    suite: Suite,
+    *,
+    urls: dict[str, str] | None = None,
+    launch: str | None = None,
+    model: str | None = None,
+    baseline: Path | None = None,
+    out_dir: Path | None = None,
+    junit: Path | None = None,
+    console: Console | None = None,
+) -> SmokeOutcome:
+    """Run the suite; `urls` maps server names (or "*" for all) to running servers."""
+    urls = urls or {}
+    _check_servers(suite, urls, launch, model)
+    baseline_results = load_baseline(baseline) if baseline is not None else None
+    out_dir = out_dir or new_run_dir(DEFAULT_REPORTS, f"smoke-{suite.name}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    results: Results = {s.name: {} for s in suite.scenarios}
+    servers_env: dict[str, Any] = {}
+    for server in suite.servers:
+        users = [s for s in suite.scenarios if any(v.name == server.name for v in s.variants)]
+        if not users:
+            continue
+        config = server_launch(suite, server, launch, model)
+        override = urls.get(server.name) or urls.get("*")
+        fingerprints: list[str | None] = []
+        with variant_target(Variant(name=server.name, launch=config), override, out_dir) as base_url:
+            for scenario in users:
+                single = replace(scenario, variants=[v for v in scenario.variants if v.name == server.name])
+                rel = Path("runs") / f"{scenario.name}-{server.name}"
+                outcome, comparison = run_compare(
+                    single, variant_urls={server.name: base_url}, run_dir=out_dir / rel, console=console
+                )
+                figures = variant_figures(
+                    outcome.records,
+                    outcome.summary["variants"][server.name],
+                    comparison["variants"].get(server.name),
+                    outcome.summary["run_findings"] + comparison["findings"],
+                    scenario.workload.params.max_tokens,
+                )
+                results[scenario.name][server.name] = {"run_dir": str(rel), **figures}
+                fingerprints += [r.system_fingerprint for r in outcome.records]
+            launched = config if not override else None
+            servers_env[server.name] = server_environment(
+                base_url,
+                fingerprints,
+                launch_env=launched.env if launched else None,
+                launch_kind=launched.kind if launched else None,
+                log_path=out_dir / server_log_name(server.name) if launched else None,
+            )
+    checks = evaluate(suite, results, baseline_results)
+    runtime = time.monotonic() - started
+    smoke = {
+        "suite": suite.name,
+        "suite_path": str(suite.path),
+        "verdict": "no-go" if exit_code(checks) else "go",
+        "runtime_s": runtime,
+        "baseline": str(baseline) if baseline else None,
+        "checks": [c.to_json() for c in checks],
+        "environment": {"host": host_environment(), "servers": servers_env},
+        "results": results,
+    }
+    write_json(out_dir / SMOKE_FILE, smoke)
+    (out_dir / REPORT_FILE).write_text(render_markdown(smoke, checks), encoding="utf-8")
+    properties = {"verdict": smoke["verdict"], "suite_path": str(suite.path)}
+    for name, env in servers_env.items():
+        properties[f"{name}.vllm_version"] = str(env.get("vllm_version"))
+        properties[f"{name}.system_fingerprint"] = str(env.get("system_fingerprint"))
+    for target in {out_dir / JUNIT_FILE, *([junit] if junit else [])}:
+        write_junit(target, suite.name, checks, properties, runtime)
+    return SmokeOutcome(out_dir=out_dir, smoke=smoke, results=checks)
