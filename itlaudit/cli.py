@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from itlaudit import __version__, cli_audit, cli_bisect, cli_report, cli_testbed
+from itlaudit import __version__, cli_audit, cli_bisect, cli_report, cli_smoke, cli_testbed
 from itlaudit.errors import ItlauditError, ScenarioError
 from itlaudit.orchestrate import RunOutcome, run_scenario
 from itlaudit.rundir import REPORT_FILE
@@ -195,6 +195,7 @@ app.command(name="report")(cli_report.report)
 app.command(name="diff")(cli_report.diff)
 app.command(name="export")(cli_report.export)
 app.command(name="bisect")(cli_bisect.bisect)
+app.command(name="smoke")(cli_smoke.smoke)
 app.command(name="invariance")(cli_audit.invariance)
 app.command(name="quality")(cli_audit.quality)
 app.add_typer(cli_audit.ledger_app, name="ledger")

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from itlaudit import __version__
+from itlaudit.environment import host_environment, server_environment
 from itlaudit.errors import ScenarioError
 from itlaudit.records import RecordWriter, RequestRecord
 from itlaudit.rundir import META_FILE, REQUESTS_FILE, new_run_dir, write_derived, write_json
@@ -71,6 +72,10 @@ def launch_spec(config: LaunchConfig) -> LaunchSpec:
     )
 
 
+def server_log_name(variant: str) -> str:
+    return f"server-{variant}.log"
+
+
 @contextmanager
 def variant_target(variant: Variant, override_url: str | None, run_dir: Path) -> Iterator[str]:
     """Yield the base URL for a variant, starting (and always stopping) its server when it has one."""
@@ -83,7 +88,7 @@ def variant_target(variant: Variant, override_url: str | None, run_dir: Path) ->
         spec = launch_spec(variant.launch)
         # Tags the server's processes with the run that owns them, so a leftover is traceable.
         spec.env[RUN_DIR_ENV] = str(run_dir.resolve())
-        with launch(spec, run_dir / f"server-{variant.name}.log") as server:
+        with launch(spec, run_dir / server_log_name(variant.name)) as server:
             yield server.url
         return
     if variant.url:
@@ -119,6 +124,7 @@ def run_scenario(
         "scenario_path": str(scenario.path) if scenario.path else None,
         "endpoint": scenario.endpoint,
         "started_at_unix": time.time(),
+        "environment": host_environment(),
         "variants": {},
     }
     write_json(run_dir / META_FILE, meta)
@@ -141,8 +147,17 @@ def run_scenario(
                 if before_variant is not None:
                     meta["variants"][variant.name]["before"] = before_variant(variant.name, base_url)
                 progress.update(task, description=f"{variant.name} @ {base_url}")
-                records += asyncio.run(
+                done = asyncio.run(
                     run_variant(scenario, variant.name, base_url, writer, lambda _r: progress.advance(task))
+                )
+                records += done
+                launched = variant.launch if not override else None
+                meta["variants"][variant.name]["environment"] = server_environment(
+                    base_url,
+                    [r.system_fingerprint for r in done],
+                    launch_env=launched.env if launched else None,
+                    launch_kind=launched.kind if launched else None,
+                    log_path=run_dir / server_log_name(variant.name) if launched else None,
                 )
                 if after_variant is not None:
                     meta["variants"][variant.name]["after"] = after_variant(variant.name, base_url)
