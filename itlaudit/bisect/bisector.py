@@ -69,7 +69,6 @@ class Bisection:
             alpha=settings.alpha,
             trials=settings.effective_trials,
             max_trials=settings.max_trials,
-            console=console,
         )
         provider, self.cache = make_provider(settings, bisect_dir)
         self.prefetcher = Prefetcher(provider, background=settings.effective_prefetch)

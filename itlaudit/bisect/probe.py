@@ -1,12 +1,15 @@
 """One probe: get the build, start its server through the launcher, run the scenario's workload as
 trials until the verdict is clear (or max trials), and say good, bad, skip or unknown.
 
-Each trial is an ordinary itlaudit run folder (requests.jsonl, summary.json, report.md) under the
-probe's folder, next to the server log, so any probe can be inspected or re-reported on its own.
+Each trial is an itlaudit run folder under the probe's folder, next to the server log: requests.jsonl
+as it streams in and summary.json, the figures the verdict reads. Not the plots and HTML report of
+`itlaudit run`: they cost seconds per trial and a bisection runs dozens; `itlaudit report TRIAL_DIR`
+derives them from requests.jsonl whenever one is wanted.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import subprocess
@@ -15,16 +18,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
 from itlaudit.bisect.build_range import Build
 from itlaudit.bisect.errors import BuildUnavailable
 from itlaudit.bisect.prefetch import Prefetcher
 from itlaudit.bisect.verdict import Judgement, Regress, Trial, judge, metrics, read_trial, script_answer
 from itlaudit.errors import LaunchError, ServerRejectedError, ServerUnreachableError
 from itlaudit.launcher import LaunchSpec, launch
-from itlaudit.orchestrate import run_scenario
+from itlaudit.records import RecordWriter
+from itlaudit.rundir import REQUESTS_FILE, SUMMARY_FILE, write_json
+from itlaudit.runner import run_variant
 from itlaudit.scenario import Scenario
+from itlaudit.summary import run_summary
 
 GOOD, BAD, SKIP, UNKNOWN = "good", "bad", "skip", "unknown"
 SERVER_LOG = "server.log"
@@ -42,7 +46,6 @@ class ProbeConfig:
     alpha: float
     trials: int
     max_trials: int
-    console: Console | None = None
 
 
 @dataclass
@@ -74,16 +77,23 @@ def _run_script(config: ProbeConfig, probe_dir: Path, url: str, build: Build) ->
     return Judgement(script_answer(code, script), f"script exited {code}", {"script_exit": code})
 
 
+def run_trial(scenario: Scenario, url: str, run_dir: Path) -> Path:
+    variant = scenario.variants[0].name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with RecordWriter(run_dir / REQUESTS_FILE) as writer:
+        records = asyncio.run(run_variant(scenario, variant, url, writer))
+    write_json(run_dir / SUMMARY_FILE, run_summary(records, [variant]))
+    return run_dir
+
+
 def run_trials(
     config: ProbeConfig, probe_dir: Path, url: str, baseline: list[float] | None, build: Build
 ) -> tuple[list[Trial], Judgement]:
     """Trials until `trials` are done and the verdict is clear, at most `max_trials`."""
     done: list[Trial] = []
     while True:
-        outcome = run_scenario(
-            config.scenario, url=url, run_dir=probe_dir / f"trial-{len(done) + 1}", console=config.console
-        )
-        done.append(read_trial(outcome.run_dir))
+        trial_dir = run_trial(config.scenario, url, probe_dir / f"trial-{len(done) + 1}")
+        done.append(read_trial(trial_dir))
         if config.regress.mode == "script":
             if len(done) >= config.trials:
                 return done, _run_script(config, probe_dir, url, build)
