@@ -112,10 +112,10 @@ def bisect(
         settings = Settings(
             good=good,
             bad=bad,
-            scenario=str(scenario),
+            scenario=str(scenario.resolve()),
             provider=provider,
-            repo=str(repo) if repo else None,
-            commits_file=str(commits_file) if commits_file else None,
+            repo=str(repo.resolve()) if repo else None,
+            commits_file=str(commits_file.resolve()) if commits_file else None,
             find_fix=find_fix,
             regress=regress,
             script=script,
