@@ -1,0 +1,231 @@
+"""`itlaudit smoke` end to end on the simulator: a clean run is GO, each injected fault is NO-GO with
+the matching check failed in the JUnit file, and bad input is exit 2 with one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from test_invariance import sim_server
+from typer.testing import CliRunner
+
+from itlaudit.cli import app
+from itlaudit.sim import SimConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+SIM_SUITE = ROOT / "scenarios" / "smoke" / "sim"
+ITLAUDIT = str(Path(sys.executable).with_name("itlaudit"))
+# The same servers as the sim suite's [servers], in-process so a test can inject faults.
+K0 = SimConfig(step_ms=2, ttft_ms=5)
+K3 = SimConfig(step_ms=2.5, ttft_ms=5, num_speculative_tokens=3)
+
+
+@pytest.fixture(autouse=True)
+def _no_plots(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PNGs cost ~3 s per run folder and a smoke writes seven; the smoke never reads them."""
+    monkeypatch.setattr("itlaudit.report.write_plots", lambda views, out_dir: [])
+
+
+def _invoke(*args: str | Path) -> tuple[int, str]:
+    result = CliRunner().invoke(app, ["smoke", *map(str, args)])
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.output
+
+
+def _testcases(junit: Path) -> dict[str, ET.Element]:
+    root = ET.parse(junit).getroot()
+    return {f"{c.get('classname', '').split('.')[-1]}/{c.get('name')}": c for c in root.iter("testcase")}
+
+
+def _failed(junit: Path) -> dict[str, str]:
+    return {
+        name: case.find("failure").get("message", "")  # type: ignore[union-attr]
+        for name, case in _testcases(junit).items()
+        if case.find("failure") is not None
+    }
+
+
+def _smoke(out: Path, k0: SimConfig, k3: SimConfig, *extra: str | Path) -> tuple[int, str]:
+    with sim_server(k0) as k0_url, sim_server(k3) as k3_url:
+        return _invoke(
+            "--suite",
+            SIM_SUITE,
+            "--url",
+            f"K0={k0_url}",
+            "--url",
+            f"K3={k3_url}",
+            "--out",
+            out,
+            "--junit",
+            out / "ci.xml",
+            *extra,
+        )
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, str, Path]:
+    out = tmp_path_factory.mktemp("clean")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("itlaudit.report.write_plots", lambda views, out_dir: [])
+        code, text = _smoke(out, K0, K3)
+    return code, text, out
+
+
+def test_clean_simulator_is_go(clean: tuple[int, str, Path]) -> None:
+    code, text, out = clean
+    assert code == 0, text
+    cases = _testcases(out / "ci.xml")
+    assert len(cases) >= 20
+    assert not _failed(out / "ci.xml")
+    # Only the baseline checks may skip (no --baseline was given).
+    skipped = {name for name, case in cases.items() if case.find("skipped") is not None}
+    assert skipped == {"long-decode/K0: baseline itl_ms.p50", "long-decode/K3: baseline itl_ms.p50"}
+    assert "GO: " in text and "NO-GO" not in text
+    smoke = json.loads((out / "smoke.json").read_text())
+    assert smoke["verdict"] == "go"
+    assert smoke["results"]["long-decode"]["K3"]["acceptance_length"]["metrics"] == 4.0
+    assert smoke["environment"]["servers"]["K3"]["vllm_version"] == "0.32.0"
+    assert smoke["environment"]["servers"]["K3"]["system_fingerprint"] == K3.system_fingerprint
+    report = (out / "report.md").read_text()
+    assert "| PASS | long-decode/K3 | speedup itl_ms.p50 over K0 |" in report
+    assert "## Environment" in report
+    # Each (scenario, server) is an ordinary run folder, its meta.json carrying the environment.
+    meta = json.loads((out / "runs" / "long-decode-K3" / "meta.json").read_text())
+    assert meta["variants"]["K3"]["environment"]["vllm_version"] == "0.32.0"
+
+
+FAULTS = {
+    "cap_tokens": (
+        {"cap_tokens": 128},
+        {"cap_tokens": 128},
+        {
+            "long-decode/K0: completion_tokens": "128 tokens",
+            "long-decode/K3: no truncated_below_max_tokens/common_cap": "truncated_below_max_tokens",
+            "no-max-tokens/K3: no generation-config cap": "128 tokens",
+        },
+    ),
+    "ignore_stop_token_ids": (
+        {"ignore_stop_token_ids": True},
+        {"ignore_stop_token_ids": True},
+        {
+            "stop-token-ids/K0: finish_reason": "length",
+            "stop-token-ids/K3: clean stream": "stop_token_ids_ignored",
+        },
+    ),
+    "ignore_ignore_eos_and_min_tokens": (
+        {"ignore_ignore_eos": True, "ignore_min_tokens": True, "natural_eos_at": 20},
+        {"ignore_ignore_eos": True, "ignore_min_tokens": True, "natural_eos_at": 20},
+        {
+            "long-decode/K0: completion_tokens": "21 tokens",
+            "long-decode/K3: clean stream": "ignore_eos_violated",
+        },
+    ),
+    "drop_usage": ({}, {"drop_usage": True}, {"long-decode/K3: clean stream": "usage_missing"}),
+    "error_after_tokens": ({"error_after_tokens": 50}, {}, {"long-decode/K0: clean stream": "stream_error"}),
+    "reset_after_tokens": (
+        {},
+        {"reset_after_tokens": 50},
+        {"chat-batch/K3: clean stream": "connection_error"},
+    ),
+    "low_acceptance": ({}, {"acceptance_prob": 0.2}, {"long-decode/K3: acceptance_length": "below ≥ 3.0"}),
+}
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_each_fault_fails_its_check(fault: str, tmp_path: Path) -> None:
+    k0_fault, k3_fault, expected = FAULTS[fault]
+    code, text = _smoke(tmp_path, replace(K0, **k0_fault), replace(K3, **k3_fault))
+    assert code == 1, text
+    assert "NO-GO" in text
+    failed = _failed(tmp_path / "ci.xml")
+    for case, evidence in expected.items():
+        assert case in failed, f"{case} did not fail; failed: {sorted(failed)}"
+        assert evidence in failed[case]
+        assert f"FAIL  {case.split(': ')[0]}" in text
+
+
+def test_slower_server_fails_the_baseline_ratio(clean: tuple[int, str, Path], tmp_path: Path) -> None:
+    baseline = clean[2] / "smoke.json"
+    slow_k0, slow_k3 = replace(K0, step_ms=3 * K0.step_ms), replace(K3, step_ms=3 * K3.step_ms)
+    code, text = _smoke(tmp_path, slow_k0, slow_k3, "--baseline", baseline)
+    assert code == 1, text
+    failed = _failed(tmp_path / "ci.xml")
+    assert set(failed) == {"long-decode/K0: baseline itl_ms.p50", "long-decode/K3: baseline itl_ms.p50"}
+    assert "exceeds ≤ 1.2× baseline" in failed["long-decode/K0: baseline itl_ms.p50"]
+
+
+def test_baseline_of_itself_passes(clean: tuple[int, str, Path], tmp_path: Path) -> None:
+    code, text = _smoke(tmp_path, K0, K3, "--baseline", clean[2] / "smoke.json")
+    assert code == 0, text
+    assert "PASS  long-decode/K0" in text and "baseline itl_ms.p50" in text
+
+
+def test_launch_path_starts_and_stops_the_suite_servers(tmp_path: Path) -> None:
+    """--launch overrides the suite's command; each server's args are appended to it."""
+    code, text = _invoke(
+        "--suite",
+        SIM_SUITE,
+        "--out",
+        tmp_path,
+        "--launch",
+        "command:{python} -m itlaudit sim --port {port} --ttft-ms 5",
+    )
+    assert code == 0, text
+    smoke = json.loads((tmp_path / "smoke.json").read_text())
+    assert smoke["environment"]["servers"]["K0"]["launch_kind"] == "command"
+    assert (tmp_path / "server-K3.log").is_file()
+    assert ET.parse(tmp_path / "junit.xml").getroot().find("testsuite").get("failures") == "0"  # type: ignore[union-attr]
+
+
+def _cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([ITLAUDIT, "smoke", *map(str, args)], capture_output=True, text=True, timeout=120)
+
+
+def _suite_copy(tmp_path: Path, old: str, new: str) -> Path:
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    for path in SIM_SUITE.glob("*.toml"):
+        (suite / path.name).write_text(path.read_text().replace(old, new))
+    return suite
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ("max_ratio = 1.2", "max_ratoi = 1.2", "`max_ratoi` is not a known key"),
+        ('kind = "speedup"', 'kind = "speedy"', "is 'speedy', not a known check"),
+        ('"usage_missing",', '"usage_mising",', "names unknown codes ['usage_mising']"),
+        ('scenario = "no-max-tokens"', 'scenario = "no-max-token"', "is 'no-max-token', not in the suite"),
+        ("min = 3.0", 'min = "3"', "must be int or float"),
+        ("[servers.K0]", "[servers.K0", "not valid TOML"),
+    ],
+)
+def test_bad_suite_is_exit_2_with_one_line(tmp_path: Path, old: str, new: str, message: str) -> None:
+    junit = tmp_path / "ci.xml"
+    result = _cli("--suite", _suite_copy(tmp_path, old, new), "--junit", junit)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert ET.parse(junit).getroot().find(".//error") is not None
+
+
+def test_missing_suite_and_server_down_are_exit_2(tmp_path: Path) -> None:
+    missing = _cli("--suite", tmp_path / "nope")
+    assert missing.returncode == 2 and "suite not found" in missing.stderr
+    parent = _cli("--suite", ROOT / "scenarios" / "smoke")
+    assert parent.returncode == 2 and "suites inside" in parent.stderr
+    down = _cli("--suite", SIM_SUITE, "--url", "http://127.0.0.1:9", "--out", tmp_path / "o")
+    assert down.returncode == 2, down.stderr
+    assert "cannot reach" in down.stderr and "Traceback" not in down.stderr
+
+
+def test_unknown_server_in_url_is_exit_2(tmp_path: Path) -> None:
+    result = _cli("--suite", SIM_SUITE, "--url", "K9=http://127.0.0.1:9")
+    assert result.returncode == 2
+    assert "--url names K9, not a server of the suite" in result.stderr
