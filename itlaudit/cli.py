@@ -11,11 +11,12 @@ from rich.console import Console
 
 from itlaudit import __version__, cli_audit, cli_bisect, cli_report, cli_smoke, cli_testbed
 from itlaudit.errors import ItlauditError, ScenarioError
-from itlaudit.orchestrate import RunOutcome, run_scenario
+from itlaudit.orchestrate import LedgerPolicy, RunOutcome, run_scenario
 from itlaudit.rundir import REPORT_FILE
 from itlaudit.scenario import load_scenario, parse_scenario
 
 DEMO_SCENARIO = Path(__file__).parent / "data" / "demo.toml"
+LEDGER = Path("reports") / "ledger.jsonl"
 
 app = typer.Typer(
     add_completion=False,
@@ -60,6 +61,12 @@ def run(
         Path | None, typer.Option("--out", help="Run folder (default reports/<name>-<time>/).")
     ] = None,
     fail_on_findings: Annotated[bool, typer.Option(help="Exit 1 when any finding fires.")] = False,
+    ledger: Annotated[
+        Path, typer.Option(help="Experiment ledger: repeats of a recorded run are refused.")
+    ] = LEDGER,
+    force: Annotated[
+        bool, typer.Option(help="Run and record even if the ledger has this experiment.")
+    ] = False,
 ) -> None:
     """Stream the scenario's requests and audit them: ITL from server token counts, truncation findings."""
     loaded = load_scenario(scenario)
@@ -69,6 +76,7 @@ def run(
         variant_urls=_parse_variant_urls(variant or []),
         run_dir=out_dir,
         console=err,
+        ledger=LedgerPolicy(ledger, force),
     )
     _print_outcome(outcome)
     if fail_on_findings and outcome.finding_count:
@@ -83,6 +91,12 @@ def compare(
     out_dir: Annotated[
         Path | None, typer.Option("--out", help="Run folder (default reports/<name>-<time>/).")
     ] = None,
+    ledger: Annotated[
+        Path, typer.Option(help="Experiment ledger: repeats of a recorded run are refused.")
+    ] = LEDGER,
+    force: Annotated[
+        bool, typer.Option(help="Run and record even if the ledger has this experiment.")
+    ] = False,
 ) -> None:
     """Run each variant (launching its server in turn), scrape /metrics around it, write compare.json."""
     from itlaudit.compare import COMPARE_FILE, run_compare
@@ -93,6 +107,7 @@ def compare(
         variant_urls=_parse_variant_urls(variant or []),
         run_dir=out_dir,
         console=err,
+        ledger=LedgerPolicy(ledger, force),
     )
     _print_outcome(outcome)
     for name, row in comparison["variants"].items():

@@ -14,8 +14,8 @@ from typing import Any
 from rich.console import Console
 
 from itlaudit.comparison import build_comparison
-from itlaudit.orchestrate import RunOutcome, run_scenario
-from itlaudit.rundir import write_json
+from itlaudit.orchestrate import LedgerPolicy, RunOutcome, run_scenario
+from itlaudit.rundir import write_derived, write_json
 from itlaudit.scenario import Scenario
 from itlaudit.specdecode import CounterSnapshot, parse_counters, spec_decode_delta
 
@@ -39,6 +39,7 @@ def run_compare(
     variant_urls: dict[str, str] | None = None,
     run_dir: Path | None = None,
     console: Console | None = None,
+    ledger: LedgerPolicy | None = None,
 ) -> tuple[RunOutcome, dict[str, Any]]:
     snapshots: dict[str, dict[str, Any]] = {}
 
@@ -58,6 +59,7 @@ def run_compare(
         console=console,
         before_variant=before,
         after_variant=after,
+        ledger=ledger,
     )
     spec_stats = {}
     for variant in scenario.variants:
@@ -70,4 +72,6 @@ def run_compare(
         )
     comparison = build_comparison(outcome.summary, outcome.records, spec_stats)
     write_json(outcome.run_dir / COMPARE_FILE, comparison)
+    # Again, now that compare.json exists: the report's acceptance-per-position plot reads it.
+    write_derived(outcome.run_dir, scenario.name, [v.name for v in scenario.variants])
     return outcome, comparison

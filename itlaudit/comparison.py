@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from itlaudit.findings import ERROR, Finding
+from itlaudit.lossless import spec_decode_mismatches
 from itlaudit.metrics import token_counts
 from itlaudit.records import STATUS_OK, RequestRecord
 from itlaudit.specdecode import SpecDecodeStats
@@ -44,7 +45,8 @@ def build_comparison(
     records: Sequence[RequestRecord],
     spec_stats: dict[str, SpecDecodeStats | None],
 ) -> dict[str, Any]:
-    """compare.json: per-variant figures, speedups vs the first variant, cross-check findings."""
+    """compare.json: per-variant figures, speedups vs the first variant, cross-check findings
+    (stream vs /metrics acceptance; greedy outputs that differ from the baseline's)."""
     variants: dict[str, Any] = summary["variants"]
     names = list(variants)
     base = variants[names[0]] if names else {}
@@ -82,4 +84,8 @@ def build_comparison(
                         evidence={"variant": name, "stream": stream_al, "metrics": metrics_al, "gap": gap},
                     ).to_json()
                 )
+    baseline = [r for r in records if r.variant == out["baseline"]]
+    for name in names[1:]:
+        mismatches = spec_decode_mismatches(baseline, [r for r in records if r.variant == name])
+        out["findings"] += [f.to_json() for f in mismatches]
     return out

@@ -4,6 +4,7 @@ then derive the run's files. Shared by `run` and `compare`; it holds no figures 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import aiohttp
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -20,7 +22,7 @@ from itlaudit.environment import host_environment, server_environment
 from itlaudit.errors import ScenarioError
 from itlaudit.records import RecordWriter, RequestRecord
 from itlaudit.rundir import META_FILE, REQUESTS_FILE, new_run_dir, write_derived, write_json
-from itlaudit.runner import run_variant
+from itlaudit.runner import resolve_model, run_variant
 from itlaudit.scenario import LaunchConfig, Scenario, Variant
 
 if TYPE_CHECKING:
@@ -31,6 +33,32 @@ RUN_DIR_ENV = "ITLAUDIT_RUN_DIR"
 
 # Called around each variant with its base URL: `compare` uses it to scrape /metrics before/after.
 VariantHook = Callable[[str, str], Any]
+
+
+@dataclass(frozen=True)
+class LedgerPolicy:
+    """The experiment ledger as `run`/`compare` use it: refuse repeats unless forced."""
+
+    path: Path
+    force: bool = False
+
+    def check(self, scenario: Scenario, variant: str, base_url: str) -> dict[str, Any]:
+        from itlaudit import ledger
+        from itlaudit.invariance_client import server_identity
+
+        async def identify() -> dict[str, Any]:
+            async with aiohttp.ClientSession() as session:
+                model = await resolve_model(session, base_url, scenario.model)
+                return await server_identity(session, base_url, model)
+
+        fingerprint = ledger.variant_fingerprint(scenario, variant, asyncio.run(identify()), os.environ)
+        ledger.check_new_run(fingerprint, self.path, self.force)
+        return fingerprint.to_json()
+
+    def record(self, run_dir: Path) -> None:
+        from itlaudit import ledger
+
+        ledger.record_run(run_dir, self.path, force=self.force, environ=os.environ)
 
 
 @dataclass
@@ -109,7 +137,10 @@ def run_scenario(
     console: Console | None = None,
     before_variant: VariantHook | None = None,
     after_variant: VariantHook | None = None,
+    ledger: LedgerPolicy | None = None,
 ) -> RunOutcome:
+    """Run every variant in turn. With a ledger, a variant whose fingerprint (build, args, env,
+    workload) was already run is refused before it is measured, and the finished run is recorded."""
     variant_urls = variant_urls or {}
     unknown = set(variant_urls) - {v.name for v in scenario.variants}
     if unknown:
@@ -144,6 +175,10 @@ def run_scenario(
             override = url or variant_urls.get(variant.name)
             with variant_target(variant, override, run_dir) as base_url:
                 meta["variants"][variant.name] = {"url": base_url}
+                if ledger is not None:
+                    meta["variants"][variant.name]["fingerprint"] = ledger.check(
+                        scenario, variant.name, base_url
+                    )
                 if before_variant is not None:
                     meta["variants"][variant.name]["before"] = before_variant(variant.name, base_url)
                 progress.update(task, description=f"{variant.name} @ {base_url}")
@@ -163,4 +198,6 @@ def run_scenario(
                     meta["variants"][variant.name]["after"] = after_variant(variant.name, base_url)
             write_json(run_dir / META_FILE, meta)
     summary = write_derived(run_dir, scenario.name, [v.name for v in scenario.variants])
+    if ledger is not None:
+        ledger.record(run_dir)
     return RunOutcome(run_dir=run_dir, summary=summary, records=records)

@@ -190,3 +190,19 @@ def test_report_rederives_from_requests_jsonl(sim, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert json.loads((run_dir / "summary.json").read_text()) == before
     assert "common_cap" in (run_dir / "report.md").read_text()
+
+
+def test_repeated_experiment_is_refused_unless_forced(sim, tmp_path: Path) -> None:
+    path = scenario(tmp_path, sim())
+    first = itlaudit("run", str(path), "--out", str(tmp_path / "first"), cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    again = itlaudit("run", str(path), "--out", str(tmp_path / "again"), cwd=tmp_path)
+    _one_line_error(again, "'first'", "--force")
+    assert (
+        not (tmp_path / "again" / "requests.jsonl").exists()
+        or not (tmp_path / "again" / "requests.jsonl").read_text()
+    )
+    forced = itlaudit("run", str(path), "--out", str(tmp_path / "forced"), "--force", cwd=tmp_path)
+    assert forced.returncode == 0, forced.stderr
+    ledger_lines = (tmp_path / "reports" / "ledger.jsonl").read_text().splitlines()
+    assert [json.loads(line)["run_id"] for line in ledger_lines if "run_id" in line] == ["first", "forced"]

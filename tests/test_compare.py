@@ -117,3 +117,30 @@ def test_acceptance_length_mismatch_fires_past_tolerance() -> None:
     (finding,) = comparison["findings"]
     assert finding["code"] == ACCEPTANCE_LENGTH_MISMATCH
     assert finding["evidence"]["stream"] == 4.0 and finding["evidence"]["metrics"] == 2.0
+
+
+def _greedy_record(variant: str, ids: list[int]) -> RequestRecord:
+    record = _record(variant, list(range(1, len(ids) + 1)))
+    record.params.temperature = 0.0
+    record.chunks.token_ids = [[tok] for tok in ids]
+    return record
+
+
+def test_compare_reports_lossless_mismatch_at_first_differing_token() -> None:
+    records = [_greedy_record("K0", [5, 6, 7, 8, 9]), _greedy_record("K3", [5, 6, 7, 1, 9])]
+    comparison = build_comparison(run_summary(records, ["K0", "K3"]), records, {})
+    (finding,) = [f for f in comparison["findings"] if f["code"] == "spec_decode_output_mismatch"]
+    assert (
+        finding["evidence"]["position"],
+        finding["evidence"]["base_value"],
+        finding["evidence"]["spec_value"],
+    ) == (
+        3,
+        8,
+        1,
+    )
+
+
+def test_compare_quiet_when_greedy_outputs_match() -> None:
+    records = [_greedy_record("K0", [5, 6, 7, 8, 9]), _greedy_record("K3", [5, 6, 7, 8, 9])]
+    assert build_comparison(run_summary(records, ["K0", "K3"]), records, {})["findings"] == []
