@@ -19,7 +19,6 @@ from itlaudit.errors import RecordsError
 from itlaudit.export import CHUNK_FORMATS, write_chunks
 from itlaudit.importers import ImportedBenchmark, parse_import
 from itlaudit.records import RequestRecord, load_records
-from itlaudit.report import write_reports
 from itlaudit.rundir import META_FILE, REQUESTS_FILE, new_run_dir, read_json, write_derived
 from itlaudit.stats import UNKNOWN, WORSE
 from itlaudit.summary import request_line, run_summary
@@ -125,6 +124,8 @@ def report(
         findings = [f for r in records for f in request_line(r)["finding_details"]] + summary["run_findings"]
         titles = [run.title for run in runs]
         title = " vs ".join(titles if len(set(titles)) == len(titles) else [run.path.name for run in runs])
+        from itlaudit.report import write_reports  # matplotlib: only when drawing
+
         write_reports(target, title, records, summary, findings, imported=imported)
     out.print(f"report: {target / 'report.html'}")
 

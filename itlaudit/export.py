@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 from itlaudit.errors import RecordsError
-from itlaudit.metrics import _content_chunks
+from itlaudit.metrics import content_chunk_mask
 from itlaudit.records import RequestRecord
 
 CHUNK_FORMATS = ("csv", "parquet")
@@ -38,13 +41,15 @@ def chunks_frame(records: Sequence[RequestRecord]) -> pd.DataFrame:
     """`gap_ms` is the time since the previous content chunk (NaN on the first); `tokens` is what the
     content chunk carried (0 for role/finish/usage-only chunks); `completion_tokens` is the server's
     cumulative usage count, as sent (NaN when the chunk had none)."""
+    import pandas as pd  # seconds to import: keep it off the CLI's start-up path
+
     frames = []
     for record in records:
         chunks = record.chunks
         n = len(chunks)
         if n == 0:
             continue
-        mask, cumulative, source = _content_chunks(chunks)
+        mask, cumulative, source = content_chunk_mask(chunks)
         t = np.asarray(chunks.t_ms, dtype=float)
         tokens = np.zeros(n, dtype=np.int64)
         tokens[mask] = np.diff(cumulative, prepend=0)

@@ -36,7 +36,7 @@ SUMMARY_METRICS = (
 )
 
 
-def _content_chunks(chunks: ChunkSeries) -> tuple[np.ndarray, np.ndarray, str]:
+def content_chunk_mask(chunks: ChunkSeries) -> tuple[np.ndarray, np.ndarray, str]:
     """Boolean mask of content chunks, cumulative tokens at each of them, and where the counts came from.
 
     Usage is trusted only when every chunk that visibly carries output (text or ids) also carries a
@@ -68,7 +68,7 @@ def _content_chunks(chunks: ChunkSeries) -> tuple[np.ndarray, np.ndarray, str]:
 
 def token_counts(record: RequestRecord) -> tuple[np.ndarray, np.ndarray, str]:
     """(t_ms of content chunks, cumulative tokens at each, source): the series every metric divides by."""
-    mask, cumulative, source = _content_chunks(record.chunks)
+    mask, cumulative, source = content_chunk_mask(record.chunks)
     return np.asarray(record.chunks.t_ms, dtype=float)[mask], cumulative, source
 
 

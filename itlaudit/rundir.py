@@ -10,15 +10,15 @@ import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from itlaudit.export import write_chunks
 from itlaudit.importers import ImportedBenchmark
 from itlaudit.records import RequestRecord, load_records
-from itlaudit.report import write_reports
 from itlaudit.summary import request_line, run_summary
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 REQUESTS_FILE = "requests.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -49,6 +49,8 @@ def read_json(path: Path) -> Any:
 
 def _csv_frame(records: Sequence[RequestRecord]) -> pd.DataFrame:
     """One row per request with the scalar fields only: chunk arrays stay in requests.jsonl."""
+    import pandas as pd  # pandas and matplotlib cost seconds to import: only when files are derived
+
     rows = []
     for record in records:
         line = request_line(record)
@@ -84,5 +86,7 @@ def write_derived(
     write_chunks(records, run_dir)
     findings = [f for r in records for f in request_line(r)["finding_details"]] + summary["run_findings"]
     compare = _optional_json(run_dir / "compare.json")  # compare.COMPARE_FILE; importing it is circular
+    from itlaudit.report import write_reports
+
     write_reports(run_dir, title, records, summary, findings, compare=compare, imported=imported)
     return summary

@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import mannwhitneyu
 
 BETTER = "better"
 WORSE = "worse"
@@ -96,6 +95,8 @@ def compare_samples(
 
     if min(b.size, n.size) < min_samples:
         return result(UNKNOWN, None, f"too few samples ({b.size} vs {n.size}; need {min_samples} each)")
+    from scipy.stats import mannwhitneyu  # scipy costs ~1 s to import: only when a test is run
+
     p_value = float(mannwhitneyu(b, n, alternative="two-sided").pvalue)
     if min_achievable_p(b.size, n.size) > alpha:
         return result(UNKNOWN, p_value, f"{b.size} vs {n.size} samples cannot reach p < {alpha:g}")
