@@ -18,6 +18,13 @@ from itlaudit.scenario import load_scenario, parse_scenario
 DEMO_SCENARIO = Path(__file__).parent / "data" / "demo.toml"
 LEDGER = Path("reports") / "ledger.jsonl"
 
+# Options `run` and `compare` share.
+UrlOption = Annotated[str | None, typer.Option(help="Send every variant to this server.")]
+VariantOption = Annotated[list[str] | None, typer.Option(help="NAME=URL: this variant's server.")]
+OutOption = Annotated[Path | None, typer.Option("--out", help="Run folder (default reports/<name>-<time>/).")]
+LedgerOption = Annotated[Path, typer.Option(help="Experiment ledger: repeats of a recorded run are refused.")]
+ForceOption = Annotated[bool, typer.Option(help="Run and record even if the ledger has this experiment.")]
+
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
@@ -55,18 +62,12 @@ def _print_outcome(outcome: RunOutcome) -> None:
 @app.command()
 def run(
     scenario: Annotated[Path, typer.Argument(help="Scenario TOML file (see scenarios/).")],
-    url: Annotated[str | None, typer.Option(help="Send every variant to this server.")] = None,
-    variant: Annotated[list[str] | None, typer.Option(help="NAME=URL: this variant's server.")] = None,
-    out_dir: Annotated[
-        Path | None, typer.Option("--out", help="Run folder (default reports/<name>-<time>/).")
-    ] = None,
+    url: UrlOption = None,
+    variant: VariantOption = None,
+    out_dir: OutOption = None,
     fail_on_findings: Annotated[bool, typer.Option(help="Exit 1 when any finding fires.")] = False,
-    ledger: Annotated[
-        Path, typer.Option(help="Experiment ledger: repeats of a recorded run are refused.")
-    ] = LEDGER,
-    force: Annotated[
-        bool, typer.Option(help="Run and record even if the ledger has this experiment.")
-    ] = False,
+    ledger: LedgerOption = LEDGER,
+    force: ForceOption = False,
 ) -> None:
     """Stream the scenario's requests and audit them: ITL from server token counts, truncation findings."""
     loaded = load_scenario(scenario)
@@ -86,17 +87,11 @@ def run(
 @app.command()
 def compare(
     scenario: Annotated[Path, typer.Argument(help="Scenario TOML with a K0 (first) and K3 variant.")],
-    url: Annotated[str | None, typer.Option(help="Send every variant to this server.")] = None,
-    variant: Annotated[list[str] | None, typer.Option(help="NAME=URL: this variant's server.")] = None,
-    out_dir: Annotated[
-        Path | None, typer.Option("--out", help="Run folder (default reports/<name>-<time>/).")
-    ] = None,
-    ledger: Annotated[
-        Path, typer.Option(help="Experiment ledger: repeats of a recorded run are refused.")
-    ] = LEDGER,
-    force: Annotated[
-        bool, typer.Option(help="Run and record even if the ledger has this experiment.")
-    ] = False,
+    url: UrlOption = None,
+    variant: VariantOption = None,
+    out_dir: OutOption = None,
+    ledger: LedgerOption = LEDGER,
+    force: ForceOption = False,
 ) -> None:
     """Run each variant (launching its server in turn), scrape /metrics around it, write compare.json."""
     from itlaudit.compare import COMPARE_FILE, run_compare

@@ -16,6 +16,7 @@ import venv
 from pathlib import Path
 
 from itlaudit.errors import TestbedError
+from itlaudit.logged import run_logged
 
 DEFAULT_VERSION = "0.32.0"
 INSTALL_MARKER = ".itlaudit-installed.json"
@@ -39,15 +40,12 @@ def _progress(message: str) -> None:
 def _run_step(step: str, argv: list[str], log_path: Path) -> None:
     """Run one step with output appended to the log, so a failure can point at the full story."""
     _progress(f"{step} ...")
-    with log_path.open("ab") as log:
-        log.write(f"\n$ {' '.join(argv)}\n".encode())
-        log.flush()
-        try:
-            result = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, check=False)
-        except OSError as exc:
-            raise TestbedError(f"testbed step '{step}' could not start ({exc}); see {log_path}") from exc
-    if result.returncode != 0:
-        raise TestbedError(f"testbed step '{step}' failed (exit {result.returncode}); see {log_path}")
+    try:
+        returncode = run_logged(argv, log_path)
+    except OSError as exc:
+        raise TestbedError(f"testbed step '{step}' could not start ({exc}); see {log_path}") from exc
+    if returncode != 0:
+        raise TestbedError(f"testbed step '{step}' failed (exit {returncode}); see {log_path}")
 
 
 def venv_dir(version: str = DEFAULT_VERSION, cache_dir: Path | None = None) -> Path:

@@ -11,20 +11,18 @@ import venv
 from pathlib import Path
 
 from itlaudit.bisect.errors import BuildUnavailable
+from itlaudit.logged import run_logged
 
 INSTALL_LOG = "install.log"
 
 
 def _run(step: str, argv: list[str], log_path: Path) -> None:
-    with log_path.open("ab") as log:
-        log.write(f"\n$ {' '.join(argv)}\n".encode())
-        log.flush()
-        try:
-            result = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, check=False)
-        except OSError as exc:
-            raise BuildUnavailable(f"{step} could not start ({exc}); see {log_path}") from None
-    if result.returncode != 0:
-        raise BuildUnavailable(f"{step} failed (exit {result.returncode}); see {log_path}")
+    try:
+        returncode = run_logged(argv, log_path)
+    except OSError as exc:
+        raise BuildUnavailable(f"{step} could not start ({exc}); see {log_path}") from None
+    if returncode != 0:
+        raise BuildUnavailable(f"{step} failed (exit {returncode}); see {log_path}")
 
 
 def install(
