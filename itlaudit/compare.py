@@ -6,15 +6,21 @@ disturb the timing it sits beside.
 
 from __future__ import annotations
 
+import asyncio
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from rich.console import Console
 
 from itlaudit.comparison import build_comparison
+from itlaudit.findings import Finding
+from itlaudit.invariance_client import Scorer, explain_mismatch
+from itlaudit.lossless import SPEC_DECODE_OUTPUT_MISMATCH, prompt_index
 from itlaudit.orchestrate import LedgerPolicy, RunOutcome, run_scenario
+from itlaudit.records import RequestRecord
 from itlaudit.rundir import write_derived, write_json
 from itlaudit.scenario import Scenario
 from itlaudit.specdecode import CounterSnapshot, parse_counters, spec_decode_delta
@@ -30,6 +36,41 @@ def scrape_counters(base_url: str, timeout_s: float = 10.0) -> dict[str, Any]:
     except (urllib.error.URLError, OSError) as exc:
         return {"error": f"GET {base_url}/metrics failed: {exc}"}
     return parse_counters(text).to_json()
+
+
+async def explain_mismatches(
+    scenario: Scenario,
+    records: list[RequestRecord],
+    findings: list[dict[str, Any]],
+    live_urls: dict[str, str | None],
+) -> list[dict[str, Any]]:
+    """Add both servers' top logprobs at each greedy divergence, so a human can tell batch variance
+    from a bug. Only servers still running can be asked: launched ones are gone by now, and their
+    mismatch findings keep the position alone."""
+    by_id = {r.request_id: r for r in records}
+    out = []
+    async with aiohttp.ClientSession() as session:
+        for found in findings:
+            evidence = found.get("evidence", {})
+            base, spec = (
+                by_id.get(evidence.get("base_request_id")),
+                by_id.get(evidence.get("spec_request_id")),
+            )
+            urls = (
+                (live_urls.get(base.variant), live_urls.get(spec.variant)) if base and spec else (None, None)
+            )
+            if found["code"] != SPEC_DECODE_OUTPUT_MISMATCH or base is None or spec is None or None in urls:
+                out.append(found)
+                continue
+            prompt = scenario.prompt_for(int(prompt_index(base)))
+            explained = await explain_mismatch(
+                Finding(**found),
+                prompt,
+                Scorer(session, str(urls[0]), base.model),
+                Scorer(session, str(urls[1]), spec.model),
+            )
+            out.append(explained.to_json())
+    return out
 
 
 def run_compare(
@@ -71,6 +112,12 @@ def run_compare(
             else None
         )
     comparison = build_comparison(outcome.summary, outcome.records, spec_stats)
+    # Servers given by URL are still up; launched ones were stopped after their variant.
+    overrides = variant_urls or {}
+    live = {v.name: url or overrides.get(v.name) or (None if v.launch else v.url) for v in scenario.variants}
+    comparison["findings"] = asyncio.run(
+        explain_mismatches(scenario, outcome.records, comparison["findings"], live)
+    )
     write_json(outcome.run_dir / COMPARE_FILE, comparison)
     # Again, now that compare.json exists: the report's acceptance-per-position plot reads it.
     write_derived(outcome.run_dir, scenario.name, [v.name for v in scenario.variants])

@@ -206,3 +206,30 @@ def test_repeated_experiment_is_refused_unless_forced(sim, tmp_path: Path) -> No
     assert forced.returncode == 0, forced.stderr
     ledger_lines = (tmp_path / "reports" / "ledger.jsonl").read_text().splitlines()
     assert [json.loads(line)["run_id"] for line in ledger_lines if "run_id" in line] == ["first", "forced"]
+
+
+def test_compare_explains_a_greedy_divergence_with_both_top_logprobs(sim, tmp_path: Path) -> None:
+    k0, k3 = sim(), sim("--num-speculative-tokens", "3", "--natural-eos-at", "7")
+    path = tmp_path / "c.toml"
+    path.write_text(
+        'name = "c"\nendpoint = "completions"\n\n[workload]\nprompts = ["hi"]\nnum_requests = 1\n'
+        'max_tokens = 20\ntemperature = 0\n\n[[variants]]\nname = "K0"\n\n[[variants]]\nname = "K3"\n',
+        encoding="utf-8",
+    )
+    result = itlaudit(
+        "compare",
+        str(path),
+        "--variant",
+        f"K0={k0}",
+        "--variant",
+        f"K3={k3}",
+        "--out",
+        str(tmp_path / "c"),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    comparison = json.loads((tmp_path / "c" / "compare.json").read_text())
+    (found,) = [f for f in comparison["findings"] if f["code"] == "spec_decode_output_mismatch"]
+    assert found["evidence"]["position"] == 7
+    assert found["evidence"]["base_top_logprobs"] and found["evidence"]["spec_top_logprobs"]
+    assert "spec_decode_output_mismatch" in result.stdout
