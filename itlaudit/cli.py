@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -44,6 +44,19 @@ def _parse_variant_urls(pairs: list[str]) -> dict[str, str]:
     return urls
 
 
+def _run_options(
+    url: str | None, variant: list[str] | None, out_dir: Path | None, ledger: Path, force: bool
+) -> dict[str, Any]:
+    """The keyword arguments `run` and `compare` pass the same way."""
+    return {
+        "url": url.rstrip("/") if url else None,
+        "variant_urls": _parse_variant_urls(variant or []),
+        "run_dir": out_dir,
+        "console": err,
+        "ledger": LedgerPolicy(ledger, force),
+    }
+
+
 def _print_outcome(outcome: RunOutcome) -> None:
     for name, block in outcome.summary["variants"].items():
         itl = block["itl_ms"]["p50"]
@@ -71,14 +84,7 @@ def run(
 ) -> None:
     """Stream the scenario's requests and audit them: ITL from server token counts, truncation findings."""
     loaded = load_scenario(scenario)
-    outcome = run_scenario(
-        loaded,
-        url=url.rstrip("/") if url else None,
-        variant_urls=_parse_variant_urls(variant or []),
-        run_dir=out_dir,
-        console=err,
-        ledger=LedgerPolicy(ledger, force),
-    )
+    outcome = run_scenario(loaded, **_run_options(url, variant, out_dir, ledger, force))
     _print_outcome(outcome)
     if fail_on_findings and outcome.finding_count:
         raise typer.Exit(1)
@@ -97,12 +103,7 @@ def compare(
     from itlaudit.compare import COMPARE_FILE, run_compare
 
     outcome, comparison = run_compare(
-        load_scenario(scenario),
-        url=url.rstrip("/") if url else None,
-        variant_urls=_parse_variant_urls(variant or []),
-        run_dir=out_dir,
-        console=err,
-        ledger=LedgerPolicy(ledger, force),
+        load_scenario(scenario), **_run_options(url, variant, out_dir, ledger, force)
     )
     _print_outcome(outcome)
     for name, row in comparison["variants"].items():
