@@ -166,6 +166,9 @@ def sim(
     natural_eos_at: Annotated[
         int | None, typer.Option(help="Token position where the model emits EOS.")
     ] = None,
+    gibberish_after_tokens: Annotated[
+        int | None, typer.Option(help="Fault: only digit tokens from position N on.")
+    ] = None,
 ) -> None:
     """Serve the vLLM-compatible simulator (demo and fault-injection target; not a test of vLLM)."""
     from itlaudit.sim import SimConfig, serve
@@ -188,6 +191,7 @@ def sim(
             reset_after_tokens=reset_after_tokens,
             no_done=no_done,
             natural_eos_at=natural_eos_at,
+            gibberish_after_tokens=gibberish_after_tokens,
         ),
         host=host,
         port=port,

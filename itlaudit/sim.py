@@ -82,6 +82,9 @@ _PIECES: tuple[bytes, ...] = (
 )
 
 
+DIGIT_TOKEN_ID = FIRST_REGULAR_TOKEN_ID + _PIECES.index(b" 1")
+
+
 @dataclass
 class SimConfig:
     """Server behaviour and injected faults; all faults are off by default."""
@@ -106,6 +109,9 @@ class SimConfig:
     reset_after_tokens: int | None = None
     no_done: bool = False
     natural_eos_at: int | None = None
+    # Fault: from this token position on, emit only a digit piece, like the late numeric gibberish of
+    # a broken decode path (seed 003) — the stream itself stays well-formed.
+    gibberish_after_tokens: int | None = None
     # Fault: a request's logprobs move by up to this much (nats) whenever another row shares its engine
     # step (a multi-prompt list or a concurrent request), deterministically per step composition, like
     # the batch variance of real kernels (seed 000). The sampled tokens do not change.
@@ -268,6 +274,8 @@ class _Engine:
                 # the rest of the sequence unchanged.
                 drawn = _avoid(token_rng.randrange(FIRST_REGULAR_TOKEN_ID, cfg.vocab_size), eos, cfg)
                 token_id = cfg.eos_token_id if index == cfg.natural_eos_at else drawn
+                if cfg.gibberish_after_tokens is not None and index >= cfg.gibberish_after_tokens:
+                    token_id = DIGIT_TOKEN_ID
                 if index < min_tokens:
                     token_id = _avoid(token_id, masked, cfg)
                 produced += 1

@@ -18,13 +18,14 @@ CLEAN_WORKLOAD = 'prompts = ["hi"]\nnum_requests = 3\nconcurrency = 2\nmax_token
 
 @pytest.fixture()
 def sim(tmp_path: Path) -> Iterator[object]:
-    """Factory: start `itlaudit sim` with extra flags in its own process (timing not shared with us)."""
+    """Factory: start `itlaudit sim` with extra flags in its own process (timing not shared with us).
+    5 ms steps: at 2 ms a loaded 2-core machine merges chunks into one read (chunks_coalesced)."""
     servers = []
 
     def start(*flags: str) -> str:
         spec = LaunchSpec(
             kind="command",
-            command=[sys.executable, "-m", "itlaudit", "sim", "--port", "{port}", "--step-ms", "2", *flags],
+            command=[sys.executable, "-m", "itlaudit", "sim", "--port", "{port}", "--step-ms", "5", *flags],
             ready_timeout_s=30,
         )
         server = launch(spec, tmp_path / f"sim-{len(servers)}.log")
@@ -102,8 +103,13 @@ FORCED = (
         (["--error-after-tokens", "8"], CLEAN_WORKLOAD, {"stream_error"}),
         (["--reset-after-tokens", "8"], CLEAN_WORKLOAD, {"connection_error"}),
         (["--no-done"], CLEAN_WORKLOAD, {"no_done_sentinel"}),
+        (
+            ["--gibberish-after-tokens", "40"],
+            CLEAN_WORKLOAD.replace("max_tokens = 40", "max_tokens = 200"),
+            {"gibberish_suspected"},
+        ),
     ],
-    ids=["cap", "ignore_eos", "min_tokens", "drop_usage", "error_frame", "reset", "no_done"],
+    ids=["cap", "ignore_eos", "min_tokens", "drop_usage", "error_frame", "reset", "no_done", "gibberish"],
 )
 def test_each_fault_raises_its_finding(
     sim, tmp_path: Path, flags: list[str], workload: str, expected: set
