@@ -126,13 +126,19 @@ def command_argv(spec: LaunchSpec, port: int) -> list[str]:
     """
     if not spec.command:
         raise LaunchError("launch kind 'command' needs a non-empty command")
-    values = {"{port}": str(port), "{model}": spec.model or "", "{host}": spec.host}
-    argv = []
-    for element in spec.command:
+    return fill_placeholders(
+        spec.command, {"{port}": str(port), "{model}": spec.model or "", "{host}": spec.host}
+    )
+
+
+def fill_placeholders(template: list[str], values: dict[str, str]) -> list[str]:
+    """Replace each `{name}` in each element; unknown braces (JSON values) pass through untouched."""
+    filled = []
+    for element in template:
         for placeholder, value in values.items():
             element = element.replace(placeholder, value)
-        argv.append(element)
-    return argv
+        filled.append(element)
+    return filled
 
 
 def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:

@@ -16,17 +16,12 @@ from typing import ClassVar
 from itlaudit.bisect.build_range import SHORT_SHA, Build
 from itlaudit.bisect.errors import BuildUnavailable
 from itlaudit.bisect.providers import Prepared, Provider
-from itlaudit.launcher import LaunchSpec
+from itlaudit.launcher import LaunchSpec, fill_placeholders
 
 
 def fill(template: list[str], build: Build) -> list[str]:
     values = {"{commit}": build.ref, "{short}": build.ref[:SHORT_SHA], "{version}": build.ref}
-    argv = []
-    for element in template:
-        for placeholder, value in values.items():
-            element = element.replace(placeholder, value)
-        argv.append(element)
-    return argv
+    return fill_placeholders(template, values)
 
 
 class CommandProvider(Provider):

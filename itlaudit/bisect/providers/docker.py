@@ -17,7 +17,7 @@ from itlaudit.bisect.build_cache import BuildCache
 from itlaudit.bisect.build_range import SHORT_SHA, Build
 from itlaudit.bisect.errors import BuildUnavailable
 from itlaudit.bisect.providers import Prepared, Provider
-from itlaudit.launcher import LaunchSpec
+from itlaudit.launcher import LaunchSpec, fill_placeholders
 
 DEFAULT_IMAGES = (
     "vllm/vllm-openai:nightly-{commit}",
@@ -29,12 +29,7 @@ PULL_LOG = "pull.log"
 def image_candidates(patterns: tuple[str, ...], build: Build, arch: str) -> list[str]:
     """Fill {commit} (full sha or version), {short} and {arch}; plain replacement like the launcher."""
     values = {"{commit}": build.ref, "{short}": build.ref[:SHORT_SHA], "{arch}": arch}
-    images = []
-    for pattern in patterns:
-        for placeholder, value in values.items():
-            pattern = pattern.replace(placeholder, value)
-        images.append(pattern)
-    return images
+    return fill_placeholders(list(patterns), values)
 
 
 def release_image(data: dict[str, Any]) -> None:
