@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 
 from itlaudit.bisect.errors import BisectError
+from itlaudit.bisect.github import DEFAULT_API
 from itlaudit.bisect.providers.docker import DEFAULT_IMAGES
 from itlaudit.bisect.providers.wheels import DEFAULT_URL, DEFAULT_VARIANTS
 from itlaudit.testbed import default_cache_dir
@@ -46,20 +47,34 @@ def _new_state(settings: Settings, out_dir: Path | None) -> tuple[State, Path]:
 def bisect(
     good: Annotated[str | None, Opt("--from", help="Good (older) commit or version.")] = None,
     bad: Annotated[str | None, Opt("--to", help="Bad (newer) commit or version.")] = None,
-    scenario: Annotated[Path | None, Opt(help="Scenario TOML whose workload each probe runs.")] = None,
-    repo: Annotated[Path | None, Opt(help="Local vLLM clone: first-parent commits from..to.")] = None,
+    scenario: Annotated[
+        Path | None, Opt(help="Scenario TOML each probe runs (default: the bundled seed case, K0 and K3).")
+    ] = None,
+    repo: Annotated[
+        Path | None, Opt(help="Local vLLM clone (default: the current directory if it is one, else GitHub).")
+    ] = None,
     commits_file: Annotated[Path | None, Opt(help="File of commit shas, oldest first.")] = None,
     provider: Annotated[str, Opt(help="Build provider: wheels, docker, pip or command.")] = "wheels",
     find_fix: Annotated[bool, Opt(help="--from has the problem, --to not: find the fix.")] = False,
-    regress: Annotated[str, Opt(help="Bad means: itl, truncation, error or finding:CODE.")] = "itl",
+    regress: Annotated[
+        str,
+        Opt(
+            help="Bad means: auto (ITL, truncation or errors differ from the good end), itl, speedup, "
+            "truncation, error, finding:CODE."
+        ),
+    ] = "auto",
     script: Annotated[
         str | None, Opt(help="Judge with CMD RUN_DIR: exit 0 good, 125 skip, 1-127 bad.")
     ] = None,
     threshold: Annotated[float, Opt(help="ITL ratio vs the good end that counts as bad.")] = 1.5,
     alpha: Annotated[float, Opt(help="Significance level of the Mann-Whitney U test.")] = 0.05,
-    trials: Annotated[int | None, Opt(help="Trials per probe (default 3 for itl, else 1).")] = None,
+    trials: Annotated[
+        int | None, Opt(help="Trials per probe (default 3 for auto/itl/speedup, else 1).")
+    ] = None,
     max_trials: Annotated[int, Opt(help="Trials before an unclear probe counts as unknown.")] = 8,
-    variant: Annotated[str | None, Opt(help="Scenario variant whose server settings to use.")] = None,
+    variant: Annotated[
+        list[str] | None, Opt(help="Scenario variant each probe runs (repeat; default: all, in order).")
+    ] = None,
     model: Annotated[str | None, Opt(help="Model to serve (else the scenario's).")] = None,
     server_arg: Annotated[list[str] | None, Opt(help="Extra server argument (repeat).")] = None,
     ready_timeout: Annotated[float | None, Opt(help="Seconds to wait for each server.")] = None,
@@ -88,7 +103,16 @@ def bisect(
         str | None, Opt(help="command provider: server command ({commit} {port} {model}).")
     ] = None,
     build_cmd: Annotated[str | None, Opt(help="command provider: build step; failure = skip.")] = None,
-    github_repo: Annotated[str, Opt(help="owner/name for commit and compare links.")] = "vllm-project/vllm",
+    github_repo: Annotated[
+        str, Opt(help="owner/name: commit list (compare API) and links.")
+    ] = "vllm-project/vllm",
+    github_api: Annotated[
+        str, Opt(help="GitHub API base URL (a mirror or GitHub Enterprise); token from GITHUB_TOKEN.")
+    ] = DEFAULT_API,
+    dry_run: Annotated[
+        bool,
+        Opt(help="Print the range, which builds the provider finds, probes and download; install nothing."),
+    ] = False,
     out_dir: Annotated[
         Path | None, Opt("--out", help="Bisection folder (default reports/bisect-...).")
     ] = None,
@@ -99,20 +123,21 @@ def bisect(
     # (including each `itlaudit sim` a bisection starts) would pay for them.
     from itlaudit.bisect import state as state_mod
     from itlaudit.bisect.bisector import Bisection
+    from itlaudit.bisect.dryrun import dry_run_report
     from itlaudit.bisect.report import REPORT_FILE, write_report
     from itlaudit.bisect.search import Search
-    from itlaudit.bisect.settings import Settings
+    from itlaudit.bisect.settings import DEFAULT_SCENARIO, Settings
 
     if resume is not None:
         state = state_mod.load(resume)
         bisect_dir = resume
     else:
-        if not good or not bad or scenario is None:
-            raise BisectError("give --from GOOD --to BAD --scenario FILE (or --resume DIR)")
+        if not good or not bad:
+            raise BisectError("give --from GOOD --to BAD (or --resume DIR)")
         settings = Settings(
             good=good,
             bad=bad,
-            scenario=str(scenario.resolve()),
+            scenario=str(scenario.resolve()) if scenario else str(DEFAULT_SCENARIO),
             provider=provider,
             repo=str(repo.resolve()) if repo else None,
             commits_file=str(commits_file.resolve()) if commits_file else None,
@@ -123,7 +148,7 @@ def bisect(
             alpha=alpha,
             trials=trials,
             max_trials=max_trials,
-            variant=variant,
+            variants=variant or [],
             model=model,
             server_args=server_arg or [],
             ready_timeout_s=ready_timeout,
@@ -141,7 +166,11 @@ def bisect(
             server_cmd=server_cmd,
             build_cmd=build_cmd,
             github_repo=github_repo,
+            github_api=github_api,
         )
+        if dry_run:
+            dry_run_report(settings, out)
+            return
         state, bisect_dir = _new_state(settings, out_dir)
     if state.status == "done":
         out.print(state.result.get("message", "done"))
@@ -159,6 +188,8 @@ def bisect(
         command = f"itlaudit bisect --resume {shlex.quote(str(bisect_dir))}"
         err.print(f"itlaudit: interrupted; finished probes are in {bisect_dir}. Resume with:\n  {command}")
         raise typer.Exit(130) from None
-    out.print(f"[bold]{state.result['message']}[/bold]", highlight=False)
+    out.print(f"[bold]{state.result['message']}[/bold]", highlight=False, markup=True)
+    if state.result.get("explanation"):
+        out.print(state.result["explanation"], highlight=False, markup=False)
     out.print(f"compare: {state.result['compare_url']}", highlight=False)
     out.print(f"report: {bisect_dir / REPORT_FILE}", highlight=False)

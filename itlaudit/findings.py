@@ -61,6 +61,10 @@ CODES = (
     CHUNKS_COALESCED,
 )
 
+# The per-request codes that mean "the output is shorter than the request asked for": the one
+# definition of a truncated request (common_cap is the run-level summary of the first).
+TRUNCATION_CODES = (TRUNCATED_BELOW_MAX_TOKENS, MIN_TOKENS_VIOLATED, IGNORE_EOS_VIOLATED)
+
 # A shared cap needs repeated evidence: one or two requests ending at the same length can be chance
 # (and each is already reported by truncated_below_max_tokens); three at an identical count is a limit.
 COMMON_CAP_MIN_REQUESTS = 3

@@ -78,7 +78,7 @@ def test_git_repo_truncation_found_within_probe_bound(
     assert state["compare_url"].endswith(f"/compare/{shas[culprit - 1]}...{shas[culprit]}")
     for probe in state["probes"]:
         folder = Path(probe["dir"])
-        assert (folder / "server.log").is_file()
+        assert (folder / "server-build.log").is_file()
         assert (folder / "trial-1" / "requests.jsonl").is_file() and (
             folder / "trial-1" / "summary.json"
         ).is_file()
@@ -207,5 +207,5 @@ def test_resume_after_sigkill_mid_probe(tmp_path: Path, monkeypatch: pytest.Monk
     state = _state(out)
     assert state["first_bad"] == shas[7] and state["in_progress"] is None
     assert cut_short.with_name(cut_short.name + ".interrupted-1").is_dir()
-    assert (cut_short / "server.log").is_file()  # the probe was rerun in its own folder
+    assert (cut_short / "server-build.log").is_file()  # the probe was rerun in its own folder
     assert len({p["index"] for p in state["probes"]}) == len(state["probes"])

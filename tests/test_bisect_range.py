@@ -113,7 +113,7 @@ def test_regress_and_settings_validation() -> None:
     assert parse_regress("itl", "check.sh").mode == "script"
     with pytest.raises(BisectError, match="unknown finding code"):
         parse_regress("finding:nope")
-    with pytest.raises(BisectError, match="use itl, truncation"):
+    with pytest.raises(BisectError, match="use auto, itl, speedup, truncation"):
         parse_regress("speed")
     with pytest.raises(BisectError, match="above 1"):
         Settings(good="a", bad="b", scenario="s.toml", threshold=0.9)
@@ -138,7 +138,8 @@ def test_cli_bad_input_is_one_line_without_traceback(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    argv = ["itlaudit", "bisect", *args, "--scenario", str(PROBE_SCENARIO), "--out", str(tmp_path / "b")]
+    argv = ["itlaudit", "bisect", *args, "--scenario", str(PROBE_SCENARIO), "--model", "m"]
+    argv += ["--out", str(tmp_path / "b")]
     monkeypatch.setattr(sys, "argv", argv)
     with pytest.raises(SystemExit) as exit_info:
         cli.main()

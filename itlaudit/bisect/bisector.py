@@ -22,31 +22,45 @@ from itlaudit.bisect.report import compare_url, write_report
 from itlaudit.bisect.search import Answer, Search
 from itlaudit.bisect.settings import Settings, make_provider
 from itlaudit.bisect.state import State
-from itlaudit.bisect.verdict import pooled_itl, read_trial
+from itlaudit.bisect.verdict import Figures, read_probe
 from itlaudit.launcher import LaunchSpec
 from itlaudit.orchestrate import launch_spec
 from itlaudit.scenario import Scenario, load_scenario
 
 
-def probe_scenario(settings: Settings) -> tuple[Scenario, LaunchSpec]:
-    """The scenario reduced to one variant, and the server settings (model, args, env) it asks for;
-    the provider then decides which build serves them."""
+def probe_scenario(settings: Settings) -> tuple[Scenario, dict[str, LaunchSpec]]:
+    """The scenario reduced to the chosen variants (default: all of them, in its order), and the
+    server settings (model, args, env) each asks for; the provider then decides which build serves them."""
     scenario = load_scenario(Path(settings.scenario))
     names = [v.name for v in scenario.variants]
-    wanted = settings.variant or names[0]
-    if wanted not in names:
+    wanted = settings.variants or names
+    for name in wanted:
+        if name not in names:
+            raise BisectError(
+                f"--variant {name!r} is not in {settings.scenario} (variants: {', '.join(names)})"
+            )
+    if settings.regress_rule.mode == "speedup" and len(wanted) != 2:
         raise BisectError(
-            f"--variant {wanted!r} is not in {settings.scenario} (variants: {', '.join(names)})"
+            f"--regress speedup compares two variants, the baseline first; {settings.scenario} has "
+            f"{len(wanted)}: pick two with --variant K0 --variant K3"
         )
-    variant = next(v for v in scenario.variants if v.name == wanted)
-    spec = launch_spec(variant.launch) if variant.launch is not None else LaunchSpec(kind="url")
-    spec = dataclasses.replace(
-        spec,
-        model=settings.model or spec.model,
-        server_args=[*spec.server_args, *settings.server_args],
-        ready_timeout_s=settings.ready_timeout_s or spec.ready_timeout_s,
-    )
-    return dataclasses.replace(scenario, variants=[variant]), spec
+    variants = [next(v for v in scenario.variants if v.name == name) for name in wanted]
+    specs: dict[str, LaunchSpec] = {}
+    for variant in variants:
+        spec = launch_spec(variant.launch) if variant.launch is not None else LaunchSpec(kind="url")
+        spec = dataclasses.replace(
+            spec,
+            model=settings.model or spec.model,
+            server_args=[*spec.server_args, *settings.server_args],
+            ready_timeout_s=settings.ready_timeout_s or spec.ready_timeout_s,
+        )
+        if spec.model is None and settings.provider != "command":
+            raise BisectError(
+                f"variant {variant.name!r} of {settings.scenario} names no model to serve; pass --model "
+                "(e.g. --model nvidia/Qwen3.6-35B-A3B-NVFP4)"
+            )
+        specs[variant.name] = spec
+    return dataclasses.replace(scenario, variants=variants), specs
 
 
 def _first_line(text: str) -> str:
@@ -60,10 +74,10 @@ class Bisection:
         self.dir = bisect_dir
         self.console = console
         settings = state.settings
-        scenario, base = probe_scenario(settings)
+        scenario, specs = probe_scenario(settings)
         self.config = ProbeConfig(
             scenario=scenario,
-            base_spec=base,
+            specs=specs,
             regress=settings.regress_rule,
             threshold=settings.threshold,
             alpha=settings.alpha,
@@ -99,12 +113,10 @@ class Bisection:
     def _probe_of(self, index: int) -> dict[str, Any] | None:
         return next((p for p in self.state.probes if p["index"] == index), None)
 
-    def _baseline(self) -> list[float] | None:
+    def _baseline(self) -> dict[str, Figures] | None:
+        """The good end's figures per variant, read back from its folder (so resume sees the same)."""
         record = self._probe_of(self._reference)
-        if record is None:
-            return None
-        trials = sorted(Path(record["dir"]).glob("trial-*"))
-        return pooled_itl([read_trial(t) for t in trials])
+        return None if record is None else read_probe(Path(record["dir"]))
 
     def _recover(self) -> None:
         """Rerun a probe that a dead run left half done; stop the server it may have left."""
@@ -230,6 +242,9 @@ class Bisection:
                 f"{what} is one of {len(candidates)} ({', '.join(b.label for b in candidates)}): builds "
                 f"in between were skipped or unclear; {before}: {builds[lo].label}"
             )
+        # The build that shows the problem next to the answer: what flipped there, in figures.
+        showing = self._probe_of(lo if settings.find_fix else hi) or {}
+        detail = showing.get("detail", {})
         self.state.status = "done"
         self.state.result = {
             "first_bad": builds[hi].ref if len(candidates) == 1 else None,
@@ -237,6 +252,10 @@ class Bisection:
             "candidates": [b.ref for b in candidates],
             "message": message,
             "compare_url": url,
+            "signals": detail.get("signals", []),
+            "explanation": f"{showing['label']}: {detail['explanation']}"
+            if detail.get("explanation")
+            else None,
             "probes_used": len(self.state.probes),
             "elapsed_s": round(time.monotonic() - self.started, 1),
         }

@@ -52,7 +52,7 @@ class Build:
         return cls(ref=data["ref"], kind=data["kind"])  # type: ignore[arg-type]
 
 
-def _check_ends(good: str, bad: str) -> None:
+def check_ends(good: str, bad: str) -> None:
     if good.strip().lower() == bad.strip().lower():
         raise BisectError(f"--from and --to are the same ({good}); give two different builds")
 
@@ -67,6 +67,22 @@ def _git(repo: Path, *args: str) -> str:
     return result.stdout
 
 
+def is_vllm_clone(path: Path) -> bool:
+    """A git work tree whose top holds the `vllm` package: where a user standing in their clone
+    expects the commit list to come from."""
+    try:
+        result = subprocess.run(
+            ["git", "-C", str(path), "rev-parse", "--show-toplevel"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    except OSError:
+        return False
+    top = result.stdout.strip()
+    return result.returncode == 0 and bool(top) and (Path(top) / "vllm" / "__init__.py").is_file()
+
+
 def _resolve(repo: Path, ref: str) -> str:
     try:
         return _git(repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}").strip()
@@ -79,7 +95,7 @@ def _resolve(repo: Path, ref: str) -> str:
 def commits_from_repo(repo: Path, good: str, bad: str) -> list[Build]:
     """First-parent commits good..bad plus good itself: merged branches' inner commits never built
     as nightlies, so following second parents would only add skips."""
-    _check_ends(good, bad)
+    check_ends(good, bad)
     if not repo.is_dir():
         raise BisectError(f"--repo {repo} is not a directory; point it at a local vLLM clone")
     _git(repo, "rev-parse", "--git-dir")
@@ -111,7 +127,7 @@ def _find_in(shas: list[str], ref: str, path: Path) -> int:
 def commits_from_file(path: Path, good: str, bad: str) -> list[Build]:
     """One sha per line, oldest first (`git log --first-parent --reverse --format=%H` output);
     anything after the sha on a line and lines starting with # are ignored."""
-    _check_ends(good, bad)
+    check_ends(good, bad)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -189,7 +205,7 @@ def fetch_versions(package: str, index_url: str = PYPI_SIMPLE, timeout_s: float 
 def versions_between(available: list[Version], good: str, bad: str, *, pre: bool = False) -> list[Build]:
     """Releases from good to bad inclusive; pre-releases in between only with `pre` (the ends are
     always kept, since the user named them)."""
-    _check_ends(good, bad)
+    check_ends(good, bad)
     try:
         old, new = Version(good), Version(bad)
     except InvalidVersion as exc:

@@ -1,11 +1,11 @@
-"""One probe: get the build, start its server through the launcher, run the scenario's workload as
-trials until the verdict is clear (or max trials), and say good, bad, skip or unknown.
+"""One probe: get the build, then for each chosen variant (K0, K3, ...) start its server from that build
+through the launcher and run the scenario's workload as trials until the verdict is clear (or max
+trials); say good, bad, skip or unknown over all variants.
 
-Each trial is an itlaudit run folder under the probe's folder, next to the server log: requests.jsonl
-as it streams in and summary.json, the figures the verdict reads. Not the plots and HTML report of
-`itlaudit run`: they cost seconds per trial and a bisection runs dozens; `itlaudit report TRIAL_DIR`
-derives them from requests.jsonl whenever one is wanted.
-"""
+Trial N of every variant lands in the probe's `trial-N/` run folder (requests.jsonl as it streams in,
+summary.json over all its variants), next to one `server-<variant>.log` per variant. Not the plots and
+HTML report of `itlaudit run`: they cost seconds per trial and a bisection runs dozens;
+`itlaudit report TRIAL_DIR` derives them from requests.jsonl whenever one is wanted."""
 
 from __future__ import annotations
 
@@ -21,17 +21,17 @@ from typing import Any
 from itlaudit.bisect.build_range import Build
 from itlaudit.bisect.errors import BuildUnavailable
 from itlaudit.bisect.prefetch import Prefetcher
-from itlaudit.bisect.verdict import Judgement, Regress, Trial, judge, metrics, read_trial, script_answer
+from itlaudit.bisect.verdict import Figures, Judgement, Regress, Trial, judge, read_trial, script_answer
 from itlaudit.errors import LaunchError, ServerRejectedError, ServerUnreachableError
 from itlaudit.launcher import LaunchSpec, launch
-from itlaudit.records import RecordWriter
+from itlaudit.orchestrate import server_log_name
+from itlaudit.records import RecordWriter, load_records
 from itlaudit.rundir import REQUESTS_FILE, SUMMARY_FILE, write_json
 from itlaudit.runner import run_variant
 from itlaudit.scenario import Scenario
 from itlaudit.summary import run_summary
 
 GOOD, BAD, SKIP, UNKNOWN = "good", "bad", "skip", "unknown"
-SERVER_LOG = "server.log"
 
 # Called with the server's process group once it is up, so the state file can name it.
 OnServer = Callable[[int | None], None]
@@ -39,13 +39,20 @@ OnServer = Callable[[int | None], None]
 
 @dataclass
 class ProbeConfig:
+    """`specs` holds each chosen variant's server settings (model, args, env) in run order; the
+    provider decides which build serves them."""
+
     scenario: Scenario
-    base_spec: LaunchSpec
+    specs: dict[str, LaunchSpec]
     regress: Regress
     threshold: float
     alpha: float
     trials: int
     max_trials: int
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.specs)
 
 
 @dataclass
@@ -77,30 +84,51 @@ def _run_script(config: ProbeConfig, probe_dir: Path, url: str, build: Build) ->
     return Judgement(script_answer(code, script), f"script exited {code}", {"script_exit": code})
 
 
-def run_trial(scenario: Scenario, url: str, run_dir: Path) -> Path:
-    variant = scenario.variants[0].name
+def run_trial(scenario: Scenario, variant: str, url: str, run_dir: Path) -> Path:
+    """One pass of the workload for one variant, appended to the trial folder that holds every
+    variant's pass of the same number; summary.json is rewritten over all of them."""
     run_dir.mkdir(parents=True, exist_ok=True)
     with RecordWriter(run_dir / REQUESTS_FILE) as writer:
-        records = asyncio.run(run_variant(scenario, variant, url, writer))
-    write_json(run_dir / SUMMARY_FILE, run_summary(records, [variant]))
+        asyncio.run(run_variant(scenario, variant, url, writer))
+    records = load_records(run_dir / REQUESTS_FILE)
+    write_json(run_dir / SUMMARY_FILE, run_summary(records, [v.name for v in scenario.variants]))
     return run_dir
 
 
-def run_trials(
-    config: ProbeConfig, probe_dir: Path, url: str, baseline: list[float] | None, build: Build
-) -> tuple[list[Trial], Judgement]:
-    """Trials until `trials` are done and the verdict is clear, at most `max_trials`."""
-    done: list[Trial] = []
+def _clear(
+    config: ProbeConfig, name: str, done: dict[str, list[Trial]], reference: dict[str, Figures] | None
+) -> bool:
+    """Whether this variant's trials so far settle the verdict. Under `speedup` only the last variant
+    decides (its ratio needs every variant); the others run the minimum number of trials."""
+    if config.regress.mode == "script" or (config.regress.mode == "speedup" and name != config.names[-1]):
+        return True
+    pooled = {n: Figures.pool(t) for n, t in done.items()}
+    names = config.names if config.regress.mode == "speedup" else [name]
+    return (
+        judge(
+            config.regress, pooled, reference, names, threshold=config.threshold, alpha=config.alpha
+        ).present
+        is not None
+    )
+
+
+def _run_variant(
+    config: ProbeConfig,
+    name: str,
+    url: str,
+    probe_dir: Path,
+    done: dict[str, list[Trial]],
+    reference: dict[str, Figures] | None,
+) -> None:
+    """Trials of one variant until `trials` are done and its verdict is clear, at most `max_trials`."""
+    trials = done.setdefault(name, [])
     while True:
-        trial_dir = run_trial(config.scenario, url, probe_dir / f"trial-{len(done) + 1}")
-        done.append(read_trial(trial_dir))
-        if config.regress.mode == "script":
-            if len(done) >= config.trials:
-                return done, _run_script(config, probe_dir, url, build)
-            continue
-        verdict = judge(config.regress, done, baseline, threshold=config.threshold, alpha=config.alpha)
-        if len(done) >= config.max_trials or (len(done) >= config.trials and verdict.present is not None):
-            return done, verdict
+        trial_dir = run_trial(config.scenario, name, url, probe_dir / f"trial-{len(trials) + 1}")
+        trials.append(read_trial(trial_dir)[name])
+        if len(trials) >= config.max_trials or (
+            len(trials) >= config.trials and _clear(config, name, done, reference)
+        ):
+            return
 
 
 def run_probe(
@@ -108,24 +136,41 @@ def run_probe(
     prefetcher: Prefetcher,
     build: Build,
     probe_dir: Path,
-    baseline: list[float] | None,
+    reference: dict[str, Figures] | None,
     on_server: OnServer,
 ) -> ProbeResult:
+    """Every chosen variant in turn, each from its own server started from this build (one server at
+    a time: two 35B engines do not share a GPU), then one verdict over all of them."""
     try:
         prepared = prefetcher.get(build)
     except BuildUnavailable as exc:
         return ProbeResult(SKIP, str(exc))
-    spec = prefetcher.provider.launch_spec(prepared, config.base_spec)
     probe_dir.mkdir(parents=True, exist_ok=True)
+    done: dict[str, list[Trial]] = {}
+    scripted: Judgement | None = None
     try:
-        with launch(spec, probe_dir / SERVER_LOG) as server:
-            on_server(server.pid)
-            trials, verdict = run_trials(config, probe_dir, server.url, baseline, build)
+        for name, base_spec in config.specs.items():
+            spec = prefetcher.provider.launch_spec(prepared, base_spec)
+            with launch(spec, probe_dir / server_log_name(name)) as server:
+                on_server(server.pid)
+                _run_variant(config, name, server.url, probe_dir, done, reference)
+                if config.regress.mode == "script" and name == config.names[-1]:
+                    scripted = _run_script(config, probe_dir, server.url, build)
     except LaunchError as exc:
         return dataclasses.replace(_failure(config, f"server failed: {exc}"), version=prepared.version)
     except (ServerUnreachableError, ServerRejectedError) as exc:
         return dataclasses.replace(
             _failure(config, f"server stopped answering: {exc}"), version=prepared.version
         )
-    label = SKIP if config.regress.mode == "script" and verdict.present is None else _verdict(verdict.present)
-    return ProbeResult(label, verdict.reason, prepared.version, len(trials), metrics(trials), verdict.detail)
+    pooled = {n: Figures.pool(t) for n, t in done.items()}
+    metrics = {n: f.summary() for n, f in pooled.items()}
+    trial_count = max(len(t) for t in done.values())
+    if scripted is not None:
+        label = SKIP if scripted.present is None else _verdict(scripted.present)
+        return ProbeResult(label, scripted.reason, prepared.version, trial_count, metrics, scripted.detail)
+    verdict = judge(
+        config.regress, pooled, reference, config.names, threshold=config.threshold, alpha=config.alpha
+    )
+    return ProbeResult(
+        _verdict(verdict.present), verdict.reason, prepared.version, trial_count, metrics, verdict.detail
+    )

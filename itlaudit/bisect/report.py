@@ -44,33 +44,51 @@ def _fmt(value: Any) -> str:
     return f"{value:.2f}" if isinstance(value, float) else str(value)
 
 
+def variant_names(state: State) -> list[str]:
+    """Variants in the order the probes ran them."""
+    names: dict[str, None] = {}
+    for probe in state.probes:
+        names.update(dict.fromkeys(probe.get("metrics", {})))
+    return list(names)
+
+
 def render_markdown(state: State) -> str:
     settings = state.settings
     builds: list[Build] = state.builds
     result = state.result
+    names = variant_names(state)
     lines = [f"# itlaudit bisect: {settings.good} → {settings.bad}", ""]
     lines.append(f"**{result.get('message', 'bisection in progress')}**")
+    if result.get("explanation"):
+        lines += ["", f"What changed: {result['explanation']}"]
     if result.get("compare_url"):
         lines += ["", f"Changes in the answer range: {result['compare_url']}"]
+    header = "".join(f" {n} token ITL ms | {n} chunk ITL ms | {n} tokens p50 |" for n in names)
     lines += [
         "",
         f"Provider `{settings.provider}`, verdict `--regress {settings.regress}`"
         + (f" (script `{settings.script}`)" if settings.script else "")
         + (", looking for the fix" if settings.find_fix else "")
-        + f", {len(builds)} builds in range, {len(state.probes)} probes.",
+        + f", scenario `{settings.scenario}`, variants {', '.join(names) or '–'}, {len(builds)} builds in "
+        f"range, {len(state.probes)} probes. Figures are medians over every trial's requests.",
         "",
-        "| # | position | build | version | verdict | trials | ITL p50 ms | tokens p50 | reason |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"| # | position | build | version | verdict | trials |{header} reason |",
+        "|---|---|---|---|---|---|" + "---|---|---|" * len(names) + "---|",
     ]
     for n, probe in enumerate(state.probes, 1):
         build = builds[probe["index"]]
         link = f"[{build.label}]({build_url(build, settings.github_repo, settings.package)})"
-        m = probe.get("metrics", {})
+        figures = ""
+        for name in names:
+            m = probe.get("metrics", {}).get(name, {})
+            figures += (
+                f" {_fmt(m.get('itl_p50_ms'))} | {_fmt(m.get('chunk_itl_p50_ms'))} | "
+                f"{_fmt(m.get('completion_tokens_p50'))} |"
+            )
         reason = str(probe.get("reason", "")).replace("|", "\\|").replace("\n", " ")
         lines.append(
             f"| {n} | {probe['index'] + 1}/{len(builds)} | {link} | {probe.get('version') or '–'} | "
-            f"{probe['verdict']} | {probe.get('trials', 0)} | {_fmt(m.get('itl_p50_ms'))} | "
-            f"{_fmt(m.get('completion_tokens_p50'))} | {reason} |"
+            f"{probe['verdict']} | {probe.get('trials', 0)} |{figures} {reason} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -84,16 +102,19 @@ def render_plot(state: State, path: Path) -> None:
     key, label = metric_name(state.settings.regress)
     probes = sorted(state.probes, key=lambda p: p["index"])
     fig, ax = plt.subplots(figsize=(9, 4))
-    for probe in probes:
-        value = probe.get("metrics", {}).get(key)
-        ax.scatter(
-            probe["index"],
-            0 if value is None else value,
-            color=_COLOURS.get(probe["verdict"], "black"),
-            marker="o" if value is not None else "x",
-            s=40,
-            zorder=3,
-        )
+    markers = "os^Dv"
+    for n, name in enumerate(variant_names(state)):
+        for probe in probes:
+            value = probe.get("metrics", {}).get(name, {}).get(key)
+            ax.scatter(
+                probe["index"],
+                0 if value is None else value,
+                color=_COLOURS.get(probe["verdict"], "black"),
+                marker=markers[n % len(markers)] if value is not None else "x",
+                s=40,
+                zorder=3,
+            )
+        ax.scatter([], [], color="black", marker=markers[n % len(markers)], label=name)
     ax.set_xticks([p["index"] for p in probes])
     ax.set_xticklabels([state.builds[p["index"]].label for p in probes], rotation=60, ha="right", fontsize=7)
     ax.set_ylabel(label)

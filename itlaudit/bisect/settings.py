@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from itlaudit.bisect import build_range
+from itlaudit.bisect import build_range, github
 from itlaudit.bisect.build_cache import BuildCache, parse_size
 from itlaudit.bisect.build_range import Build
 from itlaudit.bisect.errors import BisectError
@@ -21,26 +21,29 @@ from itlaudit.bisect.providers.docker import DEFAULT_IMAGES, DockerProvider, rel
 from itlaudit.bisect.providers.pip import PipProvider
 from itlaudit.bisect.providers.wheels import DEFAULT_URL, DEFAULT_VARIANTS, WheelsProvider
 from itlaudit.bisect.verdict import Regress, parse_regress
+from itlaudit.testbed import default_cache_dir
 
 PROVIDERS = ("wheels", "docker", "pip", "command")
+# The seed case as a packaged scenario: what a bare `itlaudit bisect --from A --to B` runs.
+DEFAULT_SCENARIO = Path(__file__).resolve().parent.parent / "data" / "bisect-seed.toml"
 
 
 @dataclass
 class Settings:
     good: str
     bad: str
-    scenario: str
+    scenario: str = str(DEFAULT_SCENARIO)
     provider: str = "wheels"
     repo: str | None = None
     commits_file: str | None = None
     find_fix: bool = False
-    regress: str = "itl"
+    regress: str = "auto"
     script: str | None = None
     threshold: float = 1.5
     alpha: float = 0.05
     trials: int | None = None
     max_trials: int = 8
-    variant: str | None = None
+    variants: list[str] = field(default_factory=list)  # empty: every variant of the scenario
     model: str | None = None
     server_args: list[str] = field(default_factory=list)
     ready_timeout_s: float | None = None
@@ -58,6 +61,7 @@ class Settings:
     server_cmd: str | None = None
     build_cmd: str | None = None
     github_repo: str = "vllm-project/vllm"
+    github_api: str = github.DEFAULT_API
 
     def __post_init__(self) -> None:
         if self.provider not in PROVIDERS:
@@ -72,7 +76,12 @@ class Settings:
             raise BisectError("--trials must be at least 1")
         if self.max_trials < self.effective_trials:
             raise BisectError(f"--max-trials {self.max_trials} is below --trials {self.effective_trials}")
-        parse_regress(self.regress, self.script)  # fail before any build is touched
+        rule = parse_regress(self.regress, self.script)  # fail before any build is touched
+        if rule.mode == "speedup" and self.variants and len(self.variants) != 2:
+            raise BisectError(
+                f"--regress speedup compares two variants, the baseline first (--variant K0 --variant K3); "
+                f"got {len(self.variants)}"
+            )
 
     @property
     def regress_rule(self) -> Regress:
@@ -80,7 +89,7 @@ class Settings:
 
     @property
     def effective_trials(self) -> int:
-        """Timing needs repeats to be tested; a finding is a finding on the first pass."""
+        """Timing (auto included) needs repeats to be tested; a finding is a finding on the first pass."""
         if self.trials is not None:
             return self.trials
         return 3 if parse_regress(self.regress, self.script).timing else 1
@@ -104,15 +113,35 @@ class Settings:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
+def commit_source(settings: Settings) -> tuple[str, str]:
+    """Where the build list comes from, as (kind, words): --repo, else the current directory when it
+    is a vLLM clone, else GitHub's compare API (so the bare command works on a GPU box with nothing
+    but network)."""
+    if settings.by_version:
+        return "index", f"package index {settings.index_url} ({settings.package})"
+    if settings.commits_file:
+        return "file", f"commits file {settings.commits_file}"
+    if settings.repo:
+        return "repo", f"git clone {settings.repo}"
+    if build_range.is_vllm_clone(Path.cwd()):
+        return "cwd", f"git clone {Path.cwd()}"
+    return "github", f"GitHub compare API {settings.github_api} ({settings.github_repo})"
+
+
 def list_builds(settings: Settings) -> list[Build]:
     """Oldest first, whatever the source: versions for the pip provider, commits otherwise."""
-    if settings.by_version:
+    kind, _ = commit_source(settings)
+    if kind == "index":
         available = build_range.fetch_versions(settings.package, settings.index_url)
         builds = build_range.versions_between(available, settings.good, settings.bad, pre=settings.pre)
-    elif settings.commits_file:
-        builds = build_range.commits_from_file(Path(settings.commits_file), settings.good, settings.bad)
-    else:
+    elif kind == "file":
+        builds = build_range.commits_from_file(Path(str(settings.commits_file)), settings.good, settings.bad)
+    elif kind in ("repo", "cwd"):
         builds = build_range.commits_from_repo(Path(settings.repo or "."), settings.good, settings.bad)
+    else:
+        builds = github.commits_from_github(
+            settings.github_api, settings.github_repo, settings.good, settings.bad, default_cache_dir()
+        )
     if len(builds) < 2:
         raise BisectError(f"the range {settings.good}..{settings.bad} holds fewer than two builds")
     return builds

@@ -20,7 +20,8 @@ from itlaudit.bisect.errors import BisectError
 from itlaudit.bisect.settings import Settings
 
 STATE_FILE = "bisect.json"
-FORMAT = 1
+# 2: probes run every chosen variant; metrics are per variant.
+FORMAT = 2
 
 
 @dataclass
@@ -60,7 +61,7 @@ def load(bisect_dir: Path) -> State:
         raise BisectError(
             f"{path}: unknown format {data.get('format')!r}; it was written by another itlaudit"
         )
-    result_keys = ("first_bad", "last_good", "candidates", "message", "compare_url")
+    result_keys = ("first_bad", "last_good", "candidates", "message", "compare_url", "signals", "explanation")
     return State(
         settings=Settings.from_json(data["settings"]),
         builds=[Build.from_json(b) for b in data["builds"]],

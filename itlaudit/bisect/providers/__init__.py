@@ -26,6 +26,16 @@ class Prepared:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Found:
+    """What metadata alone says about a build (for --dry-run): `available` None means it cannot be
+    told without running the install or build step."""
+
+    available: bool | None
+    detail: str
+    size_bytes: int | None = None
+
+
 class Provider(ABC):
     name: ClassVar[str]
     # Worth preparing ahead: there is something slow to do before a launch.
@@ -34,6 +44,10 @@ class Provider(ABC):
     @abstractmethod
     def prepare(self, build: Build) -> Prepared:
         """Find, fetch and install the build (idempotent through the cache); BuildUnavailable if not."""
+
+    @abstractmethod
+    def find(self, build: Build) -> Found:
+        """Look the build up without downloading or installing anything."""
 
     @abstractmethod
     def launch_spec(self, prepared: Prepared, base: LaunchSpec) -> LaunchSpec:

@@ -15,7 +15,7 @@ from typing import ClassVar
 
 from itlaudit.bisect.build_range import SHORT_SHA, Build
 from itlaudit.bisect.errors import BuildUnavailable
-from itlaudit.bisect.providers import Prepared, Provider
+from itlaudit.bisect.providers import Found, Prepared, Provider
 from itlaudit.launcher import LaunchSpec, fill_placeholders
 
 
@@ -35,6 +35,11 @@ class CommandProvider(Provider):
         self.build_cmd = shlex.split(build_cmd) if build_cmd else []
         self.log_dir = log_dir
 
+    def find(self, build: Build) -> Found:
+        if self.build_cmd:
+            return Found(None, "known only by running --build-cmd")
+        return Found(True, f"served by {' '.join(fill(self.server_cmd, build))}")
+
     def prepare(self, build: Build) -> Prepared:
         if self.build_cmd:
             argv = fill(self.build_cmd, build)
@@ -50,4 +55,8 @@ class CommandProvider(Provider):
         return Prepared(build, None, None, {"argv": fill(self.server_cmd, build)})
 
     def launch_spec(self, prepared: Prepared, base: LaunchSpec) -> LaunchSpec:
-        return dataclasses.replace(base, kind="command", command=list(prepared.info["argv"]))
+        """The variant's server arguments (e.g. K3's --speculative-config) follow the command, where
+        a vLLM server takes them."""
+        return dataclasses.replace(
+            base, kind="command", command=[*prepared.info["argv"], *base.server_args], server_args=[]
+        )

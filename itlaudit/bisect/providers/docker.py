@@ -8,6 +8,7 @@ and its size (counted against --cache-size) and eviction removes the image with 
 from __future__ import annotations
 
 import dataclasses
+import json
 import platform
 import subprocess
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any, ClassVar
 from itlaudit.bisect.build_cache import BuildCache
 from itlaudit.bisect.build_range import SHORT_SHA, Build
 from itlaudit.bisect.errors import BuildUnavailable
-from itlaudit.bisect.providers import Prepared, Provider
+from itlaudit.bisect.providers import Found, Prepared, Provider
 from itlaudit.launcher import LaunchSpec, fill_placeholders
 
 DEFAULT_IMAGES = (
@@ -40,6 +41,20 @@ def release_image(data: dict[str, Any]) -> None:
         stderr=subprocess.DEVNULL,
         check=False,
     )
+
+
+def _layer_bytes(manifest_json: str) -> int | None:
+    """Compressed layer sizes of `docker manifest inspect -v` output (one object, or a list per platform:
+    the first is taken)."""
+    try:
+        data = json.loads(manifest_json)
+    except ValueError:
+        return None
+    entry = data[0] if isinstance(data, list) and data else data
+    manifest = entry.get("SchemaV2Manifest", entry) if isinstance(entry, dict) else {}
+    layers = manifest.get("layers", []) if isinstance(manifest, dict) else []
+    sizes = [layer.get("size") for layer in layers if isinstance(layer, dict)]
+    return sum(s for s in sizes if isinstance(s, int)) or None
 
 
 class DockerProvider(Provider):
@@ -76,6 +91,22 @@ class DockerProvider(Provider):
             check=False,
         )
         return int(result.stdout.strip()) if result.stdout.strip().isdigit() else 0
+
+    def find(self, build: Build) -> Found:
+        """`docker manifest inspect` asks the registry for the manifest only; layer sizes give the pull."""
+        for image in image_candidates(self.patterns, build, self.arch):
+            try:
+                result = subprocess.run(
+                    [self.docker, "manifest", "inspect", "-v", image],
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                )
+            except OSError as exc:
+                return Found(None, f"cannot run {self.docker} ({exc})")
+            if result.returncode == 0:
+                return Found(True, image, _layer_bytes(result.stdout))
+        return Found(False, f"no manifest for {', '.join(image_candidates(self.patterns, build, self.arch))}")
 
     def prepare(self, build: Build) -> Prepared:
         key = f"{build.ref}-{self.arch}"

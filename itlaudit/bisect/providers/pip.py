@@ -15,7 +15,7 @@ from packaging.version import Version
 from itlaudit.bisect.build_cache import BuildCache
 from itlaudit.bisect.build_range import Build
 from itlaudit.bisect.errors import BuildUnavailable
-from itlaudit.bisect.providers import Prepared, Provider, venvs
+from itlaudit.bisect.providers import Found, Prepared, Provider, venvs
 from itlaudit.launcher import LaunchSpec
 from itlaudit.testbed import UNWANTED
 
@@ -45,6 +45,10 @@ class PipProvider(Provider):
         self.pip_args = pip_args or []
         self.fixups = DEFAULT_FIXUPS.get(package, []) if fixups is None else fixups
         self.extra = extra or []
+
+    def find(self, build: Build) -> Found:
+        """The range itself was read from the index, so every version in it is listed there."""
+        return Found(True, f"{requirement(self.package, build)} is on the index")
 
     def prepare(self, build: Build) -> Prepared:
         key = f"{self.package}-{build.ref}"

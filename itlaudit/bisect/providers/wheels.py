@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 from itlaudit.bisect.build_cache import BuildCache
 from itlaudit.bisect.build_range import Build
 from itlaudit.bisect.errors import BuildUnavailable
-from itlaudit.bisect.providers import Prepared, Provider, venvs
+from itlaudit.bisect.providers import Found, Prepared, Provider, venvs
 from itlaudit.launcher import LaunchSpec
 
 DEFAULT_URL = "https://wheels.vllm.ai"
@@ -125,6 +125,22 @@ class WheelsProvider(Provider):
                 return choice
             tried.append(f"{variant or 'default'}: no {self.machine} wheel")
         raise BuildUnavailable(f"no wheel for {build.label} on {self.base_url} ({'; '.join(tried)})")
+
+    def find(self, build: Build) -> Found:
+        """The metadata.json lookup `prepare` makes, plus a HEAD of the wheel for its size."""
+        try:
+            choice = self.resolve(build)
+        except BuildUnavailable as exc:
+            return Found(False, str(exc))
+        size = None
+        try:
+            request = urllib.request.Request(choice.url, method="HEAD")
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as resp:
+                length = resp.headers.get("Content-Length")
+                size = int(length) if length and length.isdigit() else None
+        except (urllib.error.URLError, OSError):
+            pass  # the wheel is listed; its size is only an estimate's input
+        return Found(True, f"{choice.variant or 'default'}: {choice.filename}", size)
 
     def prepare(self, build: Build) -> Prepared:
         for variant in self.variants:
