@@ -188,8 +188,8 @@ def bisect(
         command = f"itlaudit bisect --resume {shlex.quote(str(bisect_dir))}"
         err.print(f"itlaudit: interrupted; finished probes are in {bisect_dir}. Resume with:\n  {command}")
         raise typer.Exit(130) from None
-    out.print(f"[bold]{state.result['message']}[/bold]", highlight=False, markup=True)
+    out.print(f"[bold]{state.result['message']}[/bold]", highlight=False, soft_wrap=True)
     if state.result.get("explanation"):
-        out.print(state.result["explanation"], highlight=False, markup=False)
-    out.print(f"compare: {state.result['compare_url']}", highlight=False)
-    out.print(f"report: {bisect_dir / REPORT_FILE}", highlight=False)
+        out.print(state.result["explanation"], highlight=False, markup=False, soft_wrap=True)
+    out.print(f"compare: {state.result['compare_url']}", highlight=False, soft_wrap=True)
+    out.print(f"report: {bisect_dir / REPORT_FILE}", highlight=False, soft_wrap=True)

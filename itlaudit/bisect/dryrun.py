@@ -42,7 +42,10 @@ def dry_run_report(settings: Settings, console: Console) -> None:
     builds = list_builds(settings)
     _, source = commit_source(settings)
     console.print(
-        f"range: {settings.good} … {settings.bad}: {len(builds)} builds from {source}", highlight=False
+        f"range: {settings.good} … {settings.bad}: {len(builds)} builds from {source}",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
     )
     workload = scenario.workload
     models = sorted({spec.model for spec in specs.values() if spec.model})
@@ -51,30 +54,46 @@ def dry_run_report(settings: Settings, console: Console) -> None:
         f"{', '.join(models) or '(set by the server command)'}; {workload.num_requests} requests × "
         f"{workload.params.max_tokens} tokens; verdict --regress {settings.regress}",
         highlight=False,
+        markup=False,
+        soft_wrap=True,
     )
     with tempfile.TemporaryDirectory(prefix="itlaudit-dry-run-") as scratch:
         provider, _cache = make_provider(settings, Path(scratch))
         with ThreadPoolExecutor(max_workers=LOOKUP_THREADS) as pool:
             found: list[Found] = list(pool.map(provider.find, builds))
-    console.print(f"provider {settings.provider}:", highlight=False)
+    console.print(f"provider {settings.provider}:", highlight=False, markup=False, soft_wrap=True)
     for number, (build, answer) in enumerate(zip(builds, found, strict=True), 1):
         state = {True: "found", False: "missing", None: "unknown"}[answer.available]
         size = f" ({_size(answer.size_bytes)})" if answer.available else ""
-        console.print(f"  {number:4d} {_label(build)} {state}: {answer.detail}{size}", highlight=False)
+        console.print(
+            f"  {number:4d} {_label(build)} {state}: {answer.detail}{size}",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
     available = sum(1 for f in found if f.available)
     probes = expected_probes(len(builds))
     sizes = [f.size_bytes for f in found if f.available and f.size_bytes]
     console.print(
         f"{available} of {len(builds)} builds found, {sum(1 for f in found if f.available is None)} unknown",
         highlight=False,
+        markup=False,
+        soft_wrap=True,
     )
     download = "unknown (the provider reports no sizes)"
     if sizes:
         median = int(statistics.median(sizes))
         download = f"~{_size(probes * median)} ({probes} probes × median {_size(median)})"
-    console.print(f"expected probes: ~{probes} (both ends, then a binary search)", highlight=False)
-    console.print(f"expected download: {download}", highlight=False)
-    console.print("dry run: nothing was downloaded, installed or started", highlight=False)
+    console.print(
+        f"expected probes: ~{probes} (both ends, then a binary search)",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
+    console.print(f"expected download: {download}", highlight=False, markup=False, soft_wrap=True)
+    console.print(
+        "dry run: nothing was downloaded, installed or started", highlight=False, markup=False, soft_wrap=True
+    )
 
 
 def _label(build: Build) -> str:

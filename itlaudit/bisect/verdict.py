@@ -219,11 +219,8 @@ def explain(variant: str, probe: Figures, ref: Figures, *, threshold: float, alp
     tokens, ref_tokens = _median(probe.completion_tokens), _median(ref.completion_tokens)
     capped = probe.truncated > 0 and ref.truncated == 0
     if capped:
-        parts.append(
-            f"outputs capped at {tokens:.0f} tokens (was {_ms(ref_tokens)})"
-            if tokens
-            else "outputs cut short"
-        )
+        was = "–" if ref_tokens is None else f"{ref_tokens:.0f}"
+        parts.append(f"outputs capped at {tokens:.0f} tokens (was {was})" if tokens else "outputs cut short")
     elif tokens is not None and tokens == ref_tokens:
         parts.append(f"outputs full length ({tokens:.0f} tokens)")
     if probe.failures and not ref.failures:
