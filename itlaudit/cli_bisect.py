@@ -178,8 +178,10 @@ def bisect(
     count = len(state.builds)
     err.print(
         f"bisecting {count} builds ({state.builds[0].label} … {state.builds[-1].label}); "
-        f"~{Search(count).remaining_estimate()} probes after checking both ends; folder {bisect_dir}",
+        f"~{Search(count).remaining_estimate()} probes after checking both ends; scenario "
+        f"{state.settings.scenario}, verdict --regress {state.settings.regress}; folder {bisect_dir}",
         highlight=False,
+        soft_wrap=True,
     )
     try:
         state = Bisection(state, bisect_dir, err).run()

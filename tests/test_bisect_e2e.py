@@ -129,6 +129,28 @@ def test_noisy_itl_regression_found_with_trials(tmp_path: Path, monkeypatch: pyt
     assert bad and all(p["detail"]["ratio"] > 1.5 and p["detail"]["p_value"] < 0.05 for p in bad)
 
 
+def test_speedup_runs_k0_and_k3_in_each_probe_and_judges_their_ratio(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MTP collapse hits K3 only: K0's token ITL stays, K3's rises, so the K3/K0 ratio flips."""
+    shas = _commits(tmp_path / "commits.txt", 10)
+    out = tmp_path / "bisect"
+    code = _bisect(
+        monkeypatch,
+        "--from", shas[0], "--to", shas[-1], "--commits-file", str(tmp_path / "commits.txt"),
+        *_args(tmp_path / "commits.txt", 6, "mtp-collapse"), "--scenario", str(FIXTURES / "probe-k0-k3.toml"),
+        "--variant", "K0", "--variant", "K3", "--regress", "speedup", "--trials", "2", "--out", str(out),
+    )  # fmt: skip
+    assert code == 0
+    state = _state(out)
+    assert state["first_bad"] == shas[6] and state["signals"] == ["speedup"]
+    for probe in state["probes"]:
+        assert list(probe["metrics"]) == ["K0", "K3"]
+        assert "K3/K0 token ITL" in probe["reason"]
+    bad = [p for p in state["probes"] if p["verdict"] == "bad"]
+    assert bad and all(p["detail"]["ratio"] > 1.5 and p["detail"]["p_value"] < 0.05 for p in bad)
+
+
 def test_find_fix_with_a_git_bisect_run_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     shas = _commits(tmp_path / "commits.txt", 10)
     out = tmp_path / "bisect"
