@@ -47,7 +47,8 @@ def _bisect(monkeypatch: pytest.MonkeyPatch, *args: str) -> int:
 
 
 def _range(history_count: int) -> tuple[CompareServer, list[str]]:
-    """A history whose range from mainline[2] to its head is over 100 commits (two pages)."""
+    """A history with merges and the first-parent range from mainline[2] to its head (with 110
+    mainline commits the range, side commits included, spans two pages)."""
     history = make_history(history_count)
     return CompareServer(history), history.mainline[2:]
 
@@ -104,26 +105,29 @@ def test_bare_command_dry_run_resolves_the_seed_scenario_and_the_github_range(
 
 
 @pytest.mark.parametrize(
-    ("mode", "signal", "says"),
+    ("count", "culprit", "mode", "signal", "says"),
     [
         (
+            110,  # two pages of the compare API
+            71,
             "cap",
             "truncation",
             ["outputs capped at 128 tokens (was 160)", "token ITL unchanged", "chunk ITL is K3's ("],
         ),
-        ("slow", "itl", ["token ITL up", "outputs full length (160 tokens)"]),
+        (30, 17, "slow", "itl", ["token ITL up", "outputs full length (160 tokens)"]),
     ],
 )
 def test_bare_command_finds_the_culprit_and_names_the_flipped_signal(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
+    count: int,
+    culprit: int,
     mode: str,
     signal: str,
     says: list[str],
 ) -> None:
-    server, chain = _range(110)
-    culprit = 71
+    server, chain = _range(count)
     commits = tmp_path / "first-parent.txt"
     commits.write_text("".join(f"{s}\n" for s in chain))
     command = (
@@ -177,3 +181,18 @@ def test_compare_api_errors_are_one_line(
     assert err.startswith("itlaudit: error: " + message.replace("{head}", chain[-1][:9]))
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert "set GITHUB_TOKEN" in err if rate_limited else "check the shas" in err
+
+
+def test_a_scenario_without_a_model_asks_for_model_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server, chain = _range(12)
+    with serve_compare(server):
+        code = _bisect(
+            monkeypatch, "--from", chain[0], "--to", chain[-1], "--github-api", server.url,
+            "--scenario", str(FIXTURES / "probe.toml"),
+        )  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "names no model to serve; pass --model" in err
+    assert server.requests == []  # refused before the range was even asked for

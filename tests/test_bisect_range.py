@@ -13,7 +13,7 @@ from packaging.version import Version
 from itlaudit import cli
 from itlaudit.bisect import build_range
 from itlaudit.bisect.errors import BisectError
-from itlaudit.bisect.settings import Settings
+from itlaudit.bisect.settings import Settings, commit_source, list_builds
 from itlaudit.bisect.verdict import parse_regress
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "bisect"))
@@ -35,6 +35,22 @@ def test_repo_range_is_first_parent_oldest_first(repo: tuple[Path, list[str]]) -
     ).stdout.strip()
     assert side not in [b.ref for b in builds]  # the merged branch's own commit is not a nightly
     assert builds[0].label == shas[3][:9]
+
+
+def test_current_directory_counts_as_the_repo_only_when_it_is_a_vllm_clone(
+    repo: tuple[Path, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, shas = repo
+    settings = Settings(good=shas[3], bad=shas[-1], provider="command", server_cmd="serve {commit}")
+    monkeypatch.chdir(path)
+    assert commit_source(settings)[0] == "github"  # a git repo, but not vLLM's
+    (path / "vllm").mkdir(exist_ok=True)
+    (path / "vllm" / "__init__.py").write_text("")
+    try:
+        assert commit_source(settings) == ("cwd", f"git clone {path}")
+        assert [b.ref for b in list_builds(settings)] == shas[3:]
+    finally:
+        (path / "vllm" / "__init__.py").unlink()
 
 
 @pytest.mark.parametrize(
