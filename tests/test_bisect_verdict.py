@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from itlaudit.bisect.errors import BisectError
-from itlaudit.bisect.verdict import Figures, Regress, Trial, judge, parse_regress, script_answer
+from itlaudit.bisect.verdict import Figures, Regress, judge, parse_regress, script_answer
 
 T, A = 1.5, 0.05
 
@@ -21,8 +21,8 @@ def _trial(
     tokens: int = 160,
     per_chunk: float = 1.0,
     **found: int,
-) -> Trial:
-    return Trial(
+) -> Figures:
+    return Figures(
         itl_ms=itl,
         completion_tokens=[tokens] * len(itl),
         requests=len(itl) + errors,
@@ -33,7 +33,7 @@ def _trial(
     )
 
 
-def _one(regress: Regress, trials: list[Trial], ref: list[Trial] | None = None, name: str = "K0"):
+def _one(regress: Regress, trials: list[Figures], ref: list[Figures] | None = None, name: str = "K0"):
     reference = {name: Figures.pool(ref)} if ref is not None else None
     return judge(regress, {name: Figures.pool(trials)}, reference, [name], threshold=T, alpha=A)
 
@@ -44,7 +44,7 @@ def test_truncation_and_finding_rules() -> None:
     assert _one(Regress("truncation"), [capped]).present is True
     assert _one(Regress("truncation"), [clean]).present is False
     assert _one(parse_regress("finding:common_cap"), [capped]).reason == "common_cap×1"
-    nothing = Trial([], [], requests=3, errors=3)
+    nothing = Figures([], [], requests=3, errors=3)
     assert _one(Regress("truncation"), [nothing]).present is None
 
 
@@ -69,7 +69,7 @@ def test_itl_needs_significance_and_the_threshold() -> None:
     assert _one(rule, same, None).present is False
 
 
-def _seed_ends() -> tuple[list[Trial], list[Trial], list[Trial]]:
+def _seed_ends() -> tuple[list[Figures], list[Figures], list[Figures]]:
     """K3 at the good end (1024 tokens, ~10 ms/token, ~3.5 tokens per chunk), the capped build (same
     token ITL, 128 tokens) and a really slower build."""
     rng = np.random.default_rng(1)

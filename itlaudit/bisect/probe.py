@@ -21,7 +21,7 @@ from typing import Any
 from itlaudit.bisect.build_range import Build
 from itlaudit.bisect.errors import BuildUnavailable
 from itlaudit.bisect.prefetch import Prefetcher
-from itlaudit.bisect.verdict import Figures, Judgement, Regress, Trial, judge, read_trial, script_answer
+from itlaudit.bisect.verdict import Figures, Judgement, Regress, judge, read_trial, script_answer
 from itlaudit.errors import LaunchError, ServerRejectedError, ServerUnreachableError
 from itlaudit.launcher import LaunchSpec, launch
 from itlaudit.orchestrate import server_log_name
@@ -96,7 +96,7 @@ def run_trial(scenario: Scenario, variant: str, url: str, run_dir: Path) -> Path
 
 
 def _clear(
-    config: ProbeConfig, name: str, done: dict[str, list[Trial]], reference: dict[str, Figures] | None
+    config: ProbeConfig, name: str, done: dict[str, list[Figures]], reference: dict[str, Figures] | None
 ) -> bool:
     """Whether this variant's trials so far settle the verdict. Under `speedup` only the last variant
     decides (its ratio needs every variant); the others run the minimum number of trials."""
@@ -117,7 +117,7 @@ def _run_variant(
     name: str,
     url: str,
     probe_dir: Path,
-    done: dict[str, list[Trial]],
+    done: dict[str, list[Figures]],
     reference: dict[str, Figures] | None,
 ) -> None:
     """Trials of one variant until `trials` are done and its verdict is clear, at most `max_trials`."""
@@ -146,7 +146,7 @@ def run_probe(
     except BuildUnavailable as exc:
         return ProbeResult(SKIP, str(exc))
     probe_dir.mkdir(parents=True, exist_ok=True)
-    done: dict[str, list[Trial]] = {}
+    done: dict[str, list[Figures]] = {}
     scripted: Judgement | None = None
     try:
         for name, base_spec in config.specs.items():

@@ -78,8 +78,9 @@ def parse_regress(text: str, script: str | None = None) -> Regress:
 
 
 @dataclass
-class Trial:
-    """One variant's figures from one trial (one pass of the workload against its server)."""
+class Figures:
+    """One variant's per-request figures from one trial, or from several pooled: what every rule and
+    the explanation read."""
 
     itl_ms: list[float]
     completion_tokens: list[int]
@@ -89,56 +90,8 @@ class Trial:
     chunk_itl_ms: list[float] = field(default_factory=list)
     tokens_per_chunk: list[float] = field(default_factory=list)
 
-
-def read_trial(run_dir: Path) -> dict[str, Trial]:
-    """Every variant's figures in a trial folder, derived from its requests.jsonl by the functions
-    that write summary.json (so the verdict and the report cannot disagree)."""
-    records = load_records(run_dir / REQUESTS_FILE)
-    summary = run_summary(records)
-    trials: dict[str, Trial] = {}
-    for name, block in summary["variants"].items():
-        derived = [request_metrics(r) for r in records if r.variant == name]
-        trials[name] = Trial(
-            itl_ms=[m.itl_ms for m in derived if m.itl_ms is not None],
-            completion_tokens=[m.completion_tokens for m in derived if m.completion_tokens is not None],
-            requests=int(block["requests"]),
-            errors=int(block["errors"]),
-            findings=Counter(block["findings"]),
-            chunk_itl_ms=[m.chunk_itl_ms for m in derived if m.chunk_itl_ms is not None],
-            tokens_per_chunk=[
-                m.decode_tokens_per_chunk for m in derived if m.decode_tokens_per_chunk is not None
-            ],
-        )
-    return trials
-
-
-def read_probe(probe_dir: Path) -> dict[str, Figures]:
-    """A finished probe's figures per variant, pooled over its trial folders."""
-    per_variant: dict[str, list[Trial]] = {}
-    for trial_dir in sorted(probe_dir.glob("trial-*"), key=lambda p: int(p.name.split("-")[1])):
-        for name, trial in read_trial(trial_dir).items():
-            per_variant.setdefault(name, []).append(trial)
-    return {name: Figures.pool(trials) for name, trials in per_variant.items()}
-
-
-def _median(values: Sequence[float]) -> float | None:
-    return float(np.median(values)) if len(values) else None
-
-
-@dataclass
-class Figures:
-    """One variant's trials pooled: what every rule and the explanation read."""
-
-    itl_ms: list[float]
-    chunk_itl_ms: list[float]
-    tokens_per_chunk: list[float]
-    completion_tokens: list[int]
-    requests: int
-    errors: int
-    findings: Counter[str]
-
     @classmethod
-    def pool(cls, trials: Sequence[Trial]) -> Figures:
+    def pool(cls, trials: Sequence[Figures]) -> Figures:
         found: Counter[str] = Counter()
         for trial in trials:
             found.update(trial.findings)
@@ -175,6 +128,41 @@ class Figures:
             "errors": self.errors,
             "findings": dict(sorted(self.findings.items())),
         }
+
+
+def read_trial(run_dir: Path) -> dict[str, Figures]:
+    """Every variant's figures in a trial folder, derived from its requests.jsonl by the functions
+    that write summary.json (so the verdict and the report cannot disagree)."""
+    records = load_records(run_dir / REQUESTS_FILE)
+    summary = run_summary(records)
+    trials: dict[str, Figures] = {}
+    for name, block in summary["variants"].items():
+        derived = [request_metrics(r) for r in records if r.variant == name]
+        trials[name] = Figures(
+            itl_ms=[m.itl_ms for m in derived if m.itl_ms is not None],
+            completion_tokens=[m.completion_tokens for m in derived if m.completion_tokens is not None],
+            requests=int(block["requests"]),
+            errors=int(block["errors"]),
+            findings=Counter(block["findings"]),
+            chunk_itl_ms=[m.chunk_itl_ms for m in derived if m.chunk_itl_ms is not None],
+            tokens_per_chunk=[
+                m.decode_tokens_per_chunk for m in derived if m.decode_tokens_per_chunk is not None
+            ],
+        )
+    return trials
+
+
+def read_probe(probe_dir: Path) -> dict[str, Figures]:
+    """A finished probe's figures per variant, pooled over its trial folders."""
+    per_variant: dict[str, list[Figures]] = {}
+    for trial_dir in sorted(probe_dir.glob("trial-*"), key=lambda p: int(p.name.split("-")[1])):
+        for name, trial in read_trial(trial_dir).items():
+            per_variant.setdefault(name, []).append(trial)
+    return {name: Figures.pool(trials) for name, trials in per_variant.items()}
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return float(np.median(values)) if len(values) else None
 
 
 @dataclass(frozen=True)
