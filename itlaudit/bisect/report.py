@@ -38,6 +38,10 @@ def metric_name(regress: str) -> tuple[str, str]:
     return "itl_p50_ms", "token ITL p50 (ms)"
 
 
+def _tokens(value: float | None) -> str:
+    return "–" if value is None else f"{value:.0f}"
+
+
 def _fmt(value: Any) -> str:
     if value is None:
         return "–"
@@ -83,7 +87,7 @@ def render_markdown(state: State) -> str:
             m = probe.get("metrics", {}).get(name, {})
             figures += (
                 f" {_fmt(m.get('itl_p50_ms'))} | {_fmt(m.get('chunk_itl_p50_ms'))} | "
-                f"{_fmt(m.get('completion_tokens_p50'))} |"
+                f"{_tokens(m.get('completion_tokens_p50'))} |"
             )
         reason = str(probe.get("reason", "")).replace("|", "\\|").replace("\n", " ")
         lines.append(
