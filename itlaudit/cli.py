@@ -216,10 +216,19 @@ app.command(name="quality")(cli_audit.quality)
 app.add_typer(cli_audit.ledger_app, name="ledger")
 
 
+def _usage_line(exc: typer.TyperException) -> str:
+    """A usage error as one line: typer's own rendering spans a usage block, a hint and the message."""
+    message = " ".join(exc.format_message().split())  # type: ignore[attr-defined]
+    ctx = getattr(exc, "ctx", None)
+    command = ctx.command_path if ctx is not None else "itlaudit"
+    return f"itlaudit: error: {message} (see `{command} --help`)"
+
+
 def main() -> None:
-    """Entry point: any ItlauditError becomes one line on stderr and its exit code, never a traceback."""
+    """Entry point: any ItlauditError or usage error becomes one line on stderr and its exit code,
+    never a traceback."""
     try:
-        # Non-standalone click returns a command's exit code (typer.Exit) instead of exiting.
+        # Non-standalone mode returns a command's exit code (typer.Exit) instead of exiting.
         code = app(standalone_mode=False)
     except ItlauditError as exc:
         err.print(f"itlaudit: error: {exc}", markup=False, highlight=False, soft_wrap=True)
@@ -231,13 +240,12 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except typer.Abort:
         sys.exit(130)
-    except Exception as exc:  # click's own usage errors
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        raise
+    except typer.TyperException as exc:  # typer's (vendored click's) usage errors
+        if type(exc).__name__ == "NoArgsIsHelpError":  # a bare `itlaudit` or group: show the help
+            exc.show()  # type: ignore[attr-defined]
+        else:
+            err.print(_usage_line(exc), markup=False, highlight=False, soft_wrap=True)
+        sys.exit(getattr(exc, "exit_code", 2))
     sys.exit(code if isinstance(code, int) else 0)
 
 
