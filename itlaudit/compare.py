@@ -81,6 +81,7 @@ def run_compare(
     run_dir: Path | None = None,
     console: Console | None = None,
     ledger: LedgerPolicy | None = None,
+    append: bool = False,
 ) -> tuple[RunOutcome, dict[str, Any]]:
     snapshots: dict[str, dict[str, Any]] = {}
 
@@ -101,6 +102,7 @@ def run_compare(
         before_variant=before,
         after_variant=after,
         ledger=ledger,
+        append=append,
     )
     spec_stats = {}
     for variant in scenario.variants:
