@@ -20,6 +20,11 @@ ENDPOINTS = ("completions", "chat")
 # and plot labels: no path separators, no leading dot, nothing matplotlib reads as markup (`$`).
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._+=@,-]{0,63}$")
 LAUNCH_KINDS = ("python", "docker", "command", "url")
+# How a server executes its model: eagerly (--enforce-eager) or compiled (CUDA graphs / torch.compile,
+# vLLM's default). The two paths round differently, so greedy near ties can flip between them.
+EAGER = "eager"
+COMPILED = "compiled"
+EXECUTION_MODES = (EAGER, COMPILED)
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,9 @@ class Variant:
     name: str
     url: str | None = None
     launch: LaunchConfig | None = None
+    # "eager" or "compiled"; for a server given by URL only the user knows (a launched one is read
+    # from its arguments): lets a lossless mismatch at a near tie be judged (lossless.py).
+    execution_mode: str | None = None
 
 
 @dataclass(frozen=True)
@@ -302,7 +310,7 @@ def _variants(raw: Any, loc: _Located) -> list[Variant]:
                 f"entry {index + 1} is {src!r}; each variant is a [[variants]] table with `name`",
             )
         where = loc.in_variant(index)
-        _unknown_keys(src, {"name", "url", "launch"}, where, table)
+        _unknown_keys(src, {"name", "url", "launch", "execution_mode"}, where, table)
         name = _safe_name(_get(src, where, table, "name", str), where, table)
         if any(v.name == name for v in out):
             raise where.error(table, "name", f"{name!r} is used twice; variant names must be unique")
@@ -312,8 +320,24 @@ def _variants(raw: Any, loc: _Located) -> list[Variant]:
         if "launch" in src and not isinstance(src["launch"], dict):
             raise where.error(table, "launch", "must be a [variants.launch] table")
         launch = _launch(src["launch"], where) if "launch" in src else None
-        out.append(Variant(name=name, url=url.rstrip("/") if url else None, launch=launch))
+        out.append(
+            Variant(
+                name=name,
+                url=url.rstrip("/") if url else None,
+                launch=launch,
+                execution_mode=_execution_mode(src, where),
+            )
+        )
     return out
+
+
+def _execution_mode(src: dict[str, Any], loc: _Located) -> str | None:
+    mode = _get(src, loc, "variants", "execution_mode", str, None)
+    if mode is not None and mode not in EXECUTION_MODES:
+        raise loc.error(
+            "variants", "execution_mode", f"must be one of {', '.join(EXECUTION_MODES)}, got {mode!r}"
+        )
+    return mode
 
 
 def parse_scenario(text: str, path: Path) -> Scenario:
