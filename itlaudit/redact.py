@@ -23,8 +23,9 @@ _SECRET_WORD = re.compile(r"^(.*(key|token|secret|password)|(auth|secret|passwor
 _WORD_SPLIT = re.compile(r"[^A-Za-z0-9]+")
 # `--api-key=X`, `-e HF_TOKEN=X` (docker), `HF_TOKEN=X` (a shell prefix): NAME=VALUE in one argument.
 _ASSIGNMENT = re.compile(r"^(-{0,2}[A-Za-z_][\w.-]*)=(.*)$", re.DOTALL)
-# A value this short (`1`, `on`) is a switch, not a credential; masking it in free text would mangle logs.
-_MIN_TEXT_SECRET = 4
+# A value this short (`1`, `on`, `true`) is a switch, not a credential; masking it in free text would
+# mangle logs and the base64 images of report.html.
+_MIN_TEXT_SECRET = 8
 
 
 def is_secret_name(name: str) -> bool:
