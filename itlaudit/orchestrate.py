@@ -167,8 +167,9 @@ def _open_run_dir(run_dir: Path | None, scenario_name: str, append: bool) -> Pat
     try:
         if run_dir is None:
             return new_run_dir(DEFAULT_REPORTS, scenario_name)
-        holds_run = (run_dir / REQUESTS_FILE).exists() or (run_dir / META_FILE).exists()
-        if holds_run and not append:
+        # Records make a run; a folder left by a refused or failed start (meta.json only) is reusable.
+        requests = run_dir / REQUESTS_FILE
+        if requests.is_file() and requests.stat().st_size > 0 and not append:
             raise RunDirError(
                 f"--out {run_dir} already holds a run; pass --append to add to it, or choose a new folder"
             )

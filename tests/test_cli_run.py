@@ -210,6 +210,8 @@ def test_repeated_experiment_is_named_and_refused_only_with_no_repeat(sim, tmp_p
     refused = itlaudit("run", str(path), "--out", str(tmp_path / "refused"), "--no-repeat", cwd=tmp_path)
     _one_line_error(refused, "'first'", "--no-repeat")
     assert not (tmp_path / "refused" / "requests.jsonl").read_text()
+    reused = itlaudit("run", str(path), "--out", str(tmp_path / "refused"), cwd=tmp_path)
+    assert reused.returncode == 0, reused.stderr  # a refused start holds no run: the folder is reusable
     forced = itlaudit(
         "run", str(path), "--out", str(tmp_path / "forced"), "--no-repeat", "--force", cwd=tmp_path
     )
@@ -218,6 +220,7 @@ def test_repeated_experiment_is_named_and_refused_only_with_no_repeat(sim, tmp_p
     assert [(line["run_id"], line["repeat_of"]) for line in lines] == [
         ("first", None),
         ("again", "first"),
+        ("refused", "first"),
         ("forced", "first"),
     ]
 
