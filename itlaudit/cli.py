@@ -10,8 +10,8 @@ import typer
 from rich.console import Console
 
 from itlaudit import __version__, cli_audit, cli_bisect, cli_report, cli_smoke, cli_testbed
-from itlaudit.errors import ItlauditError, ScenarioError
-from itlaudit.orchestrate import LedgerPolicy, RunOutcome, run_scenario
+from itlaudit.errors import ItlauditError, RunInterrupted, ScenarioError
+from itlaudit.orchestrate import LedgerPolicy, RunOutcome, handle_sigterm, interruption, run_scenario
 from itlaudit.rundir import REPORT_FILE
 from itlaudit.scenario import load_scenario, parse_scenario
 
@@ -22,8 +22,10 @@ LEDGER = Path("reports") / "ledger.jsonl"
 UrlOption = Annotated[str | None, typer.Option(help="Send every variant to this server.")]
 VariantOption = Annotated[list[str] | None, typer.Option(help="NAME=URL: this variant's server.")]
 OutOption = Annotated[Path | None, typer.Option("--out", help="Run folder (default reports/<name>-<time>/).")]
-LedgerOption = Annotated[Path, typer.Option(help="Experiment ledger: repeats of a recorded run are refused.")]
-ForceOption = Annotated[bool, typer.Option(help="Run and record even if the ledger has this experiment.")]
+LedgerOption = Annotated[Path, typer.Option(help="Experiment ledger: a repeat of a recorded run is named.")]
+NoRepeatOption = Annotated[bool, typer.Option(help="Refuse a run the ledger already has.")]
+ForceOption = Annotated[bool, typer.Option(help="Run even when --no-repeat would refuse it.")]
+AppendOption = Annotated[bool, typer.Option(help="Add to the existing run folder given as --out.")]
 
 app = typer.Typer(
     add_completion=False,
@@ -45,15 +47,24 @@ def _parse_variant_urls(pairs: list[str]) -> dict[str, str]:
 
 
 def _run_options(
-    url: str | None, variant: list[str] | None, out_dir: Path | None, ledger: Path, force: bool
+    url: str | None,
+    variant: list[str] | None,
+    out_dir: Path | None,
+    ledger: Path,
+    no_repeat: bool,
+    force: bool,
+    append: bool,
 ) -> dict[str, Any]:
     """The keyword arguments `run` and `compare` pass the same way."""
+    if append and out_dir is None:
+        raise ScenarioError("--append needs --out: the run folder to add to")
     return {
         "url": url.rstrip("/") if url else None,
         "variant_urls": _parse_variant_urls(variant or []),
         "run_dir": out_dir,
         "console": err,
-        "ledger": LedgerPolicy(ledger, force),
+        "ledger": LedgerPolicy(ledger, no_repeat=no_repeat and not force),
+        "append": append,
     }
 
 
@@ -80,11 +91,13 @@ def run(
     out_dir: OutOption = None,
     fail_on_findings: Annotated[bool, typer.Option(help="Exit 1 when any finding fires.")] = False,
     ledger: LedgerOption = LEDGER,
+    no_repeat: NoRepeatOption = False,
     force: ForceOption = False,
+    append: AppendOption = False,
 ) -> None:
     """Stream the scenario's requests and audit them: ITL from server token counts, truncation findings."""
     loaded = load_scenario(scenario)
-    outcome = run_scenario(loaded, **_run_options(url, variant, out_dir, ledger, force))
+    outcome = run_scenario(loaded, **_run_options(url, variant, out_dir, ledger, no_repeat, force, append))
     _print_outcome(outcome)
     if fail_on_findings and outcome.finding_count:
         raise typer.Exit(1)
@@ -97,13 +110,15 @@ def compare(
     variant: VariantOption = None,
     out_dir: OutOption = None,
     ledger: LedgerOption = LEDGER,
+    no_repeat: NoRepeatOption = False,
     force: ForceOption = False,
+    append: AppendOption = False,
 ) -> None:
     """Run each variant (launching its server in turn), scrape /metrics around it, write compare.json."""
     from itlaudit.compare import COMPARE_FILE, run_compare
 
     outcome, comparison = run_compare(
-        load_scenario(scenario), **_run_options(url, variant, out_dir, ledger, force)
+        load_scenario(scenario), **_run_options(url, variant, out_dir, ledger, no_repeat, force, append)
     )
     _print_outcome(outcome)
     for name, row in comparison["variants"].items():
@@ -216,28 +231,39 @@ app.command(name="quality")(cli_audit.quality)
 app.add_typer(cli_audit.ledger_app, name="ledger")
 
 
+def _usage_line(exc: typer.TyperException) -> str:
+    """A usage error as one line: typer's own rendering spans a usage block, a hint and the message."""
+    message = " ".join(exc.format_message().split())  # type: ignore[attr-defined]
+    ctx = getattr(exc, "ctx", None)
+    command = ctx.command_path if ctx is not None else "itlaudit"
+    return f"itlaudit: error: {message} (see `{command} --help`)"
+
+
 def main() -> None:
-    """Entry point: any ItlauditError becomes one line on stderr and its exit code, never a traceback."""
+    """Entry point: any ItlauditError or usage error becomes one line on stderr and its exit code,
+    never a traceback."""
+    handle_sigterm()
     try:
-        # Non-standalone click returns a command's exit code (typer.Exit) instead of exiting.
+        # Non-standalone mode returns a command's exit code (typer.Exit) instead of exiting.
         code = app(standalone_mode=False)
+    except RunInterrupted as exc:
+        err.print(f"itlaudit: {exc}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(exc.exit_code)
     except ItlauditError as exc:
         err.print(f"itlaudit: error: {exc}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        err.print("itlaudit: interrupted; finished requests are in requests.jsonl", markup=False)
-        sys.exit(130)
+    except (KeyboardInterrupt, typer.Abort):  # outside a run (typer turns Ctrl-C into Abort)
+        signal_name, exit_code = interruption()
+        err.print(f"itlaudit: interrupted by {signal_name}", markup=False)
+        sys.exit(exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except typer.Abort:
-        sys.exit(130)
-    except Exception as exc:  # click's own usage errors
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        raise
+    except typer.TyperException as exc:  # typer's (vendored click's) usage errors
+        if type(exc).__name__ == "NoArgsIsHelpError":  # a bare `itlaudit` or group: show the help
+            exc.show()  # type: ignore[attr-defined]
+        else:
+            err.print(_usage_line(exc), markup=False, highlight=False, soft_wrap=True)
+        sys.exit(getattr(exc, "exit_code", 2))
     sys.exit(code if isinstance(code, int) else 0)
 
 

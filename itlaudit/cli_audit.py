@@ -256,13 +256,14 @@ def ledger(ctx: typer.Context, ledger_path: LedgerOpt = ledger_mod.DEFAULT_LEDGE
 def ledger_add(
     ctx: typer.Context,
     run_dir: Annotated[Path, typer.Argument(help="A finished run folder (meta.json, requests.jsonl).")],
-    force: Annotated[
-        bool, typer.Option(help="Record it even if the same experiment was run before.")
+    no_repeat: Annotated[
+        bool, typer.Option(help="Refuse it (nothing recorded) if the same experiment was run before.")
     ] = False,
 ) -> None:
-    """Fingerprint a run's variants and add them; a repeat of an earlier fingerprint is refused."""
-    for line in ledger_mod.record_run(run_dir, ctx.obj, force=force, environ=os.environ):
-        out.print(f"recorded {line['run_id']} / {line['variant']}: fingerprint {line['fingerprint']}")
+    """Fingerprint a run's variants and add them; a repeat of an earlier fingerprint is named."""
+    for line in ledger_mod.record_run(run_dir, ctx.obj, no_repeat=no_repeat, environ=os.environ):
+        repeat = f" (same experiment as run {line['repeat_of']!r})" if line["repeat_of"] else ""
+        out.print(f"recorded {line['run_id']} / {line['variant']}: fingerprint {line['fingerprint']}{repeat}")
 
 
 @ledger_app.command("conclude")

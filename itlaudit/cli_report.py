@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from itlaudit.diff import diff_runs, render_diff
+from itlaudit.diff import diff_runs, render_diff, workload_differences, workload_of
 from itlaudit.errors import RecordsError
 from itlaudit.export import CHUNK_FORMATS, write_chunks
 from itlaudit.importers import ImportedBenchmark, parse_import
@@ -33,6 +33,7 @@ class Run:
     title: str
     order: list[str]
     records: list[RequestRecord]
+    meta: dict[str, Any]
 
 
 def load_run(path: Path) -> Run:
@@ -56,6 +57,7 @@ def load_run(path: Path) -> Run:
         title=str(meta.get("scenario") or path.name),
         order=list(variants) if isinstance(variants, dict) else [],
         records=load_records(path / REQUESTS_FILE),
+        meta=meta,
     )
 
 
@@ -142,12 +144,24 @@ def diff(
     ] = 1.1,
     alpha: Annotated[float, typer.Option(help="Significance level of the Mann–Whitney U test.")] = 0.05,
     out_file: Annotated[Path | None, typer.Option("--out", help="Also write the Markdown here.")] = None,
+    force: Annotated[bool, typer.Option(help="Compare even when the two runs' workloads differ.")] = False,
 ) -> None:
     """Compare two runs metric by metric: values, ratio, p-value, verdict; Markdown for a PR comment."""
     unknown = set(fail_on or []) - set(FAIL_ON)
     if unknown:
         raise RecordsError(f"--fail-on {', '.join(sorted(unknown))}: expected {', '.join(FAIL_ON)}")
     base, new = load_run(base_dir), load_run(new_dir)
+    for run in (base, new):
+        if not run.records:
+            raise RecordsError(f"{run.path}: no requests recorded, nothing to compare")
+    differences = workload_differences(
+        workload_of(base.meta, base.records), workload_of(new.meta, new.records)
+    )
+    if differences and not force:
+        raise RecordsError(
+            f"{base_dir} and {new_dir} ran different workloads ({'; '.join(differences)}); "
+            "a diff would compare unlike things: pass --force to compare anyway"
+        )
     result = diff_runs(base.records, new.records, threshold=threshold, alpha=alpha)
     text = render_diff(result, str(base_dir), str(new_dir))
     if out_file is not None:

@@ -18,11 +18,11 @@ from rich.console import Console
 from itlaudit.comparison import build_comparison
 from itlaudit.findings import Finding
 from itlaudit.invariance_client import Scorer, explain_mismatch
-from itlaudit.lossless import SPEC_DECODE_OUTPUT_MISMATCH, prompt_index
+from itlaudit.lossless import SPEC_DECODE_OUTPUT_MISMATCH, prompt_index, with_execution_modes
 from itlaudit.orchestrate import LedgerPolicy, RunOutcome, run_scenario
 from itlaudit.records import RequestRecord
 from itlaudit.rundir import write_derived, write_json
-from itlaudit.scenario import Scenario
+from itlaudit.scenario import COMPILED, EAGER, Scenario, Variant
 from itlaudit.specdecode import CounterSnapshot, parse_counters, spec_decode_delta
 
 COMPARE_FILE = "compare.json"
@@ -36,6 +36,18 @@ def scrape_counters(base_url: str, timeout_s: float = 10.0) -> dict[str, Any]:
     except (urllib.error.URLError, OSError) as exc:
         return {"error": f"GET {base_url}/metrics failed: {exc}"}
     return parse_counters(text).to_json()
+
+
+def _judged_by_modes(
+    found: dict[str, Any], modes: dict[str, str | None], variant_of: dict[str, str]
+) -> dict[str, Any]:
+    if found["code"] != SPEC_DECODE_OUTPUT_MISMATCH:
+        return found
+    evidence = found.get("evidence", {})
+    base = variant_of.get(str(evidence.get("base_request_id")))
+    spec = variant_of.get(str(evidence.get("spec_request_id")))
+    judged = with_execution_modes(Finding(**found), modes.get(str(base)), modes.get(str(spec)))
+    return judged.to_json()
 
 
 async def explain_mismatches(
@@ -73,6 +85,16 @@ async def explain_mismatches(
     return out
 
 
+def execution_mode(variant: Variant, overridden: bool) -> str | None:
+    """Declared in the scenario, else read from a server we launch (--enforce-eager or not); unknown
+    for a server given by URL that the scenario says nothing about."""
+    if variant.execution_mode is not None:
+        return variant.execution_mode
+    if variant.launch is None or overridden:
+        return None
+    return EAGER if "--enforce-eager" in variant.launch.server_args else COMPILED
+
+
 def run_compare(
     scenario: Scenario,
     *,
@@ -81,6 +103,7 @@ def run_compare(
     run_dir: Path | None = None,
     console: Console | None = None,
     ledger: LedgerPolicy | None = None,
+    append: bool = False,
 ) -> tuple[RunOutcome, dict[str, Any]]:
     snapshots: dict[str, dict[str, Any]] = {}
 
@@ -101,6 +124,7 @@ def run_compare(
         before_variant=before,
         after_variant=after,
         ledger=ledger,
+        append=append,
     )
     spec_stats = {}
     for variant in scenario.variants:
@@ -115,9 +139,10 @@ def run_compare(
     # Servers given by URL are still up; launched ones were stopped after their variant.
     overrides = variant_urls or {}
     live = {v.name: url or overrides.get(v.name) or (None if v.launch else v.url) for v in scenario.variants}
-    comparison["findings"] = asyncio.run(
-        explain_mismatches(scenario, outcome.records, comparison["findings"], live)
-    )
+    explained = asyncio.run(explain_mismatches(scenario, outcome.records, comparison["findings"], live))
+    modes = {v.name: execution_mode(v, bool(url or overrides.get(v.name))) for v in scenario.variants}
+    by_id = {r.request_id: r.variant for r in outcome.records}
+    comparison["findings"] = [_judged_by_modes(found, modes, by_id) for found in explained]
     write_json(outcome.run_dir / COMPARE_FILE, comparison)
     # Again, now that compare.json exists: the report's acceptance-per-position plot reads it.
     write_derived(outcome.run_dir, scenario.name, [v.name for v in scenario.variants])

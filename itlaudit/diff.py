@@ -7,14 +7,22 @@ outvote a short one), the same rule `itlaudit bisect` uses.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from itlaudit.findings import request_findings, run_findings
+from itlaudit.markdown import escape
 from itlaudit.metrics import RequestMetrics, request_metrics
-from itlaudit.records import RequestRecord
-from itlaudit.stats import SAME, UNKNOWN, WORSE, Comparison, compare_samples
+from itlaudit.records import STATUS_OK, RequestRecord
+from itlaudit.stats import BETTER, SAME, UNKNOWN, WORSE, Comparison, compare_samples
+
+ERROR_RATE = ("error_rate", "error rate")
+# Workload fields a run's fingerprint carries (ledger.variant_fingerprint); num_requests is left out,
+# since more requests of the same workload only sharpen the comparison.
+_FINGERPRINT_WORKLOAD_KEYS = ("prompts_sha256", "concurrency", "extra_body")
 
 # (metric, label, lower is better). completion_tokens: fewer than the base means a cap or an early
 # stop crept in, which is the regression that fakes a slowdown, so a drop counts as worse.
@@ -67,6 +75,52 @@ def _by_variant(records: Sequence[RequestRecord]) -> dict[str, list[RequestMetri
     return out
 
 
+def error_rate_comparison(base: Sequence[RequestRecord], new: Sequence[RequestRecord]) -> Comparison:
+    """Failed requests / requests. Any rise is worse: a benchmark's requests are not supposed to fail,
+    and a new run whose requests all failed has no latency left to judge, so this is its only verdict."""
+    b_failed = sum(r.status != STATUS_OK for r in base)
+    n_failed = sum(r.status != STATUS_OK for r in new)
+    b_rate, n_rate = b_failed / len(base), n_failed / len(new)
+    ratio = n_rate / b_rate if b_rate > 0 else None
+    verdict = WORSE if n_rate > b_rate else BETTER if n_rate < b_rate else SAME
+    reason = f"{n_failed} of {len(new)} requests failed vs {b_failed} of {len(base)}"
+    return Comparison(verdict, ratio, None, b_rate, n_rate, len(base), len(new), reason)
+
+
+def workload_of(meta: Mapping[str, Any], records: Sequence[RequestRecord]) -> dict[str, Any]:
+    """What a run asked the server for, from its meta.json and records: two runs compare only when
+    this matches (the server and build are what a diff is meant to vary)."""
+    variants = meta.get("variants")
+    stored = [
+        (info.get("fingerprint") or {}).get("workload") or {}
+        for info in (variants.values() if isinstance(variants, Mapping) else [])
+        if isinstance(info, Mapping)
+    ]
+    fingerprinted = next((w for w in stored if w), {})
+    return {
+        "scenario": meta.get("scenario"),
+        "endpoint": sorted({r.endpoint for r in records}) or None,
+        "model": sorted({r.model for r in records}) or None,
+        "params": sorted({json.dumps(asdict(r.params), sort_keys=True) for r in records}) or None,
+        **{key: fingerprinted.get(key) for key in _FINGERPRINT_WORKLOAD_KEYS},
+    }
+
+
+def workload_differences(base: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """`key base vs new` for each field known in both runs that differs."""
+    return [
+        f"{key} {_shown(base[key])} vs {_shown(new[key])}"
+        for key in base
+        if base.get(key) is not None and new.get(key) is not None and base[key] != new[key]
+    ]
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+
+
 def diff_runs(
     base: Sequence[RequestRecord],
     new: Sequence[RequestRecord],
@@ -95,6 +149,14 @@ def diff_runs(
         for variant in shared
         for metric, label, lower in DIFF_METRICS
     ]
+    by_variant_base = {n: [r for r in base if r.variant == n] for n in shared}
+    by_variant_new = {n: [r for r in new if r.variant == n] for n in shared}
+    rows += [
+        MetricDiff(
+            variant, *ERROR_RATE, error_rate_comparison(by_variant_base[variant], by_variant_new[variant])
+        )
+        for variant in shared
+    ]
     base_found, new_found = _finding_counts(base), _finding_counts(new)
     appeared, vanished = {}, {}
     for variant in shared:
@@ -119,16 +181,12 @@ def _num(value: float | None) -> str:
     return "–" if value is None else f"{value:.4g}"
 
 
-def _escape(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
 def render_diff(diff: RunDiff, base_label: str, new_label: str) -> str:
     """Markdown for a PR comment: the verdict line first, the table, then what changed in findings."""
     worse = [m for m in diff.metrics if m.comparison.verdict == WORSE]
-    lines = [f"## itlaudit diff: `{_escape(new_label)}` vs `{_escape(base_label)}`", ""]
+    lines = [f"## itlaudit diff: `{escape(new_label)}` vs `{escape(base_label)}`", ""]
     if worse:
-        lines.append("**Worse:** " + ", ".join(f"{_escape(m.variant)} {m.label}" for m in worse))
+        lines.append("**Worse:** " + ", ".join(f"{escape(m.variant)} {m.label}" for m in worse))
     elif diff.appeared:
         lines.append("**No metric is worse, but new findings appeared** (see below).")
     else:
@@ -145,7 +203,7 @@ def render_diff(diff: RunDiff, base_label: str, new_label: str) -> str:
         ratio = "–" if c.ratio is None else f"{c.ratio:.3f}×"
         p = "–" if c.p_value is None else f"{c.p_value:.2g}"
         lines.append(
-            f"| {_escape(m.variant)} | {m.label} | {_num(c.base_median)} | {_num(c.new_median)} "
+            f"| {escape(m.variant)} | {m.label} | {_num(c.base_median)} | {_num(c.new_median)} "
             f"| {ratio} | {p} "
             f"| {_ICON.get(c.verdict, c.verdict)} |"
         )
@@ -157,7 +215,7 @@ def render_diff(diff: RunDiff, base_label: str, new_label: str) -> str:
         if groups:
             lines += [f"**{title}:**", ""]
             lines += [
-                f"- {_escape(v)}: " + ", ".join(f"{code} × {n}" for code, n in codes.items())
+                f"- {escape(v)}: " + ", ".join(f"{code} × {n}" for code, n in codes.items())
                 for v, codes in groups.items()
             ]
             lines.append("")

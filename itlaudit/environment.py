@@ -23,13 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from itlaudit import __version__
+from itlaudit.redact import redact_env, redact_json
 
 # Environment passed to the server that changes what the engine does (kernels, attention backend,
 # arch-specific code paths): the overrides worth recording next to a result.
 _RECORDED_ENV = re.compile(r"^(VLLM_.*|CUTE_DSL_ARCH|CUDA_VISIBLE_DEVICES|NVIDIA_VISIBLE_DEVICES)$")
-# Never write a credential into a report that gets shared (VLLM_API_KEY, HF tokens, ...).
-_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
-_REDACTED = "<redacted>"
 # vLLM logs its parsed CLI at startup: `non-default args: {'model': ..., 'enforce_eager': True}`.
 _NON_DEFAULT = re.compile(r"non-default args: (\{.*\})\s*$")
 # Nightly versions carry the commit as a local version: 0.23.1rc1.dev601+ga16dbd5b8.
@@ -39,11 +37,7 @@ _TIMEOUT_S = 5.0
 
 def recorded_env(env: Mapping[str, str]) -> dict[str, str]:
     """The engine-relevant subset of an environment, secrets redacted."""
-    return {
-        key: (_REDACTED if _SECRET.search(key) else value)
-        for key, value in sorted(env.items())
-        if _RECORDED_ENV.match(key)
-    }
+    return redact_env({key: value for key, value in sorted(env.items()) if _RECORDED_ENV.match(key)})
 
 
 def server_env(launch_env: Mapping[str, str], kind: str) -> dict[str, str]:
@@ -108,7 +102,7 @@ def non_default_args(log_path: Path | None) -> dict[str, Any] | None:
                 parsed = ast.literal_eval(match.group(1))
             except (ValueError, SyntaxError):
                 return {"raw": match.group(1)}
-            return {str(k): v for k, v in parsed.items()} if isinstance(parsed, dict) else None
+            return redact_json({str(k): v for k, v in parsed.items()}) if isinstance(parsed, dict) else None
     return None
 
 

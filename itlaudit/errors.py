@@ -33,3 +33,18 @@ class TestbedError(LaunchError):
     """Installing the vLLM CPU testbed or building its tiny model failed; names the step and log."""
 
     __test__ = False  # keep pytest from collecting it as a test class (name starts with "Test")
+
+
+class RunDirError(ItlauditError):
+    """The run folder cannot be used: it already holds a run (and --append was not given), or it
+    cannot be created or written (permission, read-only file system)."""
+
+
+class RunInterrupted(ItlauditError):
+    """SIGINT or SIGTERM stopped a run after its summary and report were written for what finished.
+    Not a KeyboardInterrupt: the CLI framework would turn that into a bare abort and lose the line."""
+
+    def __init__(self, signal_name: str, exit_code: int, message: str) -> None:
+        super().__init__(message)
+        self.signal_name = signal_name
+        self.exit_code = exit_code

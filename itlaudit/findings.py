@@ -124,11 +124,32 @@ def _returned_ids(record: RequestRecord) -> list[int] | None:
     return [tok for ids in per_chunk if ids is not None for tok in ids]
 
 
+# The OpenAI completions API's default max_tokens, which vLLM's /v1/completions applies when a request
+# omits it (chat has no such default): a stop at exactly 16 is that default, not a generation config.
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
+
+def completions_default_stop(endpoint: str, max_tokens: int | None, tokens: int | None) -> bool:
+    """A /v1/completions request without max_tokens that ended at the API's default of 16."""
+    return endpoint == "completions" and max_tokens is None and tokens == COMPLETIONS_DEFAULT_MAX_TOKENS
+
+
+COMPLETIONS_DEFAULT_TEXT = (
+    f"{COMPLETIONS_DEFAULT_MAX_TOKENS} is vLLM's default max_tokens for /v1/completions (the OpenAI "
+    "API's) when a request omits it: set max_tokens in the scenario's [workload]"
+)
+
+
 def _truncated(record: RequestRecord, tokens: int | None) -> Finding | None:
     if not _cut_short(record, tokens):
         return None
     max_tokens = record.params.max_tokens
-    if max_tokens is None:
+    if completions_default_stop(record.endpoint, max_tokens, tokens):
+        message = (
+            f"finish_reason is 'length' after {tokens} tokens and the request set no max_tokens: "
+            f"{COMPLETIONS_DEFAULT_TEXT}."
+        )
+    elif max_tokens is None:
         message = (
             f"finish_reason is 'length' after {_tokens_text(tokens)} tokens although the request set no "
             "max_tokens: a server-side cap (e.g. generation_config max_new_tokens) ended the output."
@@ -138,7 +159,12 @@ def _truncated(record: RequestRecord, tokens: int | None) -> Finding | None:
             f"finish_reason is 'length' after {tokens} tokens, below the requested max_tokens {max_tokens}: "
             "the server stopped the output early, so its latency is not comparable."
         )
-    evidence = {"cap": tokens, "max_tokens": max_tokens, "request_set_max_tokens": max_tokens is not None}
+    evidence = {
+        "cap": tokens,
+        "max_tokens": max_tokens,
+        "request_set_max_tokens": max_tokens is not None,
+        "completions_default": completions_default_stop(record.endpoint, max_tokens, tokens),
+    }
     return Finding(TRUNCATED_BELOW_MAX_TOKENS, ERROR, message, evidence, record.request_id)
 
 
@@ -376,9 +402,13 @@ def run_findings(records: Sequence[RequestRecord]) -> list[Finding]:
         max_tokens = sorted({r.params.max_tokens for r in at_cap if r.params.max_tokens is not None})
         unset = sum(r.params.max_tokens is None for r in at_cap)
         asked = ", ".join([*map(str, max_tokens), *(["unset"] if unset else [])])
+        default = unset == hits and all(
+            completions_default_stop(r.endpoint, None, r.completion_tokens) for r in at_cap
+        )
+        cause = f": {COMPLETIONS_DEFAULT_TEXT}. That default" if default else ", so a server-side cap"
         message = (
             f"Variant {variant!r}: {hits} of {len(finished)} finished requests stopped at exactly {cap} "
-            f"tokens with finish_reason 'length' (max_tokens requested: {asked}), so a server-side cap, "
+            f"tokens with finish_reason 'length' (max_tokens requested: {asked}){cause}, "
             "not a latency change, explains this variant's numbers."
         )
         evidence = {
@@ -389,6 +419,7 @@ def run_findings(records: Sequence[RequestRecord]) -> list[Finding]:
             "share": share,
             "max_tokens": max_tokens,
             "requests_without_max_tokens": unset,
+            "completions_default": default,
             "request_ids": [r.request_id for r in at_cap],
         }
         out.append(Finding(COMMON_CAP, ERROR, message, evidence))

@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 
 from itlaudit.client import ENDPOINT_COMPLETIONS, ENDPOINT_PATHS, fetch_json, server_error_message
-from itlaudit.errors import ServerRejectedError, ServerUnreachableError
+from itlaudit.errors import ItlauditError, ServerRejectedError, ServerUnreachableError
 from itlaudit.findings import Finding
 from itlaudit.invariance import DEFAULT_SWEEP_SIZES, PromptObservations, TopLogprobs, parse_top_logprobs
 from itlaudit.lossless import with_divergence_logprobs
@@ -120,7 +120,23 @@ async def observe(
 
 async def server_identity(session: aiohttp.ClientSession, base_url: str, model: str) -> dict[str, Any]:
     """What build is answering: /version and the system_fingerprint (a config hash in vLLM) of a
-    one-token completion, so a ledger can tell two servers at the same URL apart before a run."""
-    version = await fetch_json(session, base_url, "/version")
-    probe = await Scorer(session, base_url, model, top_k=0).complete("ping", 1)
-    return {"version": version.get("version"), "system_fingerprint": probe.get("system_fingerprint")}
+    one-token completion, so a ledger can tell two servers at the same URL apart before a run.
+
+    Best effort: SGLang, TGI, gateways and mock servers have no /version, and some only stream. What
+    cannot be read is None, and `unknown` says why; identity never stops a run."""
+    identity: dict[str, Any] = {"version": None, "system_fingerprint": None}
+    unknown = []
+    try:
+        version = await fetch_json(session, base_url, "/version")
+        identity["version"] = version.get("version") if isinstance(version, dict) else None
+    except ItlauditError as exc:
+        unknown.append(str(exc))
+    try:
+        probe = await Scorer(session, base_url, model, top_k=0).complete("ping", 1)
+        fingerprint = probe.get("system_fingerprint") if isinstance(probe, dict) else None
+        identity["system_fingerprint"] = fingerprint if isinstance(fingerprint, str) else None
+    except ItlauditError as exc:
+        unknown.append(f"non-streaming ping: {exc}")
+    if unknown:
+        identity["unknown"] = "; ".join(unknown)
+    return identity

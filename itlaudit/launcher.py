@@ -3,6 +3,9 @@
 A benchmark that leaves a server behind poisons the next run (port taken, GPU memory held, a second
 engine competing for cores), so teardown is the point of this module: every process we start gets its
 own session and the whole process group is killed on success, failure, Ctrl-C and interpreter exit.
+SIGKILL runs none of that, so two more guards: the kernel kills the server when itlaudit dies
+(PR_SET_PDEATHSIG, Linux), and a pid file per server lets the next launch reap a group whose owner is
+gone (its grandchildren, which PDEATHSIG does not reach, and any host without prctl).
 Readiness uses urllib because it is off the measurement path; measurement goes through client.py.
 """
 
@@ -10,10 +13,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
+import json
 import os
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -32,6 +38,75 @@ LOG_TAIL_LINES = 15
 _POLL_INTERVAL_S = 0.5
 _TERM_GRACE_S = 10.0
 _PROBE_TIMEOUT_S = 2.0
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def pid_dir() -> Path:
+    """Per-user folder of pid files, one per live launched server."""
+    return Path(tempfile.gettempdir()) / f"itlaudit-servers-{os.getuid()}"
+
+
+def _die_with_parent() -> None:
+    """preexec_fn of every launched server: SIGKILL it when the itlaudit that started it dies,
+    however it dies. Best effort: without Linux's prctl the pid file still lets the next run reap it."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _write_pid_file(pgid: int, docker_name: str | None) -> Path:
+    folder = pid_dir()
+    folder.mkdir(mode=0o700, exist_ok=True)
+    path = folder / f"{pgid}.json"
+    path.write_text(json.dumps({"pgid": pgid, "owner": os.getpid(), "docker_name": docker_name}))
+    return path
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _started_by_itlaudit(pid: int) -> bool:
+    """A recycled pid must not be killed: the group leader must carry the run tag in its environment."""
+    try:
+        return b"ITLAUDIT_RUN_DIR=" in Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+
+
+def reap_orphans() -> list[int]:
+    """Kill the process groups (and containers) of launched servers whose itlaudit is gone; returns
+    the groups killed. Called before every launch."""
+    reaped = []
+    for path in sorted(pid_dir().glob("*.json")):
+        try:
+            entry = json.loads(path.read_text())
+            pgid, owner = int(entry["pgid"]), int(entry["owner"])
+        except (OSError, ValueError, KeyError, TypeError):
+            path.unlink(missing_ok=True)
+            continue
+        if _alive(owner):
+            continue
+        if _group_alive(pgid) and _started_by_itlaudit(pgid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+            reaped.append(pgid)
+        if entry.get("docker_name"):
+            _remove_container(str(entry["docker_name"]))
+        path.unlink(missing_ok=True)
+    return reaped
+
+
+def _remove_container(name: str) -> None:
+    subprocess.run(
+        ["docker", "rm", "-f", name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False
+    )
 
 
 @dataclass
@@ -182,6 +257,7 @@ class LaunchedServer:
         self.log_path = log_path
         self._proc = proc
         self._docker_name = docker_name
+        self._pid_file = _write_pid_file(proc.pid, docker_name) if proc is not None else None
         if proc is not None:
             _LIVE.add(self)
 
@@ -200,13 +276,11 @@ class LaunchedServer:
         if proc is not None:
             _kill_group(proc)
         if self._docker_name is not None:
-            subprocess.run(
-                ["docker", "rm", "-f", self._docker_name],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                check=False,
-            )
+            _remove_container(self._docker_name)
             self._docker_name = None
+        if self._pid_file is not None:
+            self._pid_file.unlink(missing_ok=True)
+            self._pid_file = None
 
     def __enter__(self) -> LaunchedServer:
         return self
@@ -279,6 +353,7 @@ def launch(spec: LaunchSpec, log_path: Path) -> LaunchedServer:
         _wait_ready(url, spec.ready_timeout_s, log_path, None)
         return LaunchedServer(url, log_path)
 
+    reap_orphans()
     port = free_port(spec.host)
     docker_name = None
     if spec.kind == "python":
@@ -303,6 +378,7 @@ def launch(spec: LaunchSpec, log_path: Path) -> LaunchedServer:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
+                preexec_fn=_die_with_parent,  # async-signal-safe: one prctl call
             )
         except OSError as exc:
             raise LaunchError(f"cannot start {argv[0]!r}: {exc}") from exc

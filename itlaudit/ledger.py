@@ -2,10 +2,13 @@
 
 Seed 003 kept its experiment matrix (variant → result → output hash → conclusion) and a "do not
 repeat" list by hand, because reruns of already-settled variants cost hours and proved nothing. Here
-each variant of a run gets a fingerprint of what decides its outcome — the server build (vLLM version,
-system_fingerprint, interpreter/image/command), its arguments, the environment it ran with, and the
-workload — and a run whose fingerprint is already in the ledger is refused, naming the earlier run,
-unless forced. The ledger is append-only JSONL: run lines and conclusion lines (the latest wins).
+each variant of a run gets a fingerprint of what decides its outcome — the server (its URL, or for a
+launched server the GPU it ran on), its build (vLLM version, system_fingerprint, interpreter/image/
+command), its arguments, the environment it ran with, and the workload. A run whose fingerprint is
+already in the ledger is named as a repeat, with the `itlaudit diff` that compares the two: repeating
+a benchmark is how a user sees its noise, so a repeat is refused only on request (`--no-repeat`).
+The ledger is append-only JSONL: run lines and conclusion lines (the latest wins). Credentials in the
+environment or arguments are masked before anything is fingerprinted or written (redact.py).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 from itlaudit.errors import ItlauditError, RecordsError
 from itlaudit.quality import text_quality
 from itlaudit.records import RecordWriter, RequestRecord, iter_jsonl, load_records
+from itlaudit.redact import redact_args, redact_env, redact_json
 from itlaudit.rundir import META_FILE, REQUESTS_FILE
 from itlaudit.scenario import Scenario, load_scenario
 from itlaudit.summary import run_summary
@@ -40,7 +44,7 @@ _FINGERPRINT_VERSION_RE = re.compile(r"^vllm-(.+)-[0-9a-f]{8}$")
 
 
 class DuplicateRunError(ItlauditError):
-    """The fingerprint is already in the ledger; the message names the earlier run."""
+    """`--no-repeat` and the fingerprint is already in the ledger; the message names the earlier run."""
 
 
 @dataclass(frozen=True)
@@ -82,34 +86,52 @@ def relevant_env(environ: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in sorted(environ.items()) if _ENV_RE.match(k)}
 
 
+def gpu_identity(gpus: Sequence[Mapping[str, Any]] | None) -> list[str] | None:
+    """Name and compute capability of each GPU (environment.gpus()); the driver is left out, as an
+    upgrade of it alone does not make another experiment. None when nvidia-smi could not tell."""
+    if not gpus:
+        return None
+    return [f"{gpu.get('name')} (sm {gpu.get('compute_capability')})" for gpu in gpus]
+
+
 def variant_fingerprint(
     scenario: Scenario,
     variant: str,
     server: Mapping[str, Any],
     environ: Mapping[str, str] | None = None,
+    *,
+    url: str | None = None,
+    gpus: Sequence[Mapping[str, Any]] | None = None,
 ) -> Fingerprint:
     """The fingerprint of one variant. `server` is what the running server says about itself
     (`{"version", "system_fingerprint"}`, e.g. from invariance_client.server_identity, or recovered
-    from a run's records); `environ` is this process's environment, which a launched server inherits
-    (ignored for a server we only connect to)."""
+    from a run's records; None where it could not tell); `environ` is this process's environment,
+    which a launched server inherits (ignored for a server we only connect to). A server we connect
+    to is told apart by `url`: the same nightly on two machines is two experiments even when neither
+    answers /version. A launched server's URL is a fresh port each time, so it is told apart by the
+    `gpus` of this host (environment.gpus()) instead."""
     chosen = next((v for v in scenario.variants if v.name == variant), None)
     if chosen is None:
         names = ", ".join(v.name for v in scenario.variants)
         raise ItlauditError(f"variant {variant!r} is not in scenario {scenario.name!r} ({names})")
     workload = scenario.workload
     system_fingerprint = server.get("system_fingerprint")
+    launch = chosen.launch
     build: dict[str, Any] = {
         "version": server.get("version") or version_from_system_fingerprint(system_fingerprint),
         "system_fingerprint": system_fingerprint,
+        "url": None if launch is not None else url,
+        "gpus": gpu_identity(gpus) if launch is not None else None,
     }
     env: dict[str, str] = {}
     args: list[str] = []
-    launch = chosen.launch
     if launch is not None:
-        build.update(kind=launch.kind, python=launch.python, image=launch.image, command=list(launch.command))
+        build.update(
+            kind=launch.kind, python=launch.python, image=launch.image, command=redact_args(launch.command)
+        )
         args = ["--model", str(launch.model), "--served-model-name", str(launch.served_model_name)]
-        args += list(launch.server_args)
-        env = {**relevant_env(environ or {}), **launch.env}
+        args = redact_args([*args, *launch.server_args])
+        env = redact_env({**relevant_env(environ or {}), **launch.env})
     prompts = json.dumps(workload.prompts, ensure_ascii=False).encode()
     return Fingerprint(
         variant=variant,
@@ -148,17 +170,28 @@ def find_run(fingerprint: Fingerprint | str, lines: Sequence[Mapping[str, Any]])
     return next((line for line in _runs(lines) if line.get("fingerprint") == digest), None)
 
 
-def check_new_run(fingerprint: Fingerprint | str, ledger_path: Path, force: bool = False) -> None:
-    """Call before a run: raises DuplicateRunError naming the earlier run when this fingerprint was
-    already run, unless `force`."""
+def check_new_run(
+    fingerprint: Fingerprint | str, ledger_path: Path, *, no_repeat: bool = False
+) -> Mapping[str, Any] | None:
+    """Call before a run: the earlier ledger run of this fingerprint (a repeat), or None. With
+    `no_repeat` a repeat raises DuplicateRunError naming the earlier run instead."""
     earlier = find_run(fingerprint, load_ledger(ledger_path))
-    if earlier is None or force:
-        return
+    if earlier is None or not no_repeat:
+        return earlier
     digest = fingerprint if isinstance(fingerprint, str) else fingerprint.digest
     raise DuplicateRunError(
-        f"fingerprint {digest} (same build, server args, environment and workload) was already run as "
-        f"variant {earlier.get('variant')!r} of run {earlier.get('run_id')!r} ({earlier.get('run_dir')}), "
-        f"result: {format_result(earlier.get('result') or {})}; pass --force to repeat it on purpose"
+        f"fingerprint {digest} (same server, build, server args, environment and workload) was already "
+        f"run as variant {earlier.get('variant')!r} of run {earlier.get('run_id')!r} "
+        f"({earlier.get('run_dir')}), result: {format_result(earlier.get('result') or {})}; "
+        "drop --no-repeat to repeat it on purpose"
+    )
+
+
+def repeat_warning(earlier: Mapping[str, Any], variant: str, run_dir: Path) -> str:
+    """The one line `run` prints for a repeat: which earlier run, and the command that compares them."""
+    return (
+        f"{variant}: same experiment as run {earlier.get('run_id')!r} "
+        f"(variant {earlier.get('variant')!r}): `itlaudit diff {earlier.get('run_dir')} {run_dir}`"
     )
 
 
@@ -184,7 +217,11 @@ def variant_result(block: Mapping[str, Any], records: Sequence[RequestRecord]) -
 
 
 def run_line(
-    run_id: str, run_dir: Path, fingerprint: Fingerprint, result: Mapping[str, Any], forced: bool
+    run_id: str,
+    run_dir: Path,
+    fingerprint: Fingerprint,
+    result: Mapping[str, Any],
+    repeat_of: str | None = None,
 ) -> dict[str, Any]:
     return {
         "kind": KIND_RUN,
@@ -194,7 +231,7 @@ def run_line(
         "fingerprint": fingerprint.digest,
         "fingerprint_parts": fingerprint.to_json(),
         "result": dict(result),
-        "forced": forced,
+        "repeat_of": repeat_of,
         "recorded_at_unix": time.time(),
     }
 
@@ -212,7 +249,7 @@ def conclusion_line(run_id: str, variant: str, text: str) -> dict[str, Any]:
 def append(ledger_path: Path, lines: Sequence[Mapping[str, Any]]) -> None:
     with RecordWriter(ledger_path) as writer:
         for line in lines:
-            writer.write(dict(line))
+            writer.write(redact_json(dict(line)))
 
 
 def format_result(result: Mapping[str, Any]) -> str:
@@ -243,14 +280,19 @@ def matrix(lines: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
                 "run": str(line.get("run_id")),
                 "variant": str(line.get("variant")),
                 "build": f"vllm {build.get('version')} ({build.get('system_fingerprint')})",
-                "result": format_result(line.get("result") or {})
-                + (" (forced)" if line.get("forced") else ""),
+                "result": format_result(line.get("result") or {}) + _repeat_note(line),
                 "hash": str((line.get("result") or {}).get("outputs_sha256", ""))[:DIGEST_CHARS],
                 "fingerprint": str(line.get("fingerprint")),
                 "conclusion": conclusions.get((line.get("run_id"), line.get("variant")), ""),
             }
         )
     return rows
+
+
+def _repeat_note(line: Mapping[str, Any]) -> str:
+    if line.get("repeat_of"):
+        return f" (repeat of {line['repeat_of']})"
+    return " (forced)" if line.get("forced") else ""  # ledgers written before repeats were allowed
 
 
 def _read_meta(path: Path) -> dict[str, Any]:
@@ -293,19 +335,23 @@ def run_fingerprints(
                 )
             scenario = load_scenario(Path(meta["scenario_path"]))
         mine = [r for r in records if r.variant == name]
-        out[name] = variant_fingerprint(scenario, name, _server_from_records(mine, info), environ)
+        gpus = (meta.get("environment") or {}).get("gpus")
+        server = _server_from_records(mine, info)
+        out[name] = variant_fingerprint(scenario, name, server, environ, url=info.get("url"), gpus=gpus)
     return out
 
 
 def record_run(
-    run_dir: Path, ledger_path: Path, *, force: bool = False, environ: Mapping[str, str] | None = None
+    run_dir: Path, ledger_path: Path, *, no_repeat: bool = False, environ: Mapping[str, str] | None = None
 ) -> list[dict[str, Any]]:
-    """Add a finished run's variants to the ledger; refuses (nothing written) if any variant repeats
-    an earlier fingerprint, unless `force`."""
+    """Add a finished run's variants to the ledger, each repeat marked with the run it repeats; with
+    `no_repeat` a repeat is refused and nothing is written."""
     records = load_records(run_dir / REQUESTS_FILE)
     fingerprints = run_fingerprints(run_dir, records, environ or {})
-    for fingerprint in fingerprints.values():
-        check_new_run(fingerprint, ledger_path, force)
+    earlier = {
+        name: check_new_run(fingerprint, ledger_path, no_repeat=no_repeat)
+        for name, fingerprint in fingerprints.items()
+    }
     summary = run_summary(records, list(fingerprints))
     lines = [
         run_line(
@@ -313,7 +359,7 @@ def record_run(
             run_dir,
             fingerprint,
             variant_result(summary["variants"].get(name, {}), [r for r in records if r.variant == name]),
-            force,
+            (earlier[name] or {}).get("run_id"),
         )
         for name, fingerprint in fingerprints.items()
     ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,9 +48,17 @@ def cell(stats: dict[str, Any] | None, fmt: str) -> str:
     return f"{fmt.format(stats['p50'])} / {fmt.format(stats['p90'])} / {fmt.format(stats['p99'])}"
 
 
-def _escape(text: str) -> str:
-    """Server strings go into Markdown tables: keep pipes and newlines from breaking the layout."""
-    return text.replace("|", "\\|").replace("\n", " ")
+# Markdown's inline punctuation, backslash-escaped; `<`, `>` and `&` become entities, so no server
+# string (an error message, a model name) is rendered as HTML or as emphasis, a link or an image.
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]|])")
+_HTML_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+
+
+def escape(text: str) -> str:
+    """Every string that did not come from itlaudit (server messages, names, imported tools' labels)
+    passes through here: shown as typed, one line, never as markup."""
+    text = _MARKDOWN_SPECIAL.sub(r"\\\1", " ".join(str(text).splitlines()))
+    return "".join(_HTML_ENTITIES.get(char, char) for char in text)
 
 
 def _p50(block: dict[str, Any], key: str) -> float | None:
@@ -71,7 +80,9 @@ def comparison_sentence(name: str, base_name: str, base: dict[str, Any], block: 
     token = times(_p50(base, "itl_ms"), _p50(block, "itl_ms"))
     if token is None:
         return None
-    sentence = f"**{name} is {_factor(token, 'faster', 'slower')} per token than {base_name}**"
+    sentence = (
+        f"**{escape(name)} is {_factor(token, 'faster', 'slower')} per token than {escape(base_name)}**"
+    )
     chunk = times(_p50(base, "chunk_itl_ms"), _p50(block, "chunk_itl_ms"))
     if chunk is not None and abs(chunk - 1) >= 0.05:
         contrast = (chunk > 1) != (token > 1)
@@ -89,7 +100,7 @@ def truncation_sentence(name: str, base: dict[str, Any], block: dict[str, Any]) 
     if not cut:
         return None
     tokens, base_tokens = _p50(block, "completion_tokens"), _p50(base, "completion_tokens")
-    sentence = f"**{name}: {cut} of {block['requests']} requests were cut short by the server**"
+    sentence = f"**{escape(name)}: {cut} of {block['requests']} requests were cut short by the server**"
     if tokens is not None:
         sentence += f" (completion tokens p50 {tokens:.0f}"
         sentence += f" vs {base_tokens:.0f} for the baseline)" if base is not block and base_tokens else ")"
@@ -116,7 +127,7 @@ def usage_warning(summary: dict[str, Any]) -> str | None:
     if not chunk_fallback:
         return None
     return (
-        f"**WARNING: usage missing for {', '.join(chunk_fallback)}.** The server sent no "
+        f"**WARNING: usage missing for {escape(', '.join(chunk_fallback))}.** The server sent no "
         "`usage.completion_tokens`, so tokens were counted by chunk. Under speculative decoding "
         "these ITL figures are chunk ITL, not token ITL. Start vLLM with continuous usage stats "
         "available (any vLLM ≥ 0.6) and check the request's stream_options."
@@ -135,13 +146,13 @@ def render_report(
     with the variant it measured."""
     variants: dict[str, Any] = summary["variants"]
     names = list(variants)
-    lines = [f"# itlaudit: {_escape(title)}", ""]
+    lines = [f"# itlaudit: {escape(title)}", ""]
     lines += [f"- {line}" for line in headline(summary)] + [""]
     warning = usage_warning(summary)
     if warning:
         lines += [f"> {warning}", ""]
     lines += ["Figures are p50 / p90 / p99 over requests.", ""]
-    lines.append("| metric | " + " | ".join(_escape(n) for n in names) + " |")
+    lines.append("| metric | " + " | ".join(escape(n) for n in names) + " |")
     lines.append("|---|" + "---|" * len(names))
     lines.append(
         "| requests (errors) | "
@@ -153,7 +164,7 @@ def render_report(
     lines += ["", EXPLANATION, ""]
     for imp, variant in imported:
         lines += imported_section(imp, variant, variants.get(variant) or {})
-    lines += [f"![{_escape(caption)}]({name})" for caption, name in images]
+    lines += [f"![{escape(caption)}]({name})" for caption, name in images]
     lines += ["", "## Findings", ""]
     lines += _findings_section(findings) or [
         "No findings: every request ran to its expected length with server token counts."
@@ -192,15 +203,15 @@ def import_rows(imp: ImportedBenchmark, block: dict[str, Any]) -> list[tuple[str
 
 def imported_section(imp: ImportedBenchmark, variant: str, block: dict[str, Any]) -> list[str]:
     lines = [
-        f"## {_escape(imp.tool)} ({_escape(imp.source)}) beside itlaudit {_escape(variant)}",
+        f"## {escape(imp.tool)} ({escape(imp.source)}) beside itlaudit {escape(variant)}",
         "",
         "Figures are p50 (mean). Rows are filed under what the figure measures, not what the tool calls it.",
         "",
-        f"| figure | what {_escape(imp.tool)} calls it | {_escape(imp.tool)} | itlaudit {_escape(variant)} |",
+        f"| figure | what {escape(imp.tool)} calls it | {escape(imp.tool)} | itlaudit {escape(variant)} |",
         "|---|---|---|---|",
     ]
-    lines += [f"| {a} | {_escape(b)} | {c} | {d} |" for a, b, c, d in import_rows(imp, block)]
-    return [*lines, "", *(f"- {_escape(note)}" for note in imp.notes), ""]
+    lines += [f"| {a} | {escape(b)} | {c} | {d} |" for a, b, c, d in import_rows(imp, block)]
+    return [*lines, "", *(f"- {escape(note)}" for note in imp.notes), ""]
 
 
 FINDING_EXAMPLES = 3
@@ -221,7 +232,7 @@ def _findings_section(findings: list[dict[str, Any]], examples: int = FINDING_EX
         lines.append(f"- **{code}** ({members[0]['severity']}) × {len(members)}")
         for finding in members[:examples]:
             who = finding.get("request_id") or "run-level"
-            lines.append(f"  - {_escape(who)}: {_escape(finding['message'])}")
+            lines.append(f"  - {escape(who)}: {escape(finding['message'])}")
         if len(members) > examples:
             lines.append(f"  - … and {len(members) - examples} more (see requests.jsonl)")
     return lines

@@ -31,6 +31,10 @@ from itlaudit.findings import (
 from itlaudit.metrics import per_chunk_itl_ms, request_metrics, token_counts
 from itlaudit.records import STATUS_OK, RequestRecord
 
+# Labels carry names from scenarios and run folders: `$...$` there is text, never mathtext (which fails
+# on arbitrary input and would abort the report).
+matplotlib.rcParams["text.parse_math"] = False
+
 DPI = 100
 WIDE = (11.0, 5.5)  # inches: 1100 × 550 px, legible in a browser at 100 % and in a PR comment
 TRUNCATION_CODES = frozenset({TRUNCATED_BELOW_MAX_TOKENS, MIN_TOKENS_VIOLATED, IGNORE_EOS_VIOLATED})

@@ -7,6 +7,7 @@ several runs into a folder that is not itself a run.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from itlaudit.importers import ImportedBenchmark
 from itlaudit.markdown import render_report
 from itlaudit.plots import VariantView, write_plots
 from itlaudit.records import RequestRecord
+from itlaudit.redact import redact_text, secret_values
 
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
@@ -55,11 +57,13 @@ def write_reports(
     """PNGs, report.md (linking them) and report.html (embedding them); returns report.html's path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = write_plots(variant_views(records, summary, compare), out_dir)
+    # A server's error message can echo a credential it was sent (an API key in a 401): mask ours.
+    secrets = secret_values(os.environ, [])
     md = render_report(title, summary, findings, images=[(c, p.name) for c, p in plots], imported=imported)
-    (out_dir / REPORT_MD).write_text(md, encoding="utf-8")
+    (out_dir / REPORT_MD).write_text(redact_text(md, secrets), encoding="utf-8")
     page = render_html(
         title, summary, findings, images=[(c, p.read_bytes()) for c, p in plots], imported=imported
     )
     target = out_dir / REPORT_HTML
-    target.write_text(page, encoding="utf-8")
+    target.write_text(redact_text(page, secrets), encoding="utf-8")
     return target

@@ -16,7 +16,15 @@ from itlaudit.errors import ScenarioError
 from itlaudit.records import RequestParams
 
 ENDPOINTS = ("completions", "chat")
+# Scenario and variant names become file and folder names (reports/<name>-<time>/, server-<variant>.log)
+# and plot labels: no path separators, no leading dot, nothing matplotlib reads as markup (`$`).
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._+=@,-]{0,63}$")
 LAUNCH_KINDS = ("python", "docker", "command", "url")
+# How a server executes its model: eagerly (--enforce-eager) or compiled (CUDA graphs / torch.compile,
+# vLLM's default). The two paths round differently, so greedy near ties can flip between them.
+EAGER = "eager"
+COMPILED = "compiled"
+EXECUTION_MODES = (EAGER, COMPILED)
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,9 @@ class Variant:
     name: str
     url: str | None = None
     launch: LaunchConfig | None = None
+    # "eager" or "compiled"; for a server given by URL only the user knows (a launched one is read
+    # from its arguments): lets a lossless mismatch at a near tie be judged (lossless.py).
+    execution_mode: str | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +96,11 @@ class _Located:
                 return number
         return None
 
+    def in_variant(self, index: int) -> _Located:
+        """The same file, with `variants` keys looked up in the index-th [[variants]] table only, so an
+        error in the second table points at the second table."""
+        return _VariantLocated(self.path, self.lines, index)
+
     def error(self, table: str, key: str, problem: str) -> ScenarioError:
         where = f"{self.path}"
         line = self.line_of(table, key)
@@ -92,6 +108,45 @@ class _Located:
             where += f":{line}"
         dotted = f"{table}.{key}" if table else key
         return ScenarioError(f"{where}: `{dotted}` {problem}")
+
+
+class _VariantLocated(_Located):
+    """Line lookup confined to one [[variants]] table (and its [variants.launch])."""
+
+    def __init__(self, path: Path, lines: list[str], index: int) -> None:
+        self.path = path
+        self.lines = lines
+        self.index = index
+
+    def line_of(self, table: str, key: str) -> int | None:
+        starts = [n for n, line in enumerate(self.lines) if re.match(r"^\s*\[\[\s*variants\s*\]\]", line)]
+        if self.index >= len(starts):
+            return None  # inline `variants = [...]`: no table of its own
+        end = starts[self.index + 1] if self.index + 1 < len(starts) else len(self.lines)
+        region = _Located(self.path, "\n".join(self.lines[starts[self.index] : end]))
+        found = region.line_of(table, key)
+        if found is None and table == "variants":
+            return starts[self.index] + 1  # a missing key: point at its table
+        return starts[self.index] + found if found is not None else None
+
+
+def _table(raw: dict[str, Any], key: str, loc: _Located, fix: str) -> dict[str, Any]:
+    value = raw[key]
+    if not isinstance(value, dict):
+        raise loc.error("", key, f"must be a table, got {type(value).__name__} {value!r}; {fix}")
+    return value
+
+
+def _safe_name(value: str, loc: _Located, table: str, key: str = "name") -> str:
+    if not _SAFE_NAME.match(value):
+        shown = repr(value) if value else "empty"
+        raise loc.error(
+            table,
+            key,
+            f"is {shown}; a name is 1-64 letters, digits, spaces and ._+=@,- starting with a letter or "
+            "digit (it becomes a file name and a plot label)",
+        )
+    return value
 
 
 def _get(
@@ -146,7 +201,15 @@ def _read_prompts_file(base: Path, name: str, loc: _Located) -> list[str]:
     path = (base / name).resolve()
     if not path.is_file():
         raise loc.error("workload", "prompts_file", f"names {path}, which does not exist")
-    chunks = re.split(r"^---\s*$", path.read_text(encoding="utf-8"), flags=re.MULTILINE)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise loc.error(
+            "workload", "prompts_file", f"names {path}, which is not UTF-8 text (byte {exc.start})"
+        ) from None
+    except OSError as exc:
+        raise loc.error("workload", "prompts_file", f"names {path}, which cannot be read ({exc})") from None
+    chunks = re.split(r"^---\s*$", text, flags=re.MULTILINE)
     prompts = [c.strip("\n") for c in chunks if c.strip()]
     if not prompts:
         raise loc.error("workload", "prompts_file", f"names {path}, which holds no prompt")
@@ -181,6 +244,8 @@ def _workload(src: dict[str, Any], loc: _Located, base: Path) -> Workload:
     min_tokens = _get(src, loc, table, "min_tokens", int, None)
     if max_tokens is not None:
         _positive(max_tokens, loc, table, "max_tokens")
+    if min_tokens is not None and min_tokens < 0:
+        raise loc.error(table, "min_tokens", f"must be at least 0, got {min_tokens}")
     if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
         raise loc.error(table, "min_tokens", f"({min_tokens}) is larger than max_tokens ({max_tokens})")
     temperature = _get(src, loc, table, "temperature", (int, float), None)
@@ -231,21 +296,48 @@ def _launch(src: dict[str, Any], loc: _Located) -> LaunchConfig:
 
 
 def _variants(raw: Any, loc: _Located) -> list[Variant]:
-    if not isinstance(raw, list) or not raw:
+    if raw is not None and not isinstance(raw, list):
+        raise loc.error("", "variants", f"must be [[variants]] tables, got {type(raw).__name__} {raw!r}")
+    if not raw:
         raise loc.error("", "variants", "is missing; add at least one [[variants]] table with `name`")
     out: list[Variant] = []
-    for src in raw:
+    for index, src in enumerate(raw):
         table = "variants"
-        _unknown_keys(src, {"name", "url", "launch"}, loc, table)
-        name = _get(src, loc, table, "name", str)
+        if not isinstance(src, dict):
+            raise loc.error(
+                "",
+                "variants",
+                f"entry {index + 1} is {src!r}; each variant is a [[variants]] table with `name`",
+            )
+        where = loc.in_variant(index)
+        _unknown_keys(src, {"name", "url", "launch", "execution_mode"}, where, table)
+        name = _safe_name(_get(src, where, table, "name", str), where, table)
         if any(v.name == name for v in out):
-            raise loc.error(table, "name", f"{name!r} is used twice; variant names must be unique")
-        url = _get(src, loc, table, "url", str, None)
+            raise where.error(table, "name", f"{name!r} is used twice; variant names must be unique")
+        url = _get(src, where, table, "url", str, None)
         if url is not None and not re.match(r"^https?://", url):
-            raise loc.error(table, "url", f"must start with http:// or https://, got {url!r}")
-        launch = _launch(src["launch"], loc) if "launch" in src else None
-        out.append(Variant(name=name, url=url.rstrip("/") if url else None, launch=launch))
+            raise where.error(table, "url", f"must start with http:// or https://, got {url!r}")
+        if "launch" in src and not isinstance(src["launch"], dict):
+            raise where.error(table, "launch", "must be a [variants.launch] table")
+        launch = _launch(src["launch"], where) if "launch" in src else None
+        out.append(
+            Variant(
+                name=name,
+                url=url.rstrip("/") if url else None,
+                launch=launch,
+                execution_mode=_execution_mode(src, where),
+            )
+        )
     return out
+
+
+def _execution_mode(src: dict[str, Any], loc: _Located) -> str | None:
+    mode = _get(src, loc, "variants", "execution_mode", str, None)
+    if mode is not None and mode not in EXECUTION_MODES:
+        raise loc.error(
+            "variants", "execution_mode", f"must be one of {', '.join(EXECUTION_MODES)}, got {mode!r}"
+        )
+    return mode
 
 
 def parse_scenario(text: str, path: Path) -> Scenario:
@@ -260,11 +352,12 @@ def parse_scenario(text: str, path: Path) -> Scenario:
         raise loc.error("", "endpoint", f"must be one of {', '.join(ENDPOINTS)}, got {endpoint!r}")
     if "workload" not in raw:
         raise loc.error("", "workload", "is missing; add a [workload] table with prompts and max_tokens")
+    workload = _table(raw, "workload", loc, "write a [workload] table with prompts and max_tokens")
     return Scenario(
-        name=_get(raw, loc, "", "name", str),
+        name=_safe_name(_get(raw, loc, "", "name", str), loc, ""),
         endpoint=endpoint,
         model=_get(raw, loc, "", "model", str, "auto"),
-        workload=_workload(raw["workload"], loc, path.parent),
+        workload=_workload(workload, loc, path.parent),
         variants=_variants(raw.get("variants"), loc),
         path=path,
     )

@@ -198,20 +198,40 @@ def test_report_rederives_from_requests_jsonl(sim, tmp_path: Path) -> None:
     assert "common_cap" in (run_dir / "report.md").read_text()
 
 
-def test_repeated_experiment_is_refused_unless_forced(sim, tmp_path: Path) -> None:
+def test_repeated_experiment_is_named_and_refused_only_with_no_repeat(sim, tmp_path: Path) -> None:
     path = scenario(tmp_path, sim())
     first = itlaudit("run", str(path), "--out", str(tmp_path / "first"), cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     again = itlaudit("run", str(path), "--out", str(tmp_path / "again"), cwd=tmp_path)
-    _one_line_error(again, "'first'", "--force")
-    assert (
-        not (tmp_path / "again" / "requests.jsonl").exists()
-        or not (tmp_path / "again" / "requests.jsonl").read_text()
+    assert again.returncode == 0, again.stderr
+    (warning,) = [line for line in again.stderr.splitlines() if "same experiment" in line]
+    assert "run 'first'" in warning
+    assert f"`itlaudit diff {tmp_path / 'first'} {tmp_path / 'again'}`" in warning
+    refused = itlaudit("run", str(path), "--out", str(tmp_path / "refused"), "--no-repeat", cwd=tmp_path)
+    _one_line_error(refused, "'first'", "--no-repeat")
+    assert not (tmp_path / "refused" / "requests.jsonl").read_text()
+    reused = itlaudit("run", str(path), "--out", str(tmp_path / "refused"), cwd=tmp_path)
+    assert reused.returncode == 0, reused.stderr  # a refused start holds no run: the folder is reusable
+    forced = itlaudit(
+        "run", str(path), "--out", str(tmp_path / "forced"), "--no-repeat", "--force", cwd=tmp_path
     )
-    forced = itlaudit("run", str(path), "--out", str(tmp_path / "forced"), "--force", cwd=tmp_path)
     assert forced.returncode == 0, forced.stderr
-    ledger_lines = (tmp_path / "reports" / "ledger.jsonl").read_text().splitlines()
-    assert [json.loads(line)["run_id"] for line in ledger_lines if "run_id" in line] == ["first", "forced"]
+    lines = [json.loads(line) for line in (tmp_path / "reports" / "ledger.jsonl").read_text().splitlines()]
+    assert [(line["run_id"], line["repeat_of"]) for line in lines] == [
+        ("first", None),
+        ("again", "first"),
+        ("refused", "first"),
+        ("forced", "first"),
+    ]
+
+
+def test_same_scenario_against_a_second_server_is_another_experiment(sim, tmp_path: Path) -> None:
+    """The fingerprint holds the URL: the same build on two machines is two experiments."""
+    first = itlaudit("run", str(scenario(tmp_path, sim())), "--out", str(tmp_path / "a"), cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    second = itlaudit("run", str(scenario(tmp_path, sim())), "--out", str(tmp_path / "b"), cwd=tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert "same experiment" not in second.stderr
 
 
 def test_compare_explains_a_greedy_divergence_with_both_top_logprobs(sim, tmp_path: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 
 from reportkit import stream
@@ -9,7 +11,8 @@ from typer.testing import CliRunner
 
 from itlaudit.cli import app
 from itlaudit.diff import diff_runs, render_diff
-from itlaudit.records import RecordWriter, RequestRecord
+from itlaudit.errors import RecordsError
+from itlaudit.records import STATUS_HTTP_ERROR, RecordWriter, RequestRecord
 
 
 def run(
@@ -71,3 +74,43 @@ def test_fail_on_worse_exit_code(tmp_path: Path) -> None:
     assert result.exit_code == 1
     assert "| K0 | token ITL (ms) |" in result.output
     assert runner.invoke(app, ["diff", str(base), str(slow)]).exit_code == 0
+
+
+def _meta(folder: Path, scenario: str) -> None:
+    (folder / "meta.json").write_text(json.dumps({"scenario": scenario, "variants": {"K0": {}}}))
+
+
+def test_diff_of_different_workloads_is_refused_unless_forced(tmp_path: Path) -> None:
+    base = _write(tmp_path / "base", run("K0", 12))
+    _meta(base, "short-decode")
+    other = _write(
+        tmp_path / "other", [replace(r, params=replace(r.params, max_tokens=128)) for r in run("K0", 12)]
+    )
+    _meta(other, "long-decode")
+    runner = CliRunner()
+    refused = runner.invoke(app, ["diff", str(base), str(other), "--fail-on", "worse"])
+    assert isinstance(refused.exception, RecordsError)  # cli.main prints it as one line, exit 2
+    assert refused.exception.exit_code == 2
+    message = str(refused.exception)
+    assert "ran different workloads" in message and "--force" in message
+    assert "scenario short-decode vs long-decode" in message and '"max_tokens": 128' in message
+    forced = runner.invoke(app, ["diff", str(base), str(other), "--force"])
+    assert forced.exit_code == 0, forced.output
+    same_workload = _write(tmp_path / "again", run("K0", 12, seed=3))
+    _meta(same_workload, "short-decode")
+    assert runner.invoke(app, ["diff", str(base), str(same_workload)]).exit_code == 0
+
+
+def test_a_risen_error_rate_is_worse_even_when_every_new_request_failed(tmp_path: Path) -> None:
+    failed = [replace(r, status=STATUS_HTTP_ERROR, http_status=500, error="boom") for r in run("K0", 12)]
+    diff = diff_runs(run("K0", 12), failed)
+    assert verdict(diff, "error_rate") == "worse"
+    assert verdict(diff, "itl_ms") == "unknown"  # nothing left to time
+    base = _write(tmp_path / "base", run("K0", 12))
+    broken = _write(tmp_path / "broken", failed)
+    result = CliRunner().invoke(app, ["diff", str(base), str(broken), "--fail-on", "worse"])
+    assert result.exit_code == 1
+    assert "| K0 | error rate | 0 | 1 |" in result.output
+    one_more = [*run("K0", 11), failed[0]]
+    assert verdict(diff_runs(run("K0", 12), one_more), "error_rate") == "worse"
+    assert verdict(diff_runs(run("K0", 12), run("K0", 12, seed=2)), "error_rate") == "same"

@@ -30,7 +30,7 @@ def test_engine_env_is_kept_and_secrets_redacted() -> None:
     }
     assert recorded_env(env) == {
         "CUTE_DSL_ARCH": "sm_121a",
-        "VLLM_API_KEY": "<redacted>",
+        "VLLM_API_KEY": "***",
         "VLLM_ATTENTION_BACKEND": "FLASHINFER",
     }
 

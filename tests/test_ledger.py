@@ -72,21 +72,47 @@ def test_version_is_recovered_from_system_fingerprint() -> None:
     assert ledger.version_from_system_fingerprint("fp_abc") is None
 
 
-def test_check_new_run_refuses_a_repeat_and_force_accepts_it(tmp_path: Path) -> None:
+def test_check_new_run_names_a_repeat_and_refuses_it_only_with_no_repeat(tmp_path: Path) -> None:
     path = tmp_path / "ledger.jsonl"
     fingerprint = ledger.variant_fingerprint(_launched(tmp_path, []), "K0", SERVER)
-    ledger.check_new_run(fingerprint, path)  # empty ledger: fine
-    ledger.append(path, [ledger.run_line("run-1", tmp_path / "run-1", fingerprint, {"requests": 2}, False)])
-    with pytest.raises(ledger.DuplicateRunError, match=r"run .run-1.*--force"):
-        ledger.check_new_run(fingerprint, path)
-    ledger.check_new_run(fingerprint, path, force=True)
-    ledger.check_new_run(ledger.variant_fingerprint(_launched(tmp_path, ["-x"]), "K0", SERVER), path)
+    assert ledger.check_new_run(fingerprint, path) is None  # empty ledger
+    ledger.append(path, [ledger.run_line("run-1", tmp_path / "run-1", fingerprint, {"requests": 2})])
+    earlier = ledger.check_new_run(fingerprint, path)
+    assert earlier is not None and earlier["run_id"] == "run-1"
+    warning = ledger.repeat_warning(earlier, "K0", tmp_path / "run-2")
+    assert f"`itlaudit diff {tmp_path / 'run-1'} {tmp_path / 'run-2'}`" in warning
+    with pytest.raises(ledger.DuplicateRunError, match=r"run .run-1.*--no-repeat"):
+        ledger.check_new_run(fingerprint, path, no_repeat=True)
+    other = ledger.variant_fingerprint(_launched(tmp_path, ["-x"]), "K0", SERVER)
+    assert ledger.check_new_run(other, path, no_repeat=True) is None
+
+
+def test_fingerprint_holds_the_url_and_for_launched_servers_the_gpu(tmp_path: Path) -> None:
+    plain = parse_scenario(SCENARIO.format(url="http://x"), tmp_path / "s.toml")
+    one = ledger.variant_fingerprint(plain, "K0", SERVER, url="http://gb10:8000")
+    two = ledger.variant_fingerprint(plain, "K0", SERVER, url="http://sm120:8000")
+    assert one.digest != two.digest and one.build["url"] == "http://gb10:8000"
+    unknown = {"version": None, "system_fingerprint": None}
+    assert (
+        ledger.variant_fingerprint(plain, "K0", unknown, url="http://a").digest
+        != ledger.variant_fingerprint(plain, "K0", unknown, url="http://b").digest
+    )
+    gb10 = [{"name": "NVIDIA GB10", "compute_capability": "12.1", "driver": "580"}]
+    h200 = [{"name": "NVIDIA H200", "compute_capability": "9.0", "driver": "580"}]
+    launched = _launched(tmp_path, [])
+    on_gb10 = ledger.variant_fingerprint(launched, "K0", SERVER, url="http://127.0.0.1:4001", gpus=gb10)
+    assert on_gb10.build["gpus"] == ["NVIDIA GB10 (sm 12.1)"]
+    assert on_gb10.build["url"] is None  # a launched server's port is new every time
+    same = ledger.variant_fingerprint(launched, "K0", SERVER, url="http://127.0.0.1:4999", gpus=gb10)
+    assert same.digest == on_gb10.digest
+    assert ledger.variant_fingerprint(launched, "K0", SERVER, gpus=h200).digest != on_gb10.digest
+    assert ledger.variant_fingerprint(launched, "K0", SERVER, gpus=None).build["gpus"] is None
 
 
 def test_matrix_attaches_the_latest_conclusion(tmp_path: Path) -> None:
     fingerprint = ledger.variant_fingerprint(_launched(tmp_path, []), "K0", SERVER)
     lines = [
-        ledger.run_line("run-1", tmp_path, fingerprint, {"requests": 2, "outputs_sha256": "ab" * 32}, False),
+        ledger.run_line("run-1", tmp_path, fingerprint, {"requests": 2, "outputs_sha256": "ab" * 32}),
         ledger.conclusion_line("run-1", "K0", "first guess"),
         ledger.conclusion_line("run-1", "K0", "FULL graph is not the cause"),
     ]
@@ -96,7 +122,7 @@ def test_matrix_attaches_the_latest_conclusion(tmp_path: Path) -> None:
     assert row["build"] == "vllm 0.32.0 (vllm-0.32.0-67068cd2)"
 
 
-def test_ledger_command_refuses_a_repeated_run_and_accepts_force(tmp_path: Path) -> None:
+def test_ledger_command_names_a_repeat_and_refuses_it_with_no_repeat(tmp_path: Path) -> None:
     book = str(tmp_path / "ledger.jsonl")
     with sim_server(SimConfig(ttft_ms=1, step_ms=0)) as url:
         scenario = parse_scenario(_scenario(tmp_path, url).read_text(), _scenario(tmp_path, url))
@@ -105,13 +131,14 @@ def test_ledger_command_refuses_a_repeated_run_and_accepts_force(tmp_path: Path)
 
     added = itlaudit("ledger", "--ledger", book, "add", str(first))
     assert added.returncode == 0, added.stderr
-    refused = itlaudit("ledger", "--ledger", book, "add", str(second))
+    refused = itlaudit("ledger", "--ledger", book, "add", "--no-repeat", str(second))
     assert refused.returncode == 2
-    assert "run 'run-1'" in refused.stderr and "--force" in refused.stderr
+    assert "run 'run-1'" in refused.stderr and "--no-repeat" in refused.stderr
     assert refused.stderr.count("\n") == 1
     assert len(Path(book).read_text().splitlines()) == 1  # nothing written on refusal
-    forced = itlaudit("ledger", "--ledger", book, "add", "--force", str(second))
-    assert forced.returncode == 0, forced.stderr
+    repeated = itlaudit("ledger", "--ledger", book, "add", str(second))
+    assert repeated.returncode == 0, repeated.stderr
+    assert "same experiment as run 'run-1'" in repeated.stdout
 
     lines = [json.loads(line) for line in Path(book).read_text().splitlines()]
     assert [line["run_id"] for line in lines] == ["run-1", "run-2"]
@@ -122,7 +149,7 @@ def test_ledger_command_refuses_a_repeated_run_and_accepts_force(tmp_path: Path)
     assert concluded.returncode == 0, concluded.stderr
     rows = ledger.matrix(ledger.load_ledger(Path(book)))
     assert [r["conclusion"] for r in rows] == ["baseline is clean", ""]
-    assert rows[1]["result"].endswith("(forced)")
+    assert rows[1]["result"].endswith("(repeat of run-1)")
     shown = itlaudit("ledger", "--ledger", book)
     assert shown.returncode == 0 and "run-1" in shown.stdout and "conclusion" in shown.stdout
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,10 @@ def test_speedup_direction() -> None:
     assert speedup(12.0, 4.0, lower_is_better=True) == 3.0
     assert speedup(80.0, 240.0, lower_is_better=False) == 3.0
     assert speedup(None, 4.0, lower_is_better=True) is None
+
+
+def test_dollar_signs_in_a_variant_name_are_text_not_mathtext(tmp_path: Path) -> None:
+    """A run folder from before names were validated (or a report over folders named so) still plots."""
+    records = [replace(r, variant="K3 $\\frac{a}{b$" if r.variant == "K3" else r.variant) for r in k0_k3()]
+    written = write_plots(views(records), tmp_path)
+    assert written and all(p.stat().st_size > 0 for _, p in written)

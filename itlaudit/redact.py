@@ -1,0 +1,107 @@
+"""The one redaction policy: every file itlaudit writes (meta.json, the ledger, reports, copied server
+logs) passes what it records from environments and command lines through here.
+
+A name containing KEY, TOKEN, SECRET, PASSWORD or AUTH (any case) marks a credential: the name stays,
+so a reader still sees that HF_TOKEN or --api-key was set, and the value becomes `***`. Run folders and
+ledgers get shared and committed; a credential in one is leaked for good.
+
+"Contains" is judged per word of the name (split at `-`, `_`, `.`): a word that ends in key, token,
+secret or password, or starts with auth, secret or password (HF_TOKEN, --api-key, APIKEY,
+AUTHORIZATION). A plain substring test would also mask --max-num-batched-tokens, --tokenizer and
+TOKENIZERS_PARALLELISM, which are experiment parameters a reader must see.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+MASK = "***"
+_SECRET_WORD = re.compile(r"^(.*(key|token|secret|password)|(auth|secret|password).*)$", re.IGNORECASE)
+_WORD_SPLIT = re.compile(r"[^A-Za-z0-9]+")
+# `--api-key=X`, `-e HF_TOKEN=X` (docker), `HF_TOKEN=X` (a shell prefix): NAME=VALUE in one argument.
+_ASSIGNMENT = re.compile(r"^(-{0,2}[A-Za-z_][\w.-]*)=(.*)$", re.DOTALL)
+# A value this short (`1`, `on`, `true`) is a switch, not a credential; masking it in free text would
+# mangle logs and the base64 images of report.html.
+_MIN_TEXT_SECRET = 8
+
+
+def is_secret_name(name: str) -> bool:
+    return any(_SECRET_WORD.match(word) for word in _WORD_SPLIT.split(name) if word)
+
+
+def redact_env(env: Mapping[str, str]) -> dict[str, str]:
+    return {key: (MASK if is_secret_name(key) else value) for key, value in env.items()}
+
+
+def redact_args(args: Sequence[str]) -> list[str]:
+    """`--api-key X` and `--api-key=X` keep the flag and lose the value; other arguments pass."""
+    out: list[str] = []
+    mask_next = False
+    for arg in args:
+        if mask_next and not arg.startswith("--"):
+            out.append(MASK)
+            mask_next = False
+            continue
+        mask_next = False
+        assignment = _ASSIGNMENT.match(arg)
+        if assignment and is_secret_name(assignment.group(1)):
+            out.append(f"{assignment.group(1)}={MASK}")
+        elif arg.startswith("-") and is_secret_name(arg):
+            out.append(arg)
+            mask_next = True
+        else:
+            out.append(arg)
+    return out
+
+
+def redact_json(data: Any) -> Any:
+    """A JSON-like value with every secret-named key's scalar value masked and every list of strings
+    treated as a command line."""
+    if isinstance(data, Mapping):
+        return {
+            key: (MASK if is_secret_name(str(key)) and _is_scalar(value) else redact_json(value))
+            for key, value in data.items()
+        }
+    if isinstance(data, list | tuple):
+        if data and all(isinstance(item, str) for item in data):
+            return redact_args(data)
+        return [redact_json(item) for item in data]
+    return data
+
+
+def _is_scalar(value: Any) -> bool:
+    return value is not None and not isinstance(value, Mapping | list | tuple | bool)
+
+
+def secret_values(env: Mapping[str, str], args: Sequence[str]) -> set[str]:
+    """The credential values in an environment and a command line, for masking them in free text."""
+    values = {value for key, value in env.items() if is_secret_name(key)}
+    for original, masked in zip(args, redact_args(args), strict=True):
+        if masked == MASK:
+            values.add(original)
+        elif masked != original:
+            values.add(original.partition("=")[2])
+    return {v for v in values if len(v) >= _MIN_TEXT_SECRET}
+
+
+def redact_text(text: str, values: Iterable[str]) -> str:
+    for value in sorted(values, key=len, reverse=True):  # longest first: one secret may contain another
+        text = text.replace(value, MASK)
+    return text
+
+
+def redact_file(path: Path, values: Iterable[str]) -> None:
+    """Mask known secret values in a file written by someone else (a server's log); best effort."""
+    wanted = set(values)
+    if not wanted:
+        return
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        redacted = redact_text(text, wanted)
+        if redacted != text:
+            path.write_text(redacted, encoding="utf-8")
+    except OSError:
+        return

@@ -1,0 +1,112 @@
+"""A misbehaving OpenAI-compatible server for end-to-end fault tests: the simulator (itlaudit.sim) with
+one fault mode layered on top, run as its own process like a real server.
+
+    python tests/faultserver.py --port PORT --mode MODE [--step-ms MS] [--request-log PATH] [...]
+
+Modes (one per fault; add new ones to FAULTS):
+- clean: the simulator as is (with the request log).
+- no_version: /version answers 404, as SGLang, TGI, gateways and mock servers do.
+- stream_only: any non-streaming completion is refused with HTTP 400 (streaming-only proxies).
+- markup_error: every completion fails with HTTP 500 whose message is HTML markup.
+
+Arguments it does not know are accepted and logged the way vLLM logs its CLI at startup
+(`non-default args: {...}`), so a launched server's log holds whatever it was given: that is how a
+credential passed as `--api-key X` reaches a server log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from aiohttp import web
+
+from itlaudit.sim import SimConfig, make_app
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+MARKUP = '<img src=x onerror="alert(1)"> **bold** [link](http://x)'
+COMPLETION_PATHS = ("/v1/completions", "/v1/chat/completions")
+
+
+def _error(status: int, message: str) -> web.Response:
+    body = {"error": {"message": message, "type": "FaultServerError", "param": None, "code": status}}
+    return web.json_response(body, status=status)
+
+
+async def _no_version(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if request.path == "/version":
+        return _error(404, "Not Found")
+    return await handler(request)
+
+
+async def _stream_only(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if request.path in COMPLETION_PATHS and not (await request.json()).get("stream"):
+        return _error(400, "this server only streams; set stream=true")
+    return await handler(request)
+
+
+async def _markup_error(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if request.path in COMPLETION_PATHS:
+        return _error(500, f"engine failed: {MARKUP}")
+    return await handler(request)
+
+
+async def _clean(request: web.Request, handler: Handler) -> web.StreamResponse:
+    return await handler(request)
+
+
+FAULTS: dict[str, Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]] = {
+    "clean": _clean,
+    "no_version": _no_version,
+    "stream_only": _stream_only,
+    "markup_error": _markup_error,
+}
+
+
+def request_logger(path: Path | None) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    """One JSON line per request (path, whether it streamed, monotonic start/end), to show what landed
+    inside a /metrics window."""
+
+    @web.middleware
+    async def log(request: web.Request, handler: Handler) -> web.StreamResponse:
+        started = time.monotonic()
+        stream = None
+        if request.method == "POST" and request.can_read_body:
+            stream = bool((await request.json()).get("stream"))
+        response = await handler(request)
+        if path is not None:
+            line = {"path": request.path, "stream": stream, "start": started, "end": time.monotonic()}
+            with path.open("a", encoding="utf-8") as fh:
+                fh.write(json.dumps(line) + "\n")
+        return response
+
+    return log
+
+
+def make_fault_app(mode: str, config: SimConfig, request_log: Path | None = None) -> web.Application:
+    app = make_app(config)
+    app.middlewares.append(request_logger(request_log))
+    app.middlewares.append(web.middleware(FAULTS[mode]))
+    return app
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--mode", choices=sorted(FAULTS), default="clean")
+    parser.add_argument("--step-ms", type=float, default=5.0)
+    parser.add_argument("--num-speculative-tokens", type=int, default=0)
+    parser.add_argument("--request-log", type=Path)
+    known, unknown = parser.parse_known_args(argv)
+    print(f"non-default args: {{'mode': {known.mode!r}, 'extra': {unknown!r}}}", flush=True)
+    config = SimConfig(step_ms=known.step_ms, num_speculative_tokens=known.num_speculative_tokens)
+    app = make_fault_app(known.mode, config, known.request_log)
+    web.run_app(app, host="127.0.0.1", port=known.port, access_log=None, print=None)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

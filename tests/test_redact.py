@@ -1,0 +1,69 @@
+"""The one redaction policy (itlaudit/redact.py): which names are secret, and that each writer masks."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from reportkit import stream
+
+from itlaudit.records import STATUS_HTTP_ERROR
+from itlaudit.redact import MASK, is_secret_name, redact_args, redact_env, redact_text, secret_values
+from itlaudit.report import write_reports
+from itlaudit.summary import run_summary
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["HF_TOKEN", "VLLM_API_KEY", "--api-key", "OPENAI_APIKEY", "AUTHORIZATION", "db_password", "MY_SECRET_X"],
+)
+def test_credential_names_are_secret(name: str) -> None:
+    assert is_secret_name(name)
+
+
+@pytest.mark.parametrize(
+    "name", ["--max-num-batched-tokens", "--tokenizer", "TOKENIZERS_PARALLELISM", "max_tokens", "VLLM_USE_V1"]
+)
+def test_experiment_parameters_are_not(name: str) -> None:
+    assert not is_secret_name(name)
+
+
+def test_args_and_env_keep_names_and_lose_values() -> None:
+    args = ["--model", "/m", "--api-key", "sk-1", "--api-key=sk-2", "-e", "HF_TOKEN=hf-3", "--port", "1"]
+    assert redact_args(args) == [
+        "--model",
+        "/m",
+        "--api-key",
+        MASK,
+        f"--api-key={MASK}",
+        "-e",
+        f"HF_TOKEN={MASK}",
+        "--port",
+        "1",
+    ]
+    assert redact_env({"HF_TOKEN": "x", "VLLM_USE_V1": "1"}) == {"HF_TOKEN": MASK, "VLLM_USE_V1": "1"}
+    values = secret_values({"HF_TOKEN": "hf_abcdefgh"}, ["--api-key", "sk-longer-1", "--api-key=sk-longer-2"])
+    assert values == {"hf_abcdefgh", "sk-longer-1", "sk-longer-2"}
+    assert redact_text("key sk-longer-1 and hf_abcdefgh", values) == f"key {MASK} and {MASK}"
+
+
+def test_a_server_message_echoing_our_credential_is_masked_in_the_reports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VLLM_API_KEY", "sk-echoed-by-the-server")
+    failed = replace(
+        stream("K0"), status=STATUS_HTTP_ERROR, http_status=401, error="bad key sk-echoed-by-the-server"
+    )
+    records = [failed, stream("K0", 1)]
+    finding = {
+        "code": "http_error",
+        "severity": "error",
+        "message": failed.error,
+        "request_id": failed.request_id,
+        "evidence": {},
+    }
+    write_reports(tmp_path, "t", records, run_summary(records), [finding])
+    for name in ("report.md", "report.html"):
+        text = (tmp_path / name).read_text()
+        assert "sk-echoed-by-the-server" not in text and "bad key ***" in text
