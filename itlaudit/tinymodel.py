@@ -54,6 +54,7 @@ INIT_STD = 0.02
 RESIDUAL_SCALE = 0.25
 NUM_MTP_LAYERS = 1
 
+
 # Weights of one MiMo MTP layer as the checkpoint names them (model.mtp_layers.<i>.<name>), with shape
 # as a function of the config. From vLLM 0.24.0 models/mimo_mtp.py: MiMoMultiTokenPredictorLayer has
 # token_layernorm, hidden_layernorm (RMSNorm(hidden)), input_proj (Linear(2*hidden, hidden, bias=False)),
@@ -61,7 +62,9 @@ NUM_MTP_LAYERS = 1
 # gate/up/down MLP without, input/post-attention RMSNorms); MiMoMTP.map_model_name_to_mtp_param_name
 # inserts "mtp_block." before every name but the four MTP-only ones, and load_weights stacks q/k/v into
 # qkv_proj and gate/up into gate_up_proj.
-def mtp_layer_weights(hidden: int, heads: int, kv_heads: int, intermediate: int) -> dict[str, tuple[int, ...]]:
+def mtp_layer_weights(
+    hidden: int, heads: int, kv_heads: int, intermediate: int
+) -> dict[str, tuple[int, ...]]:
     head_dim = hidden // heads
     return {
         "token_layernorm.weight": (hidden,),
@@ -311,7 +314,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arch", choices=["llama", "mimo"], default="llama")
     args = parser.parse_args(argv)
     out = build(args.out_dir, seed=args.seed, draft_noise=args.draft_noise, arch=args.arch)
-    print(json.dumps({"out_dir": str(out), "seed": args.seed, "draft_noise": args.draft_noise, "arch": args.arch}))
+    print(
+        json.dumps(
+            {"out_dir": str(out), "seed": args.seed, "draft_noise": args.draft_noise, "arch": args.arch}
+        )
+    )
     return 0
 
 
