@@ -10,8 +10,16 @@ tests/fixtures/vllm-0.24.0-cuda-h200-prev/ holds an earlier session's runs (ngra
 
 from __future__ import annotations
 
+import hashlib
+import importlib.machinery
 import importlib.util
+import io
 import json
+import random
+import re
+import subprocess
+import tarfile
+import zipfile
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -187,3 +195,64 @@ def test_prev_ngram_run_stream_and_metrics_agree_on_accepted_tokens() -> None:
     assert decode_chunks == 1484 and ng["num_drafts"] == 1252
     stream_accepted = decode_tokens - decode_chunks
     assert abs(stream_accepted - ng["num_accepted_tokens"]) / ng["num_accepted_tokens"] < 0.005
+
+
+def _script(name: str) -> ModuleType:
+    path = Path(__file__).parents[1] / "scripts" / "gpu" / name
+    loader = importlib.machinery.SourceFileLoader(f"gpu_{name}", str(path))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    return module
+
+
+def _wheel(path: Path, members: dict[str, bytes], requires: list[str]) -> Path:
+    name, version = path.name.split("-")[:2]
+    meta = "".join(f"Requires-Dist: {r}\n" for r in requires)
+    with zipfile.ZipFile(path, "w") as zf:
+        for member, data in members.items():
+            zf.writestr(member, data)
+        zf.writestr(f"{name}-{version}.dist-info/METADATA", f"Name: {name}\nVersion: {version}\n{meta}")
+    return path
+
+
+def test_prepare_packs_a_site_tree_without_the_stripped_members_and_parts_join_back(tmp_path: Path) -> None:
+    prepare = _script("prepare")
+    kernel = random.Random(0).randbytes(20_000)  # incompressible, so the tarball needs several parts
+    vllm = _wheel(
+        tmp_path / "vllm-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+        {
+            "vllm/__init__.py": b"x = 1\n",
+            "vllm/_C_stable_libtorch.abi3.so": kernel,
+            **{m: b"dropped" for m in prepare.STRIP_MEMBERS},
+        },
+        ["torch==2.11.0", "xgrammar<1,>=0.2.1"],
+    )
+    dep = _wheel(
+        tmp_path / "xgrammar-0.2.5.post1-cp312-cp312-linux_x86_64.whl", {"xgrammar/__init__.py": b""}, []
+    )
+    tarball = prepare.pack([vllm, dep], tmp_path / "pkg" / "site.tar.xz")
+    digest = hashlib.sha256(tarball.read_bytes()).hexdigest()
+    parts = prepare.split(tarball, 4096)
+    assert len(parts) > 1 and all(p.stat().st_size <= 4096 for p in parts)
+    joined = b"".join(p.read_bytes() for p in parts)
+    assert hashlib.sha256(joined).hexdigest() == digest
+    with tarfile.open(fileobj=io.BytesIO(joined), mode="r:xz") as tar:
+        names = set(tar.getnames())
+        assert tar.extractfile("vllm/_C_stable_libtorch.abi3.so").read() == kernel
+    assert {"vllm/__init__.py", "vllm-0.24.0.dist-info/METADATA", "xgrammar/__init__.py"} <= names
+    assert not names & set(prepare.STRIP_MEMBERS)
+    # Requirements: markers evaluated for the box (Linux x86_64, CPython 3.12), extras kept apart.
+    assert [str(r) for r in prepare._requirements(vllm, set())] == ["torch==2.11.0", "xgrammar<1,>=0.2.1"]
+
+
+def test_lane_is_valid_bash_and_documents_every_stage() -> None:
+    lane = Path(__file__).parents[1] / "scripts" / "gpu" / "lane"
+    subprocess.run(["bash", "-n", str(lane)], check=True)
+    text = lane.read_text()
+    stages = re.findall(r"^stage_(\w+)\(\)", text, flags=re.M)
+    documented = re.findall(r"^#   (\w+)\s", text, flags=re.M)
+    assert stages == documented
+    default = re.search(r"STAGES=\((stash[^)]*)\)", text)
+    assert default is not None and default.group(1).split() == stages
+    for scenario in re.findall(r"compare_run \w+ (gpu-[\w-]+)", text):
+        assert (lane.parent / "scenarios" / f"{scenario}.toml").is_file()
