@@ -1,4 +1,4 @@
-"""Build a tiny random-weight Llama (plus tokenizer) that a real vLLM CPU server can load.
+"""Build a tiny random-weight Llama or MiMo (plus tokenizer) that a real vLLM server can load.
 
 No model can be downloaded on a testbed, yet the auditor needs a real engine to produce real wire
 traffic, so the model is synthesised locally. It is deliberately useless as a language model: only its
@@ -11,7 +11,21 @@ off sys.path so its subpackages cannot shadow stdlib modules; or ``python -m itl
 must never be imported by the rest of itlaudit. It is self-contained for the same reason: run by file
 path, it cannot import its own package.
 
-Output is byte-deterministic for a given (seed, draft_noise): weights come from an explicit
+``--arch mimo`` writes a MiMo checkpoint (Qwen2 body, ``architectures: ["MiMoForCausalLM"]``, one MTP
+layer under ``model.mtp_layers.0``): the smallest architecture whose multi-token-prediction head vLLM
+loads with ``{"method": "mtp"}`` (vLLM 0.24's config/speculative.py maps MiMoForCausalLM to
+MiMoMTPModel; models/mimo_mtp.py names the weights, see ``MTP_LAYER_WEIGHTS``). DeepSeek-V3's MTP needs
+MLA and Qwen3-Next's needs gated delta-net layers, both far larger machinery for the same wire traffic.
+
+A random MTP head would guess the target's next token about once in the vocabulary size, so acceptance
+would be ~0 and the run would say nothing about partial acceptance. The head is instead built to
+predict the target's *embedding path*: its decoder block adds nothing (zero output projections), its
+input projection keeps only the next token's embedding, so its logits are lm_head(norm(embed(token)))
+-- the target's own logits with the target's layers left out. The target's layers are scaled by
+``RESIDUAL_SCALE`` so they move its choice only sometimes: the head then agrees with the target often
+but not always, as a trained MTP head does.
+
+Output is byte-deterministic for a given (arch, seed, draft_noise): weights come from an explicit
 ``torch.Generator`` rather than transformers' init code (which changes between releases), and the BPE
 tokenizer is trained on the fixed corpus below.
 """
@@ -31,6 +45,46 @@ INTERMEDIATE = 256
 VOCAB = 512
 MAX_POS = 2048
 INIT_STD = 0.02
+
+# MiMo only: the target's attention and MLP output projections are multiplied by this, so the residual
+# stream is dominated by the token embedding and the MTP head (which sees only the embedding) agrees with
+# the target part of the time. Chosen on CPU (transformers fp32, greedy, 5 prompts x 256 tokens, K=3):
+# 1.0 gives conditional per-position agreement .19/.55/.16, 0.5 about the same, 0.25 gives .68/.61/.71
+# (2.4 tokens per step), 0.15 gives .87/.82/.90; the H200 run reports what vLLM actually accepted.
+RESIDUAL_SCALE = 0.25
+NUM_MTP_LAYERS = 1
+
+
+# Weights of one MiMo MTP layer as the checkpoint names them (model.mtp_layers.<i>.<name>), with shape
+# as a function of the config. From vLLM 0.24.0 models/mimo_mtp.py: MiMoMultiTokenPredictorLayer has
+# token_layernorm, hidden_layernorm (RMSNorm(hidden)), input_proj (Linear(2*hidden, hidden, bias=False)),
+# final_layernorm and an mtp_block = Qwen2DecoderLayer (models/qwen2.py: q/k/v with bias, o_proj and the
+# gate/up/down MLP without, input/post-attention RMSNorms); MiMoMTP.map_model_name_to_mtp_param_name
+# inserts "mtp_block." before every name but the four MTP-only ones, and load_weights stacks q/k/v into
+# qkv_proj and gate/up into gate_up_proj.
+def mtp_layer_weights(
+    hidden: int, heads: int, kv_heads: int, intermediate: int
+) -> dict[str, tuple[int, ...]]:
+    head_dim = hidden // heads
+    return {
+        "token_layernorm.weight": (hidden,),
+        "hidden_layernorm.weight": (hidden,),
+        "input_proj.weight": (hidden, 2 * hidden),
+        "final_layernorm.weight": (hidden,),
+        "input_layernorm.weight": (hidden,),
+        "post_attention_layernorm.weight": (hidden,),
+        "self_attn.q_proj.weight": (heads * head_dim, hidden),
+        "self_attn.q_proj.bias": (heads * head_dim,),
+        "self_attn.k_proj.weight": (kv_heads * head_dim, hidden),
+        "self_attn.k_proj.bias": (kv_heads * head_dim,),
+        "self_attn.v_proj.weight": (kv_heads * head_dim, hidden),
+        "self_attn.v_proj.bias": (kv_heads * head_dim,),
+        "self_attn.o_proj.weight": (hidden, heads * head_dim),
+        "mlp.gate_proj.weight": (intermediate, hidden),
+        "mlp.up_proj.weight": (intermediate, hidden),
+        "mlp.down_proj.weight": (hidden, intermediate),
+    }
+
 
 EOS = "<|endoftext|>"
 SPECIAL_TOKENS = [EOS, "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
@@ -110,10 +164,30 @@ def _train_tokenizer() -> object:
     return tok
 
 
-def _config(vocab_size: int, eos_id: int) -> object:
+def _config(arch: str, vocab_size: int, eos_id: int) -> object:
     import torch
-    from transformers import LlamaConfig
+    from transformers import LlamaConfig, Qwen2Config
 
+    if arch == "mimo":
+        # model_type stays "qwen2" (transformers knows it; "mimo" would need trust_remote_code): vLLM
+        # picks the model class from `architectures`, and its MTP override keys on that too.
+        return Qwen2Config(
+            vocab_size=vocab_size,
+            hidden_size=HIDDEN,
+            intermediate_size=INTERMEDIATE,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=HEADS,
+            num_key_value_heads=KV_HEADS,
+            max_position_embeddings=MAX_POS,
+            bos_token_id=eos_id,
+            eos_token_id=eos_id,
+            pad_token_id=eos_id,
+            tie_word_embeddings=False,
+            use_sliding_window=False,
+            architectures=["MiMoForCausalLM"],
+            num_nextn_predict_layers=NUM_MTP_LAYERS,
+            dtype=torch.bfloat16,
+        )
     return LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=HIDDEN,
@@ -151,10 +225,55 @@ def _init_weights(model: object, seed: int, draft_noise: float | None) -> None:
             param.copy_(value.to(param.dtype))
 
 
-def build(out_dir: Path, seed: int = 0, draft_noise: float | None = None) -> Path:
+def _scale_residual_branches(model: object) -> None:
+    """Shrink what each layer adds to the residual stream (MiMo target only; see RESIDUAL_SCALE)."""
+    import torch
+
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(("self_attn.o_proj.weight", "mlp.down_proj.weight")):
+                param.mul_(RESIDUAL_SCALE)
+
+
+def _mtp_tensors(model: object) -> dict[str, object]:
+    """The embedding-path MTP head (module docstring): identity on the next token's embedding."""
+    import torch
+
+    cfg = model.config
+    shapes = mtp_layer_weights(HIDDEN, HEADS, KV_HEADS, INTERMEDIATE)
+    tensors = {}
+    for i in range(NUM_MTP_LAYERS):
+        for name, shape in shapes.items():
+            if name.endswith("norm.weight"):
+                value = torch.ones(shape)
+            elif name == "input_proj.weight":
+                # cat([previous_hidden, token_embedding]) @ W.T: keep the embedding half only.
+                value = torch.cat([torch.zeros(HIDDEN, HIDDEN), torch.eye(HIDDEN)], dim=1)
+            elif name.endswith(("o_proj.weight", "down_proj.weight")):
+                value = torch.zeros(shape)  # the block adds nothing: its output is its input
+            else:
+                # Unused by the output (o_proj and down_proj are zero) but real, so vLLM loads and runs
+                # a full decoder layer per draft step, as with a trained head.
+                gen = torch.Generator().manual_seed(7919 * (i + 1) + len(name))
+                value = torch.normal(0.0, INIT_STD, shape, generator=gen)
+            tensors[f"model.mtp_layers.{i}.{name}"] = value.to(torch.bfloat16).contiguous()
+    assert cfg.num_nextn_predict_layers == NUM_MTP_LAYERS
+    return tensors
+
+
+def _add_mtp_layers(out_dir: Path, model: object) -> None:
+    from safetensors.torch import load_file, save_file
+
+    path = out_dir / "model.safetensors"
+    tensors = load_file(str(path))
+    tensors.update(_mtp_tensors(model))
+    save_file(dict(sorted(tensors.items())), str(path), metadata={"format": "pt"})
+
+
+def build(out_dir: Path, seed: int = 0, draft_noise: float | None = None, arch: str = "llama") -> Path:
     """Write config, safetensors weights, tokenizer and chat template into out_dir."""
     import torch
-    from transformers import GenerationConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import GenerationConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2ForCausalLM
 
     out_dir.mkdir(parents=True, exist_ok=True)
     raw_tok = _train_tokenizer()
@@ -168,12 +287,22 @@ def build(out_dir: Path, seed: int = 0, draft_noise: float | None = None) -> Pat
         chat_template=CHAT_TEMPLATE,
     )
     eos_id = tokenizer.convert_tokens_to_ids(EOS)
-    config = _config(len(tokenizer), eos_id)
-    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    config = _config(arch, len(tokenizer), eos_id)
+    model = (Qwen2ForCausalLM if arch == "mimo" else LlamaForCausalLM)(config).to(torch.bfloat16)
     _init_weights(model, seed, draft_noise)
+    if arch == "mimo":
+        _scale_residual_branches(model)
     model.generation_config = GenerationConfig(bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
+    if arch == "mimo":
+        _add_mtp_layers(out_dir, model)
+        # save_pretrained writes the class it saved (Qwen2ForCausalLM); vLLM must see MiMo.
+        config_path = out_dir / "config.json"
+        saved = json.loads(config_path.read_text())
+        saved["architectures"] = ["MiMoForCausalLM"]
+        saved["num_nextn_predict_layers"] = NUM_MTP_LAYERS
+        config_path.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
     return out_dir
 
 
@@ -182,9 +311,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--draft-noise", type=float, default=None)
+    parser.add_argument("--arch", choices=["llama", "mimo"], default="llama")
     args = parser.parse_args(argv)
-    out = build(args.out_dir, seed=args.seed, draft_noise=args.draft_noise)
-    print(json.dumps({"out_dir": str(out), "seed": args.seed, "draft_noise": args.draft_noise}))
+    out = build(args.out_dir, seed=args.seed, draft_noise=args.draft_noise, arch=args.arch)
+    print(
+        json.dumps(
+            {"out_dir": str(out), "seed": args.seed, "draft_noise": args.draft_noise, "arch": args.arch}
+        )
+    )
     return 0
 
 
