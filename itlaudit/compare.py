@@ -22,6 +22,7 @@ from itlaudit.lossless import SPEC_DECODE_OUTPUT_MISMATCH, prompt_index
 from itlaudit.orchestrate import LedgerPolicy, RunOutcome, run_scenario
 from itlaudit.records import RequestRecord
 from itlaudit.rundir import write_derived, write_json
+from itlaudit.runner import CaptureOptions
 from itlaudit.scenario import Scenario
 from itlaudit.specdecode import CounterSnapshot, parse_counters, spec_decode_delta
 
@@ -81,6 +82,7 @@ def run_compare(
     run_dir: Path | None = None,
     console: Console | None = None,
     ledger: LedgerPolicy | None = None,
+    capture: CaptureOptions | None = None,
 ) -> tuple[RunOutcome, dict[str, Any]]:
     snapshots: dict[str, dict[str, Any]] = {}
 
@@ -101,6 +103,7 @@ def run_compare(
         before_variant=before,
         after_variant=after,
         ledger=ledger,
+        capture=capture,
     )
     spec_stats = {}
     for variant in scenario.variants:

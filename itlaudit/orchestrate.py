@@ -22,7 +22,7 @@ from itlaudit.environment import host_environment, server_environment
 from itlaudit.errors import ScenarioError
 from itlaudit.records import RecordWriter, RequestRecord
 from itlaudit.rundir import META_FILE, REQUESTS_FILE, new_run_dir, write_derived, write_json
-from itlaudit.runner import resolve_model, run_variant
+from itlaudit.runner import CaptureOptions, resolve_model, run_variant
 from itlaudit.scenario import LaunchConfig, Scenario, Variant
 
 if TYPE_CHECKING:
@@ -138,6 +138,7 @@ def run_scenario(
     before_variant: VariantHook | None = None,
     after_variant: VariantHook | None = None,
     ledger: LedgerPolicy | None = None,
+    capture: CaptureOptions | None = None,
 ) -> RunOutcome:
     """Run every variant in turn. With a ledger, a variant whose fingerprint (build, args, env,
     workload) was already run is refused before it is measured, and the finished run is recorded."""
@@ -182,8 +183,22 @@ def run_scenario(
                 if before_variant is not None:
                     meta["variants"][variant.name]["before"] = before_variant(variant.name, base_url)
                 progress.update(task, description=f"{variant.name} @ {base_url}")
+
+                def on_capture(workers: dict[str, Any], name: str = variant.name) -> None:
+                    """The capture workers (pids, clock offsets) land in meta.json before they stream."""
+                    meta["variants"][name].update(workers)
+                    write_json(run_dir / META_FILE, meta)
+
                 done = asyncio.run(
-                    run_variant(scenario, variant.name, base_url, writer, lambda _r: progress.advance(task))
+                    run_variant(
+                        scenario,
+                        variant.name,
+                        base_url,
+                        writer,
+                        lambda _r: progress.advance(task),
+                        options=capture,
+                        on_capture=on_capture,
+                    )
                 )
                 records += done
                 launched = variant.launch if not override else None

@@ -352,7 +352,7 @@ def _timed(times: list[float]) -> ChunkSeries:
 def test_chunks_coalesced_fires_on_bursts() -> None:
     # 8 content chunks in two reads of 4: 6 of the 7 gaps are zero, a real starved-server pattern.
     times = [10.0, 10.0, 10.0, 10.0, 50.0, 50.0, 50.0, 50.0]
-    rec = record(max_tokens=8, chunks=_timed(times), client_overhead_ms=1.0, e2e_ms=60.0)
+    rec = record(max_tokens=8, chunks=_timed(times), loop_lag_p99_ms=0.05, e2e_ms=60.0)
     found = only(rec, "chunks_coalesced")
     assert found.evidence["zero_gaps"] == 6 and found.evidence["gaps"] == 7
     assert found.evidence["largest_burst"] == 4
@@ -361,8 +361,26 @@ def test_chunks_coalesced_fires_on_bursts() -> None:
 
 def test_chunks_coalesced_blames_a_busy_client() -> None:
     times = [10.0, 10.0, 10.0, 10.0, 50.0, 50.0, 50.0, 50.0]
-    rec = record(max_tokens=8, chunks=_timed(times), client_overhead_ms=50.0, e2e_ms=60.0)
-    assert "client was busy" in only(rec, "chunks_coalesced").message
+    rec = record(max_tokens=8, chunks=_timed(times), loop_lag_p99_ms=3.0, loop_lag_max_ms=9.0, e2e_ms=60.0)
+    assert "loop was saturated" in only(rec, "chunks_coalesced").message
+
+
+def test_client_saturated_fires_when_loop_lag_passes_5_percent_of_token_itl() -> None:
+    # 8 tokens over 70 ms: token ITL 10 ms, so the line is 0.5 ms of loop-lag p99.
+    times = [10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0]
+    rec = record(max_tokens=8, chunks=_timed(times), loop_lag_p99_ms=0.6, loop_lag_max_ms=4.0)
+    found = only(rec, "client_saturated")
+    assert found.severity == "warning"
+    assert found.evidence["itl_ms"] == pytest.approx(10.0)
+    assert found.evidence["share"] == pytest.approx(0.06)
+    assert "more --workers or fewer concurrent streams" in found.message
+
+
+@pytest.mark.parametrize("lag", [None, 0.0, 0.49])
+def test_client_saturated_quiet_while_the_loop_keeps_up(lag: float | None) -> None:
+    times = [10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0]
+    rec = record(max_tokens=8, chunks=_timed(times), loop_lag_p99_ms=lag, loop_lag_max_ms=lag)
+    assert "client_saturated" not in codes(rec)
 
 
 def test_chunks_coalesced_quiet_on_spread_arrivals() -> None:

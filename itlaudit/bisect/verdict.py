@@ -20,7 +20,9 @@ import numpy as np
 
 from itlaudit import findings, stats
 from itlaudit.bisect.errors import BisectError
+from itlaudit.records import load_records
 from itlaudit.rundir import REQUESTS_FILE, SUMMARY_FILE
+from itlaudit.summary import derive_request
 
 MODES = ("itl", "truncation", "error")
 TRUNCATION_CODES = frozenset(
@@ -92,13 +94,12 @@ def read_trial(run_dir: Path) -> Trial:
     blocks = list(summary["variants"].values())
     itl: list[float] = []
     tokens: list[int] = []
-    with (run_dir / REQUESTS_FILE).open(encoding="utf-8") as fh:
-        for line in fh:
-            row = json.loads(line)
-            if row.get("itl_ms") is not None:
-                itl.append(float(row["itl_ms"]))
-            if row.get("completion_tokens") is not None:
-                tokens.append(int(row["completion_tokens"]))
+    for record in load_records(run_dir / REQUESTS_FILE):
+        figures = derive_request(record)  # raw lines carry no figures: derive them, never read copies
+        if figures["itl_ms"] is not None:
+            itl.append(float(figures["itl_ms"]))
+        if record.completion_tokens is not None:
+            tokens.append(int(record.completion_tokens))
     counts: Counter[str] = Counter()
     for block in blocks:
         counts.update(block["findings"])
