@@ -59,9 +59,7 @@ StampMode = Literal["kernel", "loop"]
 # asm-generic value of SO_TIMESTAMPNS (= SCM_TIMESTAMPNS); the Python socket module does not export it.
 # Alpha, MIPS, PA-RISC and SPARC number their socket options differently, hence the machine list.
 _SO_TIMESTAMPNS = 35
-_GENERIC_SOCKOPT_MACHINES = frozenset(
-    "x86_64 amd64 i386 i686 aarch64 arm64 armv7l armv6l riscv64 ppc64le ppc64 s390x loongarch64".split()
-)
+_GENERIC_SOCKOPT_MACHINES = frozenset({"x86_64", "i686", "aarch64", "armv7l", "riscv64", "ppc64le", "s390x"})
 _TIMESPEC = struct.Struct("@ll")  # struct timespec {time_t tv_sec; long tv_nsec;}
 _ANCILLARY_SIZE = 64  # one cmsghdr + timespec needs 32 bytes on 64-bit Linux
 _READ_SIZE = 256 * 1024  # asyncio's own per-recv size
