@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
+import os
 import platform
 import socket
 import ssl
@@ -74,15 +75,46 @@ _time_ns = time.time_ns
 
 @functools.cache
 def kernel_stamps_supported() -> bool:
-    """True where SO_TIMESTAMPNS (Linux) is available."""
+    """True where SO_TIMESTAMPNS (Linux) is available.
+
+    Linux switches receive timestamping on system-wide only while some socket asks for it, and switches
+    it on in deferred work: a socket opened while it is off gets unstamped packets for a while (a quarter
+    of fresh loopback connections did here). So the first call opens a keeper socket that holds it on for
+    the life of the process and waits (up to ~0.1 s, once) until a loopback probe shows a stamp, which also
+    proves that the platform really delivers them rather than just accepting the option.
+    """
     if sys.platform != "linux" or platform.machine().lower() not in _GENERIC_SOCKOPT_MACHINES:
         return False
+    keeper = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
-            return probe.getsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS) == 1
+        keeper.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+        if _loopback_delivers_stamps():
+            _KEEPERS.append(keeper)
+            return True
     except OSError:
-        return False
+        pass
+    keeper.close()
+    return False
+
+
+_KEEPERS: list[socket.socket] = []
+
+
+def _loopback_delivers_stamps() -> bool:
+    with (
+        socket.create_server(("127.0.0.1", 0)) as listener,
+        socket.create_connection(listener.getsockname()) as client,
+    ):
+        client.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+        server, _ = listener.accept()
+        with server:
+            for _ in range(50):
+                server.sendall(b"x")
+                _data, ancillary, _flags, _address = client.recvmsg(1, _ANCILLARY_SIZE)
+                if any(kind == _SO_TIMESTAMPNS for _level, kind, _payload in ancillary):
+                    return True
+                time.sleep(0.002)
+    return False
 
 
 @dataclass(frozen=True)
@@ -128,7 +160,10 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _connect_failure(target: _Target, exc: OSError) -> ConnectFailed:
-    reason = exc.strerror or _one_line(exc)
+    if exc.errno and not isinstance(exc, socket.gaierror):  # asyncio's strerror is "Connect call failed ..."
+        reason = os.strerror(exc.errno)
+    else:
+        reason = exc.strerror or _one_line(exc)
     return ConnectFailed(
         f"cannot connect to {target.label}: {reason} (is the server up, and the URL's host and port right?)"
     )
