@@ -273,6 +273,66 @@ async def test_close_after_a_timeout_closes_the_socket(serve: type[ScriptedServe
 
 
 @pytest.mark.parametrize("mode", MODES)
+async def test_aclose_ends_a_read_waiting_in_another_task(serve: type[ScriptedServer], mode: str) -> None:
+    server = serve([b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\npartial", HOLD])  # close-delimited
+    stream = await open_test_stream(server.url(), mode)
+    assert (await stream.read(5) or (0, b""))[1] == b"partial"
+    waiting = asyncio.create_task(stream.read(5))
+    await asyncio.sleep(0.05)
+    await stream.aclose()
+    with pytest.raises(ConnectionDropped, match="closed by aclose"):  # not a clean end of the body
+        await waiting
+
+
+class FakeTimestampingSocket:
+    """Hands _KernelReader canned recvmsg results; a real descriptor only so that add_reader accepts it."""
+
+    def __init__(self, fd: int, replies: list[tuple[bytes, list[tuple[int, int, bytes]], int, None]]) -> None:
+        self._fd = fd
+        self.replies = replies
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def recvmsg(
+        self, size: int, ancillary_size: int
+    ) -> tuple[bytes, list[tuple[int, int, bytes]], int, None]:
+        return self.replies.pop(0)
+
+
+async def test_kernel_stamps_are_converted_to_monotonic_and_clamped() -> None:
+    def received_at(wall_ns: int) -> list[tuple[int, int, bytes]]:
+        return [(socket.SOL_SOCKET, transport._SO_TIMESTAMPNS, struct.pack("@ll", *divmod(wall_ns, 10**9)))]
+
+    monotonic, wall = time.monotonic_ns(), time.time_ns()
+    replies = [
+        (b"a", received_at(wall - 30 * MS), 0, None),  # received 30 ms before `monotonic`
+        (b"b", received_at(wall + 10**9), 0, None),  # after the read itself (a wall-clock step): clamped
+        (b"c", received_at(wall - 10**10), 0, None),  # before the previous read's stamp: clamped to it
+        (b"d", [], 0, None),  # not stamped by the kernel: the read's own time
+    ]
+    loop = asyncio.get_running_loop()
+    inbox = transport._Inbox(loop)
+    left, right = socket.socketpair()
+    reader = transport._KernelReader(loop, FakeTimestampingSocket(left.fileno(), replies), inbox)  # type: ignore[arg-type]
+    windows = []
+    try:
+        for _ in range(4):
+            before = time.monotonic_ns()
+            reader._on_readable()
+            windows.append((before, time.monotonic_ns()))
+    finally:
+        reader.stop()
+        left.close()
+        right.close()
+    (a, _), (b, _), (c, _), (d, _) = inbox.pieces
+    assert abs(a - (monotonic - 30 * MS)) < MS
+    assert windows[1][0] <= b <= windows[1][1]
+    assert c == b
+    assert windows[3][0] <= d <= windows[3][1]
+
+
+@pytest.mark.parametrize("mode", MODES)
 async def test_connection_refused_is_connect_failed(mode: str) -> None:
     with socket.create_server(("127.0.0.1", 0)) as unused:
         port = unused.getsockname()[1]
@@ -439,6 +499,31 @@ async def test_https_streams_in_both_modes(serve: type[ScriptedServer], certific
     assert stream.stamp == mode
     assert b"".join(data for _, data in pieces) == BODY
     assert [stamp for stamp, _ in pieces] == sorted(stamp for stamp, _ in pieces)
+
+
+HTTPS_ENDINGS = {
+    "chunked cut short": ([CHUNKED_HEAD, *chunked(b"partial")], None),
+    "close-delimited, no close_notify": ([b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + BODY], BODY),
+}
+
+
+@pytest.mark.parametrize("case", HTTPS_ENDINGS)
+@pytest.mark.parametrize("mode", MODES)
+async def test_https_eof_ends_or_drops_as_the_framing_says(
+    serve: type[ScriptedServer], certificate: Path, mode: str, case: str
+) -> None:
+    steps, body = HTTPS_ENDINGS[case]
+    server = serve(steps, tls=server_tls(certificate))  # the server closes without a TLS close_notify
+    client = ssl.create_default_context(cafile=str(certificate))
+    stream = await open_test_stream(server.url("https"), mode, ssl_context=client)
+    try:
+        if body is None:
+            with pytest.raises(ConnectionDropped):
+                await read_all(stream)
+        else:
+            assert b"".join(data for _, data in await read_all(stream)) == body
+    finally:
+        await stream.aclose()
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -411,9 +411,11 @@ class Stream:
                 return None
 
     async def aclose(self) -> None:
-        """Closes the socket, whatever state the stream is in; idempotent."""
+        """Closes the socket, whatever state the stream is in; idempotent. A read() waiting meanwhile in
+        another task ends with ConnectionDropped, never with a clean end of a close-delimited body."""
         if not self._closed:
             self._closed = True
+            self._inbox.end(ConnectionAbortedError("the stream was closed by aclose()"))
             await self._close()
 
     async def _feed(self, deadline: float | None, timeout_s: float | None) -> None:
@@ -425,7 +427,7 @@ class Stream:
         if not data:
             if inbox.failure is not None:
                 raise ConnectionDropped(
-                    f"{self._target.label} dropped the connection: {_one_line(inbox.failure)}"
+                    f"the connection to {self._target.label} broke: {_one_line(inbox.failure)}"
                 )
             self._eof = True
         else:
