@@ -1,1 +1,1 @@
-"""Capture: the I/O side of a run (streams, stamps, raw records), kept apart from analysis."""
+"""Capture: the I/O side of a run — connect, stream, stamp every read at the socket, keep the raw bytes."""
