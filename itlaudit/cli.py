@@ -32,6 +32,9 @@ ConnectTimeoutOption = Annotated[float | None, typer.Option(help="Override [work
 TtftTimeoutOption = Annotated[float | None, typer.Option(help="Override [workload] ttft_timeout_s.")]
 StallTimeoutOption = Annotated[float | None, typer.Option(help="Override [workload] stall_timeout_s.")]
 RequestTimeoutOption = Annotated[float | None, typer.Option(help="Override [workload] request_timeout_s.")]
+StampOption = Annotated[
+    str, typer.Option(help="kernel: socket receive time from the kernel (loop where unsupported); loop.")
+]
 
 app = typer.Typer(
     add_completion=False,
@@ -67,14 +70,17 @@ def _run_options(
 
 def _capture_options(
     workers: str,
+    stamp: str,
     connect_timeout: float | None = None,
     ttft_timeout: float | None = None,
     stall_timeout: float | None = None,
     request_timeout: float | None = None,
 ) -> CaptureOptions:
-    """How `run`, `compare` and `demo` capture: worker count and the timeouts given on the command line."""
+    """How `run`, `compare` and `demo` capture: workers, stamping and the command line's timeouts."""
     if workers != "auto" and not (workers.isdigit() and int(workers) > 0):
         raise ScenarioError(f"--workers {workers!r}: give a positive number of processes, or auto")
+    if stamp not in ("kernel", "loop"):
+        raise ScenarioError(f"--stamp {stamp!r}: use kernel or loop")
     given = {
         "connect_timeout_s": connect_timeout,
         "ttft_timeout_s": ttft_timeout,
@@ -88,6 +94,7 @@ def _capture_options(
     return CaptureOptions(
         workers=None if workers == "auto" else int(workers),
         timeouts={k: v for k, v in given.items() if v is not None},
+        stamp="kernel" if stamp == "kernel" else "loop",
     )
 
 
@@ -116,13 +123,14 @@ def run(
     ledger: LedgerOption = LEDGER,
     force: ForceOption = False,
     workers: WorkersOption = "auto",
+    stamp: StampOption = "kernel",
     connect_timeout: ConnectTimeoutOption = None,
     ttft_timeout: TtftTimeoutOption = None,
     stall_timeout: StallTimeoutOption = None,
     request_timeout: RequestTimeoutOption = None,
 ) -> None:
     """Stream the scenario's requests and audit them: ITL from server token counts, truncation findings."""
-    capture = _capture_options(workers, connect_timeout, ttft_timeout, stall_timeout, request_timeout)
+    capture = _capture_options(workers, stamp, connect_timeout, ttft_timeout, stall_timeout, request_timeout)
     loaded = load_scenario(scenario)
     outcome = run_scenario(loaded, **_run_options(url, variant, out_dir, ledger, force), capture=capture)
     _print_outcome(outcome)
@@ -139,6 +147,7 @@ def compare(
     ledger: LedgerOption = LEDGER,
     force: ForceOption = False,
     workers: WorkersOption = "auto",
+    stamp: StampOption = "kernel",
     connect_timeout: ConnectTimeoutOption = None,
     ttft_timeout: TtftTimeoutOption = None,
     stall_timeout: StallTimeoutOption = None,
@@ -147,7 +156,7 @@ def compare(
     """Run each variant (launching its server in turn), scrape /metrics around it, write compare.json."""
     from itlaudit.compare import COMPARE_FILE, run_compare
 
-    capture = _capture_options(workers, connect_timeout, ttft_timeout, stall_timeout, request_timeout)
+    capture = _capture_options(workers, stamp, connect_timeout, ttft_timeout, stall_timeout, request_timeout)
     outcome, comparison = run_compare(
         load_scenario(scenario), **_run_options(url, variant, out_dir, ledger, force), capture=capture
     )
@@ -176,9 +185,10 @@ def demo(
         Path | None, typer.Option("--out", help="Run folder (default reports/demo-...).")
     ] = None,
     workers: WorkersOption = "auto",
+    stamp: StampOption = "kernel",
 ) -> None:
     """K0 vs K3 vs a 128-token-capped K3, on the built-in simulator: the seed case in 30 seconds."""
-    capture = _capture_options(workers)
+    capture = _capture_options(workers, stamp)
     scenario = parse_scenario(DEMO_SCENARIO.read_text(encoding="utf-8"), DEMO_SCENARIO)
     outcome = run_scenario(scenario, run_dir=out_dir, console=err, capture=capture)
     _print_outcome(outcome)

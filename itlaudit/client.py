@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from itlaudit.capture.chunk import CHUNK_DECODE_ERRORS, Chunk, decode_chunk
-from itlaudit.errors import ServerRejectedError, ServerUnreachableError
+from itlaudit.capture.transport import StampMode, Stream, TransportOptions, open_stream
+from itlaudit.errors import ConnectTimeout, ServerRejectedError, ServerUnreachableError, TransportError
 from itlaudit.records import (
     STATUS_CONNECTION_ERROR,
     STATUS_HTTP_ERROR,
@@ -55,10 +56,10 @@ _RATE_LIMIT_STATUSES = (429, 503)
 _REDIRECT_STATUSES = (301, 302, 303, 307, 308)
 _REFUSAL_BODY_LIMIT = 64 * 1024
 _REFUSAL_READ_TIMEOUT_S = 10.0
-_JSON_HEADERS = {"Content-Type": "application/json"}
+_NO_HEADERS: dict[str, str] = {}
 DEFAULT_TIMEOUTS = Timeouts()
 # Everything that means "the network or the server went away", as opposed to a bug in this code.
-_CONNECTION_FAILURES = (aiohttp.ClientError, TimeoutError, OSError)
+_CONNECTION_FAILURES = (aiohttp.ClientError, TransportError, TimeoutError, OSError)
 
 
 def build_body(
@@ -137,6 +138,7 @@ async def stream_request(
     plan: PlannedRequest,
     timeouts: Timeouts = DEFAULT_TIMEOUTS,
     probe: LagProbe | None = None,
+    stamp: StampMode = "kernel",
 ) -> RequestRecord:
     """Send one streaming request and return its raw record; network and server failures are
     recorded in `status`/`error`, never raised.
@@ -145,7 +147,8 @@ async def stream_request(
     connecting and the server's queueing but not our own work. Records assume n=1 (the scenario
     rejects n > 1): text, token ids and finish_reason come from choices[0]. With a lag probe, the
     record names the probe samples taken while the stream was open; the writer thread turns them into
-    the record's loop-lag figures.
+    the record's loop-lag figures. `stamp` "kernel" falls back to "loop" where the platform has no
+    kernel receive timestamps; `record.stamp` says which ran.
     """
     record = RequestRecord(
         request_id=plan.request_id,
@@ -155,13 +158,19 @@ async def stream_request(
         model=plan.model,
         params=plan.params,
     )
+    options = TransportOptions(stamp=stamp, connect_timeout_s=timeouts.connect_timeout_s)
     record.started_at_unix = time.time()
     t0 = time.monotonic_ns()
     record.sent_monotonic_ns = t0
+    head_wait_s, head_limit = timeouts.next_wait(t0, t0, False)
     try:
-        stream = await _open_stream(plan.url, plan.payload, timeouts)
-    except TimeoutError:
+        async with asyncio.timeout(head_wait_s):  # the transport does not time the wait for the head
+            stream = await open_stream(plan.url, plan.payload, _NO_HEADERS, options)
+    except ConnectTimeout:
         _timed_out(record, "connect_timeout_s", timeouts.connect_timeout_s, t0, time.monotonic_ns())
+        return _closed(record, probe)
+    except TimeoutError:
+        _timed_out(record, head_limit, timeouts.limit(head_limit), t0, time.monotonic_ns())
         return _closed(record, probe)
     except _CONNECTION_FAILURES as exc:
         record.status = STATUS_CONNECTION_ERROR
@@ -376,47 +385,6 @@ def _error_frame_message(error: object) -> str:
     if isinstance(error, dict) and isinstance(error.get("message"), str):
         return error["message"]
     return str(error)
-
-
-class Stream:
-    """A streaming response read piece by piece, each piece with the monotonic stamp of its read."""
-
-    def __init__(
-        self, session: aiohttp.ClientSession, response: aiohttp.ClientResponse, t_sent_ns: int
-    ) -> None:
-        self._session = session
-        self._response = response
-        self.status = response.status
-        self.reason = response.reason or ""
-        self.headers = [(k.lower(), v) for k, v in response.headers.items()]
-        self.content_type = response.headers.get("Content-Type", "")
-        self.stamp = "loop"
-        self.t_sent_ns = t_sent_ns
-        self.t_head_ns = time.monotonic_ns()
-
-    async def read(self, timeout_s: float | None) -> tuple[int, bytes] | None:
-        async with asyncio.timeout(timeout_s):
-            data = await self._response.content.readany()
-        if not data:
-            return None
-        return time.monotonic_ns(), data
-
-    async def aclose(self) -> None:
-        self._response.close()
-        await self._session.close()
-
-
-async def _open_stream(url: str, payload: bytes, timeouts: Timeouts) -> Stream:
-    session = aiohttp.ClientSession(
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_timeout_s)
-    )
-    t_sent_ns = time.monotonic_ns()
-    try:
-        response = await session.post(url, data=payload, headers=_JSON_HEADERS, allow_redirects=False)
-    except BaseException:
-        await session.close()
-        raise
-    return Stream(session, response, t_sent_ns)
 
 
 def server_error_message(body: bytes, http_status: int) -> str:

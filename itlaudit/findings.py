@@ -82,9 +82,12 @@ COMMON_CAP_MIN_SHARE = 0.5
 # engine steps (seen for real: a starved 2-core vLLM CPU server flushed 257 chunks in one read).
 COALESCED_MAX_SHARE = 0.25
 COALESCED_MIN_GAPS = 4
-# The capture loop's lag (p99 over the stream) may shift chunk stamps by about that much: past 5% of
-# the token ITL the client, not the server, is a visible part of the figure.
+# With loop stamps, the capture loop's lag (p99 over the stream) shifts chunk stamps by about that much:
+# past 5% of the token ITL the client, not the server, is a visible part of the figure. Kernel stamps do
+# not move with the loop's lag; there the client only distorts once its reads fall a whole token behind
+# (a filling socket buffer then slows the server's sends), so the line is 100% of the token ITL.
 CLIENT_SATURATED_SHARE = 0.05
+CLIENT_SATURATED_SHARE_KERNEL = 1.0
 
 
 @dataclass(frozen=True)
@@ -375,7 +378,8 @@ def _stalled(record: RequestRecord, seen: dict[str, Any]) -> Finding:
 def _client_saturated(record: RequestRecord, metrics: RequestMetrics) -> Finding | None:
     lag = record.loop_lag_p99_ms
     itl = metrics.itl_ms
-    if lag is None or itl is None or itl <= 0 or lag <= CLIENT_SATURATED_SHARE * itl:
+    share = CLIENT_SATURATED_SHARE_KERNEL if record.stamp == "kernel" else CLIENT_SATURATED_SHARE
+    if lag is None or itl is None or itl <= 0 or lag <= share * itl:
         return None
     message = (
         f"itlaudit's own capture loop lagged {lag:.3g} ms (p99; max {record.loop_lag_max_ms or lag:.3g} "
@@ -387,7 +391,7 @@ def _client_saturated(record: RequestRecord, metrics: RequestMetrics) -> Finding
         "loop_lag_max_ms": record.loop_lag_max_ms,
         "itl_ms": itl,
         "share": lag / itl,
-        "threshold_share": CLIENT_SATURATED_SHARE,
+        "threshold_share": share,
         "stamp": record.stamp,
     }
     return Finding(CLIENT_SATURATED, WARNING, message, evidence, record.request_id)

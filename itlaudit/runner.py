@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
+from itlaudit.capture.transport import StampMode
 from itlaudit.capture.workers import (
     WorkerHandle,
     rejected,
@@ -38,10 +39,12 @@ _READ_SIZE = 1 << 16
 @dataclass(frozen=True)
 class CaptureOptions:
     """How `run`/`compare` capture, from the command line: `workers` None is auto; `timeouts`
-    overrides the scenario's [workload] limits by name."""
+    overrides the scenario's [workload] limits by name; `stamp` "kernel" falls back to "loop" where
+    the platform lacks kernel receive timestamps."""
 
     workers: int | None = None
     timeouts: dict[str, float | None] = field(default_factory=dict)
+    stamp: StampMode = "kernel"
 
 
 class CaptureWorkerError(ItlauditError):
@@ -95,7 +98,7 @@ async def run_variant(
     ]
     count = worker_count(options.workers, workload.concurrency, len(plans))
     timeouts = dataclasses.replace(workload.timeouts, **options.timeouts)
-    shares = split_shares(plans, workload.concurrency, timeouts, count)
+    shares = split_shares(plans, workload.concurrency, timeouts, count, options.stamp)
     loop = asyncio.get_running_loop()
     handles = await loop.run_in_executor(None, start_workers, shares)
     if on_capture is not None:

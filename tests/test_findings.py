@@ -387,3 +387,12 @@ def test_chunks_coalesced_quiet_on_spread_arrivals() -> None:
     # one shared read out of 7 gaps is below the 25% threshold
     times = [10.0, 20.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0]
     assert "chunks_coalesced" not in codes(record(max_tokens=8, chunks=_timed(times)))
+
+
+def test_client_saturated_with_kernel_stamps_needs_lag_of_a_whole_token() -> None:
+    # Kernel stamps do not move with the loop: 0.6 ms of lag on a 10 ms ITL leaves them right.
+    times = [10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0]
+    calm = record(max_tokens=8, chunks=_timed(times), loop_lag_p99_ms=0.6, stamp="kernel")
+    assert "client_saturated" not in codes(calm)
+    behind = record(max_tokens=8, chunks=_timed(times), loop_lag_p99_ms=12.0, loop_lag_max_ms=30.0, stamp="kernel")
+    assert only(behind, "client_saturated").evidence["threshold_share"] == 1.0

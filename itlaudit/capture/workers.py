@@ -31,6 +31,7 @@ from multiprocessing.synchronize import Barrier
 from typing import Any
 
 from itlaudit.capture.lagprobe import LagProbe, new_capture_loop
+from itlaudit.capture.transport import StampMode, kernel_stamps_supported
 from itlaudit.client import PlannedRequest, stream_request
 from itlaudit.records import STATUS_HTTP_ERROR, STATUS_RATE_LIMITED, RecordWriter, RequestRecord, Timeouts
 
@@ -50,6 +51,7 @@ class WorkerShare:
     plans: list[PlannedRequest]
     concurrency: int
     timeouts: Timeouts
+    stamp: StampMode = "kernel"
 
 
 def available_cores() -> int:
@@ -68,7 +70,7 @@ def worker_count(requested: int | None, concurrency: int, num_requests: int) -> 
 
 
 def split_shares(
-    plans: list[PlannedRequest], concurrency: int, timeouts: Timeouts, workers: int
+    plans: list[PlannedRequest], concurrency: int, timeouts: Timeouts, workers: int, stamp: StampMode
 ) -> list[WorkerShare]:
     """Request i goes to worker i mod N; concurrency is spread as evenly as it divides."""
     return [
@@ -77,6 +79,7 @@ def split_shares(
             plans=plans[w::workers],
             concurrency=concurrency // workers + (1 if w < concurrency % workers else 0),
             timeouts=timeouts,
+            stamp=stamp,
         )
         for w in range(workers)
     ]
@@ -97,7 +100,7 @@ async def capture_share(share: WorkerShare, probe: LagProbe, keep: Any) -> None:
     async def slot() -> None:
         nonlocal stop
         while queue and not stop:
-            record = await stream_request(queue.pop(), share.timeouts, probe)
+            record = await stream_request(queue.pop(), share.timeouts, probe, share.stamp)
             record.worker = share.worker
             keep(record)
             if rejected(record):
@@ -122,6 +125,8 @@ def worker_main(share: WorkerShare, records_out: Connection, control: Connection
     """Entry point of a worker process (see the module docstring)."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the coordinator decides what an interrupt ends
+    if share.stamp == "kernel":
+        kernel_stamps_supported()  # its one-time probe (up to ~0.1 s) runs before the start, not mid-run
     while control.recv() is not None:
         control.send(time.monotonic_ns())
     loop, probe = new_capture_loop()
