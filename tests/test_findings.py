@@ -394,5 +394,7 @@ def test_client_saturated_with_kernel_stamps_needs_lag_of_a_whole_token() -> Non
     times = [10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0]
     calm = record(max_tokens=8, chunks=_timed(times), loop_lag_p99_ms=0.6, stamp="kernel")
     assert "client_saturated" not in codes(calm)
-    behind = record(max_tokens=8, chunks=_timed(times), loop_lag_p99_ms=12.0, loop_lag_max_ms=30.0, stamp="kernel")
+    behind = record(
+        max_tokens=8, chunks=_timed(times), loop_lag_p99_ms=12.0, loop_lag_max_ms=30.0, stamp="kernel"
+    )
     assert only(behind, "client_saturated").evidence["threshold_share"] == 1.0
