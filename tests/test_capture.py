@@ -333,3 +333,69 @@ def test_no_timeout_fires_on_a_healthy_stream(tmp_path: Path, paced) -> None:
     found = summary_findings(tmp_path)
     for code in ("stream_stalled", "stream_error", "invalid_utf8", "rate_limited", "http_error"):
         assert code not in found
+
+
+# --- the self-audit ----------------------------------------------------------------------------------
+
+
+def capture_in_process(url: str, *, block_ms: float, stamp: str = "loop") -> list[Any]:
+    """Run one worker's share on this process's capture loop (what `worker_main` runs), with a task
+    that blocks the loop for `block_ms` every 10 ms when asked to, and return each record's findings."""
+    import asyncio
+
+    from itlaudit.capture.lagprobe import new_capture_loop
+    from itlaudit.capture.workers import WorkerShare, capture_share
+    from itlaudit.client import plan_request
+    from itlaudit.records import RequestParams, Timeouts
+    from itlaudit.summary import derive_request
+
+    plans = [
+        plan_request(
+            base_url=url,
+            endpoint="completions",
+            model="paced",
+            prompt=f"p{i}",
+            params=RequestParams(max_tokens=60),
+            request_id=f"A-{i:05d}",
+            variant="A",
+        )
+        for i in range(2)
+    ]
+    share = WorkerShare(0, plans, 2, Timeouts(), stamp)  # type: ignore[arg-type]
+    loop, probe = new_capture_loop()
+    records: list[Any] = []
+
+    async def blocker() -> None:
+        while True:
+            await asyncio.sleep(0.01)
+            time.sleep(block_ms / 1000)  # the loop does nothing else meanwhile: a saturated client
+
+    async def main() -> None:
+        task = asyncio.get_running_loop().create_task(blocker())
+        try:
+            await capture_share(share, probe, records.append)
+        finally:
+            task.cancel()
+
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+    for record in records:
+        record.loop_lag_p99_ms, record.loop_lag_max_ms = probe.window(*record.lag_window)
+    return [derive_request(r) for r in records]
+
+
+def test_client_saturated_fires_when_the_capture_loop_is_blocked(paced) -> None:
+    server = paced(interval_ms=4.0)
+    for figures in capture_in_process(server.url, block_ms=3.0):
+        assert "client_saturated" in figures["findings"]
+        detail = next(d for d in figures["finding_details"] if d["code"] == "client_saturated")
+        assert detail["evidence"]["loop_lag_max_ms"] >= 2.5
+
+
+def test_client_saturated_quiet_when_the_loop_keeps_up(paced) -> None:
+    # 10 ms steps: the line is 0.5 ms of loop lag, above what a shared 2-core machine's scheduling adds.
+    server = paced(interval_ms=10.0)
+    for figures in capture_in_process(server.url, block_ms=0.0):
+        assert "client_saturated" not in figures["findings"], figures["finding_details"]
