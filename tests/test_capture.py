@@ -399,3 +399,15 @@ def test_client_saturated_quiet_when_the_loop_keeps_up(paced) -> None:
     server = paced(interval_ms=10.0)
     for figures in capture_in_process(server.url, block_ms=0.0):
         assert "client_saturated" not in figures["findings"], figures["finding_details"]
+
+
+def test_report_top_names_a_saturated_client_and_the_fix() -> None:
+    from itlaudit.markdown import saturation_warning
+
+    saturated = {"requests": 4, "findings": {"client_saturated": 3}}
+    calm = {"requests": 4, "findings": {"chunks_coalesced": 1}}
+    warning = saturation_warning({"variants": {"K0": calm, "K3": saturated}})
+    assert warning is not None
+    assert "K3 (3 of 4 requests)" in warning and "K0" not in warning
+    assert "--workers" in warning and "fewer concurrent streams" in warning
+    assert saturation_warning({"variants": {"K0": calm}}) is None
