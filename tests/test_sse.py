@@ -82,20 +82,6 @@ def test_comment_alone_dispatches_nothing() -> None:
     assert feed_whole(b": ping\n\n") == []
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 def test_only_one_leading_space_is_stripped() -> None:
     assert data_of(feed_whole(b"data:x\n\ndata:  y\n\ndata: \tz \n\n")) == ["x", " y", "\tz "]
 
