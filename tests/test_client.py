@@ -27,6 +27,7 @@ from itlaudit.client import (
     build_body,
     fetch_json,
     fetch_models,
+    parse_retry_after,
     plan_request,
     server_error_message,
     stream_request,
@@ -388,6 +389,66 @@ async def test_stalled_stream_is_cut_by_the_stall_timeout_with_chunks_kept() -> 
     assert record.chunks.completion_tokens == [0, 1]
     assert record.text == "0"
     assert record.e2e_ms is not None and record.e2e_ms >= record.chunks.t_ms[-1] + 300  # real elapsed time
+
+
+async def test_silence_after_the_head_is_cut_by_ttft_timeout() -> None:
+    release = asyncio.Event()
+
+    async def head_then_silence(writer: asyncio.StreamWriter) -> None:
+        writer.write(SSE_RESPONSE_HEAD)
+        await writer.drain()
+        await release.wait()
+
+    async with raw_http_server(head_then_silence) as base_url:
+        try:
+            timeouts = Timeouts(ttft_timeout_s=0.2, stall_timeout_s=30)
+            record = await run_request(base_url, "chat", timeouts=timeouts)
+        finally:
+            release.set()
+    assert (record.status, record.timeout_limit) == (STATUS_TIMEOUT, "ttft_timeout_s")
+    assert record.http_status == 200 and len(record.chunks) == 0
+    assert 200 <= record.e2e_ms < 5000
+
+
+async def test_a_server_that_never_answers_is_cut_before_its_head() -> None:
+    release = asyncio.Event()
+
+    async def no_answer(writer: asyncio.StreamWriter) -> None:
+        await release.wait()
+
+    async with raw_http_server(no_answer) as base_url:
+        try:
+            record = await run_request(base_url, "chat", timeouts=Timeouts(stall_timeout_s=0.2))
+        finally:
+            release.set()
+    assert (record.status, record.timeout_limit) == (STATUS_TIMEOUT, "stall_timeout_s")
+    assert record.http_status is None and record.e2e_ms >= 200
+
+
+async def test_request_timeout_bounds_a_stream_that_keeps_sending() -> None:
+    events = sse_events((FIXTURES / "completions-k0-token-ids.sse").read_bytes())
+
+    async def slow_but_steady(writer: asyncio.StreamWriter) -> None:
+        writer.write(SSE_RESPONSE_HEAD)
+        for event in events:
+            writer.write(http_chunk(event))
+            await writer.drain()
+            await asyncio.sleep(0.05)
+
+    async with raw_http_server(slow_but_steady) as base_url:
+        timeouts = Timeouts(stall_timeout_s=1.0, request_timeout_s=0.3)
+        record = await run_request(base_url, "completions", timeouts=timeouts)
+    assert (record.status, record.timeout_limit) == (STATUS_TIMEOUT, "request_timeout_s")
+    assert 3 <= len(record.chunks) < len(events)
+    assert record.e2e_ms == pytest.approx(300, abs=100)
+
+
+@pytest.mark.parametrize(
+    ("header", "seconds"),
+    [(None, None), ("3", 3.0), (" 0 ", 0.0), ("soon", None), ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0)],
+)
+def test_retry_after_delay_seconds_or_http_date(header: str | None, seconds: float | None) -> None:
+    assert parse_retry_after(header) == seconds
 
 
 async def test_connection_refused_is_recorded() -> None:

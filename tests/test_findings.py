@@ -398,3 +398,34 @@ def test_client_saturated_with_kernel_stamps_needs_lag_of_a_whole_token() -> Non
         max_tokens=8, chunks=_timed(times), loop_lag_p99_ms=12.0, loop_lag_max_ms=30.0, stamp="kernel"
     )
     assert only(behind, "client_saturated").evidence["threshold_share"] == 1.0
+
+
+def test_stream_stalled_names_the_gap_and_the_tokens_before_it() -> None:
+    times = [10.0, 20.0, 30.0]
+    rec = record(
+        max_tokens=8, chunks=_timed(times), status="timeout", timeout_limit="stall_timeout_s", e2e_ms=1030.0
+    )
+    rec.chunks.t_ms[:] = times + [times[-1]] * (len(rec.chunks) - len(times))
+    found = only(rec, "stream_stalled")
+    assert found.severity == "error"
+    assert found.evidence["limit"] == "stall_timeout_s"
+    assert found.evidence["gap_ms"] == pytest.approx(1000.0)
+    assert "stall_timeout_s" in found.message
+
+
+def test_rate_limited_carries_retry_after() -> None:
+    rec = record(max_tokens=8, status="rate_limited", http_status=429, retry_after_s=2.0, error="slow down")
+    found = only(rec, "rate_limited")
+    assert found.severity == "warning"
+    assert found.evidence["retry_after_s"] == 2.0 and "Retry-After 2 s" in found.message
+
+
+def test_invalid_utf8_counts_the_chunks() -> None:
+    found = only(record(max_tokens=8, invalid_utf8_chunks=2), "invalid_utf8")
+    assert found.evidence["chunks"] == 2
+
+
+@pytest.mark.parametrize("status", ["ok", "stream_error", "http_error"])
+def test_timeout_and_rate_limit_findings_quiet_on_other_statuses(status: str) -> None:
+    found = codes(record(max_tokens=8, status=status, http_status=500))
+    assert not found & {"stream_stalled", "rate_limited", "invalid_utf8"}
