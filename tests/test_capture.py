@@ -411,3 +411,26 @@ def test_report_top_names_a_saturated_client_and_the_fix() -> None:
     assert "K3 (3 of 4 requests)" in warning and "K0" not in warning
     assert "--workers" in warning and "fewer concurrent streams" in warning
     assert saturation_warning({"variants": {"K0": calm}}) is None
+
+
+def test_stamp_mode_is_chosen_on_the_command_line_and_recorded(tmp_path: Path, paced) -> None:
+    server = paced(interval_ms=1.0)
+    result = run(tmp_path, server.url, f"{prompts(2)}\nnum_requests = 2\nmax_tokens = 5", "--stamp", "loop")
+    assert result.returncode == 0, result.stderr
+    assert {r["stamp"] for r in lines(tmp_path)} == {"loop"}
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--workers", "0"), "--workers '0'"),
+        (("--stamp", "nic"), "--stamp 'nic'"),
+        (("--stall-timeout", "0"), ""),
+    ],
+)
+def test_bad_capture_options_are_one_line(tmp_path: Path, flags: tuple[str, ...], message: str) -> None:
+    path = scenario(tmp_path, prompts(1))
+    result = itlaudit("run", str(path), "--url", "http://127.0.0.1:9", *flags, cwd=tmp_path)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert message in result.stderr
