@@ -78,7 +78,7 @@ class LagProbe:
 
 def new_capture_loop() -> tuple[asyncio.AbstractEventLoop, LagProbe]:
     """An event loop whose selector the probe can read. uvloop is not used: its libuv poll cannot be
-    timed this way, and with stamps taken at the socket it has little left to win."""
+    timed this way, and it measured no gain here (README, "What it measures")."""
     selector = _TimedSelector()
     loop = asyncio.SelectorEventLoop(selector)
     return loop, LagProbe(selector)
