@@ -38,8 +38,10 @@ def measure(streams: int, tokens: int, interval_ms: float, itlaudit_path: Path, 
     port = free_port()
     log = work / "server.json"
     server = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "paced_sse.py"), "--port", str(port)]
-        + ["--interval-ms", str(interval_ms), "--log", str(log)]
+        [
+            *(sys.executable, str(ROOT / "tests" / "paced_sse.py"), "--port", str(port)),
+            *("--interval-ms", str(interval_ms), "--log", str(log)),
+        ]
     )
     try:
         for _ in range(200):
@@ -56,8 +58,11 @@ def measure(streams: int, tokens: int, interval_ms: float, itlaudit_path: Path, 
         )
         env = {**os.environ, "PYTHONPATH": str(itlaudit_path)}
         subprocess.run(
-            [sys.executable, "-m", "itlaudit", "run", str(work / "s.toml"), "--url", f"http://127.0.0.1:{port}"]
-            + ["--out", str(work / "run"), "--ledger", str(work / "ledger.jsonl"), *flags],
+            [
+                *(sys.executable, "-m", "itlaudit", "run", str(work / "s.toml")),
+                *("--url", f"http://127.0.0.1:{port}", "--out", str(work / "run")),
+                *("--ledger", str(work / "ledger.jsonl"), *flags),
+            ],
             env=env,
             cwd=work,
             check=True,
@@ -79,8 +84,8 @@ def measure(streams: int, tokens: int, interval_ms: float, itlaudit_path: Path, 
         errors.append(abs(measured / true_itl - 1))
     lag = np.concatenate(lags)
     return (
-        f"{streams:4d} streams: added lag p50 {np.percentile(lag, 50):6.3f} p99 {np.percentile(lag, 99):6.3f} "
-        f"max {lag.max():7.3f} ms; worst token-ITL error {max(errors):6.2%}"
+        f"{streams:4d} streams: added lag p50 {np.percentile(lag, 50):6.3f} "
+        f"p99 {np.percentile(lag, 99):6.3f} max {lag.max():7.3f} ms; worst token-ITL error {max(errors):6.2%}"
     )
 
 
