@@ -434,3 +434,32 @@ def test_bad_capture_options_are_one_line(tmp_path: Path, flags: tuple[str, ...]
     assert result.returncode == 2
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert message in result.stderr
+
+
+def test_report_and_bisect_derive_from_raw_lines_never_from_copies_on_them(tmp_path: Path, paced) -> None:
+    import csv
+
+    from itlaudit.bisect.verdict import read_trial
+    from itlaudit.records import RequestRecord
+    from itlaudit.summary import derive_request
+
+    server = paced(interval_ms=1.0)
+    result = run(tmp_path, server.url, f"{prompts(2)}\nnum_requests = 2\nmax_tokens = 20")
+    assert result.returncode == 0, result.stderr
+    raw_file = tmp_path / "run" / "requests.jsonl"
+    raw = lines(tmp_path)
+    assert not {"itl_ms", "findings", "finding_details", "ttft_ms"} & set(raw[0])  # raw only
+    # An older itlaudit wrote figures on the raw line; a reader that trusted them would see 999.
+    stale = [{**r, "itl_ms": 999.0, "findings": ["bogus"]} for r in raw]
+    raw_file.write_text("".join(json.dumps(r) + "\n" for r in stale))
+    (tmp_path / "run" / "derived.jsonl").unlink()
+    result = itlaudit("report", str(tmp_path / "run"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    derived = lines(tmp_path, "derived.jsonl")
+    assert [d["request_id"] for d in derived] == [r["request_id"] for r in raw]
+    expected = [derive_request(RequestRecord.from_json(r)) for r in raw]
+    assert [d["itl_ms"] for d in derived] == [e["itl_ms"] for e in expected]
+    assert all(d["itl_ms"] < 10 and "bogus" not in d["findings"] for d in derived)
+    with (tmp_path / "run" / "requests.csv").open() as fh:
+        assert [float(row["itl_ms"]) for row in csv.DictReader(fh)] == [d["itl_ms"] for d in derived]
+    assert read_trial(tmp_path / "run").itl_ms == [d["itl_ms"] for d in derived]
