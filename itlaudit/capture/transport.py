@@ -19,10 +19,12 @@ was seen under load); otherwise the last tight offset serves. The conversion err
 (NTP slews at most 500 ppm: 25 µs over 50 ms). A step of the wall clock cannot push a stamp outside
 [previous stamp, m0]: stamps are clamped there, so they stay ordered and never later than a loop stamp.
 
-Limit of kernel stamps: TCP coalesces segments that queue up while nobody reads, and the merged data
-carries the receipt time of its *last* segment. The eager reader keeps that window to one loop
-iteration, so an earlier segment in a merged read is stamped late by at most the gap to the last one
-(loop mode: by the whole stall).
+Limit of kernel stamps: Linux TCP coalesces segments that queue up while nobody reads the socket, and
+the merged bytes carry the receipt time of the *last* segment (reading in smaller pieces does not get
+the earlier times back). A chunk that ends its read is stamped exactly however late the read; a chunk
+merged with later ones is late by the gap to the last of them. So kernel stamps remove the delay from
+the last arrival to the read, not a stall that spans several chunks: keeping each loop's lag below the
+gap between chunks is still what bounds the tail (benchmarks/transport_stamps.py shows both).
 
 Framing is h11's (content-length, chunked and close-delimited bodies). A TLS EOF without close_notify
 counts as a plain EOF, as asyncio treats it; h11 then decides whether the body was complete.
@@ -126,6 +128,10 @@ class TransportOptions:
     stamp: StampMode = "kernel"  # falls back to "loop" where unsupported (Stream.stamp says which ran)
     connect_timeout_s: float | None = 10.0
     ssl_context: ssl.SSLContext | None = None  # https: verified by default; the caller builds it
+
+    def __post_init__(self) -> None:
+        if self.stamp not in ("kernel", "loop"):
+            raise ValueError(f"stamp must be 'kernel' or 'loop', not {self.stamp!r}")
 
 
 @dataclass(frozen=True)
@@ -305,7 +311,7 @@ class _KernelReader:
             self._offset = wall - ((before + after) >> 1)
         stamp = before
         for level, kind, payload in ancillary:
-            if kind == _SO_TIMESTAMPNS and level == socket.SOL_SOCKET:
+            if kind == _SO_TIMESTAMPNS and level == socket.SOL_SOCKET and len(payload) >= _TIMESPEC.size:
                 seconds, nanoseconds = _TIMESPEC.unpack_from(payload)
                 received = seconds * 1_000_000_000 + nanoseconds - self._offset
                 if received < stamp:
