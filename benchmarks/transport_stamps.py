@@ -2,15 +2,19 @@
 
 A paced SSE server runs in its own process: one timer drives every open stream, and each chunk carries
 the server's time.monotonic_ns() taken just before it was written (the clock is system-wide, so the
-client can compare). The client streams through itlaudit.capture.transport in `kernel` and `loop` mode,
-interleaved, under four loads: one idle stream, many concurrent streams, and one stream whose loop also
-runs an artificial busy callback (2 ms of work every 10 ms; then 20 ms every 100 ms, longer than the
-gap between chunks, which shows the limit of kernel stamps: TCP merges segments that arrive while the
-socket is not read, and the merged bytes carry the receipt time of the last one).
+client can compare). The client streams through itlaudit.capture.transport with half of its streams in
+`kernel` mode and half in `loop` mode at once, on one loop, so that both meet exactly the same load (on
+a shared machine, rounds run one after the other see different loads). Loads: one stream per mode;
+N streams in all; one stream per mode while the loop also runs a busy callback of 2 ms every 10 ms;
+and of 20 ms every 100 ms, longer than the gap between chunks, which shows the limit of kernel stamps:
+Linux TCP merges segments that arrive while the socket is not read, and the merged bytes carry the
+receipt time of the last one ("merged": chunks delivered by a read that also delivered the next one;
+"unmerged p99": the stamp delay of the chunks that were the last of their read, all kernel stamps fix).
 
 Two figures per chunk: stamp - send time (one host, one clock: the stamping delay itself, ~10 µs of
 loopback included), and issue 13's added lag = (stamp - the stream's first stamp) - (send time - the
 first send time), which needs no shared clock but inherits any delay of the stream's first chunk.
+The client's CPU per chunk is measured apart, one mode at a time, at N streams.
 
     .venv/bin/python benchmarks/transport_stamps.py [--streams 64] [--chunks-per-s 200] [--chunks 200]
 """
@@ -113,7 +117,7 @@ def start_busy(loop: asyncio.AbstractEventLoop, busy_s: float, every_s: float) -
 @dataclass(frozen=True)
 class Load:
     name: str
-    streams: int
+    streams_per_mode: int
     busy_s: float = 0.0
     busy_every_s: float = 0.0
 
@@ -121,30 +125,33 @@ class Load:
 @dataclass
 class Lags:
     """Per chunk (a stream's first left out), in ms: stamp - send time, issue 13's added lag, and whether
-    the read that stamped it also delivered the next chunk (a merged read); client CPU for the whole."""
+    the read that stamped it also delivered the next chunk."""
 
     delay: list[np.ndarray] = field(default_factory=list)
     added: list[np.ndarray] = field(default_factory=list)
     merged: list[np.ndarray] = field(default_factory=list)
-    cpu_s: float = 0.0
+
+    def add(self, events: list[tuple[int, int]]) -> None:
+        stamps = np.array([stamp for stamp, _ in events], dtype=np.int64)
+        sends = np.array([sent for _, sent in events], dtype=np.int64)
+        self.delay.append((stamps[1:] - sends[1:]) / 1e6)
+        self.added.append(((stamps[1:] - stamps[0]) - (sends[1:] - sends[0])) / 1e6)
+        self.merged.append(np.append(stamps[1:-1] == stamps[2:], False))
 
 
-async def run_round(url: str, load: Load, mode: StampMode, lags: Lags) -> None:
-    loop = asyncio.get_running_loop()
-    stop_busy = start_busy(loop, load.busy_s, load.busy_every_s) if load.busy_s else None
-    cpu_start = time.process_time()
+async def run_round(url: str, load: Load, modes: list[StampMode], lags: dict[tuple[str, str], Lags]) -> None:
+    """All modes' streams at once, modes alternating, so that every mode meets the same load."""
+    stop_busy = (
+        start_busy(asyncio.get_running_loop(), load.busy_s, load.busy_every_s) if load.busy_s else None
+    )
+    stream_modes = modes * load.streams_per_mode
     try:
-        results = await asyncio.gather(*(one_stream(url, mode) for _ in range(load.streams)))
+        results = await asyncio.gather(*(one_stream(url, mode) for mode in stream_modes))
     finally:
         if stop_busy is not None:
             stop_busy()
-    lags.cpu_s += time.process_time() - cpu_start
-    for events in results:
-        stamps = np.array([stamp for stamp, _ in events], dtype=np.int64)
-        sends = np.array([sent for _, sent in events], dtype=np.int64)
-        lags.delay.append((stamps[1:] - sends[1:]) / 1e6)
-        lags.added.append(((stamps[1:] - stamps[0]) - (sends[1:] - sends[0])) / 1e6)
-        lags.merged.append(np.append(stamps[1:-1] == stamps[2:], False))
+    for mode, events in zip(stream_modes, results, strict=True):
+        lags[(load.name, mode)].add(events)
 
 
 async def measure(
@@ -153,35 +160,45 @@ async def measure(
     lags = {(load.name, mode): Lags() for load in loads for mode in modes}
     for _ in range(rounds):
         for load in loads:
-            for mode in modes:  # interleaved, so that a noisy moment hits both modes alike
-                await run_round(url, load, mode, lags[(load.name, mode)])
+            await run_round(url, load, modes, lags)
     return lags
+
+
+async def cpu_per_chunk_us(url: str, streams: int, mode: StampMode) -> float:
+    start = time.process_time()
+    results = await asyncio.gather(*(one_stream(url, mode) for _ in range(streams)))
+    return (time.process_time() - start) / sum(len(events) for events in results) * 1e6
 
 
 def print_table(loads: list[Load], modes: list[StampMode], lags: dict[tuple[str, str], Lags]) -> None:
     print(
-        f"{'load':<39} {'mode':<6} {'chunks':>6} {'merged':>6} {'CPU µs':>6} | {'stamp - send p50':>16} "
-        f"{'p99':>7} {'max':>7} | {'added lag p50':>13} {'p99':>7} {'max':>7}"
+        f"{'load':<48} {'mode':<6} {'chunks':>6} {'merged':>6} | {'stamp - send p50':>16} {'p99':>7} "
+        f"{'max':>7} {'unmerged p99':>12} | {'added lag p50':>13} {'p99':>7} {'max':>7}"
     )
     for load in loads:
-        p99 = {}
+        delay_p99, unmerged_p99 = {}, {}
         for mode in modes:
             row = lags[(load.name, mode)]
             delay, added, merged = (np.concatenate(part) for part in (row.delay, row.added, row.merged))
-            # The busy callback's own CPU would swamp the figure: only shown for plain loads.
-            cpu = f"{row.cpu_s / len(delay) * 1e6:>6.1f}" if not load.busy_s else f"{'-':>6}"
-            d50, p99[mode] = np.percentile(delay, [50, 99])
+            d50, delay_p99[mode] = np.percentile(delay, [50, 99])
             a50, a99 = np.percentile(added, [50, 99])
+            unmerged_p99[mode] = np.percentile(delay[~merged], 99)
             print(
-                f"{load.name:<39} {mode:<6} {len(delay):>6} {merged.mean():>6.1%} {cpu} | {d50:>16.3f} "
-                f"{p99[mode]:>7.3f} {delay.max():>7.3f} | {a50:>13.3f} {a99:>7.3f} {added.max():>7.3f}"
+                f"{load.name:<48} {mode:<6} {len(delay):>6} {merged.mean():>6.1%} | {d50:>16.3f} "
+                f"{delay_p99[mode]:>7.3f} {delay.max():>7.3f} {unmerged_p99[mode]:>12.3f} "
+                f"| {a50:>13.3f} {a99:>7.3f} {added.max():>7.3f}"
             )
-        print(f"{'':<39} kernel removes {1 - p99['kernel'] / p99['loop']:.0%} of loop mode's p99 stamp delay")
+        removed = 1 - delay_p99["kernel"] / delay_p99["loop"]
+        removed_unmerged = 1 - unmerged_p99["kernel"] / unmerged_p99["loop"]
+        print(
+            f"{'':<48} kernel stamps remove {removed:.0%} of loop mode's p99 stamp delay, "
+            f"{removed_unmerged:.0%} for the chunks that ended their read"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--streams", type=int, default=64)
+    parser.add_argument("--streams", type=int, default=64, help="in all, half per mode")
     parser.add_argument("--chunks-per-s", type=float, default=200.0, help="per stream")
     parser.add_argument("--chunks", type=int, default=200, help="per stream")
     parser.add_argument("--rounds", type=int, default=3)
@@ -208,18 +225,23 @@ def main() -> None:
         assert server.stdout is not None
         url = f"http://127.0.0.1:{int(server.stdout.readline())}/v1/completions"
         loads = [
-            Load("1 stream", 1),
-            Load(f"{args.streams} streams", args.streams),
-            Load("1 stream, loop busy 2 ms every 10 ms", 1, 0.002, 0.010),
-            Load("1 stream, loop busy 20 ms every 100 ms", 1, 0.020, 0.100),
+            Load("1 stream per mode", 1),
+            Load(f"{args.streams} streams ({args.streams // 2} per mode)", max(args.streams // 2, 1)),
+            Load("1 stream per mode, loop busy 2 ms every 10 ms", 1, 0.002, 0.010),
+            Load("1 stream per mode, loop busy 20 ms every 100 ms", 1, 0.020, 0.100),
         ]
         modes: list[StampMode] = ["kernel", "loop"]
         lags = asyncio.run(measure(url, loads, modes, args.rounds))
+        cpu = {mode: asyncio.run(cpu_per_chunk_us(url, args.streams, mode)) for mode in modes}
     finally:
         server.kill()
         server.wait()
     print(f"{args.chunks_per_s:g} chunks/s per stream, {args.chunks} per stream, {args.rounds} rounds; ms:")
     print_table(loads, modes, lags)
+    print(
+        f"client CPU per chunk at {args.streams} streams, one mode at a time: "
+        + ", ".join(f"{mode} {us:.1f} µs" for mode, us in cpu.items())
+    )
 
 
 if __name__ == "__main__":

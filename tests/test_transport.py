@@ -12,6 +12,7 @@ import socket
 import ssl
 import struct
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -342,6 +343,7 @@ async def test_connection_refused_is_connect_failed(mode: str) -> None:
     assert not isinstance(caught.value, ConnectTimeout)
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="relies on Linux dropping SYNs to a full accept queue")
 @pytest.mark.parametrize("mode", MODES)
 async def test_a_full_accept_queue_is_a_connect_timeout(mode: str) -> None:
     """Linux drops SYNs to a listener whose accept queue is full: the connect hangs with no other host."""
@@ -442,6 +444,11 @@ async def test_kernel_falls_back_to_loop_where_unsupported(
 async def test_a_bad_url_is_one_line(url: str, message: str) -> None:
     with pytest.raises(TransportError, match=message):
         await open_test_stream(url, "loop")
+
+
+def test_an_unknown_stamp_mode_is_refused() -> None:
+    with pytest.raises(ValueError, match="stamp must be 'kernel' or 'loop'"):
+        TransportOptions(stamp="kernal")  # type: ignore[arg-type]
 
 
 def test_transport_errors_are_itlaudit_errors() -> None:

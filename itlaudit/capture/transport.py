@@ -7,21 +7,24 @@ the wait behind every other task on the loop. Here each socket read is stamped w
   A reader callback (``loop.add_reader``) drains the socket into a queue; a busy loop delays when a read
   is *handled*, not the time it carries. https runs through ``ssl.SSLObject`` over memory BIOs, so the
   decrypted bytes still come from the stamped reads.
-- ``loop``: an ``asyncio.Protocol`` stamps ``time.monotonic_ns()`` first thing in ``data_received``
-  (https through asyncio's own TLS). Better than a resumed task, still late by however long the loop
-  was busy when the bytes arrived.
+- ``loop``: an asyncio protocol stamps ``time.monotonic_ns()`` first thing in ``buffer_updated`` (the
+  BufferedProtocol's data_received; https through asyncio's own TLS). Better than a resumed task,
+  still late by however long the loop was busy when the bytes arrived.
 
-Kernel stamps are CLOCK_REALTIME; right after each recvmsg the offset to the monotonic clock is sampled
-as (m0, wall, m1) and the stamp becomes ``kernel - wall + (m0 + m1) / 2``. The conversion error is at
-most (m1 - m0) / 2 (two vDSO clock reads, well under a microsecond) plus however far CLOCK_REALTIME
-was slewed between the packet's receipt and the read (NTP slews at most 500 ppm: 25 µs for a read
-handled 50 ms late). A step of the wall clock in that window cannot push a stamp outside
+Kernel stamps are CLOCK_REALTIME; right after each recvmsg the offset between the clocks is sampled as
+(m0, wall, m1), offset = wall - (m0 + m1) / 2, and the stamp becomes ``kernel - offset``. A sample is
+used only when m1 - m0 <= 2 µs (typically 0.2 µs; a preemption between the clock reads widens it, 31 µs
+was seen under load); otherwise the last tight offset serves. The conversion error is therefore at most
+1 µs plus however far CLOCK_REALTIME was slewed between the tight sample and the packet's receipt
+(NTP slews at most 500 ppm: 25 µs over 50 ms). A step of the wall clock cannot push a stamp outside
 [previous stamp, m0]: stamps are clamped there, so they stay ordered and never later than a loop stamp.
 
-Limit of kernel stamps: TCP coalesces segments that queue up while nobody reads, and the merged data
-carries the receipt time of its *last* segment. The eager reader keeps that window to one loop
-iteration, so an earlier segment in a merged read is stamped late by at most the gap to the last one
-(loop mode: by the whole stall).
+Limit of kernel stamps: Linux TCP coalesces segments that queue up while nobody reads the socket, and
+the merged bytes carry the receipt time of the *last* segment (reading in smaller pieces does not get
+the earlier times back). A chunk that ends its read is stamped exactly however late the read; a chunk
+merged with later ones is late by the gap to the last of them. So kernel stamps remove the delay from
+the last arrival to the read, not a stall that spans several chunks: keeping each loop's lag below the
+gap between chunks is still what bounds the tail (benchmarks/transport_stamps.py shows both).
 
 Framing is h11's (content-length, chunked and close-delimited bodies). A TLS EOF without close_notify
 counts as a plain EOF, as asyncio treats it; h11 then decides whether the body was complete.
@@ -63,11 +66,14 @@ _SO_TIMESTAMPNS = 35
 _GENERIC_SOCKOPT_MACHINES = frozenset({"x86_64", "i686", "aarch64", "armv7l", "riscv64", "ppc64le", "s390x"})
 _TIMESPEC = struct.Struct("@ll")  # struct timespec {time_t tv_sec; long tv_nsec;}
 _ANCILLARY_SIZE = 64  # one cmsghdr + timespec needs 32 bytes on 64-bit Linux
-_READ_SIZE = 256 * 1024  # asyncio's own per-recv size
+# Per read, at most this much. asyncio's own 256 KiB recv costs ~13 µs more per read here than 64 KiB
+# (a buffer that large is mmap'ed and unmapped every time): the bulk of a small SSE chunk's cost.
+_READ_SIZE = 64 * 1024
 _PAUSE_BYTES = 1 << 20  # a consumer this far behind stops the reads (the kernel buffers, and stamps)
 _RESUME_BYTES = 1 << 18
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _MESSAGE_CHARS = 200
+_TIGHT_SAMPLE_NS = 2_000  # a clock-offset sample this narrow bounds the conversion error by 1 µs
 
 _monotonic_ns = time.monotonic_ns
 _time_ns = time.time_ns
@@ -124,6 +130,10 @@ class TransportOptions:
     stamp: StampMode = "kernel"  # falls back to "loop" where unsupported (Stream.stamp says which ran)
     connect_timeout_s: float | None = 10.0
     ssl_context: ssl.SSLContext | None = None  # https: verified by default; the caller builds it
+
+    def __post_init__(self) -> None:
+        if self.stamp not in ("kernel", "loop"):
+            raise ValueError(f"stamp must be 'kernel' or 'loop', not {self.stamp!r}")
 
 
 @dataclass(frozen=True)
@@ -241,21 +251,29 @@ def _expire(waiter: asyncio.Future[bool]) -> None:
         waiter.set_result(False)
 
 
-class _StampingProtocol(asyncio.Protocol):
-    """Loop mode: the stamp is taken before anything else touches the bytes."""
+class _StampingProtocol(asyncio.BufferedProtocol):
+    """Loop mode: the stamp is taken before anything else touches the bytes.
+
+    A BufferedProtocol (buffer_updated is data_received for a buffer we own) so that the transport reads
+    into one preallocated buffer instead of allocating 256 KiB per read.
+    """
 
     def __init__(self, inbox: _Inbox, lost: asyncio.Future[None]) -> None:
         self._inbox = inbox
         self._lost = lost
+        self._buffer = memoryview(bytearray(_READ_SIZE))
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._inbox.pause = transport.pause_reading
         self._inbox.resume = transport.resume_reading
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
         stamp = _monotonic_ns()
-        self._inbox.put(stamp, data)
+        self._inbox.put(stamp, bytes(self._buffer[:nbytes]))
 
     def eof_received(self) -> None:
         self._inbox.end(None)
@@ -269,7 +287,7 @@ class _StampingProtocol(asyncio.Protocol):
 class _KernelReader:
     """Kernel mode: drains the socket when readable; each read carries the kernel's receipt time."""
 
-    __slots__ = ("_fd", "_inbox", "_last", "_loop", "_recvmsg", "ended")
+    __slots__ = ("_fd", "_inbox", "_last", "_loop", "_offset", "_recvmsg", "ended")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, inbox: _Inbox) -> None:
         self._loop = loop
@@ -277,6 +295,7 @@ class _KernelReader:
         self._recvmsg = sock.recvmsg
         self._inbox = inbox
         self._last = 0
+        self._offset: int | None = None  # CLOCK_REALTIME - CLOCK_MONOTONIC, from the last tight sample
         self.ended = False
         inbox.pause = self._pause
         inbox.resume = self._resume
@@ -298,11 +317,13 @@ class _KernelReader:
             self.stop()
             self._inbox.end(None)
             return
+        if after - before <= _TIGHT_SAMPLE_NS or self._offset is None:
+            self._offset = wall - ((before + after) >> 1)
         stamp = before
         for level, kind, payload in ancillary:
-            if kind == _SO_TIMESTAMPNS and level == socket.SOL_SOCKET:
+            if kind == _SO_TIMESTAMPNS and level == socket.SOL_SOCKET and len(payload) >= _TIMESPEC.size:
                 seconds, nanoseconds = _TIMESPEC.unpack_from(payload)
-                received = seconds * 1_000_000_000 + nanoseconds - wall + ((before + after) >> 1)
+                received = seconds * 1_000_000_000 + nanoseconds - self._offset
                 if received < stamp:
                     stamp = received if received > self._last else self._last
         self._last = stamp
