@@ -13,6 +13,7 @@ from itlaudit import __version__, cli_audit, cli_bisect, cli_report, cli_smoke, 
 from itlaudit.errors import ItlauditError, RunInterrupted, ScenarioError
 from itlaudit.orchestrate import LedgerPolicy, RunOutcome, handle_sigterm, interruption, run_scenario
 from itlaudit.rundir import REPORT_FILE
+from itlaudit.runner import CaptureOptions
 from itlaudit.scenario import load_scenario, parse_scenario
 
 DEMO_SCENARIO = Path(__file__).parent / "data" / "demo.toml"
@@ -26,6 +27,16 @@ LedgerOption = Annotated[Path, typer.Option(help="Experiment ledger: a repeat of
 NoRepeatOption = Annotated[bool, typer.Option(help="Refuse a run the ledger already has.")]
 ForceOption = Annotated[bool, typer.Option(help="Run even when --no-repeat would refuse it.")]
 AppendOption = Annotated[bool, typer.Option(help="Add to the existing run folder given as --out.")]
+WorkersOption = Annotated[
+    str, typer.Option(help="Capture processes: N, or auto (enough for the concurrency, at most the cores).")
+]
+ConnectTimeoutOption = Annotated[float | None, typer.Option(help="Override [workload] connect_timeout_s.")]
+TtftTimeoutOption = Annotated[float | None, typer.Option(help="Override [workload] ttft_timeout_s.")]
+StallTimeoutOption = Annotated[float | None, typer.Option(help="Override [workload] stall_timeout_s.")]
+RequestTimeoutOption = Annotated[float | None, typer.Option(help="Override [workload] request_timeout_s.")]
+StampOption = Annotated[
+    str, typer.Option(help="kernel: socket receive time from the kernel (loop where unsupported); loop.")
+]
 
 app = typer.Typer(
     add_completion=False,
@@ -68,6 +79,36 @@ def _run_options(
     }
 
 
+def _capture_options(
+    workers: str,
+    stamp: str,
+    connect_timeout: float | None = None,
+    ttft_timeout: float | None = None,
+    stall_timeout: float | None = None,
+    request_timeout: float | None = None,
+) -> CaptureOptions:
+    """How `run`, `compare` and `demo` capture: workers, stamping and the command line's timeouts."""
+    if workers != "auto" and not (workers.isdigit() and int(workers) > 0):
+        raise ScenarioError(f"--workers {workers!r}: give a positive number of processes, or auto")
+    if stamp not in ("kernel", "loop"):
+        raise ScenarioError(f"--stamp {stamp!r}: use kernel or loop")
+    given = {
+        "connect_timeout_s": connect_timeout,
+        "ttft_timeout_s": ttft_timeout,
+        "stall_timeout_s": stall_timeout,
+        "request_timeout_s": request_timeout,
+    }
+    for key, value in given.items():
+        if value is not None and value <= 0:
+            option = "--" + key.removesuffix("_s").replace("_", "-")
+            raise ScenarioError(f"{option} {value:g}: give a positive number of seconds")
+    return CaptureOptions(
+        workers=None if workers == "auto" else int(workers),
+        timeouts={k: v for k, v in given.items() if v is not None},
+        stamp="kernel" if stamp == "kernel" else "loop",
+    )
+
+
 def _print_outcome(outcome: RunOutcome) -> None:
     for name, block in outcome.summary["variants"].items():
         itl = block["itl_ms"]["p50"]
@@ -94,10 +135,18 @@ def run(
     no_repeat: NoRepeatOption = False,
     force: ForceOption = False,
     append: AppendOption = False,
+    workers: WorkersOption = "auto",
+    stamp: StampOption = "kernel",
+    connect_timeout: ConnectTimeoutOption = None,
+    ttft_timeout: TtftTimeoutOption = None,
+    stall_timeout: StallTimeoutOption = None,
+    request_timeout: RequestTimeoutOption = None,
 ) -> None:
     """Stream the scenario's requests and audit them: ITL from server token counts, truncation findings."""
+    capture = _capture_options(workers, stamp, connect_timeout, ttft_timeout, stall_timeout, request_timeout)
     loaded = load_scenario(scenario)
-    outcome = run_scenario(loaded, **_run_options(url, variant, out_dir, ledger, no_repeat, force, append))
+    options = _run_options(url, variant, out_dir, ledger, no_repeat, force, append)
+    outcome = run_scenario(loaded, **options, capture=capture)
     _print_outcome(outcome)
     if fail_on_findings and outcome.finding_count:
         raise typer.Exit(1)
@@ -113,12 +162,21 @@ def compare(
     no_repeat: NoRepeatOption = False,
     force: ForceOption = False,
     append: AppendOption = False,
+    workers: WorkersOption = "auto",
+    stamp: StampOption = "kernel",
+    connect_timeout: ConnectTimeoutOption = None,
+    ttft_timeout: TtftTimeoutOption = None,
+    stall_timeout: StallTimeoutOption = None,
+    request_timeout: RequestTimeoutOption = None,
 ) -> None:
     """Run each variant (launching its server in turn), scrape /metrics around it, write compare.json."""
     from itlaudit.compare import COMPARE_FILE, run_compare
 
+    capture = _capture_options(workers, stamp, connect_timeout, ttft_timeout, stall_timeout, request_timeout)
     outcome, comparison = run_compare(
-        load_scenario(scenario), **_run_options(url, variant, out_dir, ledger, no_repeat, force, append)
+        load_scenario(scenario),
+        **_run_options(url, variant, out_dir, ledger, no_repeat, force, append),
+        capture=capture,
     )
     _print_outcome(outcome)
     for name, row in comparison["variants"].items():
@@ -144,10 +202,13 @@ def demo(
     out_dir: Annotated[
         Path | None, typer.Option("--out", help="Run folder (default reports/demo-...).")
     ] = None,
+    workers: WorkersOption = "auto",
+    stamp: StampOption = "kernel",
 ) -> None:
     """K0 vs K3 vs a 128-token-capped K3, on the built-in simulator: the seed case in 30 seconds."""
+    capture = _capture_options(workers, stamp)
     scenario = parse_scenario(DEMO_SCENARIO.read_text(encoding="utf-8"), DEMO_SCENARIO)
-    outcome = run_scenario(scenario, run_dir=out_dir, console=err)
+    outcome = run_scenario(scenario, run_dir=out_dir, console=err, capture=capture)
     _print_outcome(outcome)
 
 

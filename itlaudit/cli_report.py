@@ -21,7 +21,7 @@ from itlaudit.importers import ImportedBenchmark, parse_import
 from itlaudit.records import RequestRecord, load_records
 from itlaudit.rundir import META_FILE, REQUESTS_FILE, new_run_dir, read_json, write_derived
 from itlaudit.stats import UNKNOWN, WORSE
-from itlaudit.summary import request_line, run_summary
+from itlaudit.summary import derive_request, run_summary
 
 out = Console()
 FAIL_ON = (WORSE, UNKNOWN, "findings")
@@ -123,7 +123,8 @@ def report(
     else:
         target = out_dir or new_run_dir(Path("reports"), "report")
         summary = run_summary(records, order)
-        findings = [f for r in records for f in request_line(r)["finding_details"]] + summary["run_findings"]
+        derived = [f for r in records for f in derive_request(r)["finding_details"]]
+        findings = derived + summary["run_findings"]
         titles = [run.title for run in runs]
         title = " vs ".join(titles if len(set(titles)) == len(titles) else [run.path.name for run in runs])
         from itlaudit.report import write_reports  # matplotlib: only when drawing

@@ -1,33 +1,45 @@
 """Streaming client: sends one request and records what arrived, when, and nothing else.
 
-Timing is the product here, so the read loop is kept lean: the receipt time of each TCP read is taken
-before any parsing and given to every SSE event that read completed (a read that carries three
-events carries three tokens' worth of arrivals at one instant, which is exactly what the server
-sent); each event is JSON-decoded once; nothing is logged per chunk. The time spent parsing is
-summed into `client_overhead_ms` so a saturated client shows up in the record instead of being
-mistaken for server latency.
+Timing is the product here, so the read loop only reads, stamps and keeps: each read carries the
+stamp of the socket read that delivered it (taken by the transport, before any parsing), every SSE
+event that read completed gets that stamp (a read that carries three events carries three tokens'
+worth of arrivals at one instant, which is exactly what the server sent), each event is decoded once
+into the few fields a record keeps, and nothing is derived, encoded, logged or written here.
 
-Failures are data, not exceptions: an HTTP error, an error frame or a dropped connection ends up in
-the record's status with every chunk received before it, so a run never loses what it observed.
+Failures are data, not exceptions: an HTTP error, an error frame, a chunk of the wrong shape, a
+timeout or a dropped connection ends up in the record's status with every chunk received before it,
+so a run never loses what it observed.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import email.utils
 import json
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from itlaudit.errors import ServerRejectedError, ServerUnreachableError
+from itlaudit.capture.chunk import CHUNK_DECODE_ERRORS, Chunk, decode_chunk
+from itlaudit.capture.transport import StampMode, Stream, TransportOptions, open_stream
+from itlaudit.errors import ConnectTimeout, ServerRejectedError, ServerUnreachableError, TransportError
 from itlaudit.records import (
     STATUS_CONNECTION_ERROR,
     STATUS_HTTP_ERROR,
+    STATUS_RATE_LIMITED,
     STATUS_STREAM_ERROR,
+    STATUS_TIMEOUT,
     RequestParams,
     RequestRecord,
+    Timeouts,
 )
-from itlaudit.sse import SSEParser
+from itlaudit.sse import SSEFramer
+
+if TYPE_CHECKING:
+    from itlaudit.capture.lagprobe import LagProbe
 
 ENDPOINT_COMPLETIONS = "completions"
 ENDPOINT_CHAT = "chat"
@@ -36,11 +48,18 @@ ENDPOINT_PATHS = {
     ENDPOINT_CHAT: "/v1/chat/completions",
 }
 
-_DONE = "[DONE]"
+_DONE = b"[DONE]"
 _ERROR_BODY_CHARS = 300
-_JSON_HEADERS = {"Content-Type": "application/json"}
+_EXCERPT_BYTES = 120
+_EVENT_STREAM = "text/event-stream"
+_RATE_LIMIT_STATUSES = (429, 503)
+_REDIRECT_STATUSES = (301, 302, 303, 307, 308)
+_REFUSAL_BODY_LIMIT = 64 * 1024
+_REFUSAL_READ_TIMEOUT_S = 10.0
+_NO_HEADERS: dict[str, str] = {}
+DEFAULT_TIMEOUTS = Timeouts()
 # Everything that means "the network or the server went away", as opposed to a bug in this code.
-_CONNECTION_FAILURES = (aiohttp.ClientError, TimeoutError, OSError)
+_CONNECTION_FAILURES = (aiohttp.ClientError, TransportError, TimeoutError, OSError)
 
 
 def build_body(
@@ -84,8 +103,21 @@ def build_body(
     return body
 
 
-async def stream_request(
-    session: aiohttp.ClientSession,
+@dataclass(frozen=True)
+class PlannedRequest:
+    """One request, fully prepared before the run starts (body already JSON-encoded), so the capture
+    loop does no encoding while other streams are open."""
+
+    request_id: str
+    variant: str
+    endpoint: str
+    url: str
+    model: str
+    params: RequestParams
+    payload: bytes
+
+
+def plan_request(
     *,
     base_url: str,
     endpoint: str,
@@ -95,48 +127,126 @@ async def stream_request(
     request_id: str,
     variant: str,
     extra_body: dict[str, Any] | None = None,
-    timeout_s: float = 600.0,
-) -> RequestRecord:
-    """Send one streaming request and return its record; network and server failures are recorded
-    in `status`/`error`, never raised.
-
-    `t0` is taken after the body is serialised, immediately before the POST, so TTFT covers
-    connecting and the server's queueing but not our own JSON encoding. Records assume n=1: text,
-    token ids and finish_reason come from choices[0].
-    """
+) -> PlannedRequest:
     body = build_body(endpoint, model, prompt, params, extra_body)
     url = base_url.rstrip("/") + ENDPOINT_PATHS[endpoint]
-    record = RequestRecord(
-        request_id=request_id, variant=variant, endpoint=endpoint, url=url, model=model, params=params
-    )
     payload = json.dumps(body).encode()
-    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    return PlannedRequest(request_id, variant, endpoint, url, model, params, payload)
+
+
+async def stream_request(
+    plan: PlannedRequest,
+    timeouts: Timeouts = DEFAULT_TIMEOUTS,
+    probe: LagProbe | None = None,
+    stamp: StampMode = "kernel",
+) -> RequestRecord:
+    """Send one streaming request and return its raw record; network and server failures are
+    recorded in `status`/`error`, never raised.
+
+    `t0` is the transport's stamp just before the request bytes were written, so TTFT covers
+    connecting and the server's queueing but not our own work. Records assume n=1 (the scenario
+    rejects n > 1): text, token ids and finish_reason come from choices[0]. With a lag probe, the
+    record names the probe samples taken while the stream was open; the writer thread turns them into
+    the record's loop-lag figures. `stamp` "kernel" falls back to "loop" where the platform has no
+    kernel receive timestamps; `record.stamp` says which ran.
+    """
+    record = RequestRecord(
+        request_id=plan.request_id,
+        variant=plan.variant,
+        endpoint=plan.endpoint,
+        url=plan.url,
+        model=plan.model,
+        params=plan.params,
+    )
+    options = TransportOptions(stamp=stamp, connect_timeout_s=timeouts.connect_timeout_s)
     record.started_at_unix = time.time()
     t0 = time.monotonic_ns()
+    record.sent_monotonic_ns = t0
+    head_wait_s, head_limit = timeouts.next_wait(t0, t0, False)
     try:
-        async with session.post(url, data=payload, headers=_JSON_HEADERS, timeout=timeout) as resp:
-            record.http_status = resp.status
-            if resp.status != 200:
-                error_body = await resp.read()
-                record.e2e_ms = (time.monotonic_ns() - t0) / 1e6
-                record.status = STATUS_HTTP_ERROR
-                record.error = server_error_message(error_body, resp.status)
-                return record
-            await _read_stream(resp, record, t0, endpoint == ENDPOINT_CHAT)
+        async with asyncio.timeout(head_wait_s):  # the transport does not time the wait for the head
+            stream = await open_stream(plan.url, plan.payload, _NO_HEADERS, options)
+    except ConnectTimeout:
+        _timed_out(record, "connect_timeout_s", timeouts.connect_timeout_s, t0, time.monotonic_ns())
+        return _closed(record, probe)
+    except TimeoutError:
+        _timed_out(record, head_limit, timeouts.limit(head_limit), t0, time.monotonic_ns())
+        return _closed(record, probe)
     except _CONNECTION_FAILURES as exc:
         record.status = STATUS_CONNECTION_ERROR
-        record.error = _describe_connection_failure(exc, timeout_s)
-        if record.e2e_ms is None:
-            record.e2e_ms = (time.monotonic_ns() - t0) / 1e6
+        record.error = _describe_connection_failure(exc)
+        record.e2e_ms = (time.monotonic_ns() - t0) / 1e6
+        return _closed(record, probe)
+    if probe is not None:
+        record.lag_window = (probe.position(), 0)  # from the response head: what the chunk stamps saw
+    t0 = stream.t_sent_ns
+    record.sent_monotonic_ns = t0
+    record.stamp = stream.stamp
+    record.http_status = stream.status
+    try:
+        if stream.status != 200:
+            await _read_refusal(stream, record, t0)
+        elif not stream.content_type.lower().startswith(_EVENT_STREAM):
+            await _read_refusal(stream, record, t0)
+            shown = stream.content_type or "none"
+            record.status = STATUS_STREAM_ERROR
+            record.error = (
+                f"HTTP 200 with content type {shown}, not {_EVENT_STREAM}: the server did not stream "
+                f"({record.error}); check that it supports stream=true"
+            )
+        else:
+            await _read_stream(stream, record, t0, plan.endpoint == ENDPOINT_CHAT, timeouts)
+    finally:
+        await stream.aclose()
+    return _closed(record, probe)
+
+
+def _closed(record: RequestRecord, probe: LagProbe | None) -> RequestRecord:
+    if probe is not None and record.lag_window is not None:
+        record.lag_window = (record.lag_window[0], probe.position())
     return record
 
 
-async def _read_stream(resp: aiohttp.ClientResponse, record: RequestRecord, t0: int, is_chat: bool) -> None:
-    """The hot loop. Chunk arrays are appended through local bound methods; the record's text, e2e
-    and overhead are filled in a `finally` so a connection dropped mid-stream still leaves a record
-    with everything received up to the drop (e2e then runs to the last data that arrived).
+async def _read_refusal(stream: Stream, record: RequestRecord, t0: int) -> None:
+    """A response that is not a stream: keep the server's explanation, name a redirect's target and
+    a rate limit's Retry-After, since those tell the user what to do next."""
+    body = b""
+    with contextlib.suppress(TimeoutError, *_CONNECTION_FAILURES):
+        while len(body) < _REFUSAL_BODY_LIMIT:
+            piece = await stream.read(_REFUSAL_READ_TIMEOUT_S)
+            if piece is None:
+                break
+            body += piece[1]
+    record.e2e_ms = (time.monotonic_ns() - t0) / 1e6
+    headers = dict(stream.headers)
+    http_status = stream.status
+    record.error = server_error_message(body, http_status)
+    if http_status == 200:
+        return
+    if http_status in _RATE_LIMIT_STATUSES:
+        record.status = STATUS_RATE_LIMITED
+        record.retry_after_s = parse_retry_after(headers.get("retry-after"))
+        if record.retry_after_s is not None:
+            record.error = f"{record.error} (Retry-After: {record.retry_after_s:g} s)"
+        return
+    record.status = STATUS_HTTP_ERROR
+    if http_status in _REDIRECT_STATUSES:
+        location = headers.get("location") or "no Location header"
+        record.error = (
+            f"HTTP {http_status} redirect to {location}: itlaudit does not follow redirects, "
+            "so give the final URL as --url or the variant's url"
+        )
+
+
+async def _read_stream(
+    stream: Stream, record: RequestRecord, t0: int, is_chat: bool, timeouts: Timeouts
+) -> None:
+    """The hot loop: read, stamp, frame, decode the kept fields, append. Chunk arrays are appended
+    through local bound methods; whatever ends the stream (its end, a timeout, a dropped connection),
+    the `finally` leaves a record with everything received up to that point.
     """
-    parser = SSEParser()
+    feed = SSEFramer().feed
+    read = stream.read
     chunks = record.chunks
     append_t_ms = chunks.t_ms.append
     append_tokens = chunks.completion_tokens.append
@@ -144,76 +254,130 @@ async def _read_stream(resp: aiohttp.ClientResponse, record: RequestRecord, t0: 
     append_has_choice = chunks.has_choice.append
     append_token_ids = chunks.token_ids.append
     text_parts: list[str] = []
-    overhead_ns = 0
-    received_ns = t0
+    append_text = text_parts.append
+    last_ns = t0
+    next_wait = timeouts.next_wait
     monotonic_ns = time.monotonic_ns
     try:
-        async for piece in resp.content.iter_any():
-            received_ns = monotonic_ns()
-            events = parser.feed(piece)
-            if events:
-                t_ms = (received_ns - t0) / 1e6
-                for event in events:
-                    data = event.data
-                    if data == _DONE:
-                        record.done_sentinel = True
+        while True:
+            wait_s, limit = next_wait(t0, monotonic_ns(), bool(chunks.t_ms))
+            try:
+                got = await read(wait_s)
+            except TimeoutError:
+                _timed_out(record, limit, timeouts.limit(limit), t0, monotonic_ns(), last_ns)
+                return
+            if got is None:
+                break
+            last_ns, data = got
+            payloads = feed(data)
+            if not payloads:
+                continue
+            t_ms = (last_ns - t0) / 1e6
+            for payload in payloads:
+                if payload == _DONE:
+                    record.done_sentinel = True
+                    continue
+                try:
+                    chunk = decode_chunk(payload)
+                except CHUNK_DECODE_ERRORS as exc:
+                    chunk = _undecodable(record, payload, exc)
+                    if chunk is None:
                         continue
-                    try:
-                        obj = json.loads(data)
-                    except ValueError:
-                        record.status = STATUS_STREAM_ERROR
-                        record.error = f"server sent a data event that is not JSON: {data[:100]!r}"
-                        continue
-                    if not isinstance(obj, dict):
-                        record.status = STATUS_STREAM_ERROR
-                        record.error = f"server sent a data event that is not a JSON object: {data[:100]!r}"
-                        continue
-                    error = obj.get("error")
-                    if error is not None:
-                        record.status = STATUS_STREAM_ERROR
-                        record.error = _error_frame_message(error)
-                        continue
-
-                    usage = obj.get("usage")
-                    completion_tokens = None
-                    if usage:
-                        completion_tokens = usage.get("completion_tokens")
-                        record.completion_tokens = completion_tokens
-                        record.prompt_tokens = usage.get("prompt_tokens")
-                    choices = obj.get("choices")
-                    text = None
-                    token_ids = None
-                    if choices:
-                        choice = choices[0]
-                        if is_chat:
-                            delta = choice.get("delta")
-                            text = delta.get("content") if delta else None
-                        else:
-                            text = choice.get("text")
-                        token_ids = choice.get("token_ids")
-                        finish_reason = choice.get("finish_reason")
-                        if finish_reason is not None:
-                            record.finish_reason = finish_reason
-                            record.stop_reason = choice.get("stop_reason")
-                    append_t_ms(t_ms)
-                    append_tokens(completion_tokens)
-                    append_has_choice(bool(choices))
-                    append_token_ids(token_ids)
-                    if text:
-                        append_text_len(len(text))
-                        text_parts.append(text)
+                if chunk.error is not None:
+                    record.status = STATUS_STREAM_ERROR
+                    record.error = _error_frame_message(chunk.error)
+                    continue
+                usage = chunk.usage
+                completion_tokens = None
+                if usage is not None:
+                    completion_tokens = usage.completion_tokens
+                    record.completion_tokens = completion_tokens
+                    record.prompt_tokens = usage.prompt_tokens
+                choices = chunk.choices
+                text = None
+                token_ids = None
+                if choices:
+                    choice = choices[0]
+                    if is_chat:
+                        delta = choice.delta
+                        text = delta.content if delta is not None else None
                     else:
-                        append_text_len(0)
-                    if record.response_id is None:
-                        record.response_id = obj.get("id")
-                    fingerprint = obj.get("system_fingerprint")
-                    if fingerprint is not None:
-                        record.system_fingerprint = fingerprint
-            overhead_ns += monotonic_ns() - received_ns
+                        text = choice.text
+                    token_ids = choice.token_ids
+                    if choice.finish_reason is not None:
+                        record.finish_reason = choice.finish_reason
+                        record.stop_reason = choice.stop_reason
+                append_t_ms(t_ms)
+                append_tokens(completion_tokens)
+                append_has_choice(bool(choices))
+                append_token_ids(token_ids)
+                if text:
+                    append_text_len(len(text))
+                    append_text(text)
+                else:
+                    append_text_len(0)
+                if record.response_id is None:
+                    record.response_id = chunk.id
+                if chunk.system_fingerprint is not None:
+                    record.system_fingerprint = chunk.system_fingerprint
+        record.e2e_ms = (last_ns - t0) / 1e6
+    except _CONNECTION_FAILURES as exc:
+        record.status = STATUS_CONNECTION_ERROR
+        record.error = _describe_connection_failure(exc)
+        record.e2e_ms = (last_ns - t0) / 1e6
     finally:
         record.text = "".join(text_parts)
-        record.e2e_ms = (received_ns - t0) / 1e6
-        record.client_overhead_ms = overhead_ns / 1e6
+
+
+def _undecodable(record: RequestRecord, payload: bytes, exc: Exception) -> Chunk | None:
+    """A data event the decoder refused. Invalid UTF-8 is kept (decoded with U+FFFD, counted for the
+    `invalid_utf8` finding); anything else ends up as a stream error with an excerpt, and reading
+    goes on so later chunks and [DONE] are still seen."""
+    try:
+        payload.decode("utf-8")
+    except UnicodeDecodeError:
+        record.invalid_utf8_chunks += 1
+        try:
+            return decode_chunk(payload.decode("utf-8", "replace").encode())
+        except CHUNK_DECODE_ERRORS as again:
+            exc = again
+    excerpt = payload[:_EXCERPT_BYTES].decode("utf-8", "replace")
+    record.status = STATUS_STREAM_ERROR
+    if payload[:1] in (b"{", b"["):
+        record.error = f"server sent a chunk of an unexpected shape ({exc}): {excerpt!r}"
+    else:
+        record.error = f"server sent a data event that is not JSON: {excerpt!r}"
+    return None
+
+
+def _timed_out(
+    record: RequestRecord, limit: str, seconds: float | None, t0: int, now: int, last_ns: int | None = None
+) -> None:
+    """The request was cut by one of the workload's timeouts: e2e is the real elapsed time, and the
+    error says how long the silence was and after how much."""
+    record.status = STATUS_TIMEOUT
+    record.timeout_limit = limit
+    record.e2e_ms = (now - t0) / 1e6
+    silent_ms = (now - (last_ns if last_ns is not None else t0)) / 1e6
+    received = len(record.chunks)
+    record.error = (
+        f"cut by {limit} = {seconds:g} s: nothing arrived for {silent_ms / 1000:.3g} s "
+        f"after {received} chunk{'s' if received != 1 else ''}"
+    )
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Retry-After is either delay-seconds or an HTTP date (RFC 9110 §10.2.3)."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
 
 
 def _error_frame_message(error: object) -> str:
@@ -244,7 +408,7 @@ def server_error_message(body: bytes, http_status: int) -> str:
     return text[:_ERROR_BODY_CHARS] if text else f"HTTP {http_status} with an empty body"
 
 
-def _describe_connection_failure(exc: BaseException, timeout_s: float) -> str:
+def _describe_connection_failure(exc: BaseException, timeout_s: float | None = None) -> str:
     """One line for the record: aiohttp messages can span lines and a bare TimeoutError has none."""
     if isinstance(exc, TimeoutError) and not str(exc):
         return f"TimeoutError: no complete response within {timeout_s:g} s"

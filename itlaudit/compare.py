@@ -22,6 +22,7 @@ from itlaudit.lossless import SPEC_DECODE_OUTPUT_MISMATCH, prompt_index, with_ex
 from itlaudit.orchestrate import LedgerPolicy, RunOutcome, run_scenario
 from itlaudit.records import RequestRecord
 from itlaudit.rundir import write_derived, write_json
+from itlaudit.runner import CaptureOptions
 from itlaudit.scenario import COMPILED, EAGER, Scenario, Variant
 from itlaudit.specdecode import CounterSnapshot, parse_counters, spec_decode_delta
 
@@ -104,6 +105,7 @@ def run_compare(
     console: Console | None = None,
     ledger: LedgerPolicy | None = None,
     append: bool = False,
+    capture: CaptureOptions | None = None,
 ) -> tuple[RunOutcome, dict[str, Any]]:
     snapshots: dict[str, dict[str, Any]] = {}
 
@@ -125,6 +127,7 @@ def run_compare(
         after_variant=after,
         ledger=ledger,
         append=append,
+        capture=capture,
     )
     spec_stats = {}
     for variant in scenario.variants:

@@ -48,3 +48,27 @@ class RunInterrupted(ItlauditError):
         super().__init__(message)
         self.signal_name = signal_name
         self.exit_code = exit_code
+
+
+class TransportError(ItlauditError):
+    """The streaming HTTP connection failed; the message names host:port and what happened."""
+
+
+class ConnectFailed(TransportError, ServerUnreachableError):
+    """No TCP connection: the name did not resolve or every address refused or was unreachable."""
+
+
+class ConnectTimeout(ConnectFailed):
+    """Connecting (TCP and, for https, the TLS handshake) took longer than the connect timeout."""
+
+
+class TLSFailure(TransportError):
+    """The TLS handshake or a TLS record failed: certificate not trusted, wrong host name, bad record."""
+
+
+class ConnectionDropped(TransportError):
+    """The server closed or reset the connection before the response was complete."""
+
+
+class BadFraming(TransportError):
+    """The bytes received are not a valid HTTP/1.1 response (head or chunked framing)."""

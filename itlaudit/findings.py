@@ -22,7 +22,9 @@ from itlaudit.records import (
     STATUS_CONNECTION_ERROR,
     STATUS_HTTP_ERROR,
     STATUS_OK,
+    STATUS_RATE_LIMITED,
     STATUS_STREAM_ERROR,
+    STATUS_TIMEOUT,
     RequestRecord,
 )
 
@@ -43,6 +45,10 @@ CONNECTION_ERROR = "connection_error"
 COMMON_CAP = "common_cap"
 GIBBERISH_SUSPECTED = "gibberish_suspected"
 CHUNKS_COALESCED = "chunks_coalesced"
+STREAM_STALLED = "stream_stalled"
+RATE_LIMITED = "rate_limited"
+INVALID_UTF8 = "invalid_utf8"
+CLIENT_SATURATED = "client_saturated"
 
 CODES = (
     TRUNCATED_BELOW_MAX_TOKENS,
@@ -59,6 +65,10 @@ CODES = (
     COMMON_CAP,
     GIBBERISH_SUSPECTED,
     CHUNKS_COALESCED,
+    STREAM_STALLED,
+    RATE_LIMITED,
+    INVALID_UTF8,
+    CLIENT_SATURATED,
 )
 
 # The per-request codes that mean "the output is shorter than the request asked for": the one
@@ -76,6 +86,12 @@ COMMON_CAP_MIN_SHARE = 0.5
 # engine steps (seen for real: a starved 2-core vLLM CPU server flushed 257 chunks in one read).
 COALESCED_MAX_SHARE = 0.25
 COALESCED_MIN_GAPS = 4
+# With loop stamps, the capture loop's lag (p99 over the stream) shifts chunk stamps by about that much:
+# past 5% of the token ITL the client, not the server, is a visible part of the figure. Kernel stamps do
+# not move with the loop's lag; there the client only distorts once its reads fall a whole token behind
+# (a filling socket buffer then slows the server's sends), so the line is 100% of the token ITL.
+CLIENT_SATURATED_SHARE = 0.05
+CLIENT_SATURATED_SHARE_KERNEL = 1.0
 
 
 @dataclass(frozen=True)
@@ -303,7 +319,7 @@ def _gibberish(record: RequestRecord, thresholds: GibberishThresholds) -> Findin
     return Finding(GIBBERISH_SUSPECTED, WARNING, message, evidence, record.request_id)
 
 
-def _coalesced(record: RequestRecord) -> Finding | None:
+def _coalesced(record: RequestRecord, metrics: RequestMetrics) -> Finding | None:
     t_ms, _, _ = token_counts(record)
     gaps = np.diff(t_ms)
     if gaps.size < COALESCED_MIN_GAPS:
@@ -313,11 +329,11 @@ def _coalesced(record: RequestRecord) -> Finding | None:
     if share <= COALESCED_MAX_SHARE:
         return None
     _, burst_sizes = np.unique(t_ms, return_counts=True)
-    overhead = (record.client_overhead_ms or 0.0) / record.e2e_ms if record.e2e_ms else None
+    busy = _client_saturated(record, metrics) is not None
     blame = (
-        "the client was busy for most of the stream, so it may be the bottleneck"
-        if overhead is not None and overhead > 0.5
-        else "the client was mostly idle, so the server or the network sent them in bursts"
+        "the client's loop was saturated during the stream, so it may be the bottleneck"
+        if busy
+        else "the client's loop kept up, so the server or the network sent them in bursts"
     )
     message = (
         f"{same_read} of {gaps.size} chunk gaps were zero "
@@ -329,7 +345,7 @@ def _coalesced(record: RequestRecord) -> Finding | None:
         "gaps": int(gaps.size),
         "share": share,
         "largest_burst": int(burst_sizes.max()),
-        "client_overhead_share": overhead,
+        "loop_lag_p99_ms": record.loop_lag_p99_ms,
     }
     return Finding(CHUNKS_COALESCED, WARNING, message, evidence, record.request_id)
 
@@ -341,7 +357,7 @@ def _transport(record: RequestRecord, metrics: RequestMetrics) -> list[Finding]:
     seen = {"completion_tokens": record.completion_tokens, "content_chunks": metrics.content_chunks}
     before = _tokens_text(record.completion_tokens)
     if record.status == STATUS_STREAM_ERROR:
-        message = f"The server sent an error frame after {before} tokens: {record.error}"
+        message = f"The stream failed after {before} tokens: {record.error}"
         out.append(Finding(STREAM_ERROR, ERROR, message, {"message": record.error, **seen}, rid))
     elif record.status == STATUS_HTTP_ERROR:
         message = f"The server answered HTTP {record.http_status}: {record.error}"
@@ -350,12 +366,65 @@ def _transport(record: RequestRecord, metrics: RequestMetrics) -> list[Finding]:
     elif record.status == STATUS_CONNECTION_ERROR:
         message = f"The connection failed after {before} tokens: {record.error}"
         out.append(Finding(CONNECTION_ERROR, ERROR, message, {"message": record.error, **seen}, rid))
+    elif record.status == STATUS_TIMEOUT:
+        out.append(_stalled(record, seen))
+    elif record.status == STATUS_RATE_LIMITED:
+        retry = record.retry_after_s
+        message = (
+            f"The server answered HTTP {record.http_status} (rate limited"
+            + (f", Retry-After {retry:g} s" if retry is not None else ", no Retry-After")
+            + f"): {record.error}. The workload went on; this request was not measured."
+        )
+        evidence = {"http_status": record.http_status, "retry_after_s": retry, "message": record.error}
+        out.append(Finding(RATE_LIMITED, WARNING, message, evidence, rid))
+    if record.invalid_utf8_chunks:
+        message = (
+            f"{record.invalid_utf8_chunks} chunk(s) were not valid UTF-8; their text was kept with U+FFFD "
+            "in place of the bad bytes, so the output text is not what the server's bytes said."
+        )
+        evidence = {"chunks": record.invalid_utf8_chunks}
+        out.append(Finding(INVALID_UTF8, WARNING, message, evidence, rid))
     if record.status in (STATUS_OK, STATUS_STREAM_ERROR) and not record.done_sentinel:
         message = (
             f"The stream closed without 'data: [DONE]' (status {record.status}), so it may have been cut off."
         )
         out.append(Finding(NO_DONE_SENTINEL, WARNING, message, {"status": record.status, **seen}, rid))
     return out
+
+
+def _stalled(record: RequestRecord, seen: dict[str, Any]) -> Finding:
+    """A timeout cut the request: how long the silence was, and after how much output."""
+    last_ms = record.chunks.t_ms[-1] if len(record.chunks) else 0.0
+    gap_ms = (record.e2e_ms or 0.0) - last_ms
+    before = _tokens_text(record.completion_tokens)
+    message = (
+        f"The request was cut by {record.timeout_limit} after {before} tokens: nothing arrived for "
+        f"{gap_ms / 1000:.3g} s ({record.error}). Everything received before is kept."
+    )
+    evidence = {"limit": record.timeout_limit, "gap_ms": gap_ms, "e2e_ms": record.e2e_ms, **seen}
+    return Finding(STREAM_STALLED, ERROR, message, evidence, record.request_id)
+
+
+def _client_saturated(record: RequestRecord, metrics: RequestMetrics) -> Finding | None:
+    lag = record.loop_lag_p99_ms
+    itl = metrics.itl_ms
+    share = CLIENT_SATURATED_SHARE_KERNEL if record.stamp == "kernel" else CLIENT_SATURATED_SHARE
+    if lag is None or itl is None or itl <= 0 or lag <= share * itl:
+        return None
+    message = (
+        f"itlaudit's own capture loop lagged {lag:.3g} ms (p99; max {record.loop_lag_max_ms or lag:.3g} "
+        f"ms) during this stream, {lag / itl:.0%} of its {itl:.3g} ms token ITL: the client, not only the "
+        "server, is in this figure. Rerun with more --workers or fewer concurrent streams."
+    )
+    evidence = {
+        "loop_lag_p99_ms": lag,
+        "loop_lag_max_ms": record.loop_lag_max_ms,
+        "itl_ms": itl,
+        "share": lag / itl,
+        "threshold_share": share,
+        "stamp": record.stamp,
+    }
+    return Finding(CLIENT_SATURATED, WARNING, message, evidence, record.request_id)
 
 
 def request_findings(
@@ -371,7 +440,8 @@ def request_findings(
         _stop_reason(record),
         _usage_missing(record, metrics),
         _usage_non_monotonic(record),
-        _coalesced(record),
+        _coalesced(record, metrics),
+        _client_saturated(record, metrics),
     ]
     found = [f for f in candidates if f is not None] + _transport(record, metrics)
     gibberish = _gibberish(record, quality)

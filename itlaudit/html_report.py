@@ -23,6 +23,7 @@ from itlaudit.markdown import (
     group_findings,
     headline,
     import_rows,
+    saturation_warning,
     usage_warning,
 )
 
@@ -116,9 +117,9 @@ def render_html(
         f"<h1>itlaudit: {html.escape(title)}</h1>",
         f'<div class="headline"><ul>{sentences}</ul></div>',
     ]
-    warning = usage_warning(summary)
-    if warning:
-        parts.append(f'<p class="warning">{_inline(warning)}</p>')
+    for warning in (usage_warning(summary), saturation_warning(summary)):
+        if warning:
+            parts.append(f'<p class="warning">{_inline(warning)}</p>')
     figures = [_figure(caption, png) for caption, png in images]
     parts += figures[:1]
     parts += ["<h2>Figures per variant</h2>", _summary_table(summary), f"<p>{_inline(EXPLANATION)}</p>"]

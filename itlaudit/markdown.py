@@ -134,6 +134,21 @@ def usage_warning(summary: dict[str, Any]) -> str | None:
     )
 
 
+def saturation_warning(summary: dict[str, Any]) -> str | None:
+    """The client's own loop lagged by a visible share of the ITL: the figures partly measure itlaudit."""
+    variants: dict[str, Any] = summary["variants"]
+    hit = {n: b["findings"].get("client_saturated", 0) for n, b in variants.items()}
+    hit = {n: k for n, k in hit.items() if k}
+    if not hit:
+        return None
+    counts = ", ".join(f"{n} ({k} of {variants[n]['requests']} requests)" for n, k in hit.items())
+    return (
+        f"**WARNING: itlaudit's capture loop was saturated for {counts}.** Its event-loop lag exceeded "
+        "5% of the token ITL (loop stamps) or the whole ITL (kernel stamps), so part of these figures is "
+        "the client's. Rerun with more capture processes (`--workers N`) or fewer concurrent streams."
+    )
+
+
 def render_report(
     title: str,
     summary: dict[str, Any],
@@ -148,9 +163,9 @@ def render_report(
     names = list(variants)
     lines = [f"# itlaudit: {escape(title)}", ""]
     lines += [f"- {line}" for line in headline(summary)] + [""]
-    warning = usage_warning(summary)
-    if warning:
-        lines += [f"> {warning}", ""]
+    for warning in (usage_warning(summary), saturation_warning(summary)):
+        if warning:
+            lines += [f"> {warning}", ""]
     lines += ["Figures are p50 / p90 / p99 over requests.", ""]
     lines.append("| metric | " + " | ".join(escape(n) for n in names) + " |")
     lines.append("|---|" + "---|" * len(names))

@@ -35,7 +35,7 @@ from itlaudit.rundir import (
     write_derived,
     write_json,
 )
-from itlaudit.runner import resolve_model, run_variant
+from itlaudit.runner import CaptureOptions, resolve_model, run_variant
 from itlaudit.scenario import LaunchConfig, Scenario, Variant
 
 if TYPE_CHECKING:
@@ -201,19 +201,6 @@ def _append_tag(requests: Path) -> str | None:
     return f"r{round_number}"
 
 
-class _TaggedWriter(RecordWriter):
-    """Writes request ids as `<variant>.<tag>-<index>`: unique beside an earlier round's, and still
-    ending in the prompt index that pairs requests across variants (lossless.prompt_index)."""
-
-    def __init__(self, path: Path, tag: str) -> None:
-        super().__init__(path)
-        self.tag = tag
-
-    def write(self, line: dict[str, Any]) -> None:
-        head, _, index = str(line["request_id"]).rpartition("-")
-        super().write({**line, "request_id": f"{head}.{self.tag}-{index}"})
-
-
 def _write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
     write_json(run_dir / META_FILE, redact_json(meta))
 
@@ -237,6 +224,7 @@ def run_scenario(
     after_variant: VariantHook | None = None,
     ledger: LedgerPolicy | None = None,
     append: bool = False,
+    capture: CaptureOptions | None = None,
 ) -> RunOutcome:
     """Run every variant in turn. With a ledger, each variant is fingerprinted before it is measured
     (a repeat is named, or refused with no_repeat) and the finished run is recorded.
@@ -276,7 +264,7 @@ def run_scenario(
         console=console,
         transient=True,
     )
-    writer = _TaggedWriter(run_dir / REQUESTS_FILE, tag) if tag else RecordWriter(run_dir / REQUESTS_FILE)
+    writer = RecordWriter(run_dir / REQUESTS_FILE)
     try:
         with progress, writer:
             task = progress.add_task("requests", total=total)
@@ -295,9 +283,22 @@ def run_scenario(
                         if before_variant is not None:
                             info["before"] = before_variant(variant.name, base_url)
                         progress.update(task, description=f"{variant.name} @ {base_url}")
+
+                        def on_capture(workers: dict[str, Any], info: dict[str, Any] = info) -> None:
+                            """Capture workers (pids, clock offsets) reach meta.json before they stream."""
+                            info.update(workers)
+                            _write_meta(run_dir, meta)
+
                         done = asyncio.run(
                             run_variant(
-                                scenario, variant.name, base_url, writer, lambda _r: progress.advance(task)
+                                scenario,
+                                variant.name,
+                                base_url,
+                                writer,
+                                lambda _r: progress.advance(task),
+                                options=capture,
+                                on_capture=on_capture,
+                                id_tag=tag,
                             )
                         )
                         records += done

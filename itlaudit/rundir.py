@@ -1,6 +1,7 @@
 """The run folder: where raw records land as they finish, and where derived files are written.
 
-Layout: requests.jsonl (append-only, one line per finished request), summary.json, requests.csv,
+Layout: requests.jsonl (append-only, one raw line per finished request), derived.jsonl (the figures
+and findings derived from each line, rewritten by every derivation), summary.json, requests.csv,
 report.md, meta.json (what was run, against what). Only this module and the JSONL writer touch it.
 """
 
@@ -15,12 +16,13 @@ from typing import TYPE_CHECKING, Any
 from itlaudit.export import write_chunks
 from itlaudit.importers import ImportedBenchmark
 from itlaudit.records import RequestRecord, load_records
-from itlaudit.summary import request_line, run_summary
+from itlaudit.summary import derive_request, run_summary
 
 if TYPE_CHECKING:
     import pandas as pd
 
 REQUESTS_FILE = "requests.jsonl"
+DERIVED_FILE = "derived.jsonl"
 SUMMARY_FILE = "summary.json"
 CSV_FILE = "requests.csv"
 REPORT_FILE = "report.md"
@@ -47,19 +49,30 @@ def read_json(path: Path) -> Any:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def _csv_frame(records: Sequence[RequestRecord]) -> pd.DataFrame:
-    """One row per request with the scalar fields only: chunk arrays stay in requests.jsonl."""
+def _csv_frame(records: Sequence[RequestRecord], derived: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """One row per request: the raw scalars and the derived figures (chunk arrays stay in
+    requests.jsonl, finding details in derived.jsonl)."""
     import pandas as pd  # pandas and matplotlib cost seconds to import: only when files are derived
 
     rows = []
-    for record in records:
-        line = request_line(record)
+    for record, figures in zip(records, derived, strict=True):
+        line = {**record.to_json(), **figures}
         params = line.pop("params")
         row = {k: v for k, v in line.items() if not isinstance(v, list | dict) and k != "text"}
         row.update({f"param_{k}": v for k, v in params.items() if not isinstance(v, list)})
-        row["findings"] = ";".join(line["findings"])
+        row["findings"] = ";".join(figures["findings"])
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _write_jsonl(path: Path, lines: Sequence[dict[str, Any]]) -> None:
+    """A whole derived file at once, replaced atomically, so a reader never sees half of it."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(
+        "".join(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n" for line in lines),
+        encoding="utf-8",
+    )
+    tmp.replace(path)
 
 
 def _optional_json(path: Path) -> Any:
@@ -77,14 +90,16 @@ def write_derived(
     *,
     imported: Sequence[tuple[ImportedBenchmark, str]] = (),
 ) -> dict[str, Any]:
-    """(Re)derive summary.json, requests.csv, chunks.csv, the PNGs, report.md and report.html from
-    requests.jsonl (plus compare.json's spec-decode figures when present)."""
+    """(Re)derive summary.json, derived.jsonl, requests.csv, chunks.csv, the PNGs, report.md and
+    report.html from requests.jsonl (plus compare.json's spec-decode figures when present)."""
     records = load_records(run_dir / REQUESTS_FILE)
+    derived = [derive_request(r) for r in records]
     summary = run_summary(records, variant_order)
     write_json(run_dir / SUMMARY_FILE, summary)
-    _csv_frame(records).to_csv(run_dir / CSV_FILE, index=False)
+    _write_jsonl(run_dir / DERIVED_FILE, derived)
+    _csv_frame(records, derived).to_csv(run_dir / CSV_FILE, index=False)
     write_chunks(records, run_dir)
-    findings = [f for r in records for f in request_line(r)["finding_details"]] + summary["run_findings"]
+    findings = [f for d in derived for f in d["finding_details"]] + summary["run_findings"]
     compare = _optional_json(run_dir / "compare.json")  # compare.COMPARE_FILE; importing it is circular
     from itlaudit.report import write_reports
 

@@ -1,22 +1,54 @@
-"""Drives one variant's requests against one server and lands each finished record on disk.
+"""Coordinates one variant's capture: plans the requests, starts the capture workers, and lands every
+record they finish in requests.jsonl as it arrives.
 
-I/O only: the figures on each line come from `summary.request_line`, a pure function.
+I/O only: records here are raw; the figures derived from them come from `summary.derive_request`, a
+pure function, after the run. The coordinator's own loop does no stamping (the workers do), so
+progress and record merging here cannot disturb what is measured.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import os
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
+import msgspec
 
-from itlaudit.client import fetch_models, stream_request
-from itlaudit.errors import ServerRejectedError
-from itlaudit.records import STATUS_HTTP_ERROR, RecordWriter, RequestRecord
+from itlaudit.capture.transport import StampMode
+from itlaudit.capture.workers import (
+    WorkerHandle,
+    rejected,
+    split_shares,
+    start_workers,
+    worker_count,
+)
+from itlaudit.client import fetch_models, plan_request
+from itlaudit.errors import ItlauditError, ServerRejectedError
+from itlaudit.records import RecordWriter, RequestRecord
 from itlaudit.scenario import Scenario
-from itlaudit.summary import request_line
 
 OnDone = Callable[[RequestRecord], None]
+OnCapture = Callable[[dict[str, Any]], None]
+_READ_SIZE = 1 << 16
+
+
+@dataclass(frozen=True)
+class CaptureOptions:
+    """How `run`/`compare` capture, from the command line: `workers` None is auto; `timeouts`
+    overrides the scenario's [workload] limits by name; `stamp` "kernel" falls back to "loop" where
+    the platform lacks kernel receive timestamps."""
+
+    workers: int | None = None
+    timeouts: dict[str, float | None] = field(default_factory=dict)
+    stamp: StampMode = "kernel"
+
+
+class CaptureWorkerError(ItlauditError):
+    """A capture worker process died; what it finished is kept."""
 
 
 async def resolve_model(session: aiohttp.ClientSession, base_url: str, wanted: str) -> str:
@@ -40,46 +72,104 @@ async def run_variant(
     base_url: str,
     writer: RecordWriter,
     on_done: OnDone | None = None,
-    timeout_s: float = 600.0,
+    *,
+    options: CaptureOptions | None = None,
+    on_capture: OnCapture | None = None,
+    id_tag: str | None = None,
 ) -> list[RequestRecord]:
-    """Run the workload at the scenario's concurrency; a request's line is written before its slot
-    is released, so at most `concurrency` requests are ever unrecorded."""
+    """Run the workload at the scenario's concurrency over the capture workers. Each record is handed
+    to `writer` the moment its worker reports it; `on_capture` receives the workers' description
+    (clock offsets) for meta.json. `id_tag` (an --append round) makes ids `<variant>.<tag>-<index>`:
+    unique beside an earlier round's, still ending in the prompt index that pairs requests across
+    variants."""
+    options = options or CaptureOptions()
     workload = scenario.workload
-    connector = aiohttp.TCPConnector(limit=workload.concurrency, force_close=False)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    id_prefix = f"{variant}.{id_tag}" if id_tag else variant
+    async with aiohttp.ClientSession() as session:
         model = await resolve_model(session, base_url, scenario.model)
-        slots = asyncio.Semaphore(workload.concurrency)
-        records: list[RequestRecord] = []
-        rejected: list[RequestRecord] = []
-
-        async def one(index: int) -> None:
-            async with slots:
-                if rejected:
-                    return
-                record = await stream_request(
-                    session,
-                    base_url=base_url,
-                    endpoint=scenario.endpoint,
-                    model=model,
-                    prompt=scenario.prompt_for(index),
-                    params=workload.params,
-                    request_id=f"{variant}-{index:05d}",
-                    variant=variant,
-                    extra_body=workload.extra_body or None,
-                    timeout_s=timeout_s,
+    plans = [
+        plan_request(
+            base_url=base_url,
+            endpoint=scenario.endpoint,
+            model=model,
+            prompt=scenario.prompt_for(index),
+            params=workload.params,
+            request_id=f"{id_prefix}-{index:05d}",
+            variant=variant,
+            extra_body=workload.extra_body or None,
+        )
+        for index in range(workload.num_requests)
+    ]
+    count = worker_count(options.workers, workload.concurrency, len(plans))
+    timeouts = dataclasses.replace(workload.timeouts, **options.timeouts)
+    shares = split_shares(plans, workload.concurrency, timeouts, count, options.stamp)
+    loop = asyncio.get_running_loop()
+    handles = await loop.run_in_executor(None, start_workers, shares)
+    if on_capture is not None:
+        on_capture({"workers": [h.describe() for h in handles]})
+    records: list[RequestRecord] = []
+    try:
+        await asyncio.gather(*(_collect(handle, writer, records, on_done) for handle in handles))
+        for handle in handles:
+            await loop.run_in_executor(None, handle.process.join)
+            if handle.process.exitcode != 0:
+                raise CaptureWorkerError(
+                    f"capture worker {handle.share.worker} exited with code {handle.process.exitcode} "
+                    f"after {sum(r.worker == handle.share.worker for r in records)} of its "
+                    f"{len(handle.share.plans)} requests; the finished ones are kept in requests.jsonl"
                 )
-                writer.write(request_line(record))
-                records.append(record)
-                if record.status == STATUS_HTTP_ERROR and 400 <= (record.http_status or 0) < 500:
-                    rejected.append(record)
-                if on_done is not None:
-                    on_done(record)
-
-        await asyncio.gather(*(one(i) for i in range(workload.num_requests)))
-    if rejected and len(rejected) == len(records):
-        first = rejected[0]
+    finally:
+        for handle in handles:
+            if handle.process.is_alive():
+                handle.process.kill()
+            handle.records_in.close()
+            handle.control.close()
+    refused = [r for r in records if rejected(r)]
+    if refused and len(refused) == len(records):
+        first = refused[0]
         raise ServerRejectedError(
             f"{base_url} rejected the request with HTTP {first.http_status}: {first.error} "
-            "(fix the scenario's workload; the rejected request is kept in requests.jsonl)"
+            "(fix the scenario's workload or URL; the rejected request is kept in requests.jsonl)"
         )
     return sorted(records, key=lambda r: r.request_id)
+
+
+async def _collect(
+    handle: WorkerHandle, writer: RecordWriter, records: list[RequestRecord], on_done: OnDone | None
+) -> None:
+    """Read the worker's JSON lines as they come: each goes to requests.jsonl unchanged (no
+    re-encoding), and is decoded here for the run's outcome and progress."""
+    loop = asyncio.get_running_loop()
+    fd = handle.records_in.fileno()
+    finished = loop.create_future()
+    pending = bytearray()
+    decode = msgspec.json.decode
+
+    def readable() -> None:
+        try:
+            data = os.read(fd, _READ_SIZE)
+            if not data:
+                finished.set_result(None)
+                return
+            pending.extend(data)
+            end = pending.rfind(b"\n")
+            if end < 0:
+                return
+            lines = bytes(pending[:end]).split(b"\n")
+            del pending[: end + 1]
+            for line in lines:
+                writer.write(line)
+                record = RequestRecord.from_json(decode(line))
+                records.append(record)
+                if on_done is not None:
+                    on_done(record)
+            writer.check()
+        except BaseException as exc:  # surfaced by the awaiting coroutine, not lost in a callback
+            if not finished.done():
+                finished.set_exception(exc)
+
+    loop.add_reader(fd, readable)
+    try:
+        await finished
+    finally:
+        loop.remove_reader(fd)

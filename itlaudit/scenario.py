@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from itlaudit.errors import ScenarioError
-from itlaudit.records import RequestParams
+from itlaudit.records import RequestParams, Timeouts
 
 ENDPOINTS = ("completions", "chat")
 # Scenario and variant names become file and folder names (reports/<name>-<time>/, server-<variant>.log)
@@ -59,6 +59,7 @@ class Workload:
     concurrency: int
     params: RequestParams
     extra_body: dict[str, Any] = field(default_factory=dict)
+    timeouts: Timeouts = field(default_factory=Timeouts)
 
 
 @dataclass(frozen=True)
@@ -230,6 +231,7 @@ def _workload(src: dict[str, Any], loc: _Located, base: Path) -> Workload:
         "stop_token_ids",
         "seed",
         "extra_body",
+        *TIMEOUT_KEYS,
     }
     _unknown_keys(src, allowed, loc, table)
     if "prompts" in src and "prompts_file" in src:
@@ -264,8 +266,40 @@ def _workload(src: dict[str, Any], loc: _Located, base: Path) -> Workload:
         ),
         concurrency=_positive(_get(src, loc, table, "concurrency", int, 1), loc, table, "concurrency"),
         params=params,
-        extra_body=_get(src, loc, table, "extra_body", dict, {}),
+        extra_body=_single_choice(_get(src, loc, table, "extra_body", dict, {}), loc, table),
+        timeouts=_timeouts(src, loc, table),
     )
+
+
+TIMEOUT_KEYS = ("connect_timeout_s", "ttft_timeout_s", "stall_timeout_s", "request_timeout_s")
+
+
+def _timeouts(src: dict[str, Any], loc: _Located, table: str) -> Timeouts:
+    """Each key overrides its default; 0 is refused (it would cut every request), and a limit is
+    switched off by leaving it out where its default is none, or by a very large number."""
+    defaults = Timeouts()
+    values: dict[str, float | None] = {}
+    for key in TIMEOUT_KEYS:
+        value = _get(src, loc, table, key, (int, float), defaults.limit(key))
+        if value is not None and value <= 0:
+            raise loc.error(table, key, f"must be a positive number of seconds, not {value}")
+        values[key] = float(value) if value is not None else None
+    return Timeouts(**values)
+
+
+def _single_choice(extra_body: dict[str, Any], loc: _Located, table: str) -> dict[str, Any]:
+    """Records hold one choice per request: n > 1 (or best_of) would interleave several texts into
+    one stream, so it is refused here rather than measured wrongly."""
+    for key in ("n", "best_of"):
+        value = extra_body.get(key, 1)
+        if value != 1:
+            raise loc.error(
+                table,
+                "extra_body",
+                f"sets {key} = {value!r}; itlaudit records one choice per request, so use n = 1 and "
+                "raise num_requests instead",
+            )
+    return extra_body
 
 
 def _launch(src: dict[str, Any], loc: _Located) -> LaunchConfig:

@@ -17,11 +17,13 @@ from itlaudit.quality import text_quality
 from itlaudit.records import STATUS_OK, RequestRecord
 
 
-def request_line(record: RequestRecord) -> dict[str, Any]:
-    """The requests.jsonl line: the raw record plus the figures and findings derived from it."""
+def derive_request(record: RequestRecord) -> dict[str, Any]:
+    """The one derivation of a request's figures: metrics, text quality and findings, keyed by
+    request_id and variant. requests.jsonl holds only the raw record; this is what derived.jsonl,
+    requests.csv and every reader of per-request figures (diff, bisect, smoke, report) use."""
     metrics = request_metrics(record)
     findings = request_findings(record, metrics)
-    line = record.to_json()
+    line: dict[str, Any] = {"request_id": record.request_id, "variant": record.variant}
     derived = asdict(metrics)
     derived.pop("e2e_ms", None)  # already on the raw record, same value
     derived.pop("completion_tokens", None)
@@ -44,18 +46,18 @@ def _variant_block(records: Sequence[RequestRecord], metrics: Sequence[RequestMe
         "errors": sum(1 for r in records if r.status != STATUS_OK),
         "token_source": dict(sources),
         "tokens_per_chunk_hist": {str(k): v for k, v in sorted(hist.items())},
-        "client_overhead_share": _overhead_share(records),
+        "client_loop_lag_ms": _loop_lag(records),
     }
     block.update(variant_summary(metrics))
     block["findings"] = dict(sorted(codes.items()))
     return block
 
 
-def _overhead_share(records: Sequence[RequestRecord]) -> float | None:
-    """Client parse time over stream time: near 1 means the client, not the server, set the pace."""
-    overhead = sum(r.client_overhead_ms or 0.0 for r in records)
-    total = sum(r.e2e_ms or 0.0 for r in records)
-    return overhead / total if total > 0 else None
+def _loop_lag(records: Sequence[RequestRecord]) -> dict[str, float | None]:
+    """The capture loops' lag over the variant: the worst request's p99 and the worst single stall."""
+    p99s = [r.loop_lag_p99_ms for r in records if r.loop_lag_p99_ms is not None]
+    maxes = [r.loop_lag_max_ms for r in records if r.loop_lag_max_ms is not None]
+    return {"worst_p99": max(p99s) if p99s else None, "max": max(maxes) if maxes else None}
 
 
 def run_summary(

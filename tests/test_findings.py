@@ -352,7 +352,7 @@ def _timed(times: list[float]) -> ChunkSeries:
 def test_chunks_coalesced_fires_on_bursts() -> None:
     # 8 content chunks in two reads of 4: 6 of the 7 gaps are zero, a real starved-server pattern.
     times = [10.0, 10.0, 10.0, 10.0, 50.0, 50.0, 50.0, 50.0]
-    rec = record(max_tokens=8, chunks=_timed(times), client_overhead_ms=1.0, e2e_ms=60.0)
+    rec = record(max_tokens=8, chunks=_timed(times), loop_lag_p99_ms=0.05, e2e_ms=60.0)
     found = only(rec, "chunks_coalesced")
     assert found.evidence["zero_gaps"] == 6 and found.evidence["gaps"] == 7
     assert found.evidence["largest_burst"] == 4
@@ -361,11 +361,71 @@ def test_chunks_coalesced_fires_on_bursts() -> None:
 
 def test_chunks_coalesced_blames_a_busy_client() -> None:
     times = [10.0, 10.0, 10.0, 10.0, 50.0, 50.0, 50.0, 50.0]
-    rec = record(max_tokens=8, chunks=_timed(times), client_overhead_ms=50.0, e2e_ms=60.0)
-    assert "client was busy" in only(rec, "chunks_coalesced").message
+    rec = record(max_tokens=8, chunks=_timed(times), loop_lag_p99_ms=3.0, loop_lag_max_ms=9.0, e2e_ms=60.0)
+    assert "loop was saturated" in only(rec, "chunks_coalesced").message
+
+
+def test_client_saturated_fires_when_loop_lag_passes_5_percent_of_token_itl() -> None:
+    # 8 tokens over 70 ms: token ITL 10 ms, so the line is 0.5 ms of loop-lag p99.
+    times = [10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0]
+    rec = record(max_tokens=8, chunks=_timed(times), loop_lag_p99_ms=0.6, loop_lag_max_ms=4.0)
+    found = only(rec, "client_saturated")
+    assert found.severity == "warning"
+    assert found.evidence["itl_ms"] == pytest.approx(10.0)
+    assert found.evidence["share"] == pytest.approx(0.06)
+    assert "more --workers or fewer concurrent streams" in found.message
+
+
+@pytest.mark.parametrize("lag", [None, 0.0, 0.49])
+def test_client_saturated_quiet_while_the_loop_keeps_up(lag: float | None) -> None:
+    times = [10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0]
+    rec = record(max_tokens=8, chunks=_timed(times), loop_lag_p99_ms=lag, loop_lag_max_ms=lag)
+    assert "client_saturated" not in codes(rec)
 
 
 def test_chunks_coalesced_quiet_on_spread_arrivals() -> None:
     # one shared read out of 7 gaps is below the 25% threshold
     times = [10.0, 20.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0]
     assert "chunks_coalesced" not in codes(record(max_tokens=8, chunks=_timed(times)))
+
+
+def test_client_saturated_with_kernel_stamps_needs_lag_of_a_whole_token() -> None:
+    # Kernel stamps do not move with the loop: 0.6 ms of lag on a 10 ms ITL leaves them right.
+    times = [10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0]
+    calm = record(max_tokens=8, chunks=_timed(times), loop_lag_p99_ms=0.6, stamp="kernel")
+    assert "client_saturated" not in codes(calm)
+    behind = record(
+        max_tokens=8, chunks=_timed(times), loop_lag_p99_ms=12.0, loop_lag_max_ms=30.0, stamp="kernel"
+    )
+    assert only(behind, "client_saturated").evidence["threshold_share"] == 1.0
+
+
+def test_stream_stalled_names_the_gap_and_the_tokens_before_it() -> None:
+    times = [10.0, 20.0, 30.0]
+    rec = record(
+        max_tokens=8, chunks=_timed(times), status="timeout", timeout_limit="stall_timeout_s", e2e_ms=1030.0
+    )
+    rec.chunks.t_ms[:] = times + [times[-1]] * (len(rec.chunks) - len(times))
+    found = only(rec, "stream_stalled")
+    assert found.severity == "error"
+    assert found.evidence["limit"] == "stall_timeout_s"
+    assert found.evidence["gap_ms"] == pytest.approx(1000.0)
+    assert "stall_timeout_s" in found.message
+
+
+def test_rate_limited_carries_retry_after() -> None:
+    rec = record(max_tokens=8, status="rate_limited", http_status=429, retry_after_s=2.0, error="slow down")
+    found = only(rec, "rate_limited")
+    assert found.severity == "warning"
+    assert found.evidence["retry_after_s"] == 2.0 and "Retry-After 2 s" in found.message
+
+
+def test_invalid_utf8_counts_the_chunks() -> None:
+    found = only(record(max_tokens=8, invalid_utf8_chunks=2), "invalid_utf8")
+    assert found.evidence["chunks"] == 2
+
+
+@pytest.mark.parametrize("status", ["ok", "stream_error", "http_error"])
+def test_timeout_and_rate_limit_findings_quiet_on_other_statuses(status: str) -> None:
+    found = codes(record(max_tokens=8, status=status, http_status=500))
+    assert not found & {"stream_stalled", "rate_limited", "invalid_utf8"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from itlaudit.client import stream_request
+from itlaudit.client import plan_request, stream_request
 from itlaudit.invariance_client import Scorer, explain_mismatch
 from itlaudit.lossless import (
     SPEC_DECODE_OUTPUT_MISMATCH,
@@ -96,10 +96,9 @@ def test_divergence_logprobs_tell_variance_from_a_bug(
 
 async def _records(url: str, variant: str, model: str) -> list[RequestRecord]:
     params = RequestParams(max_tokens=24, temperature=0.0)
-    async with aiohttp.ClientSession() as session:
-        return [
-            await stream_request(
-                session,
+    return [
+        await stream_request(
+            plan_request(
                 base_url=url,
                 endpoint="completions",
                 model=model,
@@ -108,8 +107,9 @@ async def _records(url: str, variant: str, model: str) -> list[RequestRecord]:
                 request_id=f"{variant}-{i:05d}",
                 variant=variant,
             )
-            for i, prompt in enumerate(PROMPTS)
-        ]
+        )
+        for i, prompt in enumerate(PROMPTS)
+    ]
 
 
 async def test_sim_k0_vs_k3_match_and_a_planted_mismatch_is_found() -> None:

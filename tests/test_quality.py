@@ -15,7 +15,7 @@ from itlaudit.quality import (
     weird_runs,
 )
 from itlaudit.records import RequestParams, RequestRecord
-from itlaudit.summary import request_line
+from itlaudit.summary import derive_request
 
 CLEAN_EN = (
     "Stable long-context inference needs a regression test that looks at the text, not only at the "
@@ -135,8 +135,8 @@ def test_gibberish_finding_follows_custom_thresholds() -> None:
     assert GIBBERISH_SUSPECTED not in _codes(_record(GIBBERISH), quality=lenient)
 
 
-def test_request_line_carries_quality_fields() -> None:
-    line = request_line(_record(GIBBERISH))
+def test_derived_figures_carry_quality_fields() -> None:
+    line = derive_request(_record(GIBBERISH))
     for key in ("digit_ratio", "weird_runs", "repeated_num_runs", "max_digit_run", "rep_2", "rep_3", "rep_4"):
         assert key in line
     assert line["text_sha256"] == text_sha256(GIBBERISH)

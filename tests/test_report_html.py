@@ -15,7 +15,7 @@ from itlaudit.plots import PLOTS
 from itlaudit.records import RecordWriter
 from itlaudit.report import write_reports
 from itlaudit.rundir import write_derived
-from itlaudit.summary import request_line, run_summary
+from itlaudit.summary import derive_request, run_summary
 
 PLANTED = "<script>alert(1)</script>"
 
@@ -49,7 +49,7 @@ def test_planted_script_in_generated_text_and_names_is_escaped(tmp_path: Path) -
     bad.error = PLANTED
     records = [bad, *k0_k3(3, capped=False)]
     summary = run_summary(records)
-    findings = [f for r in records for f in request_line(r)["finding_details"]]
+    findings = [f for r in records for f in derive_request(r)["finding_details"]]
     findings.append({"code": "x", "severity": "error", "message": PLANTED, "request_id": PLANTED})
     target = write_reports(tmp_path, PLANTED, records, summary, findings)
     page = target.read_text()

@@ -131,3 +131,37 @@ SHIPPED = sorted(p for p in (REPO / "scenarios").rglob("*.toml") if p.name != "s
 def test_shipped_scenarios_load(path: Path) -> None:
     sc = load_scenario(path)
     assert sc.variants and sc.workload.prompts
+
+
+def test_workload_timeouts_default_and_override() -> None:
+    defaults = parse(GOOD).workload.timeouts  # type: ignore[attr-defined]
+    assert (defaults.connect_timeout_s, defaults.ttft_timeout_s) == (30.0, None)
+    assert (defaults.stall_timeout_s, defaults.request_timeout_s) == (60.0, None)
+    text = GOOD.replace(
+        "seed = 3", "seed = 3\nstall_timeout_s = 5\nrequest_timeout_s = 120\nttft_timeout_s = 300"
+    )
+    timeouts = parse(text).workload.timeouts  # type: ignore[attr-defined]
+    assert (timeouts.stall_timeout_s, timeouts.request_timeout_s, timeouts.ttft_timeout_s) == (
+        5.0,
+        120.0,
+        300.0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("stall_timeout_s = 0", "`workload.stall_timeout_s` must be a positive number of seconds"),
+        ('request_timeout_s = "1h"', "`workload.request_timeout_s` must be int or float"),
+        ("extra_body = { n = 2 }", "sets n = 2; itlaudit records one choice per request"),
+        ("extra_body = { best_of = 3 }", "sets best_of = 3"),
+    ],
+)
+def test_bad_timeouts_and_several_choices_are_refused(line: str, message: str) -> None:
+    with pytest.raises(ScenarioError, match=r"s\.toml:") as caught:
+        parse(GOOD.replace("seed = 3", f"seed = 3\n{line}"))
+    assert message in str(caught.value)
+
+
+def test_n_of_1_is_accepted() -> None:
+    assert parse(GOOD.replace("seed = 3", "seed = 3\nextra_body = { n = 1 }"))

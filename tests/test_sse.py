@@ -1,4 +1,4 @@
-"""SSE parser against the WHATWG rules and against real vLLM captures split at arbitrary points.
+"""SSE framing against the WHATWG rules and against real vLLM captures split at arbitrary points.
 
 The parser sees whatever TCP hands over, so every rule is also checked with the input cut into
 pieces: a result that depends on where reads happen to split would make timing records wrong.
@@ -12,22 +12,22 @@ from pathlib import Path
 
 import pytest
 
-from itlaudit.sse import SSEEvent, SSEParser
+from itlaudit.sse import SSEFramer
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.24.0-cuda"
 CAPTURES = sorted(FIXTURES.glob("*.sse"))
 
 
-def feed_pieces(pieces: list[bytes]) -> list[SSEEvent]:
-    parser = SSEParser()
-    events: list[SSEEvent] = []
+def feed_pieces(pieces: list[bytes]) -> list[bytes]:
+    parser = SSEFramer()
+    events: list[bytes] = []
     for piece in pieces:
         events.extend(parser.feed(piece))
     return events
 
 
-def feed_whole(stream: bytes) -> list[SSEEvent]:
-    return SSEParser().feed(stream)
+def feed_whole(stream: bytes) -> list[bytes]:
+    return SSEFramer().feed(stream)
 
 
 def split_at(stream: bytes, offsets: list[int]) -> list[bytes]:
@@ -35,8 +35,8 @@ def split_at(stream: bytes, offsets: list[int]) -> list[bytes]:
     return [stream[a:b] for a, b in itertools.pairwise(bounds)]
 
 
-def data_of(events: list[SSEEvent]) -> list[str]:
-    return [e.data for e in events]
+def data_of(events: list[bytes]) -> list[str]:
+    return [e.decode() for e in events]
 
 
 # --- line endings ---------------------------------------------------------------------------------
@@ -82,45 +82,6 @@ def test_comment_alone_dispatches_nothing() -> None:
     assert feed_whole(b": ping\n\n") == []
 
 
-def test_event_type_applies_to_one_event_then_resets() -> None:
-    events = feed_whole(b"event: update\ndata: 1\n\ndata: 2\n\n")
-    assert [(e.event, e.data) for e in events] == [("update", "1"), ("message", "2")]
-
-
-def test_event_type_of_an_undispatched_event_does_not_leak() -> None:
-    events = feed_whole(b"event: orphan\n\ndata: x\n\n")
-    assert events == [SSEEvent(data="x", event="message")]
-
-
-def test_id_persists_across_events_until_changed() -> None:
-    events = feed_whole(b"id: 7\ndata: a\n\ndata: b\n\nid: 8\ndata: c\n\nid\ndata: d\n\n")
-    assert [e.id for e in events] == ["7", "7", "8", ""]
-
-
-def test_id_containing_nul_is_ignored() -> None:
-    events = feed_whole(b"id: 1\ndata: a\n\nid: 2\x003\ndata: b\n\n")
-    assert [e.id for e in events] == ["1", "1"]
-
-
-def test_id_is_none_until_set() -> None:
-    assert feed_whole(b"data: a\n\n") == [SSEEvent(data="a", event="message", id=None, retry=None)]
-
-
-def test_retry_only_accepts_ascii_digits() -> None:
-    parser = SSEParser()
-    assert parser.feed(b"retry: 3000\ndata: a\n\n")[0].retry == 3000
-    for bad in (b"retry: 3s", b"retry: -1", b"retry:", b"retry: 1.5", "retry: ３".encode()):
-        assert parser.feed(bad + b"\ndata: b\n\n")[0].retry == 3000, bad
-    assert parser.feed(b"retry:250\ndata: c\n\n")[0].retry == 250
-    assert parser.retry == 250
-
-
-def test_retry_without_data_updates_state_but_dispatches_nothing() -> None:
-    parser = SSEParser()
-    assert parser.feed(b"retry: 10\n\n") == []
-    assert parser.retry == 10
-
-
 def test_only_one_leading_space_is_stripped() -> None:
     assert data_of(feed_whole(b"data:x\n\ndata:  y\n\ndata: \tz \n\n")) == ["x", " y", "\tz "]
 
@@ -130,7 +91,7 @@ def test_value_may_contain_colons() -> None:
 
 
 def test_line_without_colon_is_field_with_empty_value() -> None:
-    assert feed_whole(b"data\n\n") == [SSEEvent(data="")]
+    assert feed_whole(b"data\n\n") == [b""]
     assert data_of(feed_whole(b"data: a\ndata\n\n")) == ["a\n"]
 
 
@@ -142,25 +103,29 @@ def test_multiple_data_lines_join_with_newline() -> None:
     assert data_of(feed_whole(b"data: a\ndata: b\ndata:\ndata: c\n\n")) == ["a\nb\n\nc"]
 
 
+def test_other_fields_are_parsed_past() -> None:
+    assert data_of(feed_whole(b"event: update\nid: 7\nretry: 10\ndata: 1\n\ndata: 2\n\n")) == ["1", "2"]
+
+
 def test_event_with_empty_data_buffer_is_not_dispatched() -> None:
     assert feed_whole(b"event: x\nid: 3\n\n\n\n") == []
 
 
 def test_empty_data_line_is_still_dispatched() -> None:
-    assert feed_whole(b"data:\n\n") == [SSEEvent(data="")]
+    assert feed_whole(b"data:\n\n") == [b""]
 
 
 def test_event_unfinished_at_stream_end_is_not_dispatched() -> None:
-    assert feed_pieces([b"data: a\n\ndata: b\n", b"data: c"]) == [SSEEvent(data="a")]
+    assert feed_pieces([b"data: a\n\ndata: b\n", b"data: c"]) == [b"a"]
 
 
 def test_events_are_returned_by_the_feed_that_completes_them() -> None:
-    parser = SSEParser()
+    parser = SSEFramer()
     assert parser.feed(b"data: a\n") == []
     completed = parser.feed(b"\ndata: b\n\ndata: c\n\nda")
-    assert completed == [SSEEvent(data="a"), SSEEvent(data="b"), SSEEvent(data="c")]
+    assert completed == [b"a", b"b", b"c"]
     assert parser.feed(b"ta: d\n") == []
-    assert parser.feed(b"\n") == [SSEEvent(data="d")]
+    assert parser.feed(b"\n") == [b"d"]
 
 
 def test_long_line_arriving_in_many_pieces() -> None:
@@ -186,13 +151,13 @@ def test_every_pair_of_cuts_through_multibyte_event_type_and_data() -> None:
     for first in range(len(stream)):
         for second in range(first, len(stream)):
             events = feed_pieces(split_at(stream, [first, second]))
-            assert events == [SSEEvent(data="😀é", event="😀")], (first, second)
+            assert data_of(events) == ["😀é"], (first, second)
 
 
-def test_invalid_utf8_becomes_replacement_character() -> None:
-    assert data_of(feed_whole(b"data: a\xffb\n\n")) == ["a\ufffdb"]
-    # A sequence cut short by the line end is one maximal subpart, so one replacement character.
-    assert data_of(feed_whole(b"data: a\xf0\x9f\n\n")) == ["a\ufffd"]
+def test_invalid_utf8_passes_through_as_bytes() -> None:
+    # Framing never decodes: the JSON decoder sees the bytes as sent and reports them.
+    assert feed_whole(b"data: a\xffb\n\n") == [b"a\xffb"]
+    assert feed_whole(b"data: a\xf0\x9f\n\n") == [b"a\xf0\x9f"]
 
 
 def test_leading_bom_is_stripped() -> None:
@@ -213,9 +178,9 @@ def test_only_the_first_bom_is_stripped() -> None:
 
 
 def test_bytes_held_back_as_a_possible_bom_are_not_lost() -> None:
-    parser = SSEParser()
+    parser = SSEFramer()
     assert parser.feed(b"\xef\xbb") == []
-    assert parser.feed(b"\ndata: x\n\n") == [SSEEvent(data="x")]
+    assert parser.feed(b"\ndata: x\n\n") == [b"x"]
 
 
 # --- real vLLM captures ---------------------------------------------------------------------------
@@ -245,8 +210,7 @@ def test_capture_whole_matches_reference(capture: Path) -> None:
     expected_count = {"chat-k0.sse": 18, "chat-k3.sse": 19}.get(capture.name, 18)
     assert len(events) == expected_count
     assert data_of(events) == reference_events(stream)
-    assert events[-1] == SSEEvent(data="[DONE]")
-    assert {e.event for e in events} == {"message"}
+    assert events[-1] == b"[DONE]"
 
 
 @pytest.mark.parametrize("capture", CAPTURES, ids=lambda p: p.name)

@@ -14,7 +14,7 @@ from typing import Any
 
 from itlaudit.records import STATUS_OK, RequestRecord
 from itlaudit.smoke.suite import DEFAULT_METRIC, CheckSpec, Suite
-from itlaudit.summary import request_line
+from itlaudit.summary import derive_request
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 # Enough examples to show a pattern in a JUnit failure without burying it.
@@ -53,7 +53,7 @@ def variant_figures(
 ) -> dict[str, Any]:
     """What the checks read for one scenario on one server: the variant's summary block, its
     compare.json row, and the findings with a few of their messages as evidence."""
-    details = [d for r in records for d in request_line(r)["finding_details"]] + list(extra_findings)
+    details = [d for r in records for d in derive_request(r)["finding_details"]] + list(extra_findings)
     counts = Counter(block.get("findings", {}))
     counts.update(d["code"] for d in extra_findings)
     examples: dict[str, list[dict[str, Any]]] = {}
