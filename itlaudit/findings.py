@@ -86,11 +86,12 @@ COMMON_CAP_MIN_SHARE = 0.5
 # engine steps (seen for real: a starved 2-core vLLM CPU server flushed 257 chunks in one read).
 COALESCED_MAX_SHARE = 0.25
 COALESCED_MIN_GAPS = 4
-# Past 5% of the token ITL, the capture loop's own lag (p99 over the stream) is a visible part of the
-# figures, whatever the stamp mode: loop stamps move by about that much, and kernel stamps, though they
-# do not move with the loop, are taken per socket read, so a loop that falls behind the chunk gap gets
-# several chunks in one read, all stamped at the last one's arrival (measured: benchmarks/transport_stamps.py).
+# With loop stamps, the capture loop's lag (p99 over the stream) shifts chunk stamps by about that much:
+# past 5% of the token ITL the client, not the server, is a visible part of the figure. Kernel stamps do
+# not move with the loop's lag; there the client only distorts once its reads fall a whole token behind
+# (a filling socket buffer then slows the server's sends), so the line is 100% of the token ITL.
 CLIENT_SATURATED_SHARE = 0.05
+CLIENT_SATURATED_SHARE_KERNEL = 1.0
 
 
 @dataclass(frozen=True)
@@ -407,7 +408,7 @@ def _stalled(record: RequestRecord, seen: dict[str, Any]) -> Finding:
 def _client_saturated(record: RequestRecord, metrics: RequestMetrics) -> Finding | None:
     lag = record.loop_lag_p99_ms
     itl = metrics.itl_ms
-    share = CLIENT_SATURATED_SHARE
+    share = CLIENT_SATURATED_SHARE_KERNEL if record.stamp == "kernel" else CLIENT_SATURATED_SHARE
     if lag is None or itl is None or itl <= 0 or lag <= share * itl:
         return None
     message = (
