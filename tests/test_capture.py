@@ -462,4 +462,5 @@ def test_report_and_bisect_derive_from_raw_lines_never_from_copies_on_them(tmp_p
     assert all(d["itl_ms"] < 10 and "bogus" not in d["findings"] for d in derived)
     with (tmp_path / "run" / "requests.csv").open() as fh:
         assert [float(row["itl_ms"]) for row in csv.DictReader(fh)] == [d["itl_ms"] for d in derived]
-    assert read_trial(tmp_path / "run").itl_ms == [d["itl_ms"] for d in derived]
+    (trial,) = read_trial(tmp_path / "run").values()
+    assert trial.itl_ms == [d["itl_ms"] for d in derived]
