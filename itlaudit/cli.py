@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from itlaudit import __version__, cli_audit, cli_bisect, cli_report, cli_smoke, cli_testbed
+from itlaudit import __version__, cli_audit, cli_bisect, cli_report, cli_selfcheck, cli_smoke, cli_testbed
 from itlaudit.errors import ItlauditError, ScenarioError
 from itlaudit.orchestrate import LedgerPolicy, RunOutcome, run_scenario
 from itlaudit.rundir import REPORT_FILE
@@ -211,6 +211,7 @@ app.command(name="diff")(cli_report.diff)
 app.command(name="export")(cli_report.export)
 app.command(name="bisect")(cli_bisect.bisect)
 app.command(name="smoke")(cli_smoke.smoke)
+app.command(name="selfcheck")(cli_selfcheck.selfcheck)
 app.command(name="invariance")(cli_audit.invariance)
 app.command(name="quality")(cli_audit.quality)
 app.add_typer(cli_audit.ledger_app, name="ledger")

@@ -875,8 +875,8 @@ def _handler(api: _Api) -> Any:
     return handle
 
 
-async def _models(request: web.Request) -> web.Response:
-    cfg = request.app[_ENGINE].config
+def model_list(cfg: SimConfig) -> dict[str, Any]:
+    """The /v1/models body; shared with the ground-truth server so both serve vLLM's exact card."""
     created = int(time.time())
     permission = {
         "id": f"modelperm-{uuid.uuid4().int & (2**64 - 1):016x}",
@@ -902,7 +902,11 @@ async def _models(request: web.Request) -> web.Response:
         "max_model_len": cfg.max_model_len,
         "permission": [permission],
     }
-    return _json_response({"object": "list", "data": [card]})
+    return {"object": "list", "data": [card]}
+
+
+async def _models(request: web.Request) -> web.Response:
+    return _json_response(model_list(request.app[_ENGINE].config))
 
 
 async def _version(request: web.Request) -> web.Response:
