@@ -169,6 +169,9 @@ def sim(
     gibberish_after_tokens: Annotated[
         int | None, typer.Option(help="Fault: only digit tokens from position N on.")
     ] = None,
+    send_log: Annotated[
+        Path | None, typer.Option(help="On exit, write each streamed chunk's due and send time here (JSON).")
+    ] = None,
 ) -> None:
     """Serve the vLLM-compatible simulator (demo and fault-injection target; not a test of vLLM)."""
     from itlaudit.sim import SimConfig, serve
@@ -195,6 +198,7 @@ def sim(
         ),
         host=host,
         port=port,
+        send_log_path=send_log,
     )
 
 

@@ -80,7 +80,7 @@ def capture_options(**wanted: Any) -> dict[str, Any]:
     given = {name: value for name, value in wanted.items() if value is not None}
     missing = sorted(name for name in given if name not in accepted)
     if missing:
-        flags = ", ".join(f"--{name}" for name in missing)
+        flags = ", ".join(f"--{name.replace('_', '-')}" for name in missing)
         raise ScenarioError(f"this build's capture path has no {flags} option; drop {flags}")
     return given
 
