@@ -80,6 +80,7 @@ class Fidelity:
     chunks: int
     missing_chunks: int
     unmatched_responses: int  # sent responses the client has no record of
+    lag_min_ms: float | None  # below zero: the first chunk was stamped late, which flatters the rest
     lag_p50_ms: float | None
     lag_p99_ms: float | None
     lag_max_ms: float | None
@@ -92,7 +93,10 @@ class Fidelity:
 
     @property
     def within_budget(self) -> bool:
-        return self.lag_p99_ms is not None and self.lag_p99_ms <= LAG_BUDGET_MS and self.every_chunk_stamped
+        """p99 within budget, and no first chunk stamped so late that negative lags hide the rest."""
+        if self.lag_p99_ms is None or self.lag_min_ms is None or not self.every_chunk_stamped:
+            return False
+        return self.lag_p99_ms <= LAG_BUDGET_MS and self.lag_min_ms >= -LAG_BUDGET_MS
 
 
 def grade(
@@ -114,15 +118,16 @@ def grade(
         error = float("inf") if reported is None else abs(reported / truth - 1.0)
         if worst is None or error > worst:
             worst, worst_id = error, rid
-    p50 = p99 = top = None
+    low = p50 = p99 = top = None
     if pooled.size:
         p50, p99 = (float(v) for v in np.percentile(pooled, [50, 99]))
-        top = float(pooled.max())
+        low, top = float(pooled.min()), float(pooled.max())
     return Fidelity(
         responses=len(joins),
         chunks=sum(len(j.tokens) for j in joins.values()),
         missing_chunks=sum(j.missing for j in joins.values()),
         unmatched_responses=sum(1 for rid in sent.responses if rid not in joins),
+        lag_min_ms=low,
         lag_p50_ms=p50,
         lag_p99_ms=p99,
         lag_max_ms=top,

@@ -72,6 +72,12 @@ def test_late_first_chunk_makes_the_rest_look_early() -> None:
     t[0] += 2.0
     join = join_chunks(t, tokens, sends)
     np.testing.assert_allclose(added_lag_ms(join.arrival_ms, join.sent_ns), -2.0)
+    result = grade(
+        {"r": join}, {"r": token_itl_ms(join.arrival_ms, join.tokens)}, SendLog(responses={"r": sends})
+    )
+    assert result.lag_p99_ms == pytest.approx(-2.0)
+    assert result.lag_min_ms == pytest.approx(-2.0)
+    assert not result.within_budget  # a negative p99 is no proof of fidelity
 
 
 def test_join_on_token_counts_skips_non_content_events_and_counts_missing_chunks() -> None:
@@ -128,7 +134,7 @@ def test_send_log_round_trip_and_bad_file(tmp_path) -> None:
 
 
 def _fidelity(p99: float) -> Fidelity:
-    return Fidelity(1, 10, 0, 0, 0.0, p99, p99, 0.0, "r")
+    return Fidelity(1, 10, 0, 0, 0.0, 0.0, p99, p99, 0.0, "r")
 
 
 def test_search_finds_the_last_stream_count_within_budget() -> None:
