@@ -47,7 +47,8 @@ def describe(fidelity: Fidelity) -> str:
     )
     return (
         f"added lag min {_ms(fidelity.lag_min_ms)} / p50 {_ms(fidelity.lag_p50_ms)} / "
-        f"p99 {_ms(fidelity.lag_p99_ms)} / max {_ms(fidelity.lag_max_ms)} ms over {fidelity.chunks} chunks; worst token-ITL error "
+        f"p99 {_ms(fidelity.lag_p99_ms)} / max {_ms(fidelity.lag_max_ms)} ms over {fidelity.chunks} chunks; "
+        "worst token-ITL error "
         f"{'–' if error is None else f'{error:.2%}'} ({fidelity.worst_response}); {stamped}"
     )
 
