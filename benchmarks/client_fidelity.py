@@ -131,14 +131,16 @@ class TrialResult:
     server_lag_max_ms: float | None
 
 
-def _grade_arrivals(result: dict[str, dict[str, Any]], sent: SendLog) -> Fidelity:
+def _grade_arrivals(result: dict[str, Any], sent: SendLog) -> Fidelity:
     """Naive and vLLM clients: their own arrival series; ITL as each would report it (token-true).
 
     vLLM's client keeps no token counts, so its k-th choice chunk is the k-th content chunk sent.
     """
+    for rid in result.get("warmup", []):
+        sent.responses.pop(rid, None)
     joins: dict[str, ChunkJoin] = {}
     reported: dict[str, float | None] = {}
-    for rid, series in result.items():
+    for rid, series in result["responses"].items():
         sends = sent.responses.get(rid)
         if sends is None:
             continue
@@ -270,7 +272,7 @@ def main() -> None:
         url, streams, tokens, prefix, out = rest
         if args.client == "naive":
             data = asyncio.run(naive_client(url, int(streams), int(tokens), prefix))
-            Path(out).write_text(json.dumps(data))
+            Path(out).write_text(json.dumps({"responses": data}))
         else:
             options = capture_options(workers=args.workers, stamp=args.stamp)
             run_itlaudit(url, int(streams), int(tokens), Path(out), **options)
