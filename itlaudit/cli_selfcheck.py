@@ -26,7 +26,7 @@ from itlaudit.serve.harness import (
 )
 from itlaudit.serve.truth import TruthConfig
 
-out = Console()
+out = Console(soft_wrap=True)
 err = Console(stderr=True)
 
 MAX_SEARCH_STREAMS = 1024

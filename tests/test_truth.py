@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -163,3 +164,27 @@ def test_capture_path_against_the_truth_at_8_streams(truth: LaunchedServer, tmp_
     assert result.responses == 8
     assert result.every_chunk_stamped, result
     assert result.worst_itl_error is not None and result.worst_itl_error <= 0.03, result
+
+
+def test_selfcheck_cli_prints_the_grade(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "itlaudit",
+            "selfcheck",
+            "--streams",
+            "2",
+            "--tokens",
+            "50",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "2 streams × 500 chunks/s × 1 tokens/chunk: added lag min" in result.stdout.replace("\n", " ")
+    assert "over 100 chunks" in result.stdout.replace("\n", " ")
+    assert (tmp_path / "run-01-2streams" / "requests.jsonl").is_file()
