@@ -42,6 +42,7 @@ from itlaudit.sim import (
     VLLM_VERSION,
     SimConfig,
     SimError,
+    _avoid,
     _bad_request,
     _CompletionApi,
     _Ctx,
@@ -89,7 +90,7 @@ class TruthConfig:
 
     def sim_config(self) -> SimConfig:
         """The simulator settings whose validation and frame layout the truth server borrows."""
-        return SimConfig(model=self.model, max_model_len=self.max_model_len, ttft_ms=self.ttft_ms)
+        return SimConfig(model=self.model, max_model_len=self.max_model_len)
 
 
 @dataclass
@@ -135,7 +136,7 @@ def build_template(job: _Job, config: TruthConfig) -> _Template:
             rng.randrange(FIRST_REGULAR_TOKEN_ID, sim.vocab_size)
             for _ in range(min(config.tokens_per_chunk, job.max_tokens - emitted))
         ]
-        ids = [sim.eos_token_id + 1 if i == sim.eos_token_id else i for i in ids]
+        ids = [_avoid(i, {sim.eos_token_id}, sim) for i in ids]
         text = "".join(decoder.decode(token_bytes(i, sim)) for i in ids)
         first = emitted == 0
         emitted += len(ids)
