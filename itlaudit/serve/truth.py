@@ -76,7 +76,7 @@ class TruthConfig:
 
     chunks_per_s: float = 500.0
     tokens_per_chunk: int = 1
-    ttft_ms: float = 0.0
+    ttft_ms: float = 20.0  # as the simulator: headers go out first, the first chunk after "prefill"
     model: str = "truth"
     max_model_len: int = 1 << 20
 
