@@ -27,7 +27,6 @@ from itlaudit.serve.harness import (
 from itlaudit.serve.truth import TruthConfig
 
 out = Console(soft_wrap=True)
-err = Console(stderr=True)
 
 MAX_SEARCH_STREAMS = 1024
 BUDGET = f"{LAG_BUDGET_MS:g} ms p99 added lag, min ≥ -{LAG_BUDGET_MS:g} ms, every chunk stamped"
