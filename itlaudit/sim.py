@@ -263,11 +263,10 @@ class _Engine:
 
         produced = 0
         # Steps are due at absolute times (prefill + n steps after arrival), so time spent writing and
-        # waking up late does not accumulate: a "5 ms" server delivers one step per 5 ms on average. A
-        # step already overdue when the previous one has been sent (the process was starved for a
-        # step or more) is due one step after it instead, as after a slow engine step: catching up
-        # would burst the missed steps into one read.
-        due_ns = time.monotonic_ns() + round(cfg.ttft_ms * 1e6)
+        # waking up late does not accumulate: a "5 ms" server delivers one step per 5 ms on average.
+        # After a stall (the process was starved) steps catch up at half a step apart, never in a
+        # burst that would land the missed steps in one read.
+        scheduled_ns = due_ns = time.monotonic_ns() + round(cfg.ttft_ms * 1e6)
         step_ns = round(cfg.step_ms * 1e6)
         await _sleep_until(due_ns)
         while True:
@@ -315,10 +314,8 @@ class _Engine:
             yield step
             if step.finish_reason:
                 return
-            due_ns += step_ns
-            sent_ns = time.monotonic_ns()
-            if due_ns <= sent_ns:
-                due_ns = sent_ns + step_ns
+            scheduled_ns += step_ns
+            due_ns = max(scheduled_ns, time.monotonic_ns() + step_ns // 2)
             await _sleep_until(due_ns)
 
     def _token_logprob(self, job: _Job, k: int, position_seed: str, token_id: int) -> _TokenLogprob:

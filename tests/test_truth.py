@@ -150,8 +150,8 @@ def test_sim_keeps_absolute_step_times(tmp_path: Path) -> None:
     sends = log.responses[lines[0]["response_id"]]
     assert sends.tokens == list(range(1, 201))
     gaps = [b - a for a, b in zip(sends.due_ns, sends.due_ns[1:], strict=False)]
-    # On schedule, except where a starved process moved it (later, never a catch-up burst).
-    assert min(gaps) >= 5_000_000
+    # On the absolute schedule, except while catching up after a stall (half a step apart, no burst).
+    assert min(gaps) >= 2_500_000
     assert sum(g == 5_000_000 for g in gaps) >= 0.9 * len(gaps)
     assert log.server["kind"] == "sim"
 
@@ -195,7 +195,7 @@ def test_selfcheck_cli_prints_the_grade(tmp_path: Path) -> None:
     assert (tmp_path / "run-01-2streams" / "requests.jsonl").is_file()
 
 
-async def test_a_starved_sim_moves_its_schedule_instead_of_bursting() -> None:
+async def test_a_starved_sim_catches_up_without_bursting() -> None:
     from itlaudit.sim import SimConfig, run_sim
 
     log = SendLog()
@@ -203,9 +203,9 @@ async def test_a_starved_sim_moves_its_schedule_instead_of_bursting() -> None:
         asyncio.get_running_loop().call_later(0.05, time.sleep, 0.03)  # starve the loop for 6 steps
         await _stream(url, 40, "starved")
     sends = log.responses["cmpl-starved"]
-    due_gaps = np.diff(sends.due_ns) / 1e6
+    due_gaps = np.diff(sends.due_ns)
     sent_gaps = np.diff(sends.sent_ns) / 1e6
-    assert due_gaps.min() >= 5.0
-    assert due_gaps.max() >= 25.0  # the stall moved the schedule ...
-    # ... rather than sending the six missed steps back to back (one short gap is ordinary jitter).
+    assert due_gaps.min() >= 2_500_000  # catching up at half a step apart ...
+    assert sends.due_ns[-1] - sends.due_ns[0] == 39 * 5_000_000  # ... back on the absolute schedule
+    # The six missed steps were not sent back to back (one short gap is ordinary jitter).
     assert (sent_gaps < 1.0).sum() <= 1, sent_gaps
