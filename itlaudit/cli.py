@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from itlaudit import __version__, cli_audit, cli_bisect, cli_report, cli_smoke, cli_testbed
+from itlaudit import __version__, cli_audit, cli_bisect, cli_report, cli_selfcheck, cli_smoke, cli_testbed
 from itlaudit.errors import ItlauditError, RunInterrupted, ScenarioError
 from itlaudit.orchestrate import LedgerPolicy, RunOutcome, handle_sigterm, interruption, run_scenario
 from itlaudit.rundir import REPORT_FILE
@@ -79,36 +79,6 @@ def _run_options(
     }
 
 
-def _capture_options(
-    workers: str,
-    stamp: str,
-    connect_timeout: float | None = None,
-    ttft_timeout: float | None = None,
-    stall_timeout: float | None = None,
-    request_timeout: float | None = None,
-) -> CaptureOptions:
-    """How `run`, `compare` and `demo` capture: workers, stamping and the command line's timeouts."""
-    if workers != "auto" and not (workers.isdigit() and int(workers) > 0):
-        raise ScenarioError(f"--workers {workers!r}: give a positive number of processes, or auto")
-    if stamp not in ("kernel", "loop"):
-        raise ScenarioError(f"--stamp {stamp!r}: use kernel or loop")
-    given = {
-        "connect_timeout_s": connect_timeout,
-        "ttft_timeout_s": ttft_timeout,
-        "stall_timeout_s": stall_timeout,
-        "request_timeout_s": request_timeout,
-    }
-    for key, value in given.items():
-        if value is not None and value <= 0:
-            option = "--" + key.removesuffix("_s").replace("_", "-")
-            raise ScenarioError(f"{option} {value:g}: give a positive number of seconds")
-    return CaptureOptions(
-        workers=None if workers == "auto" else int(workers),
-        timeouts={k: v for k, v in given.items() if v is not None},
-        stamp="kernel" if stamp == "kernel" else "loop",
-    )
-
-
 def _print_outcome(outcome: RunOutcome) -> None:
     for name, block in outcome.summary["variants"].items():
         itl = block["itl_ms"]["p50"]
@@ -143,7 +113,9 @@ def run(
     request_timeout: RequestTimeoutOption = None,
 ) -> None:
     """Stream the scenario's requests and audit them: ITL from server token counts, truncation findings."""
-    capture = _capture_options(workers, stamp, connect_timeout, ttft_timeout, stall_timeout, request_timeout)
+    capture = CaptureOptions.from_flags(
+        workers, stamp, connect_timeout, ttft_timeout, stall_timeout, request_timeout
+    )
     loaded = load_scenario(scenario)
     options = _run_options(url, variant, out_dir, ledger, no_repeat, force, append)
     outcome = run_scenario(loaded, **options, capture=capture)
@@ -172,7 +144,9 @@ def compare(
     """Run each variant (launching its server in turn), scrape /metrics around it, write compare.json."""
     from itlaudit.compare import COMPARE_FILE, run_compare
 
-    capture = _capture_options(workers, stamp, connect_timeout, ttft_timeout, stall_timeout, request_timeout)
+    capture = CaptureOptions.from_flags(
+        workers, stamp, connect_timeout, ttft_timeout, stall_timeout, request_timeout
+    )
     outcome, comparison = run_compare(
         load_scenario(scenario),
         **_run_options(url, variant, out_dir, ledger, no_repeat, force, append),
@@ -206,7 +180,7 @@ def demo(
     stamp: StampOption = "kernel",
 ) -> None:
     """K0 vs K3 vs a 128-token-capped K3, on the built-in simulator: the seed case in 30 seconds."""
-    capture = _capture_options(workers, stamp)
+    capture = CaptureOptions.from_flags(workers, stamp)
     scenario = parse_scenario(DEMO_SCENARIO.read_text(encoding="utf-8"), DEMO_SCENARIO)
     outcome = run_scenario(scenario, run_dir=out_dir, console=err, capture=capture)
     _print_outcome(outcome)
@@ -245,6 +219,9 @@ def sim(
     gibberish_after_tokens: Annotated[
         int | None, typer.Option(help="Fault: only digit tokens from position N on.")
     ] = None,
+    send_log: Annotated[
+        Path | None, typer.Option(help="On exit, write each streamed chunk's due and send time here (JSON).")
+    ] = None,
 ) -> None:
     """Serve the vLLM-compatible simulator (demo and fault-injection target; not a test of vLLM)."""
     from itlaudit.sim import SimConfig, serve
@@ -271,6 +248,7 @@ def sim(
         ),
         host=host,
         port=port,
+        send_log_path=send_log,
     )
 
 
@@ -287,6 +265,7 @@ app.command(name="diff")(cli_report.diff)
 app.command(name="export")(cli_report.export)
 app.command(name="bisect")(cli_bisect.bisect)
 app.command(name="smoke")(cli_smoke.smoke)
+app.command(name="selfcheck")(cli_selfcheck.selfcheck)
 app.command(name="invariance")(cli_audit.invariance)
 app.command(name="quality")(cli_audit.quality)
 app.add_typer(cli_audit.ledger_app, name="ledger")

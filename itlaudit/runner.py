@@ -27,7 +27,7 @@ from itlaudit.capture.workers import (
     worker_count,
 )
 from itlaudit.client import fetch_models, plan_request
-from itlaudit.errors import ItlauditError, ServerRejectedError
+from itlaudit.errors import ItlauditError, ScenarioError, ServerRejectedError
 from itlaudit.records import RecordWriter, RequestRecord
 from itlaudit.scenario import Scenario
 
@@ -45,6 +45,38 @@ class CaptureOptions:
     workers: int | None = None
     timeouts: dict[str, float | None] = field(default_factory=dict)
     stamp: StampMode = "kernel"
+
+    @classmethod
+    def from_flags(
+        cls,
+        workers: str = "auto",
+        stamp: str = "kernel",
+        connect_timeout: float | None = None,
+        ttft_timeout: float | None = None,
+        stall_timeout: float | None = None,
+        request_timeout: float | None = None,
+    ) -> CaptureOptions:
+        """The command line's spelling (`--workers auto|N`, `--stamp`, `--*-timeout`), checked: one
+        place for run, compare, demo and selfcheck."""
+        if workers != "auto" and not (workers.isdigit() and int(workers) > 0):
+            raise ScenarioError(f"--workers {workers!r}: give a positive number of processes, or auto")
+        if stamp not in ("kernel", "loop"):
+            raise ScenarioError(f"--stamp {stamp!r}: use kernel or loop")
+        given = {
+            "connect_timeout_s": connect_timeout,
+            "ttft_timeout_s": ttft_timeout,
+            "stall_timeout_s": stall_timeout,
+            "request_timeout_s": request_timeout,
+        }
+        for key, value in given.items():
+            if value is not None and value <= 0:
+                option = "--" + key.removesuffix("_s").replace("_", "-")
+                raise ScenarioError(f"{option} {value:g}: give a positive number of seconds")
+        return cls(
+            workers=None if workers == "auto" else int(workers),
+            timeouts={k: v for k, v in given.items() if v is not None},
+            stamp="kernel" if stamp == "kernel" else "loop",
+        )
 
 
 class CaptureWorkerError(ItlauditError):

@@ -24,14 +24,17 @@ import zlib
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Iterable
 from contextlib import aclosing, asynccontextmanager, suppress
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from http import HTTPStatus
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
+
+from itlaudit.serve.sendlog import SendLog
 
 VLLM_VERSION = "0.32.0"
 
@@ -206,6 +209,7 @@ class _Step:
     finish_reason: str | None = None
     stop_reason: int | None = None
     logprobs: list[_TokenLogprob] = field(default_factory=list)
+    due_ns: int = 0  # when the schedule says this step's chunk leaves (CLOCK_MONOTONIC)
 
 
 @dataclass
@@ -216,6 +220,10 @@ class _SpecDecodeCounters:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
+
+
+async def _sleep_until(due_ns: int) -> None:
+    await asyncio.sleep(max(0.0, (due_ns - time.monotonic_ns()) / 1e9))
 
 
 class _Engine:
@@ -254,7 +262,13 @@ class _Engine:
         self.prompt_tokens += len(job.prompt_token_ids)
 
         produced = 0
-        await asyncio.sleep(cfg.ttft_ms / 1000)
+        # Steps are due at absolute times (prefill + n steps after arrival), so time spent writing and
+        # waking up late does not accumulate: a "5 ms" server delivers one step per 5 ms on average.
+        # After a stall (the process was starved) steps catch up at half a step apart, never in a
+        # burst that would land the missed steps in one read.
+        scheduled_ns = due_ns = time.monotonic_ns() + round(cfg.ttft_ms * 1e6)
+        step_ns = round(cfg.step_ms * 1e6)
+        await _sleep_until(due_ns)
         while True:
             # The prefill step samples one token; each decode step verifies K drafts and accepts a
             # prefix of them plus one bonus token. As in vLLM the acceptance counters are recorded before
@@ -267,7 +281,7 @@ class _Engine:
             if num_drafts:
                 self._observe_spec(num_drafts, accepted)
 
-            step = _Step(token_ids=[], text="")
+            step = _Step(token_ids=[], text="", due_ns=due_ns)
             for _ in range(accepted + 1):
                 index = produced
                 # One draw per position whatever happens to it, so EOS placement and masking leave
@@ -300,7 +314,9 @@ class _Engine:
             yield step
             if step.finish_reason:
                 return
-            await asyncio.sleep(cfg.step_ms / 1000)
+            scheduled_ns += step_ns
+            due_ns = max(scheduled_ns, time.monotonic_ns() + step_ns // 2)
+            await _sleep_until(due_ns)
 
     def _token_logprob(self, job: _Job, k: int, position_seed: str, token_id: int) -> _TokenLogprob:
         """Deterministic candidates ranked below the sampled token, so greedy output is the argmax.
@@ -713,6 +729,7 @@ def _logprobs_field(body: dict[str, Any]) -> int | None:
 
 
 _ENGINE: web.AppKey[_Engine] = web.AppKey("engine", _Engine)
+_SEND_LOG: web.AppKey[SendLog] = web.AppKey("send_log", SendLog)
 
 
 def _json_response(obj: Any, status: int = 200) -> web.Response:
@@ -754,6 +771,7 @@ async def _write_stream(
     request: web.Request, resp: web.StreamResponse, api: _Api, ctx: _Ctx, engine: _Engine
 ) -> None:
     cfg, job = engine.config, ctx.job
+    send_log = request.app.get(_SEND_LOG)
     emitted = 0
     async with aclosing(engine.generate(job)) as steps:
         async for step in steps:
@@ -767,6 +785,8 @@ async def _write_stream(
             fingerprint = ctx.fingerprint if step.finish_reason and not job.include_usage else None
             choice = api.stream_choice(ctx, step, first)
             await resp.write(_sse(_envelope(ctx, api.chunk_object, [choice], usage, fingerprint)))
+            if send_log is not None:
+                send_log.record(ctx.request_id, step.due_ns, time.monotonic_ns(), emitted)
             if _reached(cfg.reset_after_tokens, emitted) and request.transport:
                 request.transport.abort()
                 return
@@ -875,8 +895,8 @@ def _handler(api: _Api) -> Any:
     return handle
 
 
-async def _models(request: web.Request) -> web.Response:
-    cfg = request.app[_ENGINE].config
+def model_list(cfg: SimConfig) -> dict[str, Any]:
+    """The /v1/models body; shared with the ground-truth server so both serve vLLM's exact card."""
     created = int(time.time())
     permission = {
         "id": f"modelperm-{uuid.uuid4().int & (2**64 - 1):016x}",
@@ -902,7 +922,11 @@ async def _models(request: web.Request) -> web.Response:
         "max_model_len": cfg.max_model_len,
         "permission": [permission],
     }
-    return _json_response({"object": "list", "data": [card]})
+    return {"object": "list", "data": [card]}
+
+
+async def _models(request: web.Request) -> web.Response:
+    return _json_response(model_list(request.app[_ENGINE].config))
 
 
 async def _version(request: web.Request) -> web.Response:
@@ -913,8 +937,10 @@ async def _health(request: web.Request) -> web.Response:
     return web.Response()
 
 
-def make_app(config: SimConfig) -> web.Application:
-    """The simulator as an aiohttp application, for embedding or for aiohttp's test client."""
+def make_app(config: SimConfig, send_log: SendLog | None = None) -> web.Application:
+    """The simulator as an aiohttp application, for embedding or for aiohttp's test client. With a send
+    log, each streamed content chunk's due and actual send time is recorded in it (the truth server's
+    format, so `itlaudit.fidelity` can grade a client against the simulator too)."""
     engine = _Engine(config)
     registry = CollectorRegistry(auto_describe=True)
     registry.register(_MetricsCollector(engine))
@@ -924,6 +950,8 @@ def make_app(config: SimConfig) -> web.Application:
 
     app = web.Application()
     app[_ENGINE] = engine
+    if send_log is not None:
+        app[_SEND_LOG] = send_log
     app.router.add_post("/v1/completions", _handler(_CompletionApi()))
     app.router.add_post("/v1/chat/completions", _handler(_ChatApi()))
     app.router.add_get("/v1/models", _models)
@@ -934,12 +962,14 @@ def make_app(config: SimConfig) -> web.Application:
 
 
 @asynccontextmanager
-async def run_sim(config: SimConfig, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
+async def run_sim(
+    config: SimConfig, host: str = "127.0.0.1", port: int = 0, send_log: SendLog | None = None
+) -> AsyncIterator[str]:
     """Serve in the current event loop for the duration of the block; yields the base URL.
 
     ``port=0`` lets the OS pick a free port, so parallel tests never collide.
     """
-    runner = web.AppRunner(make_app(config), access_log=None, shutdown_timeout=1.0)
+    runner = web.AppRunner(make_app(config, send_log), access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)
@@ -951,6 +981,11 @@ async def run_sim(config: SimConfig, host: str = "127.0.0.1", port: int = 0) -> 
         await runner.cleanup()
 
 
-def serve(config: SimConfig, host: str = "127.0.0.1", port: int = 8000) -> None:
-    """Blocking entry point for ``itlaudit sim``; returns when interrupted."""
-    web.run_app(make_app(config), host=host, port=port, access_log=None)
+def serve(
+    config: SimConfig, host: str = "127.0.0.1", port: int = 8000, send_log_path: Path | None = None
+) -> None:
+    """Blocking entry point for ``itlaudit sim``; returns when interrupted, then writes the send log."""
+    send_log = None if send_log_path is None else SendLog(server={"kind": "sim", **asdict(config)})
+    web.run_app(make_app(config, send_log), host=host, port=port, access_log=None)
+    if send_log is not None and send_log_path is not None:
+        send_log.write(send_log_path)

@@ -1,0 +1,1 @@
+"""Servers whose send times are known: the measuring stick for itlaudit's own capture fidelity."""
