@@ -57,7 +57,7 @@ def _rederive(run: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return summary, build_comparison(summary, records, stats)
 
 
-RUN_NAMES = ["k0k3-c1", "k0k3-c16", "mtp-c1", "tpot-c1"]
+RUN_NAMES = ["k0k3-c1", "k0k3-c16", "mtp-c1", "tpot-c1", "capture-c1", "capture-c16"]
 
 
 @pytest.mark.parametrize("name", RUN_NAMES)
@@ -129,11 +129,16 @@ def test_real_mtp_head_partial_acceptance_stream_equals_metrics() -> None:
         ("mtp-c1", {"M0": -0.01, "MTP": 0.01}),
         ("k0k3-c16", {"K0": 1.82, "K3": 0.73}),
         ("mtp-c16", {"M0": 3.08, "MTP": 0.36}),
+        # the rebuilt capture path (kernel stamps, capture workers): within 0.5% from 1 to 64 streams
+        ("capture-c1", {"K0": -0.42, "K3": -0.29}),
+        ("capture-c16", {"K0": -0.03, "K3": 0.06}),
+        ("capture-c64", {"K0": -0.04, "K3": -0.16}),
     ],
 )
 def test_itlaudit_tpot_against_vllm_request_time_per_output_token(name: str, expected: dict) -> None:
     """scripts/gpu/tpot.py: mean TPOT vs vLLM's histogram sum/count delta over the same requests. Within
-    0.05% at concurrency 1; 0.4-3.1% high at 16 (itlaudit's own client timing under load)."""
+    0.05% at concurrency 1; 0.4-3.1% high at 16 (itlaudit's own client timing under load) before the
+    capture rebuild, within 0.5% at 1, 16 and 64 after it."""
     rows = {r["variant"]: r for r in _tpot().compare(RUNS / name, RUNS / name / "metrics")}
     assert {v: round(r["diff_pct"], 2) for v, r in rows.items()} == expected
     for row in rows.values():
