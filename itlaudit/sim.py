@@ -116,6 +116,12 @@ class SimConfig:
     # step (a multi-prompt list or a concurrent request), deterministically per step composition, like
     # the batch variance of real kernels (seed 000). The sampled tokens do not change.
     batch_variance: float = 0.0
+    # Load: each engine row beyond the first adds this much to every step (a batch is not free), and
+    # with spec decode on, this much more (verifying a row's drafts costs compute). Past the batch size
+    # where K extra verify rows cost more than the accepted drafts save, K>0 loses per token to K=0:
+    # what `itlaudit sweep` must find. Both 0 by default: a step takes step_ms at any concurrency.
+    batch_slowdown_ms_per_stream: float = 0.0
+    spec_verify_ms_per_stream: float = 0.0
 
     @property
     def system_fingerprint(self) -> str:
@@ -300,7 +306,15 @@ class _Engine:
             yield step
             if step.finish_reason:
                 return
-            await asyncio.sleep(cfg.step_ms / 1000)
+            await asyncio.sleep(self._step_ms() / 1000)
+
+    def _step_ms(self) -> float:
+        """One decode step at the engine's current batch (the rows in flight now)."""
+        cfg = self.config
+        per_row = cfg.batch_slowdown_ms_per_stream
+        if cfg.num_speculative_tokens:
+            per_row += cfg.spec_verify_ms_per_stream
+        return cfg.step_ms + per_row * max(self.in_flight - 1, 0)
 
     def _token_logprob(self, job: _Job, k: int, position_seed: str, token_id: int) -> _TokenLogprob:
         """Deterministic candidates ranked below the sampled token, so greedy output is the argmax.
