@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 from matplotlib.axes import Axes
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from itlaudit.plots import DPI, LOG_SPAN, WIDE, _save, colour, plt
 from itlaudit.sweep_analysis import CONCURRENCY
@@ -34,10 +35,16 @@ def _error(points: Sequence[Mapping[str, Any]], key: str, centre: np.ndarray) ->
     return np.array([low, high])
 
 
-def _log_if_wide(ax: Axes, values: np.ndarray, axis: str = "x") -> None:
+def _log_if_wide(ax: Axes, values: np.ndarray, ticks: bool = False) -> None:
+    """Log x past a decade, labelled in plain numbers (labels are never mathtext here); `ticks` puts
+    one at each load of the grid."""
     kept = values[np.isfinite(values) & (values > 0)]
     if kept.size and kept.max() / kept.min() >= LOG_SPAN:
-        (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    if ticks:
+        ax.set_xticks(sorted(set(kept.tolist())))
 
 
 def plot_itl_vs_throughput(sweep: Mapping[str, Any], path: Path) -> Path | None:
@@ -118,7 +125,7 @@ def plot_ttft_vs_load(sweep: Mapping[str, Any], path: Path) -> Path | None:
             linestyle=":",
             label=f"{name} TTFT p99",
         )
-    _log_if_wide(ax, np.array(sweep["grid"], dtype=float))
+    _log_if_wide(ax, np.array(sweep["grid"], dtype=float), ticks=True)
     ax.set_xlabel(_load_label(axis))
     ax.set_ylabel("time to first token (ms)")
     ax.set_title("TTFT against load")
@@ -167,7 +174,7 @@ def plot_speedup_vs_load(sweep: Mapping[str, Any], path: Path) -> Path | None:
                 fontsize=9,
             )
     ax.axhline(1.0, color="#555", linewidth=0.8)
-    _log_if_wide(ax, np.array(sweep["grid"], dtype=float))
+    _log_if_wide(ax, np.array(sweep["grid"], dtype=float), ticks=True)
     ax.set_xlabel(_load_label(axis))
     ax.set_ylabel("per-token speedup (× faster, token ITL p50)")
     ax.set_title("Per-token speedup over the baseline against load (above 1: faster)")
