@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -30,9 +29,15 @@ from rich.progress import (
 
 from itlaudit import __version__
 from itlaudit.errors import RunInterrupted, ScenarioError
-from itlaudit.orchestrate import DEFAULT_REPORTS, interruption, server_log_name, variant_target
+from itlaudit.orchestrate import (  # the same masking of a launched server's log as `run`'s
+    DEFAULT_REPORTS,
+    _secret_values,
+    interruption,
+    server_log_name,
+    variant_target,
+)
 from itlaudit.records import RecordWriter, iter_jsonl, load_records
-from itlaudit.redact import redact_file, redact_json, secret_values
+from itlaudit.redact import redact_file, redact_json
 from itlaudit.rundir import (
     DERIVED_FILE,
     META_FILE,
@@ -273,13 +278,6 @@ class _Sweeper:
             )
         write_derived(trial.folder, self.scenario.name, [trial.variant])
         write_json(trial.folder / POINT_FILE, {"load": trial.load, "axis": axis, "trial": trial.trial})
-
-
-def _secret_values(variant: Variant) -> set[str]:
-    if variant.launch is None:
-        return set()
-    launch = variant.launch
-    return secret_values({**os.environ, **launch.env}, [*launch.command, *launch.server_args])
 
 
 def run_sweep(
