@@ -9,7 +9,6 @@ import typer
 from rich.console import Console
 
 from itlaudit.errors import ScenarioError
-from itlaudit.runner import CaptureOptions
 from itlaudit.scenario import load_scenario
 from itlaudit.sweep import SweepConfig, run_sweep, selected_variants
 from itlaudit.sweep_analysis import CONCURRENCY, RATE, SweepError, parse_goodput, parse_points, parse_sla
@@ -43,6 +42,9 @@ def sweep(
         bool, typer.Option(help="Continue the sweep in --out, skipping finished points.")
     ] = False,
     workers: Annotated[str, typer.Option(help="Capture processes: N, or auto.")] = "auto",
+    stamp: Annotated[
+        str, typer.Option(help="kernel (socket receive time; loop where unsupported) or loop.")
+    ] = "kernel",
 ) -> None:
     """Run the workload at each load for each variant (one server per variant) and draw where
     speculative decoding stops paying off per token."""
@@ -59,8 +61,9 @@ def sweep(
     )
     if (axis == CONCURRENCY and precision < 1) or not precision > 0:
         raise SweepError(f"--sla-precision {precision:g}: must be above 0 (at least 1 for concurrency)")
-    if workers != "auto" and not (workers.isdigit() and int(workers) > 0):
-        raise SweepError(f"--workers {workers!r}: give a number of processes (1, 2, ...) or auto")
+    from itlaudit.cli import _capture_options  # cli imports this module: at call time, not import time
+
+    capture = _capture_options(workers, stamp)
     scenario = load_scenario(scenario_path)
     names, urls = [], {}
     for item in variant or []:
@@ -81,7 +84,6 @@ def sweep(
         sla_precision=precision,
         goodput=dict(slo),
     )
-    capture = CaptureOptions(workers=None if workers == "auto" else int(workers))
     sweep_dir, result = run_sweep(
         scenario, config, out=out_dir, resume=resume, variant_urls=urls, console=err, capture=capture
     )

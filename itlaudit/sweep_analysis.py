@@ -208,7 +208,7 @@ def pool_trials(axis: str, value: float, trials: Sequence[Mapping[str, Any]]) ->
     """A point over its trials: the median of each figure, its [min, max] under `spread` when there
     were several trials (the plots' error bars), requests and findings summed."""
     point: dict[str, Any] = {
-        axis: value,
+        axis: int(value) if axis == CONCURRENCY else value,
         "trials": len(trials),
         "requests": sum(t["requests"] for t in trials),
         "errors": sum(t["errors"] for t in trials),

@@ -158,6 +158,8 @@ def test_resume_after_sigkill_skips_finished_points(tmp_path: Path) -> None:
         (["--concurrency", "1", "--goodput", "tpot_ms=-1"], ["--goodput"]),
         (["--concurrency", "1", "--variant", "K9"], ["'K9' is not in the scenario"]),
         (["--concurrency", "1", "--resume", "--out", "nowhere"], ["--resume needs --out"]),
+        (["--concurrency", "1", "--workers", "0"], ["--workers '0'"]),
+        (["--concurrency", "1", "--trials", "0"], ["--trials 0"]),
     ],
 )
 def test_bad_options_are_one_line(tmp_path: Path, args: list[str], needles: list[str]) -> None:
