@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from itlaudit import __version__, cli_audit, cli_bisect, cli_report, cli_selfcheck, cli_smoke, cli_testbed
+from itlaudit import __version__, cli_audit, cli_bisect, cli_report, cli_selfcheck, cli_smoke, cli_sweep, cli_testbed
 from itlaudit.errors import ItlauditError, RunInterrupted, ScenarioError
 from itlaudit.orchestrate import LedgerPolicy, RunOutcome, handle_sigterm, interruption, run_scenario
 from itlaudit.rundir import REPORT_FILE
@@ -222,6 +222,12 @@ def sim(
     send_log: Annotated[
         Path | None, typer.Option(help="On exit, write each streamed chunk's due and send time here (JSON).")
     ] = None,
+    batch_slowdown_ms_per_stream: Annotated[
+        float, typer.Option(help="Load: ms added to each step per concurrent request beyond the first.")
+    ] = 0.0,
+    spec_verify_ms_per_stream: Annotated[
+        float, typer.Option(help="Load: with K>0, ms more per request beyond the first (verify cost).")
+    ] = 0.0,
 ) -> None:
     """Serve the vLLM-compatible simulator (demo and fault-injection target; not a test of vLLM)."""
     from itlaudit.sim import SimConfig, serve
@@ -245,6 +251,8 @@ def sim(
             no_done=no_done,
             natural_eos_at=natural_eos_at,
             gibberish_after_tokens=gibberish_after_tokens,
+            batch_slowdown_ms_per_stream=batch_slowdown_ms_per_stream,
+            spec_verify_ms_per_stream=spec_verify_ms_per_stream,
         ),
         host=host,
         port=port,
@@ -269,6 +277,7 @@ app.command(name="selfcheck")(cli_selfcheck.selfcheck)
 app.command(name="invariance")(cli_audit.invariance)
 app.command(name="quality")(cli_audit.quality)
 app.add_typer(cli_audit.ledger_app, name="ledger")
+app.command(name="sweep")(cli_sweep.sweep)
 
 
 def _usage_line(exc: typer.TyperException) -> str:

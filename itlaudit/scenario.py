@@ -70,6 +70,8 @@ class Scenario:
     workload: Workload
     variants: list[Variant]
     path: Path | None = None
+    # [goodput]: per-request SLOs in ms (ttft_ms, tpot_ms, e2e_ms) that `sweep` counts goodput against.
+    goodput: dict[str, float] = field(default_factory=dict)
 
     def prompt_for(self, index: int) -> str:
         """Prompts cycle so num_requests may exceed the prompt list."""
@@ -374,13 +376,32 @@ def _execution_mode(src: dict[str, Any], loc: _Located) -> str | None:
     return mode
 
 
+GOODPUT_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
+
+
+def _goodput(raw: dict[str, Any], loc: _Located) -> dict[str, float]:
+    """[goodput]: a request counts toward goodput when it meets every limit given here."""
+    if "goodput" not in raw:
+        return {}
+    src = _table(raw, "goodput", loc, "write a [goodput] table, e.g. tpot_ms = 20")
+    _unknown_keys(src, set(GOODPUT_KEYS), loc, "goodput")
+    limits = {}
+    for key in src:
+        value = _get(src, loc, "goodput", key, (int, float))
+        if not value > 0:
+            raise loc.error("goodput", key, f"must be a positive number of milliseconds, not {value}")
+        limits[key] = float(value)
+    return limits
+
+
 def parse_scenario(text: str, path: Path) -> Scenario:
     loc = _Located(path, text)
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"{path}: not valid TOML: {exc}") from None
-    _unknown_keys(raw, {"name", "endpoint", "model", "workload", "variants", "description"}, loc, "")
+    top_keys = {"name", "endpoint", "model", "workload", "variants", "description", "goodput"}
+    _unknown_keys(raw, top_keys, loc, "")
     endpoint = _get(raw, loc, "", "endpoint", str, "completions")
     if endpoint not in ENDPOINTS:
         raise loc.error("", "endpoint", f"must be one of {', '.join(ENDPOINTS)}, got {endpoint!r}")
@@ -394,6 +415,7 @@ def parse_scenario(text: str, path: Path) -> Scenario:
         workload=_workload(workload, loc, path.parent),
         variants=_variants(raw.get("variants"), loc),
         path=path,
+        goodput=_goodput(raw, loc),
     )
 
 

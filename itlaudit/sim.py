@@ -119,6 +119,12 @@ class SimConfig:
     # step (a multi-prompt list or a concurrent request), deterministically per step composition, like
     # the batch variance of real kernels (seed 000). The sampled tokens do not change.
     batch_variance: float = 0.0
+    # Load: each engine row beyond the first adds this much to every step (a batch is not free), and
+    # with spec decode on, this much more (verifying a row's drafts costs compute). Past the batch size
+    # where K extra verify rows cost more than the accepted drafts save, K>0 loses per token to K=0:
+    # what `itlaudit sweep` must find. Both 0 by default: a step takes step_ms at any concurrency.
+    batch_slowdown_ms_per_stream: float = 0.0
+    spec_verify_ms_per_stream: float = 0.0
 
     @property
     def system_fingerprint(self) -> str:
@@ -267,7 +273,6 @@ class _Engine:
         # After a stall (the process was starved) steps catch up at half a step apart, never in a
         # burst that would land the missed steps in one read.
         scheduled_ns = due_ns = time.monotonic_ns() + round(cfg.ttft_ms * 1e6)
-        step_ns = round(cfg.step_ms * 1e6)
         await _sleep_until(due_ns)
         while True:
             # The prefill step samples one token; each decode step verifies K drafts and accepts a
@@ -314,9 +319,18 @@ class _Engine:
             yield step
             if step.finish_reason:
                 return
+            step_ns = round(self._step_ms() * 1e6)
             scheduled_ns += step_ns
             due_ns = max(scheduled_ns, time.monotonic_ns() + step_ns // 2)
             await _sleep_until(due_ns)
+
+    def _step_ms(self) -> float:
+        """One decode step at the engine's current batch (the rows in flight now)."""
+        cfg = self.config
+        per_row = cfg.batch_slowdown_ms_per_stream
+        if cfg.num_speculative_tokens:
+            per_row += cfg.spec_verify_ms_per_stream
+        return cfg.step_ms + per_row * max(self.in_flight - 1, 0)
 
     def _token_logprob(self, job: _Job, k: int, position_seed: str, token_id: int) -> _TokenLogprob:
         """Deterministic candidates ranked below the sampled token, so greedy output is the argmax.

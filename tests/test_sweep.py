@@ -1,0 +1,212 @@
+"""`itlaudit sweep` end to end on launched simulators whose steps slow with the batch: the crossover
+where K3 stops paying off, the SLA limit of a TPOT that grows linearly with concurrency, resume after
+SIGKILL, and the one-line refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SIM = [sys.executable, "-m", "itlaudit", "sim", "--port", "{port}", "--ttft-ms", "5"]
+
+
+def _scenario(tmp_path: Path, variants: dict[str, list[str]], workload: str = "") -> Path:
+    text = (
+        'name = "simsweep"\n[workload]\nprompts = ["hello there", "speculative"]\nnum_requests = 2\n'
+        f"max_tokens = 16\nignore_eos = true\ntemperature = 0\n{workload}\n"
+    )
+    for name, flags in variants.items():
+        text += f'[[variants]]\nname = "{name}"\n[variants.launch]\nkind = "command"\n'
+        text += f"command = {json.dumps([*SIM, *flags])}\n"
+    path = tmp_path / "sweep.toml"
+    path.write_text(text)
+    return path
+
+
+def _sweep(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "itlaudit", "sweep", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+
+def _one_line_error(result: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    text = " ".join(result.stderr.split())
+    for needle in needles:
+        assert needle in text, text
+
+
+# Step 10 ms; with spec decode on, each stream beyond the first adds 5 ms. K3 (full acceptance, 4
+# tokens a step) costs (10 + 5·(c−1))/4 ms a token against K0's 10: faster up to c = 6, slower past it.
+LOADED = ["--step-ms", "10", "--spec-verify-ms-per-stream", "5"]
+
+
+def test_crossover_found_between_the_points_that_bracket_it(tmp_path: Path) -> None:
+    path = _scenario(tmp_path, {"K0": LOADED, "K3": [*LOADED, "--num-speculative-tokens", "3"]}, "")
+    out = tmp_path / "sw"
+    result = _sweep(
+        tmp_path, str(path), "--concurrency", "1,4,16", "--out", str(out), "--goodput", "tpot_ms=9"
+    )
+    assert result.returncode == 0, result.stderr
+    sweep = json.loads((out / "sweep.json").read_text())
+    (found,) = sweep["crossovers"]
+    assert (found["variant"], found["base"], found["last_faster"], found["first_slower"]) == (
+        "K3",
+        "K0",
+        4,
+        16,
+    )
+    assert "K3 is faster per token up to concurrency 4" in result.stdout
+    assert "at 16, K0 is" in found["headline"]
+    k3 = {p["concurrency"]: p for p in sweep["variants"]["K3"]}
+    # Expected per-token ITL at c=4: (10 + 15)/4 = 6.25 ms; chunk ITL is the whole 25 ms step.
+    assert 6.0 < k3[4]["itl_ms"]["p50"] < 8.0 and 24.0 < k3[4]["chunk_itl_ms"]["p50"] < 30.0
+    assert 3.5 < k3[4]["acceptance_length"] <= 4.0 and k3[16]["requests"] == 16
+    # Goodput on TPOT ≤ 9 ms: at c=1 every K3 request meets it by token TPOT, none by chunk ITL (~10 ms).
+    assert k3[1]["goodput_rps"] > 0 and k3[1]["goodput_chunk_rps"] == 0
+    # One server per variant, every point against it; each point a run folder `itlaudit report` reads.
+    urls = {json.loads(m.read_text())["variants"]["K3"]["url"] for m in out.glob("K3/*/meta.json")}
+    assert len(urls) == 1 and len(list(out.glob("server-*.log"))) == 2
+    for name in ("sweep_itl_vs_throughput.png", "sweep_ttft_vs_load.png", "sweep_speedup_vs_load.png"):
+        assert (out / name).stat().st_size > 10_000
+    report = (out / "report.md").read_text()
+    assert found["headline"] in report and "sweep_speedup_vs_load.png" in report
+    assert "<img" in (out / "report.html").read_text()
+    again = subprocess.run(
+        [sys.executable, "-m", "itlaudit", "report", str(out / "K3" / "c4-t1")],
+        capture_output=True,
+        text=True,
+    )
+    assert again.returncode == 0, again.stderr
+
+
+def test_sla_search_finds_the_limit_of_a_linear_tpot(tmp_path: Path) -> None:
+    """TPOT = 5 ms × concurrency (step 5 ms, +5 ms per extra stream): tpot_p99 ≤ 52.5 holds up to 10."""
+    path = _scenario(tmp_path, {"K0": ["--step-ms", "5", "--batch-slowdown-ms-per-stream", "5"]})
+    out = tmp_path / "sw"
+    result = _sweep(
+        tmp_path, str(path), "--concurrency", "1,4,16", "--out", str(out), "--sla", "tpot_p99_ms<=52.5"
+    )
+    assert result.returncode == 0, result.stderr
+    sla = json.loads((out / "sweep.json").read_text())["sla"]["variants"]["K0"]
+    assert (sla["limit"], sla["failed_at"], sla["above_range"]) == (10, 11, False)
+    assert 49.0 < sla["point"]["tpot_ms"]["p99"] <= 52.5
+    assert "K0: highest concurrency 10 meeting tpot_p99_ms<=52.5" in result.stdout
+    assert sorted(p.name for p in (out / "K0").iterdir()) == sorted(
+        f"c{c}-t1" for c in (1, 4, 10, 11, 13, 16)
+    )
+
+
+def _wait_for(path: Path, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def test_resume_after_sigkill_skips_finished_points(tmp_path: Path) -> None:
+    path = _scenario(tmp_path, {"K0": ["--step-ms", "30"]})
+    out = tmp_path / "sw"
+    args = [str(path), "--concurrency", "1,2", "--trials", "2", "--out", str(out)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "itlaudit", "sweep", *args],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    _wait_for(out / "K0" / "c1-t1" / "point.json")
+    _wait_for(out / "K0" / "c1-t2" / "requests.jsonl")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    first = (out / "K0" / "c1-t1" / "requests.jsonl").read_bytes()
+    again = _sweep(tmp_path, *args, "--resume")
+    refused = _sweep(tmp_path, *args)
+    assert again.returncode == 0, again.stderr
+    assert (out / "K0" / "c1-t1" / "requests.jsonl").read_bytes() == first  # finished: not run again
+    names = sorted(p.name for p in (out / "K0").iterdir())
+    assert [n for n in names if ".incomplete-" not in n] == ["c1-t1", "c1-t2", "c2-t1", "c2-t2"]
+    assert any(n.startswith("c1-t2.incomplete-") for n in names)  # the killed trial, kept aside
+    points = json.loads((out / "sweep.json").read_text())["variants"]["K0"]
+    assert [(p["concurrency"], p["trials"], p["requests"]) for p in points] == [(1, 2, 4), (2, 2, 4)]
+    _one_line_error(refused, "already holds a sweep", "--resume")
+    changed = _sweep(tmp_path, str(path), "--concurrency", "1,4", "--out", str(out), "--resume")
+    _one_line_error(changed, "started with other", "trials", "values")
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["--rate", "1,2"], ["--rate needs open-loop arrivals", "request_rate"]),
+        (["--concurrency", "1", "--rate", "2"], ["exactly one of"]),
+        ([], ["exactly one of"]),
+        (["--concurrency", "1,a"], ["'a' is not a number"]),
+        (["--concurrency", "1", "--sla", "tpot<=3"], ["cannot read 'tpot<=3'"]),
+        (["--concurrency", "1", "--goodput", "tpot_ms=-1"], ["--goodput"]),
+        (["--concurrency", "1", "--variant", "K9"], ["'K9' is not in the scenario"]),
+        (["--concurrency", "1", "--resume", "--out", "nowhere"], ["--resume needs --out"]),
+        (["--concurrency", "1", "--workers", "0"], ["--workers '0'"]),
+        (["--concurrency", "1", "--trials", "0"], ["--trials 0"]),
+    ],
+)
+def test_bad_options_are_one_line(tmp_path: Path, args: list[str], needles: list[str]) -> None:
+    path = _scenario(tmp_path, {"K0": []})
+    _one_line_error(_sweep(tmp_path, str(path), *args), *needles)
+
+
+@pytest.mark.vllm
+def test_vllm_cpu_three_point_k0_vs_k3_sweep_draws_its_plots(tmp_path: Path) -> None:
+    """Real vLLM CPU: each server started once, three loads, the plots drawn and a crossover (or its
+    absence) named in words."""
+    scenario = Path(__file__).parent.parent / "scenarios" / "cpu-k0-vs-k3.toml"
+    text = (
+        scenario.read_text()
+        .replace("num_requests = 4", "num_requests = 2")
+        .replace("max_tokens = 256", "max_tokens = 48")
+    )
+    path = tmp_path / "cpu-k0-vs-k3.toml"
+    path.write_text(text)
+    out = tmp_path / "sw"
+    env: dict[str, Any] = {**os.environ}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "itlaudit",
+            "sweep",
+            str(path),
+            "--concurrency",
+            "1,2,4",
+            "--out",
+            str(out),
+            "--sla",
+            "tpot_p99_ms<=1000",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    sweep = json.loads((out / "sweep.json").read_text())
+    assert [p["concurrency"] for p in sweep["variants"]["K3"]] == [1, 2, 4]
+    assert all(p["acceptance_length"] > 3.5 for p in sweep["variants"]["K3"])
+    (found,) = sweep["crossovers"]
+    assert found["headline"] in result.stdout
+    for name in ("sweep_itl_vs_throughput.png", "sweep_ttft_vs_load.png", "sweep_speedup_vs_load.png"):
+        assert (out / name).stat().st_size > 10_000
+    print(result.stdout)
