@@ -9,7 +9,16 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from itlaudit import __version__, cli_audit, cli_bisect, cli_report, cli_selfcheck, cli_smoke, cli_sweep, cli_testbed
+from itlaudit import (
+    __version__,
+    cli_audit,
+    cli_bisect,
+    cli_report,
+    cli_selfcheck,
+    cli_smoke,
+    cli_sweep,
+    cli_testbed,
+)
 from itlaudit.errors import ItlauditError, RunInterrupted, ScenarioError
 from itlaudit.orchestrate import LedgerPolicy, RunOutcome, handle_sigterm, interruption, run_scenario
 from itlaudit.rundir import REPORT_FILE
