@@ -16,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
+import functools
 import json
+import ssl
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -56,7 +58,6 @@ _RATE_LIMIT_STATUSES = (429, 503)
 _REDIRECT_STATUSES = (301, 302, 303, 307, 308)
 _REFUSAL_BODY_LIMIT = 64 * 1024
 _REFUSAL_READ_TIMEOUT_S = 10.0
-_NO_HEADERS: dict[str, str] = {}
 DEFAULT_TIMEOUTS = Timeouts()
 # Everything that means "the network or the server went away", as opposed to a bug in this code.
 _CONNECTION_FAILURES = (aiohttp.ClientError, TransportError, TimeoutError, OSError)
@@ -104,6 +105,45 @@ def build_body(
 
 
 @dataclass(frozen=True)
+class Access:
+    """What every request to a server carries besides its body: extra headers (Authorization among
+    them) and how https is verified. Held in memory only: no record, meta or log line gets it."""
+
+    headers: tuple[tuple[str, str], ...] = ()
+    insecure: bool = False  # https without certificate or host name checks (--insecure)
+    ca_cert: str | None = None  # a PEM bundle to verify the server's certificate with (--ca-cert)
+
+    def header_map(self) -> dict[str, str]:
+        return dict(self.headers)
+
+    def session(self) -> aiohttp.ClientSession:
+        """An aiohttp session for the small GETs and POSTs around a run (/v1/models, /metrics, /version,
+        readiness, /tokenize) that sends the same headers and verifies https the same way."""
+        context = self.ssl_context()
+        connector = aiohttp.TCPConnector(ssl=context) if context is not None else None
+        return aiohttp.ClientSession(headers=self.header_map(), connector=connector)
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """None is the transport's default (verified against the system's CAs)."""
+        if not self.insecure and self.ca_cert is None:
+            return None
+        return _ssl_context(self.insecure, self.ca_cert)
+
+
+@functools.cache
+def _ssl_context(insecure: bool, ca_cert: str | None) -> ssl.SSLContext:
+    """Built once per setting: loading a CA bundle costs milliseconds, too much per request."""
+    context = ssl.create_default_context(cafile=ca_cert)
+    if insecure:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+_NO_ACCESS = Access()
+
+
+@dataclass(frozen=True)
 class PlannedRequest:
     """One request, fully prepared before the run starts (body already JSON-encoded), so the capture
     loop does no encoding while other streams are open."""
@@ -115,6 +155,9 @@ class PlannedRequest:
     model: str
     params: RequestParams
     payload: bytes
+    scheduled_ms: float | None = None  # open loop: due this long after the variant's start
+    warmup: bool = False
+    category: str | None = None
 
 
 def plan_request(
@@ -127,11 +170,16 @@ def plan_request(
     request_id: str,
     variant: str,
     extra_body: dict[str, Any] | None = None,
+    scheduled_ms: float | None = None,
+    warmup: bool = False,
+    category: str | None = None,
 ) -> PlannedRequest:
     body = build_body(endpoint, model, prompt, params, extra_body)
     url = base_url.rstrip("/") + ENDPOINT_PATHS[endpoint]
     payload = json.dumps(body).encode()
-    return PlannedRequest(request_id, variant, endpoint, url, model, params, payload)
+    return PlannedRequest(
+        request_id, variant, endpoint, url, model, params, payload, scheduled_ms, warmup, category
+    )
 
 
 async def stream_request(
@@ -139,6 +187,7 @@ async def stream_request(
     timeouts: Timeouts = DEFAULT_TIMEOUTS,
     probe: LagProbe | None = None,
     stamp: StampMode = "kernel",
+    access: Access | None = None,
 ) -> RequestRecord:
     """Send one streaming request and return its raw record; network and server failures are
     recorded in `status`/`error`, never raised.
@@ -157,15 +206,21 @@ async def stream_request(
         url=plan.url,
         model=plan.model,
         params=plan.params,
+        scheduled_ms=plan.scheduled_ms,
+        warmup=plan.warmup,
+        category=plan.category,
     )
-    options = TransportOptions(stamp=stamp, connect_timeout_s=timeouts.connect_timeout_s)
+    access = access or _NO_ACCESS
+    options = TransportOptions(
+        stamp=stamp, connect_timeout_s=timeouts.connect_timeout_s, ssl_context=access.ssl_context()
+    )
     record.started_at_unix = time.time()
     t0 = time.monotonic_ns()
     record.sent_monotonic_ns = t0
     head_wait_s, head_limit = timeouts.next_wait(t0, t0, False)
     try:
         async with asyncio.timeout(head_wait_s):  # the transport does not time the wait for the head
-            stream = await open_stream(plan.url, plan.payload, _NO_HEADERS, options)
+            stream = await open_stream(plan.url, plan.payload, access.header_map(), options)
     except ConnectTimeout:
         _timed_out(record, "connect_timeout_s", timeouts.connect_timeout_s, t0, time.monotonic_ns())
         return _closed(record, probe)

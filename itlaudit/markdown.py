@@ -39,6 +39,7 @@ SUMMARY_ROWS = (
     ("E2E (ms)", "e2e_ms", "{:.1f}"),
     ("decode tokens/s", "decode_tokens_per_s", "{:.1f}"),
     ("completion tokens", "completion_tokens", "{:.0f}"),
+    ("schedule lag (ms)", "schedule_lag_ms", "{:.2f}"),
 )
 
 

@@ -255,7 +255,8 @@ def run_scenario(
         meta.setdefault("variants", {})
     _write_meta(run_dir, meta)
     records: list[RequestRecord] = []
-    total = scenario.workload.num_requests * len(scenario.variants)
+    workload = scenario.workload
+    total = (workload.num_requests + workload.arrivals.warmup_requests) * len(scenario.variants)
     progress = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -320,8 +321,7 @@ def run_scenario(
     summary = write_derived(run_dir, scenario.name, [v.name for v in scenario.variants])
     if ledger is not None:
         ledger.record(run_dir)
-    if tag is not None:
-        records = load_records(run_dir / REQUESTS_FILE)
+    records = load_records(run_dir / REQUESTS_FILE)  # what the figures counted: no warmup, all rounds
     return RunOutcome(run_dir=run_dir, summary=summary, records=records)
 
 

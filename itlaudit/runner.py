@@ -26,10 +26,11 @@ from itlaudit.capture.workers import (
     start_workers,
     worker_count,
 )
-from itlaudit.client import fetch_models, plan_request
+from itlaudit.client import Access, PlannedRequest, fetch_models, plan_request
 from itlaudit.errors import ItlauditError, ServerRejectedError
 from itlaudit.records import RecordWriter, RequestRecord
 from itlaudit.scenario import Scenario
+from itlaudit.schedule import send_offsets_s
 
 OnDone = Callable[[RequestRecord], None]
 OnCapture = Callable[[dict[str, Any]], None]
@@ -45,6 +46,7 @@ class CaptureOptions:
     workers: int | None = None
     timeouts: dict[str, float | None] = field(default_factory=dict)
     stamp: StampMode = "kernel"
+    access: Access = field(default_factory=Access)
 
 
 class CaptureWorkerError(ItlauditError):
@@ -84,25 +86,21 @@ async def run_variant(
     variants."""
     options = options or CaptureOptions()
     workload = scenario.workload
-    id_prefix = f"{variant}.{id_tag}" if id_tag else variant
-    async with aiohttp.ClientSession() as session:
+    access = options.access
+    async with access.session() as session:
         model = await resolve_model(session, base_url, scenario.model)
-    plans = [
-        plan_request(
-            base_url=base_url,
-            endpoint=scenario.endpoint,
-            model=model,
-            prompt=scenario.prompt_for(index),
-            params=workload.params,
-            request_id=f"{id_prefix}-{index:05d}",
-            variant=variant,
-            extra_body=workload.extra_body or None,
-        )
-        for index in range(workload.num_requests)
-    ]
+    plans = plan_variant(scenario, variant, base_url, model, id_tag)
     count = worker_count(options.workers, workload.concurrency, len(plans))
     timeouts = dataclasses.replace(workload.timeouts, **options.timeouts)
-    shares = split_shares(plans, workload.concurrency, timeouts, count, options.stamp)
+    shares = split_shares(
+        plans,
+        workload.concurrency,
+        timeouts,
+        count,
+        options.stamp,
+        duration_s=workload.arrivals.duration_s,
+        access=access,
+    )
     loop = asyncio.get_running_loop()
     handles = await loop.run_in_executor(None, start_workers, shares)
     if on_capture is not None:
@@ -132,6 +130,46 @@ async def run_variant(
             "(fix the scenario's workload or URL; the rejected request is kept in requests.jsonl)"
         )
     return sorted(records, key=lambda r: r.request_id)
+
+
+def plan_variant(
+    scenario: Scenario, variant: str, base_url: str, model: str, id_tag: str | None = None
+) -> list[PlannedRequest]:
+    """Every request of the variant, warmup first, each with its scheduled offset in an open loop
+    (the schedule depends on the seed only, so every variant sees the same arrivals); an arrival due
+    after duration_s is never planned. Warmup ids are `<variant>.warmup-<i>`, apart from the measured
+    ones, which keep the prompt index that pairs requests across variants."""
+    workload = scenario.workload
+    arrivals = workload.arrivals
+    warmup = arrivals.warmup_requests
+    total = warmup + workload.num_requests
+    offsets: list[float | None] = (
+        list(send_offsets_s(total, arrivals, workload.params.seed or 0))
+        if arrivals.open_loop
+        else [None] * total
+    )
+    id_prefix = f"{variant}.{id_tag}" if id_tag else variant
+    plans = []
+    for position, offset_s in enumerate(offsets):
+        if offset_s is not None and arrivals.duration_s is not None and offset_s > arrivals.duration_s:
+            break
+        is_warmup = position < warmup
+        index = position if is_warmup else position - warmup
+        plans.append(
+            plan_request(
+                base_url=base_url,
+                endpoint=scenario.endpoint,
+                model=model,
+                prompt=scenario.prompt_for(index),
+                params=workload.params,
+                request_id=f"{id_prefix}.warmup-{index:05d}" if is_warmup else f"{id_prefix}-{index:05d}",
+                variant=variant,
+                extra_body=workload.extra_body or None,
+                scheduled_ms=offset_s * 1000 if offset_s is not None else None,
+                warmup=is_warmup,
+            )
+        )
+    return plans
 
 
 async def _collect(

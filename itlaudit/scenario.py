@@ -6,6 +6,7 @@ and every error names the file, the key and its line.
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from typing import Any
 
 from itlaudit.errors import ScenarioError
 from itlaudit.records import RequestParams, Timeouts
+from itlaudit.schedule import Arrivals, RampUp
 
 ENDPOINTS = ("completions", "chat")
 # Scenario and variant names become file and folder names (reports/<name>-<time>/, server-<variant>.log)
@@ -60,6 +62,7 @@ class Workload:
     params: RequestParams
     extra_body: dict[str, Any] = field(default_factory=dict)
     timeouts: Timeouts = field(default_factory=Timeouts)
+    arrivals: Arrivals = field(default_factory=Arrivals)
 
 
 @dataclass(frozen=True)
@@ -232,6 +235,7 @@ def _workload(src: dict[str, Any], loc: _Located, base: Path) -> Workload:
         "seed",
         "extra_body",
         *TIMEOUT_KEYS,
+        *ARRIVAL_KEYS,
     }
     _unknown_keys(src, allowed, loc, table)
     if "prompts" in src and "prompts_file" in src:
@@ -259,16 +263,77 @@ def _workload(src: dict[str, Any], loc: _Located, base: Path) -> Workload:
         temperature=float(temperature) if temperature is not None else None,
         seed=_get(src, loc, table, "seed", int, None),
     )
+    arrivals = _arrivals(src, loc, table)
+    num_requests = _positive(
+        _get(src, loc, table, "num_requests", int, _default_count(src, arrivals, len(prompts), loc)),
+        loc,
+        table,
+        "num_requests",
+    )
+    # With a rate, concurrency is only a cap; absent, nothing caps the open requests.
+    uncapped = num_requests + arrivals.warmup_requests if arrivals.open_loop else 1
     return Workload(
         prompts=prompts,
-        num_requests=_positive(
-            _get(src, loc, table, "num_requests", int, len(prompts)), loc, table, "num_requests"
-        ),
-        concurrency=_positive(_get(src, loc, table, "concurrency", int, 1), loc, table, "concurrency"),
+        num_requests=num_requests,
+        concurrency=_positive(_get(src, loc, table, "concurrency", int, uncapped), loc, table, "concurrency"),
         params=params,
         extra_body=_single_choice(_get(src, loc, table, "extra_body", dict, {}), loc, table),
         timeouts=_timeouts(src, loc, table),
+        arrivals=arrivals,
     )
+
+
+ARRIVAL_KEYS = ("request_rate", "burstiness", "ramp_up", "duration_s", "warmup_requests")
+
+
+def _positive_number(src: dict[str, Any], loc: _Located, table: str, key: str) -> float | None:
+    value = _get(src, loc, table, key, (int, float), None)
+    if value is not None and not value > 0:
+        raise loc.error(table, key, f"must be a positive number, got {value!r}")
+    return float(value) if value is not None else None
+
+
+def _arrivals(src: dict[str, Any], loc: _Located, table: str) -> Arrivals:
+    ramp = None
+    if "ramp_up" in src:
+        raw = _get(src, loc, table, "ramp_up", dict)
+        _unknown_keys(raw, {"start_rate", "end_rate"}, loc, table)
+        start = _positive_number(raw, loc, table, "start_rate")
+        end = _positive_number(raw, loc, table, "end_rate")
+        if start is None or end is None:
+            raise loc.error(
+                table, "ramp_up", "needs both rates: ramp_up = { start_rate = 1, end_rate = 8 } (requests/s)"
+            )
+        ramp = RampUp(start, end)
+    burstiness = _positive_number(src, loc, table, "burstiness")
+    warmup = _get(src, loc, table, "warmup_requests", int, 0)
+    if warmup < 0:
+        raise loc.error(table, "warmup_requests", f"must be 0 or more, got {warmup}")
+    arrivals = Arrivals(
+        request_rate=_positive_number(src, loc, table, "request_rate"),
+        burstiness=burstiness if burstiness is not None else 1.0,
+        ramp_up=ramp,
+        duration_s=_positive_number(src, loc, table, "duration_s"),
+        warmup_requests=warmup,
+    )
+    if burstiness is not None and not arrivals.open_loop:
+        raise loc.error(table, "burstiness", "shapes open-loop arrivals: set `request_rate` too")
+    return arrivals
+
+
+def _default_count(src: dict[str, Any], arrivals: Arrivals, prompts: int, loc: _Located) -> int:
+    """num_requests when left out: enough arrivals to fill duration_s at the rate, else one per prompt."""
+    rate = arrivals.mean_rate()
+    if arrivals.duration_s is None:
+        return prompts
+    if rate is None:
+        raise loc.error(
+            "workload",
+            "duration_s",
+            "needs `num_requests` in a closed loop (the most to send before the time is up), or a "
+            "`request_rate`",
+        )
+    return max(1, math.ceil(rate * arrivals.duration_s))
 
 
 TIMEOUT_KEYS = ("connect_timeout_s", "ttft_timeout_s", "stall_timeout_s", "request_timeout_s")
