@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -10,8 +11,10 @@ import typer
 from rich.console import Console
 
 from itlaudit import __version__, cli_audit, cli_bisect, cli_report, cli_smoke, cli_testbed
+from itlaudit.access import Access, api_key_header, valid_header
 from itlaudit.errors import ItlauditError, RunInterrupted, ScenarioError
 from itlaudit.orchestrate import LedgerPolicy, RunOutcome, handle_sigterm, interruption, run_scenario
+from itlaudit.redact import header_secret_values, redact_text
 from itlaudit.rundir import REPORT_FILE
 from itlaudit.runner import CaptureOptions
 from itlaudit.scenario import load_scenario, parse_scenario
@@ -34,6 +37,15 @@ ConnectTimeoutOption = Annotated[float | None, typer.Option(help="Override [work
 TtftTimeoutOption = Annotated[float | None, typer.Option(help="Override [workload] ttft_timeout_s.")]
 StallTimeoutOption = Annotated[float | None, typer.Option(help="Override [workload] stall_timeout_s.")]
 RequestTimeoutOption = Annotated[float | None, typer.Option(help="Override [workload] request_timeout_s.")]
+ApiKeyOption = Annotated[
+    str | None,
+    typer.Option(help="Sent as Authorization: Bearer (default: $OPENAI_API_KEY, else $VLLM_API_KEY)."),
+]
+HeaderOption = Annotated[
+    list[str] | None, typer.Option("--header", help="'Name: value' sent with every request (repeatable).")
+]
+InsecureOption = Annotated[bool, typer.Option(help="https without checking the server's certificate.")]
+CaCertOption = Annotated[Path | None, typer.Option(help="PEM bundle to verify the server's certificate.")]
 StampOption = Annotated[
     str, typer.Option(help="kernel: socket receive time from the kernel (loop where unsupported); loop.")
 ]
@@ -44,6 +56,9 @@ app = typer.Typer(
     help="Audit vLLM serving benchmarks: token-true ITL under speculative decoding, truncation findings.",
 )
 err = Console(stderr=True)
+# Header values this process sends (the API key among them): an error line quoting a server's answer is
+# masked with them, since a 401's message may echo the key it got.
+_SENT_SECRETS: set[str] = set()
 out = Console()
 
 
@@ -79,6 +94,29 @@ def _run_options(
     }
 
 
+def _access(api_key: str | None, headers: list[str] | None, insecure: bool, ca_cert: Path | None) -> Access:
+    """What every request carries: the API key as Authorization, then each --header as given."""
+    pairs: list[tuple[str, str]] = []
+    bearer = api_key_header(api_key, os.environ)
+    if bearer is not None:
+        pairs.append(bearer)
+    for text in headers or []:
+        name, sep, value = text.partition(":")
+        name, value = name.strip(), value.strip()
+        if not sep or not valid_header(name, value):
+            shown = name or text.partition(":")[0]
+            raise ScenarioError(
+                f"--header {shown!r}...: expected 'Name: value' (a header name, a colon, a value)"
+            )
+        pairs.append((name, value))
+    _SENT_SECRETS.update(header_secret_values(pairs))  # a server's error may echo one: mask it there
+    if ca_cert is not None and not ca_cert.is_file():
+        raise ScenarioError(f"--ca-cert {ca_cert}: no such file; give a PEM bundle of CA certificates")
+    return Access(headers=(), insecure=insecure, ca_cert=str(ca_cert) if ca_cert else None).with_headers(
+        dict(pairs)
+    )
+
+
 def _capture_options(
     workers: str,
     stamp: str,
@@ -86,6 +124,8 @@ def _capture_options(
     ttft_timeout: float | None = None,
     stall_timeout: float | None = None,
     request_timeout: float | None = None,
+    *,
+    access: Access | None = None,
 ) -> CaptureOptions:
     """How `run`, `compare` and `demo` capture: workers, stamping and the command line's timeouts."""
     if workers != "auto" and not (workers.isdigit() and int(workers) > 0):
@@ -106,6 +146,7 @@ def _capture_options(
         workers=None if workers == "auto" else int(workers),
         timeouts={k: v for k, v in given.items() if v is not None},
         stamp="kernel" if stamp == "kernel" else "loop",
+        access=access or Access(),
     )
 
 
@@ -141,9 +182,16 @@ def run(
     ttft_timeout: TtftTimeoutOption = None,
     stall_timeout: StallTimeoutOption = None,
     request_timeout: RequestTimeoutOption = None,
+    api_key: ApiKeyOption = None,
+    header: HeaderOption = None,
+    insecure: InsecureOption = False,
+    ca_cert: CaCertOption = None,
 ) -> None:
     """Stream the scenario's requests and audit them: ITL from server token counts, truncation findings."""
-    capture = _capture_options(workers, stamp, connect_timeout, ttft_timeout, stall_timeout, request_timeout)
+    access = _access(api_key, header, insecure, ca_cert)
+    capture = _capture_options(
+        workers, stamp, connect_timeout, ttft_timeout, stall_timeout, request_timeout, access=access
+    )
     loaded = load_scenario(scenario)
     options = _run_options(url, variant, out_dir, ledger, no_repeat, force, append)
     outcome = run_scenario(loaded, **options, capture=capture)
@@ -168,11 +216,18 @@ def compare(
     ttft_timeout: TtftTimeoutOption = None,
     stall_timeout: StallTimeoutOption = None,
     request_timeout: RequestTimeoutOption = None,
+    api_key: ApiKeyOption = None,
+    header: HeaderOption = None,
+    insecure: InsecureOption = False,
+    ca_cert: CaCertOption = None,
 ) -> None:
     """Run each variant (launching its server in turn), scrape /metrics around it, write compare.json."""
     from itlaudit.compare import COMPARE_FILE, run_compare
 
-    capture = _capture_options(workers, stamp, connect_timeout, ttft_timeout, stall_timeout, request_timeout)
+    access = _access(api_key, header, insecure, ca_cert)
+    capture = _capture_options(
+        workers, stamp, connect_timeout, ttft_timeout, stall_timeout, request_timeout, access=access
+    )
     outcome, comparison = run_compare(
         load_scenario(scenario),
         **_run_options(url, variant, out_dir, ledger, no_repeat, force, append),
@@ -204,9 +259,11 @@ def demo(
     ] = None,
     workers: WorkersOption = "auto",
     stamp: StampOption = "kernel",
+    api_key: ApiKeyOption = None,
+    header: HeaderOption = None,
 ) -> None:
     """K0 vs K3 vs a 128-token-capped K3, on the built-in simulator: the seed case in 30 seconds."""
-    capture = _capture_options(workers, stamp)
+    capture = _capture_options(workers, stamp, access=_access(api_key, header, False, None))
     scenario = parse_scenario(DEMO_SCENARIO.read_text(encoding="utf-8"), DEMO_SCENARIO)
     outcome = run_scenario(scenario, run_dir=out_dir, console=err, capture=capture)
     _print_outcome(outcome)
@@ -311,7 +368,8 @@ def main() -> None:
         err.print(f"itlaudit: {exc}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
     except ItlauditError as exc:
-        err.print(f"itlaudit: error: {exc}", markup=False, highlight=False, soft_wrap=True)
+        message = redact_text(str(exc), _SENT_SECRETS)
+        err.print(f"itlaudit: error: {message}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
     except (KeyboardInterrupt, typer.Abort):  # outside a run (typer turns Ctrl-C into Abort)
         signal_name, exit_code = interruption()

@@ -16,15 +16,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
-import functools
 import json
-import ssl
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from itlaudit.access import NO_ACCESS, Access
 from itlaudit.capture.chunk import CHUNK_DECODE_ERRORS, Chunk, decode_chunk
 from itlaudit.capture.transport import StampMode, Stream, TransportOptions, open_stream
 from itlaudit.errors import ConnectTimeout, ServerRejectedError, ServerUnreachableError, TransportError
@@ -105,45 +104,6 @@ def build_body(
 
 
 @dataclass(frozen=True)
-class Access:
-    """What every request to a server carries besides its body: extra headers (Authorization among
-    them) and how https is verified. Held in memory only: no record, meta or log line gets it."""
-
-    headers: tuple[tuple[str, str], ...] = ()
-    insecure: bool = False  # https without certificate or host name checks (--insecure)
-    ca_cert: str | None = None  # a PEM bundle to verify the server's certificate with (--ca-cert)
-
-    def header_map(self) -> dict[str, str]:
-        return dict(self.headers)
-
-    def session(self) -> aiohttp.ClientSession:
-        """An aiohttp session for the small GETs and POSTs around a run (/v1/models, /metrics, /version,
-        readiness, /tokenize) that sends the same headers and verifies https the same way."""
-        context = self.ssl_context()
-        connector = aiohttp.TCPConnector(ssl=context) if context is not None else None
-        return aiohttp.ClientSession(headers=self.header_map(), connector=connector)
-
-    def ssl_context(self) -> ssl.SSLContext | None:
-        """None is the transport's default (verified against the system's CAs)."""
-        if not self.insecure and self.ca_cert is None:
-            return None
-        return _ssl_context(self.insecure, self.ca_cert)
-
-
-@functools.cache
-def _ssl_context(insecure: bool, ca_cert: str | None) -> ssl.SSLContext:
-    """Built once per setting: loading a CA bundle costs milliseconds, too much per request."""
-    context = ssl.create_default_context(cafile=ca_cert)
-    if insecure:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    return context
-
-
-_NO_ACCESS = Access()
-
-
-@dataclass(frozen=True)
 class PlannedRequest:
     """One request, fully prepared before the run starts (body already JSON-encoded), so the capture
     loop does no encoding while other streams are open."""
@@ -210,7 +170,7 @@ async def stream_request(
         warmup=plan.warmup,
         category=plan.category,
     )
-    access = access or _NO_ACCESS
+    access = access or NO_ACCESS
     options = TransportOptions(
         stamp=stamp, connect_timeout_s=timeouts.connect_timeout_s, ssl_context=access.ssl_context()
     )

@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
+from itlaudit.access import Access
 from itlaudit.capture.transport import StampMode
 from itlaudit.capture.workers import (
     WorkerHandle,
@@ -26,9 +27,10 @@ from itlaudit.capture.workers import (
     start_workers,
     worker_count,
 )
-from itlaudit.client import Access, PlannedRequest, fetch_models, plan_request
+from itlaudit.client import PlannedRequest, fetch_models, plan_request, server_error_message
 from itlaudit.errors import ItlauditError, ServerRejectedError
 from itlaudit.records import RecordWriter, RequestRecord
+from itlaudit.redact import redact_bytes
 from itlaudit.scenario import Scenario
 from itlaudit.schedule import send_offsets_s
 
@@ -51,6 +53,43 @@ class CaptureOptions:
 
 class CaptureWorkerError(ItlauditError):
     """A capture worker process died; what it finished is kept."""
+
+
+def variant_access(scenario: Scenario, variant: str, options: CaptureOptions | None) -> Access:
+    """The command line's headers and TLS, with the variant's own `headers` over them."""
+    access = options.access if options is not None else Access()
+    headers = next((v.headers for v in scenario.variants if v.name == variant), {})
+    return access.with_headers(headers)
+
+
+async def reset_prefix_cache(base_url: str, access: Access) -> dict[str, Any]:
+    """POST vLLM's /reset_prefix_cache, so a variant does not start on what the one before it left in
+    the cache. A dev-mode endpoint: where it is missing (404) or fails, the run goes on and the
+    returned record (meta.json's `reset_prefix_cache`) carries the one line that says why."""
+    url = base_url.rstrip("/") + "/reset_prefix_cache"
+    try:
+        async with (
+            access.session() as session,
+            session.post(url, timeout=aiohttp.ClientTimeout(total=60)) as resp,
+        ):
+            status = resp.status
+            body = await resp.read()
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        return {
+            "done": False,
+            "note": f"POST {url} failed ({type(exc).__name__}: {exc}); the cache was not reset",
+        }
+    if 200 <= status < 300:
+        return {"done": True}
+    if status == 404:
+        note = (
+            f"POST {url} answered 404: the server needs VLLM_SERVER_DEV_MODE=1 for /reset_prefix_cache; "
+            "the cache was not reset"
+        )
+    else:
+        reason = server_error_message(body, status)
+        note = f"POST {url} answered HTTP {status} ({reason}); the cache was not reset"
+    return {"done": False, "http_status": status, "note": note}
 
 
 async def resolve_model(session: aiohttp.ClientSession, base_url: str, wanted: str) -> str:
@@ -86,7 +125,7 @@ async def run_variant(
     variants."""
     options = options or CaptureOptions()
     workload = scenario.workload
-    access = options.access
+    access = variant_access(scenario, variant, options)
     async with access.session() as session:
         model = await resolve_model(session, base_url, scenario.model)
     plans = plan_variant(scenario, variant, base_url, model, id_tag)
@@ -107,7 +146,8 @@ async def run_variant(
         on_capture({"workers": [h.describe() for h in handles]})
     records: list[RequestRecord] = []
     try:
-        await asyncio.gather(*(_collect(handle, writer, records, on_done) for handle in handles))
+        secrets = tuple(value.encode() for value in access.secret_values())
+        await asyncio.gather(*(_collect(handle, writer, records, on_done, secrets) for handle in handles))
         for handle in handles:
             await loop.run_in_executor(None, handle.process.join)
             if handle.process.exitcode != 0:
@@ -173,10 +213,15 @@ def plan_variant(
 
 
 async def _collect(
-    handle: WorkerHandle, writer: RecordWriter, records: list[RequestRecord], on_done: OnDone | None
+    handle: WorkerHandle,
+    writer: RecordWriter,
+    records: list[RequestRecord],
+    on_done: OnDone | None,
+    secrets: tuple[bytes, ...] = (),
 ) -> None:
     """Read the worker's JSON lines as they come: each goes to requests.jsonl unchanged (no
-    re-encoding), and is decoded here for the run's outcome and progress."""
+    re-encoding) unless a server echoed a credential we sent (a 401's message), which is masked;
+    each is decoded here for the run's outcome and progress."""
     loop = asyncio.get_running_loop()
     fd = handle.records_in.fileno()
     finished = loop.create_future()
@@ -196,6 +241,8 @@ async def _collect(
             lines = bytes(pending[:end]).split(b"\n")
             del pending[: end + 1]
             for line in lines:
+                if secrets:
+                    line = redact_bytes(line, secrets)
                 writer.write(line)
                 record = RequestRecord.from_json(decode(line))
                 records.append(record)

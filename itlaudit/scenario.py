@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from itlaudit.access import valid_header
 from itlaudit.errors import ScenarioError
 from itlaudit.records import RequestParams, Timeouts
 from itlaudit.schedule import Arrivals, RampUp
@@ -52,6 +53,10 @@ class Variant:
     # "eager" or "compiled"; for a server given by URL only the user knows (a launched one is read
     # from its arguments): lets a lossless mismatch at a near tie be judged (lossless.py).
     execution_mode: str | None = None
+    # Extra HTTP headers for this variant's requests (over the command line's --header). Values are
+    # sent, never written: meta.json and the ledger record the names only.
+    headers: dict[str, str] = field(default_factory=dict)
+    reset_prefix_cache: bool = False  # POST /reset_prefix_cache before the variant runs
 
 
 @dataclass(frozen=True)
@@ -409,7 +414,9 @@ def _variants(raw: Any, loc: _Located) -> list[Variant]:
                 f"entry {index + 1} is {src!r}; each variant is a [[variants]] table with `name`",
             )
         where = loc.in_variant(index)
-        _unknown_keys(src, {"name", "url", "launch", "execution_mode"}, where, table)
+        _unknown_keys(
+            src, {"name", "url", "launch", "execution_mode", "headers", "reset_prefix_cache"}, where, table
+        )
         name = _safe_name(_get(src, where, table, "name", str), where, table)
         if any(v.name == name for v in out):
             raise where.error(table, "name", f"{name!r} is used twice; variant names must be unique")
@@ -425,9 +432,20 @@ def _variants(raw: Any, loc: _Located) -> list[Variant]:
                 url=url.rstrip("/") if url else None,
                 launch=launch,
                 execution_mode=_execution_mode(src, where),
+                headers=_headers(src, where),
+                reset_prefix_cache=_get(src, where, table, "reset_prefix_cache", bool, False),
             )
         )
     return out
+
+
+def _headers(src: dict[str, Any], loc: _Located) -> dict[str, str]:
+    headers = _get(src, loc, "variants", "headers", dict, {})
+    if not all(valid_header(name, value) for name, value in headers.items()):
+        raise loc.error(
+            "variants", "headers", 'must map header names to one-line strings: headers = { "X-Team" = "a" }'
+        )
+    return headers
 
 
 def _execution_mode(src: dict[str, Any], loc: _Located) -> str | None:

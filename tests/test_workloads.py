@@ -4,10 +4,11 @@ arrivals, warmup, datasets and auth."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
-from test_capture import lines, paced, prompts, run  # noqa: F401  (paced is a fixture)
+from test_capture import itlaudit, lines, paced, prompts, run  # noqa: F401  (paced is a fixture)
 
 
 def test_a_40_per_s_poisson_run_arrives_at_40_per_s_with_cv_near_1_and_warmup_is_not_counted(
@@ -35,3 +36,52 @@ def test_a_40_per_s_poisson_run_arrives_at_40_per_s_with_cv_near_1_and_warmup_is
     assert block["schedule_lag_ms"]["count"] == 120
     assert 0 <= block["schedule_lag_ms"]["p99"] < 100  # a client that keeps up at 40/s on loopback
     assert "schedule lag (ms)" in (tmp_path / "run" / "report.md").read_text()
+
+
+KEY = "sk-planted-0123456789abcdef"
+TEAM_TOKEN = "team-token-planted-42424242"
+
+
+def files_holding(root: Path, *needles: str) -> list[str]:
+    """Every file under root (a run folder, the ledger, reports) that holds one of the needles."""
+    hits = []
+    for path in root.rglob("*"):
+        if path.is_file() and not path.name.startswith("paced-"):  # the test server's own log
+            data = path.read_bytes()
+            hits += [f"{path}: {needle}" for needle in needles if needle.encode() in data]
+    return hits
+
+
+def test_the_api_key_is_sent_on_every_request_and_reaches_no_file(tmp_path: Path, paced) -> None:  # noqa: F811
+    server = paced(interval_ms=1.0, extra=("--api-key", KEY))
+    path = tmp_path / "s.toml"
+    path.write_text(
+        f'name = "t"\n[workload]\n{prompts(2)}\nnum_requests = 4\nconcurrency = 2\nmax_tokens = 3\n'
+        '[[variants]]\nname = "A"\nheaders = { "X-Tenant" = "tenant-a" }\n',
+        encoding="utf-8",
+    )
+    env = {**os.environ, "OPENAI_API_KEY": KEY}
+    env.pop("VLLM_API_KEY", None)
+    result = itlaudit(
+        "run", str(path), "--url", server.url, "--out", str(tmp_path / "run"),
+        "--header", f"X-Team-Token: {TEAM_TOKEN}", cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    seen = server.stop()["seen"]
+    assert {(s["method"], s["path"]) for s in seen} >= {("GET", "/v1/models"), ("POST", "/v1/completions")}
+    assert all(s["key_ok"] for s in seen), seen  # models, identity ping, version and every stream
+    streams = [s for s in seen if s["path"] == "/v1/completions"]
+    assert all({"x-team-token", "x-tenant", "authorization"} <= set(s["headers"]) for s in streams)
+    assert len(lines(tmp_path)) == 4
+    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    assert meta["variants"]["A"]["headers"] == ["Authorization", "X-Team-Token", "X-Tenant"]  # names only
+    assert files_holding(tmp_path, KEY, TEAM_TOKEN) == []
+
+
+def test_a_wrong_key_is_one_line_and_the_server_echo_of_it_is_masked(tmp_path: Path, paced) -> None:  # noqa: F811
+    server = paced(interval_ms=1.0, extra=("--api-key", KEY))
+    wrong = "sk-wrong-planted-987654321"
+    result = run(tmp_path, server.url, f"{prompts(2)}\nmax_tokens = 3", "--api-key", wrong)
+    assert result.returncode == 2
+    assert "401" in result.stderr and wrong not in result.stderr
+    assert files_holding(tmp_path, wrong) == []

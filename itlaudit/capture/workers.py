@@ -30,9 +30,10 @@ from multiprocessing.connection import Connection
 from multiprocessing.synchronize import Barrier
 from typing import Any
 
+from itlaudit.access import Access
 from itlaudit.capture.lagprobe import LagProbe, new_capture_loop
 from itlaudit.capture.transport import StampMode, kernel_stamps_supported
-from itlaudit.client import Access, PlannedRequest, stream_request
+from itlaudit.client import PlannedRequest, stream_request
 from itlaudit.records import STATUS_HTTP_ERROR, STATUS_RATE_LIMITED, RecordWriter, RequestRecord, Timeouts
 
 # Streams per worker for `--workers auto`. A chunk costs a worker ~40 µs of CPU on the 2-core development
