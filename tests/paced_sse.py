@@ -13,7 +13,8 @@ with the client under test.
 request gets 429 with Retry-After: 1), `redirect` (every POST gets 301 to /elsewhere). `--api-key K`
 answers every request (GETs included) that lacks `Authorization: Bearer K` with a 401 whose message
 echoes the header it got, as OpenAI's API does; the log says per request whether the key matched
-(never the key itself).
+(never the key itself). POST /reset_prefix_cache answers 200, or 404 with `--fault no_dev_mode` (vLLM
+without VLLM_SERVER_DEV_MODE=1).
 """
 
 from __future__ import annotations
@@ -114,13 +115,25 @@ class PacedServer:
             request = json.loads(body) if body else {}
             authorization = headers.get("authorization")
             key_ok = self.api_key is None or authorization == f"Bearer {self.api_key}"
-            self.seen.append({"method": method, "path": path, "key_ok": key_ok, "headers": sorted(headers)})
+            self.seen.append(
+                {
+                    "method": method,
+                    "path": path,
+                    "key_ok": key_ok,
+                    "headers": sorted(headers),
+                    "stream": bool(request.get("stream")),
+                }
+            )
             if not key_ok:
                 message = json.dumps({"error": {"message": f"Incorrect API key provided: {authorization}"}})
                 writer.write(
                     b"HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json\r\n"
                     + f"Content-Length: {len(message)}\r\nConnection: close\r\n\r\n{message}".encode()
                 )
+                await writer.drain()
+                return
+            if path == "/reset_prefix_cache" and self.fault == "no_dev_mode":
+                writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
                 await writer.drain()
                 return
             if method == "GET" or not request.get("stream"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,8 @@ from test_capture import itlaudit, lines, paced, prompts, run  # noqa: F401  (pa
 
 
 def test_a_40_per_s_poisson_run_arrives_at_40_per_s_with_cv_near_1_and_warmup_is_not_counted(
-    tmp_path: Path, paced  # noqa: F811
+    tmp_path: Path,
+    paced,  # noqa: F811
 ) -> None:
     server = paced(interval_ms=1.0)
     workload = (
@@ -85,3 +87,35 @@ def test_a_wrong_key_is_one_line_and_the_server_echo_of_it_is_masked(tmp_path: P
     assert result.returncode == 2
     assert "401" in result.stderr and wrong not in result.stderr
     assert files_holding(tmp_path, wrong) == []
+
+
+def cache_reset_run(tmp_path: Path, url: str) -> tuple[subprocess.CompletedProcess[str], dict]:
+    path = tmp_path / "s.toml"
+    path.write_text(
+        f'name = "t"\n[workload]\n{prompts(2)}\nmax_tokens = 3\n'
+        '[[variants]]\nname = "A"\nreset_prefix_cache = true\n[[variants]]\nname = "B"\n',
+        encoding="utf-8",
+    )
+    result = itlaudit("run", str(path), "--url", url, "--out", str(tmp_path / "run"), cwd=tmp_path)
+    return result, json.loads((tmp_path / "run" / "meta.json").read_text())["variants"]
+
+
+def test_reset_prefix_cache_is_posted_before_its_variant_only_and_recorded(tmp_path: Path, paced) -> None:  # noqa: F811
+    server = paced(interval_ms=1.0)
+    result, variants = cache_reset_run(tmp_path, server.url)
+    assert result.returncode == 0, result.stderr
+    seen = server.stop()["seen"]
+    resets = [i for i, s in enumerate(seen) if s["path"] == "/reset_prefix_cache"]
+    first_stream = next(i for i, s in enumerate(seen) if s["stream"])
+    assert len(resets) == 1 and resets[0] < first_stream
+    assert variants["A"]["reset_prefix_cache"] == {"done": True}
+    assert "reset_prefix_cache" not in variants["B"]
+
+
+def test_reset_prefix_cache_without_dev_mode_says_so_in_one_line_and_goes_on(tmp_path: Path, paced) -> None:  # noqa: F811
+    server = paced(interval_ms=1.0, fault="no_dev_mode")
+    result, variants = cache_reset_run(tmp_path, server.url)
+    assert result.returncode == 0, result.stderr
+    assert "needs VLLM_SERVER_DEV_MODE=1" in result.stderr
+    assert variants["A"]["reset_prefix_cache"]["done"] is False
+    assert len(lines(tmp_path)) == 4  # both variants measured
