@@ -65,7 +65,7 @@ _CONNECTION_FAILURES = (aiohttp.ClientError, TransportError, TimeoutError, OSErr
 def build_body(
     endpoint: str,
     model: str,
-    prompt: str,
+    prompt: str | list[int] | list[dict[str, Any]],
     params: RequestParams,
     extra_body: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -74,13 +74,15 @@ def build_body(
 
     Continuous usage stats are what make token-true ITL possible: every chunk then carries the
     server's cumulative completion_tokens. `extra_body` is applied last (shallow) so a scenario can
-    override anything, including the stream options.
+    override anything, including the stream options. A prompt is text, token ids (completions: the
+    server takes them as they are) or, for chat, a dataset's whole message list.
     """
     body: dict[str, Any] = {"model": model}
     if endpoint == ENDPOINT_COMPLETIONS:
         body["prompt"] = prompt
     elif endpoint == ENDPOINT_CHAT:
-        body["messages"] = [{"role": "user", "content": prompt}]
+        is_messages = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], dict)
+        body["messages"] = prompt if is_messages else [{"role": "user", "content": prompt}]
     else:
         raise ValueError(f"unknown endpoint {endpoint!r}; expected one of {sorted(ENDPOINT_PATHS)}")
     body["stream"] = True
@@ -125,7 +127,7 @@ def plan_request(
     base_url: str,
     endpoint: str,
     model: str,
-    prompt: str,
+    prompt: str | list[int] | list[dict[str, Any]],
     params: RequestParams,
     request_id: str,
     variant: str,

@@ -43,6 +43,34 @@ SUMMARY_ROWS = (
 )
 
 
+def category_section(variants: dict[str, Any]) -> list[str]:
+    """Per-category p50s, one table per variant with categories (the dataset's `category` field)."""
+    out: list[str] = []
+    for name, block in variants.items():
+        categories = block.get("categories") or {}
+        if not categories:
+            continue
+        out += [f"### By category: {escape(name)}", "", "p50 (p99) over each category's requests.", ""]
+        out += [
+            "| category | requests | token ITL (ms) | TPOT (ms) | decode tokens per chunk |",
+            "|---|---|---|---|---|",
+        ]
+        for category, row in categories.items():
+            cells = [_p50_p99(row.get(key), fmt) for key, fmt in CATEGORY_COLUMNS]
+            out.append(f"| {escape(category)} | {row['requests']} | " + " | ".join(cells) + " |")
+        out.append("")
+    return out
+
+
+CATEGORY_COLUMNS = (("itl_ms", "{:.3f}"), ("tpot_ms", "{:.3f}"), ("decode_tokens_per_chunk", "{:.2f}"))
+
+
+def _p50_p99(stats: dict[str, Any] | None, fmt: str) -> str:
+    if not stats or stats.get("p50") is None:
+        return "–"
+    return f"{fmt.format(stats['p50'])} ({fmt.format(stats['p99'])})"
+
+
 def cell(stats: dict[str, Any] | None, fmt: str) -> str:
     if not stats or stats.get("p50") is None:
         return "–"
@@ -178,6 +206,7 @@ def render_report(
     for label, key, fmt in SUMMARY_ROWS:
         lines.append(f"| {label} | " + " | ".join(cell(variants[n].get(key), fmt) for n in names) + " |")
     lines += ["", EXPLANATION, ""]
+    lines += category_section(variants)
     for imp, variant in imported:
         lines += imported_section(imp, variant, variants.get(variant) or {})
     lines += [f"![{escape(caption)}]({name})" for caption, name in images]

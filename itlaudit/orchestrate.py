@@ -264,6 +264,8 @@ def run_scenario(
     _write_meta(run_dir, meta)
     records: list[RequestRecord] = []
     workload = scenario.workload
+    if workload.dataset is not None and workload.dataset.warning and console is not None:
+        console.print(f"warning: {workload.dataset.warning}", markup=False, soft_wrap=True)
     total = (workload.num_requests + workload.arrivals.warmup_requests) * len(scenario.variants)
     progress = Progress(
         TextColumn("{task.description}"),

@@ -195,18 +195,29 @@ def plan_variant(
             break
         is_warmup = position < warmup
         index = position if is_warmup else position - warmup
+        entry = scenario.entry_for(index)
+        prompt: str | list[int] | list[dict[str, Any]] = scenario.prompt_for(index)
+        params = workload.params
+        if entry is not None:
+            prompt = entry.messages or (entry.prompt if entry.prompt is not None else prompt)
+            params = dataclasses.replace(
+                params,
+                max_tokens=entry.max_tokens if entry.max_tokens is not None else params.max_tokens,
+                ignore_eos=entry.ignore_eos if entry.ignore_eos is not None else params.ignore_eos,
+            )
         plans.append(
             plan_request(
                 base_url=base_url,
                 endpoint=scenario.endpoint,
                 model=model,
-                prompt=scenario.prompt_for(index),
-                params=workload.params,
+                prompt=prompt,
+                params=params,
                 request_id=f"{id_prefix}.warmup-{index:05d}" if is_warmup else f"{id_prefix}-{index:05d}",
                 variant=variant,
                 extra_body=workload.extra_body or None,
                 scheduled_ms=offset_s * 1000 if offset_s is not None else None,
                 warmup=is_warmup,
+                category=entry.category if entry is not None else None,
             )
         )
     return plans

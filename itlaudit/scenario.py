@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from itlaudit.access import valid_header
+from itlaudit.datasets import Dataset, DatasetEntry, DatasetError, load_dataset
 from itlaudit.errors import ScenarioError
 from itlaudit.records import RequestParams, Timeouts
 from itlaudit.schedule import Arrivals, RampUp
@@ -68,6 +69,7 @@ class Workload:
     extra_body: dict[str, Any] = field(default_factory=dict)
     timeouts: Timeouts = field(default_factory=Timeouts)
     arrivals: Arrivals = field(default_factory=Arrivals)
+    dataset: Dataset | None = None  # [workload.dataset]: `prompts` then holds each entry's text
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,11 @@ class Scenario:
     def prompt_for(self, index: int) -> str:
         """Prompts cycle so num_requests may exceed the prompt list."""
         return self.workload.prompts[index % len(self.workload.prompts)]
+
+    def entry_for(self, index: int) -> DatasetEntry | None:
+        """The dataset line request `index` draws (cycling), or None for a plain prompt list."""
+        dataset = self.workload.dataset
+        return dataset.entries[index % len(dataset.entries)] if dataset is not None else None
 
 
 class _Located:
@@ -225,7 +232,7 @@ def _read_prompts_file(base: Path, name: str, loc: _Located) -> list[str]:
     return prompts
 
 
-def _workload(src: dict[str, Any], loc: _Located, base: Path) -> Workload:
+def _workload(src: dict[str, Any], loc: _Located, base: Path, chat: bool) -> Workload:
     table = "workload"
     allowed = {
         "prompts",
@@ -241,11 +248,19 @@ def _workload(src: dict[str, Any], loc: _Located, base: Path) -> Workload:
         "extra_body",
         *TIMEOUT_KEYS,
         *ARRIVAL_KEYS,
+        "dataset",
     }
     _unknown_keys(src, allowed, loc, table)
+    if "dataset" in src and ("prompts" in src or "prompts_file" in src):
+        raise loc.error(table, "dataset", "is used instead of `prompts`/`prompts_file`; keep one of them")
     if "prompts" in src and "prompts_file" in src:
         raise loc.error(table, "prompts_file", "cannot be given together with `prompts`; keep one")
-    if "prompts_file" in src:
+    arrivals = _arrivals(src, loc, table)
+    dataset = None
+    if "dataset" in src:
+        dataset = _dataset(src, loc, base, chat, arrivals)
+        prompts = [entry.text() for entry in dataset.entries]
+    elif "prompts_file" in src:
         prompts = _read_prompts_file(base, _get(src, loc, table, "prompts_file", str), loc)
     else:
         prompts = _str_list(src, loc, table, "prompts")
@@ -268,7 +283,6 @@ def _workload(src: dict[str, Any], loc: _Located, base: Path) -> Workload:
         temperature=float(temperature) if temperature is not None else None,
         seed=_get(src, loc, table, "seed", int, None),
     )
-    arrivals = _arrivals(src, loc, table)
     num_requests = _positive(
         _get(src, loc, table, "num_requests", int, _default_count(src, arrivals, len(prompts), loc)),
         loc,
@@ -285,7 +299,32 @@ def _workload(src: dict[str, Any], loc: _Located, base: Path) -> Workload:
         extra_body=_single_choice(_get(src, loc, table, "extra_body", dict, {}), loc, table),
         timeouts=_timeouts(src, loc, table),
         arrivals=arrivals,
+        dataset=dataset,
     )
+
+
+def _dataset(src: dict[str, Any], loc: _Located, base: Path, chat: bool, arrivals: Arrivals) -> Dataset:
+    """[workload.dataset]; a random one draws as many requests as will be sent (num_requests, or what
+    duration_s holds at the rate)."""
+    table = "workload.dataset"
+    raw = _get(src, loc, "workload", "dataset", dict)
+    count = 0
+    if raw.get("kind") == "random":
+        if "num_requests" in src:
+            count = _positive(
+                _get(src, loc, "workload", "num_requests", int), loc, "workload", "num_requests"
+            )
+        elif arrivals.duration_s is not None and arrivals.mean_rate() is not None:
+            count = _default_count(src, arrivals, 0, loc)
+        else:
+            raise loc.error(
+                "workload", "num_requests", "is missing; a random dataset draws that many requests"
+            )
+    seed = _get(src, loc, "workload", "seed", int, None) or 0
+    try:
+        return load_dataset(raw, base, count, seed, chat)
+    except DatasetError as exc:
+        raise loc.error(table, exc.key, str(exc)) from None
 
 
 ARRIVAL_KEYS = ("request_rate", "burstiness", "ramp_up", "duration_s", "warmup_requests")
@@ -474,7 +513,7 @@ def parse_scenario(text: str, path: Path) -> Scenario:
         name=_safe_name(_get(raw, loc, "", "name", str), loc, ""),
         endpoint=endpoint,
         model=_get(raw, loc, "", "model", str, "auto"),
-        workload=_workload(workload, loc, path.parent),
+        workload=_workload(workload, loc, path.parent, endpoint == "chat"),
         variants=_variants(raw.get("variants"), loc),
         path=path,
     )

@@ -57,7 +57,30 @@ def _variant_block(records: Sequence[RequestRecord], metrics: Sequence[RequestMe
     }
     block.update(variant_summary(metrics))
     block["findings"] = dict(sorted(codes.items()))
+    categories = by_category(records, metrics)
+    if categories:
+        block["categories"] = categories
     return block
+
+
+CATEGORY_METRICS = ("itl_ms", "tpot_ms", "decode_tokens_per_chunk")
+
+
+def by_category(records: Sequence[RequestRecord], metrics: Sequence[RequestMetrics]) -> dict[str, Any]:
+    """Token ITL, TPOT and stream acceptance (decode tokens per chunk) per dataset category: draft
+    acceptance, and so a speculative server's speedup, depends on what is being written. Requests
+    without a category are left out; no categories, no breakdown."""
+    groups: dict[str, list[RequestMetrics]] = {}
+    for record, figures in zip(records, metrics, strict=True):
+        if record.category is not None:
+            groups.setdefault(record.category, []).append(figures)
+    return {
+        name: {
+            "requests": len(group),
+            **{key: summarize([getattr(m, key) for m in group]) for key in CATEGORY_METRICS},
+        }
+        for name, group in sorted(groups.items())
+    }
 
 
 def schedule_lag_ms(record: RequestRecord) -> float | None:

@@ -119,3 +119,31 @@ def test_reset_prefix_cache_without_dev_mode_says_so_in_one_line_and_goes_on(tmp
     assert "needs VLLM_SERVER_DEV_MODE=1" in result.stderr
     assert variants["A"]["reset_prefix_cache"]["done"] is False
     assert len(lines(tmp_path)) == 4  # both variants measured
+
+
+def test_jsonl_max_tokens_reach_the_server_and_the_report_breaks_down_by_category(
+    tmp_path: Path,
+    paced,  # noqa: F811
+) -> None:
+    server = paced(interval_ms=1.0)
+    rows = [
+        {"prompt": "code-1", "max_tokens": 3, "category": "coding"},
+        {"prompt": "math-1", "max_tokens": 7, "category": "math"},
+        {"prompt": "math-2", "max_tokens": 5, "category": "math"},
+    ]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    workload = 'num_requests = 6\nconcurrency = 2\nmax_tokens = 50\n[workload.dataset]\nkind = "jsonl"\n'
+    workload += 'path = "d.jsonl"'
+    path = tmp_path / "s.toml"
+    path.write_text(f'name = "t"\n[workload]\n{workload}\n[[variants]]\nname = "A"\n', encoding="utf-8")
+    result = itlaudit("run", str(path), "--url", server.url, "--out", str(tmp_path / "run"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    asked = sorted((row["prompt"], row["max_tokens"]) for row in server.stop()["finished"])
+    assert asked == sorted([("code-1", 3), ("math-1", 7), ("math-2", 5)] * 2)
+    raw = lines(tmp_path)
+    assert sorted(r["category"] for r in raw) == ["coding"] * 2 + ["math"] * 4
+    assert all(r["completion_tokens"] == r["params"]["max_tokens"] for r in raw)
+    categories = json.loads((tmp_path / "run" / "summary.json").read_text())["variants"]["A"]["categories"]
+    assert {name: row["requests"] for name, row in categories.items()} == {"coding": 2, "math": 4}
+    assert categories["math"]["itl_ms"]["p50"] is not None
+    assert "| math | 4 |" in (tmp_path / "run" / "report.md").read_text()
