@@ -147,3 +147,20 @@ def test_jsonl_max_tokens_reach_the_server_and_the_report_breaks_down_by_categor
     assert {name: row["requests"] for name, row in categories.items()} == {"coding": 2, "math": 4}
     assert categories["math"]["itl_ms"]["p50"] is not None
     assert "| math | 4 |" in (tmp_path / "run" / "report.md").read_text()
+
+
+def test_tls_settings_build_one_context_and_bad_tls_or_header_options_are_one_line(tmp_path: Path) -> None:
+    import ssl
+
+    from itlaudit.access import Access
+
+    assert Access().ssl_context() is None  # the transport's default: verified against the system CAs
+    insecure = Access(insecure=True).ssl_context()
+    assert insecure is not None and insecure.verify_mode == ssl.CERT_NONE and not insecure.check_hostname
+    assert Access(insecure=True).ssl_context() is insecure  # built once, not per request
+    for flags, message in (
+        (("--ca-cert", "missing.pem"), "--ca-cert missing.pem: no such file"),
+        (("--header", "NoColonHere"), "expected 'Name: value'"),
+    ):
+        result = run(tmp_path, "http://127.0.0.1:9", prompts(1), *flags)
+        assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
