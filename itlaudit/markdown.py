@@ -43,26 +43,31 @@ SUMMARY_ROWS = (
 )
 
 
+CATEGORY_HEADER = ("category", "requests", "token ITL (ms)", "TPOT (ms)", "decode tokens per chunk")
+CATEGORY_COLUMNS = (("itl_ms", "{:.3f}"), ("tpot_ms", "{:.3f}"), ("decode_tokens_per_chunk", "{:.2f}"))
+CATEGORY_NOTE = "p50 (p99) over each category's requests."
+
+
+def category_rows(block: dict[str, Any]) -> list[list[str]]:
+    """One row per dataset category of a variant (raw strings: each renderer escapes its own way)."""
+    return [
+        [category, str(row["requests"]), *(_p50_p99(row.get(key), fmt) for key, fmt in CATEGORY_COLUMNS)]
+        for category, row in (block.get("categories") or {}).items()
+    ]
+
+
 def category_section(variants: dict[str, Any]) -> list[str]:
-    """Per-category p50s, one table per variant with categories (the dataset's `category` field)."""
+    """Per-category figures, one table per variant with categories (the dataset's `category` field)."""
     out: list[str] = []
     for name, block in variants.items():
-        categories = block.get("categories") or {}
-        if not categories:
+        rows = category_rows(block)
+        if not rows:
             continue
-        out += [f"### By category: {escape(name)}", "", "p50 (p99) over each category's requests.", ""]
-        out += [
-            "| category | requests | token ITL (ms) | TPOT (ms) | decode tokens per chunk |",
-            "|---|---|---|---|---|",
-        ]
-        for category, row in categories.items():
-            cells = [_p50_p99(row.get(key), fmt) for key, fmt in CATEGORY_COLUMNS]
-            out.append(f"| {escape(category)} | {row['requests']} | " + " | ".join(cells) + " |")
+        out += [f"### By category: {escape(name)}", "", CATEGORY_NOTE, ""]
+        out += ["| " + " | ".join(CATEGORY_HEADER) + " |", "|" + "---|" * len(CATEGORY_HEADER)]
+        out += ["| " + " | ".join(escape(c) for c in row) + " |" for row in rows]
         out.append("")
     return out
-
-
-CATEGORY_COLUMNS = (("itl_ms", "{:.3f}"), ("tpot_ms", "{:.3f}"), ("decode_tokens_per_chunk", "{:.2f}"))
 
 
 def _p50_p99(stats: dict[str, Any] | None, fmt: str) -> str:

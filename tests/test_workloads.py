@@ -147,6 +147,7 @@ def test_jsonl_max_tokens_reach_the_server_and_the_report_breaks_down_by_categor
     assert {name: row["requests"] for name, row in categories.items()} == {"coding": 2, "math": 4}
     assert categories["math"]["itl_ms"]["p50"] is not None
     assert "| math | 4 |" in (tmp_path / "run" / "report.md").read_text()
+    assert "<td>math</td><td>4</td>" in (tmp_path / "run" / "report.html").read_text()
 
 
 def test_tls_settings_build_one_context_and_bad_tls_or_header_options_are_one_line(tmp_path: Path) -> None:
