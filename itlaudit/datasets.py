@@ -9,9 +9,9 @@ Three kinds, after vllm bench serve's datasets:
 - `jsonl`: one object per line, `prompt` (completions) or `messages` (chat), optional `max_tokens` and
   `category`.
 - `sharegpt`: the ShareGPT layout (a JSON list of `{"conversations": [{"from": "human", ...}, ...]}`):
-  the first human turn is the prompt, the reply after it sets max_tokens. Its length in tokens is
-  estimated at ~4 characters per token, since no tokenizer is at hand when the scenario is read; the
-  scenario loader says so in a warning.
+  the first human turn is the prompt, the reply after it sets max_tokens: counted by the server's
+  /tokenize when the run starts (`itlaudit.runner`), else estimated at ~4 characters per token with a
+  warning (the estimate is what the entry holds until then).
 
 `num_requests` draws entries in order, cycling.
 """
@@ -49,6 +49,7 @@ class DatasetEntry:
     max_tokens: int | None = None
     ignore_eos: bool | None = None  # None: the workload's setting
     category: str | None = None
+    reply: str | None = None  # sharegpt: the reply whose token count becomes max_tokens
 
     def text(self) -> str:
         """A readable form (the prompt text, the last message, or the ids) for where a string is needed."""
@@ -178,7 +179,9 @@ def sharegpt_dataset(path: Path) -> Dataset:
                 if turn["value"].strip() and isinstance(text, str) and text:
                     entries.append(
                         DatasetEntry(
-                            prompt=turn["value"], max_tokens=max(1, math.ceil(len(text) / CHARS_PER_TOKEN))
+                            prompt=turn["value"],
+                            max_tokens=max(1, math.ceil(len(text) / CHARS_PER_TOKEN)),
+                            reply=text,
                         )
                     )
                 break
@@ -191,8 +194,8 @@ def sharegpt_dataset(path: Path) -> Dataset:
         "sharegpt",
         entries,
         warning=(
-            f"{path}: reply lengths are estimated at ~{CHARS_PER_TOKEN} characters per token (no tokenizer "
-            "is read), so max_tokens per request is approximate"
+            f"{path}: reply lengths are estimated at ~{CHARS_PER_TOKEN} characters per token (the server "
+            "has no /tokenize), so max_tokens per request is approximate"
         ),
     )
 

@@ -264,8 +264,6 @@ def run_scenario(
     _write_meta(run_dir, meta)
     records: list[RequestRecord] = []
     workload = scenario.workload
-    if workload.dataset is not None and workload.dataset.warning and console is not None:
-        console.print(f"warning: {workload.dataset.warning}", markup=False, soft_wrap=True)
     total = (workload.num_requests + workload.arrivals.warmup_requests) * len(scenario.variants)
     progress = Progress(
         TextColumn("{task.description}"),
@@ -305,6 +303,9 @@ def run_scenario(
                             """Capture workers (pids, clock offsets) reach meta.json before they stream."""
                             info.update(workers)
                             _write_meta(run_dir, meta)
+                            dataset = scenario.workload.dataset
+                            if workers.get("reply_lengths") == "estimated" and dataset and console:
+                                console.print(f"warning: {dataset.warning}", markup=False, soft_wrap=True)
 
                         done = asyncio.run(
                             run_variant(

@@ -92,6 +92,31 @@ async def reset_prefix_cache(base_url: str, access: Access) -> dict[str, Any]:
     return {"done": False, "http_status": status, "note": note}
 
 
+async def reply_lengths(
+    session: aiohttp.ClientSession, base_url: str, model: str, scenario: Scenario
+) -> dict[int, int] | None:
+    """A ShareGPT dataset's reply lengths in the served model's tokens, by entry index, from the
+    server's /tokenize; None where it has none (the ~4 characters per token estimate stays)."""
+    dataset = scenario.workload.dataset
+    if dataset is None or dataset.kind != "sharegpt":
+        return None
+    url = base_url.rstrip("/") + "/tokenize"
+    lengths: dict[int, int] = {}
+    try:
+        for index, entry in enumerate(dataset.entries):
+            body = {"model": model, "prompt": entry.reply, "add_special_tokens": False}
+            async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=30)) as resp:
+                if resp.status != 200:
+                    return None
+                count = (await resp.json()).get("count")
+            if not isinstance(count, int) or count < 1:
+                return None
+            lengths[index] = count
+    except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+        return None
+    return lengths
+
+
 async def resolve_model(session: aiohttp.ClientSession, base_url: str, wanted: str) -> str:
     """`auto` is the first served model; a named model must be served, or nothing would be measured."""
     served = await fetch_models(session, base_url)
@@ -128,7 +153,8 @@ async def run_variant(
     access = variant_access(scenario, variant, options)
     async with access.session() as session:
         model = await resolve_model(session, base_url, scenario.model)
-    plans = plan_variant(scenario, variant, base_url, model, id_tag)
+        lengths = await reply_lengths(session, base_url, model, scenario)
+    plans = plan_variant(scenario, variant, base_url, model, id_tag, lengths)
     count = worker_count(options.workers, workload.concurrency, len(plans))
     timeouts = dataclasses.replace(workload.timeouts, **options.timeouts)
     shares = split_shares(
@@ -143,7 +169,10 @@ async def run_variant(
     loop = asyncio.get_running_loop()
     handles = await loop.run_in_executor(None, start_workers, shares)
     if on_capture is not None:
-        on_capture({"workers": [h.describe() for h in handles]})
+        described: dict[str, Any] = {"workers": [h.describe() for h in handles]}
+        if workload.dataset is not None and workload.dataset.kind == "sharegpt":
+            described["reply_lengths"] = "tokenize" if lengths is not None else "estimated"
+        on_capture(described)
     records: list[RequestRecord] = []
     try:
         secrets = tuple(value.encode() for value in access.secret_values())
@@ -173,12 +202,18 @@ async def run_variant(
 
 
 def plan_variant(
-    scenario: Scenario, variant: str, base_url: str, model: str, id_tag: str | None = None
+    scenario: Scenario,
+    variant: str,
+    base_url: str,
+    model: str,
+    id_tag: str | None = None,
+    reply_tokens: dict[int, int] | None = None,
 ) -> list[PlannedRequest]:
     """Every request of the variant, warmup first, each with its scheduled offset in an open loop
     (the schedule depends on the seed only, so every variant sees the same arrivals); an arrival due
     after duration_s is never planned. Warmup ids are `<variant>.warmup-<i>`, apart from the measured
-    ones, which keep the prompt index that pairs requests across variants."""
+    ones, which keep the prompt index that pairs requests across variants. `reply_tokens` (entry index:
+    tokens) replaces a ShareGPT entry's estimated max_tokens with the server's count."""
     workload = scenario.workload
     arrivals = workload.arrivals
     warmup = arrivals.warmup_requests
@@ -200,9 +235,13 @@ def plan_variant(
         params = workload.params
         if entry is not None:
             prompt = entry.messages or (entry.prompt if entry.prompt is not None else prompt)
+            counted = (
+                (reply_tokens or {}).get(index % len(workload.dataset.entries)) if workload.dataset else None
+            )
+            max_tokens = counted or entry.max_tokens
             params = dataclasses.replace(
                 params,
-                max_tokens=entry.max_tokens if entry.max_tokens is not None else params.max_tokens,
+                max_tokens=max_tokens if max_tokens is not None else params.max_tokens,
                 ignore_eos=entry.ignore_eos if entry.ignore_eos is not None else params.ignore_eos,
             )
         plans.append(

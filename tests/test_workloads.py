@@ -165,3 +165,26 @@ def test_tls_settings_build_one_context_and_bad_tls_or_header_options_are_one_li
     ):
         result = run(tmp_path, "http://127.0.0.1:9", prompts(1), *flags)
         assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def sharegpt_file(tmp_path: Path) -> None:
+    data = [
+        {
+            "conversations": [
+                {"from": "human", "value": "Tell me a story."},
+                {"from": "gpt", "value": "x" * 40},
+            ]
+        }
+    ]
+    (tmp_path / "sg.json").write_text(json.dumps(data), encoding="utf-8")
+
+
+def test_sharegpt_without_tokenize_estimates_reply_length_and_warns(tmp_path: Path, paced) -> None:  # noqa: F811
+    server = paced(interval_ms=1.0)
+    sharegpt_file(tmp_path)
+    result = run(tmp_path, server.url, '[workload.dataset]\nkind = "sharegpt"\npath = "sg.json"')
+    assert result.returncode == 0, result.stderr
+    assert "estimated at ~4 characters per token" in result.stderr
+    assert [row["max_tokens"] for row in server.stop()["finished"]] == [10]
+    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    assert meta["variants"]["A"]["reply_lengths"] == "estimated"

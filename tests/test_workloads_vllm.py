@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -112,3 +113,26 @@ def test_vllm_bench_and_itlaudit_agree_on_mean_tpot_within_5_percent(tmp_path: P
     ours = json.loads((tmp_path / "run" / "summary.json").read_text())["variants"]["A"]["tpot_ms"]["mean"]
     print(f"mean TPOT: vllm bench serve {theirs:.3f} ms, itlaudit {ours:.3f} ms")
     assert ours == pytest.approx(theirs, rel=0.05)
+
+
+def test_sharegpt_reply_lengths_come_from_the_servers_tokenize(tmp_path: Path, keyed_url: str) -> None:
+    reply = "The quick brown fox jumps over the lazy dog. " * 3
+    data = [
+        {"conversations": [{"from": "human", "value": "Say something."}, {"from": "gpt", "value": reply}]}
+    ]
+    (tmp_path / "sg.json").write_text(json.dumps(data), encoding="utf-8")
+    request = urllib.request.Request(
+        f"{keyed_url}/tokenize",
+        data=json.dumps({"model": "tiny", "prompt": reply, "add_special_tokens": False}).encode(),
+        headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        count = json.loads(resp.read())["count"]
+    assert count != len(reply) // 4  # else this test could not tell the count from the estimate
+    result = run(
+        tmp_path, keyed_url, 'max_tokens = 1\n[workload.dataset]\nkind = "sharegpt"\npath = "sg.json"'
+    )
+    assert result.returncode == 0, result.stderr
+    records = list(iter_jsonl(tmp_path / "run" / "requests.jsonl"))
+    assert [r["params"]["max_tokens"] for r in records] == [count]
+    assert "estimated" not in result.stderr
