@@ -37,6 +37,10 @@ def test_a_40_per_s_poisson_run_arrives_at_40_per_s_with_cv_near_1_and_warmup_is
     assert block["requests"] == 120
     assert block["schedule_lag_ms"]["count"] == 120
     assert 0 <= block["schedule_lag_ms"]["p99"] < 100  # a client that keeps up at 40/s on loopback
+    print(
+        f"server-side rate {rate:.1f}/s, CV {cv:.2f}, "
+        f"schedule lag p99 {block['schedule_lag_ms']['p99']:.2f} ms"
+    )
     assert "schedule lag (ms)" in (tmp_path / "run" / "report.md").read_text()
 
 
