@@ -321,10 +321,10 @@ def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
             raise RecordsError(f"{path}:{lineno}: not valid JSON ({exc.msg}); the file is damaged") from None
 
 
-def load_records(path: Path, *, include_warmup: bool = False) -> list[RequestRecord]:
+def load_records(path: Path) -> list[RequestRecord]:
     """Load raw records from a requests.jsonl; derived keys on each line are ignored.
 
-    Warmup requests stay in requests.jsonl but are dropped here, by default: this is the one door every
+    Warmup requests stay in requests.jsonl but are dropped here: this is the one door every
     figure, count, finding and report goes through, so excluding them here excludes them everywhere."""
     out = []
     for obj in iter_jsonl(path):
@@ -332,6 +332,6 @@ def load_records(path: Path, *, include_warmup: bool = False) -> list[RequestRec
             record = RequestRecord.from_json(obj)
         except TypeError as exc:
             raise RecordsError(f"{path}: a line is not an itlaudit request record ({exc})") from None
-        if include_warmup or not record.warmup:
+        if not record.warmup:
             out.append(record)
     return out
