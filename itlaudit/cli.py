@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -19,8 +20,10 @@ from itlaudit import (
     cli_sweep,
     cli_testbed,
 )
+from itlaudit.access import Access, api_key_header, valid_header
 from itlaudit.errors import ItlauditError, RunInterrupted, ScenarioError
 from itlaudit.orchestrate import LedgerPolicy, RunOutcome, handle_sigterm, interruption, run_scenario
+from itlaudit.redact import header_secret_values, redact_text
 from itlaudit.rundir import REPORT_FILE
 from itlaudit.runner import CaptureOptions
 from itlaudit.scenario import load_scenario, parse_scenario
@@ -43,6 +46,15 @@ ConnectTimeoutOption = Annotated[float | None, typer.Option(help="Override [work
 TtftTimeoutOption = Annotated[float | None, typer.Option(help="Override [workload] ttft_timeout_s.")]
 StallTimeoutOption = Annotated[float | None, typer.Option(help="Override [workload] stall_timeout_s.")]
 RequestTimeoutOption = Annotated[float | None, typer.Option(help="Override [workload] request_timeout_s.")]
+ApiKeyOption = Annotated[
+    str | None,
+    typer.Option(help="Sent as Authorization: Bearer (default: $OPENAI_API_KEY, else $VLLM_API_KEY)."),
+]
+HeaderOption = Annotated[
+    list[str] | None, typer.Option("--header", help="'Name: value' sent with every request (repeatable).")
+]
+InsecureOption = Annotated[bool, typer.Option(help="https without checking the server's certificate.")]
+CaCertOption = Annotated[Path | None, typer.Option(help="PEM bundle to verify the server's certificate.")]
 StampOption = Annotated[
     str, typer.Option(help="kernel: socket receive time from the kernel (loop where unsupported); loop.")
 ]
@@ -53,6 +65,9 @@ app = typer.Typer(
     help="Audit vLLM serving benchmarks: token-true ITL under speculative decoding, truncation findings.",
 )
 err = Console(stderr=True)
+# Header values this process sends (the API key among them): an error line quoting a server's answer is
+# masked with them, since a 401's message may echo the key it got.
+_SENT_SECRETS: set[str] = set()
 out = Console()
 
 
@@ -88,6 +103,29 @@ def _run_options(
     }
 
 
+def _access(api_key: str | None, headers: list[str] | None, insecure: bool, ca_cert: Path | None) -> Access:
+    """What every request carries: the API key as Authorization, then each --header as given."""
+    pairs: list[tuple[str, str]] = []
+    bearer = api_key_header(api_key, os.environ)
+    if bearer is not None:
+        pairs.append(bearer)
+    for text in headers or []:
+        name, sep, value = text.partition(":")
+        name, value = name.strip(), value.strip()
+        if not sep or not valid_header(name, value):
+            shown = name or text.partition(":")[0]
+            raise ScenarioError(
+                f"--header {shown!r}...: expected 'Name: value' (a header name, a colon, a value)"
+            )
+        pairs.append((name, value))
+    _SENT_SECRETS.update(header_secret_values(pairs))  # a server's error may echo one: mask it there
+    if ca_cert is not None and not ca_cert.is_file():
+        raise ScenarioError(f"--ca-cert {ca_cert}: no such file; give a PEM bundle of CA certificates")
+    return Access(headers=(), insecure=insecure, ca_cert=str(ca_cert) if ca_cert else None).with_headers(
+        dict(pairs)
+    )
+
+
 def _print_outcome(outcome: RunOutcome) -> None:
     for name, block in outcome.summary["variants"].items():
         itl = block["itl_ms"]["p50"]
@@ -120,10 +158,15 @@ def run(
     ttft_timeout: TtftTimeoutOption = None,
     stall_timeout: StallTimeoutOption = None,
     request_timeout: RequestTimeoutOption = None,
+    api_key: ApiKeyOption = None,
+    header: HeaderOption = None,
+    insecure: InsecureOption = False,
+    ca_cert: CaCertOption = None,
 ) -> None:
     """Stream the scenario's requests and audit them: ITL from server token counts, truncation findings."""
+    access = _access(api_key, header, insecure, ca_cert)
     capture = CaptureOptions.from_flags(
-        workers, stamp, connect_timeout, ttft_timeout, stall_timeout, request_timeout
+        workers, stamp, connect_timeout, ttft_timeout, stall_timeout, request_timeout, access=access
     )
     loaded = load_scenario(scenario)
     options = _run_options(url, variant, out_dir, ledger, no_repeat, force, append)
@@ -149,12 +192,17 @@ def compare(
     ttft_timeout: TtftTimeoutOption = None,
     stall_timeout: StallTimeoutOption = None,
     request_timeout: RequestTimeoutOption = None,
+    api_key: ApiKeyOption = None,
+    header: HeaderOption = None,
+    insecure: InsecureOption = False,
+    ca_cert: CaCertOption = None,
 ) -> None:
     """Run each variant (launching its server in turn), scrape /metrics around it, write compare.json."""
     from itlaudit.compare import COMPARE_FILE, run_compare
 
+    access = _access(api_key, header, insecure, ca_cert)
     capture = CaptureOptions.from_flags(
-        workers, stamp, connect_timeout, ttft_timeout, stall_timeout, request_timeout
+        workers, stamp, connect_timeout, ttft_timeout, stall_timeout, request_timeout, access=access
     )
     outcome, comparison = run_compare(
         load_scenario(scenario),
@@ -187,9 +235,11 @@ def demo(
     ] = None,
     workers: WorkersOption = "auto",
     stamp: StampOption = "kernel",
+    api_key: ApiKeyOption = None,
+    header: HeaderOption = None,
 ) -> None:
     """K0 vs K3 vs a 128-token-capped K3, on the built-in simulator: the seed case in 30 seconds."""
-    capture = CaptureOptions.from_flags(workers, stamp)
+    capture = CaptureOptions.from_flags(workers, stamp, access=_access(api_key, header, False, None))
     scenario = parse_scenario(DEMO_SCENARIO.read_text(encoding="utf-8"), DEMO_SCENARIO)
     outcome = run_scenario(scenario, run_dir=out_dir, console=err, capture=capture)
     _print_outcome(outcome)
@@ -308,7 +358,8 @@ def main() -> None:
         err.print(f"itlaudit: {exc}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
     except ItlauditError as exc:
-        err.print(f"itlaudit: error: {exc}", markup=False, highlight=False, soft_wrap=True)
+        message = redact_text(str(exc), _SENT_SECRETS)
+        err.print(f"itlaudit: error: {message}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
     except (KeyboardInterrupt, typer.Abort):  # outside a run (typer turns Ctrl-C into Abort)
         signal_name, exit_code = interruption()

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from itlaudit.access import NO_ACCESS, Access
 from itlaudit.capture.chunk import CHUNK_DECODE_ERRORS, Chunk, decode_chunk
 from itlaudit.capture.transport import StampMode, Stream, TransportOptions, open_stream
 from itlaudit.errors import ConnectTimeout, ServerRejectedError, ServerUnreachableError, TransportError
@@ -56,7 +57,6 @@ _RATE_LIMIT_STATUSES = (429, 503)
 _REDIRECT_STATUSES = (301, 302, 303, 307, 308)
 _REFUSAL_BODY_LIMIT = 64 * 1024
 _REFUSAL_READ_TIMEOUT_S = 10.0
-_NO_HEADERS: dict[str, str] = {}
 DEFAULT_TIMEOUTS = Timeouts()
 # Everything that means "the network or the server went away", as opposed to a bug in this code.
 _CONNECTION_FAILURES = (aiohttp.ClientError, TransportError, TimeoutError, OSError)
@@ -65,7 +65,7 @@ _CONNECTION_FAILURES = (aiohttp.ClientError, TransportError, TimeoutError, OSErr
 def build_body(
     endpoint: str,
     model: str,
-    prompt: str,
+    prompt: str | list[int] | list[dict[str, Any]],
     params: RequestParams,
     extra_body: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -74,13 +74,15 @@ def build_body(
 
     Continuous usage stats are what make token-true ITL possible: every chunk then carries the
     server's cumulative completion_tokens. `extra_body` is applied last (shallow) so a scenario can
-    override anything, including the stream options.
+    override anything, including the stream options. A prompt is text, token ids (completions: the
+    server takes them as they are) or, for chat, a dataset's whole message list.
     """
     body: dict[str, Any] = {"model": model}
     if endpoint == ENDPOINT_COMPLETIONS:
         body["prompt"] = prompt
     elif endpoint == ENDPOINT_CHAT:
-        body["messages"] = [{"role": "user", "content": prompt}]
+        is_messages = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], dict)
+        body["messages"] = prompt if is_messages else [{"role": "user", "content": prompt}]
     else:
         raise ValueError(f"unknown endpoint {endpoint!r}; expected one of {sorted(ENDPOINT_PATHS)}")
     body["stream"] = True
@@ -115,6 +117,9 @@ class PlannedRequest:
     model: str
     params: RequestParams
     payload: bytes
+    scheduled_ms: float | None = None  # open loop: due this long after the variant's start
+    warmup: bool = False
+    category: str | None = None
 
 
 def plan_request(
@@ -122,16 +127,21 @@ def plan_request(
     base_url: str,
     endpoint: str,
     model: str,
-    prompt: str,
+    prompt: str | list[int] | list[dict[str, Any]],
     params: RequestParams,
     request_id: str,
     variant: str,
     extra_body: dict[str, Any] | None = None,
+    scheduled_ms: float | None = None,
+    warmup: bool = False,
+    category: str | None = None,
 ) -> PlannedRequest:
     body = build_body(endpoint, model, prompt, params, extra_body)
     url = base_url.rstrip("/") + ENDPOINT_PATHS[endpoint]
     payload = json.dumps(body).encode()
-    return PlannedRequest(request_id, variant, endpoint, url, model, params, payload)
+    return PlannedRequest(
+        request_id, variant, endpoint, url, model, params, payload, scheduled_ms, warmup, category
+    )
 
 
 async def stream_request(
@@ -139,6 +149,7 @@ async def stream_request(
     timeouts: Timeouts = DEFAULT_TIMEOUTS,
     probe: LagProbe | None = None,
     stamp: StampMode = "kernel",
+    access: Access | None = None,
 ) -> RequestRecord:
     """Send one streaming request and return its raw record; network and server failures are
     recorded in `status`/`error`, never raised.
@@ -157,15 +168,21 @@ async def stream_request(
         url=plan.url,
         model=plan.model,
         params=plan.params,
+        scheduled_ms=plan.scheduled_ms,
+        warmup=plan.warmup,
+        category=plan.category,
     )
-    options = TransportOptions(stamp=stamp, connect_timeout_s=timeouts.connect_timeout_s)
+    access = access or NO_ACCESS
+    options = TransportOptions(
+        stamp=stamp, connect_timeout_s=timeouts.connect_timeout_s, ssl_context=access.ssl_context()
+    )
     record.started_at_unix = time.time()
     t0 = time.monotonic_ns()
     record.sent_monotonic_ns = t0
     head_wait_s, head_limit = timeouts.next_wait(t0, t0, False)
     try:
         async with asyncio.timeout(head_wait_s):  # the transport does not time the wait for the head
-            stream = await open_stream(plan.url, plan.payload, _NO_HEADERS, options)
+            stream = await open_stream(plan.url, plan.payload, access.header_map(), options)
     except ConnectTimeout:
         _timed_out(record, "connect_timeout_s", timeouts.connect_timeout_s, t0, time.monotonic_ns())
         return _closed(record, probe)

@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 from rich.console import Console
 
+from itlaudit.access import NO_ACCESS, Access
 from itlaudit.comparison import build_comparison
 from itlaudit.findings import Finding
 from itlaudit.invariance_client import Scorer, explain_mismatch
@@ -22,17 +23,17 @@ from itlaudit.lossless import SPEC_DECODE_OUTPUT_MISMATCH, prompt_index, with_ex
 from itlaudit.orchestrate import LedgerPolicy, RunOutcome, run_scenario
 from itlaudit.records import RequestRecord
 from itlaudit.rundir import write_derived, write_json
-from itlaudit.runner import CaptureOptions
+from itlaudit.runner import CaptureOptions, variant_access
 from itlaudit.scenario import COMPILED, EAGER, Scenario, Variant
 from itlaudit.specdecode import CounterSnapshot, parse_counters, spec_decode_delta
 
 COMPARE_FILE = "compare.json"
 
 
-def scrape_counters(base_url: str, timeout_s: float = 10.0) -> dict[str, Any]:
+def scrape_counters(base_url: str, timeout_s: float = 10.0, access: Access = NO_ACCESS) -> dict[str, Any]:
     """Snapshot as JSON (it goes into meta.json); an unreadable /metrics is recorded, not fatal."""
     try:
-        with urllib.request.urlopen(f"{base_url}/metrics", timeout=timeout_s) as resp:
+        with access.urlopen(f"{base_url}/metrics", timeout_s) as resp:
             text = resp.read().decode("utf-8", errors="replace")
     except (urllib.error.URLError, OSError) as exc:
         return {"error": f"GET {base_url}/metrics failed: {exc}"}
@@ -110,11 +111,13 @@ def run_compare(
     snapshots: dict[str, dict[str, Any]] = {}
 
     def before(name: str, base_url: str) -> dict[str, Any]:
-        snapshots[f"{name}/before"] = scrape_counters(base_url)
+        snapshots[f"{name}/before"] = scrape_counters(
+            base_url, access=variant_access(scenario, name, capture)
+        )
         return snapshots[f"{name}/before"]
 
     def after(name: str, base_url: str) -> dict[str, Any]:
-        snapshots[f"{name}/after"] = scrape_counters(base_url)
+        snapshots[f"{name}/after"] = scrape_counters(base_url, access=variant_access(scenario, name, capture))
         return snapshots[f"{name}/after"]
 
     outcome = run_scenario(

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from itlaudit import __version__
+from itlaudit.access import NO_ACCESS, Access
 from itlaudit.redact import redact_env, redact_json
 
 # Environment passed to the server that changes what the engine does (kernels, attention backend,
@@ -73,9 +74,9 @@ def host_environment() -> dict[str, Any]:
     }
 
 
-def fetch_version(base_url: str) -> str | None:
+def fetch_version(base_url: str, access: Access = NO_ACCESS) -> str | None:
     try:
-        with urllib.request.urlopen(f"{base_url}/version", timeout=_TIMEOUT_S) as resp:
+        with access.urlopen(f"{base_url}/version", _TIMEOUT_S) as resp:
             version = json.loads(resp.read()).get("version")
     except (urllib.error.URLError, OSError, ValueError, AttributeError):
         return None
@@ -113,9 +114,10 @@ def server_environment(
     launch_env: Mapping[str, str] | None = None,
     launch_kind: str | None = None,
     log_path: Path | None = None,
+    access: Access = NO_ACCESS,
 ) -> dict[str, Any]:
     """One server's record. The launch env and log are known only when itlaudit started it."""
-    version = fetch_version(base_url)
+    version = fetch_version(base_url, access)
     seen = sorted({f for f in fingerprints if f})
     return {
         "url": base_url,

@@ -16,9 +16,12 @@ from typing import Any
 
 from itlaudit.importers import ImportedBenchmark
 from itlaudit.markdown import (
+    CATEGORY_HEADER,
+    CATEGORY_NOTE,
     EXPLANATION,
     FINDING_EXAMPLES,
     SUMMARY_ROWS,
+    category_rows,
     cell,
     group_findings,
     headline,
@@ -123,6 +126,13 @@ def render_html(
     figures = [_figure(caption, png) for caption, png in images]
     parts += figures[:1]
     parts += ["<h2>Figures per variant</h2>", _summary_table(summary), f"<p>{_inline(EXPLANATION)}</p>"]
+    for name, block in summary["variants"].items():
+        rows = category_rows(block)
+        if rows:
+            parts += [
+                f"<h3>By category: {html.escape(name)}</h3><p>{CATEGORY_NOTE}</p>",
+                _table(CATEGORY_HEADER, rows),
+            ]
     parts += figures[1:]
     parts += [_imported(imp, variant, variants.get(variant) or {}) for imp, variant in imported]
     parts += ["<h2>Findings</h2>", _findings(findings)]

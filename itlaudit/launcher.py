@@ -29,6 +29,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal
 
+from itlaudit.access import NO_ACCESS, Access
 from itlaudit.errors import LaunchError
 
 Kind = Literal["python", "docker", "command", "url"]
@@ -224,9 +225,9 @@ def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
         return "(no log)"
 
 
-def _probe(url: str) -> bool:
+def _probe(url: str, access: Access) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=_PROBE_TIMEOUT_S) as resp:
+        with access.urlopen(url, _PROBE_TIMEOUT_S) as resp:
             return 200 <= resp.status < 300
     except (urllib.error.URLError, OSError, ValueError):
         return False
@@ -325,8 +326,10 @@ def _wait_ready(
     timeout_s: float,
     log_path: Path,
     proc: subprocess.Popen[bytes] | None,
+    access: Access,
 ) -> None:
-    """/health says the engine is up; /v1/models says the router is serving. Both, or it is not ready."""
+    """/health says the engine is up; /v1/models says the router is serving. Both, or it is not ready.
+    Both carry the run's headers: a server started with --api-key answers /v1/models only with its key."""
     deadline = time.monotonic() + timeout_s
     health_ok = False
     while True:
@@ -335,8 +338,8 @@ def _wait_ready(
                 f"server exited with code {proc.returncode} before becoming ready (log {log_path}); "
                 f"last lines:\n{_tail(log_path)}"
             )
-        health_ok = health_ok or _probe(f"{url}/health")
-        if health_ok and _probe(f"{url}/v1/models"):
+        health_ok = health_ok or _probe(f"{url}/health", access)
+        if health_ok and _probe(f"{url}/v1/models", access):
             return
         if time.monotonic() >= deadline:
             where = f" (log {log_path}); last lines:\n{_tail(log_path)}" if proc is not None else ""
@@ -344,13 +347,13 @@ def _wait_ready(
         time.sleep(_POLL_INTERVAL_S)
 
 
-def launch(spec: LaunchSpec, log_path: Path) -> LaunchedServer:
+def launch(spec: LaunchSpec, log_path: Path, access: Access = NO_ACCESS) -> LaunchedServer:
     """Start the server described by spec and return once it answers; on any failure nothing is left."""
     if spec.kind == "url":
         if not spec.url:
             raise LaunchError("launch kind 'url' needs a url")
         url = spec.url.rstrip("/")
-        _wait_ready(url, spec.ready_timeout_s, log_path, None)
+        _wait_ready(url, spec.ready_timeout_s, log_path, None, access)
         return LaunchedServer(url, log_path)
 
     reap_orphans()
@@ -384,7 +387,7 @@ def launch(spec: LaunchSpec, log_path: Path) -> LaunchedServer:
             raise LaunchError(f"cannot start {argv[0]!r}: {exc}") from exc
     server = LaunchedServer(f"http://{spec.host}:{port}", log_path, proc, docker_name)
     try:
-        _wait_ready(server.url, spec.ready_timeout_s, log_path, proc)
+        _wait_ready(server.url, spec.ready_timeout_s, log_path, proc, access)
     except BaseException:
         server.stop()
         raise

@@ -29,6 +29,7 @@ from itlaudit.records import RecordWriter, RequestRecord, iter_jsonl, load_recor
 from itlaudit.redact import redact_args, redact_env, redact_json
 from itlaudit.rundir import META_FILE, REQUESTS_FILE
 from itlaudit.scenario import Scenario, load_scenario
+from itlaudit.schedule import Arrivals
 from itlaudit.summary import run_summary
 
 DEFAULT_LEDGER = Path("reports") / "ledger.jsonl"
@@ -133,20 +134,27 @@ def variant_fingerprint(
         args = redact_args([*args, *launch.server_args])
         env = redact_env({**relevant_env(environ or {}), **launch.env})
     prompts = json.dumps(workload.prompts, ensure_ascii=False).encode()
+    workload_print: dict[str, Any] = {
+        "endpoint": scenario.endpoint,
+        "model": scenario.model,
+        "prompts_sha256": hashlib.sha256(prompts).hexdigest(),
+        "num_requests": workload.num_requests,
+        "concurrency": workload.concurrency,
+        "params": asdict(workload.params),
+        "extra_body": workload.extra_body,
+    }
+    # Only where set, so a closed-loop prompt-list run keeps the fingerprint it always had.
+    if workload.arrivals != Arrivals():
+        workload_print["arrivals"] = asdict(workload.arrivals)
+    if workload.dataset is not None:
+        entries = json.dumps([asdict(e) for e in workload.dataset.entries], ensure_ascii=False).encode()
+        workload_print["dataset_sha256"] = hashlib.sha256(entries).hexdigest()
     return Fingerprint(
         variant=variant,
         build=build,
         server_args=args,
         env=dict(sorted(env.items())),
-        workload={
-            "endpoint": scenario.endpoint,
-            "model": scenario.model,
-            "prompts_sha256": hashlib.sha256(prompts).hexdigest(),
-            "num_requests": workload.num_requests,
-            "concurrency": workload.concurrency,
-            "params": asdict(workload.params),
-            "extra_body": workload.extra_body,
-        },
+        workload=workload_print,
     )
 
 

@@ -39,7 +39,41 @@ SUMMARY_ROWS = (
     ("E2E (ms)", "e2e_ms", "{:.1f}"),
     ("decode tokens/s", "decode_tokens_per_s", "{:.1f}"),
     ("completion tokens", "completion_tokens", "{:.0f}"),
+    ("schedule lag (ms)", "schedule_lag_ms", "{:.2f}"),
 )
+
+
+CATEGORY_HEADER = ("category", "requests", "token ITL (ms)", "TPOT (ms)", "decode tokens per chunk")
+CATEGORY_COLUMNS = (("itl_ms", "{:.3f}"), ("tpot_ms", "{:.3f}"), ("decode_tokens_per_chunk", "{:.2f}"))
+CATEGORY_NOTE = "p50 (p99) over each category's requests."
+
+
+def category_rows(block: dict[str, Any]) -> list[list[str]]:
+    """One row per dataset category of a variant (raw strings: each renderer escapes its own way)."""
+    return [
+        [category, str(row["requests"]), *(_p50_p99(row.get(key), fmt) for key, fmt in CATEGORY_COLUMNS)]
+        for category, row in (block.get("categories") or {}).items()
+    ]
+
+
+def category_section(variants: dict[str, Any]) -> list[str]:
+    """Per-category figures, one table per variant with categories (the dataset's `category` field)."""
+    out: list[str] = []
+    for name, block in variants.items():
+        rows = category_rows(block)
+        if not rows:
+            continue
+        out += [f"### By category: {escape(name)}", "", CATEGORY_NOTE, ""]
+        out += ["| " + " | ".join(CATEGORY_HEADER) + " |", "|" + "---|" * len(CATEGORY_HEADER)]
+        out += ["| " + " | ".join(escape(c) for c in row) + " |" for row in rows]
+        out.append("")
+    return out
+
+
+def _p50_p99(stats: dict[str, Any] | None, fmt: str) -> str:
+    if not stats or stats.get("p50") is None:
+        return "–"
+    return f"{fmt.format(stats['p50'])} ({fmt.format(stats['p99'])})"
 
 
 def cell(stats: dict[str, Any] | None, fmt: str) -> str:
@@ -177,6 +211,7 @@ def render_report(
     for label, key, fmt in SUMMARY_ROWS:
         lines.append(f"| {label} | " + " | ".join(cell(variants[n].get(key), fmt) for n in names) + " |")
     lines += ["", EXPLANATION, ""]
+    lines += category_section(variants)
     for imp, variant in imported:
         lines += imported_section(imp, variant, variants.get(variant) or {})
     lines += [f"![{escape(caption)}]({name})" for caption, name in images]

@@ -16,11 +16,11 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from itlaudit import __version__
+from itlaudit.access import NO_ACCESS, Access
 from itlaudit.environment import gpus as host_gpus
 from itlaudit.environment import host_environment, server_environment
 from itlaudit.errors import RunDirError, RunInterrupted, ScenarioError
@@ -35,7 +35,7 @@ from itlaudit.rundir import (
     write_derived,
     write_json,
 )
-from itlaudit.runner import CaptureOptions, resolve_model, run_variant
+from itlaudit.runner import CaptureOptions, reset_prefix_cache, resolve_model, run_variant, variant_access
 from itlaudit.scenario import LaunchConfig, Scenario, Variant
 
 if TYPE_CHECKING:
@@ -57,7 +57,13 @@ class LedgerPolicy:
     no_repeat: bool = False
 
     def check(
-        self, scenario: Scenario, variant: str, base_url: str, run_dir: Path, console: Console | None
+        self,
+        scenario: Scenario,
+        variant: str,
+        base_url: str,
+        run_dir: Path,
+        console: Console | None,
+        access: Access = NO_ACCESS,
     ) -> dict[str, Any]:
         """Fingerprint the variant's server. Called before its /metrics window opens: the identity
         ping is a request of itlaudit's own and must not count in the server's figures."""
@@ -65,7 +71,7 @@ class LedgerPolicy:
         from itlaudit.invariance_client import server_identity
 
         async def identify() -> dict[str, Any]:
-            async with aiohttp.ClientSession() as session:
+            async with access.session() as session:
                 model = await resolve_model(session, base_url, scenario.model)
                 return await server_identity(session, base_url, model)
 
@@ -138,7 +144,9 @@ def server_log_name(variant: str) -> str:
 
 
 @contextmanager
-def variant_target(variant: Variant, override_url: str | None, run_dir: Path) -> Iterator[str]:
+def variant_target(
+    variant: Variant, override_url: str | None, run_dir: Path, access: Access = NO_ACCESS
+) -> Iterator[str]:
     """Yield the base URL for a variant, starting (and always stopping) its server when it has one."""
     if override_url:
         yield override_url
@@ -149,7 +157,7 @@ def variant_target(variant: Variant, override_url: str | None, run_dir: Path) ->
         spec = launch_spec(variant.launch)
         # Tags the server's processes with the run that owns them, so a leftover is traceable.
         spec.env[RUN_DIR_ENV] = str(run_dir.resolve())
-        with launch(spec, run_dir / server_log_name(variant.name)) as server:
+        with launch(spec, run_dir / server_log_name(variant.name), access) as server:
             yield server.url
         return
     if variant.url:
@@ -255,7 +263,8 @@ def run_scenario(
         meta.setdefault("variants", {})
     _write_meta(run_dir, meta)
     records: list[RequestRecord] = []
-    total = scenario.workload.num_requests * len(scenario.variants)
+    workload = scenario.workload
+    total = (workload.num_requests + workload.arrivals.warmup_requests) * len(scenario.variants)
     progress = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -271,15 +280,21 @@ def run_scenario(
             for variant in scenario.variants:
                 override = url or variant_urls.get(variant.name)
                 launched = variant.launch if not override else None
-                info: dict[str, Any] = {"url": None}
+                access = variant_access(scenario, variant.name, capture)
+                info: dict[str, Any] = {"url": None, "headers": sorted(name for name, _ in access.headers)}
                 meta["variants"][variant.name] = info
                 try:
-                    with variant_target(variant, override, run_dir) as base_url:
+                    with variant_target(variant, override, run_dir, access) as base_url:
                         info["url"] = base_url
                         if ledger is not None:
                             info["fingerprint"] = ledger.check(
-                                scenario, variant.name, base_url, run_dir, console
+                                scenario, variant.name, base_url, run_dir, console, access
                             )
+                        if variant.reset_prefix_cache:
+                            info["reset_prefix_cache"] = asyncio.run(reset_prefix_cache(base_url, access))
+                            note = info["reset_prefix_cache"].get("note")
+                            if note and console is not None:
+                                console.print(f"{variant.name}: {note}", markup=False, soft_wrap=True)
                         if before_variant is not None:
                             info["before"] = before_variant(variant.name, base_url)
                         progress.update(task, description=f"{variant.name} @ {base_url}")
@@ -288,6 +303,9 @@ def run_scenario(
                             """Capture workers (pids, clock offsets) reach meta.json before they stream."""
                             info.update(workers)
                             _write_meta(run_dir, meta)
+                            dataset = scenario.workload.dataset
+                            if workers.get("reply_lengths") == "estimated" and dataset and console:
+                                console.print(f"warning: {dataset.warning}", markup=False, soft_wrap=True)
 
                         done = asyncio.run(
                             run_variant(
@@ -310,6 +328,7 @@ def run_scenario(
                             launch_env=launched.env if launched else None,
                             launch_kind=launched.kind if launched else None,
                             log_path=run_dir / server_log_name(variant.name) if launched else None,
+                            access=access,
                         )
                 finally:
                     if launched is not None:
@@ -320,8 +339,7 @@ def run_scenario(
     summary = write_derived(run_dir, scenario.name, [v.name for v in scenario.variants])
     if ledger is not None:
         ledger.record(run_dir)
-    if tag is not None:
-        records = load_records(run_dir / REQUESTS_FILE)
+    records = load_records(run_dir / REQUESTS_FILE)  # what the figures counted: no warmup, all rounds
     return RunOutcome(run_dir=run_dir, summary=summary, records=records)
 
 

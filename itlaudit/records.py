@@ -135,6 +135,12 @@ class RequestRecord:
     retry_after_s: float | None = None  # a 429/503's Retry-After, in seconds
     invalid_utf8_chunks: int = 0  # data events that were not valid UTF-8 (decoded with U+FFFD)
     sent_monotonic_ns: int | None = None  # t0 on the worker's monotonic clock (meta.json has its offset)
+    # Open loop: when the schedule had the request due, and when it was really dispatched, both in ms
+    # from the variant's shared start (the dispatch offset is kept in a closed loop too).
+    scheduled_ms: float | None = None
+    sent_offset_ms: float | None = None
+    warmup: bool = False  # a [workload] warmup request: kept here, left out of every figure and count
+    category: str | None = None  # the dataset line's category, for the per-category breakdown
     # Capture-side only, never written: the lag probe's sample positions while the stream was open.
     lag_window: tuple[int, int] | None = field(default=None, repr=False, compare=False)
 
@@ -316,11 +322,16 @@ def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
 
 
 def load_records(path: Path) -> list[RequestRecord]:
-    """Load raw records from a requests.jsonl; derived keys on each line are ignored."""
+    """Load raw records from a requests.jsonl; derived keys on each line are ignored.
+
+    Warmup requests stay in requests.jsonl but are dropped here: this is the one door every
+    figure, count, finding and report goes through, so excluding them here excludes them everywhere."""
     out = []
     for obj in iter_jsonl(path):
         try:
-            out.append(RequestRecord.from_json(obj))
+            record = RequestRecord.from_json(obj)
         except TypeError as exc:
             raise RecordsError(f"{path}: a line is not an itlaudit request record ({exc})") from None
+        if not record.warmup:
+            out.append(record)
     return out

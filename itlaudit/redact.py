@@ -87,6 +87,27 @@ def secret_values(env: Mapping[str, str], args: Sequence[str]) -> set[str]:
     return {v for v in values if len(v) >= _MIN_TEXT_SECRET}
 
 
+def header_secret_values(headers: Iterable[tuple[str, str]]) -> set[str]:
+    """The credentials among HTTP headers itlaudit sends (Authorization, X-Api-Key, --header values
+    with a secret name): the whole value and, for `Bearer X`-style values, the bare token, which is
+    what a server's 401 message tends to quote."""
+    values: set[str] = set()
+    for name, value in headers:
+        if is_secret_name(name):
+            values.add(value)
+            scheme, _, token = value.partition(" ")
+            if token and scheme.lower() in ("bearer", "basic", "token"):
+                values.add(token)
+    return {v for v in values if len(v) >= _MIN_TEXT_SECRET}
+
+
+def redact_bytes(data: bytes, values: Iterable[bytes]) -> bytes:
+    """redact_text for an already-encoded line (a record on its way to requests.jsonl)."""
+    for value in sorted(values, key=len, reverse=True):
+        data = data.replace(value, MASK.encode())
+    return data
+
+
 def redact_text(text: str, values: Iterable[str]) -> str:
     for value in sorted(values, key=len, reverse=True):  # longest first: one secret may contain another
         text = text.replace(value, MASK)

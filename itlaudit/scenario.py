@@ -6,14 +6,18 @@ and every error names the file, the key and its line.
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from itlaudit.access import valid_header
+from itlaudit.datasets import Dataset, DatasetEntry, DatasetError, load_dataset
 from itlaudit.errors import ScenarioError
 from itlaudit.records import RequestParams, Timeouts
+from itlaudit.schedule import Arrivals, RampUp
 
 ENDPOINTS = ("completions", "chat")
 # Scenario and variant names become file and folder names (reports/<name>-<time>/, server-<variant>.log)
@@ -50,6 +54,10 @@ class Variant:
     # "eager" or "compiled"; for a server given by URL only the user knows (a launched one is read
     # from its arguments): lets a lossless mismatch at a near tie be judged (lossless.py).
     execution_mode: str | None = None
+    # Extra HTTP headers for this variant's requests (over the command line's --header). Values are
+    # sent, never written: meta.json and the ledger record the names only.
+    headers: dict[str, str] = field(default_factory=dict)
+    reset_prefix_cache: bool = False  # POST /reset_prefix_cache before the variant runs
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,8 @@ class Workload:
     params: RequestParams
     extra_body: dict[str, Any] = field(default_factory=dict)
     timeouts: Timeouts = field(default_factory=Timeouts)
+    arrivals: Arrivals = field(default_factory=Arrivals)
+    dataset: Dataset | None = None  # [workload.dataset]: `prompts` then holds each entry's text
 
 
 @dataclass(frozen=True)
@@ -76,6 +86,11 @@ class Scenario:
     def prompt_for(self, index: int) -> str:
         """Prompts cycle so num_requests may exceed the prompt list."""
         return self.workload.prompts[index % len(self.workload.prompts)]
+
+    def entry_for(self, index: int) -> DatasetEntry | None:
+        """The dataset line request `index` draws (cycling), or None for a plain prompt list."""
+        dataset = self.workload.dataset
+        return dataset.entries[index % len(dataset.entries)] if dataset is not None else None
 
 
 class _Located:
@@ -219,7 +234,7 @@ def _read_prompts_file(base: Path, name: str, loc: _Located) -> list[str]:
     return prompts
 
 
-def _workload(src: dict[str, Any], loc: _Located, base: Path) -> Workload:
+def _workload(src: dict[str, Any], loc: _Located, base: Path, chat: bool) -> Workload:
     table = "workload"
     allowed = {
         "prompts",
@@ -234,11 +249,20 @@ def _workload(src: dict[str, Any], loc: _Located, base: Path) -> Workload:
         "seed",
         "extra_body",
         *TIMEOUT_KEYS,
+        *ARRIVAL_KEYS,
+        "dataset",
     }
     _unknown_keys(src, allowed, loc, table)
+    if "dataset" in src and ("prompts" in src or "prompts_file" in src):
+        raise loc.error(table, "dataset", "is used instead of `prompts`/`prompts_file`; keep one of them")
     if "prompts" in src and "prompts_file" in src:
         raise loc.error(table, "prompts_file", "cannot be given together with `prompts`; keep one")
-    if "prompts_file" in src:
+    arrivals = _arrivals(src, loc, table)
+    dataset = None
+    if "dataset" in src:
+        dataset = _dataset(src, loc, base, chat, arrivals)
+        prompts = [entry.text() for entry in dataset.entries]
+    elif "prompts_file" in src:
         prompts = _read_prompts_file(base, _get(src, loc, table, "prompts_file", str), loc)
     else:
         prompts = _str_list(src, loc, table, "prompts")
@@ -261,16 +285,101 @@ def _workload(src: dict[str, Any], loc: _Located, base: Path) -> Workload:
         temperature=float(temperature) if temperature is not None else None,
         seed=_get(src, loc, table, "seed", int, None),
     )
+    num_requests = _positive(
+        _get(src, loc, table, "num_requests", int, _default_count(src, arrivals, len(prompts), loc)),
+        loc,
+        table,
+        "num_requests",
+    )
+    # With a rate, concurrency is only a cap; absent, nothing caps the open requests.
+    uncapped = num_requests + arrivals.warmup_requests if arrivals.open_loop else 1
     return Workload(
         prompts=prompts,
-        num_requests=_positive(
-            _get(src, loc, table, "num_requests", int, len(prompts)), loc, table, "num_requests"
-        ),
-        concurrency=_positive(_get(src, loc, table, "concurrency", int, 1), loc, table, "concurrency"),
+        num_requests=num_requests,
+        concurrency=_positive(_get(src, loc, table, "concurrency", int, uncapped), loc, table, "concurrency"),
         params=params,
         extra_body=_single_choice(_get(src, loc, table, "extra_body", dict, {}), loc, table),
         timeouts=_timeouts(src, loc, table),
+        arrivals=arrivals,
+        dataset=dataset,
     )
+
+
+def _dataset(src: dict[str, Any], loc: _Located, base: Path, chat: bool, arrivals: Arrivals) -> Dataset:
+    """[workload.dataset]; a random one draws as many requests as will be sent (num_requests, or what
+    duration_s holds at the rate)."""
+    table = "workload.dataset"
+    raw = _get(src, loc, "workload", "dataset", dict)
+    count = 0
+    if raw.get("kind") == "random":
+        if "num_requests" in src:
+            count = _positive(
+                _get(src, loc, "workload", "num_requests", int), loc, "workload", "num_requests"
+            )
+        elif arrivals.duration_s is not None and arrivals.mean_rate() is not None:
+            count = _default_count(src, arrivals, 0, loc)
+        else:
+            raise loc.error(
+                "workload", "num_requests", "is missing; a random dataset draws that many requests"
+            )
+    seed = _get(src, loc, "workload", "seed", int, None) or 0
+    try:
+        return load_dataset(raw, base, count, seed, chat)
+    except DatasetError as exc:
+        raise loc.error(table, exc.key, str(exc)) from None
+
+
+ARRIVAL_KEYS = ("request_rate", "burstiness", "ramp_up", "duration_s", "warmup_requests")
+
+
+def _positive_number(src: dict[str, Any], loc: _Located, table: str, key: str) -> float | None:
+    value = _get(src, loc, table, key, (int, float), None)
+    if value is not None and not value > 0:
+        raise loc.error(table, key, f"must be a positive number, got {value!r}")
+    return float(value) if value is not None else None
+
+
+def _arrivals(src: dict[str, Any], loc: _Located, table: str) -> Arrivals:
+    ramp = None
+    if "ramp_up" in src:
+        raw = _get(src, loc, table, "ramp_up", dict)
+        _unknown_keys(raw, {"start_rate", "end_rate"}, loc, table)
+        start = _positive_number(raw, loc, table, "start_rate")
+        end = _positive_number(raw, loc, table, "end_rate")
+        if start is None or end is None:
+            raise loc.error(
+                table, "ramp_up", "needs both rates: ramp_up = { start_rate = 1, end_rate = 8 } (requests/s)"
+            )
+        ramp = RampUp(start, end)
+    burstiness = _positive_number(src, loc, table, "burstiness")
+    warmup = _get(src, loc, table, "warmup_requests", int, 0)
+    if warmup < 0:
+        raise loc.error(table, "warmup_requests", f"must be 0 or more, got {warmup}")
+    arrivals = Arrivals(
+        request_rate=_positive_number(src, loc, table, "request_rate"),
+        burstiness=burstiness if burstiness is not None else 1.0,
+        ramp_up=ramp,
+        duration_s=_positive_number(src, loc, table, "duration_s"),
+        warmup_requests=warmup,
+    )
+    if burstiness is not None and not arrivals.open_loop:
+        raise loc.error(table, "burstiness", "shapes open-loop arrivals: set `request_rate` too")
+    return arrivals
+
+
+def _default_count(src: dict[str, Any], arrivals: Arrivals, prompts: int, loc: _Located) -> int:
+    """num_requests when left out: enough arrivals to fill duration_s at the rate, else one per prompt."""
+    rate = arrivals.mean_rate()
+    if arrivals.duration_s is None:
+        return prompts
+    if rate is None:
+        raise loc.error(
+            "workload",
+            "duration_s",
+            "needs `num_requests` in a closed loop (the most to send before the time is up), or a "
+            "`request_rate`",
+        )
+    return max(1, math.ceil(rate * arrivals.duration_s))
 
 
 TIMEOUT_KEYS = ("connect_timeout_s", "ttft_timeout_s", "stall_timeout_s", "request_timeout_s")
@@ -346,7 +455,9 @@ def _variants(raw: Any, loc: _Located) -> list[Variant]:
                 f"entry {index + 1} is {src!r}; each variant is a [[variants]] table with `name`",
             )
         where = loc.in_variant(index)
-        _unknown_keys(src, {"name", "url", "launch", "execution_mode"}, where, table)
+        _unknown_keys(
+            src, {"name", "url", "launch", "execution_mode", "headers", "reset_prefix_cache"}, where, table
+        )
         name = _safe_name(_get(src, where, table, "name", str), where, table)
         if any(v.name == name for v in out):
             raise where.error(table, "name", f"{name!r} is used twice; variant names must be unique")
@@ -362,9 +473,20 @@ def _variants(raw: Any, loc: _Located) -> list[Variant]:
                 url=url.rstrip("/") if url else None,
                 launch=launch,
                 execution_mode=_execution_mode(src, where),
+                headers=_headers(src, where),
+                reset_prefix_cache=_get(src, where, table, "reset_prefix_cache", bool, False),
             )
         )
     return out
+
+
+def _headers(src: dict[str, Any], loc: _Located) -> dict[str, str]:
+    headers = _get(src, loc, "variants", "headers", dict, {})
+    if not all(valid_header(name, value) for name, value in headers.items()):
+        raise loc.error(
+            "variants", "headers", 'must map header names to one-line strings: headers = { "X-Team" = "a" }'
+        )
+    return headers
 
 
 def _execution_mode(src: dict[str, Any], loc: _Located) -> str | None:
@@ -412,7 +534,7 @@ def parse_scenario(text: str, path: Path) -> Scenario:
         name=_safe_name(_get(raw, loc, "", "name", str), loc, ""),
         endpoint=endpoint,
         model=_get(raw, loc, "", "model", str, "auto"),
-        workload=_workload(workload, loc, path.parent),
+        workload=_workload(workload, loc, path.parent, endpoint == "chat"),
         variants=_variants(raw.get("variants"), loc),
         path=path,
         goodput=_goodput(raw, loc),

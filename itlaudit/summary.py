@@ -12,7 +12,13 @@ from dataclasses import asdict
 from typing import Any
 
 from itlaudit.findings import Finding, request_findings, run_findings
-from itlaudit.metrics import RequestMetrics, request_metrics, tokens_per_chunk_hist, variant_summary
+from itlaudit.metrics import (
+    RequestMetrics,
+    request_metrics,
+    summarize,
+    tokens_per_chunk_hist,
+    variant_summary,
+)
 from itlaudit.quality import text_quality
 from itlaudit.records import STATUS_OK, RequestRecord
 
@@ -47,10 +53,42 @@ def _variant_block(records: Sequence[RequestRecord], metrics: Sequence[RequestMe
         "token_source": dict(sources),
         "tokens_per_chunk_hist": {str(k): v for k, v in sorted(hist.items())},
         "client_loop_lag_ms": _loop_lag(records),
+        "schedule_lag_ms": summarize([schedule_lag_ms(r) for r in records]),
     }
     block.update(variant_summary(metrics))
     block["findings"] = dict(sorted(codes.items()))
+    categories = by_category(records, metrics)
+    if categories:
+        block["categories"] = categories
     return block
+
+
+CATEGORY_METRICS = ("itl_ms", "tpot_ms", "decode_tokens_per_chunk")
+
+
+def by_category(records: Sequence[RequestRecord], metrics: Sequence[RequestMetrics]) -> dict[str, Any]:
+    """Token ITL, TPOT and stream acceptance (decode tokens per chunk) per dataset category: draft
+    acceptance, and so a speculative server's speedup, depends on what is being written. Requests
+    without a category are left out; no categories, no breakdown."""
+    groups: dict[str, list[RequestMetrics]] = {}
+    for record, figures in zip(records, metrics, strict=True):
+        if record.category is not None:
+            groups.setdefault(record.category, []).append(figures)
+    return {
+        name: {
+            "requests": len(group),
+            **{key: summarize([getattr(m, key) for m in group]) for key in CATEGORY_METRICS},
+        }
+        for name, group in sorted(groups.items())
+    }
+
+
+def schedule_lag_ms(record: RequestRecord) -> float | None:
+    """How late the client dispatched an open-loop request (send − scheduled): a late client sends a
+    different workload than the one planned, and its p99 says how different."""
+    if record.scheduled_ms is None or record.sent_offset_ms is None:
+        return None
+    return record.sent_offset_ms - record.scheduled_ms
 
 
 def _loop_lag(records: Sequence[RequestRecord]) -> dict[str, float | None]:

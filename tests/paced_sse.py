@@ -10,7 +10,11 @@ with the client under test.
 `--fault` makes it misbehave in one way, for the capture's fault tests: `stall` (goes silent after
 `--fault-after` chunks), `wrong_shape` (choices a list of lists from that chunk on), `invalid_utf8`
 (bad bytes in that chunk's text), `not_sse` (200 with application/json), `rate_limit` (the first
-request gets 429 with Retry-After: 1), `redirect` (every POST gets 301 to /elsewhere).
+request gets 429 with Retry-After: 1), `redirect` (every POST gets 301 to /elsewhere). `--api-key K`
+answers every request (GETs included) that lacks `Authorization: Bearer K` with a 401 whose message
+echoes the header it got, as OpenAI's API does; the log says per request whether the key matched
+(never the key itself). POST /reset_prefix_cache answers 200, or 404 with `--fault no_dev_mode` (vLLM
+without VLLM_SERVER_DEV_MODE=1).
 """
 
 from __future__ import annotations
@@ -64,7 +68,9 @@ def _http_chunk(data: bytes) -> bytes:
 class PacedServer:
     """Serves and remembers: each request's arrival time, each finished response's send times."""
 
-    def __init__(self, interval_s: float, fault: str, fault_after: int) -> None:
+    def __init__(self, interval_s: float, fault: str, fault_after: int, api_key: str | None = None) -> None:
+        self.api_key = api_key
+        self.seen: list[dict[str, Any]] = []
         self.interval_s = interval_s
         self.fault = fault
         self.fault_after = fault_after
@@ -107,6 +113,29 @@ class PacedServer:
             }
             body = await reader.readexactly(int(headers.get("content-length", "0")))
             request = json.loads(body) if body else {}
+            authorization = headers.get("authorization")
+            key_ok = self.api_key is None or authorization == f"Bearer {self.api_key}"
+            self.seen.append(
+                {
+                    "method": method,
+                    "path": path,
+                    "key_ok": key_ok,
+                    "headers": sorted(headers),
+                    "stream": bool(request.get("stream")),
+                }
+            )
+            if not key_ok:
+                message = json.dumps({"error": {"message": f"Incorrect API key provided: {authorization}"}})
+                writer.write(
+                    b"HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json\r\n"
+                    + f"Content-Length: {len(message)}\r\nConnection: close\r\n\r\n{message}".encode()
+                )
+                await writer.drain()
+                return
+            if path == "/reset_prefix_cache" and self.fault == "no_dev_mode":
+                writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                await writer.drain()
+                return
             if method == "GET" or not request.get("stream"):
                 writer.write(_json_response(_plain_answer(path)))
                 await writer.drain()
@@ -136,7 +165,12 @@ class PacedServer:
             writer.write(_http_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
             await writer.drain()
             self.finished.append(
-                {"prompt": request.get("prompt"), "finished": time.monotonic(), "sent": sent}
+                {
+                    "prompt": request.get("prompt"),
+                    "max_tokens": request.get("max_tokens"),
+                    "finished": time.monotonic(),
+                    "sent": sent,
+                }
             )
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
             pass
@@ -151,15 +185,16 @@ async def main() -> None:
     parser.add_argument("--log", required=True)
     parser.add_argument("--fault", default="none")
     parser.add_argument("--fault-after", type=int, default=3)
+    parser.add_argument("--api-key", default=None)
     args = parser.parse_args()
-    paced = PacedServer(args.interval_ms / 1000, args.fault, args.fault_after)
+    paced = PacedServer(args.interval_ms / 1000, args.fault, args.fault_after, args.api_key)
     server = await asyncio.start_server(paced.handle, "127.0.0.1", args.port)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     async with server:
         await stop.wait()
     with open(args.log, "w", encoding="utf-8") as fh:
-        json.dump({"finished": paced.finished, "arrivals": paced.arrivals}, fh)
+        json.dump({"finished": paced.finished, "arrivals": paced.arrivals, "seen": paced.seen}, fh)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,9 @@ def free_port() -> int:
 class Paced:
     """A running paced server; `stop()` ends it and returns its log (send times, arrivals)."""
 
-    def __init__(self, tmp_path: Path, interval_ms: float, fault: str, fault_after: int) -> None:
+    def __init__(
+        self, tmp_path: Path, interval_ms: float, fault: str, fault_after: int, extra: tuple[str, ...] = ()
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tmp_path / f"paced-{self.port}.json"
@@ -39,6 +41,7 @@ class Paced:
             [
                 *(sys.executable, str(PACED), "--port", str(self.port), "--interval-ms", str(interval_ms)),
                 *("--log", str(self.log), "--fault", fault, "--fault-after", str(fault_after)),
+                *extra,
             ]
         )
         deadline = time.monotonic() + 20
@@ -62,8 +65,10 @@ class Paced:
 def paced(tmp_path: Path) -> Iterator[Callable[..., Paced]]:
     servers: list[Paced] = []
 
-    def start(interval_ms: float = 2.0, fault: str = "none", fault_after: int = 3) -> Paced:
-        servers.append(Paced(tmp_path, interval_ms, fault, fault_after))
+    def start(
+        interval_ms: float = 2.0, fault: str = "none", fault_after: int = 3, extra: tuple[str, ...] = ()
+    ) -> Paced:
+        servers.append(Paced(tmp_path, interval_ms, fault, fault_after, extra))
         return servers[-1]
 
     yield start

@@ -67,3 +67,16 @@ def test_a_server_message_echoing_our_credential_is_masked_in_the_reports(
     for name in ("report.md", "report.html"):
         text = (tmp_path / name).read_text()
         assert "sk-echoed-by-the-server" not in text and "bad key ***" in text
+
+
+def test_header_secrets_are_the_credential_headers_and_their_bare_tokens() -> None:
+    from itlaudit.redact import header_secret_values, redact_bytes
+
+    headers = [
+        ("Authorization", "Bearer sk-0123456789"),
+        ("X-Api-Key", "k-9876543210"),
+        ("X-Team", "team-a-long"),
+    ]
+    assert header_secret_values(headers) == {"Bearer sk-0123456789", "sk-0123456789", "k-9876543210"}
+    line = b'{"error": "Incorrect API key provided: sk-0123456789"}'
+    assert redact_bytes(line, [b"sk-0123456789"]) == b'{"error": "Incorrect API key provided: ***"}'

@@ -30,6 +30,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.synchronize import Barrier
 from typing import Any
 
+from itlaudit.access import Access
 from itlaudit.capture.lagprobe import LagProbe, new_capture_loop
 from itlaudit.capture.transport import StampMode, kernel_stamps_supported
 from itlaudit.client import PlannedRequest, stream_request
@@ -41,6 +42,7 @@ from itlaudit.records import STATUS_HTTP_ERROR, STATUS_RATE_LIMITED, RecordWrite
 STREAMS_PER_WORKER = 16
 RETRY_AFTER_CAP_S = 30.0  # a Retry-After is honoured up to this long, so a bogus one cannot hang a run
 CLOCK_PINGS = 7
+START_MARGIN_NS = 100_000_000
 _PR_SET_PDEATHSIG = 1
 
 
@@ -53,6 +55,8 @@ class WorkerShare:
     concurrency: int
     timeouts: Timeouts
     stamp: StampMode = "kernel"
+    duration_s: float | None = None  # stop dispatching this long after the start
+    access: Access | None = None  # headers and TLS settings for every request
 
 
 def available_cores() -> int:
@@ -71,9 +75,17 @@ def worker_count(requested: int | None, concurrency: int, num_requests: int) -> 
 
 
 def split_shares(
-    plans: list[PlannedRequest], concurrency: int, timeouts: Timeouts, workers: int, stamp: StampMode
+    plans: list[PlannedRequest],
+    concurrency: int,
+    timeouts: Timeouts,
+    workers: int,
+    stamp: StampMode,
+    *,
+    duration_s: float | None = None,
+    access: Access | None = None,
 ) -> list[WorkerShare]:
-    """Request i goes to worker i mod N; concurrency is spread as evenly as it divides."""
+    """Request i goes to worker i mod N (an open loop's schedule too: each worker keeps its requests'
+    offsets, in order); concurrency is spread as evenly as it divides."""
     return [
         WorkerShare(
             worker=w,
@@ -81,6 +93,8 @@ def split_shares(
             concurrency=concurrency // workers + (1 if w < concurrency % workers else 0),
             timeouts=timeouts,
             stamp=stamp,
+            duration_s=duration_s,
+            access=access,
         )
         for w in range(workers)
     ]
@@ -92,16 +106,44 @@ def rejected(record: RequestRecord) -> bool:
     return record.status == STATUS_HTTP_ERROR and 300 <= status < 500
 
 
-async def capture_share(share: WorkerShare, probe: LagProbe, keep: Any) -> None:
-    """Stream the share at its concurrency; each slot honours a 429/503's Retry-After (capped)
-    before its next request, and the whole share stops at the first rejection."""
+async def capture_share(share: WorkerShare, probe: LagProbe, keep: Any, start_ns: int | None = None) -> None:
+    """Stream the share from `start_ns` (this worker's clock: the coordinator's start instant shifted
+    by this worker's measured offset, so every worker's schedule shares one zero; None is now).
+    Planned offsets make it an open loop; without them it is the closed loop at the share's
+    concurrency."""
+    if start_ns is None:
+        start_ns = time.monotonic_ns()
+    probe.start()
+    try:
+        delay_s = (start_ns - time.monotonic_ns()) / 1e9
+        if delay_s > 0:
+            await asyncio.sleep(delay_s)
+        if share.plans and share.plans[0].scheduled_ms is not None:
+            await _open_loop(share, probe, keep, start_ns)
+        else:
+            await _closed_loop(share, probe, keep, start_ns)
+    finally:
+        probe.stop()
+
+
+def _past_duration(share: WorkerShare, start_ns: int, now_ns: int) -> bool:
+    return share.duration_s is not None and now_ns - start_ns > share.duration_s * 1e9
+
+
+async def _closed_loop(share: WorkerShare, probe: LagProbe, keep: Any, start_ns: int) -> None:
+    """Each slot sends its next request when its last one ends, honours a 429/503's Retry-After
+    (capped) first, and the whole share stops at the first rejection or at duration_s."""
     queue = list(reversed(share.plans))
     stop = False
 
     async def slot() -> None:
         nonlocal stop
         while queue and not stop:
-            record = await stream_request(queue.pop(), share.timeouts, probe, share.stamp)
+            dispatched_ns = time.monotonic_ns()
+            if _past_duration(share, start_ns, dispatched_ns):
+                return
+            record = await stream_request(queue.pop(), share.timeouts, probe, share.stamp, share.access)
+            record.sent_offset_ms = (dispatched_ns - start_ns) / 1e6
             record.worker = share.worker
             keep(record)
             if rejected(record):
@@ -109,11 +151,42 @@ async def capture_share(share: WorkerShare, probe: LagProbe, keep: Any) -> None:
             elif record.status == STATUS_RATE_LIMITED and record.retry_after_s:
                 await asyncio.sleep(min(record.retry_after_s, RETRY_AFTER_CAP_S))
 
-    probe.start()
-    try:
-        await asyncio.gather(*(slot() for _ in range(share.concurrency)))
-    finally:
-        probe.stop()
+    await asyncio.gather(*(slot() for _ in range(share.concurrency)))
+
+
+async def _open_loop(share: WorkerShare, probe: LagProbe, keep: Any, start_ns: int) -> None:
+    """Each request is dispatched at its scheduled offset whatever the others are doing (a Retry-After
+    does not move the schedule), but no more than the share's concurrency are open at once: a request
+    that waits for a free slot is dispatched late, and that lateness is its schedule lag."""
+    slots = asyncio.Semaphore(share.concurrency)
+    open_requests: set[asyncio.Task[None]] = set()
+    stop = False
+
+    async def send(plan: PlannedRequest, dispatched_ns: int) -> None:
+        nonlocal stop
+        try:
+            record = await stream_request(plan, share.timeouts, probe, share.stamp, share.access)
+        finally:
+            slots.release()
+        record.sent_offset_ms = (dispatched_ns - start_ns) / 1e6
+        record.worker = share.worker
+        keep(record)
+        stop = stop or rejected(record)
+
+    for plan in share.plans:
+        due_ns = start_ns + round((plan.scheduled_ms or 0.0) * 1e6)
+        delay_s = (due_ns - time.monotonic_ns()) / 1e9
+        if delay_s > 0:
+            await asyncio.sleep(delay_s)
+        await slots.acquire()
+        dispatched_ns = time.monotonic_ns()
+        if stop or _past_duration(share, start_ns, dispatched_ns):
+            slots.release()
+            break
+        task = asyncio.create_task(send(plan, dispatched_ns))
+        open_requests.add(task)
+        task.add_done_callback(open_requests.discard)
+    await asyncio.gather(*open_requests)
 
 
 def _die_with_parent() -> None:
@@ -130,6 +203,7 @@ def worker_main(share: WorkerShare, records_out: Connection, control: Connection
         kernel_stamps_supported()  # its one-time probe (up to ~0.1 s) runs before the start, not mid-run
     while control.recv() is not None:
         control.send(time.monotonic_ns())
+    start_ns: int = control.recv()  # on this worker's clock
     loop, probe = new_capture_loop()
 
     def finish(record: RequestRecord) -> dict[str, Any]:
@@ -140,7 +214,7 @@ def worker_main(share: WorkerShare, records_out: Connection, control: Connection
     writer = RecordWriter(records_out.fileno(), prepare=finish)
     barrier.wait()
     try:
-        loop.run_until_complete(capture_share(share, probe, writer.write))
+        loop.run_until_complete(capture_share(share, probe, writer.write, start_ns))
     finally:
         loop.close()
         writer.close()
@@ -155,6 +229,7 @@ class WorkerHandle:
     control: Connection
     clock_offset_ns: int = 0
     clock_rtt_ns: int = 0
+    start_ns: int = 0  # the shared start instant on this worker's clock
 
     def measure_clock(self) -> None:
         """Offset of the worker's monotonic clock from ours, from the ping with the shortest round
@@ -180,6 +255,7 @@ class WorkerHandle:
             "concurrency": self.share.concurrency,
             "clock_offset_ns": self.clock_offset_ns,
             "clock_rtt_ns": self.clock_rtt_ns,
+            "start_ns": self.start_ns,
         }
 
 
@@ -207,5 +283,11 @@ def start_workers(shares: list[WorkerShare]) -> list[WorkerHandle]:
         handles.append(WorkerHandle(share, process, records_in, control))
     for handle in handles:
         handle.measure_clock()
+    # One start instant on our clock, told to each worker on its own: schedule offsets then mean the same
+    # moment in every worker. The margin covers the workers' last steps to the barrier.
+    start_ns = time.monotonic_ns() + START_MARGIN_NS
+    for handle in handles:
+        handle.start_ns = start_ns + handle.clock_offset_ns
+        handle.control.send(handle.start_ns)
     barrier.wait()
     return handles

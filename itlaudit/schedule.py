@@ -1,0 +1,69 @@
+"""Open-loop arrival schedules: when each request of a variant is due, computed up front and pure.
+
+The same seed gives the same send times, so two variants (or two runs) of a scenario see the same
+arrival pattern; the capture workers only wait for each request's offset, they draw nothing.
+
+The intervals follow vllm bench serve's `get_request` (vllm/benchmarks/serve.py) so a scenario can
+reproduce its `--request-rate R --burstiness B`: interval i ~ Gamma(shape=B, scale=1/(r_i·B)), mean
+1/r_i and coefficient of variation 1/sqrt(B) (B = 1 is a Poisson process); the first request waits one
+interval too. Without a ramp the cumulative offsets are rescaled so the last one is exactly n/R, as
+vLLM does, so the run's mean rate does not depend on the seed. A linear ramp sets r_i from start_rate
+to end_rate by request index (vLLM's `--ramp-up-strategy linear`), without that rescaling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class RampUp:
+    start_rate: float
+    end_rate: float
+
+
+@dataclass(frozen=True)
+class Arrivals:
+    """[workload] arrival keys. `request_rate` None (and no ramp) is the closed loop at `concurrency`."""
+
+    request_rate: float | None = None
+    burstiness: float = 1.0
+    ramp_up: RampUp | None = None
+    duration_s: float | None = None
+    warmup_requests: int = 0
+
+    @property
+    def open_loop(self) -> bool:
+        return self.request_rate is not None or self.ramp_up is not None
+
+    def mean_rate(self) -> float | None:
+        if self.ramp_up is not None:
+            return (self.ramp_up.start_rate + self.ramp_up.end_rate) / 2
+        return self.request_rate
+
+
+def request_rates(count: int, arrivals: Arrivals) -> np.ndarray:
+    """The rate each request's interval is drawn at (requests/s)."""
+    if arrivals.ramp_up is not None:
+        progress = np.arange(count) / max(count - 1, 1)
+        ramp = arrivals.ramp_up
+        return ramp.start_rate + (ramp.end_rate - ramp.start_rate) * progress
+    if arrivals.request_rate is None:
+        raise ValueError("a closed loop has no arrival schedule")
+    return np.full(count, float(arrivals.request_rate))
+
+
+def send_offsets_s(count: int, arrivals: Arrivals, seed: int) -> list[float]:
+    """Seconds from the run's start at which request i (warmup first) is due."""
+    if count == 0:
+        return []
+    rates = request_rates(count, arrivals)
+    shape = arrivals.burstiness
+    rng = np.random.default_rng(seed)
+    intervals = 1.0 / rates if np.isinf(shape) else rng.gamma(shape=shape, scale=1.0 / (rates * shape))
+    offsets = np.cumsum(intervals)
+    if arrivals.ramp_up is None and offsets[-1] > 0:
+        offsets *= (count / float(arrivals.request_rate or 1.0)) / offsets[-1]
+    return [float(v) for v in offsets]
