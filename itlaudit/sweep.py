@@ -49,10 +49,9 @@ from itlaudit.rundir import (
     write_json,
 )
 from itlaudit.runner import CaptureOptions, run_variant
-from itlaudit.scenario import Scenario, Variant, Workload
+from itlaudit.scenario import Scenario, Variant
 from itlaudit.sweep_analysis import (
     CONCURRENCY,
-    RATE,
     SweepError,
     crossover,
     parse_sla,
@@ -86,16 +85,6 @@ class SweepConfig:
         return dataclasses.asdict(self)
 
 
-def require_axis_support(axis: str) -> None:
-    """A rate point is the scenario with [workload] request_rate set: without that field there are no
-    open-loop arrivals to sweep."""
-    if axis == RATE and "request_rate" not in {f.name for f in dataclasses.fields(Workload)}:
-        raise SweepError(
-            "--rate needs open-loop arrivals ([workload] request_rate), which this itlaudit does not have "
-            "yet; sweep --concurrency instead"
-        )
-
-
 def point_scenario(scenario: Scenario, axis: str, value: float, variant: str) -> Scenario:
     """The scenario as one point runs it: one variant, the load set. At a concurrency above the
     scenario's num_requests the point sends `concurrency` requests, so the load is actually reached."""
@@ -106,8 +95,12 @@ def point_scenario(scenario: Scenario, axis: str, value: float, variant: str) ->
             workload, concurrency=load, num_requests=max(workload.num_requests, load)
         )
     else:
-        require_axis_support(axis)
-        workload = dataclasses.replace(workload, request_rate=value)  # type: ignore[call-arg]
+        # Open loop at this rate: the schedule, not a cap, sets the load (a closed-loop scenario's
+        # concurrency of 1 would otherwise hold every point to one request at a time).
+        arrivals = dataclasses.replace(workload.arrivals, request_rate=value, ramp_up=None)
+        workload = dataclasses.replace(
+            workload, arrivals=arrivals, concurrency=workload.num_requests + arrivals.warmup_requests
+        )
     return dataclasses.replace(
         scenario, workload=workload, variants=[v for v in scenario.variants if v.name == variant]
     )
@@ -292,7 +285,6 @@ def run_sweep(
 ) -> tuple[Path, dict[str, Any]]:
     """Each variant in turn: its server started once (or its URL used), every load and trial run,
     then the SLA probes; sweep.json, plots and report rebuilt after each variant and on interrupt."""
-    require_axis_support(config.axis)
     variant_urls = variant_urls or {}
     names = {v.name for v in scenario.variants}
     unknown = [n for n in [*config.variants, *variant_urls] if n not in names]

@@ -147,10 +147,28 @@ def test_resume_after_sigkill_skips_finished_points(tmp_path: Path) -> None:
     _one_line_error(changed, "started with other", "trials", "values")
 
 
+def test_rate_sweep_runs_open_loop_points_at_the_asked_rates(tmp_path: Path) -> None:
+    """--rate: each point is the scenario on open-loop arrivals at that rate, not capped by the
+    scenario's closed-loop concurrency."""
+    path = _scenario(tmp_path, {"K0": ["--step-ms", "2"]}, "concurrency = 1\nseed = 3")
+    out = tmp_path / "sw"
+    result = _sweep(tmp_path, str(path), "--rate", "5,50", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    points = json.loads((out / "sweep.json").read_text())["variants"]["K0"]
+    assert [p["rate"] for p in points] == [5, 50]
+    assert all(p["requests"] == 2 for p in points)
+    for label, rate in (("r5", 5.0), ("r50", 50.0)):
+        run = out / "K0" / f"{label}-t1"
+        lines = [json.loads(x) for x in (run / "requests.jsonl").read_text().splitlines()]
+        scheduled = sorted(line["scheduled_ms"] for line in lines)
+        # two requests on a seeded schedule at `rate`: the second is due about 1/rate after the first
+        assert scheduled[1] - scheduled[0] == pytest.approx(1000 / rate, rel=0.6)
+        assert max(line["sent_offset_ms"] - line["scheduled_ms"] for line in lines) < 1000 / rate
+
+
 @pytest.mark.parametrize(
     ("args", "needles"),
     [
-        (["--rate", "1,2"], ["--rate needs open-loop arrivals", "request_rate"]),
         (["--concurrency", "1", "--rate", "2"], ["exactly one of"]),
         ([], ["exactly one of"]),
         (["--concurrency", "1,a"], ["'a' is not a number"]),
