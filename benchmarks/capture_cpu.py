@@ -58,7 +58,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp, truth_server(TruthConfig(args.chunks_per_s), Path(tmp)) as server:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        truth_server(TruthConfig(args.chunks_per_s), Path(tmp)) as server,
+    ):
         asyncio.run(_capture(server.url, 1, 10, args.stamp))  # warm-up: imports, kernel stamp keeper
         for round_no in range(args.rounds):
             profiler = cProfile.Profile() if args.profile else None
