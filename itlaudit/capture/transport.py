@@ -27,9 +27,10 @@ the last arrival to the read, not a stall that spans several chunks: keeping eac
 gap between chunks is still what bounds the tail (benchmarks/transport_stamps.py shows both).
 
 h11 parses the response head and frames content-length and close-delimited bodies. A chunked body (what
-every SSE server sends) is de-chunked here instead, once per socket read: h11 turns each read into several
-events through a dozen Python calls (7-12 µs per SSE chunk, the largest part of the client's cost), where
-`_Dechunker` cuts the common read - size line, data, CRLF - with one `find` and one slice. A TLS EOF
+every SSE server sends) is de-chunked here instead, once per socket read: h11 turns each read into two or
+three events through dozens of Python calls, where `_Dechunker` cuts the common read - size line, data,
+CRLF - with one `find`, one regex match and one slice (the client's CPU per SSE chunk at 16 streams fell
+from ~50 to ~33 µs: `benchmarks/capture_cpu.py`). A TLS EOF
 without close_notify counts as a plain EOF, as asyncio treats it; the framing then decides whether the
 body was complete.
 """
@@ -197,7 +198,7 @@ class _Inbox:
     An empty bytes object marks the end; `failure` then says whether it was an error.
 
     Read timeouts use one timer per stream that is moved only when it fires: arming and cancelling a
-    timer for every wait (a handle, a heap push and pop per chunk) cost ~3 µs per chunk, and a deadline
+    timer for every wait (a handle, a heap push and pop per chunk) cost ~5 µs per chunk here, and a deadline
     almost always moves later, so the timer firing at the old one just re-arms for the current one.
     """
 
