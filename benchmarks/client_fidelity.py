@@ -5,8 +5,9 @@ Every client runs in its own process against ONE truth server (its own process, 
 where allowed), loads and clients interleaved in one run so that a noisy machine hurts them alike.
 Per trial: added lag p50/p99/max over every chunk (arrival − first arrival − the same for send times),
 the worst per-request token-ITL error vs the truth, and the client's CPU per chunk: its whole process
-tree's scheduler run time (/proc/*/task/*/schedstat, ns) over the streaming window, i.e. from the
-first chunk sent until the last one could have been stamped (last send + that trial's max lag).
+tree's scheduler run time (/proc/*/task/*/schedstat, ns; exited workers keep their last sample) over the
+streaming window, i.e. from the first chunk sent until the last one could have been stamped (last send +
+that trial's max lag).
 
     .venv/bin/python benchmarks/client_fidelity.py            # 1,16,64,128 streams × 500 chunks/s, 3 rounds
     .venv/bin/python benchmarks/client_fidelity.py --quick    # one round of 200 tokens: about a minute
@@ -86,33 +87,58 @@ async def naive_client(url: str, streams: int, tokens: int, prefix: str) -> dict
 # -- one trial: a client process against the truth server, its CPU sampled from outside ----------------
 
 
-def _tree_cpu_ns(pid: int) -> int:
-    """Scheduler run time of a process, its threads and descendants (workers), in ns."""
-    total, stack = 0, [pid]
-    while stack:
-        proc = stack.pop()
-        try:
-            tids = os.listdir(f"/proc/{proc}/task")
-        except OSError:
-            continue
-        for tid in tids:
+class _TreeCpu:
+    """Scheduler run time of a process, its threads and its descendants (itlaudit's capture workers), in
+    ns, as a total that never falls.
+
+    /proc/<tid>/schedstat counts one live thread; when a thread or process exits, its time leaves the tree
+    (it goes into the parent's cutime only, and only once reaped - the workers are children of the
+    multiprocessing forkserver, which reaps them, but that sum is not in any schedstat). Summing the live
+    tree alone therefore drops by every worker's whole CPU when the workers exit, which made the per-chunk
+    figure negative. So every thread ever seen keeps its last sampled time: an exited thread loses only
+    what it ran after its last sample (< one sample interval, and after the streaming window, since the
+    workers exit after their streams). rusage from wait4 would count everything, reaped descendants
+    included, but only over the whole life of the client (imports, start-up, writing) - not the window.
+    """
+
+    def __init__(self, pid: int) -> None:
+        self._pid = pid
+        self._last: dict[int, int] = {}  # thread id -> its last sampled run time
+        self._retired = 0  # run time of earlier threads whose ids were reused
+
+    def sample(self) -> int:
+        stack = [self._pid]
+        last = self._last
+        while stack:
+            proc = stack.pop()
             try:
-                with open(f"/proc/{proc}/task/{tid}/schedstat") as f:
-                    total += int(f.read().split()[0])
-                with open(f"/proc/{proc}/task/{tid}/children") as f:
-                    stack += [int(c) for c in f.read().split()]
-            except (OSError, ValueError):
+                tids = os.listdir(f"/proc/{proc}/task")
+            except OSError:
                 continue
-    return total
+            for tid in tids:
+                try:
+                    with open(f"/proc/{proc}/task/{tid}/schedstat") as f:
+                        run_ns = int(f.read().split()[0])
+                    with open(f"/proc/{proc}/task/{tid}/children") as f:
+                        stack += [int(c) for c in f.read().split()]
+                except (OSError, ValueError):
+                    continue
+                key = int(tid)
+                previous = last.get(key, 0)
+                if run_ns < previous:  # a new thread under a reused id
+                    self._retired += previous
+                last[key] = run_ns
+        return self._retired + sum(last.values())
 
 
 def _run_sampled(argv: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """Run a client to completion; (monotonic ns, cumulative CPU ns) sampled every 10 ms meanwhile."""
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    tree = _TreeCpu(proc.pid)
     times, cpu = [], []
     while proc.poll() is None:
         times.append(time.monotonic_ns())
-        cpu.append(_tree_cpu_ns(proc.pid))
+        cpu.append(tree.sample())
         time.sleep(CPU_SAMPLE_S)
     stderr = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
     if proc.returncode:

@@ -18,10 +18,17 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import h11
 import pytest
 
 from itlaudit.capture import transport
-from itlaudit.capture.transport import Stream, TransportOptions, kernel_stamps_supported, open_stream
+from itlaudit.capture.transport import (
+    Stream,
+    TransportOptions,
+    _Dechunker,
+    kernel_stamps_supported,
+    open_stream,
+)
 from itlaudit.errors import (
     BadFraming,
     ConnectFailed,
@@ -175,6 +182,18 @@ FRAMINGS = {
         BODY[7000:] + b"\r\n0\r\n\r\n",
     ],
     "close-delimited": [b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + BODY[:10], 0.01, BODY[10:]],
+    # Sizes, extensions, the data's CRLF and the trailers cut across reads; body bytes in the head's read.
+    "chunked, split framing": [
+        CHUNKED_HEAD + b"1",
+        0.01,
+        b"0;name=value\r\n" + BODY[:16] + b"\r",
+        0.01,
+        b"\n%x ; ext\r" % (len(BODY) - 16),
+        0.01,
+        b"\n" + BODY[16:] + b"\r\n0;last\r\nX-Trailer: 1\r",
+        0.01,
+        b"\n\r\n",
+    ],
 }
 
 
@@ -390,7 +409,28 @@ async def test_a_dropped_connection_is_connection_dropped(
 BROKEN = {
     "garbage head": [b"garbage\r\n\r\n"],
     "bad chunk size": [CHUNKED_HEAD, b"zz\r\nhello\r\n"],
+    "bad chunk size, split": [CHUNKED_HEAD, b"5\r\nhello\r\n1", 0.01, b"g\r\n"],
+    "chunk size too long": [CHUNKED_HEAD, b"1" * 21 + b"\r\n"],
+    "data without its CRLF": [CHUNKED_HEAD, b"5\r\nhelloXY1\r\nz\r\n"],
+    "bad trailer": [CHUNKED_HEAD, b"0\r\ngarbage\r\n\r\n"],
+    "endless size line": [CHUNKED_HEAD, b"1" + b" " * 20_000],
 }
+
+
+def test_dechunker_agrees_with_h11_however_the_reads_fall() -> None:
+    wire = b"".join(chunked(BODY[:1], BODY[1:300])) + b"a;x=1;y\t\r\n0123456789\r\n0\r\nT: 1\r\nU: 2\r\n\r\n"
+    reference = h11.Connection(h11.CLIENT)
+    reference.send(h11.Request(method="POST", target="/", headers=[("Host", "x"), ("Content-Length", "0")]))
+    reference.send(h11.EndOfMessage())
+    reference.receive_data(CHUNKED_HEAD + wire)
+    expected = b""
+    while type(event := reference.next_event()) is not h11.EndOfMessage:
+        expected += bytes(event.data) if type(event) is h11.Data else b""
+    assert expected == BODY[:300] + b"0123456789"
+    for step in (1, 2, 3, 7, 64, len(wire)):
+        dechunker = _Dechunker()
+        got = b"".join(dechunker.feed(wire[i : i + step]) for i in range(0, len(wire), step))
+        assert (got, dechunker.done) == (expected, True), step
 
 
 @pytest.mark.parametrize("case", BROKEN)
