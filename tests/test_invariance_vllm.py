@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 from vllm_server import SERVED_MODEL, vllm_server
 
-from itlaudit.client import stream_request
+from itlaudit.client import plan_request, stream_request
 from itlaudit.invariance import prompt_figures, summarize
 from itlaudit.invariance_client import Scorer, explain_mismatch, observe
 from itlaudit.lossless import spec_decode_mismatches
@@ -50,10 +50,9 @@ async def test_real_invariance_figures_are_reported_consistently(k0_url: str) ->
 
 async def _greedy_records(url: str, variant: str) -> list[RequestRecord]:
     params = RequestParams(max_tokens=48, ignore_eos=True, temperature=0.0)
-    async with aiohttp.ClientSession() as session:
-        return [
-            await stream_request(
-                session,
+    return [
+        await stream_request(
+            plan_request(
                 base_url=url,
                 endpoint="completions",
                 model=SERVED_MODEL,
@@ -62,8 +61,9 @@ async def _greedy_records(url: str, variant: str) -> list[RequestRecord]:
                 request_id=f"{variant}-{i:05d}",
                 variant=variant,
             )
-            for i, prompt in enumerate(PROMPTS)
-        ]
+        )
+        for i, prompt in enumerate(PROMPTS)
+    ]
 
 
 async def test_real_k3_self_draft_is_lossless_at_temperature_0(k0_url: str, k3_url: str) -> None:

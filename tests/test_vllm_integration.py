@@ -12,11 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import aiohttp
 import pytest
 from vllm_server import SERVED_MODEL, vllm_server
 
-from itlaudit.client import stream_request
+from itlaudit.client import plan_request, stream_request
 from itlaudit.orchestrate import RUN_DIR_ENV
 from itlaudit.records import RequestParams
 
@@ -42,8 +41,9 @@ def write_scenario(path: Path, url: str, workload: str, endpoint: str = "complet
     return path
 
 
-def lines(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
+def lines(run_dir: Path, name: str = "requests.jsonl") -> list[dict]:
+    """requests.jsonl holds raw records; derived.jsonl their figures and findings."""
+    return [json.loads(line) for line in (run_dir / name).read_text().splitlines()]
 
 
 def test_server_side_128_cap_is_flagged(capped_url: str, tmp_path: Path) -> None:
@@ -58,7 +58,9 @@ def test_server_side_128_cap_is_flagged(capped_url: str, tmp_path: Path) -> None
     assert result.returncode == 1, result.stderr
     got = lines(tmp_path / "run")
     assert [line["completion_tokens"] for line in got] == [128, 128, 128]
-    assert all("truncated_below_max_tokens" in line["findings"] for line in got)
+    assert all(
+        "truncated_below_max_tokens" in d["findings"] for d in lines(tmp_path / "run", "derived.jsonl")
+    )
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     (common,) = [f for f in summary["run_findings"] if f["code"] == "common_cap"]
     assert "128" in common["message"]
@@ -75,15 +77,15 @@ def test_chat_without_max_tokens_exposes_generation_config_cap(capped_url: str, 
     assert result.returncode == 0, result.stderr
     (line,) = lines(tmp_path / "run")
     assert line["finish_reason"] == "length" and line["completion_tokens"] == 128
-    (detail,) = [d for d in line["finding_details"] if d["code"] == "truncated_below_max_tokens"]
+    (derived,) = lines(tmp_path / "run", "derived.jsonl")
+    (detail,) = [d for d in derived["finding_details"] if d["code"] == "truncated_below_max_tokens"]
     assert detail["evidence"]["max_tokens"] is None
 
 
 def test_real_stop_token_id_ends_cleanly(capped_url: str) -> None:
     async def go() -> tuple:
-        async with aiohttp.ClientSession() as session:
-            free = await stream_request(
-                session,
+        free = await stream_request(
+            plan_request(
                 base_url=capped_url,
                 endpoint="completions",
                 model=SERVED_MODEL,
@@ -92,10 +94,11 @@ def test_real_stop_token_id_ends_cleanly(capped_url: str) -> None:
                 request_id="free",
                 variant="K0",
             )
-            ids = [i for chunk in free.chunks.token_ids if chunk for i in chunk]
-            stop_id = ids[4]
-            stopped = await stream_request(
-                session,
+        )
+        ids = [i for chunk in free.chunks.token_ids if chunk for i in chunk]
+        stop_id = ids[4]
+        stopped = await stream_request(
+            plan_request(
                 base_url=capped_url,
                 endpoint="completions",
                 model=SERVED_MODEL,
@@ -104,7 +107,8 @@ def test_real_stop_token_id_ends_cleanly(capped_url: str) -> None:
                 request_id="stop",
                 variant="K0",
             )
-            return ids, stop_id, stopped
+        )
+        return ids, stop_id, stopped
 
     ids, stop_id, stopped = asyncio.run(go())
     from itlaudit.findings import request_findings
