@@ -131,7 +131,9 @@ def test_compare_cpu_k0_vs_k3_shows_inflation_and_full_acceptance(tmp_path: Path
     # Warnings the 2-core testbed really produces: the random-weight model writes digit soup
     # (gibberish_suspected), and a starved API server flushes K0 chunks in bursts (chunks_coalesced).
     # Nothing else may fire: no truncation, no stop or usage problem, no stream error.
-    tolerated = {"gibberish_suspected", "chunks_coalesced"}
+    # On 2 cores the engine also starves itlaudit's own capture loop at times; the self-audit saying so
+    # (client_saturated) is the tool being honest, not a fault of the server.
+    tolerated = {"gibberish_suspected", "chunks_coalesced", "client_saturated"}
     assert set(k0["findings"]) <= tolerated and set(k3["findings"]) <= tolerated, (
         k0["findings"],
         k3["findings"],
