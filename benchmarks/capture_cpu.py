@@ -18,10 +18,10 @@ import resource
 import tempfile
 from pathlib import Path
 
-from itlaudit.client import plan_request, stream_request
-from itlaudit.records import RequestParams
-from itlaudit.serve.harness import truth_server
+from itlaudit.capture.client import plan_request, stream_request
+from itlaudit.model.records import RequestParams
 from itlaudit.serve.truth import TruthConfig
+from itlaudit.workflows.selfcheck import truth_server
 
 
 def _cpu_s() -> float:

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from itlaudit.capture.chunk import decode_chunk
-from itlaudit.sse import SSEFramer
+from itlaudit.capture.sse import SSEFramer
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
 

@@ -30,8 +30,19 @@ from typing import Any
 
 import numpy as np
 
-from itlaudit.fidelity import LAG_BUDGET_MS, ChunkJoin, Fidelity, grade, join_chunks, send_lag, token_itl_ms
-from itlaudit.serve.harness import (
+from itlaudit.analysis.fidelity import (
+    LAG_BUDGET_MS,
+    ChunkJoin,
+    Fidelity,
+    grade,
+    join_chunks,
+    send_lag,
+    token_itl_ms,
+)
+from itlaudit.serve.sendlog import SendLog
+from itlaudit.serve.testbed import default_cache_dir
+from itlaudit.serve.truth import TruthConfig
+from itlaudit.workflows.selfcheck import (
     capture_options,
     fetch_send_log,
     grade_run,
@@ -39,9 +50,6 @@ from itlaudit.serve.harness import (
     run_itlaudit,
     truth_server,
 )
-from itlaudit.serve.sendlog import SendLog
-from itlaudit.serve.truth import TruthConfig
-from itlaudit.testbed import default_cache_dir
 
 CLIENTS = ("itlaudit", "naive", "vllm")
 HERE = Path(__file__).resolve().parent

@@ -1,4 +1,4 @@
-"""A misbehaving OpenAI-compatible server for end-to-end fault tests: the simulator (itlaudit.sim) with
+"""A misbehaving OpenAI-compatible server for end-to-end fault tests: the simulator (itlaudit.serve.sim) with
 one fault mode layered on top, run as its own process like a real server.
 
     python tests/faultserver.py --port PORT --mode MODE [--step-ms MS] [--request-log PATH] [...]
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from itlaudit.sim import SimConfig, make_app
+from itlaudit.serve.sim import SimConfig, make_app
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MARKUP = '<img src=x onerror="alert(1)"> **bold** [link](http://x)'

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from itlaudit.plots import VariantView
-from itlaudit.records import ChunkSeries, RequestParams, RequestRecord
-from itlaudit.summary import run_summary
+from itlaudit.analysis.derive import run_summary
+from itlaudit.model.records import ChunkSeries, RequestParams, RequestRecord
+from itlaudit.report.plots import VariantView
 
 
 def stream(

@@ -19,7 +19,7 @@ from itlaudit.bisect.providers.command import CommandProvider
 from itlaudit.bisect.providers.docker import DockerProvider, release_image
 from itlaudit.bisect.providers.pip import PipProvider
 from itlaudit.bisect.providers.wheels import WheelsProvider, commit_of_version, metadata_url
-from itlaudit.launcher import LaunchSpec, docker_argv
+from itlaudit.serve.launcher import LaunchSpec, docker_argv
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "bisect"))
 from helpers import make_wheel, serve_dir, wheel_entry, write_metadata

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from itlaudit.records import iter_jsonl
+from itlaudit.model.records import iter_jsonl
 
 PACED = Path(__file__).parent / "paced_sse.py"
 
@@ -235,7 +235,7 @@ def test_a_full_disk_mid_run_is_one_line_exit_2_and_the_records_stay_whole(tmp_p
 
 def test_writer_failure_is_raised_once_as_records_error(tmp_path: Path) -> None:
     from itlaudit.errors import RecordsError
-    from itlaudit.records import RecordWriter
+    from itlaudit.model.records import RecordWriter
 
     writer = RecordWriter(Path("/dev/full"))
     writer.write({"a": 1})
@@ -348,11 +348,11 @@ def capture_in_process(url: str, *, block_ms: float, stamp: str = "loop") -> lis
     that blocks the loop for `block_ms` every 10 ms when asked to, and return each record's findings."""
     import asyncio
 
+    from itlaudit.analysis.derive import derive_request
+    from itlaudit.capture.client import plan_request
     from itlaudit.capture.lagprobe import new_capture_loop
     from itlaudit.capture.workers import WorkerShare, capture_share
-    from itlaudit.client import plan_request
-    from itlaudit.records import RequestParams, Timeouts
-    from itlaudit.summary import derive_request
+    from itlaudit.model.records import RequestParams, Timeouts
 
     plans = [
         plan_request(
@@ -407,7 +407,7 @@ def test_client_saturated_quiet_when_the_loop_keeps_up(paced) -> None:
 
 
 def test_report_top_names_a_saturated_client_and_the_fix() -> None:
-    from itlaudit.markdown import saturation_warning
+    from itlaudit.report.markdown import saturation_warning
 
     saturated = {"requests": 4, "findings": {"client_saturated": 3}}
     calm = {"requests": 4, "findings": {"chunks_coalesced": 1}}
@@ -444,9 +444,9 @@ def test_bad_capture_options_are_one_line(tmp_path: Path, flags: tuple[str, ...]
 def test_report_and_bisect_derive_from_raw_lines_never_from_copies_on_them(tmp_path: Path, paced) -> None:
     import csv
 
+    from itlaudit.analysis.derive import derive_request
     from itlaudit.bisect.verdict import read_trial
-    from itlaudit.records import RequestRecord
-    from itlaudit.summary import derive_request
+    from itlaudit.model.records import RequestRecord
 
     server = paced(interval_ms=1.0)
     result = run(tmp_path, server.url, f"{prompts(2)}\nnum_requests = 2\nmax_tokens = 20")

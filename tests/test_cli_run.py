@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from itlaudit.launcher import LaunchSpec, launch
+from itlaudit.serve.launcher import LaunchSpec, launch
 
 CLEAN_WORKLOAD = 'prompts = ["hi"]\nnum_requests = 3\nconcurrency = 2\nmax_tokens = 40\ntemperature = 0'
 

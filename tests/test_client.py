@@ -23,7 +23,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from itlaudit.client import (
+from itlaudit.capture.client import (
     build_body,
     fetch_json,
     fetch_models,
@@ -33,7 +33,7 @@ from itlaudit.client import (
     stream_request,
 )
 from itlaudit.errors import ServerRejectedError, ServerUnreachableError
-from itlaudit.records import (
+from itlaudit.model.records import (
     STATUS_CONNECTION_ERROR,
     STATUS_HTTP_ERROR,
     STATUS_OK,

@@ -6,11 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from itlaudit.comparison import ACCEPTANCE_LENGTH_MISMATCH, build_comparison, stream_acceptance_length
+from itlaudit.analysis.comparison import (
+    ACCEPTANCE_LENGTH_MISMATCH,
+    build_comparison,
+    stream_acceptance_length,
+)
+from itlaudit.analysis.derive import run_summary
+from itlaudit.analysis.specdecode import CounterSnapshot, parse_counters, spec_decode_delta
 from itlaudit.errors import ItlauditError
-from itlaudit.records import ChunkSeries, RequestParams, RequestRecord
-from itlaudit.specdecode import CounterSnapshot, parse_counters, spec_decode_delta
-from itlaudit.summary import run_summary
+from itlaudit.model.records import ChunkSeries, RequestParams, RequestRecord
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -11,18 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from itlaudit.comparison import (
+from itlaudit.analysis.comparison import (
     ACCEPTANCE_LENGTH_MISMATCH,
     build_comparison,
     stream_acceptance_length,
     stream_accepted_tokens,
 )
-from itlaudit.findings import ERROR, WARNING, Finding, request_findings, run_findings
-from itlaudit.lossless import with_execution_modes
-from itlaudit.metrics import request_metrics
-from itlaudit.records import ChunkSeries, RequestRecord, load_records
-from itlaudit.specdecode import CounterSnapshot, spec_decode_delta
-from itlaudit.summary import run_summary
+from itlaudit.analysis.derive import run_summary
+from itlaudit.analysis.findings import ERROR, WARNING, Finding, request_findings, run_findings
+from itlaudit.analysis.lossless import with_execution_modes
+from itlaudit.analysis.metrics import request_metrics
+from itlaudit.analysis.specdecode import CounterSnapshot, spec_decode_delta
+from itlaudit.model.records import ChunkSeries, RequestRecord, load_records
 
 CAPTURES = Path(__file__).parent / "fixtures" / "vllm-0.24.0-cuda-h200-runs"
 
@@ -167,8 +167,8 @@ def test_captured_windows_count_exactly_the_workloads_tokens(run: str) -> None:
 
 
 def test_execution_mode_is_declared_or_read_from_a_launched_servers_arguments(tmp_path: Path) -> None:
-    from itlaudit.compare import execution_mode
-    from itlaudit.scenario import parse_scenario
+    from itlaudit.model.scenario import parse_scenario
+    from itlaudit.workflows.compare import execution_mode
 
     text = (
         'name = "m"\n[workload]\nprompts = ["hi"]\n\n'

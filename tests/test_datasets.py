@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from itlaudit.client import build_body
+from itlaudit.capture.client import build_body
 from itlaudit.errors import ScenarioError
-from itlaudit.records import RequestParams
-from itlaudit.scenario import Scenario, parse_scenario
+from itlaudit.model.records import RequestParams
+from itlaudit.model.scenario import Scenario, parse_scenario
 
 
 def load(tmp_path: Path, workload: str, endpoint: str = "completions") -> Scenario:

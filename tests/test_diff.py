@@ -9,10 +9,10 @@ from pathlib import Path
 from reportkit import stream
 from typer.testing import CliRunner
 
-from itlaudit.cli import app
-from itlaudit.diff import diff_runs, render_diff
+from itlaudit.analysis.run_diff import diff_runs, render_diff
+from itlaudit.cli.app import app
 from itlaudit.errors import RecordsError
-from itlaudit.records import STATUS_HTTP_ERROR, RecordWriter, RequestRecord
+from itlaudit.model.records import STATUS_HTTP_ERROR, RecordWriter, RequestRecord
 
 
 def run(

@@ -63,6 +63,6 @@ def test_install_step_builds_this_repo_and_copies_what_the_build_needs() -> None
 
 
 def test_default_suite_exists_where_the_image_puts_it() -> None:
-    from itlaudit.cli_smoke import DEFAULT_SUITE
+    from itlaudit.cli.smoke import DEFAULT_SUITE
 
     assert (ROOT / DEFAULT_SUITE / "suite.toml").is_file()

@@ -9,11 +9,17 @@ from pathlib import Path
 import pytest
 from test_invariance import sim_server
 
-from itlaudit import environment
-from itlaudit.environment import commit_of, non_default_args, recorded_env, server_env, server_environment
-from itlaudit.orchestrate import run_scenario
-from itlaudit.scenario import parse_scenario
-from itlaudit.sim import SimConfig
+from itlaudit.model.scenario import parse_scenario
+from itlaudit.serve import environment
+from itlaudit.serve.environment import (
+    commit_of,
+    non_default_args,
+    recorded_env,
+    server_env,
+    server_environment,
+)
+from itlaudit.serve.sim import SimConfig
+from itlaudit.workflows.run import run_scenario
 
 LOG_LINE = (
     "(APIServer pid=18744) INFO 12-02 17:13:27 [api_utils.py:286] non-default args: {'host': '127.0.0.1', "
@@ -83,7 +89,7 @@ def test_server_record_from_a_live_server() -> None:
 
 
 def test_every_run_meta_carries_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("itlaudit.report.write_plots", lambda views, out_dir: [])
+    monkeypatch.setattr("itlaudit.report.writer.write_plots", lambda views, out_dir: [])
     text = """name = "env"
 [workload]
 prompts = ["hi"]

@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 from reportkit import stream
 
+from itlaudit.analysis.metrics import request_metrics
 from itlaudit.errors import RecordsError
-from itlaudit.export import CHUNK_COLUMNS, chunks_frame, write_chunks
-from itlaudit.metrics import request_metrics
+from itlaudit.store.export import CHUNK_COLUMNS, chunks_frame, write_chunks
 
 
 def test_one_row_per_chunk_and_tokens_sum_to_the_server_count() -> None:

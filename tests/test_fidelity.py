@@ -8,12 +8,12 @@ import math
 import numpy as np
 import pytest
 
-from itlaudit.cli_selfcheck import search_streams
+from itlaudit.analysis.fidelity import Fidelity, added_lag_ms, grade, join_chunks, send_lag, token_itl_ms
+from itlaudit.capture.runner import CaptureOptions
+from itlaudit.cli.selfcheck import search_streams
 from itlaudit.errors import RecordsError, ScenarioError
-from itlaudit.fidelity import Fidelity, added_lag_ms, grade, join_chunks, send_lag, token_itl_ms
-from itlaudit.runner import CaptureOptions
-from itlaudit.serve.harness import capture_options
 from itlaudit.serve.sendlog import ResponseSends, SendLog
+from itlaudit.workflows.selfcheck import capture_options
 
 PERIOD_NS = 2_000_000
 

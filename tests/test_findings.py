@@ -6,15 +6,15 @@ import json
 
 import pytest
 
-from itlaudit.findings import (
+from itlaudit.analysis.findings import (
     CODES,
     COMMON_CAP_MIN_REQUESTS,
     Finding,
     request_findings,
     run_findings,
 )
-from itlaudit.metrics import request_metrics
-from itlaudit.records import (
+from itlaudit.analysis.metrics import request_metrics
+from itlaudit.model.records import (
     STATUS_CONNECTION_ERROR,
     STATUS_HTTP_ERROR,
     STATUS_OK,

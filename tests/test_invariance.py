@@ -19,9 +19,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from itlaudit.cli import main
-from itlaudit.errors import ServerRejectedError
-from itlaudit.invariance import (
+from itlaudit.analysis.invariance import (
     PromptObservations,
     decision,
     max_abs_delta,
@@ -30,8 +28,10 @@ from itlaudit.invariance import (
     set_difference,
     summarize,
 )
-from itlaudit.invariance_client import Scorer, observe, server_identity
-from itlaudit.sim import SimConfig, make_app, run_sim
+from itlaudit.capture.scoring import Scorer, observe, server_identity
+from itlaudit.cli.app import main
+from itlaudit.errors import ServerRejectedError
+from itlaudit.serve.sim import SimConfig, make_app, run_sim
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.32.0-cpu"
 PROMPTS = ["The quick brown fox", "Once upon a time there was"]

@@ -9,11 +9,11 @@ import aiohttp
 import pytest
 from vllm_server import SERVED_MODEL, vllm_server
 
-from itlaudit.client import plan_request, stream_request
-from itlaudit.invariance import prompt_figures, summarize
-from itlaudit.invariance_client import Scorer, explain_mismatch, observe
-from itlaudit.lossless import spec_decode_mismatches
-from itlaudit.records import STATUS_OK, RequestParams, RequestRecord
+from itlaudit.analysis.invariance import prompt_figures, summarize
+from itlaudit.analysis.lossless import spec_decode_mismatches
+from itlaudit.capture.client import plan_request, stream_request
+from itlaudit.capture.scoring import Scorer, explain_mismatch, observe
+from itlaudit.model.records import STATUS_OK, RequestParams, RequestRecord
 
 pytestmark = pytest.mark.vllm
 k0_url = vllm_server()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from itlaudit.errors import LaunchError
-from itlaudit.launcher import (
+from itlaudit.serve.launcher import (
     LaunchSpec,
     command_argv,
     docker_argv,
@@ -291,7 +291,7 @@ def test_sigint_inside_with_block_leaves_no_process(fake_spec: LaunchSpec, tmp_p
             f"""
             import sys, time
             from pathlib import Path
-            from itlaudit.launcher import LaunchSpec, launch
+            from itlaudit.serve.launcher import LaunchSpec, launch
             spec = LaunchSpec(kind="command", command={fake_spec.command!r}, ready_timeout_s=20)
             with launch(spec, Path({str(tmp_path / "server.log")!r})) as server:
                 print(server.pid, flush=True)

@@ -12,7 +12,7 @@ import pytest
 from vllm_server import server_spec
 
 from itlaudit.errors import LaunchError
-from itlaudit.launcher import LaunchSpec, launch
+from itlaudit.serve.launcher import LaunchSpec, launch
 
 pytestmark = pytest.mark.vllm
 

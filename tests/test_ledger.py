@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from test_invariance import itlaudit, sim_server
 
-from itlaudit import ledger
-from itlaudit.orchestrate import run_scenario
-from itlaudit.scenario import LaunchConfig, Variant, parse_scenario
-from itlaudit.sim import SimConfig
+from itlaudit.model.scenario import LaunchConfig, Variant, parse_scenario
+from itlaudit.serve.sim import SimConfig
+from itlaudit.store import ledger
+from itlaudit.workflows.run import run_scenario
 
 SCENARIO = """
 name = "ledger-test"

@@ -5,15 +5,15 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from itlaudit.client import plan_request, stream_request
-from itlaudit.invariance_client import Scorer, explain_mismatch
-from itlaudit.lossless import (
+from itlaudit.analysis.lossless import (
     SPEC_DECODE_OUTPUT_MISMATCH,
     spec_decode_mismatches,
     with_divergence_logprobs,
 )
-from itlaudit.records import STATUS_HTTP_ERROR, ChunkSeries, RequestParams, RequestRecord
-from itlaudit.sim import SimConfig, run_sim
+from itlaudit.capture.client import plan_request, stream_request
+from itlaudit.capture.scoring import Scorer, explain_mismatch
+from itlaudit.model.records import STATUS_HTTP_ERROR, ChunkSeries, RequestParams, RequestRecord
+from itlaudit.serve.sim import SimConfig, run_sim
 
 PROMPTS = ["The quick brown fox", "Speculative decoding proposes draft tokens"]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from itlaudit.metrics import (
+from itlaudit.analysis.metrics import (
     SUMMARY_METRICS,
     RequestMetrics,
     per_chunk_itl_ms,
@@ -19,7 +19,7 @@ from itlaudit.metrics import (
     tokens_per_chunk_hist,
     variant_summary,
 )
-from itlaudit.records import (
+from itlaudit.model.records import (
     STATUS_HTTP_ERROR,
     STATUS_STREAM_ERROR,
     ChunkSeries,

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from reportkit import k0_k3, stream, views
 
-from itlaudit.plots import (
+from itlaudit.model.records import STATUS_HTTP_ERROR
+from itlaudit.report.plots import (
     DPI,
     PLOTS,
     WIDE,
@@ -19,7 +20,6 @@ from itlaudit.plots import (
     speedup,
     write_plots,
 )
-from itlaudit.records import STATUS_HTTP_ERROR
 
 SPEC = {"K3": {"per_position_acceptance": [0.9, 0.8, 0.7], "acceptance_length": 3.4}}
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from itlaudit.findings import GIBBERISH_SUSPECTED, Finding, request_findings
-from itlaudit.metrics import request_metrics
-from itlaudit.quality import (
+from itlaudit.analysis.derive import derive_request
+from itlaudit.analysis.findings import GIBBERISH_SUSPECTED, Finding, request_findings
+from itlaudit.analysis.metrics import request_metrics
+from itlaudit.analysis.quality import (
     GibberishThresholds,
     gibberish_reasons,
     rep_n,
@@ -14,8 +15,7 @@ from itlaudit.quality import (
     text_sha256,
     weird_runs,
 )
-from itlaudit.records import RequestParams, RequestRecord
-from itlaudit.summary import derive_request
+from itlaudit.model.records import RequestParams, RequestRecord
 
 CLEAN_EN = (
     "Stable long-context inference needs a regression test that looks at the text, not only at the "

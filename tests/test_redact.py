@@ -1,4 +1,4 @@
-"""The one redaction policy (itlaudit/redact.py): which names are secret, and that each writer masks."""
+"""The one redaction policy (itlaudit/model/redact.py): which names are secret, and that each writer masks."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from reportkit import stream
 
-from itlaudit.records import STATUS_HTTP_ERROR
-from itlaudit.redact import MASK, is_secret_name, redact_args, redact_env, redact_text, secret_values
-from itlaudit.report import write_reports
-from itlaudit.summary import run_summary
+from itlaudit.analysis.derive import run_summary
+from itlaudit.model.records import STATUS_HTTP_ERROR
+from itlaudit.model.redact import MASK, is_secret_name, redact_args, redact_env, redact_text, secret_values
+from itlaudit.report.writer import write_reports
 
 
 @pytest.mark.parametrize(
@@ -70,7 +70,7 @@ def test_a_server_message_echoing_our_credential_is_masked_in_the_reports(
 
 
 def test_header_secrets_are_the_credential_headers_and_their_bare_tokens() -> None:
-    from itlaudit.redact import header_secret_values, redact_bytes
+    from itlaudit.model.redact import header_secret_values, redact_bytes
 
     headers = [
         ("Authorization", "Bearer sk-0123456789"),

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from itlaudit.errors import ScenarioError
-from itlaudit.scenario import load_scenario, parse_scenario
+from itlaudit.model.scenario import load_scenario, parse_scenario
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from itlaudit.errors import ScenarioError
-from itlaudit.scenario import load_scenario
+from itlaudit.model.scenario import load_scenario
 
 CORPUS = sorted((Path(__file__).parent / "fixtures" / "scenario_fuzz").glob("*.toml"))
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from itlaudit.errors import ScenarioError
-from itlaudit.scenario import parse_scenario
-from itlaudit.schedule import Arrivals, RampUp, send_offsets_s
+from itlaudit.model.scenario import parse_scenario
+from itlaudit.model.schedule import Arrivals, RampUp, send_offsets_s
 
 
 def intervals(offsets: list[float]) -> np.ndarray:

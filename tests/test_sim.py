@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from itlaudit.sim import SimConfig, run_sim
+from itlaudit.serve.sim import SimConfig, run_sim
 
 FIXTURES = Path(__file__).parent / "fixtures"
 V032 = FIXTURES / "vllm-0.32.0-cpu"

@@ -14,8 +14,8 @@ import pytest
 from test_invariance import sim_server
 from typer.testing import CliRunner
 
-from itlaudit.cli import app
-from itlaudit.sim import SimConfig
+from itlaudit.cli.app import app
+from itlaudit.serve.sim import SimConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM_SUITE = ROOT / "scenarios" / "smoke" / "sim"
@@ -28,7 +28,7 @@ K3 = SimConfig(step_ms=2.5, ttft_ms=5, num_speculative_tokens=3)
 @pytest.fixture(autouse=True)
 def _no_plots(monkeypatch: pytest.MonkeyPatch) -> None:
     """PNGs cost ~3 s per run folder and a smoke writes seven; the smoke never reads them."""
-    monkeypatch.setattr("itlaudit.report.write_plots", lambda views, out_dir: [])
+    monkeypatch.setattr("itlaudit.report.writer.write_plots", lambda views, out_dir: [])
 
 
 def _invoke(*args: str | Path) -> tuple[int, str]:
@@ -72,7 +72,7 @@ def _smoke(out: Path, k0: SimConfig, k3: SimConfig, *extra: str | Path) -> tuple
 def clean(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, str, Path]:
     out = tmp_path_factory.mktemp("clean")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("itlaudit.report.write_plots", lambda views, out_dir: [])
+        mp.setattr("itlaudit.report.writer.write_plots", lambda views, out_dir: [])
         code, text = _smoke(out, K0, K3)
     return code, text, out
 

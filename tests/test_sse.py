@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from itlaudit.sse import SSEFramer
+from itlaudit.capture.sse import SSEFramer
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.24.0-cuda"
 CAPTURES = sorted(FIXTURES.glob("*.sse"))

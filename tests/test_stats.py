@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from itlaudit.stats import BETTER, SAME, UNKNOWN, WORSE, compare_samples, min_achievable_p
+from itlaudit.analysis.stats import BETTER, SAME, UNKNOWN, WORSE, compare_samples, min_achievable_p
 
 
 def _latencies(median: float, n: int = 60, seed: int = 0) -> list[float]:

@@ -7,9 +7,7 @@ from typing import Any
 
 import pytest
 
-from itlaudit.errors import ScenarioError
-from itlaudit.scenario import parse_scenario
-from itlaudit.sweep_analysis import (
+from itlaudit.analysis.sweep import (
     CONCURRENCY,
     SweepError,
     crossover,
@@ -20,6 +18,8 @@ from itlaudit.sweep_analysis import (
     pool_trials,
     sla_search,
 )
+from itlaudit.errors import ScenarioError
+from itlaudit.model.scenario import parse_scenario
 
 
 def _point(load: float, itl: float, tpot: float | None = None, ttft: float = 10.0) -> dict[str, Any]:
@@ -150,7 +150,7 @@ def test_goodput_table_in_the_scenario() -> None:
 
 def test_sim_step_slows_with_the_batch_and_more_with_spec_decode() -> None:
     """The simulator's load knob: step_ms + (per-stream + verify-if-K>0) × (rows in flight − 1)."""
-    from itlaudit.sim import SimConfig, _Engine
+    from itlaudit.serve.sim import SimConfig, _Engine
 
     def step(k: int, in_flight: int) -> float:
         config = SimConfig(

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from itlaudit.errors import LaunchError, TestbedError
-from itlaudit.testbed import INSTALL_MARKER, MODEL_MARKER, build_model, default_cache_dir, install
+from itlaudit.serve.testbed import INSTALL_MARKER, MODEL_MARKER, build_model, default_cache_dir, install
 
 
 def _fake_venv(cache: Path, script: str) -> Path:
@@ -92,6 +92,6 @@ def test_tiny_model_is_byte_deterministic_and_noise_changes_only_weights(tmp_pat
 
 def test_testbed_does_not_import_torch() -> None:
     """torch exists only in the testbed venv; importing testbed from itlaudit's venv must not need it."""
-    code = "import sys, itlaudit.testbed; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    code = "import sys, itlaudit.serve.testbed; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"

@@ -1,4 +1,4 @@
-"""The tiny MiMo checkpoint (itlaudit/tinymodel.py --arch mimo) against what vLLM's MTP loader expects.
+"""The tiny MiMo checkpoint (itlaudit/serve/tinymodel.py --arch mimo) against what vLLM's MTP loader expects.
 
 The first test needs no torch: it replays, over the checkpoint's tensor names and shapes (the
 safetensors header of the model that was served on the H200, tests/fixtures/tiny-mimo-cuda-h200/),
@@ -197,7 +197,7 @@ def test_built_checkpoint_matches_the_fixture_and_the_head_reads_only_the_embedd
 def test_vllm_serves_the_mtp_head_with_partial_acceptance(built_mimo, tmp_path: Path) -> None:
     from vllm_server import BASE_ARGS, ENV, READY_TIMEOUT_S, SERVED_MODEL
 
-    from itlaudit.launcher import LaunchSpec, launch
+    from itlaudit.serve.launcher import LaunchSpec, launch
 
     python, out = built_mimo
     spec = LaunchSpec(

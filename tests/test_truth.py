@@ -15,13 +15,13 @@ import aiohttp
 import numpy as np
 import pytest
 
-from itlaudit.fidelity import send_lag
-from itlaudit.launcher import LaunchedServer, LaunchSpec, launch
-from itlaudit.metrics import request_metrics
-from itlaudit.records import RequestRecord, iter_jsonl
-from itlaudit.serve.harness import fetch_send_log, grade_run, reset_send_log, run_itlaudit, truth_server
+from itlaudit.analysis.fidelity import send_lag
+from itlaudit.analysis.metrics import request_metrics
+from itlaudit.model.records import RequestRecord, iter_jsonl
+from itlaudit.serve.launcher import LaunchedServer, LaunchSpec, launch
 from itlaudit.serve.sendlog import SendLog
 from itlaudit.serve.truth import TruthConfig
+from itlaudit.workflows.selfcheck import fetch_send_log, grade_run, reset_send_log, run_itlaudit, truth_server
 
 BODY = {
     "model": "truth",
@@ -81,7 +81,7 @@ def test_send_log_is_complete_and_the_server_keeps_its_schedule(truth: LaunchedS
 
 
 def test_wire_format_is_the_simulators(truth: LaunchedServer) -> None:
-    from itlaudit.sim import SimConfig, run_sim
+    from itlaudit.serve.sim import SimConfig, run_sim
 
     async def both() -> tuple[list[dict], list[dict]]:
         truth_chunks = await _stream(truth.url, 3, "w")
@@ -191,7 +191,7 @@ def test_selfcheck_cli_prints_the_grade(tmp_path: Path) -> None:
 
 
 async def test_a_starved_sim_catches_up_without_bursting() -> None:
-    from itlaudit.sim import SimConfig, run_sim
+    from itlaudit.serve.sim import SimConfig, run_sim
 
     log = SendLog()
     async with run_sim(SimConfig(model="truth", step_ms=5, ttft_ms=0), send_log=log) as url:

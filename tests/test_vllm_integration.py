@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from vllm_server import SERVED_MODEL, vllm_server
 
-from itlaudit.client import plan_request, stream_request
-from itlaudit.orchestrate import RUN_DIR_ENV
-from itlaudit.records import RequestParams
+from itlaudit.capture.client import plan_request, stream_request
+from itlaudit.model.records import RequestParams
+from itlaudit.workflows.run import RUN_DIR_ENV
 
 pytestmark = pytest.mark.vllm
 
@@ -111,8 +111,8 @@ def test_real_stop_token_id_ends_cleanly(capped_url: str) -> None:
         return ids, stop_id, stopped
 
     ids, stop_id, stopped = asyncio.run(go())
-    from itlaudit.findings import request_findings
-    from itlaudit.metrics import request_metrics
+    from itlaudit.analysis.findings import request_findings
+    from itlaudit.analysis.metrics import request_metrics
 
     assert stopped.finish_reason == "stop"
     assert stopped.stop_reason == stop_id

@@ -157,7 +157,7 @@ def test_jsonl_max_tokens_reach_the_server_and_the_report_breaks_down_by_categor
 def test_tls_settings_build_one_context_and_bad_tls_or_header_options_are_one_line(tmp_path: Path) -> None:
     import ssl
 
-    from itlaudit.access import Access
+    from itlaudit.model.access import Access
 
     assert Access().ssl_context() is None  # the transport's default: verified against the system CAs
     insecure = Access(insecure=True).ssl_context()

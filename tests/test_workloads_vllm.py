@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from vllm_server import server_spec
 
-from itlaudit.access import Access
-from itlaudit.launcher import launch
-from itlaudit.records import iter_jsonl
+from itlaudit.model.access import Access
+from itlaudit.model.records import iter_jsonl
+from itlaudit.serve.launcher import launch
 
 pytestmark = pytest.mark.vllm
 

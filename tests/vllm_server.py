@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from itlaudit.launcher import LaunchSpec, launch
-from itlaudit.testbed import DEFAULT_VERSION, build_model, default_cache_dir, install
+from itlaudit.serve.launcher import LaunchSpec, launch
+from itlaudit.serve.testbed import DEFAULT_VERSION, build_model, default_cache_dir, install
 
 SERVED_MODEL = "tiny"
 MAX_MODEL_LEN = 2048

@@ -23,9 +23,9 @@ from itlaudit.bisect.search import Answer, Search
 from itlaudit.bisect.settings import Settings, make_provider
 from itlaudit.bisect.state import State
 from itlaudit.bisect.verdict import Figures, read_probe
-from itlaudit.launcher import LaunchSpec
-from itlaudit.orchestrate import launch_spec
-from itlaudit.scenario import Scenario, load_scenario
+from itlaudit.model.scenario import Scenario, load_scenario
+from itlaudit.serve.launcher import LaunchSpec
+from itlaudit.workflows.run import launch_spec
 
 
 def probe_scenario(settings: Settings) -> tuple[Scenario, dict[str, LaunchSpec]]:

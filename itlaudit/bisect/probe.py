@@ -18,18 +18,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from itlaudit.analysis.derive import run_summary
 from itlaudit.bisect.build_range import Build
 from itlaudit.bisect.errors import BuildUnavailable
 from itlaudit.bisect.prefetch import Prefetcher
 from itlaudit.bisect.verdict import Figures, Judgement, Regress, judge, read_trial, script_answer
+from itlaudit.capture.runner import run_variant
 from itlaudit.errors import LaunchError, ServerRejectedError, ServerUnreachableError
-from itlaudit.launcher import LaunchSpec, launch
-from itlaudit.orchestrate import server_log_name
-from itlaudit.records import RecordWriter, load_records
-from itlaudit.rundir import REQUESTS_FILE, SUMMARY_FILE, write_json
-from itlaudit.runner import run_variant
-from itlaudit.scenario import Scenario
-from itlaudit.summary import run_summary
+from itlaudit.model.records import RecordWriter, load_records
+from itlaudit.model.scenario import Scenario
+from itlaudit.serve.launcher import LaunchSpec, launch
+from itlaudit.store.rundir import REQUESTS_FILE, SUMMARY_FILE, write_json
+from itlaudit.workflows.run import server_log_name
 
 GOOD, BAD, SKIP, UNKNOWN = "good", "bad", "skip", "unknown"
 

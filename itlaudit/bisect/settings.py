@@ -21,7 +21,7 @@ from itlaudit.bisect.providers.docker import DEFAULT_IMAGES, DockerProvider, rel
 from itlaudit.bisect.providers.pip import PipProvider
 from itlaudit.bisect.providers.wheels import DEFAULT_URL, DEFAULT_VARIANTS, WheelsProvider
 from itlaudit.bisect.verdict import Regress, parse_regress
-from itlaudit.testbed import default_cache_dir
+from itlaudit.serve.testbed import default_cache_dir
 
 PROVIDERS = ("wheels", "docker", "pip", "command")
 # The seed case as a packaged scenario: what a bare `itlaudit bisect --from A --to B` runs.

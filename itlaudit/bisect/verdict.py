@@ -4,7 +4,7 @@ Everything is read back from the run folders on disk (requests.jsonl, through th
 summary functions `itlaudit report` uses), never from memory, so a resumed bisection judges its old
 probes exactly as the original run did. A rule answers True (the problem is present), False (absent)
 or None (not clear yet: more trials, then unknown). Timing rules never trust a ratio alone: the
-Mann-Whitney U test of itlaudit.stats must also say the difference is real.
+Mann-Whitney U test of itlaudit.analysis.stats must also say the difference is real.
 
 `auto` (the default) is the seed's lesson as a rule: a probe is bad when it differs from the good end
 in token ITL (beyond the threshold and significant), in truncation findings, or in errors, and the
@@ -22,12 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from itlaudit import findings, stats
+from itlaudit.analysis import findings, stats
+from itlaudit.analysis.derive import run_summary
+from itlaudit.analysis.metrics import request_metrics
 from itlaudit.bisect.errors import BisectError
-from itlaudit.metrics import request_metrics
-from itlaudit.records import load_records
-from itlaudit.rundir import REQUESTS_FILE
-from itlaudit.summary import run_summary
+from itlaudit.model.records import load_records
+from itlaudit.store.rundir import REQUESTS_FILE
 
 MODES = ("auto", "itl", "speedup", "truncation", "error")
 TIMING_MODES = frozenset({"auto", "itl", "speedup"})

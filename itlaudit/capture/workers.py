@@ -1,7 +1,7 @@
 """Capture workers: processes that each run their share of a variant's requests on their own loop.
 
 One event loop can stamp only so many streams before its callbacks queue behind each other, so the
-coordinator (`itlaudit.runner`) splits the workload over processes. Each worker:
+coordinator (`itlaudit.capture.runner`) splits the workload over processes. Each worker:
 
 - dies with its parent (PR_SET_PDEATHSIG on Linux), so a killed run leaves no capture behind;
 - answers clock pings before the start, so the coordinator can measure its monotonic clock's offset
@@ -30,11 +30,17 @@ from multiprocessing.connection import Connection
 from multiprocessing.synchronize import Barrier
 from typing import Any
 
-from itlaudit.access import Access
+from itlaudit.capture.client import PlannedRequest, stream_request
 from itlaudit.capture.lagprobe import LagProbe, new_capture_loop
 from itlaudit.capture.transport import StampMode, kernel_stamps_supported
-from itlaudit.client import PlannedRequest, stream_request
-from itlaudit.records import STATUS_HTTP_ERROR, STATUS_RATE_LIMITED, RecordWriter, RequestRecord, Timeouts
+from itlaudit.model.access import Access
+from itlaudit.model.records import (
+    STATUS_HTTP_ERROR,
+    STATUS_RATE_LIMITED,
+    RecordWriter,
+    RequestRecord,
+    Timeouts,
+)
 
 # Streams per worker for `--workers auto`. A chunk costs a worker ~40 µs of CPU on the 2-core development
 # machine (kernel stamps, h11 framing, SSE, msgspec: measured with 16 streams × 500 chunks/s), so 16

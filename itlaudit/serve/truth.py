@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from itlaudit.serve.sendlog import SendLog
-from itlaudit.sim import (
+from itlaudit.serve.sim import (
     _DONE_FRAME,
     FIRST_REGULAR_TOKEN_ID,
     VLLM_VERSION,

@@ -12,9 +12,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from itlaudit.records import STATUS_OK, RequestRecord
+from itlaudit.analysis.derive import derive_request
+from itlaudit.model.records import STATUS_OK, RequestRecord
 from itlaudit.smoke.suite import DEFAULT_METRIC, CheckSpec, Suite
-from itlaudit.summary import derive_request
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 # Enough examples to show a pattern in a JUnit failure without burying it.

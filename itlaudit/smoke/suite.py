@@ -13,11 +13,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from itlaudit.comparison import ACCEPTANCE_LENGTH_MISMATCH
+from itlaudit.analysis.comparison import ACCEPTANCE_LENGTH_MISMATCH
+from itlaudit.analysis.findings import CODES
+from itlaudit.analysis.metrics import SUMMARY_METRICS
 from itlaudit.errors import ScenarioError
-from itlaudit.findings import CODES
-from itlaudit.metrics import SUMMARY_METRICS
-from itlaudit.scenario import LAUNCH_KINDS, LaunchConfig, Scenario, load_scenario
+from itlaudit.model.scenario import LAUNCH_KINDS, LaunchConfig, Scenario, load_scenario
 
 SUITE_FILE = "suite.toml"
 STATS = ("mean", "p50", "p90", "p99")

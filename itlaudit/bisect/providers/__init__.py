@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from itlaudit.bisect.build_range import Build
-from itlaudit.launcher import LaunchSpec
+from itlaudit.serve.launcher import LaunchSpec
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import ClassVar
 from itlaudit.bisect.build_range import SHORT_SHA, Build
 from itlaudit.bisect.errors import BuildUnavailable
 from itlaudit.bisect.providers import Found, Prepared, Provider
-from itlaudit.launcher import LaunchSpec, fill_placeholders
+from itlaudit.serve.launcher import LaunchSpec, fill_placeholders
 
 
 def fill(template: list[str], build: Build) -> list[str]:

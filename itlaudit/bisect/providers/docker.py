@@ -18,7 +18,7 @@ from itlaudit.bisect.build_cache import BuildCache
 from itlaudit.bisect.build_range import SHORT_SHA, Build
 from itlaudit.bisect.errors import BuildUnavailable
 from itlaudit.bisect.providers import Found, Prepared, Provider
-from itlaudit.launcher import LaunchSpec, fill_placeholders
+from itlaudit.serve.launcher import LaunchSpec, fill_placeholders
 
 DEFAULT_IMAGES = (
     "vllm/vllm-openai:nightly-{commit}",

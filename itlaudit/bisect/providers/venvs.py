@@ -11,7 +11,7 @@ import venv
 from pathlib import Path
 
 from itlaudit.bisect.errors import BuildUnavailable
-from itlaudit.logged import run_logged
+from itlaudit.serve.logged import run_logged
 
 INSTALL_LOG = "install.log"
 

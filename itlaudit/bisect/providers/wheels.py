@@ -23,7 +23,7 @@ from itlaudit.bisect.build_cache import BuildCache
 from itlaudit.bisect.build_range import Build
 from itlaudit.bisect.errors import BuildUnavailable
 from itlaudit.bisect.providers import Found, Prepared, Provider, venvs
-from itlaudit.launcher import LaunchSpec
+from itlaudit.serve.launcher import LaunchSpec
 
 DEFAULT_URL = "https://wheels.vllm.ai"
 # "" is the unsuffixed default index; cu130 and cu129 cover both sides of the 2026 default change.

@@ -1,0 +1,1 @@
+"""Pure figures and rules: metrics, derived records, findings, comparisons, statistics."""

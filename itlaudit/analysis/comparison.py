@@ -1,0 +1,154 @@
+"""K0-vs-K3 figures (pure): speedups over the baseline variant and the stream-vs-/metrics
+acceptance cross-check. The baseline is the scenario's first variant, normally K=0."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from itlaudit.analysis.findings import ERROR, Finding
+from itlaudit.analysis.lossless import spec_decode_mismatches
+from itlaudit.analysis.metrics import token_counts
+from itlaudit.analysis.specdecode import SpecDecodeStats
+from itlaudit.model.records import STATUS_OK, RequestRecord
+
+ACCEPTANCE_LENGTH_MISMATCH = "acceptance_length_mismatch"
+# Stream and counters measure the same thing but round differently (the last chunk of a request
+# carries the remainder, prefill is excluded); past 10% they describe different traffic.
+ACCEPTANCE_TOLERANCE = 0.10
+
+
+def stream_acceptance_length(records: Sequence[RequestRecord]) -> float | None:
+    """Tokens per decode chunk over all finished requests: what /metrics' acceptance length predicts
+    when every engine step reaches the client as one chunk."""
+    tokens = chunks = 0
+    for record in records:
+        if record.status != STATUS_OK:
+            continue
+        _, cumulative, _ = token_counts(record)
+        if len(cumulative) >= 2:
+            tokens += int(cumulative[-1] - cumulative[0])
+            chunks += len(cumulative) - 1
+    return tokens / chunks if chunks else None
+
+
+def _decode_chunks(records: Sequence[RequestRecord]) -> int:
+    return sum(max(len(token_counts(r)[1]) - 1, 0) for r in records if r.status == STATUS_OK)
+
+
+def stream_accepted_tokens(records: Sequence[RequestRecord]) -> int | None:
+    """Accepted draft tokens as the stream shows them: each decode step brings one token of the
+    target's own plus its accepted drafts, so accepted = decode tokens − decode chunks.
+
+    This is the cross-check that survives drafters that sometimes propose nothing (ngram when no
+    n-gram matches): /metrics' acceptance length divides by the steps that drafted, the stream's by
+    every step, so those two drift apart while the accepted-token counts still agree (vLLM 0.24.0 on
+    an H200, ngram K=3: 4088 − 1484 = 2604 on the stream vs 2612 in /metrics)."""
+    accepted = 0
+    seen = False
+    for record in records:
+        if record.status != STATUS_OK:
+            continue
+        _, cumulative, _ = token_counts(record)
+        if len(cumulative) >= 2:
+            accepted += int(cumulative[-1] - cumulative[0]) - (len(cumulative) - 1)
+            seen = True
+    return accepted if seen else None
+
+
+def _apart(a: float | None, b: float | None) -> float | None:
+    """Relative gap of a from the reference b; None when either is unknown or b is zero."""
+    return abs(a - b) / b if a is not None and b else None
+
+
+def _acceptance_mismatch(
+    name: str, records: Sequence[RequestRecord], stats: SpecDecodeStats | None
+) -> Finding | None:
+    """Fires when the stream and /metrics disagree on acceptance length, unless the accepted tokens
+    agree and /metrics counts no more drafting steps than the stream has decode steps: that is a
+    drafter that skipped steps (ngram without a match), not lost chunks or foreign traffic."""
+    stream_al = stream_acceptance_length(records)
+    metrics_al = stats.acceptance_length if stats else None
+    length_gap = _apart(stream_al, metrics_al)
+    if stats is None or length_gap is None or length_gap <= ACCEPTANCE_TOLERANCE:
+        return None
+    stream_accepted = stream_accepted_tokens(records)
+    accepted_gap = _apart(stream_accepted, stats.num_accepted_tokens)
+    steps = _decode_chunks(records)
+    skipped_steps = stats.num_drafts <= steps * (1 + ACCEPTANCE_TOLERANCE)
+    if accepted_gap is not None and accepted_gap <= ACCEPTANCE_TOLERANCE and skipped_steps:
+        return None
+    accepted_text = (
+        f"; accepted tokens {stream_accepted} on the stream vs {stats.num_accepted_tokens:.0f} in /metrics"
+        if stream_accepted is not None
+        else ""
+    )
+    return Finding(
+        code=ACCEPTANCE_LENGTH_MISMATCH,
+        severity=ERROR,
+        message=(
+            f"Variant {name!r}: the stream shows {stream_al:.2f} tokens per decode chunk but /metrics "
+            f"says acceptance length {metrics_al:.2f} ({length_gap:.0%} apart){accepted_text}: chunks "
+            "were merged or lost on the way, or other traffic reached the server."
+        ),
+        evidence={
+            "variant": name,
+            "stream": stream_al,
+            "metrics": metrics_al,
+            "gap": length_gap,
+            "stream_accepted_tokens": stream_accepted,
+            "metrics_accepted_tokens": stats.num_accepted_tokens,
+            "accepted_gap": accepted_gap,
+            "stream_decode_chunks": steps,
+            "metrics_drafts": stats.num_drafts,
+        },
+    )
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return num / den if num is not None and den else None
+
+
+def _p50(block: dict[str, Any], key: str) -> float | None:
+    return (block.get(key) or {}).get("p50")
+
+
+def build_comparison(
+    summary: dict[str, Any],
+    records: Sequence[RequestRecord],
+    spec_stats: dict[str, SpecDecodeStats | None],
+) -> dict[str, Any]:
+    """compare.json: per-variant figures, speedups vs the first variant, cross-check findings
+    (stream vs /metrics acceptance; greedy outputs that differ from the baseline's)."""
+    variants: dict[str, Any] = summary["variants"]
+    names = list(variants)
+    base = variants[names[0]] if names else {}
+    out: dict[str, Any] = {"baseline": names[0] if names else None, "variants": {}, "findings": []}
+    for name in names:
+        block = variants[name]
+        stats = spec_stats.get(name)
+        mine = [r for r in records if r.variant == name]
+        stream_al = stream_acceptance_length(mine)
+        stream_accepted = stream_accepted_tokens(mine)
+        out["variants"][name] = {
+            "itl_ms_p50": _p50(block, "itl_ms"),
+            "chunk_itl_ms_p50": _p50(block, "chunk_itl_ms"),
+            "decode_tokens_per_s_p50": _p50(block, "decode_tokens_per_s"),
+            "completion_tokens_p50": _p50(block, "completion_tokens"),
+            "speedup_token_itl": _ratio(_p50(base, "itl_ms"), _p50(block, "itl_ms")),
+            "speedup_chunk_itl": _ratio(_p50(base, "chunk_itl_ms"), _p50(block, "chunk_itl_ms")),
+            "speedup_decode_tokens_per_s": _ratio(
+                _p50(block, "decode_tokens_per_s"), _p50(base, "decode_tokens_per_s")
+            ),
+            "stream_acceptance_length": stream_al,
+            "stream_accepted_tokens": stream_accepted,
+            "spec_decode": stats.to_json() if stats else None,
+        }
+        mismatch = _acceptance_mismatch(name, mine, stats)
+        if mismatch is not None:
+            out["findings"].append(mismatch.to_json())
+    baseline = [r for r in records if r.variant == out["baseline"]]
+    for name in names[1:]:
+        mismatches = spec_decode_mismatches(baseline, [r for r in records if r.variant == name])
+        out["findings"] += [f.to_json() for f in mismatches]
+    return out

@@ -1,0 +1,116 @@
+"""Pure assembly of a run's derived figures: per-request lines and per-variant summaries.
+
+Everything here is recomputable from requests.jsonl alone, which is what lets `itlaudit report`
+re-derive a run's results with a newer itlaudit.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+from itlaudit.analysis.findings import Finding, request_findings, run_findings
+from itlaudit.analysis.metrics import (
+    RequestMetrics,
+    request_metrics,
+    summarize,
+    tokens_per_chunk_hist,
+    variant_summary,
+)
+from itlaudit.analysis.quality import text_quality
+from itlaudit.model.records import STATUS_OK, RequestRecord
+
+
+def derive_request(record: RequestRecord) -> dict[str, Any]:
+    """The one derivation of a request's figures: metrics, text quality and findings, keyed by
+    request_id and variant. requests.jsonl holds only the raw record; this is what derived.jsonl,
+    requests.csv and every reader of per-request figures (diff, bisect, smoke, report) use."""
+    metrics = request_metrics(record)
+    findings = request_findings(record, metrics)
+    line: dict[str, Any] = {"request_id": record.request_id, "variant": record.variant}
+    derived = asdict(metrics)
+    derived.pop("e2e_ms", None)  # already on the raw record, same value
+    derived.pop("completion_tokens", None)
+    line.update(derived)
+    line.update(text_quality(record.text).to_json())  # digit_ratio, rep_n, ..., text_sha256
+    line["findings"] = [f.code for f in findings]
+    line["finding_details"] = [f.to_json() for f in findings]
+    return line
+
+
+def _variant_block(records: Sequence[RequestRecord], metrics: Sequence[RequestMetrics]) -> dict[str, Any]:
+    per_request = [request_findings(r, m) for r, m in zip(records, metrics, strict=True)]
+    codes = Counter(f.code for found in per_request for f in found)
+    hist: Counter[int] = Counter()
+    for record in records:
+        hist.update(tokens_per_chunk_hist(record))
+    sources = Counter(m.token_source for m in metrics)
+    block: dict[str, Any] = {
+        "requests": len(records),
+        "errors": sum(1 for r in records if r.status != STATUS_OK),
+        "token_source": dict(sources),
+        "tokens_per_chunk_hist": {str(k): v for k, v in sorted(hist.items())},
+        "client_loop_lag_ms": _loop_lag(records),
+        "schedule_lag_ms": summarize([schedule_lag_ms(r) for r in records]),
+    }
+    block.update(variant_summary(metrics))
+    block["findings"] = dict(sorted(codes.items()))
+    categories = by_category(records, metrics)
+    if categories:
+        block["categories"] = categories
+    return block
+
+
+CATEGORY_METRICS = ("itl_ms", "tpot_ms", "decode_tokens_per_chunk")
+
+
+def by_category(records: Sequence[RequestRecord], metrics: Sequence[RequestMetrics]) -> dict[str, Any]:
+    """Token ITL, TPOT and stream acceptance (decode tokens per chunk) per dataset category: draft
+    acceptance, and so a speculative server's speedup, depends on what is being written. Requests
+    without a category are left out; no categories, no breakdown."""
+    groups: dict[str, list[RequestMetrics]] = {}
+    for record, figures in zip(records, metrics, strict=True):
+        if record.category is not None:
+            groups.setdefault(record.category, []).append(figures)
+    return {
+        name: {
+            "requests": len(group),
+            **{key: summarize([getattr(m, key) for m in group]) for key in CATEGORY_METRICS},
+        }
+        for name, group in sorted(groups.items())
+    }
+
+
+def schedule_lag_ms(record: RequestRecord) -> float | None:
+    """How late the client dispatched an open-loop request (send − scheduled): a late client sends a
+    different workload than the one planned, and its p99 says how different."""
+    if record.scheduled_ms is None or record.sent_offset_ms is None:
+        return None
+    return record.sent_offset_ms - record.scheduled_ms
+
+
+def _loop_lag(records: Sequence[RequestRecord]) -> dict[str, float | None]:
+    """The capture loops' lag over the variant: the worst request's p99 and the worst single stall."""
+    p99s = [r.loop_lag_p99_ms for r in records if r.loop_lag_p99_ms is not None]
+    maxes = [r.loop_lag_max_ms for r in records if r.loop_lag_max_ms is not None]
+    return {"worst_p99": max(p99s) if p99s else None, "max": max(maxes) if maxes else None}
+
+
+def run_summary(
+    records: Sequence[RequestRecord], variant_order: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """summary.json: per-variant blocks in scenario order, then run-level findings."""
+    names = list(variant_order or [])
+    names += [r.variant for r in records if r.variant not in names]
+    variants: dict[str, Any] = {}
+    for name in dict.fromkeys(names):
+        mine = [r for r in records if r.variant == name]
+        variants[name] = _variant_block(mine, [request_metrics(r) for r in mine])
+    run_level: list[Finding] = run_findings(records)
+    for finding in run_level:
+        block = variants.get(str(finding.evidence.get("variant")))
+        if block is not None:
+            block["findings"][finding.code] = block["findings"].get(finding.code, 0) + 1
+    return {"variants": variants, "run_findings": [f.to_json() for f in run_level]}

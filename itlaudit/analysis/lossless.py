@@ -1,0 +1,150 @@
+"""Lossless speculative decoding: at temperature 0 the K>0 output must equal the K=0 output.
+
+Greedy speculative decoding is exact by construction (a draft token is kept only if it is the target's
+argmax), so any difference is either a bug or bf16 batch variance: verifying K+1 positions in one step
+is a different batch shape than decoding one, and a near-tie between the top two candidates can flip.
+The check cannot tell which from the outputs alone, so it reports the first differing position, and
+`with_divergence_logprobs` adds both servers' top candidates there so a human can: a margin of a few
+hundredths of a nat is variance, a margin of several nats is a bug. Pure: records in, findings out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from itlaudit.analysis.findings import ERROR, WARNING, Finding
+from itlaudit.analysis.invariance import TopLogprobs
+from itlaudit.model.records import STATUS_OK, RequestRecord
+
+SPEC_DECODE_OUTPUT_MISMATCH = "spec_decode_output_mismatch"
+CODES = (SPEC_DECODE_OUTPUT_MISMATCH,)
+
+# Seed 000 measured bf16 batch variance of up to ~0.2 nats on a real model: a base-server margin
+# below that between its top two candidates is a tie that variance can legitimately break.
+NEAR_TIE_NATS = 0.2
+_CONTEXT = 5
+_SHOWN_CANDIDATES = 5
+
+
+def prompt_index(record: RequestRecord) -> str:
+    """The request's position in the workload: the runner names requests `<variant>-<index>`, so the
+    same suffix on two variants means the same prompt."""
+    return record.request_id.rpartition("-")[2]
+
+
+def _token_ids(record: RequestRecord) -> list[int] | None:
+    """All output ids, or None if any content chunk lacked them: with gaps, positions would not line up."""
+    chunks = record.chunks
+    per_chunk = [ids for ids, choice in zip(chunks.token_ids, chunks.has_choice, strict=True) if choice]
+    if not per_chunk or any(ids is None for ids in per_chunk):
+        return None
+    return [tok for ids in per_chunk if ids is not None for tok in ids]
+
+
+def _first_difference(a: Sequence[object], b: Sequence[object]) -> int | None:
+    for pos, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return pos
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _greedy(record: RequestRecord) -> bool:
+    return record.status == STATUS_OK and record.params.temperature == 0
+
+
+def _mismatch(base: RequestRecord, spec: RequestRecord) -> Finding | None:
+    base_ids, spec_ids = _token_ids(base), _token_ids(spec)
+    unit = "token" if base_ids is not None and spec_ids is not None else "char"
+    a: Sequence[object] = base_ids if base_ids is not None and unit == "token" else base.text
+    b: Sequence[object] = spec_ids if spec_ids is not None and unit == "token" else spec.text
+    pos = _first_difference(a, b)
+    if pos is None:
+        return None
+    shorter = base if len(a) < len(b) else spec
+    if pos == min(len(a), len(b)) and shorter.finish_reason == "length":
+        return None  # one side was cut short: a truncation finding's business, not a lossless one
+    base_at = a[pos] if pos < len(a) else None
+    spec_at = b[pos] if pos < len(b) else None
+    message = (
+        f"Prompt {prompt_index(base)}: at temperature 0 the speculative output differs from the K=0 output "
+        f"at {unit} {pos} ({base_at!r} vs {spec_at!r}); greedy speculative decoding should be exact, so "
+        "this is a bug or batch variance breaking a near-tie (compare the top logprobs there)."
+    )
+    evidence = {
+        "prompt_index": prompt_index(base),
+        "base_request_id": base.request_id,
+        "spec_request_id": spec.request_id,
+        "unit": unit,
+        "position": pos,
+        "base_value": base_at,
+        "spec_value": spec_at,
+        "context_before": list(a[max(0, pos - _CONTEXT) : pos]),
+        "base_length": len(a),
+        "spec_length": len(b),
+        "base_finish_reason": base.finish_reason,
+        "spec_finish_reason": spec.finish_reason,
+    }
+    return Finding(SPEC_DECODE_OUTPUT_MISMATCH, ERROR, message, evidence, spec.request_id)
+
+
+def spec_decode_mismatches(base: Sequence[RequestRecord], spec: Sequence[RequestRecord]) -> list[Finding]:
+    """One finding per prompt whose greedy K=0 and K>0 outputs differ, paired by prompt index; pairs
+    that are not both finished greedy requests are skipped (sampling is not expected to match)."""
+    by_index = {prompt_index(r): r for r in base if _greedy(r)}
+    found = []
+    for record in spec:
+        other = by_index.get(prompt_index(record))
+        if other is not None and _greedy(record):
+            finding = _mismatch(other, record)
+            if finding is not None:
+                found.append(finding)
+    return found
+
+
+def _shown(top: TopLogprobs) -> dict[str, float]:
+    ranked = sorted(top.items(), key=lambda kv: kv[1], reverse=True)[:_SHOWN_CANDIDATES]
+    return {str(tok): lp for tok, lp in ranked}
+
+
+def _margin(top: TopLogprobs) -> float | None:
+    ranked = sorted(top.values(), reverse=True)
+    return ranked[0] - ranked[1] if len(ranked) > 1 else None
+
+
+def with_divergence_logprobs(finding: Finding, base_top: TopLogprobs, spec_top: TopLogprobs) -> Finding:
+    """The finding plus both servers' top candidates at the differing position and a reading of them:
+    a base margin under NEAR_TIE_NATS is consistent with batch variance, a larger one points at a bug."""
+    margin = _margin(base_top)
+    if margin is None:
+        verdict = "the base server returned one candidate, so the margin is unknown"
+    elif margin < NEAR_TIE_NATS:
+        verdict = f"the K=0 top-2 margin is {margin:.3g} nats, a near-tie batch variance can break"
+    else:
+        verdict = f"the K=0 top-2 margin is {margin:.3g} nats, too wide for batch variance: likely a bug"
+    evidence = {
+        **finding.evidence,
+        "base_top_logprobs": _shown(base_top),
+        "spec_top_logprobs": _shown(spec_top),
+        "base_top2_margin": margin,
+        "near_tie": margin is not None and margin < NEAR_TIE_NATS,
+    }
+    return replace(finding, message=f"{finding.message} Here {verdict}.", evidence=evidence)
+
+
+def with_execution_modes(finding: Finding, base_mode: str | None, spec_mode: str | None) -> Finding:
+    """A re-scored mismatch between servers of different execution modes (scenario.EXECUTION_MODES):
+    at a near tie it is the two execution paths' numerics, so it becomes a warning that says so; a
+    clear margin (or unknown modes) keeps the error. vLLM 0.24.0 on an H200: eager K0 vs CUDA-graph K3
+    diverged on every prompt, each at a K0 top-2 margin of 0 to 0.004 nats."""
+    if finding.code != SPEC_DECODE_OUTPUT_MISMATCH:
+        return finding
+    evidence = {**finding.evidence, "base_execution_mode": base_mode, "spec_execution_mode": spec_mode}
+    differ = base_mode is not None and spec_mode is not None and base_mode != spec_mode
+    if not (differ and finding.evidence.get("near_tie")):
+        return replace(finding, evidence=evidence)
+    note = (
+        f" The servers run in different execution modes ({base_mode} vs {spec_mode}), whose numerics "
+        "differ: at a near tie this is expected, not a speculative-decoding bug."
+    )
+    return replace(finding, severity=WARNING, message=finding.message + note, evidence=evidence)

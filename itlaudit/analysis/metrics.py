@@ -1,0 +1,170 @@
+"""Per-request latency metrics computed from raw records: pure functions, no I/O.
+
+The point of this module is that inter-token latency is divided by *tokens*, not by SSE chunks. With
+speculative decoding / MTP one chunk carries several accepted tokens, so a chunk-counting benchmark
+reports an ITL inflated by about the acceptance length. The server's cumulative
+`usage.completion_tokens` (continuous usage stats) is the ground truth for how many tokens each chunk
+carried; returned token ids are the next best thing; counting chunks is kept only as a last resort and
+is labelled as such (`token_source == "chunks"`) so findings can say the figure is not comparable.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from itlaudit.model.records import STATUS_OK, ChunkSeries, RequestRecord
+
+TOKEN_SOURCE_USAGE = "usage"
+TOKEN_SOURCE_TOKEN_IDS = "token_ids"
+TOKEN_SOURCE_CHUNKS = "chunks"
+
+SUMMARY_METRICS = (
+    "itl_ms",
+    "chunk_itl_ms",
+    "itl_inflation",
+    "ttft_ms",
+    "tpot_ms",
+    "e2e_ms",
+    "tokens_per_chunk",
+    "decode_tokens_per_chunk",
+    "decode_tokens_per_s",
+    "completion_tokens",
+)
+
+
+def content_chunk_mask(chunks: ChunkSeries) -> tuple[np.ndarray, np.ndarray, str]:
+    """Boolean mask of content chunks, cumulative tokens at each of them, and where the counts came from.
+
+    Usage is trusted only when every chunk that visibly carries output (text or ids) also carries a
+    count: a stream with usage on some chunks only (e.g. include_usage without continuous stats, where
+    just the final usage-only chunk has it) cannot attribute tokens to chunks. A content chunk under
+    usage is one whose count rose above the highest count seen so far, which excludes the chat role
+    chunk (count 0), finish-only and usage-only chunks, yet keeps empty-text chunks that carried a token
+    (a partial UTF-8 sequence detokenises to ""), and never yields a zero or negative token step even if
+    the server's counts go backwards (that is reported by findings, not absorbed here).
+    """
+    has_choice = np.asarray(chunks.has_choice, dtype=bool)
+    text_len = np.asarray(chunks.text_len, dtype=np.int64)
+    n_ids = np.array([-1 if ids is None else len(ids) for ids in chunks.token_ids], dtype=np.int64)
+    counts = np.array([np.nan if c is None else c for c in chunks.completion_tokens], dtype=float)
+    has_usage = ~np.isnan(counts)
+    visibly_carries = has_choice & ((text_len > 0) | (n_ids > 0))
+
+    if (has_choice & has_usage).any() and has_usage[visibly_carries].all():
+        # fmax skips NaN, and the leading 0 is the count before any chunk arrived.
+        highest_before = np.fmax.accumulate(np.concatenate(([0.0], counts)))[:-1]
+        mask = has_choice & (counts > highest_before)
+        return mask, counts[mask].astype(np.int64), TOKEN_SOURCE_USAGE
+    if (has_choice & (n_ids >= 0)).any():
+        mask = has_choice & (n_ids > 0)
+        return mask, np.cumsum(n_ids[mask]), TOKEN_SOURCE_TOKEN_IDS
+    mask = has_choice & (text_len > 0)
+    return mask, np.arange(1, int(mask.sum()) + 1, dtype=np.int64), TOKEN_SOURCE_CHUNKS
+
+
+def token_counts(record: RequestRecord) -> tuple[np.ndarray, np.ndarray, str]:
+    """(t_ms of content chunks, cumulative tokens at each, source): the series every metric divides by."""
+    mask, cumulative, source = content_chunk_mask(record.chunks)
+    return np.asarray(record.chunks.t_ms, dtype=float)[mask], cumulative, source
+
+
+def per_chunk_itl_ms(record: RequestRecord) -> np.ndarray:
+    """Each decode gap spread over the tokens it delivered, so MTP bursts do not look like stalls."""
+    t, cumulative, _ = token_counts(record)
+    return np.diff(t) / np.diff(cumulative)
+
+
+def tokens_per_chunk_hist(record: RequestRecord) -> dict[int, int]:
+    """Tokens per content chunk → number of chunks: the acceptance-length distribution seen on the wire."""
+    _, cumulative, _ = token_counts(record)
+    steps = np.diff(cumulative, prepend=0)
+    return {int(k): v for k, v in sorted(Counter(steps.tolist()).items())}
+
+
+@dataclass(frozen=True)
+class RequestMetrics:
+    """Derived figures for one request; None wherever the stream cannot define them.
+
+    `itl_ms` is the token-true ITL; `chunk_itl_ms` is what chunk-counting tools report, kept so the
+    report can show the inflation rather than just assert it.
+    """
+
+    ttft_ms: float | None
+    itl_ms: float | None
+    chunk_itl_ms: float | None
+    itl_inflation: float | None
+    tokens_per_chunk: float | None
+    decode_tokens_per_chunk: float | None
+    tpot_ms: float | None
+    e2e_ms: float | None
+    decode_tokens_per_s: float | None
+    completion_tokens: int | None
+    content_chunks: int
+    token_source: str
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return float(num / den) if den > 0 else None
+
+
+def request_metrics(record: RequestRecord) -> RequestMetrics:
+    """Metrics for one record; never raises on degenerate input.
+
+    A failed request keeps only what was seen (chunk count, token source): its partial stream has no
+    latency profile worth averaging, and letting it into variant summaries would skew them.
+    """
+    t, cumulative, source = token_counts(record)
+    n = len(t)
+    empty = RequestMetrics(None, None, None, None, None, None, None, None, None, None, n, source)
+    if record.status != STATUS_OK or n == 0:
+        return empty
+
+    ttft = float(t[0])
+    completion_tokens = (
+        record.completion_tokens if record.completion_tokens is not None else int(cumulative[-1])
+    )
+    decode_ms = float(t[-1] - t[0])
+    decode_tokens = int(cumulative[-1] - cumulative[0])
+    itl = _ratio(decode_ms, decode_tokens)
+    chunk_itl = _ratio(decode_ms, n - 1)
+    tpot = None
+    if record.e2e_ms is not None:
+        tpot = _ratio(record.e2e_ms - ttft, completion_tokens - 1)
+    return RequestMetrics(
+        ttft_ms=ttft,
+        itl_ms=itl,
+        chunk_itl_ms=chunk_itl,
+        itl_inflation=_ratio(chunk_itl, itl) if chunk_itl is not None and itl is not None else None,
+        tokens_per_chunk=float(cumulative[-1] / n),
+        decode_tokens_per_chunk=_ratio(decode_tokens, n - 1),
+        tpot_ms=tpot,
+        e2e_ms=record.e2e_ms,
+        decode_tokens_per_s=_ratio(decode_tokens * 1000.0, decode_ms),
+        completion_tokens=completion_tokens,
+        content_chunks=n,
+        token_source=source,
+    )
+
+
+def summarize(values: Sequence[float | None]) -> dict[str, float | int | None]:
+    """count/mean/p50/p90/p99 over the defined values; undefined ones are dropped, not counted as zero."""
+    kept = np.array([v for v in values if v is not None], dtype=float)
+    if kept.size == 0:
+        return {"count": 0, "mean": None, "p50": None, "p90": None, "p99": None}
+    p50, p90, p99 = np.percentile(kept, [50, 90, 99])
+    return {
+        "count": int(kept.size),
+        "mean": float(kept.mean()),
+        "p50": float(p50),
+        "p90": float(p90),
+        "p99": float(p99),
+    }
+
+
+def variant_summary(metrics: Sequence[RequestMetrics]) -> dict[str, dict]:
+    """summarize() of each SUMMARY_METRICS field across a variant's requests."""
+    return {name: summarize([getattr(m, name) for m in metrics]) for name in SUMMARY_METRICS}

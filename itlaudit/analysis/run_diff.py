@@ -1,0 +1,227 @@
+"""BASE vs NEW run of the same scenario: per variant and metric, a verdict a CI gate can act on.
+
+Pure: takes both runs' records, returns the comparison and its Markdown. Verdicts come from
+`stats.compare_samples` over per-request values (one sample per request, so a long request does not
+outvote a short one), the same rule `itlaudit bisect` uses.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from itlaudit.analysis.findings import request_findings, run_findings
+from itlaudit.analysis.metrics import RequestMetrics, request_metrics
+from itlaudit.analysis.stats import BETTER, SAME, UNKNOWN, WORSE, Comparison, compare_samples
+from itlaudit.model.records import STATUS_OK, RequestRecord
+from itlaudit.report.markdown import escape
+
+ERROR_RATE = ("error_rate", "error rate")
+# Workload fields a run's fingerprint carries (ledger.variant_fingerprint); num_requests is left out,
+# since more requests of the same workload only sharpen the comparison.
+_FINGERPRINT_WORKLOAD_KEYS = ("prompts_sha256", "concurrency", "extra_body")
+
+# (metric, label, lower is better). completion_tokens: fewer than the base means a cap or an early
+# stop crept in, which is the regression that fakes a slowdown, so a drop counts as worse.
+DIFF_METRICS = (
+    ("itl_ms", "token ITL (ms)", True),
+    ("chunk_itl_ms", "chunk ITL (ms)", True),
+    ("ttft_ms", "TTFT (ms)", True),
+    ("tpot_ms", "TPOT (ms)", True),
+    ("e2e_ms", "E2E (ms)", True),
+    ("decode_tokens_per_s", "decode tokens/s", False),
+    ("tokens_per_chunk", "tokens per chunk", False),
+    ("completion_tokens", "completion tokens", False),
+)
+
+
+@dataclass(frozen=True)
+class MetricDiff:
+    variant: str
+    metric: str
+    label: str
+    comparison: Comparison
+
+
+@dataclass(frozen=True)
+class RunDiff:
+    metrics: list[MetricDiff]
+    appeared: dict[str, dict[str, int]]  # variant → finding code → count in NEW, absent from BASE
+    vanished: dict[str, dict[str, int]]  # variant → finding code → count in BASE, absent from NEW
+    only_base: list[str]
+    only_new: list[str]
+
+    def has(self, verdict: str) -> bool:
+        return any(m.comparison.verdict == verdict for m in self.metrics)
+
+
+def _finding_counts(records: Sequence[RequestRecord]) -> dict[str, Counter[str]]:
+    counts: dict[str, Counter[str]] = {}
+    for record in records:
+        found = request_findings(record, request_metrics(record))
+        counts.setdefault(record.variant, Counter()).update(f.code for f in found)
+    for finding in run_findings(records):
+        counts.setdefault(str(finding.evidence.get("variant")), Counter())[finding.code] += 1
+    return counts
+
+
+def _by_variant(records: Sequence[RequestRecord]) -> dict[str, list[RequestMetrics]]:
+    out: dict[str, list[RequestMetrics]] = {}
+    for record in records:
+        out.setdefault(record.variant, []).append(request_metrics(record))
+    return out
+
+
+def error_rate_comparison(base: Sequence[RequestRecord], new: Sequence[RequestRecord]) -> Comparison:
+    """Failed requests / requests. Any rise is worse: a benchmark's requests are not supposed to fail,
+    and a new run whose requests all failed has no latency left to judge, so this is its only verdict."""
+    b_failed = sum(r.status != STATUS_OK for r in base)
+    n_failed = sum(r.status != STATUS_OK for r in new)
+    b_rate, n_rate = b_failed / len(base), n_failed / len(new)
+    ratio = n_rate / b_rate if b_rate > 0 else None
+    verdict = WORSE if n_rate > b_rate else BETTER if n_rate < b_rate else SAME
+    reason = f"{n_failed} of {len(new)} requests failed vs {b_failed} of {len(base)}"
+    return Comparison(verdict, ratio, None, b_rate, n_rate, len(base), len(new), reason)
+
+
+def workload_of(meta: Mapping[str, Any], records: Sequence[RequestRecord]) -> dict[str, Any]:
+    """What a run asked the server for, from its meta.json and records: two runs compare only when
+    this matches (the server and build are what a diff is meant to vary)."""
+    variants = meta.get("variants")
+    stored = [
+        (info.get("fingerprint") or {}).get("workload") or {}
+        for info in (variants.values() if isinstance(variants, Mapping) else [])
+        if isinstance(info, Mapping)
+    ]
+    fingerprinted = next((w for w in stored if w), {})
+    return {
+        "scenario": meta.get("scenario"),
+        "endpoint": sorted({r.endpoint for r in records}) or None,
+        "model": sorted({r.model for r in records}) or None,
+        "params": sorted({json.dumps(asdict(r.params), sort_keys=True) for r in records}) or None,
+        **{key: fingerprinted.get(key) for key in _FINGERPRINT_WORKLOAD_KEYS},
+    }
+
+
+def workload_differences(base: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """`key base vs new` for each field known in both runs that differs."""
+    return [
+        f"{key} {_shown(base[key])} vs {_shown(new[key])}"
+        for key in base
+        if base.get(key) is not None and new.get(key) is not None and base[key] != new[key]
+    ]
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+
+
+def diff_runs(
+    base: Sequence[RequestRecord],
+    new: Sequence[RequestRecord],
+    *,
+    threshold: float = 1.1,
+    alpha: float = 0.05,
+) -> RunDiff:
+    """Variants are matched by name, in BASE's order; a variant in one run only is listed, not judged."""
+    base_names = list(dict.fromkeys(r.variant for r in base))
+    new_names = list(dict.fromkeys(r.variant for r in new))
+    shared = [n for n in base_names if n in new_names]
+    base_metrics, new_metrics = _by_variant(base), _by_variant(new)
+    rows = [
+        MetricDiff(
+            variant,
+            metric,
+            label,
+            compare_samples(
+                [getattr(m, metric) for m in base_metrics[variant]],
+                [getattr(m, metric) for m in new_metrics[variant]],
+                lower_is_better=lower,
+                threshold=threshold,
+                alpha=alpha,
+            ),
+        )
+        for variant in shared
+        for metric, label, lower in DIFF_METRICS
+    ]
+    by_variant_base = {n: [r for r in base if r.variant == n] for n in shared}
+    by_variant_new = {n: [r for r in new if r.variant == n] for n in shared}
+    rows += [
+        MetricDiff(
+            variant, *ERROR_RATE, error_rate_comparison(by_variant_base[variant], by_variant_new[variant])
+        )
+        for variant in shared
+    ]
+    base_found, new_found = _finding_counts(base), _finding_counts(new)
+    appeared, vanished = {}, {}
+    for variant in shared:
+        b, n = base_found.get(variant, Counter()), new_found.get(variant, Counter())
+        if added := {code: count for code, count in n.items() if code not in b}:
+            appeared[variant] = added
+        if gone := {code: count for code, count in b.items() if code not in n}:
+            vanished[variant] = gone
+    return RunDiff(
+        metrics=rows,
+        appeared=appeared,
+        vanished=vanished,
+        only_base=[n for n in base_names if n not in new_names],
+        only_new=[n for n in new_names if n not in base_names],
+    )
+
+
+_ICON = {"better": "✅ better", "worse": "❌ worse", SAME: "same", UNKNOWN: "❔ unknown"}
+
+
+def _num(value: float | None) -> str:
+    return "–" if value is None else f"{value:.4g}"
+
+
+def render_diff(diff: RunDiff, base_label: str, new_label: str) -> str:
+    """Markdown for a PR comment: the verdict line first, the table, then what changed in findings."""
+    worse = [m for m in diff.metrics if m.comparison.verdict == WORSE]
+    lines = [f"## itlaudit diff: `{escape(new_label)}` vs `{escape(base_label)}`", ""]
+    if worse:
+        lines.append("**Worse:** " + ", ".join(f"{escape(m.variant)} {m.label}" for m in worse))
+    elif diff.appeared:
+        lines.append("**No metric is worse, but new findings appeared** (see below).")
+    else:
+        lines.append("**No metric is worse.**")
+    lines += [
+        "",
+        "Values are medians over requests; ratio = new / base; p from a two-sided Mann–Whitney U test.",
+        "",
+        "| variant | metric | base | new | ratio | p | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for m in diff.metrics:
+        c = m.comparison
+        ratio = "–" if c.ratio is None else f"{c.ratio:.3f}×"
+        p = "–" if c.p_value is None else f"{c.p_value:.2g}"
+        lines.append(
+            f"| {escape(m.variant)} | {m.label} | {_num(c.base_median)} | {_num(c.new_median)} "
+            f"| {ratio} | {p} "
+            f"| {_ICON.get(c.verdict, c.verdict)} |"
+        )
+    lines.append("")
+    for title, groups in (
+        ("Findings that appeared", diff.appeared),
+        ("Findings that vanished", diff.vanished),
+    ):
+        if groups:
+            lines += [f"**{title}:**", ""]
+            lines += [
+                f"- {escape(v)}: " + ", ".join(f"{code} × {n}" for code, n in codes.items())
+                for v, codes in groups.items()
+            ]
+            lines.append("")
+    if diff.only_base or diff.only_new:
+        lines.append(
+            f"Not compared (in one run only): base {', '.join(diff.only_base) or '–'}; "
+            f"new {', '.join(diff.only_new) or '–'}."
+        )
+    return "\n".join(lines).rstrip() + "\n"

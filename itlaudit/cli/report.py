@@ -1,0 +1,185 @@
+"""`itlaudit report`, `diff` and `export`: the commands that read finished run folders.
+
+File reading and argument checks live here; the figures, verdicts and rendering are the pure modules'.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from itlaudit.analysis.derive import derive_request, run_summary
+from itlaudit.analysis.importers import ImportedBenchmark, parse_import
+from itlaudit.analysis.run_diff import diff_runs, render_diff, workload_differences, workload_of
+from itlaudit.analysis.stats import UNKNOWN, WORSE
+from itlaudit.errors import RecordsError
+from itlaudit.model.records import RequestRecord, load_records
+from itlaudit.store.export import CHUNK_FORMATS, write_chunks
+from itlaudit.store.rundir import META_FILE, REQUESTS_FILE, new_run_dir, read_json, write_derived
+
+out = Console()
+FAIL_ON = (WORSE, UNKNOWN, "findings")
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    path: Path
+    title: str
+    order: list[str]
+    records: list[RequestRecord]
+    meta: dict[str, Any]
+
+
+def load_run(path: Path) -> Run:
+    """A run folder is anything with a requests.jsonl; meta.json (optional) gives title and order."""
+    if not path.is_dir():
+        raise RecordsError(f"{path}: no such run folder")
+    if not (path / REQUESTS_FILE).is_file():
+        raise RecordsError(
+            f"{path}: not a run folder (no {REQUESTS_FILE}); point at the folder `itlaudit run` made"
+        )
+    meta: dict[str, Any] = {}
+    if (path / META_FILE).is_file():
+        try:
+            loaded = read_json(path / META_FILE)
+        except ValueError:
+            loaded = {}
+        meta = loaded if isinstance(loaded, dict) else {}
+    variants = meta.get("variants")
+    return Run(
+        path=path,
+        title=str(meta.get("scenario") or path.name),
+        order=list(variants) if isinstance(variants, dict) else [],
+        records=load_records(path / REQUESTS_FILE),
+        meta=meta,
+    )
+
+
+def load_import(spec: str, default_variant: str) -> tuple[ImportedBenchmark, str]:
+    """`[VARIANT=]PATH`: which variant of the run the other tool measured (default: the first)."""
+    variant, sep, path_text = spec.rpartition("=")
+    path = Path(path_text if sep else spec)
+    if not path.is_file():
+        raise RecordsError(f"--import {spec}: no such file")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RecordsError(f"--import {path}: not JSON ({exc})") from None
+    return parse_import(data, path.name), (variant if sep and variant else default_variant)
+
+
+def _combined(runs: list[Run]) -> tuple[list[RequestRecord], list[str]]:
+    """Several runs in one report: variant names get the run folder's name as prefix when they would
+    otherwise collide (two runs of the same scenario), and stay short when they don't."""
+    names = Counter(v for run in runs for v in dict.fromkeys(r.variant for r in run.records))
+    clash = any(n > 1 for n in names.values())
+    records: list[RequestRecord] = []
+    order: list[str] = []
+    for run in runs:
+        for record in run.records:
+            if clash:
+                record = dataclasses.replace(
+                    record,
+                    variant=f"{run.path.name}/{record.variant}",
+                    request_id=f"{run.path.name}/{record.request_id}",
+                )
+            records.append(record)
+        order += [f"{run.path.name}/{v}" if clash else v for v in run.order]
+    return records, order
+
+
+def report(
+    run_dirs: Annotated[list[Path], typer.Argument(help="One or more run folders (requests.jsonl inside).")],
+    out_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", help="Output folder (default: the run folder; reports/report-<time>/ for several)."
+        ),
+    ] = None,
+    imports: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--import",
+            help="[VARIANT=]FILE: a `vllm bench serve` result JSON or AIPerf profile_export_aiperf.json "
+            "to put beside VARIANT (default the first).",
+        ),
+    ] = None,
+) -> None:
+    """Re-derive a run's files and write report.md, report.html and PNGs (several runs: one comparison)."""
+    runs = [load_run(p) for p in run_dirs]
+    records, order = _combined(runs)
+    first = order[0] if order else (records[0].variant if records else "")
+    imported = [load_import(spec, first) for spec in imports or []]
+    if len(runs) == 1 and out_dir is None:
+        run = runs[0]
+        write_derived(run.path, run.title, run.order, imported=imported)
+        target = run.path
+    else:
+        target = out_dir or new_run_dir(Path("reports"), "report")
+        summary = run_summary(records, order)
+        derived = [f for r in records for f in derive_request(r)["finding_details"]]
+        findings = derived + summary["run_findings"]
+        titles = [run.title for run in runs]
+        title = " vs ".join(titles if len(set(titles)) == len(titles) else [run.path.name for run in runs])
+        from itlaudit.report.writer import write_reports  # matplotlib: only when drawing
+
+        write_reports(target, title, records, summary, findings, imported=imported)
+    out.print(f"report: {target / 'report.html'}")
+
+
+def diff(
+    base_dir: Annotated[Path, typer.Argument(help="The baseline run folder.")],
+    new_dir: Annotated[Path, typer.Argument(help="The run to judge against it (same scenario).")],
+    fail_on: Annotated[
+        list[str] | None,
+        typer.Option(help="Exit 1 when any metric is `worse` / `unknown`, or on new `findings`. Repeatable."),
+    ] = None,
+    threshold: Annotated[
+        float, typer.Option(help="Smallest ratio of medians that counts (1.1 = 10 %).")
+    ] = 1.1,
+    alpha: Annotated[float, typer.Option(help="Significance level of the Mann–Whitney U test.")] = 0.05,
+    out_file: Annotated[Path | None, typer.Option("--out", help="Also write the Markdown here.")] = None,
+    force: Annotated[bool, typer.Option(help="Compare even when the two runs' workloads differ.")] = False,
+) -> None:
+    """Compare two runs metric by metric: values, ratio, p-value, verdict; Markdown for a PR comment."""
+    unknown = set(fail_on or []) - set(FAIL_ON)
+    if unknown:
+        raise RecordsError(f"--fail-on {', '.join(sorted(unknown))}: expected {', '.join(FAIL_ON)}")
+    base, new = load_run(base_dir), load_run(new_dir)
+    for run in (base, new):
+        if not run.records:
+            raise RecordsError(f"{run.path}: no requests recorded, nothing to compare")
+    differences = workload_differences(
+        workload_of(base.meta, base.records), workload_of(new.meta, new.records)
+    )
+    if differences and not force:
+        raise RecordsError(
+            f"{base_dir} and {new_dir} ran different workloads ({'; '.join(differences)}); "
+            "a diff would compare unlike things: pass --force to compare anyway"
+        )
+    result = diff_runs(base.records, new.records, threshold=threshold, alpha=alpha)
+    text = render_diff(result, str(base_dir), str(new_dir))
+    if out_file is not None:
+        out_file.write_text(text, encoding="utf-8")
+    typer.echo(text, nl=False)
+    failing = {v for v in (WORSE, UNKNOWN) if result.has(v)} | ({"findings"} if result.appeared else set())
+    if failing & set(fail_on or []):
+        raise typer.Exit(1)
+
+
+def export(
+    run_dir: Annotated[Path, typer.Argument(help="A run folder.")],
+    fmt: Annotated[
+        str, typer.Option("--format", help=f"chunks file format: {' or '.join(CHUNK_FORMATS)}.")
+    ] = "csv",
+) -> None:
+    """Write chunks.csv / chunks.parquet (one row per SSE chunk) beside requests.csv, for notebooks."""
+    run = load_run(run_dir)
+    path = write_chunks(run.records, run.path, fmt)
+    out.print(f"chunks: {path}  requests: {run.path / 'requests.csv'}")

@@ -1,0 +1,223 @@
+"""[workload.dataset]: the requests a workload draws from, read and drawn up front, pure.
+
+Three kinds, after vllm bench serve's datasets:
+
+- `random`: prompts of exactly `input_len` token ids, sent as a token-id list on /v1/completions so the
+  server sees that many prompt tokens without itlaudit needing a tokenizer; `output_len` becomes
+  max_tokens with ignore_eos, so every request generates exactly that many. Each length is fixed, a
+  uniform range `{ min, max }` or a normal `{ mean, std }` (rounded, at least 1), drawn from `seed`.
+- `jsonl`: one object per line, `prompt` (completions) or `messages` (chat), optional `max_tokens` and
+  `category`.
+- `sharegpt`: the ShareGPT layout (a JSON list of `{"conversations": [{"from": "human", ...}, ...]}`):
+  the first human turn is the prompt, the reply after it sets max_tokens: counted by the server's
+  /tokenize when the run starts (`itlaudit.capture.runner`), else estimated at ~4 characters per token with a
+  warning (the estimate is what the entry holds until then).
+
+`num_requests` draws entries in order, cycling.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+DATASET_KINDS = ("random", "jsonl", "sharegpt")
+CHARS_PER_TOKEN = 4  # the usual estimate for English text under BPE tokenizers
+FIRST_TOKEN_ID = 3  # ids 0-2 are special (unk/bos/eos) in most vocabularies
+DEFAULT_VOCAB_SIZE = 256  # every BPE vocabulary has at least its 256 byte tokens
+
+
+class DatasetError(ValueError):
+    """A dataset key or file is wrong: `key` names the [workload.dataset] key, the message the fix."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+@dataclass(frozen=True)
+class DatasetEntry:
+    """One request's input: a text prompt, a token-id prompt or chat messages, and its own limits."""
+
+    prompt: str | list[int] | None = None
+    messages: list[dict[str, Any]] | None = None
+    max_tokens: int | None = None
+    ignore_eos: bool | None = None  # None: the workload's setting
+    category: str | None = None
+    reply: str | None = None  # sharegpt: the reply whose token count becomes max_tokens
+
+    def text(self) -> str:
+        """A readable form (the prompt text, the last message, or the ids) for where a string is needed."""
+        if isinstance(self.prompt, str):
+            return self.prompt
+        if self.messages:
+            return str(self.messages[-1].get("content", ""))
+        return json.dumps(self.prompt)
+
+
+@dataclass(frozen=True)
+class Dataset:
+    kind: str
+    entries: list[DatasetEntry]
+    warning: str | None = None
+
+
+def _length(spec: Any, key: str, rng: np.random.Generator, count: int) -> list[int]:
+    """A fixed length, `{ min, max }` (uniform, inclusive) or `{ mean, std }` (normal)."""
+    how = f"`{key}` must be a positive integer, {{ min = 8, max = 64 }} or {{ mean = 32, std = 8 }}"
+    if isinstance(spec, int) and not isinstance(spec, bool) and spec > 0:
+        return [spec] * count
+    if isinstance(spec, dict) and set(spec) == {"min", "max"}:
+        low, high = spec["min"], spec["max"]
+        if not (isinstance(low, int) and isinstance(high, int) and 0 < low <= high):
+            raise DatasetError(key, f"{how}; got {spec!r}")
+        return [int(v) for v in rng.integers(low, high + 1, size=count)]
+    if isinstance(spec, dict) and set(spec) == {"mean", "std"}:
+        mean, std = spec["mean"], spec["std"]
+        if not (isinstance(mean, int | float) and isinstance(std, int | float) and mean > 0 and std >= 0):
+            raise DatasetError(key, f"{how}; got {spec!r}")
+        return [max(1, round(v)) for v in rng.normal(mean, std, size=count)]
+    raise DatasetError(key, f"{how}; got {spec!r}")
+
+
+def random_dataset(table: dict[str, Any], count: int, seed: int) -> Dataset:
+    unknown = set(table) - {"kind", "input_len", "output_len", "vocab_size"}
+    if unknown:
+        raise DatasetError(
+            sorted(unknown)[0], "is not a key of a random dataset (input_len, output_len, vocab_size)"
+        )
+    for key in ("input_len", "output_len"):
+        if key not in table:
+            raise DatasetError(key, "is missing; a random dataset needs input_len and output_len")
+    vocab = table.get("vocab_size", DEFAULT_VOCAB_SIZE)
+    if not isinstance(vocab, int) or vocab <= FIRST_TOKEN_ID + 1:
+        raise DatasetError("vocab_size", f"must be an integer above {FIRST_TOKEN_ID + 1}, got {vocab!r}")
+    rng = np.random.default_rng(seed)
+    inputs = _length(table["input_len"], "input_len", rng, count)
+    outputs = _length(table["output_len"], "output_len", rng, count)
+    entries = [
+        DatasetEntry(
+            prompt=[int(t) for t in rng.integers(FIRST_TOKEN_ID, vocab, size=n_in)],
+            max_tokens=n_out,
+            ignore_eos=True,
+        )
+        for n_in, n_out in zip(inputs, outputs, strict=True)
+    ]
+    return Dataset("random", entries)
+
+
+def _read(path: Path) -> str:
+    if not path.is_file():
+        raise DatasetError("path", f"names {path}, which does not exist")
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DatasetError("path", f"names {path}, which cannot be read as UTF-8 text ({exc})") from None
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def jsonl_dataset(path: Path, chat: bool) -> Dataset:
+    entries = []
+    for number, line in enumerate(_read(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            raise DatasetError("path", f"{where} is not JSON ({exc})") from None
+        if not isinstance(obj, dict):
+            raise DatasetError("path", f"{where} is not a JSON object")
+        prompt, messages = obj.get("prompt"), obj.get("messages")
+        if isinstance(messages, list) and all(isinstance(m, dict) for m in messages) and messages:
+            if not chat:
+                raise DatasetError("path", f'{where} has `messages`, which need endpoint = "chat"')
+        elif isinstance(prompt, str) and prompt:
+            messages = None
+        else:
+            raise DatasetError("path", f"{where} needs a non-empty `prompt` string or a `messages` list")
+        max_tokens, category = obj.get("max_tokens"), obj.get("category")
+        if max_tokens is not None and not _positive_int(max_tokens):
+            raise DatasetError("path", f"{where}: max_tokens must be a positive integer, got {max_tokens!r}")
+        if category is not None and not isinstance(category, str):
+            raise DatasetError("path", f"{where}: category must be a string, got {category!r}")
+        entries.append(
+            DatasetEntry(
+                prompt=None if messages else prompt,
+                messages=messages,
+                max_tokens=max_tokens,
+                category=category,
+            )
+        )
+    if not entries:
+        raise DatasetError("path", f"names {path}, which holds no request")
+    return Dataset("jsonl", entries)
+
+
+def sharegpt_dataset(path: Path) -> Dataset:
+    try:
+        data = json.loads(_read(path))
+    except ValueError as exc:
+        raise DatasetError("path", f"{path} is not JSON ({exc})") from None
+    entries = []
+    for item in data if isinstance(data, list) else []:
+        turns = item.get("conversations") if isinstance(item, dict) else None
+        if not isinstance(turns, list):
+            continue
+        for position, turn in enumerate(turns[:-1]):
+            if isinstance(turn, dict) and turn.get("from") == "human" and isinstance(turn.get("value"), str):
+                reply = turns[position + 1]
+                text = reply.get("value") if isinstance(reply, dict) else None
+                if turn["value"].strip() and isinstance(text, str) and text:
+                    entries.append(
+                        DatasetEntry(
+                            prompt=turn["value"],
+                            max_tokens=max(1, math.ceil(len(text) / CHARS_PER_TOKEN)),
+                            reply=text,
+                        )
+                    )
+                break
+    if not entries:
+        raise DatasetError(
+            "path",
+            f'{path} holds no ShareGPT conversation (a list of {{"conversations": [{{"from": "human"...',
+        )
+    return Dataset(
+        "sharegpt",
+        entries,
+        warning=(
+            f"{path}: reply lengths are estimated at ~{CHARS_PER_TOKEN} characters per token (the server "
+            "has no /tokenize), so max_tokens per request is approximate"
+        ),
+    )
+
+
+def load_dataset(table: dict[str, Any], base: Path, count: int, seed: int, chat: bool) -> Dataset:
+    """Read [workload.dataset]; `count` is how many requests a random dataset draws."""
+    kind = table.get("kind")
+    if kind not in DATASET_KINDS:
+        raise DatasetError("kind", f"must be one of {', '.join(DATASET_KINDS)}, got {kind!r}")
+    if kind == "random":
+        if chat:
+            raise DatasetError(
+                "kind",
+                'random needs endpoint = "completions": its exact input length comes from sending token ids, '
+                "which /v1/chat/completions does not take",
+            )
+        return random_dataset(table, count, seed)
+    unknown = set(table) - {"kind", "path"}
+    if unknown:
+        raise DatasetError(sorted(unknown)[0], f"is not a key of a {kind} dataset (kind, path)")
+    name = table.get("path")
+    if not isinstance(name, str):
+        raise DatasetError("path", f"is missing; a {kind} dataset reads its requests from a file")
+    path = (base / name).resolve()
+    return jsonl_dataset(path, chat) if kind == "jsonl" else sharegpt_dataset(path)

@@ -1,0 +1,1 @@
+"""Readable outputs: report.md, report.html and the PNG figures, from analysis results."""

@@ -1,0 +1,145 @@
+"""report.html: one self-contained file a reader can mail, attach to a CI run or open offline.
+
+Images are embedded as data: URIs, the styles are inline, and a Content-Security-Policy forbids every
+fetch and script, so the page cannot phone home or run anything. Every string that came from a server
+or a file (variant names, error messages, finding text, model names) goes through html.escape: a
+finding quoting generated text must not be able to inject markup. Pure: PNG bytes in, a string out.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from itlaudit.analysis.importers import ImportedBenchmark
+from itlaudit.report.markdown import (
+    CATEGORY_HEADER,
+    CATEGORY_NOTE,
+    EXPLANATION,
+    FINDING_EXAMPLES,
+    SUMMARY_ROWS,
+    category_rows,
+    cell,
+    group_findings,
+    headline,
+    import_rows,
+    saturation_warning,
+    usage_warning,
+)
+
+_CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
+_STYLE = """
+body { font: 15px/1.45 system-ui, sans-serif; max-width: 1180px; margin: 2em auto; padding: 0 1em;
+       color: #222; }
+.headline { background: #f3f7ff; border-left: 5px solid #1f77b4; padding: .6em 1.2em; font-size: 17px; }
+.warning { background: #fff3f0; border-left: 5px solid #d62728; padding: .6em 1.2em; }
+table { border-collapse: collapse; margin: 1em 0; }
+th, td { border: 1px solid #ccc; padding: .3em .7em; text-align: right; }
+th:first-child, td:first-child { text-align: left; }
+figure { margin: 1.5em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
+figcaption { color: #555; font-size: 13px; }
+code { background: #f4f4f4; padding: 0 .2em; }
+"""
+
+
+def _inline(markdown_text: str) -> str:
+    """Escape first, then turn the few Markdown marks our own sentences use into tags."""
+    text = html.escape(markdown_text)
+    text = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", text)
+    text = re.sub(r"\*(.+?)\*", r"<em>\1</em>", text)
+    return re.sub(r"`(.+?)`", r"<code>\1</code>", text)
+
+
+def _figure(caption: str, png: bytes) -> str:
+    data = base64.b64encode(png).decode("ascii")
+    alt = html.escape(caption)
+    return (
+        f'<figure><img src="data:image/png;base64,{data}" alt="{alt}"><figcaption>{alt}</figcaption></figure>'
+    )
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _summary_table(summary: dict[str, Any]) -> str:
+    variants: dict[str, Any] = summary["variants"]
+    names = list(variants)
+    rows = [["requests (errors)", *(f"{variants[n]['requests']} ({variants[n]['errors']})" for n in names)]]
+    rows += [[label, *(cell(variants[n].get(key), fmt) for n in names)] for label, key, fmt in SUMMARY_ROWS]
+    return _table(["metric (p50 / p90 / p99)", *names], rows)
+
+
+def _imported(imp: ImportedBenchmark, variant: str, block: dict[str, Any]) -> str:
+    title = f"{imp.tool} ({imp.source}) beside itlaudit {variant}"
+    table = _table(
+        ["figure", f"what {imp.tool} calls it", imp.tool, f"itlaudit {variant}"], import_rows(imp, block)
+    )
+    notes = "".join(f"<li>{html.escape(n)}</li>" for n in imp.notes)
+    return f"<h2>{html.escape(title)}</h2><p>Figures are p50 (mean).</p>{table}<ul>{notes}</ul>"
+
+
+def _findings(findings: Sequence[dict[str, Any]]) -> str:
+    groups = group_findings(findings)
+    if not groups:
+        return "<p>No findings: every request ran to its expected length with server token counts.</p>"
+    items = []
+    for code, members in groups.items():
+        examples = "".join(
+            f"<li>{html.escape(str(f.get('request_id') or 'run-level'))}: "
+            f"{html.escape(str(f['message']))}</li>"
+            for f in members[:FINDING_EXAMPLES]
+        )
+        if len(members) > FINDING_EXAMPLES:
+            examples += f"<li>… and {len(members) - FINDING_EXAMPLES} more (see requests.jsonl)</li>"
+        items.append(
+            f"<li><strong>{html.escape(code)}</strong> ({html.escape(str(members[0]['severity']))}) "
+            f"× {len(members)}<ul>{examples}</ul></li>"
+        )
+    return f"<ul>{''.join(items)}</ul>"
+
+
+def render_html(
+    title: str,
+    summary: dict[str, Any],
+    findings: Sequence[dict[str, Any]],
+    *,
+    images: Sequence[tuple[str, bytes]] = (),
+    imported: Sequence[tuple[ImportedBenchmark, str]] = (),
+) -> str:
+    """The headline and the first figure (token vs chunk ITL) come before any table: the question
+    "is it faster?" should be answered above the fold."""
+    variants: dict[str, Any] = summary["variants"]
+    sentences = "".join(f"<li>{_inline(s)}</li>" for s in headline(summary))
+    parts = [
+        f"<h1>itlaudit: {html.escape(title)}</h1>",
+        f'<div class="headline"><ul>{sentences}</ul></div>',
+    ]
+    for warning in (usage_warning(summary), saturation_warning(summary)):
+        if warning:
+            parts.append(f'<p class="warning">{_inline(warning)}</p>')
+    figures = [_figure(caption, png) for caption, png in images]
+    parts += figures[:1]
+    parts += ["<h2>Figures per variant</h2>", _summary_table(summary), f"<p>{_inline(EXPLANATION)}</p>"]
+    for name, block in summary["variants"].items():
+        rows = category_rows(block)
+        if rows:
+            parts += [
+                f"<h3>By category: {html.escape(name)}</h3><p>{CATEGORY_NOTE}</p>",
+                _table(CATEGORY_HEADER, rows),
+            ]
+    parts += figures[1:]
+    parts += [_imported(imp, variant, variants.get(variant) or {}) for imp, variant in imported]
+    parts += ["<h2>Findings</h2>", _findings(findings)]
+    return (
+        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">'
+        f"<title>itlaudit: {html.escape(title)}</title><style>{_STYLE}</style></head>\n<body>\n"
+        + "\n".join(parts)
+        + "\n</body></html>\n"
+    )

@@ -1,0 +1,288 @@
+"""report.md: the run's figures as a table a person reads in one glance, plus the findings."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from itlaudit.analysis.findings import (
+    COMMON_CAP,
+    IGNORE_EOS_VIOLATED,
+    MIN_TOKENS_VIOLATED,
+    TRUNCATED_BELOW_MAX_TOKENS,
+)
+from itlaudit.analysis.importers import ImportedBenchmark
+
+# Per-request codes that mean "the server stopped early": a variant with any of them generated less
+# than asked, so its per-request averages describe a different workload.
+TRUNCATION_CODES = (TRUNCATED_BELOW_MAX_TOKENS, MIN_TOKENS_VIOLATED, IGNORE_EOS_VIOLATED)
+
+EXPLANATION = (
+    "**Why two ITL columns.** Under speculative decoding or MTP the server emits several tokens per "
+    "engine step and sends them in one SSE chunk. Tools that time chunks (vllm bench serve's ITL list, "
+    "llmperf, AIPerf by default) divide by chunks, not tokens, so their ITL is inflated by about the "
+    "tokens per chunk. *Token ITL* here is (t_last − t_first) / (C_last − C_first) with C the server's "
+    "own `usage.completion_tokens`; *chunk ITL* is the mean gap between content chunks, the figure a "
+    "chunk-counting tool reports. Their ratio is the inflation. A run whose output was cut short "
+    "(e.g. at 128 tokens) also distorts per-request averages: see the truncation findings below."
+)
+
+SUMMARY_ROWS = (
+    ("token ITL (ms)", "itl_ms", "{:.3f}"),
+    ("chunk ITL (ms)", "chunk_itl_ms", "{:.3f}"),
+    ("chunk/token ITL", "itl_inflation", "{:.2f}×"),
+    ("tokens per chunk", "tokens_per_chunk", "{:.2f}"),
+    ("decode tokens per chunk", "decode_tokens_per_chunk", "{:.2f}"),
+    ("TTFT (ms)", "ttft_ms", "{:.1f}"),
+    ("TPOT (ms)", "tpot_ms", "{:.3f}"),
+    ("E2E (ms)", "e2e_ms", "{:.1f}"),
+    ("decode tokens/s", "decode_tokens_per_s", "{:.1f}"),
+    ("completion tokens", "completion_tokens", "{:.0f}"),
+    ("schedule lag (ms)", "schedule_lag_ms", "{:.2f}"),
+)
+
+
+CATEGORY_HEADER = ("category", "requests", "token ITL (ms)", "TPOT (ms)", "decode tokens per chunk")
+CATEGORY_COLUMNS = (("itl_ms", "{:.3f}"), ("tpot_ms", "{:.3f}"), ("decode_tokens_per_chunk", "{:.2f}"))
+CATEGORY_NOTE = "p50 (p99) over each category's requests."
+
+
+def category_rows(block: dict[str, Any]) -> list[list[str]]:
+    """One row per dataset category of a variant (raw strings: each renderer escapes its own way)."""
+    return [
+        [category, str(row["requests"]), *(_p50_p99(row.get(key), fmt) for key, fmt in CATEGORY_COLUMNS)]
+        for category, row in (block.get("categories") or {}).items()
+    ]
+
+
+def category_section(variants: dict[str, Any]) -> list[str]:
+    """Per-category figures, one table per variant with categories (the dataset's `category` field)."""
+    out: list[str] = []
+    for name, block in variants.items():
+        rows = category_rows(block)
+        if not rows:
+            continue
+        out += [f"### By category: {escape(name)}", "", CATEGORY_NOTE, ""]
+        out += ["| " + " | ".join(CATEGORY_HEADER) + " |", "|" + "---|" * len(CATEGORY_HEADER)]
+        out += ["| " + " | ".join(escape(c) for c in row) + " |" for row in rows]
+        out.append("")
+    return out
+
+
+def _p50_p99(stats: dict[str, Any] | None, fmt: str) -> str:
+    if not stats or stats.get("p50") is None:
+        return "–"
+    return f"{fmt.format(stats['p50'])} ({fmt.format(stats['p99'])})"
+
+
+def cell(stats: dict[str, Any] | None, fmt: str) -> str:
+    if not stats or stats.get("p50") is None:
+        return "–"
+    return f"{fmt.format(stats['p50'])} / {fmt.format(stats['p90'])} / {fmt.format(stats['p99'])}"
+
+
+# Markdown's inline punctuation, backslash-escaped; `<`, `>` and `&` become entities, so no server
+# string (an error message, a model name) is rendered as HTML or as emphasis, a link or an image.
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]|])")
+_HTML_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+
+
+def escape(text: str) -> str:
+    """Every string that did not come from itlaudit (server messages, names, imported tools' labels)
+    passes through here: shown as typed, one line, never as markup."""
+    text = _MARKDOWN_SPECIAL.sub(r"\\\1", " ".join(str(text).splitlines()))
+    return "".join(_HTML_ENTITIES.get(char, char) for char in text)
+
+
+def _p50(block: dict[str, Any], key: str) -> float | None:
+    return (block.get(key) or {}).get("p50")
+
+
+def times(base: float | None, new: float | None) -> float | None:
+    """new / base, None when either is missing or the base is not positive."""
+    return new / base if base is not None and new is not None and base > 0 else None
+
+
+def _factor(ratio: float, smaller: str, larger: str) -> str:
+    return f"{1 / ratio:.2f}× {smaller}" if ratio < 1 else f"{ratio:.2f}× {larger}"
+
+
+def comparison_sentence(name: str, base_name: str, base: dict[str, Any], block: dict[str, Any]) -> str | None:
+    """Token ITL first (what a user feels), then chunk ITL with "though" when it points the other way:
+    that contrast is exactly the trap chunk-counting benchmarks fall into."""
+    token = times(_p50(base, "itl_ms"), _p50(block, "itl_ms"))
+    if token is None:
+        return None
+    sentence = (
+        f"**{escape(name)} is {_factor(token, 'faster', 'slower')} per token than {escape(base_name)}**"
+    )
+    chunk = times(_p50(base, "chunk_itl_ms"), _p50(block, "chunk_itl_ms"))
+    if chunk is not None and abs(chunk - 1) >= 0.05:
+        contrast = (chunk > 1) != (token > 1)
+        joiner = "though" if contrast else "and"
+        sentence += f", {joiner} its chunk ITL is {_factor(chunk, 'smaller', 'larger')}"
+        per_chunk = _p50(block, "decode_tokens_per_chunk")
+        if contrast and per_chunk is not None:
+            sentence += f" (each chunk carries {per_chunk:.1f} tokens)"
+    return sentence + "."
+
+
+def truncation_sentence(name: str, base: dict[str, Any], block: dict[str, Any]) -> str | None:
+    counts = block.get("findings") or {}
+    cut = max((counts.get(code, 0) for code in TRUNCATION_CODES), default=0)
+    if not cut:
+        return None
+    tokens, base_tokens = _p50(block, "completion_tokens"), _p50(base, "completion_tokens")
+    sentence = f"**{escape(name)}: {cut} of {block['requests']} requests were cut short by the server**"
+    if tokens is not None:
+        sentence += f" (completion tokens p50 {tokens:.0f}"
+        sentence += f" vs {base_tokens:.0f} for the baseline)" if base is not block and base_tokens else ")"
+    if counts.get(COMMON_CAP):
+        sentence += ", at one common length: a server-side cap"
+    return sentence + "; its per-request averages are not comparable."
+
+
+def headline(summary: dict[str, Any]) -> list[str]:
+    """One sentence per variant against the first, then each truncated variant called out."""
+    variants: dict[str, Any] = summary["variants"]
+    names = list(variants)
+    if not names:
+        return ["No requests recorded."]
+    base = variants[names[0]]
+    lines = [s for n in names[1:] if (s := comparison_sentence(n, names[0], base, variants[n]))]
+    lines += [s for n in names if (s := truncation_sentence(n, base, variants[n]))]
+    return lines
+
+
+def usage_warning(summary: dict[str, Any]) -> str | None:
+    variants: dict[str, Any] = summary["variants"]
+    chunk_fallback = [n for n in variants if "chunks" in variants[n].get("token_source", {})]
+    if not chunk_fallback:
+        return None
+    return (
+        f"**WARNING: usage missing for {escape(', '.join(chunk_fallback))}.** The server sent no "
+        "`usage.completion_tokens`, so tokens were counted by chunk. Under speculative decoding "
+        "these ITL figures are chunk ITL, not token ITL. Start vLLM with continuous usage stats "
+        "available (any vLLM ≥ 0.6) and check the request's stream_options."
+    )
+
+
+def saturation_warning(summary: dict[str, Any]) -> str | None:
+    """The client's own loop lagged by a visible share of the ITL: the figures partly measure itlaudit."""
+    variants: dict[str, Any] = summary["variants"]
+    hit = {n: b["findings"].get("client_saturated", 0) for n, b in variants.items()}
+    hit = {n: k for n, k in hit.items() if k}
+    if not hit:
+        return None
+    counts = ", ".join(f"{n} ({k} of {variants[n]['requests']} requests)" for n, k in hit.items())
+    return (
+        f"**WARNING: itlaudit's capture loop was saturated for {counts}.** Its event-loop lag exceeded "
+        "5% of the token ITL (loop stamps) or the whole ITL (kernel stamps), so part of these figures is "
+        "the client's. Rerun with more capture processes (`--workers N`) or fewer concurrent streams."
+    )
+
+
+def render_report(
+    title: str,
+    summary: dict[str, Any],
+    findings: list[dict[str, Any]],
+    *,
+    images: Sequence[tuple[str, str]] = (),
+    imported: Sequence[tuple[ImportedBenchmark, str]] = (),
+) -> str:
+    """`images` are (caption, file name relative to report.md); `imported` pairs another tool's result
+    with the variant it measured."""
+    variants: dict[str, Any] = summary["variants"]
+    names = list(variants)
+    lines = [f"# itlaudit: {escape(title)}", ""]
+    lines += [f"- {line}" for line in headline(summary)] + [""]
+    for warning in (usage_warning(summary), saturation_warning(summary)):
+        if warning:
+            lines += [f"> {warning}", ""]
+    lines += ["Figures are p50 / p90 / p99 over requests.", ""]
+    lines.append("| metric | " + " | ".join(escape(n) for n in names) + " |")
+    lines.append("|---|" + "---|" * len(names))
+    lines.append(
+        "| requests (errors) | "
+        + " | ".join(f"{variants[n]['requests']} ({variants[n]['errors']})" for n in names)
+        + " |"
+    )
+    for label, key, fmt in SUMMARY_ROWS:
+        lines.append(f"| {label} | " + " | ".join(cell(variants[n].get(key), fmt) for n in names) + " |")
+    lines += ["", EXPLANATION, ""]
+    lines += category_section(variants)
+    for imp, variant in imported:
+        lines += imported_section(imp, variant, variants.get(variant) or {})
+    lines += [f"![{escape(caption)}]({name})" for caption, name in images]
+    lines += ["", "## Findings", ""]
+    lines += _findings_section(findings) or [
+        "No findings: every request ran to its expected length with server token counts."
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# Order and labels of the rows an imported result can fill.
+IMPORT_ROWS = (
+    ("token ITL (ms)", "itl_ms", "{:.2f}"),
+    ("chunk ITL (ms)", "chunk_itl_ms", "{:.2f}"),
+    ("TPOT (ms)", "tpot_ms", "{:.2f}"),
+    ("TTFT (ms)", "ttft_ms", "{:.1f}"),
+    ("E2E (ms)", "e2e_ms", "{:.1f}"),
+    ("completion tokens", "completion_tokens", "{:.0f}"),
+    ("tokens per chunk", "tokens_per_chunk", "{:.2f}"),
+    ("decode tokens/s", "decode_tokens_per_s", "{:.1f}"),
+)
+
+
+def stat_pair(stats: dict[str, Any] | None, fmt: str) -> str:
+    """ "p50 (mean)": tools disagree on which one they headline, so show both."""
+    stats = stats or {}
+    parts = [fmt.format(v) if v is not None else "–" for v in (stats.get("p50"), stats.get("mean"))]
+    return "–" if parts == ["–", "–"] else f"{parts[0]} ({parts[1]})"
+
+
+def import_rows(imp: ImportedBenchmark, block: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(figure, the tool's name for it, its value, itlaudit's value) for each figure the tool has."""
+    return [
+        (label, imp.names.get(key, ""), stat_pair(imp.figures[key], fmt), stat_pair(block.get(key), fmt))
+        for label, key, fmt in IMPORT_ROWS
+        if key in imp.figures
+    ]
+
+
+def imported_section(imp: ImportedBenchmark, variant: str, block: dict[str, Any]) -> list[str]:
+    lines = [
+        f"## {escape(imp.tool)} ({escape(imp.source)}) beside itlaudit {escape(variant)}",
+        "",
+        "Figures are p50 (mean). Rows are filed under what the figure measures, not what the tool calls it.",
+        "",
+        f"| figure | what {escape(imp.tool)} calls it | {escape(imp.tool)} | itlaudit {escape(variant)} |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {a} | {escape(b)} | {c} | {d} |" for a, b, c, d in import_rows(imp, block)]
+    return [*lines, "", *(f"- {escape(note)}" for note in imp.notes), ""]
+
+
+FINDING_EXAMPLES = 3
+
+
+def group_findings(findings: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """By code, in first-seen order: 1000 truncated requests should read as one entry."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for finding in findings:
+        groups.setdefault(finding["code"], []).append(finding)
+    return groups
+
+
+def _findings_section(findings: list[dict[str, Any]], examples: int = FINDING_EXAMPLES) -> list[str]:
+    """Grouped by code, a few examples each."""
+    lines: list[str] = []
+    for code, members in group_findings(findings).items():
+        lines.append(f"- **{code}** ({members[0]['severity']}) × {len(members)}")
+        for finding in members[:examples]:
+            who = finding.get("request_id") or "run-level"
+            lines.append(f"  - {escape(who)}: {escape(finding['message'])}")
+        if len(members) > examples:
+            lines.append(f"  - … and {len(members) - examples} more (see requests.jsonl)")
+    return lines

@@ -1,0 +1,427 @@
+"""PNG figures for report.html/report.md: each answers one question a reader has about the run.
+
+Every figure is drawn from records and summary blocks through `metrics`' own functions, so a picture
+can never disagree with the table beside it. Each function writes one PNG of a fixed size and returns
+its path, or None when the run has nothing to show for that question (no empty panels in a report).
+Variants keep one colour across all figures; the first variant is the baseline of every ratio.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display on CI machines and servers; must precede pyplot
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from itlaudit.analysis.findings import (
+    IGNORE_EOS_VIOLATED,
+    MIN_TOKENS_VIOLATED,
+    TRUNCATED_BELOW_MAX_TOKENS,
+    request_findings,
+)
+from itlaudit.analysis.metrics import per_chunk_itl_ms, request_metrics, token_counts
+from itlaudit.model.records import STATUS_OK, RequestRecord
+
+# Labels carry names from scenarios and run folders: `$...$` there is text, never mathtext (which fails
+# on arbitrary input and would abort the report).
+matplotlib.rcParams["text.parse_math"] = False
+
+DPI = 100
+WIDE = (11.0, 5.5)  # inches: 1100 × 550 px, legible in a browser at 100 % and in a PR comment
+TRUNCATION_CODES = frozenset({TRUNCATED_BELOW_MAX_TOKENS, MIN_TOKENS_VIOLATED, IGNORE_EOS_VIOLATED})
+# A ratio of largest to smallest value beyond this spans more than a decade: log axis, or the small
+# bars and the fast variant's curve collapse onto the axis.
+LOG_SPAN = 10.0
+TIMELINE_SAMPLE = 20  # lines per panel: more is a blur, fewer hides the spread
+TRUNCATION_RED = "#d62728"
+# Beyond this many variants (e.g. two runs of K0/K3/K3-capped in one report) side-by-side panels and
+# two-line bar labels collide: panels stack and labels shorten.
+CROWDED = 3
+
+
+@dataclass(frozen=True)
+class VariantView:
+    """One variant as the report sees it: its records, its summary.json block, its compare.json
+    spec-decode figures (None when no compare.json, or the variant had no spec decode)."""
+
+    name: str
+    records: Sequence[RequestRecord]
+    block: dict[str, Any]
+    spec_decode: dict[str, Any] | None = None
+
+
+# tab10 without its red (index 3): red means "cut short" in the timeline and "worse" on the bars.
+_PALETTE = [c for i, c in enumerate(plt.get_cmap("tab10").colors) if i != 3]
+
+
+def colour(index: int) -> tuple[float, float, float]:
+    return _PALETTE[index % len(_PALETTE)]
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    fig.savefig(path, dpi=DPI, format="png")
+    plt.close(fig)
+    return path
+
+
+def _p50(block: dict[str, Any], key: str) -> float | None:
+    return (block.get(key) or {}).get("p50")
+
+
+def is_truncated(record: RequestRecord) -> bool:
+    """Cut short by the server (a cap, ignored min_tokens or ignore_eos), per the findings rules."""
+    return any(f.code in TRUNCATION_CODES for f in request_findings(record, request_metrics(record)))
+
+
+def _gaps(records: Sequence[RequestRecord]) -> tuple[np.ndarray, np.ndarray]:
+    """(per-token gap, per-chunk gap) over every decode step of the finished requests, in ms."""
+    token, chunk = [], []
+    for record in records:
+        if record.status != STATUS_OK:
+            continue
+        t, _, _ = token_counts(record)
+        token.append(per_chunk_itl_ms(record))
+        chunk.append(np.diff(t))
+    if not token:
+        return np.array([]), np.array([])
+    return np.concatenate(token), np.concatenate(chunk)
+
+
+def _spans_decades(values: np.ndarray) -> bool:
+    positive = values[values > 0]
+    if positive.size < 2:
+        return False
+    low, high = np.percentile(positive, [1, 99])
+    return bool(high / low > LOG_SPAN)
+
+
+def plot_itl_cdf(variants: Sequence[VariantView], path: Path) -> Path | None:
+    """Token ITL solid, chunk ITL dashed, same colour: the horizontal gap between them is the
+    inflation a chunk-counting benchmark reports."""
+    fig, ax = plt.subplots(figsize=WIDE)
+    everything = []
+    for i, view in enumerate(variants):
+        token, chunk = _gaps(view.records)
+        if token.size == 0:
+            continue
+        everything += [token, chunk]
+        # K0's two curves coincide: say so, or the reader hunts for a dashed line that is hidden.
+        same = token.shape == chunk.shape and np.allclose(token, chunk)
+        chunk_label = "per chunk (= per token)" if same else "per chunk"
+        for values, style, label in ((token, "-", "per token"), (chunk, "--", chunk_label)):
+            ordered = np.sort(values)
+            share = np.arange(1, ordered.size + 1) / ordered.size
+            ax.step(ordered, share, style, where="post", color=colour(i), lw=2, label=f"{view.name} {label}")
+    if not everything:
+        plt.close(fig)
+        return None
+    if _spans_decades(np.concatenate(everything)):
+        ax.set_xscale("log")
+    ax.set_xlabel("inter-token latency (ms)")
+    ax.set_ylabel("share of decode steps ≤ x")
+    ax.set_ylim(0, 1.02)
+    ax.set_title(
+        "ITL distribution: per token (solid, true) vs per chunk (dashed, what chunk-counting tools report)"
+    )
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(loc="lower right", ncols=max(1, len(variants) // 3 + 1), fontsize=9)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_tokens_per_chunk(variants: Sequence[VariantView], path: Path) -> Path | None:
+    """Share of chunks carrying 1, 2, … tokens: K0 is all ones, spec decode spreads up to K+1."""
+    hists = [
+        {int(k): v for k, v in (view.block.get("tokens_per_chunk_hist") or {}).items()} for view in variants
+    ]
+    largest = max((k for h in hists for k in h), default=0)
+    if largest < 1:
+        return None
+    sizes = list(range(1, largest + 1))  # every size, so a missing "2" reads as 0 %, not as absent
+    fig, ax = plt.subplots(figsize=WIDE)
+    x = np.arange(len(sizes))
+    width = 0.8 / len(variants)
+    for i, (view, hist) in enumerate(zip(variants, hists, strict=True)):
+        total = sum(hist.values())
+        if not total:
+            continue
+        shares = [100.0 * hist.get(k, 0) / total for k in sizes]
+        mean = sum(k * v for k, v in hist.items()) / total
+        ax.bar(
+            x + (i - (len(variants) - 1) / 2) * width,
+            shares,
+            width,
+            color=colour(i),
+            label=f"{view.name} (mean {mean:.2f} tokens/chunk)",
+        )
+    ax.set_xticks(x, [str(k) for k in sizes])
+    ax.set_xlabel("tokens carried by one SSE chunk")
+    ax.set_ylabel("share of content chunks (%)")
+    ax.set_ylim(0, 105)
+    ax.set_title("Tokens per chunk: under speculative decoding one chunk carries several tokens")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(loc="best", fontsize=9)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def _sample(records: Sequence[RequestRecord], k: int) -> list[RequestRecord]:
+    """Evenly spaced, so a long run shows early, middle and late requests, not just the first k."""
+    if len(records) <= k:
+        return list(records)
+    return [records[int(i)] for i in np.linspace(0, len(records) - 1, k)]
+
+
+def plot_timeline(variants: Sequence[VariantView], path: Path) -> Path | None:
+    """Cumulative tokens over time per request: a cap shows as lines that stop at one height, red."""
+    shown = [v for v in variants if any(r.status == STATUS_OK and len(r.chunks) for r in v.records)]
+    if not shown:
+        return None
+    cols = min(3, len(shown))
+    rows = -(-len(shown) // cols)
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(WIDE[0], 4.0 * rows), sharex=True, sharey=True, squeeze=False
+    )
+    for ax in axes.flat[len(shown) :]:
+        ax.set_visible(False)
+    for ax, view in zip(axes.flat, shown, strict=False):
+        _timeline_panel(ax, view, colour(list(variants).index(view)))
+    for ax in axes[-1]:
+        ax.set_xlabel("time since request sent (s)")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("completion tokens (server count)")
+    fig.suptitle("Per-request progress: slope = tokens/s; red = cut short by the server")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def _timeline_panel(ax: Axes, view: VariantView, line_colour: str) -> None:
+    finished = [r for r in view.records if r.status == STATUS_OK and len(r.chunks)]
+    cut = [r for r in finished if is_truncated(r)]
+    whole = [r for r in finished if r not in cut]
+    for record, truncated in [(r, False) for r in _sample(whole, TIMELINE_SAMPLE)] + [
+        (r, True) for r in _sample(cut, TIMELINE_SAMPLE)
+    ]:
+        t, cumulative, _ = token_counts(record)
+        ax.plot(
+            np.concatenate(([0.0], t)) / 1000.0,
+            np.concatenate(([0], cumulative)),
+            color=TRUNCATION_RED if truncated else line_colour,
+            lw=1.8 if truncated else 1.0,
+            alpha=0.9 if truncated else 0.6,
+        )
+    limits = {r.params.max_tokens for r in finished if r.params.max_tokens}
+    for limit in limits:
+        ax.axhline(limit, color="grey", ls=":", lw=1)
+    if len(limits) == 1:
+        ax.annotate(
+            "max_tokens",
+            (0, next(iter(limits))),
+            xytext=(3, 3),
+            textcoords="offset points",
+            color="grey",
+            fontsize=8,
+        )
+    title = f"{view.name}: {len(finished)} request{'s' if len(finished) != 1 else ''}"
+    if cut:
+        title += f", {len(cut)} cut short"
+    ax.set_title(title, color=TRUNCATION_RED if cut else "black", fontsize=10)
+    ax.grid(alpha=0.3)
+
+
+# (summary key, axis label, lower is better)
+_BAR_METRICS = (
+    ("itl_ms", "token ITL (ms)", True),
+    ("ttft_ms", "TTFT (ms)", True),
+    ("decode_tokens_per_s", "decode tokens/s per request", False),
+)
+_PERCENTILES = (("p50", 1.0), ("p90", 0.65), ("p99", 0.35))  # (key, bar opacity)
+
+
+def speedup(base: float | None, new: float | None, lower_is_better: bool) -> float | None:
+    """How many times better new is than base (>1 better, <1 worse), whatever the metric's direction."""
+    if base is None or new is None or base <= 0 or new <= 0:
+        return None
+    return base / new if lower_is_better else new / base
+
+
+SAME_BAND = 0.02  # within ±2 %: printing "1.00× better" would suggest a difference that is not there
+
+
+def speedup_words(factor: float, better: str = "better", worse: str = "worse") -> str:
+    if abs(factor - 1) < SAME_BAND:
+        return "≈ same"
+    return f"{factor:.2f}× {better}" if factor >= 1 else f"{1 / factor:.2f}× {worse}"
+
+
+def plot_latency_bars(variants: Sequence[VariantView], path: Path) -> Path | None:
+    """p50/p90/p99 per variant for the three figures people quote, each non-baseline bar group
+    annotated with its p50 ratio to the baseline."""
+    if not any(_p50(v.block, key) is not None for v in variants for key, _, _ in _BAR_METRICS):
+        return None
+    if len(variants) > CROWDED:
+        fig, axes = plt.subplots(len(_BAR_METRICS), 1, figsize=(WIDE[0], 2.8 * len(_BAR_METRICS)))
+    else:
+        fig, axes = plt.subplots(1, len(_BAR_METRICS), figsize=WIDE)
+    for ax, (key, label, lower) in zip(axes, _BAR_METRICS, strict=True):
+        _bar_panel(ax, variants, key, label, lower)
+    handles = [plt.Rectangle((0, 0), 1, 1, color="grey", alpha=a) for _, a in _PERCENTILES]
+    fig.legend(handles, [p for p, _ in _PERCENTILES], loc="upper right", ncols=3, fontsize=9)
+    fig.suptitle(f"Latency and throughput per variant (ratio = p50 vs {variants[0].name})", x=0.4)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    return _save(fig, path)
+
+
+def _bar_panel(ax: Axes, variants: Sequence[VariantView], key: str, label: str, lower: bool) -> None:
+    width = 0.8 / len(_PERCENTILES)
+    tops = []
+    for i, view in enumerate(variants):
+        stats = view.block.get(key) or {}
+        for j, (p, alpha) in enumerate(_PERCENTILES):
+            if stats.get(p) is not None:
+                ax.bar(i + (j - 1) * width, stats[p], width, color=colour(i), alpha=alpha)
+                tops.append(stats[p])
+    if not tops:
+        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+        return
+    log = max(tops) / max(min(tops), 1e-9) > LOG_SPAN
+    if log:
+        ax.set_yscale("log")
+    base = _p50(variants[0].block, key)
+    for i, view in enumerate(variants[1:], 1):
+        factor = speedup(base, _p50(view.block, key), lower)
+        stats = view.block.get(key) or {}
+        top = max(v for p, _ in _PERCENTILES if (v := stats.get(p)) is not None) if stats.get("p50") else None
+        if factor is not None and top is not None:
+            ax.annotate(
+                speedup_words(factor),
+                (i, top),
+                xytext=(0, 4),
+                textcoords="offset points",
+                ha="center",
+                fontsize=9,
+                fontweight="bold",
+                color="#2ca02c" if factor >= 1 else TRUNCATION_RED,
+            )
+    ax.set_ylim(top=max(tops) * (3 if log else 1.18))
+    ax.set_xticks(range(len(variants)), [v.name for v in variants])
+    ax.set_title(label + (" (log)" if log else ""), fontsize=10)
+    ax.grid(axis="y", alpha=0.3, which="both")
+
+
+def plot_itl_headline(variants: Sequence[VariantView], path: Path) -> Path | None:
+    """Token ITL next to chunk ITL (p50) per variant, each variant's per-token ratio to the baseline
+    under its name: the ten-second answer to "is K3 faster?"."""
+    pairs = [(_p50(v.block, "itl_ms"), _p50(v.block, "chunk_itl_ms")) for v in variants]
+    if all(token is None for token, _ in pairs):
+        return None
+    fig, ax = plt.subplots(figsize=WIDE)
+    width = 0.38
+    crowded = len(variants) > CROWDED
+    top = max(x for pair in pairs for x in pair if x is not None)
+    for i, pair in enumerate(pairs):
+        for offset, value, hatched, what in zip(
+            (-width / 2, width / 2), pair, (False, True), ("per token", "per chunk"), strict=True
+        ):
+            if value is None:
+                continue
+            ax.bar(
+                i + offset,
+                value,
+                width,
+                color=colour(i),
+                alpha=0.45 if hatched else 1.0,
+                hatch="//" if hatched else None,
+                edgecolor="black",
+                lw=0.6,
+            )
+            ax.annotate(
+                f"{value:.1f}" if crowded else f"{value:.2f} ms\n{what}",
+                (i + offset, value),
+                xytext=(0, 3),
+                textcoords="offset points",
+                ha="center",
+                fontsize=8 if crowded else 9,
+            )
+    base = pairs[0][0]
+    labels = [variants[0].name + "\n(baseline)"]
+    suffix = "" if crowded else " per token"
+    for view, (token, _) in zip(variants[1:], pairs[1:], strict=True):
+        factor = speedup(base, token, lower_is_better=True)
+        labels.append(
+            view.name + (f"\n{speedup_words(factor, 'faster', 'slower')}{suffix}" if factor else "")
+        )
+    ax.set_ylim(0, top * 1.3)
+    ax.set_xticks(range(len(variants)), labels, fontsize=9 if crowded else 10)
+    ax.set_ylabel("ITL p50 over requests (ms)")
+    ax.set_title("Token ITL (solid: lower is faster) vs chunk ITL (hatched: inflated by tokens per chunk)")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_acceptance(variants: Sequence[VariantView], path: Path) -> Path | None:
+    """Per-position draft acceptance from /metrics: where along the draft the speculation fails."""
+    rates = [
+        (i, v, list((v.spec_decode or {}).get("per_position_acceptance") or []))
+        for i, v in enumerate(variants)
+    ]
+    rates = [(i, v, r) for i, v, r in rates if r]
+    if not rates:
+        return None
+    fig, ax = plt.subplots(figsize=WIDE)
+    positions = max(len(r) for _, _, r in rates)
+    width = 0.8 / len(rates)
+    for k, (i, view, values) in enumerate(rates):
+        al = (view.spec_decode or {}).get("acceptance_length")
+        label = view.name + (f" (acceptance length {al:.2f})" if isinstance(al, int | float) else "")
+        ax.bar(
+            np.arange(1, len(values) + 1) + (k - (len(rates) - 1) / 2) * width,
+            values,
+            width,
+            color=colour(i),
+            label=label,
+        )
+    ax.set_xticks(range(1, positions + 1))
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance rate")
+    ax.set_ylim(0, 1.1)
+    ax.set_title("Draft acceptance per position (server /metrics, this run's traffic only)")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(loc="upper right", fontsize=9)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+PlotFunction = Callable[[Sequence[VariantView], Path], Path | None]
+
+# (file name, caption, function), in report order: the headline first.
+PLOTS: tuple[tuple[str, str, PlotFunction], ...] = (
+    ("itl_headline.png", "Token ITL vs chunk ITL per variant", plot_itl_headline),
+    ("itl_cdf.png", "ITL distribution per token and per chunk", plot_itl_cdf),
+    ("latency_bars.png", "p50/p90/p99 token ITL, TTFT and decode tokens/s", plot_latency_bars),
+    ("tokens_per_chunk.png", "Tokens per SSE chunk", plot_tokens_per_chunk),
+    ("timeline.png", "Per-request timeline (sample)", plot_timeline),
+    ("acceptance.png", "Draft acceptance per position", plot_acceptance),
+)
+
+
+def write_plots(variants: Sequence[VariantView], out_dir: Path) -> list[tuple[str, Path]]:
+    """Every figure the run has data for, as (caption, path); stale PNGs of absent figures are removed
+    so a re-derived report never shows a picture from an earlier run."""
+    written = []
+    for name, caption, function in PLOTS:
+        target = out_dir / name
+        target.unlink(missing_ok=True)
+        if variants and (result := function(variants, target)) is not None:
+            written.append((caption, result))
+    return written

