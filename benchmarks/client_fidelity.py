@@ -39,7 +39,7 @@ from itlaudit.analysis.fidelity import (
     send_lag,
     token_itl_ms,
 )
-from itlaudit.serve.sendlog import SendLog
+from itlaudit.model.sendlog import SendLog
 from itlaudit.serve.testbed import default_cache_dir
 from itlaudit.serve.truth import TruthConfig
 from itlaudit.workflows.selfcheck import (

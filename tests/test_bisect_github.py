@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from itlaudit.bisect.github import commits_from_github
 from itlaudit import cli
+from itlaudit.bisect.github import commits_from_github
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "bisect"))
 from github_api import CompareServer, make_history, serve_compare

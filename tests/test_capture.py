@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from itlaudit.model.records import iter_jsonl
+from itlaudit.store.jsonl import iter_jsonl
 
 PACED = Path(__file__).parent / "paced_sse.py"
 
@@ -235,7 +235,7 @@ def test_a_full_disk_mid_run_is_one_line_exit_2_and_the_records_stay_whole(tmp_p
 
 def test_writer_failure_is_raised_once_as_records_error(tmp_path: Path) -> None:
     from itlaudit.errors import RecordsError
-    from itlaudit.model.records import RecordWriter
+    from itlaudit.store.jsonl import RecordWriter
 
     writer = RecordWriter(Path("/dev/full"))
     writer.write({"a": 1})

@@ -22,7 +22,8 @@ from itlaudit.analysis.findings import ERROR, WARNING, Finding, request_findings
 from itlaudit.analysis.lossless import with_execution_modes
 from itlaudit.analysis.metrics import request_metrics
 from itlaudit.analysis.specdecode import CounterSnapshot, spec_decode_delta
-from itlaudit.model.records import ChunkSeries, RequestRecord, load_records
+from itlaudit.model.records import ChunkSeries, RequestRecord
+from itlaudit.store.jsonl import load_records
 
 CAPTURES = Path(__file__).parent / "fixtures" / "vllm-0.24.0-cuda-h200-runs"
 

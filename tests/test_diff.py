@@ -9,10 +9,12 @@ from pathlib import Path
 from reportkit import stream
 from typer.testing import CliRunner
 
-from itlaudit.analysis.run_diff import diff_runs, render_diff
+from itlaudit.analysis.run_diff import diff_runs
 from itlaudit.cli.app import app
 from itlaudit.errors import RecordsError
-from itlaudit.model.records import STATUS_HTTP_ERROR, RecordWriter, RequestRecord
+from itlaudit.model.records import STATUS_HTTP_ERROR, RequestRecord
+from itlaudit.report.diff import render_diff
+from itlaudit.store.jsonl import RecordWriter
 
 
 def run(

@@ -12,7 +12,7 @@ from itlaudit.analysis.fidelity import Fidelity, added_lag_ms, grade, join_chunk
 from itlaudit.capture.runner import CaptureOptions
 from itlaudit.cli.selfcheck import search_streams
 from itlaudit.errors import RecordsError, ScenarioError
-from itlaudit.serve.sendlog import ResponseSends, SendLog
+from itlaudit.model.sendlog import ResponseSends, SendLog
 from itlaudit.workflows.selfcheck import capture_options
 
 PERIOD_NS = 2_000_000

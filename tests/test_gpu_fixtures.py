@@ -30,7 +30,7 @@ from itlaudit.analysis.comparison import build_comparison
 from itlaudit.analysis.derive import run_summary
 from itlaudit.analysis.metrics import request_metrics
 from itlaudit.analysis.specdecode import CounterSnapshot, spec_decode_delta
-from itlaudit.model.records import load_records
+from itlaudit.store.jsonl import load_records
 
 RUNS = Path(__file__).parent / "fixtures" / "vllm-0.24.0-cuda-h200-runs"
 PREV = Path(__file__).parent / "fixtures" / "vllm-0.24.0-cuda-h200-prev"

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from itlaudit.analysis.importers import AIPERF, VLLM_BENCH, parse_import
 from itlaudit.cli.app import app
 from itlaudit.errors import RecordsError
-from itlaudit.model.records import RecordWriter
+from itlaudit.store.jsonl import RecordWriter
 
 FIXTURES = Path(__file__).parent / "fixtures" / "imports"
 VLLM_K3 = FIXTURES / "vllm-bench-serve-0.32.0-k3.json"

@@ -10,12 +10,12 @@ from pathlib import Path
 from reportkit import k0_k3, stream
 
 from itlaudit.analysis.derive import derive_request, run_summary
-from itlaudit.model.records import RecordWriter
 from itlaudit.report.html import render_html
 from itlaudit.report.markdown import headline
 from itlaudit.report.plots import PLOTS
 from itlaudit.report.writer import write_reports
-from itlaudit.store.rundir import write_derived
+from itlaudit.store.jsonl import RecordWriter
+from itlaudit.workflows.derive import write_derived
 
 PLANTED = "<script>alert(1)</script>"
 

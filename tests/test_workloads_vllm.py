@@ -15,8 +15,8 @@ import pytest
 from vllm_server import server_spec
 
 from itlaudit.model.access import Access
-from itlaudit.model.records import iter_jsonl
 from itlaudit.serve.launcher import launch
+from itlaudit.store.jsonl import iter_jsonl
 
 pytestmark = pytest.mark.vllm
 

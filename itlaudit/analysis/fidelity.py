@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from itlaudit.serve.sendlog import ResponseSends, SendLog
+from itlaudit.model.sendlog import ResponseSends, SendLog
 
 LAG_BUDGET_MS = 1.0  # the p99 added lag a faithful client keeps (issue 13)
 

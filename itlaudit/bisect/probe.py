@@ -25,9 +25,9 @@ from itlaudit.bisect.prefetch import Prefetcher
 from itlaudit.bisect.verdict import Figures, Judgement, Regress, judge, read_trial, script_answer
 from itlaudit.capture.runner import run_variant
 from itlaudit.errors import LaunchError, ServerRejectedError, ServerUnreachableError
-from itlaudit.model.records import RecordWriter, load_records
 from itlaudit.model.scenario import Scenario
 from itlaudit.serve.launcher import LaunchSpec, launch
+from itlaudit.store.jsonl import RecordWriter, load_records
 from itlaudit.store.rundir import REQUESTS_FILE, SUMMARY_FILE, write_json
 from itlaudit.workflows.run import server_log_name
 

@@ -26,7 +26,7 @@ from itlaudit.analysis import findings, stats
 from itlaudit.analysis.derive import run_summary
 from itlaudit.analysis.metrics import request_metrics
 from itlaudit.bisect.errors import BisectError
-from itlaudit.model.records import load_records
+from itlaudit.store.jsonl import load_records
 from itlaudit.store.rundir import REQUESTS_FILE
 
 MODES = ("auto", "itl", "speedup", "truncation", "error")

@@ -29,10 +29,11 @@ from itlaudit.capture.workers import (
 )
 from itlaudit.errors import ItlauditError, ScenarioError, ServerRejectedError
 from itlaudit.model.access import Access
-from itlaudit.model.records import RecordWriter, RequestRecord
+from itlaudit.model.records import RequestRecord
 from itlaudit.model.redact import redact_bytes
 from itlaudit.model.scenario import Scenario
 from itlaudit.model.schedule import send_offsets_s
+from itlaudit.store.jsonl import RecordWriter
 
 OnDone = Callable[[RequestRecord], None]
 OnCapture = Callable[[dict[str, Any]], None]

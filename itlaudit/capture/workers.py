@@ -34,13 +34,8 @@ from itlaudit.capture.client import PlannedRequest, stream_request
 from itlaudit.capture.lagprobe import LagProbe, new_capture_loop
 from itlaudit.capture.transport import StampMode, kernel_stamps_supported
 from itlaudit.model.access import Access
-from itlaudit.model.records import (
-    STATUS_HTTP_ERROR,
-    STATUS_RATE_LIMITED,
-    RecordWriter,
-    RequestRecord,
-    Timeouts,
-)
+from itlaudit.model.records import STATUS_HTTP_ERROR, STATUS_RATE_LIMITED, RequestRecord, Timeouts
+from itlaudit.store.jsonl import RecordWriter
 
 # Streams per worker for `--workers auto`. A chunk costs a worker ~40 µs of CPU on the 2-core development
 # machine (kernel stamps, h11 framing, SSE, msgspec: measured with 16 streams × 500 chunks/s), so 16

@@ -23,7 +23,7 @@ from itlaudit.errors import ItlauditError, RunInterrupted, ScenarioError
 from itlaudit.model.access import Access, api_key_header, valid_header
 from itlaudit.model.redact import header_secret_values, redact_text
 from itlaudit.model.scenario import load_scenario, parse_scenario
-from itlaudit.store.rundir import REPORT_FILE
+from itlaudit.store.rundir import COMPARE_FILE, REPORT_FILE
 from itlaudit.workflows.run import LedgerPolicy, RunOutcome, handle_sigterm, interruption, run_scenario
 
 DEMO_SCENARIO = Path(__file__).parent / "data" / "demo.toml"
@@ -196,7 +196,7 @@ def compare(
     ca_cert: CaCertOption = None,
 ) -> None:
     """Run each variant (launching its server in turn), scrape /metrics around it, write compare.json."""
-    from itlaudit.workflows.compare import COMPARE_FILE, run_compare
+    from itlaudit.workflows.compare import run_compare
 
     access = _access(api_key, header, insecure, ca_cert)
     capture = CaptureOptions.from_flags(

@@ -25,9 +25,9 @@ from itlaudit.analysis.quality import DEFAULT_THRESHOLDS, GibberishThresholds, g
 from itlaudit.capture.runner import resolve_model
 from itlaudit.capture.scoring import DEFAULT_REPEATS, DEFAULT_TOP_K, Scorer, observe, server_identity
 from itlaudit.errors import ScenarioError
-from itlaudit.model.records import load_records
 from itlaudit.model.scenario import Variant, load_scenario
 from itlaudit.store import ledger as ledger_mod
+from itlaudit.store.jsonl import load_records
 from itlaudit.store.rundir import REQUESTS_FILE, new_run_dir, write_json
 
 INVARIANCE_FILE = "invariance.json"

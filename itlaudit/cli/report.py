@@ -16,12 +16,15 @@ from rich.console import Console
 
 from itlaudit.analysis.derive import derive_request, run_summary
 from itlaudit.analysis.importers import ImportedBenchmark, parse_import
-from itlaudit.analysis.run_diff import diff_runs, render_diff, workload_differences, workload_of
+from itlaudit.analysis.run_diff import diff_runs, workload_differences, workload_of
 from itlaudit.analysis.stats import UNKNOWN, WORSE
 from itlaudit.errors import RecordsError
-from itlaudit.model.records import RequestRecord, load_records
+from itlaudit.model.records import RequestRecord
+from itlaudit.report.diff import render_diff
 from itlaudit.store.export import CHUNK_FORMATS, write_chunks
-from itlaudit.store.rundir import META_FILE, REQUESTS_FILE, new_run_dir, read_json, write_derived
+from itlaudit.store.jsonl import load_records
+from itlaudit.store.rundir import META_FILE, REQUESTS_FILE, new_run_dir, read_json
+from itlaudit.workflows.derive import write_derived
 
 out = Console()
 FAIL_ON = (WORSE, UNKNOWN, "findings")

@@ -1,1 +1,4 @@
-"""What things are: the scenario, raw records, finding codes, workloads and the redaction policy (imports errors only)."""
+"""What things are: the scenario, raw records, workloads, finding codes and the redaction policy.
+
+The lowest stage above `errors`: every other stage may import it; it imports nothing of itlaudit else.
+"""

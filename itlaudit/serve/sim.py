@@ -34,7 +34,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from itlaudit.serve.sendlog import SendLog
+from itlaudit.model.sendlog import SendLog
 
 VLLM_VERSION = "0.32.0"
 

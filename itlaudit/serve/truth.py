@@ -35,7 +35,7 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
-from itlaudit.serve.sendlog import SendLog
+from itlaudit.model.sendlog import SendLog
 from itlaudit.serve.sim import (
     _DONE_FRAME,
     FIRST_REGULAR_TOKEN_ID,

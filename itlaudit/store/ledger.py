@@ -26,10 +26,11 @@ from typing import Any
 from itlaudit.analysis.derive import run_summary
 from itlaudit.analysis.quality import text_quality
 from itlaudit.errors import ItlauditError, RecordsError
-from itlaudit.model.records import RecordWriter, RequestRecord, iter_jsonl, load_records
+from itlaudit.model.records import RequestRecord
 from itlaudit.model.redact import redact_args, redact_env, redact_json
 from itlaudit.model.scenario import Scenario, load_scenario
 from itlaudit.model.schedule import Arrivals
+from itlaudit.store.jsonl import RecordWriter, iter_jsonl, load_records
 from itlaudit.store.rundir import META_FILE, REQUESTS_FILE
 
 DEFAULT_LEDGER = Path("reports") / "ledger.jsonl"

@@ -24,10 +24,9 @@ from itlaudit.capture.scoring import Scorer, explain_mismatch
 from itlaudit.model.access import NO_ACCESS, Access
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.scenario import COMPILED, EAGER, Scenario, Variant
-from itlaudit.store.rundir import write_derived, write_json
+from itlaudit.store.rundir import COMPARE_FILE, write_json
+from itlaudit.workflows.derive import write_derived
 from itlaudit.workflows.run import LedgerPolicy, RunOutcome, run_scenario
-
-COMPARE_FILE = "compare.json"
 
 
 def scrape_counters(base_url: str, timeout_s: float = 10.0, access: Access = NO_ACCESS) -> dict[str, Any]:

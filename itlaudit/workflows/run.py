@@ -29,20 +29,14 @@ from itlaudit.capture.runner import (
 )
 from itlaudit.errors import RunDirError, RunInterrupted, ScenarioError
 from itlaudit.model.access import NO_ACCESS, Access
-from itlaudit.model.records import RecordWriter, RequestRecord, iter_jsonl, load_records
+from itlaudit.model.records import RequestRecord
 from itlaudit.model.redact import redact_file, redact_json, secret_values
 from itlaudit.model.scenario import LaunchConfig, Scenario, Variant
 from itlaudit.serve.environment import gpus as host_gpus
 from itlaudit.serve.environment import host_environment, server_environment
-from itlaudit.store.rundir import (
-    META_FILE,
-    REPORT_FILE,
-    REQUESTS_FILE,
-    new_run_dir,
-    read_json,
-    write_derived,
-    write_json,
-)
+from itlaudit.store.jsonl import RecordWriter, iter_jsonl, load_records
+from itlaudit.store.rundir import META_FILE, REPORT_FILE, REQUESTS_FILE, new_run_dir, read_json, write_json
+from itlaudit.workflows.derive import write_derived
 
 if TYPE_CHECKING:
     from itlaudit.serve.launcher import LaunchSpec

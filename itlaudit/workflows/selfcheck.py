@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 
 from itlaudit.analysis.fidelity import ChunkJoin, Fidelity, grade, join_chunks
+from itlaudit.model.sendlog import SendLog
 from itlaudit.serve.launcher import LaunchedServer, LaunchSpec, launch
-from itlaudit.serve.sendlog import SendLog
 from itlaudit.serve.truth import TruthConfig
 
 if TYPE_CHECKING:
@@ -97,7 +97,8 @@ def run_itlaudit(
 def grade_run(run_dir: Path, sent: SendLog) -> Fidelity:
     """Join requests.jsonl's raw chunk fields to the send log; ITL as itlaudit itself derives it."""
     from itlaudit.analysis.metrics import request_metrics
-    from itlaudit.model.records import RequestRecord, iter_jsonl
+    from itlaudit.model.records import RequestRecord
+    from itlaudit.store.jsonl import iter_jsonl
     from itlaudit.store.rundir import REQUESTS_FILE
 
     joins: dict[str, ChunkJoin] = {}

@@ -41,9 +41,9 @@ from itlaudit.analysis.sweep import (
 )
 from itlaudit.capture.runner import CaptureOptions, run_variant
 from itlaudit.errors import RunInterrupted, ScenarioError
-from itlaudit.model.records import RecordWriter, iter_jsonl, load_records
 from itlaudit.model.redact import redact_file, redact_json
 from itlaudit.model.scenario import Scenario, Variant
+from itlaudit.store.jsonl import RecordWriter, iter_jsonl, load_records
 from itlaudit.store.rundir import (
     DERIVED_FILE,
     META_FILE,
@@ -51,9 +51,9 @@ from itlaudit.store.rundir import (
     SUMMARY_FILE,
     new_run_dir,
     read_json,
-    write_derived,
     write_json,
 )
+from itlaudit.workflows.derive import write_derived
 from itlaudit.workflows.run import (  # the same masking of a launched server's log as `run`'s
     DEFAULT_REPORTS,
     _secret_values,

@@ -1,0 +1,181 @@
+"""requests.jsonl on disk: the append-only writer (its own thread: encoding, writing and fsync stay off
+the capture loop) and the tolerant reader every later stage loads records with."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from itlaudit.errors import RecordsError
+from itlaudit.model.records import RequestRecord
+
+
+class RecordWriter:
+    """Append-only JSONL writer whose encoding, writing and fsync happen on its own thread, so the
+    event loop that timestamps chunks only hands a line over (a queue put) when a request ends.
+
+    A line is written to the OS as soon as the thread takes it (microseconds after the request ends,
+    so a SIGKILL loses at most the requests that finished in that instant); fsync follows at most every
+    `FSYNC_INTERVAL_S` and at close, so a machine crash loses at most that much more. A failed write
+    (disk full, read-only file system) cuts the file back to its last complete line, stops the writer
+    and is raised as one `RecordsError` by the next `write` or by `close`: the records so far stay
+    intact and no half line is left for a later append to glue onto.
+    """
+
+    FSYNC_INTERVAL_S = 1.0
+
+    def __init__(self, target: Path | int, prepare: Callable[[Any], dict[str, Any]] | None = None) -> None:
+        """`target` is a file to append to, or an open descriptor (a worker's pipe to the coordinator).
+        `prepare`, when given, turns each handed-over item into its line on the writer thread."""
+        self.path = target if isinstance(target, Path) else Path(f"<fd {target}>")
+        if isinstance(target, Path):
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                self._fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            except OSError as exc:
+                raise _write_failure(self.path, exc) from None
+            self._owns_fd = True
+        else:
+            self._fd, self._owns_fd = target, False
+        self._prepare = prepare
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._failure: RecordsError | None = None
+        self._thread = threading.Thread(target=self._drain, name=f"records:{self.path.name}", daemon=True)
+        self._thread.start()
+
+    def write(self, line: Any) -> None:
+        """Hand a line (a dict, already-encoded bytes, or what `prepare` takes) to the writer thread;
+        it must not be changed afterwards."""
+        if self._failure is not None:
+            raise self._failure
+        self._queue.put(line)
+
+    def check(self) -> None:
+        """Raise the writer's failure, if any: a run stops at the first one instead of measuring
+        requests it can no longer keep."""
+        if self._failure is not None:
+            raise self._failure
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+        if self._owns_fd and self._fd >= 0:
+            os.close(self._fd)
+        self._fd = -1
+        self.check()
+
+    def _drain(self) -> None:
+        encode = msgspec.json.Encoder().encode
+        last_sync = time.monotonic()
+        dirty = False
+        while True:
+            try:
+                line = self._queue.get(timeout=self.FSYNC_INTERVAL_S) if dirty else self._queue.get()
+            except queue.Empty:
+                line = _NO_LINE
+            if line is None:
+                break
+            try:
+                if line is not _NO_LINE:
+                    if self._prepare is not None:
+                        line = self._prepare(line)
+                    _write_all(self._fd, (line if isinstance(line, bytes) else encode(line)) + b"\n")
+                    dirty = True
+                if dirty and time.monotonic() - last_sync >= self.FSYNC_INTERVAL_S:
+                    _fsync(self._fd)
+                    dirty, last_sync = False, time.monotonic()
+            except OSError as exc:
+                self._failure = _write_failure(self.path, exc)
+                return
+        if dirty:
+            with contextlib.suppress(OSError):
+                _fsync(self._fd)
+
+    def __enter__(self) -> RecordWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_NO_LINE: dict[str, Any] = {}  # the writer thread's "nothing came within the fsync interval"
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """One line, all or nothing: after a short or failed write the file is cut back to where the line
+    began, so what is on disk is always whole lines."""
+    try:
+        start: int | None = os.lseek(fd, 0, os.SEEK_END)
+    except OSError:
+        start = None  # a pipe: the coordinator on the other end keeps only whole lines
+    view = memoryview(data)
+    try:
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+    except OSError:
+        if start is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)
+        raise
+
+
+def _fsync(fd: int) -> None:
+    """Some file systems (pipes, a few FUSE mounts) cannot fsync; that is not a failure to write."""
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EROFS):
+            raise
+
+
+def _write_failure(path: Path, exc: OSError) -> RecordsError:
+    reason = exc.strerror or str(exc)
+    return RecordsError(
+        f"cannot write {path}: {reason}; the records written so far are intact — free space or choose "
+        "a writable --out"
+    )
+
+
+def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    """Yield JSON objects from a JSONL file; a truncated last line (crash mid-write) is skipped."""
+    if not path.is_file():
+        raise RecordsError(f"{path}: no such file; point at a run folder that contains requests.jsonl")
+    with path.open(encoding="utf-8") as fh:
+        lines = fh.readlines()
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            yield json.loads(line)
+        except json.JSONDecodeError as exc:
+            if lineno == len(lines):
+                return  # partial final line from an interrupted write
+            raise RecordsError(f"{path}:{lineno}: not valid JSON ({exc.msg}); the file is damaged") from None
+
+
+def load_records(path: Path) -> list[RequestRecord]:
+    """Load raw records from a requests.jsonl; derived keys on each line are ignored.
+
+    Warmup requests stay in requests.jsonl but are dropped here: this is the one door every
+    figure, count, finding and report goes through, so excluding them here excludes them everywhere."""
+    out = []
+    for obj in iter_jsonl(path):
+        try:
+            record = RequestRecord.from_json(obj)
+        except TypeError as exc:
+            raise RecordsError(f"{path}: a line is not an itlaudit request record ({exc})") from None
+        if not record.warmup:
+            out.append(record)
+    return out

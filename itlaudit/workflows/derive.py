@@ -1,0 +1,74 @@
+"""Derivation of a run folder: raw requests.jsonl in, every derived file out (figures, findings, CSVs,
+report). A workflow step, because it composes the store, the analysis and the report stages."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from itlaudit.analysis.derive import derive_request, run_summary
+from itlaudit.analysis.importers import ImportedBenchmark
+from itlaudit.model.records import RequestRecord
+from itlaudit.report.writer import write_reports
+from itlaudit.store.export import write_chunks
+from itlaudit.store.jsonl import load_records
+from itlaudit.store.rundir import (
+    COMPARE_FILE,
+    CSV_FILE,
+    DERIVED_FILE,
+    REQUESTS_FILE,
+    SUMMARY_FILE,
+    read_json,
+    write_json,
+    write_jsonl,
+)
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+def _csv_frame(records: Sequence[RequestRecord], derived: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """One row per request: the raw scalars and the derived figures (chunk arrays stay in
+    requests.jsonl, finding details in derived.jsonl)."""
+    import pandas as pd  # pandas and matplotlib cost seconds to import: only when files are derived
+
+    rows = []
+    for record, figures in zip(records, derived, strict=True):
+        line = {**record.to_json(), **figures}
+        params = line.pop("params")
+        row = {k: v for k, v in line.items() if not isinstance(v, list | dict) and k != "text"}
+        row.update({f"param_{k}": v for k, v in params.items() if not isinstance(v, list)})
+        row["findings"] = ";".join(figures["findings"])
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _optional_json(path: Path) -> Any:
+    """A file another command writes (compare.json) may be missing or half-written: then it is absent."""
+    try:
+        return read_json(path)
+    except (OSError, ValueError):
+        return None
+
+
+def write_derived(
+    run_dir: Path,
+    title: str,
+    variant_order: Sequence[str] | None = None,
+    *,
+    imported: Sequence[tuple[ImportedBenchmark, str]] = (),
+) -> dict[str, Any]:
+    """(Re)derive summary.json, derived.jsonl, requests.csv, chunks.csv, the PNGs, report.md and
+    report.html from requests.jsonl (plus compare.json's spec-decode figures when present)."""
+    records = load_records(run_dir / REQUESTS_FILE)
+    derived = [derive_request(r) for r in records]
+    summary = run_summary(records, variant_order)
+    write_json(run_dir / SUMMARY_FILE, summary)
+    write_jsonl(run_dir / DERIVED_FILE, derived)
+    _csv_frame(records, derived).to_csv(run_dir / CSV_FILE, index=False)
+    write_chunks(records, run_dir)
+    findings = [f for d in derived for f in d["finding_details"]] + summary["run_findings"]
+    compare = _optional_json(run_dir / COMPARE_FILE)
+    write_reports(run_dir, title, records, summary, findings, compare=compare, imported=imported)
+    return summary
