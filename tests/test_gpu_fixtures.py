@@ -57,7 +57,16 @@ def _rederive(run: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return summary, build_comparison(summary, records, stats)
 
 
-RUN_NAMES = ["k0k3-c1", "k0k3-c16", "mtp-c1", "tpot-c1", "capture-c1", "capture-c16"]
+RUN_NAMES = [
+    "k0k3-c1",
+    "k0k3-c16",
+    "mtp-c1",
+    "tpot-c1",
+    "capture-c1",
+    "capture-c16",
+    "ngram-warm-c1",
+    "cudagraph-warm-c1",
+]
 
 
 @pytest.mark.parametrize("name", RUN_NAMES)
@@ -196,7 +205,7 @@ def test_prev_ngram_run_stream_and_metrics_agree_on_accepted_tokens() -> None:
     records = [r for r in load_records(run / "requests.jsonl") if r.variant == "NG"]
     measured = [request_metrics(r) for r in records]
     decode_chunks = sum(m.content_chunks - 1 for m in measured)
-    decode_tokens = sum(m.completion_tokens - 1 for m in measured)
+    decode_tokens = sum((m.completion_tokens or 0) - 1 for m in measured)
     assert decode_chunks == 1484 and ng["num_drafts"] == 1252
     stream_accepted = decode_tokens - decode_chunks
     assert abs(stream_accepted - ng["num_accepted_tokens"]) / ng["num_accepted_tokens"] < 0.005
@@ -205,7 +214,9 @@ def test_prev_ngram_run_stream_and_metrics_agree_on_accepted_tokens() -> None:
 def _script(name: str) -> ModuleType:
     path = Path(__file__).parents[1] / "scripts" / "gpu" / name
     loader = importlib.machinery.SourceFileLoader(f"gpu_{name}", str(path))
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
     return module
 
@@ -243,7 +254,8 @@ def test_prepare_packs_a_site_tree_without_the_stripped_members_and_parts_join_b
     assert hashlib.sha256(joined).hexdigest() == digest
     with tarfile.open(fileobj=io.BytesIO(joined), mode="r:xz") as tar:
         names = set(tar.getnames())
-        assert tar.extractfile("vllm/_C_stable_libtorch.abi3.so").read() == kernel
+        member = tar.extractfile("vllm/_C_stable_libtorch.abi3.so")
+        assert member is not None and member.read() == kernel
     assert {"vllm/__init__.py", "vllm-0.24.0.dist-info/METADATA", "xgrammar/__init__.py"} <= names
     assert not names & set(prepare.STRIP_MEMBERS)
     # Requirements: markers evaluated for the box (Linux x86_64, CPython 3.12), extras kept apart.
