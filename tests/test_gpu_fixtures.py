@@ -30,6 +30,7 @@ from itlaudit.analysis.comparison import build_comparison
 from itlaudit.analysis.derive import run_summary
 from itlaudit.analysis.metrics import request_metrics
 from itlaudit.analysis.specdecode import CounterSnapshot, spec_decode_delta
+from itlaudit.model.scenario import load_scenario
 from itlaudit.store.jsonl import load_records
 
 RUNS = Path(__file__).parent / "fixtures" / "vllm-0.24.0-cuda-h200-runs"
@@ -273,3 +274,16 @@ def test_lane_is_valid_bash_and_documents_every_stage() -> None:
     assert default is not None and default.group(1).split() == stages
     for scenario in re.findall(r"compare_run \w+ (gpu-[\w-]+)", text):
         assert (lane.parent / "scenarios" / f"{scenario}.toml").is_file()
+
+
+def test_gpu_scenarios_warm_up_except_where_tpot_compares_with_vllms_histogram() -> None:
+    """vLLM's TPOT histogram counts every request in compare's /metrics window, warmups too, so the TPOT
+    scenarios send none (tpot.py compares the same requests); the others send warmups first, and at
+    concurrency above 1 at least one per slot, or the cold first batch lands in the measured requests."""
+    for path in sorted((Path(__file__).parents[1] / "scripts" / "gpu" / "scenarios").glob("*.toml")):
+        workload = load_scenario(path).workload
+        warmup = workload.arrivals.warmup_requests
+        if path.stem.startswith("gpu-tpot-"):
+            assert warmup == 0, path.name
+        elif path.stem != "gpu-sweep":  # a sweep's loads differ per point: it warms c1 only
+            assert warmup >= (workload.concurrency or 1), path.name
