@@ -150,7 +150,8 @@ def test_goodput_table_in_the_scenario() -> None:
 
 def test_sim_step_slows_with_the_batch_and_more_with_spec_decode() -> None:
     """The simulator's load knob: step_ms + (per-stream + verify-if-K>0) × (rows in flight − 1)."""
-    from itlaudit.serve.sim import SimConfig, _Engine
+    from itlaudit.serve.sim import SimConfig
+    from itlaudit.serve.sim.engine import _Engine
 
     def step(k: int, in_flight: int) -> float:
         config = SimConfig(
