@@ -22,10 +22,10 @@ import h11
 import pytest
 
 from itlaudit.capture import transport
+from itlaudit.capture.chunked import _Dechunker
 from itlaudit.capture.transport import (
     Stream,
     TransportOptions,
-    _Dechunker,
     kernel_stamps_supported,
     open_stream,
 )
