@@ -206,9 +206,10 @@ async def _read_stream(
                 try:
                     chunk = decode_chunk(payload)
                 except CHUNK_DECODE_ERRORS as exc:
-                    chunk = _undecodable(record, payload, exc)
-                    if chunk is None:
+                    recovered = _undecodable(record, payload, exc)
+                    if recovered is None:
                         continue
+                    chunk = recovered
                 if chunk.error is not None:
                     record.status = STATUS_STREAM_ERROR
                     record.error = _error_frame_message(chunk.error)

@@ -6,7 +6,7 @@ import asyncio
 import codecs
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
 from itlaudit.serve.sim.config import SimConfig
@@ -90,7 +90,7 @@ class _Engine:
             return f"greedy-{self.config.seed}-{job.prompt_token_ids}"
         return f"random-{self.rng.getrandbits(64)}"
 
-    async def generate(self, job: _Job) -> AsyncIterator[_Step]:
+    async def generate(self, job: _Job) -> AsyncGenerator[_Step, None]:
         cfg = self.config
         request_seed = self._request_seed(job)
         token_rng = random.Random(f"tokens-{request_seed}")
