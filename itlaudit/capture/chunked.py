@@ -1,6 +1,6 @@
 """Chunked transfer coding (RFC 9112 7.1), decoded once per socket read.
 
-h11 turns each read into two or three events through dozens of Python calls, where `_Dechunker` cuts the
+h11 turns each read into two or three events through dozens of Python calls, where `Dechunker` cuts the
 common read - size line, data, CRLF - with one `find`, one regex match and one slice (the client's CPU per
 SSE chunk at 16 streams fell from ~50 to ~33 µs: `benchmarks/capture_cpu.py`).
 """
@@ -14,11 +14,11 @@ _CHUNK_SIZE_LINE = re.compile(rb"([0-9A-Fa-f]{1,20})(?:[ \t]*;[^\r\n]*)?[ \t]*")
 _MAX_LINE_BYTES = 16 * 1024  # a size or trailer line longer than this is garbage, not a slow sender
 
 
-class _FramingError(Exception):
+class FramingError(Exception):
     """A chunked body that breaks RFC 9112 7.1; Stream turns it into BadFraming with the peer's name."""
 
 
-class _Dechunker:
+class Dechunker:
     """Chunked transfer coding, decoded incrementally over socket reads.
 
     `feed` takes one read and returns the body bytes it completed (b"" when it held only framing), so a
@@ -55,18 +55,18 @@ class _Dechunker:
             elif self._crlf:
                 if size - position < 2:
                     if data[position:] != b"\r":
-                        raise _FramingError(f"chunk data not followed by CRLF: {data[position:]!r}")
+                        raise FramingError(f"chunk data not followed by CRLF: {data[position:]!r}")
                     self._pending = data[position:]
                     break
                 if data[position : position + 2] != b"\r\n":
-                    raise _FramingError(f"chunk data not followed by CRLF: {data[position : position + 8]!r}")
+                    raise FramingError(f"chunk data not followed by CRLF: {data[position : position + 8]!r}")
                 self._crlf = False
                 position += 2
             else:
                 end = data.find(b"\r\n", position)
                 if end < 0:
                     if size - position > _MAX_LINE_BYTES:
-                        raise _FramingError(f"chunk size line longer than {_MAX_LINE_BYTES} bytes")
+                        raise FramingError(f"chunk size line longer than {_MAX_LINE_BYTES} bytes")
                     self._pending = data[position:]
                     break
                 line = data[position:end]
@@ -75,11 +75,11 @@ class _Dechunker:
                     if not line:
                         self.done = True
                     elif b":" not in line:
-                        raise _FramingError(f"illegal trailer line: {line[:40]!r}")
+                        raise FramingError(f"illegal trailer line: {line[:40]!r}")
                     continue
                 match = _CHUNK_SIZE_LINE.fullmatch(line)
                 if match is None:
-                    raise _FramingError(f"illegal chunk header: {line[:40]!r}")
+                    raise FramingError(f"illegal chunk header: {line[:40]!r}")
                 self._remaining = int(match[1], 16)
                 self._trailer = not self._remaining
         if not out:

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 
 from itlaudit.capture.chunk import CHUNK_DECODE_ERRORS, Chunk, decode_chunk
 from itlaudit.capture.preflight import (
-    _CONNECTION_FAILURES,
-    _describe_connection_failure,
+    CONNECTION_FAILURES,
+    describe_connection_failure,
     server_error_message,
 )
 from itlaudit.capture.request_plan import ENDPOINT_CHAT, PlannedRequest
@@ -98,9 +98,9 @@ async def stream_request(
     except TimeoutError:
         _timed_out(record, head_limit, timeouts.limit(head_limit), t0, time.monotonic_ns())
         return _closed(record, probe)
-    except _CONNECTION_FAILURES as exc:
+    except CONNECTION_FAILURES as exc:
         record.status = STATUS_CONNECTION_ERROR
-        record.error = _describe_connection_failure(exc)
+        record.error = describe_connection_failure(exc)
         record.e2e_ms = (time.monotonic_ns() - t0) / 1e6
         return _closed(record, probe)
     if probe is not None:
@@ -137,7 +137,7 @@ async def _read_refusal(stream: Stream, record: RequestRecord, t0: int) -> None:
     """A response that is not a stream: keep the server's explanation, name a redirect's target and
     a rate limit's Retry-After, since those tell the user what to do next."""
     body = b""
-    with contextlib.suppress(TimeoutError, *_CONNECTION_FAILURES):
+    with contextlib.suppress(TimeoutError, *CONNECTION_FAILURES):
         while len(body) < _REFUSAL_BODY_LIMIT:
             piece = await stream.read(_REFUSAL_READ_TIMEOUT_S)
             if piece is None:
@@ -248,9 +248,9 @@ async def _read_stream(
                 if chunk.system_fingerprint is not None:
                     record.system_fingerprint = chunk.system_fingerprint
         record.e2e_ms = (last_ns - t0) / 1e6
-    except _CONNECTION_FAILURES as exc:
+    except CONNECTION_FAILURES as exc:
         record.status = STATUS_CONNECTION_ERROR
-        record.error = _describe_connection_failure(exc)
+        record.error = describe_connection_failure(exc)
         record.e2e_ms = (last_ns - t0) / 1e6
     finally:
         record.text = "".join(text_parts)

@@ -11,20 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 import h11
 
-from itlaudit.capture.chunked import _Dechunker, _FramingError
-from itlaudit.capture.stamping import _READ_SIZE, StampMode, _Inbox, _monotonic_ns
+from itlaudit.capture.chunked import Dechunker, FramingError
+from itlaudit.capture.stamping import READ_SIZE, Inbox, StampMode
 from itlaudit.errors import BadFraming, ConnectionDropped, TLSFailure, TransportError
 
 _MESSAGE_CHARS = 200
 
 
 @dataclass(frozen=True)
-class _Target:
+class Target:
     tls: bool
     host: str  # for getaddrinfo and SNI: an IPv6 literal without brackets
     port: int
@@ -33,13 +34,13 @@ class _Target:
     label: str  # host:port for messages
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text[:_MESSAGE_CHARS]
 
 
-def _tls_failure(target: _Target, exc: ssl.SSLError) -> TLSFailure:
-    reason = getattr(exc, "verify_message", None) or exc.reason or _one_line(exc)
+def tls_failure(target: Target, exc: ssl.SSLError) -> TLSFailure:
+    reason = getattr(exc, "verify_message", None) or exc.reason or one_line(exc)
     return TLSFailure(
         f"TLS with {target.label} failed: {reason} (trust its CA with --ca-cert, or pass --insecure)"
     )
@@ -61,7 +62,7 @@ class _TLSPipe:
             self.incoming.write_eof()
         while True:
             try:
-                plain = self.tls.read(_READ_SIZE)
+                plain = self.tls.read(READ_SIZE)
             except ssl.SSLWantReadError:
                 return
             except (ssl.SSLEOFError, ssl.SSLZeroReturnError):
@@ -84,9 +85,9 @@ class Stream:
 
     def __init__(
         self,
-        target: _Target,
+        target: Target,
         stamp: StampMode,
-        inbox: _Inbox,
+        inbox: Inbox,
         send_raw: Callable[[bytes], Awaitable[None]],
         close: Callable[[], Awaitable[None]],
     ) -> None:
@@ -104,7 +105,7 @@ class Stream:
         self._close = close
         self._tls: _TLSPipe | None = None
         self._conn = h11.Connection(h11.CLIENT)
-        self._dechunker: _Dechunker | None = None  # a chunked body: de-chunked here, not by h11
+        self._dechunker: Dechunker | None = None  # a chunked body: de-chunked here, not by h11
         self._head_rest = b""
         self._stamp = 0  # stamp of the last read fed to h11
         self._eof = False
@@ -167,7 +168,7 @@ class Stream:
                 if not data:
                     if inbox.failure is not None:
                         raise ConnectionDropped(
-                            f"the connection to {self._target.label} broke: {_one_line(inbox.failure)}"
+                            f"the connection to {self._target.label} broke: {one_line(inbox.failure)}"
                         )
                     self._eof = True
                     continue
@@ -175,7 +176,7 @@ class Stream:
                     data = await self._decrypt(data)  # b"" for part of a record; a TLS close sets _eof
             try:
                 body = dechunker.feed(data)
-            except _FramingError as exc:
+            except FramingError as exc:
                 raise BadFraming(f"{self._target.label} sent a malformed response body: {exc}") from None
             if body:
                 self._stamp = stamp
@@ -209,7 +210,7 @@ class Stream:
         try:
             tls.unwrap(data, sink)
         except ssl.SSLError as exc:
-            raise _tls_failure(self._target, exc) from None
+            raise tls_failure(self._target, exc) from None
         if tls.outgoing.pending:  # a TLS 1.3 KeyUpdate answer, say
             await self._send_raw(tls.outgoing.read())
 
@@ -222,7 +223,7 @@ class Stream:
         if not data:
             if inbox.failure is not None:
                 raise ConnectionDropped(
-                    f"the connection to {self._target.label} broke: {_one_line(inbox.failure)}"
+                    f"the connection to {self._target.label} broke: {one_line(inbox.failure)}"
                 )
             self._eof = True
         else:
@@ -238,7 +239,7 @@ class Stream:
             return ConnectionDropped(
                 f"{self._target.label} closed the connection before the {part} was complete"
             )
-        return BadFraming(f"{self._target.label} sent a malformed {part}: {_one_line(exc)}")
+        return BadFraming(f"{self._target.label} sent a malformed {part}: {one_line(exc)}")
 
     async def _handshake(self, context: ssl.SSLContext) -> None:
         tls = self._tls = _TLSPipe(context, self._target.host)
@@ -258,7 +259,7 @@ class Stream:
                     ) from None
                 tls.incoming.write(data)
             except ssl.SSLError as exc:
-                raise _tls_failure(self._target, exc) from None
+                raise tls_failure(self._target, exc) from None
             else:
                 break
         if tls.outgoing.pending:
@@ -289,12 +290,12 @@ class Stream:
         if self._tls is not None:
             self._tls.tls.write(data)
             data = self._tls.outgoing.read()
-        self.t_sent_ns = _monotonic_ns()
+        self.t_sent_ns = time.monotonic_ns()
         try:
             await self._send_raw(data)
         except OSError as exc:
             raise ConnectionDropped(
-                f"{target.label} dropped the connection while the request was sent: {_one_line(exc)}"
+                f"{target.label} dropped the connection while the request was sent: {one_line(exc)}"
             ) from None
 
     async def _read_head(self) -> None:
@@ -315,5 +316,5 @@ class Stream:
         self.t_head_ns = self._stamp
         # h11 refuses any transfer coding but chunked, and 204/304 have no body whatever their headers say.
         if self.status not in (204, 304) and any(name == "transfer-encoding" for name, _ in self.headers):
-            self._dechunker = _Dechunker()
+            self._dechunker = Dechunker()
             self._head_rest = bytes(conn.trailing_data[0])  # body bytes that came with the head's read

@@ -14,7 +14,7 @@ from itlaudit.errors import ServerRejectedError, ServerUnreachableError, Transpo
 
 _ERROR_BODY_CHARS = 300
 # Everything that means "the network or the server went away", as opposed to a bug in this code.
-_CONNECTION_FAILURES = (aiohttp.ClientError, TransportError, TimeoutError, OSError)
+CONNECTION_FAILURES = (aiohttp.ClientError, TransportError, TimeoutError, OSError)
 
 
 def server_error_message(body: bytes, http_status: int) -> str:
@@ -38,7 +38,7 @@ def server_error_message(body: bytes, http_status: int) -> str:
     return text[:_ERROR_BODY_CHARS] if text else f"HTTP {http_status} with an empty body"
 
 
-def _describe_connection_failure(exc: BaseException, timeout_s: float | None = None) -> str:
+def describe_connection_failure(exc: BaseException, timeout_s: float | None = None) -> str:
     """One line for the record: aiohttp messages can span lines and a bare TimeoutError has none."""
     if isinstance(exc, TimeoutError) and not str(exc):
         return f"TimeoutError: no complete response within {timeout_s:g} s"
@@ -56,9 +56,9 @@ async def fetch_json(
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             body = await resp.read()
             http_status = resp.status
-    except _CONNECTION_FAILURES as exc:
+    except CONNECTION_FAILURES as exc:
         raise ServerUnreachableError(
-            f"cannot reach {url} ({_describe_connection_failure(exc, timeout_s)}); "
+            f"cannot reach {url} ({describe_connection_failure(exc, timeout_s)}); "
             "check that the server is running and that the URL is right"
         ) from None
     if not 200 <= http_status < 300:

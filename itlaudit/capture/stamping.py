@@ -41,13 +41,13 @@ StampMode = Literal["kernel", "loop"]
 
 # asm-generic value of SO_TIMESTAMPNS (= SCM_TIMESTAMPNS); the Python socket module does not export it.
 # Alpha, MIPS, PA-RISC and SPARC number their socket options differently, hence the machine list.
-_SO_TIMESTAMPNS = 35
+SO_TIMESTAMPNS = 35
 _GENERIC_SOCKOPT_MACHINES = frozenset({"x86_64", "i686", "aarch64", "armv7l", "riscv64", "ppc64le", "s390x"})
 _TIMESPEC = struct.Struct("@ll")  # struct timespec {time_t tv_sec; long tv_nsec;}
 _ANCILLARY_SIZE = 64  # one cmsghdr + timespec needs 32 bytes on 64-bit Linux
 # Per read, at most this much. asyncio's own 256 KiB recv costs ~13 µs more per read here than 64 KiB
 # (a buffer that large is mmap'ed and unmapped every time): the bulk of a small SSE chunk's cost.
-_READ_SIZE = 64 * 1024
+READ_SIZE = 64 * 1024
 _PAUSE_BYTES = 1 << 20  # a consumer this far behind stops the reads (the kernel buffers, and stamps)
 _RESUME_BYTES = 1 << 18
 _TIGHT_SAMPLE_NS = 2_000  # a clock-offset sample this narrow bounds the conversion error by 1 µs
@@ -70,7 +70,7 @@ def kernel_stamps_supported() -> bool:
         return False
     keeper = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
-        keeper.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+        keeper.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         if _loopback_delivers_stamps():
             _KEEPERS.append(keeper)
             return True
@@ -88,19 +88,19 @@ def _loopback_delivers_stamps() -> bool:
         socket.create_server(("127.0.0.1", 0)) as listener,
         socket.create_connection(listener.getsockname()) as client,
     ):
-        client.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+        client.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         server, _ = listener.accept()
         with server:
             for _ in range(50):
                 server.sendall(b"x")
                 _data, ancillary, _flags, _address = client.recvmsg(1, _ANCILLARY_SIZE)
-                if any(kind == _SO_TIMESTAMPNS for _level, kind, _payload in ancillary):
+                if any(kind == SO_TIMESTAMPNS for _level, kind, _payload in ancillary):
                     return True
                 time.sleep(0.002)
     return False
 
 
-class _Inbox:
+class Inbox:
     """(stamp, bytes) per socket read, in order, with the one reader waiting for them.
 
     An empty bytes object marks the end; `failure` then says whether it was an error.
@@ -199,17 +199,17 @@ def _nothing() -> None:
     return None
 
 
-class _StampingProtocol(asyncio.BufferedProtocol):
+class StampingProtocol(asyncio.BufferedProtocol):
     """Loop mode: the stamp is taken before anything else touches the bytes.
 
     A BufferedProtocol (buffer_updated is data_received for a buffer we own) so that the transport reads
     into one preallocated buffer instead of allocating 256 KiB per read.
     """
 
-    def __init__(self, inbox: _Inbox, lost: asyncio.Future[None]) -> None:
+    def __init__(self, inbox: Inbox, lost: asyncio.Future[None]) -> None:
         self._inbox = inbox
         self._lost = lost
-        self._buffer = memoryview(bytearray(_READ_SIZE))
+        self._buffer = memoryview(bytearray(READ_SIZE))
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -232,12 +232,12 @@ class _StampingProtocol(asyncio.BufferedProtocol):
             self._lost.set_result(None)
 
 
-class _KernelReader:
+class KernelReader:
     """Kernel mode: drains the socket when readable; each read carries the kernel's receipt time."""
 
     __slots__ = ("_fd", "_inbox", "_last", "_loop", "_offset", "_recvmsg", "ended")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, inbox: _Inbox) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, inbox: Inbox) -> None:
         self._loop = loop
         self._fd = sock.fileno()
         self._recvmsg = sock.recvmsg
@@ -251,7 +251,7 @@ class _KernelReader:
 
     def _on_readable(self) -> None:
         try:
-            data, ancillary, _flags, _address = self._recvmsg(_READ_SIZE, _ANCILLARY_SIZE)
+            data, ancillary, _flags, _address = self._recvmsg(READ_SIZE, _ANCILLARY_SIZE)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
@@ -269,7 +269,7 @@ class _KernelReader:
             self._offset = wall - ((before + after) >> 1)
         stamp = before
         for level, kind, payload in ancillary:
-            if kind == _SO_TIMESTAMPNS and level == socket.SOL_SOCKET and len(payload) >= _TIMESPEC.size:
+            if kind == SO_TIMESTAMPNS and level == socket.SOL_SOCKET and len(payload) >= _TIMESPEC.size:
                 seconds, nanoseconds = _TIMESPEC.unpack_from(payload)
                 received = seconds * 1_000_000_000 + nanoseconds - self._offset
                 if received < stamp:

@@ -17,13 +17,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from itlaudit.capture.http1 import Stream, _one_line, _Target, _tls_failure
+from itlaudit.capture.http1 import Stream, Target, one_line, tls_failure
 from itlaudit.capture.stamping import (
-    _SO_TIMESTAMPNS,
+    SO_TIMESTAMPNS,
+    Inbox,
+    KernelReader,
+    StampingProtocol,
     StampMode,
-    _Inbox,
-    _KernelReader,
-    _StampingProtocol,
     kernel_stamps_supported,
 )
 from itlaudit.errors import ConnectFailed, ConnectTimeout, TransportError
@@ -44,7 +44,7 @@ class TransportOptions:
             raise ValueError(f"stamp must be 'kernel' or 'loop', not {self.stamp!r}")
 
 
-def _parse_url(url: str) -> _Target:
+def _parse_url(url: str) -> Target:
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme not in _DEFAULT_PORTS:
@@ -59,33 +59,33 @@ def _parse_url(url: str) -> _Target:
     bracketed = f"[{host}]" if ":" in host else host
     authority = bracketed if port == _DEFAULT_PORTS[scheme] else f"{bracketed}:{port}"
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    return _Target(scheme == "https", host, port, authority, path, f"{bracketed}:{port}")
+    return Target(scheme == "https", host, port, authority, path, f"{bracketed}:{port}")
 
 
-def _connect_failure(target: _Target, exc: OSError) -> ConnectFailed:
+def _connect_failure(target: Target, exc: OSError) -> ConnectFailed:
     if exc.errno and not isinstance(exc, socket.gaierror):  # asyncio's strerror is "Connect call failed ..."
         reason = os.strerror(exc.errno)
     else:
-        reason = exc.strerror or _one_line(exc)
+        reason = exc.strerror or one_line(exc)
     return ConnectFailed(
         f"cannot connect to {target.label}: {reason} (is the server up, and the URL's host and port right?)"
     )
 
 
-async def _open_loop(target: _Target, context: ssl.SSLContext | None) -> Stream:
+async def _open_loop(target: Target, context: ssl.SSLContext | None) -> Stream:
     loop = asyncio.get_running_loop()
-    inbox = _Inbox(loop)
+    inbox = Inbox(loop)
     lost: asyncio.Future[None] = loop.create_future()
     try:
         transport, _protocol = await loop.create_connection(
-            lambda: _StampingProtocol(inbox, lost),
+            lambda: StampingProtocol(inbox, lost),
             target.host,
             target.port,
             ssl=context,
             server_hostname=target.host if context is not None else None,
         )
     except ssl.SSLError as exc:
-        raise _tls_failure(target, exc) from None
+        raise tls_failure(target, exc) from None
     except OSError as exc:
         raise _connect_failure(target, exc) from None
 
@@ -99,7 +99,7 @@ async def _open_loop(target: _Target, context: ssl.SSLContext | None) -> Stream:
     return Stream(target, "loop", inbox, send_raw, close)
 
 
-async def _connect_socket(target: _Target) -> socket.socket:
+async def _connect_socket(target: Target) -> socket.socket:
     """A connected non-blocking socket with kernel receive timestamps on, trying each address in turn."""
     loop = asyncio.get_running_loop()
     try:
@@ -111,7 +111,7 @@ async def _connect_socket(target: _Target) -> socket.socket:
         sock = socket.socket(family, kind, proto)
         try:
             sock.setblocking(False)
-            sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             await loop.sock_connect(sock, address)
         except OSError as exc:
@@ -125,11 +125,11 @@ async def _connect_socket(target: _Target) -> socket.socket:
     raise _connect_failure(target, failure)
 
 
-async def _open_kernel(target: _Target, context: ssl.SSLContext | None) -> Stream:
+async def _open_kernel(target: Target, context: ssl.SSLContext | None) -> Stream:
     loop = asyncio.get_running_loop()
     sock = await _connect_socket(target)
-    inbox = _Inbox(loop)
-    reader = _KernelReader(loop, sock, inbox)
+    inbox = Inbox(loop)
+    reader = KernelReader(loop, sock, inbox)
 
     async def send_raw(data: bytes) -> None:
         await loop.sock_sendall(sock, data)

@@ -15,8 +15,8 @@ from typing import Any
 from itlaudit.errors import ScenarioError
 from itlaudit.model.access import valid_header
 from itlaudit.model.datasets import DatasetEntry
-from itlaudit.model.scenario_toml import _get, _Located, _str_list, _unknown_keys
-from itlaudit.model.workload import Workload, _workload
+from itlaudit.model.scenario_toml import Located, get_value, reject_unknown_keys, str_list
+from itlaudit.model.workload import Workload, parse_workload
 
 ENDPOINTS = ("completions", "chat")
 # Scenario and variant names become file and folder names (reports/<name>-<time>/, server-<variant>.log)
@@ -80,14 +80,14 @@ class Scenario:
         return dataset.entries[index % len(dataset.entries)] if dataset is not None else None
 
 
-def _table(raw: dict[str, Any], key: str, loc: _Located, fix: str) -> dict[str, Any]:
+def _table(raw: dict[str, Any], key: str, loc: Located, fix: str) -> dict[str, Any]:
     value = raw[key]
     if not isinstance(value, dict):
         raise loc.error("", key, f"must be a table, got {type(value).__name__} {value!r}; {fix}")
     return value
 
 
-def _safe_name(value: str, loc: _Located, table: str, key: str = "name") -> str:
+def _safe_name(value: str, loc: Located, table: str, key: str = "name") -> str:
     if not _SAFE_NAME.match(value):
         shown = repr(value) if value else "empty"
         raise loc.error(
@@ -99,34 +99,34 @@ def _safe_name(value: str, loc: _Located, table: str, key: str = "name") -> str:
     return value
 
 
-def _launch(src: dict[str, Any], loc: _Located) -> LaunchConfig:
+def _launch(src: dict[str, Any], loc: Located) -> LaunchConfig:
     table = "variants.launch"
     allowed = {"kind", "python", "image", "command", "model", "served_model_name", "server_args", "env"}
     allowed.add("ready_timeout_s")
-    _unknown_keys(src, allowed, loc, table)
-    kind = _get(src, loc, table, "kind", str)
+    reject_unknown_keys(src, allowed, loc, table)
+    kind = get_value(src, loc, table, "kind", str)
     if kind not in LAUNCH_KINDS:
         raise loc.error(table, "kind", f"must be one of {', '.join(LAUNCH_KINDS)}, got {kind!r}")
     needs = {"python": "python", "docker": "image", "command": "command"}
     if kind in needs and needs[kind] not in src:
         raise loc.error(table, needs[kind], f"is missing; kind {kind!r} needs it")
-    env = _get(src, loc, table, "env", dict, {})
+    env = get_value(src, loc, table, "env", dict, {})
     if not all(isinstance(v, str) for v in env.values()):
         raise loc.error(table, "env", "values must be strings (quote numbers)")
     return LaunchConfig(
         kind=kind,
-        python=_get(src, loc, table, "python", str, None),
-        image=_get(src, loc, table, "image", str, None),
-        command=_str_list(src, loc, table, "command"),
-        model=_get(src, loc, table, "model", str, None),
-        served_model_name=_get(src, loc, table, "served_model_name", str, None),
-        server_args=_str_list(src, loc, table, "server_args"),
+        python=get_value(src, loc, table, "python", str, None),
+        image=get_value(src, loc, table, "image", str, None),
+        command=str_list(src, loc, table, "command"),
+        model=get_value(src, loc, table, "model", str, None),
+        served_model_name=get_value(src, loc, table, "served_model_name", str, None),
+        server_args=str_list(src, loc, table, "server_args"),
         env=env,
-        ready_timeout_s=float(_get(src, loc, table, "ready_timeout_s", (int, float), 300.0)),
+        ready_timeout_s=float(get_value(src, loc, table, "ready_timeout_s", (int, float), 300.0)),
     )
 
 
-def _variants(raw: Any, loc: _Located) -> list[Variant]:
+def _variants(raw: Any, loc: Located) -> list[Variant]:
     if raw is not None and not isinstance(raw, list):
         raise loc.error("", "variants", f"must be [[variants]] tables, got {type(raw).__name__} {raw!r}")
     if not raw:
@@ -141,13 +141,13 @@ def _variants(raw: Any, loc: _Located) -> list[Variant]:
                 f"entry {index + 1} is {src!r}; each variant is a [[variants]] table with `name`",
             )
         where = loc.in_variant(index)
-        _unknown_keys(
+        reject_unknown_keys(
             src, {"name", "url", "launch", "execution_mode", "headers", "reset_prefix_cache"}, where, table
         )
-        name = _safe_name(_get(src, where, table, "name", str), where, table)
+        name = _safe_name(get_value(src, where, table, "name", str), where, table)
         if any(v.name == name for v in out):
             raise where.error(table, "name", f"{name!r} is used twice; variant names must be unique")
-        url = _get(src, where, table, "url", str, None)
+        url = get_value(src, where, table, "url", str, None)
         if url is not None and not re.match(r"^https?://", url):
             raise where.error(table, "url", f"must start with http:// or https://, got {url!r}")
         if "launch" in src and not isinstance(src["launch"], dict):
@@ -160,14 +160,14 @@ def _variants(raw: Any, loc: _Located) -> list[Variant]:
                 launch=launch,
                 execution_mode=_execution_mode(src, where),
                 headers=_headers(src, where),
-                reset_prefix_cache=_get(src, where, table, "reset_prefix_cache", bool, False),
+                reset_prefix_cache=get_value(src, where, table, "reset_prefix_cache", bool, False),
             )
         )
     return out
 
 
-def _headers(src: dict[str, Any], loc: _Located) -> dict[str, str]:
-    headers = _get(src, loc, "variants", "headers", dict, {})
+def _headers(src: dict[str, Any], loc: Located) -> dict[str, str]:
+    headers = get_value(src, loc, "variants", "headers", dict, {})
     if not all(valid_header(name, value) for name, value in headers.items()):
         raise loc.error(
             "variants", "headers", 'must map header names to one-line strings: headers = { "X-Team" = "a" }'
@@ -175,8 +175,8 @@ def _headers(src: dict[str, Any], loc: _Located) -> dict[str, str]:
     return headers
 
 
-def _execution_mode(src: dict[str, Any], loc: _Located) -> str | None:
-    mode = _get(src, loc, "variants", "execution_mode", str, None)
+def _execution_mode(src: dict[str, Any], loc: Located) -> str | None:
+    mode = get_value(src, loc, "variants", "execution_mode", str, None)
     if mode is not None and mode not in EXECUTION_MODES:
         raise loc.error(
             "variants", "execution_mode", f"must be one of {', '.join(EXECUTION_MODES)}, got {mode!r}"
@@ -187,15 +187,15 @@ def _execution_mode(src: dict[str, Any], loc: _Located) -> str | None:
 GOODPUT_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
 
 
-def _goodput(raw: dict[str, Any], loc: _Located) -> dict[str, float]:
+def _goodput(raw: dict[str, Any], loc: Located) -> dict[str, float]:
     """[goodput]: a request counts toward goodput when it meets every limit given here."""
     if "goodput" not in raw:
         return {}
     src = _table(raw, "goodput", loc, "write a [goodput] table, e.g. tpot_ms = 20")
-    _unknown_keys(src, set(GOODPUT_KEYS), loc, "goodput")
+    reject_unknown_keys(src, set(GOODPUT_KEYS), loc, "goodput")
     limits = {}
     for key in src:
-        value = _get(src, loc, "goodput", key, (int, float))
+        value = get_value(src, loc, "goodput", key, (int, float))
         if not value > 0:
             raise loc.error("goodput", key, f"must be a positive number of milliseconds, not {value}")
         limits[key] = float(value)
@@ -203,24 +203,24 @@ def _goodput(raw: dict[str, Any], loc: _Located) -> dict[str, float]:
 
 
 def parse_scenario(text: str, path: Path) -> Scenario:
-    loc = _Located(path, text)
+    loc = Located(path, text)
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"{path}: not valid TOML: {exc}") from None
     top_keys = {"name", "endpoint", "model", "workload", "variants", "description", "goodput"}
-    _unknown_keys(raw, top_keys, loc, "")
-    endpoint = _get(raw, loc, "", "endpoint", str, "completions")
+    reject_unknown_keys(raw, top_keys, loc, "")
+    endpoint = get_value(raw, loc, "", "endpoint", str, "completions")
     if endpoint not in ENDPOINTS:
         raise loc.error("", "endpoint", f"must be one of {', '.join(ENDPOINTS)}, got {endpoint!r}")
     if "workload" not in raw:
         raise loc.error("", "workload", "is missing; add a [workload] table with prompts and max_tokens")
     workload = _table(raw, "workload", loc, "write a [workload] table with prompts and max_tokens")
     return Scenario(
-        name=_safe_name(_get(raw, loc, "", "name", str), loc, ""),
+        name=_safe_name(get_value(raw, loc, "", "name", str), loc, ""),
         endpoint=endpoint,
-        model=_get(raw, loc, "", "model", str, "auto"),
-        workload=_workload(workload, loc, path.parent, endpoint == "chat"),
+        model=get_value(raw, loc, "", "model", str, "auto"),
+        workload=parse_workload(workload, loc, path.parent, endpoint == "chat"),
         variants=_variants(raw.get("variants"), loc),
         path=path,
         goodput=_goodput(raw, loc),

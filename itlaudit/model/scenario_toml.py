@@ -12,7 +12,7 @@ from typing import Any
 from itlaudit.errors import ScenarioError
 
 
-class _Located:
+class Located:
     """Finds the line of a key in the TOML text, so validation errors can point at it."""
 
     _header = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*$")
@@ -33,7 +33,7 @@ class _Located:
                 return number
         return None
 
-    def in_variant(self, index: int) -> _Located:
+    def in_variant(self, index: int) -> Located:
         """The same file, with `variants` keys looked up in the index-th [[variants]] table only, so an
         error in the second table points at the second table."""
         return _VariantLocated(self.path, self.lines, index)
@@ -47,7 +47,7 @@ class _Located:
         return ScenarioError(f"{where}: `{dotted}` {problem}")
 
 
-class _VariantLocated(_Located):
+class _VariantLocated(Located):
     """Line lookup confined to one [[variants]] table (and its [variants.launch])."""
 
     def __init__(self, path: Path, lines: list[str], index: int) -> None:
@@ -60,16 +60,16 @@ class _VariantLocated(_Located):
         if self.index >= len(starts):
             return None  # inline `variants = [...]`: no table of its own
         end = starts[self.index + 1] if self.index + 1 < len(starts) else len(self.lines)
-        region = _Located(self.path, "\n".join(self.lines[starts[self.index] : end]))
+        region = Located(self.path, "\n".join(self.lines[starts[self.index] : end]))
         found = region.line_of(table, key)
         if found is None and table == "variants":
             return starts[self.index] + 1  # a missing key: point at its table
         return starts[self.index] + found if found is not None else None
 
 
-def _get(
+def get_value(
     src: dict[str, Any],
-    loc: _Located,
+    loc: Located,
     table: str,
     key: str,
     kind: type | tuple[type, ...],
@@ -88,27 +88,27 @@ def _get(
     return value
 
 
-def _positive(value: int, loc: _Located, table: str, key: str) -> int:
+def require_positive(value: int, loc: Located, table: str, key: str) -> int:
     if value < 1:
         raise loc.error(table, key, f"must be at least 1, got {value}")
     return value
 
 
-def _int_list(src: dict[str, Any], loc: _Located, table: str, key: str) -> list[int]:
-    values = _get(src, loc, table, key, list, [])
+def int_list(src: dict[str, Any], loc: Located, table: str, key: str) -> list[int]:
+    values = get_value(src, loc, table, key, list, [])
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         raise loc.error(table, key, "must be a list of integer token ids")
     return values
 
 
-def _str_list(src: dict[str, Any], loc: _Located, table: str, key: str) -> list[str]:
-    values = _get(src, loc, table, key, list, [])
+def str_list(src: dict[str, Any], loc: Located, table: str, key: str) -> list[str]:
+    values = get_value(src, loc, table, key, list, [])
     if not all(isinstance(v, str) for v in values):
         raise loc.error(table, key, "must be a list of strings")
     return values
 
 
-def _unknown_keys(src: dict[str, Any], allowed: set[str], loc: _Located, table: str) -> None:
+def reject_unknown_keys(src: dict[str, Any], allowed: set[str], loc: Located, table: str) -> None:
     for key in src:
         if key not in allowed:
             raise loc.error(table, key, f"is not a known key (known: {', '.join(sorted(allowed))})")

@@ -10,7 +10,14 @@ from typing import Any
 
 from itlaudit.model.datasets import Dataset, DatasetError, load_dataset
 from itlaudit.model.records import RequestParams, Timeouts
-from itlaudit.model.scenario_toml import _get, _int_list, _Located, _positive, _str_list, _unknown_keys
+from itlaudit.model.scenario_toml import (
+    Located,
+    get_value,
+    int_list,
+    reject_unknown_keys,
+    require_positive,
+    str_list,
+)
 from itlaudit.model.schedule import Arrivals, RampUp
 
 
@@ -26,7 +33,7 @@ class Workload:
     dataset: Dataset | None = None  # [workload.dataset]: `prompts` then holds each entry's text
 
 
-def _read_prompts_file(base: Path, name: str, loc: _Located) -> list[str]:
+def _read_prompts_file(base: Path, name: str, loc: Located) -> list[str]:
     """Plain text: prompts separated by a line holding only `---`, so multi-line prompts fit."""
     path = (base / name).resolve()
     if not path.is_file():
@@ -46,7 +53,7 @@ def _read_prompts_file(base: Path, name: str, loc: _Located) -> list[str]:
     return prompts
 
 
-def _workload(src: dict[str, Any], loc: _Located, base: Path, chat: bool) -> Workload:
+def parse_workload(src: dict[str, Any], loc: Located, base: Path, chat: bool) -> Workload:
     table = "workload"
     allowed = {
         "prompts",
@@ -64,7 +71,7 @@ def _workload(src: dict[str, Any], loc: _Located, base: Path, chat: bool) -> Wor
         *ARRIVAL_KEYS,
         "dataset",
     }
-    _unknown_keys(src, allowed, loc, table)
+    reject_unknown_keys(src, allowed, loc, table)
     if "dataset" in src and ("prompts" in src or "prompts_file" in src):
         raise loc.error(table, "dataset", "is used instead of `prompts`/`prompts_file`; keep one of them")
     if "prompts" in src and "prompts_file" in src:
@@ -75,30 +82,30 @@ def _workload(src: dict[str, Any], loc: _Located, base: Path, chat: bool) -> Wor
         dataset = _dataset(src, loc, base, chat, arrivals)
         prompts = [entry.text() for entry in dataset.entries]
     elif "prompts_file" in src:
-        prompts = _read_prompts_file(base, _get(src, loc, table, "prompts_file", str), loc)
+        prompts = _read_prompts_file(base, get_value(src, loc, table, "prompts_file", str), loc)
     else:
-        prompts = _str_list(src, loc, table, "prompts")
+        prompts = str_list(src, loc, table, "prompts")
         if not prompts:
             raise loc.error(table, "prompts", "is missing or empty; give `prompts` or `prompts_file`")
-    max_tokens = _get(src, loc, table, "max_tokens", int, None)
-    min_tokens = _get(src, loc, table, "min_tokens", int, None)
+    max_tokens = get_value(src, loc, table, "max_tokens", int, None)
+    min_tokens = get_value(src, loc, table, "min_tokens", int, None)
     if max_tokens is not None:
-        _positive(max_tokens, loc, table, "max_tokens")
+        require_positive(max_tokens, loc, table, "max_tokens")
     if min_tokens is not None and min_tokens < 0:
         raise loc.error(table, "min_tokens", f"must be at least 0, got {min_tokens}")
     if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
         raise loc.error(table, "min_tokens", f"({min_tokens}) is larger than max_tokens ({max_tokens})")
-    temperature = _get(src, loc, table, "temperature", (int, float), None)
+    temperature = get_value(src, loc, table, "temperature", (int, float), None)
     params = RequestParams(
         max_tokens=max_tokens,
         min_tokens=min_tokens,
-        ignore_eos=_get(src, loc, table, "ignore_eos", bool, False),
-        stop_token_ids=_int_list(src, loc, table, "stop_token_ids"),
+        ignore_eos=get_value(src, loc, table, "ignore_eos", bool, False),
+        stop_token_ids=int_list(src, loc, table, "stop_token_ids"),
         temperature=float(temperature) if temperature is not None else None,
-        seed=_get(src, loc, table, "seed", int, None),
+        seed=get_value(src, loc, table, "seed", int, None),
     )
-    num_requests = _positive(
-        _get(src, loc, table, "num_requests", int, _default_count(src, arrivals, len(prompts), loc)),
+    num_requests = require_positive(
+        get_value(src, loc, table, "num_requests", int, _default_count(src, arrivals, len(prompts), loc)),
         loc,
         table,
         "num_requests",
@@ -108,25 +115,27 @@ def _workload(src: dict[str, Any], loc: _Located, base: Path, chat: bool) -> Wor
     return Workload(
         prompts=prompts,
         num_requests=num_requests,
-        concurrency=_positive(_get(src, loc, table, "concurrency", int, uncapped), loc, table, "concurrency"),
+        concurrency=require_positive(
+            get_value(src, loc, table, "concurrency", int, uncapped), loc, table, "concurrency"
+        ),
         params=params,
-        extra_body=_single_choice(_get(src, loc, table, "extra_body", dict, {}), loc, table),
+        extra_body=_single_choice(get_value(src, loc, table, "extra_body", dict, {}), loc, table),
         timeouts=_timeouts(src, loc, table),
         arrivals=arrivals,
         dataset=dataset,
     )
 
 
-def _dataset(src: dict[str, Any], loc: _Located, base: Path, chat: bool, arrivals: Arrivals) -> Dataset:
+def _dataset(src: dict[str, Any], loc: Located, base: Path, chat: bool, arrivals: Arrivals) -> Dataset:
     """[workload.dataset]; a random one draws as many requests as will be sent (num_requests, or what
     duration_s holds at the rate)."""
     table = "workload.dataset"
-    raw = _get(src, loc, "workload", "dataset", dict)
+    raw = get_value(src, loc, "workload", "dataset", dict)
     count = 0
     if raw.get("kind") == "random":
         if "num_requests" in src:
-            count = _positive(
-                _get(src, loc, "workload", "num_requests", int), loc, "workload", "num_requests"
+            count = require_positive(
+                get_value(src, loc, "workload", "num_requests", int), loc, "workload", "num_requests"
             )
         elif arrivals.duration_s is not None and arrivals.mean_rate() is not None:
             count = _default_count(src, arrivals, 0, loc)
@@ -134,7 +143,7 @@ def _dataset(src: dict[str, Any], loc: _Located, base: Path, chat: bool, arrival
             raise loc.error(
                 "workload", "num_requests", "is missing; a random dataset draws that many requests"
             )
-    seed = _get(src, loc, "workload", "seed", int, None) or 0
+    seed = get_value(src, loc, "workload", "seed", int, None) or 0
     try:
         return load_dataset(raw, base, count, seed, chat)
     except DatasetError as exc:
@@ -144,18 +153,18 @@ def _dataset(src: dict[str, Any], loc: _Located, base: Path, chat: bool, arrival
 ARRIVAL_KEYS = ("request_rate", "burstiness", "ramp_up", "duration_s", "warmup_requests")
 
 
-def _positive_number(src: dict[str, Any], loc: _Located, table: str, key: str) -> float | None:
-    value = _get(src, loc, table, key, (int, float), None)
+def _positive_number(src: dict[str, Any], loc: Located, table: str, key: str) -> float | None:
+    value = get_value(src, loc, table, key, (int, float), None)
     if value is not None and not value > 0:
         raise loc.error(table, key, f"must be a positive number, got {value!r}")
     return float(value) if value is not None else None
 
 
-def _arrivals(src: dict[str, Any], loc: _Located, table: str) -> Arrivals:
+def _arrivals(src: dict[str, Any], loc: Located, table: str) -> Arrivals:
     ramp = None
     if "ramp_up" in src:
-        raw = _get(src, loc, table, "ramp_up", dict)
-        _unknown_keys(raw, {"start_rate", "end_rate"}, loc, table)
+        raw = get_value(src, loc, table, "ramp_up", dict)
+        reject_unknown_keys(raw, {"start_rate", "end_rate"}, loc, table)
         start = _positive_number(raw, loc, table, "start_rate")
         end = _positive_number(raw, loc, table, "end_rate")
         if start is None or end is None:
@@ -164,7 +173,7 @@ def _arrivals(src: dict[str, Any], loc: _Located, table: str) -> Arrivals:
             )
         ramp = RampUp(start, end)
     burstiness = _positive_number(src, loc, table, "burstiness")
-    warmup = _get(src, loc, table, "warmup_requests", int, 0)
+    warmup = get_value(src, loc, table, "warmup_requests", int, 0)
     if warmup < 0:
         raise loc.error(table, "warmup_requests", f"must be 0 or more, got {warmup}")
     arrivals = Arrivals(
@@ -179,7 +188,7 @@ def _arrivals(src: dict[str, Any], loc: _Located, table: str) -> Arrivals:
     return arrivals
 
 
-def _default_count(src: dict[str, Any], arrivals: Arrivals, prompts: int, loc: _Located) -> int:
+def _default_count(src: dict[str, Any], arrivals: Arrivals, prompts: int, loc: Located) -> int:
     """num_requests when left out: enough arrivals to fill duration_s at the rate, else one per prompt."""
     rate = arrivals.mean_rate()
     if arrivals.duration_s is None:
@@ -197,20 +206,20 @@ def _default_count(src: dict[str, Any], arrivals: Arrivals, prompts: int, loc: _
 TIMEOUT_KEYS = ("connect_timeout_s", "ttft_timeout_s", "stall_timeout_s", "request_timeout_s")
 
 
-def _timeouts(src: dict[str, Any], loc: _Located, table: str) -> Timeouts:
+def _timeouts(src: dict[str, Any], loc: Located, table: str) -> Timeouts:
     """Each key overrides its default; 0 is refused (it would cut every request), and a limit is
     switched off by leaving it out where its default is none, or by a very large number."""
     defaults = Timeouts()
     values: dict[str, float | None] = {}
     for key in TIMEOUT_KEYS:
-        value = _get(src, loc, table, key, (int, float), defaults.limit(key))
+        value = get_value(src, loc, table, key, (int, float), defaults.limit(key))
         if value is not None and value <= 0:
             raise loc.error(table, key, f"must be a positive number of seconds, not {value}")
         values[key] = float(value) if value is not None else None
     return Timeouts(**values)
 
 
-def _single_choice(extra_body: dict[str, Any], loc: _Located, table: str) -> dict[str, Any]:
+def _single_choice(extra_body: dict[str, Any], loc: Located, table: str) -> dict[str, Any]:
     """Records hold one choice per request: n > 1 (or best_of) would interleave several texts into
     one stream, so it is refused here rather than measured wrongly."""
     for key in ("n", "best_of"):

@@ -32,9 +32,9 @@ from typing import Any
 
 from itlaudit.model.sendlog import SendLog
 from itlaudit.serve.sim.config import SimConfig
-from itlaudit.serve.sim.engine import _Job
-from itlaudit.serve.truth_frames import _Stream, _Template, build_template
-from itlaudit.serve.truth_http import _Connection
+from itlaudit.serve.sim.engine import Job
+from itlaudit.serve.truth_frames import ScheduledStream, Template, build_template
+from itlaudit.serve.truth_http import Connection
 
 # How long before a tick the loop's timer is armed; the rest is slept with nanosleep's precision.
 _EARLY_WAKE_NS = 1_200_000
@@ -72,14 +72,14 @@ class TruthServer:
         self.sim = config.sim_config()
         self.log = SendLog(server={"kind": "truth", **asdict(config)})
         self.buffered_writes = self.closed_early = 0
-        self.streams: list[_Stream] = []
-        self.templates: dict[tuple[Any, ...], _Template] = {}
+        self.streams: list[ScheduledStream] = []
+        self.templates: dict[tuple[Any, ...], Template] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._tick_due_ns = 0
 
     # -- the timer -------------------------------------------------------------------------------------
 
-    def start_stream(self, stream: _Stream) -> None:
+    def start_stream(self, stream: ScheduledStream) -> None:
         self.streams.append(stream)
         if self._timer is None or stream.first_due_ns < self._tick_due_ns:
             self._arm(stream.first_due_ns)
@@ -127,7 +127,7 @@ class TruthServer:
 
     # -- requests ----------------------------------------------------------------------------------------
 
-    def template_for(self, job: _Job) -> _Template:
+    def template_for(self, job: Job) -> Template:
         key = (
             tuple(job.prompt_token_ids) if job.return_token_ids else len(job.prompt_token_ids),
             job.max_tokens,
@@ -172,7 +172,7 @@ async def serve_truth(config: TruthConfig, host: str, port: int, log_path: Path 
     server = TruthServer(config)
     server.log.server["scheduling"] = raise_priority()
     loop = asyncio.get_running_loop()
-    listener = await loop.create_server(lambda: _Connection(server), host, port)
+    listener = await loop.create_server(lambda: Connection(server), host, port)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)

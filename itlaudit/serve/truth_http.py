@@ -11,10 +11,10 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
 from itlaudit.serve.sim.config import VLLM_VERSION
-from itlaudit.serve.sim.endpoints import _CompletionApi
-from itlaudit.serve.sim.validation import _parse_job
-from itlaudit.serve.sim.wire import SimError, _bad_request, _dumps, _error_body, model_list
-from itlaudit.serve.truth_frames import _Stream
+from itlaudit.serve.sim.endpoints import CompletionApi
+from itlaudit.serve.sim.validation import parse_job
+from itlaudit.serve.sim.wire import SimError, bad_request, dump_json, error_body, model_list
+from itlaudit.serve.truth_frames import ScheduledStream
 
 if TYPE_CHECKING:
     from itlaudit.serve.truth import TruthServer
@@ -27,7 +27,7 @@ _MAX_HEAD_BYTES = 64 * 1024
 
 
 def _json_reply(status: int, obj: Any, keep_alive: bool) -> bytes:
-    body = _dumps(obj).encode()
+    body = dump_json(obj).encode()
     phrase = HTTPStatus(status).phrase
     connection = b"" if keep_alive else b"connection: close\r\n"
     return b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%b\r\n%b" % (
@@ -39,7 +39,7 @@ def _json_reply(status: int, obj: Any, keep_alive: bool) -> bytes:
     )
 
 
-class _Connection(asyncio.Protocol):
+class Connection(asyncio.Protocol):
     """HTTP/1.1 with keep-alive and Content-Length bodies: what aiohttp and urllib clients send."""
 
     def __init__(self, server: TruthServer) -> None:
@@ -109,18 +109,18 @@ class _Connection(asyncio.Protocol):
             return
         if (method, path) != ("POST", "/v1/completions"):
             status = HTTPStatus.NOT_FOUND
-            self._reply(status, _error_body(f"no route {method} {path}", "NotFoundError", None, status))
+            self._reply(status, error_body(f"no route {method} {path}", "NotFoundError", None, status))
             return
         try:
             request = json.loads(body)
             if not isinstance(request, dict):
-                raise _bad_request("request body must be a JSON object", "body")
-            job = _parse_job(_CompletionApi(), request, server.sim)
+                raise bad_request("request body must be a JSON object", "body")
+            job = parse_job(CompletionApi(), request, server.sim)
             if not job.stream or job.logprobs is not None:
-                raise _bad_request("the truth server only streams, without logprobs", "stream")
+                raise bad_request("the truth server only streams, without logprobs", "stream")
         except ValueError as exc:
             status = HTTPStatus.BAD_REQUEST
-            self._reply(status, _error_body(f"invalid JSON: {exc}", "BadRequestError", "body", status))
+            self._reply(status, error_body(f"invalid JSON: {exc}", "BadRequestError", "body", status))
             return
         except SimError as exc:
             self._reply(exc.status, exc.body())
@@ -129,5 +129,7 @@ class _Connection(asyncio.Protocol):
         template = server.template_for(job)
         self.streaming = True
         self.transport.write(_SSE_HEAD)
-        stream = _Stream(self, f"cmpl-{request_id}", template, server.first_due_ns(time.monotonic_ns()))
+        stream = ScheduledStream(
+            self, f"cmpl-{request_id}", template, server.first_due_ns(time.monotonic_ns())
+        )
         server.start_stream(stream)

@@ -6,12 +6,18 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from itlaudit.serve.sim.config import SimConfig
-from itlaudit.serve.sim.engine import _Step, _TokenLogprob
+from itlaudit.serve.sim.engine import Step, TokenLogprob
 from itlaudit.serve.sim.vocab import tokenize
-from itlaudit.serve.sim.wire import _bad_request, _completion_logprobs, _Ctx, _envelope, _usage
+from itlaudit.serve.sim.wire import (
+    ResponseContext,
+    bad_request,
+    chunk_envelope,
+    completion_logprobs,
+    usage_info,
+)
 
 
-class _Api(ABC):
+class EndpointApi(ABC):
     """What differs between /v1/completions and /v1/chat/completions; the streaming loop is shared."""
 
     id_prefix: str
@@ -32,26 +38,26 @@ class _Api(ABC):
         return [body]
 
     def chunk_usage(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-        return _usage(prompt_tokens, completion_tokens)
+        return usage_info(prompt_tokens, completion_tokens)
 
-    def opening_chunks(self, ctx: _Ctx) -> list[dict[str, Any]]:
+    def opening_chunks(self, ctx: ResponseContext) -> list[dict[str, Any]]:
         return []
 
     @abstractmethod
-    def stream_choice(self, ctx: _Ctx, step: _Step, first: bool) -> dict[str, Any]:
+    def stream_choice(self, ctx: ResponseContext, step: Step, first: bool) -> dict[str, Any]:
         """The single choice of a streamed chunk carrying one engine step."""
 
     @abstractmethod
     def full_choice(
-        self, ctx: _Ctx, text: str, token_ids: list[int], last: _Step, logprobs: list[_TokenLogprob]
+        self, ctx: ResponseContext, text: str, token_ids: list[int], last: Step, logprobs: list[TokenLogprob]
     ) -> dict[str, Any]:
         """The single choice of a non-streaming response."""
 
-    def full_extra(self, ctx: _Ctx) -> dict[str, Any]:
+    def full_extra(self, ctx: ResponseContext) -> dict[str, Any]:
         return {}
 
 
-class _CompletionApi(_Api):
+class CompletionApi(EndpointApi):
     id_prefix = "cmpl-"
     chunk_object = "text_completion"
     full_object = "text_completion"
@@ -63,7 +69,7 @@ class _CompletionApi(_Api):
             return list(prompt), ""
         if isinstance(prompt, str):
             return tokenize(prompt, config), prompt
-        raise _bad_request("the simulator accepts a string or a list of token ids per prompt", "prompt")
+        raise bad_request("the simulator accepts a string or a list of token ids per prompt", "prompt")
 
     def rows(self, body: dict[str, Any]) -> list[dict[str, Any]]:
         # A list of strings is a batch: vLLM submits one engine request per prompt, all at once.
@@ -72,7 +78,7 @@ class _CompletionApi(_Api):
             return [{**body, "prompt": p} for p in prompt]
         return [body]
 
-    def stream_choice(self, ctx: _Ctx, step: _Step, first: bool) -> dict[str, Any]:
+    def stream_choice(self, ctx: ResponseContext, step: Step, first: bool) -> dict[str, Any]:
         job = ctx.job
         return {
             "index": 0,
@@ -85,13 +91,13 @@ class _CompletionApi(_Api):
         }
 
     def full_choice(
-        self, ctx: _Ctx, text: str, token_ids: list[int], last: _Step, logprobs: list[_TokenLogprob]
+        self, ctx: ResponseContext, text: str, token_ids: list[int], last: Step, logprobs: list[TokenLogprob]
     ) -> dict[str, Any]:
         job = ctx.job
         return {
             "index": 0,
             "text": text,
-            "logprobs": None if job.logprobs is None else _completion_logprobs(logprobs),
+            "logprobs": None if job.logprobs is None else completion_logprobs(logprobs),
             "finish_reason": last.finish_reason,
             "stop_reason": last.stop_reason,
             "token_ids": token_ids if job.return_token_ids else None,
@@ -101,7 +107,7 @@ class _CompletionApi(_Api):
         }
 
 
-class _ChatApi(_Api):
+class ChatApi(EndpointApi):
     id_prefix = "chatcmpl-"
     chunk_object = "chat.completion.chunk"
     full_object = "chat.completion"
@@ -110,7 +116,7 @@ class _ChatApi(_Api):
     def prompt(self, body: dict[str, Any], config: SimConfig) -> tuple[list[int], str]:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
-            raise _bad_request("messages must be a non-empty list", "messages")
+            raise bad_request("messages must be a non-empty list", "messages")
         rendered = "".join(
             f"<|{m.get('role')}|>\n{_message_text(m.get('content'))}<|end|>\n" for m in messages
         )
@@ -123,12 +129,12 @@ class _ChatApi(_Api):
     def chunk_usage(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
         # The chat server passes completion_tokens_details explicitly (None without a reasoning parser),
         # so it is serialised on every chunk except the exclude_none usage-only one.
-        return {**_usage(prompt_tokens, completion_tokens), "completion_tokens_details": None}
+        return {**usage_info(prompt_tokens, completion_tokens), "completion_tokens_details": None}
 
-    def opening_chunks(self, ctx: _Ctx) -> list[dict[str, Any]]:
+    def opening_chunks(self, ctx: ResponseContext) -> list[dict[str, Any]]:
         job = ctx.job
         return [
-            _envelope(
+            chunk_envelope(
                 ctx,
                 self.chunk_object,
                 [
@@ -145,7 +151,7 @@ class _ChatApi(_Api):
             )
         ]
 
-    def stream_choice(self, ctx: _Ctx, step: _Step, first: bool) -> dict[str, Any]:
+    def stream_choice(self, ctx: ResponseContext, step: Step, first: bool) -> dict[str, Any]:
         choice: dict[str, Any] = {
             "index": 0,
             "delta": {"content": step.text},
@@ -159,7 +165,7 @@ class _ChatApi(_Api):
         return choice
 
     def full_choice(
-        self, ctx: _Ctx, text: str, token_ids: list[int], last: _Step, logprobs: list[_TokenLogprob]
+        self, ctx: ResponseContext, text: str, token_ids: list[int], last: Step, logprobs: list[TokenLogprob]
     ) -> dict[str, Any]:
         message = {
             "role": "assistant",
@@ -180,7 +186,7 @@ class _ChatApi(_Api):
             "routed_experts": None,
         }
 
-    def full_extra(self, ctx: _Ctx) -> dict[str, Any]:
+    def full_extra(self, ctx: ResponseContext) -> dict[str, Any]:
         job = ctx.job
         return {
             "prompt_logprobs": None,

@@ -10,11 +10,11 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
 from itlaudit.serve.sim.config import SimConfig
-from itlaudit.serve.sim.vocab import DIGIT_TOKEN_ID, FIRST_REGULAR_TOKEN_ID, _avoid, token_bytes
+from itlaudit.serve.sim.vocab import DIGIT_TOKEN_ID, FIRST_REGULAR_TOKEN_ID, avoid_token, token_bytes
 
 
 @dataclass
-class _Job:
+class Job:
     """The sampling parameters of one request, after vLLM-style defaulting and validation."""
 
     prompt_token_ids: list[int]
@@ -35,7 +35,7 @@ class _Job:
 
 
 @dataclass
-class _TokenLogprob:
+class TokenLogprob:
     """One sampled token's logprob entry, with token strings already rendered as the API shows them."""
 
     token: str
@@ -44,14 +44,14 @@ class _TokenLogprob:
 
 
 @dataclass
-class _Step:
+class Step:
     """What one engine step hands to the serving layer: the tokens accepted in that step."""
 
     token_ids: list[int]
     text: str
     finish_reason: str | None = None
     stop_reason: int | None = None
-    logprobs: list[_TokenLogprob] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
     due_ns: int = 0  # when the schedule says this step's chunk leaves (CLOCK_MONOTONIC)
 
 
@@ -69,7 +69,7 @@ async def _sleep_until(due_ns: int) -> None:
     await asyncio.sleep(max(0.0, (due_ns - time.monotonic_ns()) / 1e9))
 
 
-class _Engine:
+class Engine:
     """Token generation with rejection-sampling-shaped acceptance and vLLM's stop checks."""
 
     def __init__(self, config: SimConfig) -> None:
@@ -82,7 +82,7 @@ class _Engine:
         self.finished: dict[str, int] = {"stop": 0, "length": 0}
         self.in_flight = 0  # engine rows running now: what decides whether a step is shared
 
-    def _request_seed(self, job: _Job) -> str:
+    def _request_seed(self, job: Job) -> str:
         if job.seed is not None:
             return f"seed-{job.seed}"
         if job.temperature == 0:
@@ -90,7 +90,7 @@ class _Engine:
             return f"greedy-{self.config.seed}-{job.prompt_token_ids}"
         return f"random-{self.rng.getrandbits(64)}"
 
-    async def generate(self, job: _Job) -> AsyncGenerator[_Step, None]:
+    async def generate(self, job: Job) -> AsyncGenerator[Step, None]:
         cfg = self.config
         request_seed = self._request_seed(job)
         token_rng = random.Random(f"tokens-{request_seed}")
@@ -123,17 +123,17 @@ class _Engine:
             if num_drafts:
                 self._observe_spec(num_drafts, accepted)
 
-            step = _Step(token_ids=[], text="", due_ns=due_ns)
+            step = Step(token_ids=[], text="", due_ns=due_ns)
             for _ in range(accepted + 1):
                 index = produced
                 # One draw per position whatever happens to it, so EOS placement and masking leave
                 # the rest of the sequence unchanged.
-                drawn = _avoid(token_rng.randrange(FIRST_REGULAR_TOKEN_ID, cfg.vocab_size), eos, cfg)
+                drawn = avoid_token(token_rng.randrange(FIRST_REGULAR_TOKEN_ID, cfg.vocab_size), eos, cfg)
                 token_id = cfg.eos_token_id if index == cfg.natural_eos_at else drawn
                 if cfg.gibberish_after_tokens is not None and index >= cfg.gibberish_after_tokens:
                     token_id = DIGIT_TOKEN_ID
                 if index < min_tokens:
-                    token_id = _avoid(token_id, masked, cfg)
+                    token_id = avoid_token(token_id, masked, cfg)
                 produced += 1
                 step.token_ids.append(token_id)
                 if job.logprobs is not None:
@@ -169,7 +169,7 @@ class _Engine:
             per_row += cfg.spec_verify_ms_per_stream
         return cfg.step_ms + per_row * max(self.in_flight - 1, 0)
 
-    def _token_logprob(self, job: _Job, k: int, position_seed: str, token_id: int) -> _TokenLogprob:
+    def _token_logprob(self, job: Job, k: int, position_seed: str, token_id: int) -> TokenLogprob:
         """Deterministic candidates ranked below the sampled token, so greedy output is the argmax.
 
         A few more candidates than requested are ranked, so that batch variance can also change which
@@ -192,7 +192,7 @@ class _Engine:
         best = sorted(values, key=values.__getitem__, reverse=True)[:k]
         top = {render(tok): values[tok] for tok in best}
         top.setdefault(render(token_id), values[token_id])  # vLLM always includes the sampled token
-        return _TokenLogprob(render(token_id), values[token_id], top)
+        return TokenLogprob(render(token_id), values[token_id], top)
 
     def _observe_spec(self, num_drafts: int, accepted: int) -> None:
         self.spec.num_drafts += 1

@@ -7,13 +7,13 @@ from collections.abc import Iterable
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from itlaudit.serve.sim.engine import _Engine
+from itlaudit.serve.sim.engine import Engine
 
 
-class _MetricsCollector(Collector):
+class MetricsCollector(Collector):
     """Renders vLLM's /metrics names; labels sorted as in real vLLM's multiprocess output."""
 
-    def __init__(self, engine: _Engine) -> None:
+    def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
     def collect(self) -> Iterable[CounterMetricFamily]:

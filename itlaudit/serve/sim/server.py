@@ -18,34 +18,34 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from itlaudit.model.sendlog import SendLog
 from itlaudit.serve.sim.config import VLLM_VERSION, SimConfig
-from itlaudit.serve.sim.endpoints import _Api, _ChatApi, _CompletionApi
-from itlaudit.serve.sim.engine import _Engine, _Step
-from itlaudit.serve.sim.metrics import _MetricsCollector
-from itlaudit.serve.sim.validation import _parse_job
+from itlaudit.serve.sim.endpoints import ChatApi, CompletionApi, EndpointApi
+from itlaudit.serve.sim.engine import Engine, Step
+from itlaudit.serve.sim.metrics import MetricsCollector
+from itlaudit.serve.sim.validation import parse_job
 from itlaudit.serve.sim.wire import (
-    _DONE_FRAME,
-    _ENGINE_DEAD_FRAME,
+    DONE_FRAME,
+    ENGINE_DEAD_FRAME,
     ENGINE_DEAD_MESSAGE,
+    ResponseContext,
     SimError,
-    _bad_request,
-    _Ctx,
-    _dumps,
-    _envelope,
-    _error_body,
-    _full_usage,
-    _sse,
-    _usage,
+    bad_request,
+    chunk_envelope,
+    dump_json,
+    error_body,
+    full_usage_info,
     model_list,
+    sse_frame,
+    usage_info,
 )
 
-_ENGINE: web.AppKey[_Engine] = web.AppKey("engine", _Engine)
+_ENGINE: web.AppKey[Engine] = web.AppKey("engine", Engine)
 _SEND_LOG: web.AppKey[SendLog] = web.AppKey("send_log", SendLog)
 
 
 def _json_response(obj: Any, status: int = 200) -> web.Response:
     """Starlette's JSONResponse layout, which vLLM uses for every non-streaming body."""
     return web.Response(
-        body=_dumps(obj).encode(), status=status, headers={"Content-Type": "application/json"}
+        body=dump_json(obj).encode(), status=status, headers={"Content-Type": "application/json"}
     )
 
 
@@ -53,7 +53,9 @@ def _reached(limit: int | None, count: int) -> bool:
     return limit is not None and count >= limit
 
 
-async def _stream(request: web.Request, api: _Api, ctx: _Ctx, engine: _Engine) -> web.StreamResponse:
+async def _stream(
+    request: web.Request, api: EndpointApi, ctx: ResponseContext, engine: Engine
+) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
     await resp.prepare(request)
     # A client that goes away mid-stream just ends the request, as vLLM aborts it.
@@ -63,7 +65,7 @@ async def _stream(request: web.Request, api: _Api, ctx: _Ctx, engine: _Engine) -
 
 
 async def _write_stream(
-    request: web.Request, resp: web.StreamResponse, api: _Api, ctx: _Ctx, engine: _Engine
+    request: web.Request, resp: web.StreamResponse, api: EndpointApi, ctx: ResponseContext, engine: Engine
 ) -> None:
     cfg, job = engine.config, ctx.job
     send_log = request.app.get(_SEND_LOG)
@@ -72,14 +74,14 @@ async def _write_stream(
         async for step in steps:
             if emitted == 0:
                 for chunk in api.opening_chunks(ctx):
-                    await resp.write(_sse(chunk))
+                    await resp.write(sse_frame(chunk))
             first = emitted == 0
             emitted += len(step.token_ids)
             usage = api.chunk_usage(len(job.prompt_token_ids), emitted) if job.continuous_usage else None
             # vLLM stamps the fingerprint on the terminal chunk only when no usage chunk follows.
             fingerprint = ctx.fingerprint if step.finish_reason and not job.include_usage else None
             choice = api.stream_choice(ctx, step, first)
-            await resp.write(_sse(_envelope(ctx, api.chunk_object, [choice], usage, fingerprint)))
+            await resp.write(sse_frame(chunk_envelope(ctx, api.chunk_object, [choice], usage, fingerprint)))
             if send_log is not None:
                 send_log.record(ctx.request_id, step.due_ns, time.monotonic_ns(), emitted)
             if _reached(cfg.reset_after_tokens, emitted) and request.transport:
@@ -87,25 +89,25 @@ async def _write_stream(
                 return
             if _reached(cfg.error_after_tokens, emitted) and not step.finish_reason:
                 # As in vLLM, the exception path skips the usage-only chunk but still sends [DONE].
-                await resp.write(_ENGINE_DEAD_FRAME)
+                await resp.write(ENGINE_DEAD_FRAME)
                 break
         else:
             if job.include_usage:
-                usage = _usage(len(job.prompt_token_ids), emitted)
-                await resp.write(_sse(_envelope(ctx, api.chunk_object, [], usage, ctx.fingerprint)))
+                usage = usage_info(len(job.prompt_token_ids), emitted)
+                await resp.write(sse_frame(chunk_envelope(ctx, api.chunk_object, [], usage, ctx.fingerprint)))
     if not cfg.no_done:
-        await resp.write(_DONE_FRAME)
+        await resp.write(DONE_FRAME)
     await resp.write_eof()
 
 
 async def _complete_row(
-    request: web.Request, api: _Api, ctx: _Ctx, engine: _Engine
+    request: web.Request, api: EndpointApi, ctx: ResponseContext, engine: Engine
 ) -> tuple[dict[str, Any], int] | web.Response:
     """One engine request run to the end: its choice and token count, or the response a fault ends the
     request with."""
     cfg = engine.config
     text, token_ids, logprobs = "", [], []
-    last = _Step(token_ids=[], text="")
+    last = Step(token_ids=[], text="")
     async with aclosing(engine.generate(ctx.job)) as steps:
         async for last in steps:
             text += last.text
@@ -116,12 +118,14 @@ async def _complete_row(
                 return web.Response()
             if _reached(cfg.error_after_tokens, len(token_ids)) and not last.finish_reason:
                 status = HTTPStatus.INTERNAL_SERVER_ERROR
-                body = _error_body(ENGINE_DEAD_MESSAGE, "InternalServerError", None, status)
+                body = error_body(ENGINE_DEAD_MESSAGE, "InternalServerError", None, status)
                 return _json_response(body, status)
     return api.full_choice(ctx, text, token_ids, last, logprobs), len(token_ids)
 
 
-async def _complete(request: web.Request, api: _Api, ctxs: list[_Ctx], engine: _Engine) -> web.StreamResponse:
+async def _complete(
+    request: web.Request, api: EndpointApi, ctxs: list[ResponseContext], engine: Engine
+) -> web.StreamResponse:
     """Rows run concurrently and are merged as vLLM merges a prompt list: choice i is prompt i, usage
     is summed, and the first row a fault ends decides the response."""
     ctx = ctxs[0]
@@ -142,7 +146,7 @@ async def _complete(request: web.Request, api: _Api, ctxs: list[_Ctx], engine: _
         "choices": choices,
         "service_tier": None,
         "system_fingerprint": ctx.fingerprint,
-        "usage": _full_usage(prompt_tokens, completion_tokens),
+        "usage": full_usage_info(prompt_tokens, completion_tokens),
         **api.full_extra(ctx),
         "kv_transfer_params": None,
         "ec_transfer_params": None,
@@ -151,26 +155,26 @@ async def _complete(request: web.Request, api: _Api, ctxs: list[_Ctx], engine: _
     return _json_response(body)
 
 
-def _handler(api: _Api) -> Any:
+def _handler(api: EndpointApi) -> Any:
     async def handle(request: web.Request) -> web.StreamResponse:
         engine = request.app[_ENGINE]
         try:
             body = await request.json()
             if not isinstance(body, dict):
-                raise _bad_request("request body must be a JSON object", "body")
-            jobs = [_parse_job(api, row, engine.config) for row in api.rows(body)]
+                raise bad_request("request body must be a JSON object", "body")
+            jobs = [parse_job(api, row, engine.config) for row in api.rows(body)]
             if len(jobs) > 1 and jobs[0].stream:
-                raise _bad_request(
+                raise bad_request(
                     "the simulator streams a single prompt; send a list without stream", "prompt"
                 )
         except json.JSONDecodeError as exc:
-            return _json_response(_bad_request(f"invalid JSON: {exc}", "body").body(), HTTPStatus.BAD_REQUEST)
+            return _json_response(bad_request(f"invalid JSON: {exc}", "body").body(), HTTPStatus.BAD_REQUEST)
         except SimError as exc:
             return _json_response(exc.body(), exc.status)
         request_id = request.headers.get("X-Request-Id") or f"{uuid.uuid4().int & (2**64 - 1):016x}"
         created = int(time.time())
         ctxs = [
-            _Ctx(
+            ResponseContext(
                 request_id=f"{api.id_prefix}{request_id}",
                 created=created,
                 model=engine.config.model,
@@ -206,9 +210,9 @@ def make_app(config: SimConfig, send_log: SendLog | None = None) -> web.Applicat
     """The simulator as an aiohttp application, for embedding or for aiohttp's test client. With a send
     log, each streamed content chunk's due and actual send time is recorded in it (the truth server's
     format, so `itlaudit.analysis.fidelity` can grade a client against the simulator too)."""
-    engine = _Engine(config)
+    engine = Engine(config)
     registry = CollectorRegistry(auto_describe=True)
-    registry.register(_MetricsCollector(engine))
+    registry.register(MetricsCollector(engine))
 
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -217,8 +221,8 @@ def make_app(config: SimConfig, send_log: SendLog | None = None) -> web.Applicat
     app[_ENGINE] = engine
     if send_log is not None:
         app[_SEND_LOG] = send_log
-    app.router.add_post("/v1/completions", _handler(_CompletionApi()))
-    app.router.add_post("/v1/chat/completions", _handler(_ChatApi()))
+    app.router.add_post("/v1/completions", _handler(CompletionApi()))
+    app.router.add_post("/v1/chat/completions", _handler(ChatApi()))
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/version", _version)
     app.router.add_get("/health", _health)

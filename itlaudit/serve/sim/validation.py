@@ -6,9 +6,9 @@ from http import HTTPStatus
 from typing import Any
 
 from itlaudit.serve.sim.config import SimConfig
-from itlaudit.serve.sim.endpoints import _Api
-from itlaudit.serve.sim.engine import _Job
-from itlaudit.serve.sim.wire import SimError, _bad_request
+from itlaudit.serve.sim.endpoints import EndpointApi
+from itlaudit.serve.sim.engine import Job
+from itlaudit.serve.sim.wire import SimError, bad_request
 
 # vLLM's default --max-logprobs.
 MAX_LOGPROBS = 20
@@ -19,11 +19,11 @@ def _int_field(body: dict[str, Any], name: str, default: int | None) -> int | No
     if value is None:
         value = default  # vLLM treats an explicit null like an omitted field (normalize_null_max_tokens)
     if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-        raise _bad_request(f"{name} must be an integer", name)
+        raise bad_request(f"{name} must be an integer", name)
     return value
 
 
-def _parse_job(api: _Api, body: dict[str, Any], config: SimConfig) -> _Job:
+def parse_job(api: EndpointApi, body: dict[str, Any], config: SimConfig) -> Job:
     """Mirrors vLLM's request validation and get_max_tokens() defaulting."""
     model = body.get("model")
     if model and model != config.model:
@@ -34,19 +34,19 @@ def _parse_job(api: _Api, body: dict[str, Any], config: SimConfig) -> _Job:
             "model",
         )
     if _int_field(body, "n", 1) != 1:
-        raise _bad_request("the simulator supports n=1 only", "n")
+        raise bad_request("the simulator supports n=1 only", "n")
     prompt_ids, prompt_text = api.prompt(body, config)
     param = api.max_tokens_param(body)
     requested = _int_field(body, param, api.default_max_tokens)
     if requested is not None and requested > config.max_model_len:
-        raise _bad_request(
+        raise bad_request(
             f"{param}={requested} cannot be greater than max_model_len={config.max_model_len}. "
             f"Please request fewer output tokens. (parameter={param}, value={requested})",
             param,
         )
     room = config.max_model_len - len(prompt_ids)
     if room < 0:
-        raise _bad_request(
+        raise bad_request(
             f"This model's maximum context length is {config.max_model_len} tokens. However, your prompt "
             f"contains {len(prompt_ids)} input tokens, which exceeds this limit even without any output "
             f"tokens. Please reduce the length of the input prompt. "
@@ -57,7 +57,7 @@ def _parse_job(api: _Api, body: dict[str, Any], config: SimConfig) -> _Job:
     stream_options = body.get("stream_options") or {}
     include_usage = bool(stream_options.get("include_usage"))
     temperature = body.get("temperature")
-    return _Job(
+    return Job(
         prompt_token_ids=prompt_ids,
         prompt_text=prompt_text,
         max_tokens=max_tokens,
@@ -81,7 +81,7 @@ def _parse_job(api: _Api, body: dict[str, Any], config: SimConfig) -> _Job:
 def _logprobs_field(body: dict[str, Any]) -> int | None:
     value = _int_field(body, "logprobs", None)
     if value is not None and not 0 <= value <= MAX_LOGPROBS:
-        raise _bad_request(
+        raise bad_request(
             f"Requested sample logprobs of {value}, which is greater than max allowed: {MAX_LOGPROBS}",
             "logprobs",
         )

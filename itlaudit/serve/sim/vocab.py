@@ -62,10 +62,10 @@ def tokenize(text: str, config: SimConfig) -> list[int]:
     """Word-level hashing: stable across runs, so prompt_token_ids are reproducible."""
     span = config.vocab_size - FIRST_REGULAR_TOKEN_ID
     ids = [FIRST_REGULAR_TOKEN_ID + zlib.crc32(w.encode()) % span for w in re.findall(r"\s*\S+", text)]
-    return [_avoid(i, {config.eos_token_id}, config) for i in ids] or [BOS_TOKEN_ID]
+    return [avoid_token(i, {config.eos_token_id}, config) for i in ids] or [BOS_TOKEN_ID]
 
 
-def _avoid(token_id: int, banned: set[int], config: SimConfig) -> int:
+def avoid_token(token_id: int, banned: set[int], config: SimConfig) -> int:
     """Deterministic substitute for a masked token (the min_tokens logits processor, or EOS in a
     prompt) that consumes no randomness, so the rest of the sequence is unchanged."""
     span = config.vocab_size - FIRST_REGULAR_TOKEN_ID

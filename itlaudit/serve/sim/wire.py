@@ -14,7 +14,7 @@ from http import HTTPStatus
 from typing import Any
 
 from itlaudit.serve.sim.config import SimConfig
-from itlaudit.serve.sim.engine import _Job, _TokenLogprob
+from itlaudit.serve.sim.engine import Job, TokenLogprob
 
 # Raised by vLLM's AsyncLLM when the engine core process dies; the serving layer turns it into the
 # streaming error frame (vllm/v1/engine/exceptions.py, EngineDeadError).
@@ -31,23 +31,23 @@ class SimError(Exception):
         self.param = param
 
     def body(self) -> dict[str, Any]:
-        return _error_body(str(self), self.err_type, self.param, self.status)
+        return error_body(str(self), self.err_type, self.param, self.status)
 
 
-def _error_body(message: str, err_type: str, param: str | None, status: HTTPStatus) -> dict[str, Any]:
+def error_body(message: str, err_type: str, param: str | None, status: HTTPStatus) -> dict[str, Any]:
     return {"error": {"message": message, "type": err_type, "param": param, "code": status.value}}
 
 
-def _bad_request(message: str, param: str) -> SimError:
+def bad_request(message: str, param: str) -> SimError:
     return SimError(HTTPStatus.BAD_REQUEST, "BadRequestError", message, param)
 
 
-def _dumps(obj: Any) -> str:
+def dump_json(obj: Any) -> str:
     """pydantic's ``model_dump_json`` layout: compact separators, raw UTF-8."""
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+def usage_info(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
     """UsageInfo's field order, which puts total_tokens before completion_tokens."""
     return {
         "prompt_tokens": prompt_tokens,
@@ -56,27 +56,27 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
     }
 
 
-def _full_usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+def full_usage_info(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
     """Non-streaming responses use plain ``model_dump()``, so unset optional fields appear as null."""
     return {
-        **_usage(prompt_tokens, completion_tokens),
+        **usage_info(prompt_tokens, completion_tokens),
         "prompt_tokens_details": None,
         "completion_tokens_details": None,
     }
 
 
 @dataclass
-class _Ctx:
+class ResponseContext:
     """Per-request identity shared by every chunk of one response."""
 
     request_id: str
     created: int
     model: str
     fingerprint: str
-    job: _Job
+    job: Job
 
 
-def _completion_logprobs(entries: list[_TokenLogprob]) -> dict[str, Any]:
+def completion_logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:
     """CompletionLogProbs; text_offset counts the rendered token strings, so with
     return_tokens_as_token_ids it advances by len("token_id:N"), as real vLLM 0.32 does."""
     offsets, offset = [], 0
@@ -91,8 +91,8 @@ def _completion_logprobs(entries: list[_TokenLogprob]) -> dict[str, Any]:
     }
 
 
-def _envelope(
-    ctx: _Ctx,
+def chunk_envelope(
+    ctx: ResponseContext,
     obj: str,
     choices: list[dict[str, Any]],
     usage: dict[str, Any] | None = None,
@@ -110,19 +110,19 @@ def _envelope(
     return chunk
 
 
-def _sse(obj: Any) -> bytes:
-    return f"data: {_dumps(obj)}\n\n".encode()
+def sse_frame(obj: Any) -> bytes:
+    return f"data: {dump_json(obj)}\n\n".encode()
 
 
 # Streaming errors go through json.dumps(...model_dump()) with default separators, unlike the chunks.
-_ENGINE_DEAD_FRAME = (
+ENGINE_DEAD_FRAME = (
     "data: "
     + json.dumps(
-        _error_body(ENGINE_DEAD_MESSAGE, "InternalServerError", None, HTTPStatus.INTERNAL_SERVER_ERROR)
+        error_body(ENGINE_DEAD_MESSAGE, "InternalServerError", None, HTTPStatus.INTERNAL_SERVER_ERROR)
     )
     + "\n\n"
 ).encode()
-_DONE_FRAME = b"data: [DONE]\n\n"
+DONE_FRAME = b"data: [DONE]\n\n"
 
 
 def model_list(cfg: SimConfig) -> dict[str, Any]:
