@@ -28,6 +28,8 @@ from itlaudit.capture.stamping import (
 )
 from itlaudit.errors import ConnectFailed, ConnectTimeout, TransportError
 
+__all__ = ["StampMode", "Stream", "TransportOptions", "kernel_stamps_supported", "open_stream"]
+
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 

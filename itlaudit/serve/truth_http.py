@@ -10,10 +10,11 @@ from collections.abc import Callable
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
+from itlaudit.errors import SimError
 from itlaudit.serve.sim.config import VLLM_VERSION
 from itlaudit.serve.sim.endpoints import CompletionApi
 from itlaudit.serve.sim.validation import parse_job
-from itlaudit.serve.sim.wire import SimError, bad_request, dump_json, error_body, model_list
+from itlaudit.serve.sim.wire import bad_request, dump_json, error_body, model_list, rejection_body
 from itlaudit.serve.truth_frames import ScheduledStream
 
 if TYPE_CHECKING:
@@ -123,7 +124,7 @@ class Connection(asyncio.Protocol):
             self._reply(status, error_body(f"invalid JSON: {exc}", "BadRequestError", "body", status))
             return
         except SimError as exc:
-            self._reply(exc.status, exc.body())
+            self._reply(exc.status, rejection_body(exc))
             return
         request_id = headers.get("x-request-id") or f"{uuid.uuid4().int & (2**64 - 1):016x}"
         template = server.template_for(job)

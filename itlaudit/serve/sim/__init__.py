@@ -17,6 +17,6 @@ chat), `validation` (request parsing), `metrics` (/metrics) and `server` (the ai
 
 from itlaudit.serve.sim.config import VLLM_VERSION, SimConfig
 from itlaudit.serve.sim.server import make_app, run_sim, serve
-from itlaudit.serve.sim.wire import SimError, model_list
+from itlaudit.serve.sim.wire import model_list
 
-__all__ = ["VLLM_VERSION", "SimConfig", "SimError", "make_app", "model_list", "run_sim", "serve"]
+__all__ = ["VLLM_VERSION", "SimConfig", "make_app", "model_list", "run_sim", "serve"]

@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from itlaudit.errors import SimError
 from itlaudit.model.sendlog import SendLog
 from itlaudit.serve.sim.config import VLLM_VERSION, SimConfig
 from itlaudit.serve.sim.endpoints import ChatApi, CompletionApi, EndpointApi
@@ -27,13 +28,13 @@ from itlaudit.serve.sim.wire import (
     ENGINE_DEAD_FRAME,
     ENGINE_DEAD_MESSAGE,
     ResponseContext,
-    SimError,
     bad_request,
     chunk_envelope,
     dump_json,
     error_body,
     full_usage_info,
     model_list,
+    rejection_body,
     sse_frame,
     usage_info,
 )
@@ -168,9 +169,11 @@ def _handler(api: EndpointApi) -> Any:
                     "the simulator streams a single prompt; send a list without stream", "prompt"
                 )
         except json.JSONDecodeError as exc:
-            return _json_response(bad_request(f"invalid JSON: {exc}", "body").body(), HTTPStatus.BAD_REQUEST)
+            return _json_response(
+                rejection_body(bad_request(f"invalid JSON: {exc}", "body")), HTTPStatus.BAD_REQUEST
+            )
         except SimError as exc:
-            return _json_response(exc.body(), exc.status)
+            return _json_response(rejection_body(exc), exc.status)
         request_id = request.headers.get("X-Request-Id") or f"{uuid.uuid4().int & (2**64 - 1):016x}"
         created = int(time.time())
         ctxs = [

@@ -5,10 +5,11 @@ from __future__ import annotations
 from http import HTTPStatus
 from typing import Any
 
+from itlaudit.errors import SimError
 from itlaudit.serve.sim.config import SimConfig
 from itlaudit.serve.sim.endpoints import EndpointApi
 from itlaudit.serve.sim.engine import Job
-from itlaudit.serve.sim.wire import SimError, bad_request
+from itlaudit.serve.sim.wire import bad_request
 
 # vLLM's default --max-logprobs.
 MAX_LOGPROBS = 20

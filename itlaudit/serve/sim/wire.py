@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
+from itlaudit.errors import SimError
 from itlaudit.serve.sim.config import SimConfig
 from itlaudit.serve.sim.engine import Job, TokenLogprob
 
@@ -21,21 +22,13 @@ from itlaudit.serve.sim.engine import Job, TokenLogprob
 ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 
 
-class SimError(Exception):
-    """A request rejected before streaming starts; rendered as vLLM's ``{"error": ...}`` body."""
-
-    def __init__(self, status: HTTPStatus, err_type: str, message: str, param: str | None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.err_type = err_type
-        self.param = param
-
-    def body(self) -> dict[str, Any]:
-        return error_body(str(self), self.err_type, self.param, self.status)
+def error_body(message: str, err_type: str, param: str | None, status: int) -> dict[str, Any]:
+    return {"error": {"message": message, "type": err_type, "param": param, "code": int(status)}}
 
 
-def error_body(message: str, err_type: str, param: str | None, status: HTTPStatus) -> dict[str, Any]:
-    return {"error": {"message": message, "type": err_type, "param": param, "code": status.value}}
+def rejection_body(exc: SimError) -> dict[str, Any]:
+    """The ``{"error": ...}`` body vLLM answers a refused request with."""
+    return error_body(str(exc), exc.err_type, exc.param, exc.status)
 
 
 def bad_request(message: str, param: str) -> SimError:
