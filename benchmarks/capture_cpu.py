@@ -18,7 +18,8 @@ import resource
 import tempfile
 from pathlib import Path
 
-from itlaudit.capture.client import plan_request, stream_request
+from itlaudit.capture.client import stream_request
+from itlaudit.capture.request_plan import plan_request
 from itlaudit.model.records import RequestParams
 from itlaudit.serve.truth import TruthConfig
 from itlaudit.workflows.selfcheck import truth_server

@@ -72,3 +72,14 @@ class ConnectionDropped(TransportError):
 
 class BadFraming(TransportError):
     """The bytes received are not a valid HTTP/1.1 response (head or chunked framing)."""
+
+
+class SimError(ItlauditError):
+    """The simulator refused a request before streaming it; the client gets vLLM's ``{"error": ...}`` body
+    with this HTTP status (serve/sim/wire.py renders it)."""
+
+    def __init__(self, status: int, err_type: str, message: str, param: str | None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.err_type = err_type
+        self.param = param

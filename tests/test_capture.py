@@ -349,8 +349,8 @@ def capture_in_process(url: str, *, block_ms: float, stamp: str = "loop") -> lis
     import asyncio
 
     from itlaudit.analysis.derive import derive_request
-    from itlaudit.capture.client import plan_request
     from itlaudit.capture.lagprobe import new_capture_loop
+    from itlaudit.capture.request_plan import plan_request
     from itlaudit.capture.workers import WorkerShare, capture_share
     from itlaudit.model.records import RequestParams, Timeouts
 

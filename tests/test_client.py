@@ -23,15 +23,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from itlaudit.capture.client import (
-    build_body,
-    fetch_json,
-    fetch_models,
-    parse_retry_after,
-    plan_request,
-    server_error_message,
-    stream_request,
-)
+from itlaudit.capture.client import parse_retry_after, stream_request
+from itlaudit.capture.preflight import fetch_json, fetch_models, server_error_message
+from itlaudit.capture.request_plan import build_body, plan_request
 from itlaudit.errors import ServerRejectedError, ServerUnreachableError
 from itlaudit.model.records import (
     STATUS_CONNECTION_ERROR,

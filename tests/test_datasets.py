@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from itlaudit.capture.client import build_body
+from itlaudit.capture.request_plan import build_body
 from itlaudit.errors import ScenarioError
 from itlaudit.model.records import RequestParams
 from itlaudit.model.scenario import Scenario, parse_scenario

@@ -11,7 +11,8 @@ from vllm_server import SERVED_MODEL, vllm_server
 
 from itlaudit.analysis.invariance import prompt_figures, summarize
 from itlaudit.analysis.lossless import spec_decode_mismatches
-from itlaudit.capture.client import plan_request, stream_request
+from itlaudit.capture.client import stream_request
+from itlaudit.capture.request_plan import plan_request
 from itlaudit.capture.scoring import Scorer, explain_mismatch, observe
 from itlaudit.model.records import STATUS_OK, RequestParams, RequestRecord
 

@@ -10,7 +10,8 @@ from itlaudit.analysis.lossless import (
     spec_decode_mismatches,
     with_divergence_logprobs,
 )
-from itlaudit.capture.client import plan_request, stream_request
+from itlaudit.capture.client import stream_request
+from itlaudit.capture.request_plan import plan_request
 from itlaudit.capture.scoring import Scorer, explain_mismatch
 from itlaudit.model.records import STATUS_HTTP_ERROR, ChunkSeries, RequestParams, RequestRecord
 from itlaudit.serve.sim import SimConfig, run_sim

@@ -150,15 +150,16 @@ def test_goodput_table_in_the_scenario() -> None:
 
 def test_sim_step_slows_with_the_batch_and_more_with_spec_decode() -> None:
     """The simulator's load knob: step_ms + (per-stream + verify-if-K>0) × (rows in flight − 1)."""
-    from itlaudit.serve.sim import SimConfig, _Engine
+    from itlaudit.serve.sim import SimConfig
+    from itlaudit.serve.sim.engine import Engine
 
     def step(k: int, in_flight: int) -> float:
         config = SimConfig(
             step_ms=10, num_speculative_tokens=k, batch_slowdown_ms_per_stream=2, spec_verify_ms_per_stream=5
         )
-        engine = _Engine(config)
+        engine = Engine(config)
         engine.in_flight = in_flight
         return engine._step_ms()
 
     assert (step(0, 0), step(0, 1), step(0, 4), step(3, 4)) == (10, 10, 16, 31)
-    assert _Engine(SimConfig(step_ms=7))._step_ms() == 7  # off by default
+    assert Engine(SimConfig(step_ms=7))._step_ms() == 7  # off by default

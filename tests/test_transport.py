@@ -21,11 +21,11 @@ from pathlib import Path
 import h11
 import pytest
 
-from itlaudit.capture import transport
+from itlaudit.capture import stamping, transport
+from itlaudit.capture.chunked import Dechunker
 from itlaudit.capture.transport import (
     Stream,
     TransportOptions,
-    _Dechunker,
     kernel_stamps_supported,
     open_stream,
 )
@@ -305,7 +305,7 @@ async def test_aclose_ends_a_read_waiting_in_another_task(serve: type[ScriptedSe
 
 
 class FakeTimestampingSocket:
-    """Hands _KernelReader canned recvmsg results; a real descriptor only so that add_reader accepts it."""
+    """Hands KernelReader canned recvmsg results; a real descriptor only so that add_reader accepts it."""
 
     def __init__(self, fd: int, replies: list[tuple[bytes, list[tuple[int, int, bytes]], int, None]]) -> None:
         self._fd = fd
@@ -322,7 +322,7 @@ class FakeTimestampingSocket:
 
 async def test_kernel_stamps_are_converted_to_monotonic_and_clamped() -> None:
     def received_at(wall_ns: int) -> list[tuple[int, int, bytes]]:
-        return [(socket.SOL_SOCKET, transport._SO_TIMESTAMPNS, struct.pack("@ll", *divmod(wall_ns, 10**9)))]
+        return [(socket.SOL_SOCKET, stamping.SO_TIMESTAMPNS, struct.pack("@ll", *divmod(wall_ns, 10**9)))]
 
     monotonic, wall = time.monotonic_ns(), time.time_ns()
     replies = [
@@ -332,9 +332,9 @@ async def test_kernel_stamps_are_converted_to_monotonic_and_clamped() -> None:
         (b"d", [], 0, None),  # not stamped by the kernel: the read's own time
     ]
     loop = asyncio.get_running_loop()
-    inbox = transport._Inbox(loop)
+    inbox = stamping.Inbox(loop)
     left, right = socket.socketpair()
-    reader = transport._KernelReader(loop, FakeTimestampingSocket(left.fileno(), replies), inbox)  # type: ignore[arg-type]
+    reader = stamping.KernelReader(loop, FakeTimestampingSocket(left.fileno(), replies), inbox)  # type: ignore[arg-type]
     windows = []
     try:
         for _ in range(4):
@@ -428,7 +428,7 @@ def test_dechunker_agrees_with_h11_however_the_reads_fall() -> None:
         expected += bytes(event.data) if type(event) is h11.Data else b""
     assert expected == BODY[:300] + b"0123456789"
     for step in (1, 2, 3, 7, 64, len(wire)):
-        dechunker = _Dechunker()
+        dechunker = Dechunker()
         got = b"".join(dechunker.feed(wire[i : i + step]) for i in range(0, len(wire), step))
         assert (got, dechunker.done) == (expected, True), step
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from vllm_server import SERVED_MODEL, vllm_server
 
-from itlaudit.capture.client import plan_request, stream_request
+from itlaudit.capture.client import stream_request
+from itlaudit.capture.request_plan import plan_request
 from itlaudit.model.records import RequestParams
 from itlaudit.workflows.run import RUN_DIR_ENV
 

@@ -16,17 +16,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
-import json
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-import aiohttp
+from typing import TYPE_CHECKING
 
 from itlaudit.capture.chunk import CHUNK_DECODE_ERRORS, Chunk, decode_chunk
+from itlaudit.capture.preflight import (
+    CONNECTION_FAILURES,
+    describe_connection_failure,
+    server_error_message,
+)
+from itlaudit.capture.request_plan import ENDPOINT_CHAT, PlannedRequest
 from itlaudit.capture.sse import SSEFramer
 from itlaudit.capture.transport import StampMode, Stream, TransportOptions, open_stream
-from itlaudit.errors import ConnectTimeout, ServerRejectedError, ServerUnreachableError, TransportError
+from itlaudit.errors import ConnectTimeout
 from itlaudit.model.access import NO_ACCESS, Access
 from itlaudit.model.records import (
     STATUS_CONNECTION_ERROR,
@@ -34,7 +36,6 @@ from itlaudit.model.records import (
     STATUS_RATE_LIMITED,
     STATUS_STREAM_ERROR,
     STATUS_TIMEOUT,
-    RequestParams,
     RequestRecord,
     Timeouts,
 )
@@ -42,15 +43,7 @@ from itlaudit.model.records import (
 if TYPE_CHECKING:
     from itlaudit.capture.lagprobe import LagProbe
 
-ENDPOINT_COMPLETIONS = "completions"
-ENDPOINT_CHAT = "chat"
-ENDPOINT_PATHS = {
-    ENDPOINT_COMPLETIONS: "/v1/completions",
-    ENDPOINT_CHAT: "/v1/chat/completions",
-}
-
 _DONE = b"[DONE]"
-_ERROR_BODY_CHARS = 300
 _EXCERPT_BYTES = 120
 _EVENT_STREAM = "text/event-stream"
 _RATE_LIMIT_STATUSES = (429, 503)
@@ -58,90 +51,6 @@ _REDIRECT_STATUSES = (301, 302, 303, 307, 308)
 _REFUSAL_BODY_LIMIT = 64 * 1024
 _REFUSAL_READ_TIMEOUT_S = 10.0
 DEFAULT_TIMEOUTS = Timeouts()
-# Everything that means "the network or the server went away", as opposed to a bug in this code.
-_CONNECTION_FAILURES = (aiohttp.ClientError, TransportError, TimeoutError, OSError)
-
-
-def build_body(
-    endpoint: str,
-    model: str,
-    prompt: str | list[int] | list[dict[str, Any]],
-    params: RequestParams,
-    extra_body: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The request JSON. Unset limits are left out rather than sent as null or defaults, because
-    what a request leaves to the server (e.g. no max_tokens) is itself what some findings audit.
-
-    Continuous usage stats are what make token-true ITL possible: every chunk then carries the
-    server's cumulative completion_tokens. `extra_body` is applied last (shallow) so a scenario can
-    override anything, including the stream options. A prompt is text, token ids (completions: the
-    server takes them as they are) or, for chat, a dataset's whole message list.
-    """
-    body: dict[str, Any] = {"model": model}
-    if endpoint == ENDPOINT_COMPLETIONS:
-        body["prompt"] = prompt
-    elif endpoint == ENDPOINT_CHAT:
-        is_messages = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], dict)
-        body["messages"] = prompt if is_messages else [{"role": "user", "content": prompt}]
-    else:
-        raise ValueError(f"unknown endpoint {endpoint!r}; expected one of {sorted(ENDPOINT_PATHS)}")
-    body["stream"] = True
-    body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
-    body["return_token_ids"] = True
-    if params.max_tokens is not None:
-        body["max_tokens"] = params.max_tokens
-    if params.min_tokens is not None:
-        body["min_tokens"] = params.min_tokens
-    if params.ignore_eos:
-        body["ignore_eos"] = True
-    if params.stop_token_ids:
-        body["stop_token_ids"] = list(params.stop_token_ids)
-    if params.temperature is not None:
-        body["temperature"] = params.temperature
-    if params.seed is not None:
-        body["seed"] = params.seed
-    if extra_body:
-        body.update(extra_body)
-    return body
-
-
-@dataclass(frozen=True)
-class PlannedRequest:
-    """One request, fully prepared before the run starts (body already JSON-encoded), so the capture
-    loop does no encoding while other streams are open."""
-
-    request_id: str
-    variant: str
-    endpoint: str
-    url: str
-    model: str
-    params: RequestParams
-    payload: bytes
-    scheduled_ms: float | None = None  # open loop: due this long after the variant's start
-    warmup: bool = False
-    category: str | None = None
-
-
-def plan_request(
-    *,
-    base_url: str,
-    endpoint: str,
-    model: str,
-    prompt: str | list[int] | list[dict[str, Any]],
-    params: RequestParams,
-    request_id: str,
-    variant: str,
-    extra_body: dict[str, Any] | None = None,
-    scheduled_ms: float | None = None,
-    warmup: bool = False,
-    category: str | None = None,
-) -> PlannedRequest:
-    body = build_body(endpoint, model, prompt, params, extra_body)
-    url = base_url.rstrip("/") + ENDPOINT_PATHS[endpoint]
-    payload = json.dumps(body).encode()
-    return PlannedRequest(
-        request_id, variant, endpoint, url, model, params, payload, scheduled_ms, warmup, category
-    )
 
 
 async def stream_request(
@@ -189,9 +98,9 @@ async def stream_request(
     except TimeoutError:
         _timed_out(record, head_limit, timeouts.limit(head_limit), t0, time.monotonic_ns())
         return _closed(record, probe)
-    except _CONNECTION_FAILURES as exc:
+    except CONNECTION_FAILURES as exc:
         record.status = STATUS_CONNECTION_ERROR
-        record.error = _describe_connection_failure(exc)
+        record.error = describe_connection_failure(exc)
         record.e2e_ms = (time.monotonic_ns() - t0) / 1e6
         return _closed(record, probe)
     if probe is not None:
@@ -228,7 +137,7 @@ async def _read_refusal(stream: Stream, record: RequestRecord, t0: int) -> None:
     """A response that is not a stream: keep the server's explanation, name a redirect's target and
     a rate limit's Retry-After, since those tell the user what to do next."""
     body = b""
-    with contextlib.suppress(TimeoutError, *_CONNECTION_FAILURES):
+    with contextlib.suppress(TimeoutError, *CONNECTION_FAILURES):
         while len(body) < _REFUSAL_BODY_LIMIT:
             piece = await stream.read(_REFUSAL_READ_TIMEOUT_S)
             if piece is None:
@@ -297,9 +206,10 @@ async def _read_stream(
                 try:
                     chunk = decode_chunk(payload)
                 except CHUNK_DECODE_ERRORS as exc:
-                    chunk = _undecodable(record, payload, exc)
-                    if chunk is None:
+                    recovered = _undecodable(record, payload, exc)
+                    if recovered is None:
                         continue
+                    chunk = recovered
                 if chunk.error is not None:
                     record.status = STATUS_STREAM_ERROR
                     record.error = _error_frame_message(chunk.error)
@@ -338,9 +248,9 @@ async def _read_stream(
                 if chunk.system_fingerprint is not None:
                     record.system_fingerprint = chunk.system_fingerprint
         record.e2e_ms = (last_ns - t0) / 1e6
-    except _CONNECTION_FAILURES as exc:
+    except CONNECTION_FAILURES as exc:
         record.status = STATUS_CONNECTION_ERROR
-        record.error = _describe_connection_failure(exc)
+        record.error = describe_connection_failure(exc)
         record.e2e_ms = (last_ns - t0) / 1e6
     finally:
         record.text = "".join(text_parts)
@@ -402,75 +312,3 @@ def _error_frame_message(error: object) -> str:
     if isinstance(error, dict) and isinstance(error.get("message"), str):
         return error["message"]
     return str(error)
-
-
-def server_error_message(body: bytes, http_status: int) -> str:
-    """vLLM's own explanation from an error body, across the shapes its versions have used:
-    `{"error": {"message": ...}}` (recent), `{"message": ...}` / `{"object": "error", "message": ...}`
-    (older), FastAPI's `{"detail": ...}` (unknown routes); otherwise the start of the raw body.
-    """
-    text = body.decode("utf-8", "replace")
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        obj = None
-    if isinstance(obj, dict):
-        error = obj.get("error")
-        if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return error["message"]
-        for key in ("message", "detail", "error"):
-            if isinstance(obj.get(key), str):
-                return obj[key]
-    text = text.strip()
-    return text[:_ERROR_BODY_CHARS] if text else f"HTTP {http_status} with an empty body"
-
-
-def _describe_connection_failure(exc: BaseException, timeout_s: float | None = None) -> str:
-    """One line for the record: aiohttp messages can span lines and a bare TimeoutError has none."""
-    if isinstance(exc, TimeoutError) and not str(exc):
-        return f"TimeoutError: no complete response within {timeout_s:g} s"
-    detail = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
-
-
-async def fetch_json(
-    session: aiohttp.ClientSession, base_url: str, path: str, *, timeout_s: float = 30.0
-) -> dict[str, Any]:
-    """GET a small JSON document for preflight checks; unlike `stream_request` this raises, because
-    a server that cannot answer a preflight makes the whole run pointless."""
-    url = base_url.rstrip("/") + path
-    try:
-        async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
-            body = await resp.read()
-            http_status = resp.status
-    except _CONNECTION_FAILURES as exc:
-        raise ServerUnreachableError(
-            f"cannot reach {url} ({_describe_connection_failure(exc, timeout_s)}); "
-            "check that the server is running and that the URL is right"
-        ) from None
-    if not 200 <= http_status < 300:
-        raise ServerRejectedError(
-            f"{url} answered HTTP {http_status}: {server_error_message(body, http_status)}"
-        )
-    try:
-        obj = json.loads(body)
-    except ValueError:
-        obj = None
-    if not isinstance(obj, dict):
-        raise ServerRejectedError(
-            f"{url} did not answer with a JSON object (got {body[:100]!r}); is this a vLLM server?"
-        )
-    return obj
-
-
-async def fetch_models(session: aiohttp.ClientSession, base_url: str) -> list[str]:
-    """Served model names, so a run can fail fast on a misspelt --model instead of 404ing per request."""
-    url_path = "/v1/models"
-    listing = await fetch_json(session, base_url, url_path)
-    entries = listing.get("data")
-    if not isinstance(entries, list) or not all(isinstance(e, dict) and "id" in e for e in entries):
-        raise ServerRejectedError(
-            f"{base_url.rstrip('/')}{url_path} did not list models as {{'data': [{{'id': ...}}]}}; "
-            "is this a vLLM server?"
-        )
-    return [str(e["id"]) for e in entries]

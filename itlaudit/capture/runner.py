@@ -18,7 +18,8 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from itlaudit.capture.client import PlannedRequest, fetch_models, plan_request, server_error_message
+from itlaudit.capture.preflight import fetch_models, server_error_message
+from itlaudit.capture.request_plan import PlannedRequest, plan_request
 from itlaudit.capture.transport import StampMode
 from itlaudit.capture.workers import (
     WorkerHandle,

@@ -24,7 +24,8 @@ from itlaudit.analysis.invariance import (
     parse_top_logprobs,
 )
 from itlaudit.analysis.lossless import with_divergence_logprobs
-from itlaudit.capture.client import ENDPOINT_COMPLETIONS, ENDPOINT_PATHS, fetch_json, server_error_message
+from itlaudit.capture.preflight import fetch_json, server_error_message
+from itlaudit.capture.request_plan import ENDPOINT_COMPLETIONS, ENDPOINT_PATHS
 from itlaudit.errors import ItlauditError, ServerRejectedError, ServerUnreachableError
 
 DEFAULT_REPEATS = 40

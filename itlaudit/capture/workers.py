@@ -30,8 +30,9 @@ from multiprocessing.connection import Connection
 from multiprocessing.synchronize import Barrier
 from typing import Any
 
-from itlaudit.capture.client import PlannedRequest, stream_request
+from itlaudit.capture.client import stream_request
 from itlaudit.capture.lagprobe import LagProbe, new_capture_loop
+from itlaudit.capture.request_plan import PlannedRequest
 from itlaudit.capture.transport import StampMode, kernel_stamps_supported
 from itlaudit.model.access import Access
 from itlaudit.model.records import STATUS_HTTP_ERROR, STATUS_RATE_LIMITED, RequestRecord, Timeouts

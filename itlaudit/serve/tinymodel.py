@@ -36,6 +36,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the testbed venv's packages: names for the annotations only, never imported at run time
+    from tokenizers import Tokenizer
+    from torch import Tensor
+    from transformers import PretrainedConfig, PreTrainedModel
 
 HIDDEN = 128
 HEADS = 2
@@ -147,7 +153,7 @@ arrows of outrageous fortune, or to take arms against a sea of troubles, and by 
 """
 
 
-def _train_tokenizer() -> object:
+def _train_tokenizer() -> Tokenizer:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
@@ -164,7 +170,7 @@ def _train_tokenizer() -> object:
     return tok
 
 
-def _config(arch: str, vocab_size: int, eos_id: int) -> object:
+def _config(arch: str, vocab_size: int, eos_id: int) -> PretrainedConfig:
     import torch
     from transformers import LlamaConfig, Qwen2Config
 
@@ -205,7 +211,7 @@ def _config(arch: str, vocab_size: int, eos_id: int) -> object:
     )
 
 
-def _init_weights(model: object, seed: int, draft_noise: float | None) -> None:
+def _init_weights(model: PreTrainedModel, seed: int, draft_noise: float | None) -> None:
     """Seeded init in float32, so results don't depend on transformers' own (release-specific) init."""
     import torch
 
@@ -225,7 +231,7 @@ def _init_weights(model: object, seed: int, draft_noise: float | None) -> None:
             param.copy_(value.to(param.dtype))
 
 
-def _scale_residual_branches(model: object) -> None:
+def _scale_residual_branches(model: PreTrainedModel) -> None:
     """Shrink what each layer adds to the residual stream (MiMo target only; see RESIDUAL_SCALE)."""
     import torch
 
@@ -235,7 +241,7 @@ def _scale_residual_branches(model: object) -> None:
                 param.mul_(RESIDUAL_SCALE)
 
 
-def _mtp_tensors(model: object) -> dict[str, object]:
+def _mtp_tensors(model: PreTrainedModel) -> dict[str, Tensor]:
     """The embedding-path MTP head (module docstring): identity on the next token's embedding."""
     import torch
 
@@ -261,7 +267,7 @@ def _mtp_tensors(model: object) -> dict[str, object]:
     return tensors
 
 
-def _add_mtp_layers(out_dir: Path, model: object) -> None:
+def _add_mtp_layers(out_dir: Path, model: PreTrainedModel) -> None:
     from safetensors.torch import load_file, save_file
 
     path = out_dir / "model.safetensors"

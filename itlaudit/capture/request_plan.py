@@ -1,0 +1,98 @@
+"""Requests prepared before a run: the body each endpoint takes, JSON-encoded once, ahead of the streams."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from itlaudit.model.records import RequestParams
+
+ENDPOINT_COMPLETIONS = "completions"
+ENDPOINT_CHAT = "chat"
+ENDPOINT_PATHS = {
+    ENDPOINT_COMPLETIONS: "/v1/completions",
+    ENDPOINT_CHAT: "/v1/chat/completions",
+}
+
+
+def build_body(
+    endpoint: str,
+    model: str,
+    prompt: str | list[int] | list[dict[str, Any]],
+    params: RequestParams,
+    extra_body: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The request JSON. Unset limits are left out rather than sent as null or defaults, because
+    what a request leaves to the server (e.g. no max_tokens) is itself what some findings audit.
+
+    Continuous usage stats are what make token-true ITL possible: every chunk then carries the
+    server's cumulative completion_tokens. `extra_body` is applied last (shallow) so a scenario can
+    override anything, including the stream options. A prompt is text, token ids (completions: the
+    server takes them as they are) or, for chat, a dataset's whole message list.
+    """
+    body: dict[str, Any] = {"model": model}
+    if endpoint == ENDPOINT_COMPLETIONS:
+        body["prompt"] = prompt
+    elif endpoint == ENDPOINT_CHAT:
+        is_messages = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], dict)
+        body["messages"] = prompt if is_messages else [{"role": "user", "content": prompt}]
+    else:
+        raise ValueError(f"unknown endpoint {endpoint!r}; expected one of {sorted(ENDPOINT_PATHS)}")
+    body["stream"] = True
+    body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+    body["return_token_ids"] = True
+    if params.max_tokens is not None:
+        body["max_tokens"] = params.max_tokens
+    if params.min_tokens is not None:
+        body["min_tokens"] = params.min_tokens
+    if params.ignore_eos:
+        body["ignore_eos"] = True
+    if params.stop_token_ids:
+        body["stop_token_ids"] = list(params.stop_token_ids)
+    if params.temperature is not None:
+        body["temperature"] = params.temperature
+    if params.seed is not None:
+        body["seed"] = params.seed
+    if extra_body:
+        body.update(extra_body)
+    return body
+
+
+@dataclass(frozen=True)
+class PlannedRequest:
+    """One request, fully prepared before the run starts (body already JSON-encoded), so the capture
+    loop does no encoding while other streams are open."""
+
+    request_id: str
+    variant: str
+    endpoint: str
+    url: str
+    model: str
+    params: RequestParams
+    payload: bytes
+    scheduled_ms: float | None = None  # open loop: due this long after the variant's start
+    warmup: bool = False
+    category: str | None = None
+
+
+def plan_request(
+    *,
+    base_url: str,
+    endpoint: str,
+    model: str,
+    prompt: str | list[int] | list[dict[str, Any]],
+    params: RequestParams,
+    request_id: str,
+    variant: str,
+    extra_body: dict[str, Any] | None = None,
+    scheduled_ms: float | None = None,
+    warmup: bool = False,
+    category: str | None = None,
+) -> PlannedRequest:
+    body = build_body(endpoint, model, prompt, params, extra_body)
+    url = base_url.rstrip("/") + ENDPOINT_PATHS[endpoint]
+    payload = json.dumps(body).encode()
+    return PlannedRequest(
+        request_id, variant, endpoint, url, model, params, payload, scheduled_ms, warmup, category
+    )

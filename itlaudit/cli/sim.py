@@ -1,0 +1,81 @@
+"""`itlaudit sim`: serve the vLLM-compatible simulator, every fault of its catalogue a flag."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def sim(
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
+    model: Annotated[str, typer.Option(help="Served model name.")] = "sim-tiny",
+    num_speculative_tokens: Annotated[
+        int, typer.Option(help="K: draft tokens per step (0 = no spec decode).")
+    ] = 0,
+    acceptance_prob: Annotated[float, typer.Option(help="Per-position draft acceptance probability.")] = 1.0,
+    step_ms: Annotated[float, typer.Option(help="Engine step time in ms.")] = 5.0,
+    ttft_ms: Annotated[float, typer.Option(help="Prefill time in ms.")] = 20.0,
+    seed: Annotated[int, typer.Option(help="RNG seed for tokens and acceptance.")] = 0,
+    default_max_tokens: Annotated[
+        int | None, typer.Option(help="Cap for requests that omit max_tokens.")
+    ] = None,
+    cap_tokens: Annotated[int | None, typer.Option(help="Fault: stop every request at N tokens.")] = None,
+    ignore_stop_token_ids: Annotated[bool, typer.Option(help="Fault: ignore stop_token_ids.")] = False,
+    ignore_ignore_eos: Annotated[
+        bool, typer.Option(help="Fault: stop at natural EOS despite ignore_eos.")
+    ] = False,
+    ignore_min_tokens: Annotated[bool, typer.Option(help="Fault: ignore min_tokens.")] = False,
+    drop_usage: Annotated[bool, typer.Option(help="Fault: send no usage in chunks.")] = False,
+    error_after_tokens: Annotated[int | None, typer.Option(help="Fault: error frame after N tokens.")] = None,
+    reset_after_tokens: Annotated[
+        int | None, typer.Option(help="Fault: reset the connection after N tokens.")
+    ] = None,
+    no_done: Annotated[bool, typer.Option(help="Fault: omit data: [DONE].")] = False,
+    natural_eos_at: Annotated[
+        int | None, typer.Option(help="Token position where the model emits EOS.")
+    ] = None,
+    gibberish_after_tokens: Annotated[
+        int | None, typer.Option(help="Fault: only digit tokens from position N on.")
+    ] = None,
+    send_log: Annotated[
+        Path | None, typer.Option(help="On exit, write each streamed chunk's due and send time here (JSON).")
+    ] = None,
+    batch_slowdown_ms_per_stream: Annotated[
+        float, typer.Option(help="Load: ms added to each step per concurrent request beyond the first.")
+    ] = 0.0,
+    spec_verify_ms_per_stream: Annotated[
+        float, typer.Option(help="Load: with K>0, ms more per request beyond the first (verify cost).")
+    ] = 0.0,
+) -> None:
+    """Serve the vLLM-compatible simulator (demo and fault-injection target; not a test of vLLM)."""
+    from itlaudit.serve.sim import SimConfig, serve
+
+    serve(
+        SimConfig(
+            model=model,
+            num_speculative_tokens=num_speculative_tokens,
+            acceptance_prob=acceptance_prob,
+            step_ms=step_ms,
+            ttft_ms=ttft_ms,
+            seed=seed,
+            default_max_tokens=default_max_tokens,
+            cap_tokens=cap_tokens,
+            ignore_stop_token_ids=ignore_stop_token_ids,
+            ignore_ignore_eos=ignore_ignore_eos,
+            ignore_min_tokens=ignore_min_tokens,
+            drop_usage=drop_usage,
+            error_after_tokens=error_after_tokens,
+            reset_after_tokens=reset_after_tokens,
+            no_done=no_done,
+            natural_eos_at=natural_eos_at,
+            gibberish_after_tokens=gibberish_after_tokens,
+            batch_slowdown_ms_per_stream=batch_slowdown_ms_per_stream,
+            spec_verify_ms_per_stream=spec_verify_ms_per_stream,
+        ),
+        host=host,
+        port=port,
+        send_log_path=send_log,
+    )

@@ -1,0 +1,52 @@
+"""The simulator's settings: its model, its timing, and the catalogue of faults it can inject."""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+VLLM_VERSION = "0.32.0"
+
+
+@dataclass
+class SimConfig:
+    """Server behaviour and injected faults; all faults are off by default."""
+
+    model: str = "sim-tiny"
+    num_speculative_tokens: int = 0
+    acceptance_prob: float = 1.0
+    step_ms: float = 5.0
+    ttft_ms: float = 20.0
+    seed: int = 0
+    eos_token_id: int = 2
+    vocab_size: int = 512
+    max_model_len: int = 2048
+    default_max_tokens: int | None = None
+    # Injected faults.
+    cap_tokens: int | None = None
+    ignore_stop_token_ids: bool = False
+    ignore_ignore_eos: bool = False
+    ignore_min_tokens: bool = False
+    drop_usage: bool = False
+    error_after_tokens: int | None = None
+    reset_after_tokens: int | None = None
+    no_done: bool = False
+    natural_eos_at: int | None = None
+    # Fault: from this token position on, emit only a digit piece, like the late numeric gibberish of
+    # a broken decode path (seed 003) — the stream itself stays well-formed.
+    gibberish_after_tokens: int | None = None
+    # Fault: a request's logprobs move by up to this much (nats) whenever another row shares its engine
+    # step (a multi-prompt list or a concurrent request), deterministically per step composition, like
+    # the batch variance of real kernels (seed 000). The sampled tokens do not change.
+    batch_variance: float = 0.0
+    # Load: each engine row beyond the first adds this much to every step (a batch is not free), and
+    # with spec decode on, this much more (verifying a row's drafts costs compute). Past the batch size
+    # where K extra verify rows cost more than the accepted drafts save, K>0 loses per token to K=0:
+    # what `itlaudit sweep` must find. Both 0 by default: a step takes step_ms at any concurrency.
+    batch_slowdown_ms_per_stream: float = 0.0
+    spec_verify_ms_per_stream: float = 0.0
+
+    @property
+    def system_fingerprint(self) -> str:
+        """Stable per configuration, shaped like vLLM's ``vllm-<version>-<hash8>``."""
+        return f"vllm-{VLLM_VERSION}-{zlib.crc32(repr(self).encode()):08x}"

@@ -1,0 +1,89 @@
+"""Request validation and defaulting, as vLLM does it, into the sampling parameters of one engine request."""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+from typing import Any
+
+from itlaudit.errors import SimError
+from itlaudit.serve.sim.config import SimConfig
+from itlaudit.serve.sim.endpoints import EndpointApi
+from itlaudit.serve.sim.engine import Job
+from itlaudit.serve.sim.wire import bad_request
+
+# vLLM's default --max-logprobs.
+MAX_LOGPROBS = 20
+
+
+def _int_field(body: dict[str, Any], name: str, default: int | None) -> int | None:
+    value = body.get(name)
+    if value is None:
+        value = default  # vLLM treats an explicit null like an omitted field (normalize_null_max_tokens)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+        raise bad_request(f"{name} must be an integer", name)
+    return value
+
+
+def parse_job(api: EndpointApi, body: dict[str, Any], config: SimConfig) -> Job:
+    """Mirrors vLLM's request validation and get_max_tokens() defaulting."""
+    model = body.get("model")
+    if model and model != config.model:
+        raise SimError(
+            HTTPStatus.NOT_FOUND,
+            "NotFoundError",
+            f"The model `{model}` does not exist. Valid aliases: {config.model}.",
+            "model",
+        )
+    if _int_field(body, "n", 1) != 1:
+        raise bad_request("the simulator supports n=1 only", "n")
+    prompt_ids, prompt_text = api.prompt(body, config)
+    param = api.max_tokens_param(body)
+    requested = _int_field(body, param, api.default_max_tokens)
+    if requested is not None and requested > config.max_model_len:
+        raise bad_request(
+            f"{param}={requested} cannot be greater than max_model_len={config.max_model_len}. "
+            f"Please request fewer output tokens. (parameter={param}, value={requested})",
+            param,
+        )
+    room = config.max_model_len - len(prompt_ids)
+    if room < 0:
+        raise bad_request(
+            f"This model's maximum context length is {config.max_model_len} tokens. However, your prompt "
+            f"contains {len(prompt_ids)} input tokens, which exceeds this limit even without any output "
+            f"tokens. Please reduce the length of the input prompt. "
+            f"(parameter=input_tokens, value={len(prompt_ids)})",
+            "input_tokens",
+        )
+    max_tokens = min(v for v in (room, requested, config.default_max_tokens) if v is not None)
+    stream_options = body.get("stream_options") or {}
+    include_usage = bool(stream_options.get("include_usage"))
+    temperature = body.get("temperature")
+    return Job(
+        prompt_token_ids=prompt_ids,
+        prompt_text=prompt_text,
+        max_tokens=max_tokens,
+        min_tokens=_int_field(body, "min_tokens", 0) or 0,
+        ignore_eos=bool(body.get("ignore_eos", False)),
+        stop_token_ids=frozenset(body.get("stop_token_ids") or ()),
+        temperature=1.0 if temperature is None else float(temperature),
+        seed=_int_field(body, "seed", None),
+        stream=bool(body.get("stream", False)),
+        include_usage=include_usage and not config.drop_usage,
+        continuous_usage=include_usage
+        and bool(stream_options.get("continuous_usage_stats"))
+        and not config.drop_usage,
+        return_token_ids=bool(body.get("return_token_ids")),
+        return_prompt_text=bool(body.get("return_prompt_text")),
+        logprobs=_logprobs_field(body),
+        return_tokens_as_token_ids=bool(body.get("return_tokens_as_token_ids")),
+    )
+
+
+def _logprobs_field(body: dict[str, Any]) -> int | None:
+    value = _int_field(body, "logprobs", None)
+    if value is not None and not 0 <= value <= MAX_LOGPROBS:
+        raise bad_request(
+            f"Requested sample logprobs of {value}, which is greater than max allowed: {MAX_LOGPROBS}",
+            "logprobs",
+        )
+    return value
