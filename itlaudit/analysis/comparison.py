@@ -6,13 +6,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from itlaudit.analysis.findings import ERROR, Finding
+from itlaudit.analysis.findings import Finding
 from itlaudit.analysis.lossless import spec_decode_mismatches
 from itlaudit.analysis.metrics import token_counts
 from itlaudit.analysis.specdecode import SpecDecodeStats
+from itlaudit.model.codes import ACCEPTANCE_LENGTH_MISMATCH
 from itlaudit.model.records import STATUS_OK, RequestRecord
 
-ACCEPTANCE_LENGTH_MISMATCH = "acceptance_length_mismatch"
 # Stream and counters measure the same thing but round differently (the last chunk of a request
 # carries the remainder, prefill is excluded); past 10% they describe different traffic.
 ACCEPTANCE_TOLERANCE = 0.10
@@ -83,9 +83,8 @@ def _acceptance_mismatch(
         if stream_accepted is not None
         else ""
     )
-    return Finding(
-        code=ACCEPTANCE_LENGTH_MISMATCH,
-        severity=ERROR,
+    return Finding.of(
+        ACCEPTANCE_LENGTH_MISMATCH,
         message=(
             f"Variant {name!r}: the stream shows {stream_al:.2f} tokens per decode chunk but /metrics "
             f"says acceptance length {metrics_al:.2f} ({length_gap:.0%} apart){accepted_text}: chunks "

@@ -10,7 +10,7 @@ Every finding carries the numbers that made it fire, so a reader can check the r
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -18,6 +18,31 @@ import numpy as np
 
 from itlaudit.analysis.metrics import TOKEN_SOURCE_CHUNKS, TOKEN_SOURCE_USAGE, RequestMetrics, token_counts
 from itlaudit.analysis.quality import DEFAULT_THRESHOLDS, GibberishThresholds, gibberish_reasons, text_quality
+from itlaudit.model.codes import (
+    CHUNKS_COALESCED,
+    CLIENT_SATURATED,
+    COMMON_CAP,
+    CONNECTION_ERROR,
+    GIBBERISH_SUSPECTED,
+    HTTP_ERROR,
+    IGNORE_EOS_VIOLATED,
+    INVALID_UTF8,
+    MIN_TOKENS_VIOLATED,
+    NO_DONE_SENTINEL,
+    RATE_LIMITED,
+    REGISTRY,
+    STOP_REASON_UNEXPECTED,
+    STOP_TOKEN_IDS_IGNORED,
+    STREAM_ERROR,
+    STREAM_STALLED,
+    TRUNCATED_BELOW_MAX_TOKENS,
+    TRUNCATION_CODES,
+    USAGE_MISSING,
+    USAGE_NON_MONOTONIC,
+    Scope,
+    Severity,
+    codes_in,
+)
 from itlaudit.model.records import (
     STATUS_CONNECTION_ERROR,
     STATUS_HTTP_ERROR,
@@ -28,52 +53,23 @@ from itlaudit.model.records import (
     RequestRecord,
 )
 
-ERROR = "error"
-WARNING = "warning"
+# STREAM_ERROR and the other codes below are re-exported for bisect/verdict.py, which reads them here.
+__all__ = [
+    "CODES",
+    "CONNECTION_ERROR",
+    "HTTP_ERROR",
+    "NO_DONE_SENTINEL",
+    "STREAM_ERROR",
+    "TRUNCATION_CODES",
+    "Finding",
+    "completions_default_stop",
+    "request_findings",
+    "run_findings",
+    "truncated_requests",
+]
 
-TRUNCATED_BELOW_MAX_TOKENS = "truncated_below_max_tokens"
-IGNORE_EOS_VIOLATED = "ignore_eos_violated"
-MIN_TOKENS_VIOLATED = "min_tokens_violated"
-STOP_TOKEN_IDS_IGNORED = "stop_token_ids_ignored"
-STOP_REASON_UNEXPECTED = "stop_reason_unexpected"
-USAGE_MISSING = "usage_missing"
-USAGE_NON_MONOTONIC = "usage_non_monotonic"
-STREAM_ERROR = "stream_error"
-NO_DONE_SENTINEL = "no_done_sentinel"
-HTTP_ERROR = "http_error"
-CONNECTION_ERROR = "connection_error"
-COMMON_CAP = "common_cap"
-GIBBERISH_SUSPECTED = "gibberish_suspected"
-CHUNKS_COALESCED = "chunks_coalesced"
-STREAM_STALLED = "stream_stalled"
-RATE_LIMITED = "rate_limited"
-INVALID_UTF8 = "invalid_utf8"
-CLIENT_SATURATED = "client_saturated"
-
-CODES = (
-    TRUNCATED_BELOW_MAX_TOKENS,
-    IGNORE_EOS_VIOLATED,
-    MIN_TOKENS_VIOLATED,
-    STOP_TOKEN_IDS_IGNORED,
-    STOP_REASON_UNEXPECTED,
-    USAGE_MISSING,
-    USAGE_NON_MONOTONIC,
-    STREAM_ERROR,
-    NO_DONE_SENTINEL,
-    HTTP_ERROR,
-    CONNECTION_ERROR,
-    COMMON_CAP,
-    GIBBERISH_SUSPECTED,
-    CHUNKS_COALESCED,
-    STREAM_STALLED,
-    RATE_LIMITED,
-    INVALID_UTF8,
-    CLIENT_SATURATED,
-)
-
-# The per-request codes that mean "the output is shorter than the request asked for": the one
-# definition of a truncated request (common_cap is the run-level summary of the first).
-TRUNCATION_CODES = (TRUNCATED_BELOW_MAX_TOKENS, MIN_TOKENS_VIOLATED, IGNORE_EOS_VIOLATED)
+# The codes these rules emit (the comparison codes come from comparison and lossless).
+CODES = codes_in(Scope.REQUEST, Scope.VARIANT)
 
 # A shared cap needs repeated evidence: one or two requests ending at the same length can be chance
 # (and each is already reported by truncated_below_max_tokens); three at an identical count is a limit.
@@ -99,10 +95,34 @@ class Finding:
     """One judgement about a request (request_id set) or a whole variant (request_id None)."""
 
     code: str
-    severity: str
+    severity: Severity
     message: str
     evidence: dict[str, Any] = field(default_factory=dict)
     request_id: str | None = None
+
+    @classmethod
+    def of(
+        cls,
+        code: str,
+        message: str,
+        evidence: dict[str, Any],
+        request_id: str | None = None,
+        *,
+        severity: Severity | None = None,
+    ) -> Finding:
+        """A finding of a registered code, at the registry's severity unless the rule picks another
+        one the registry allows: the registry, not each rule, says how bad a code is."""
+        entry = REGISTRY[code]
+        if severity is None:
+            severity = entry.severity
+        elif severity not in entry.severities:
+            raise ValueError(f"{code} is registered as {'/'.join(entry.severities)}, not {severity}")
+        return cls(code, severity, message, evidence, request_id)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Finding:
+        """Inverse of to_json (compare.json's findings are re-scored after they are written)."""
+        return cls(**{**data, "severity": Severity(data["severity"])})
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -181,7 +201,7 @@ def _truncated(record: RequestRecord, tokens: int | None) -> Finding | None:
         "request_set_max_tokens": max_tokens is not None,
         "completions_default": completions_default_stop(record.endpoint, max_tokens, tokens),
     }
-    return Finding(TRUNCATED_BELOW_MAX_TOKENS, ERROR, message, evidence, record.request_id)
+    return Finding.of(TRUNCATED_BELOW_MAX_TOKENS, message, evidence, record.request_id)
 
 
 def _ignore_eos(record: RequestRecord, tokens: int | None) -> Finding | None:
@@ -201,7 +221,7 @@ def _ignore_eos(record: RequestRecord, tokens: int | None) -> Finding | None:
         "completion_tokens": tokens,
         "max_tokens": params.max_tokens,
     }
-    return Finding(IGNORE_EOS_VIOLATED, ERROR, message, evidence, record.request_id)
+    return Finding.of(IGNORE_EOS_VIOLATED, message, evidence, record.request_id)
 
 
 def _min_tokens(record: RequestRecord, tokens: int | None) -> Finding | None:
@@ -210,7 +230,7 @@ def _min_tokens(record: RequestRecord, tokens: int | None) -> Finding | None:
         return None
     message = f"The request asked for min_tokens {min_tokens} but finished after {tokens} tokens."
     evidence = {"min_tokens": min_tokens, "completion_tokens": tokens, "finish_reason": record.finish_reason}
-    return Finding(MIN_TOKENS_VIOLATED, ERROR, message, evidence, record.request_id)
+    return Finding.of(MIN_TOKENS_VIOLATED, message, evidence, record.request_id)
 
 
 def _stop_ids_ignored(record: RequestRecord) -> Finding | None:
@@ -239,7 +259,7 @@ def _stop_ids_ignored(record: RequestRecord) -> Finding | None:
         "finish_reason": record.finish_reason,
         "stop_token_ids": sorted(stop_ids),
     }
-    return Finding(STOP_TOKEN_IDS_IGNORED, ERROR, message, evidence, record.request_id)
+    return Finding.of(STOP_TOKEN_IDS_IGNORED, message, evidence, record.request_id)
 
 
 def _stop_reason(record: RequestRecord) -> Finding | None:
@@ -252,7 +272,7 @@ def _stop_reason(record: RequestRecord) -> Finding | None:
     else:
         return None
     evidence = {"finish_reason": finish, "stop_reason": reason, "stop_token_ids": list(stop_ids)}
-    return Finding(STOP_REASON_UNEXPECTED, WARNING, message, evidence, record.request_id)
+    return Finding.of(STOP_REASON_UNEXPECTED, message, evidence, record.request_id)
 
 
 def _usage_missing(record: RequestRecord, metrics: RequestMetrics) -> Finding | None:
@@ -265,14 +285,14 @@ def _usage_missing(record: RequestRecord, metrics: RequestMetrics) -> Finding | 
     ):
         return None
     if metrics.token_source == TOKEN_SOURCE_CHUNKS:
-        severity = ERROR
+        severity = Severity.ERROR
         message = (
             f"The server sent no per-chunk usage, so ITL counts {metrics.content_chunks} chunks as tokens: "
             "it is chunk-based, inflated under speculative decoding, and not comparable."
         )
     else:
         # Token ids still count every token, so the ITL stays token-true; worth knowing, not wrong.
-        severity = WARNING
+        severity = Severity.WARNING
         message = (
             f"The server sent no per-chunk usage; ITL counts the returned token ids over "
             f"{metrics.content_chunks} chunks instead of the server's usage."
@@ -282,7 +302,7 @@ def _usage_missing(record: RequestRecord, metrics: RequestMetrics) -> Finding | 
         "content_chunks": metrics.content_chunks,
         "final_completion_tokens": record.completion_tokens,
     }
-    return Finding(USAGE_MISSING, severity, message, evidence, record.request_id)
+    return Finding.of(USAGE_MISSING, message, evidence, record.request_id, severity=severity)
 
 
 def _usage_non_monotonic(record: RequestRecord) -> Finding | None:
@@ -301,7 +321,7 @@ def _usage_non_monotonic(record: RequestRecord) -> Finding | None:
         "cumulative counts, and the ITL built on them, cannot be trusted."
     )
     evidence = {"chunk_index": index, "previous": previous, "value": value, "decreases": int(drops.size)}
-    return Finding(USAGE_NON_MONOTONIC, ERROR, message, evidence, record.request_id)
+    return Finding.of(USAGE_NON_MONOTONIC, message, evidence, record.request_id)
 
 
 def _gibberish(record: RequestRecord, thresholds: GibberishThresholds) -> Finding | None:
@@ -316,7 +336,7 @@ def _gibberish(record: RequestRecord, thresholds: GibberishThresholds) -> Findin
     if record.params.ignore_eos:
         message += " It was generated with ignore_eos; confirm with natural EOS before blaming the server."
     evidence = {**quality.to_json(), "ignore_eos": record.params.ignore_eos, "thresholds": asdict(thresholds)}
-    return Finding(GIBBERISH_SUSPECTED, WARNING, message, evidence, record.request_id)
+    return Finding.of(GIBBERISH_SUSPECTED, message, evidence, record.request_id)
 
 
 def _coalesced(record: RequestRecord, metrics: RequestMetrics) -> Finding | None:
@@ -347,7 +367,7 @@ def _coalesced(record: RequestRecord, metrics: RequestMetrics) -> Finding | None
         "largest_burst": int(burst_sizes.max()),
         "loop_lag_p99_ms": record.loop_lag_p99_ms,
     }
-    return Finding(CHUNKS_COALESCED, WARNING, message, evidence, record.request_id)
+    return Finding.of(CHUNKS_COALESCED, message, evidence, record.request_id)
 
 
 def _transport(record: RequestRecord, metrics: RequestMetrics) -> list[Finding]:
@@ -358,14 +378,14 @@ def _transport(record: RequestRecord, metrics: RequestMetrics) -> list[Finding]:
     before = _tokens_text(record.completion_tokens)
     if record.status == STATUS_STREAM_ERROR:
         message = f"The stream failed after {before} tokens: {record.error}"
-        out.append(Finding(STREAM_ERROR, ERROR, message, {"message": record.error, **seen}, rid))
+        out.append(Finding.of(STREAM_ERROR, message, {"message": record.error, **seen}, rid))
     elif record.status == STATUS_HTTP_ERROR:
         message = f"The server answered HTTP {record.http_status}: {record.error}"
         evidence = {"http_status": record.http_status, "message": record.error}
-        out.append(Finding(HTTP_ERROR, ERROR, message, evidence, rid))
+        out.append(Finding.of(HTTP_ERROR, message, evidence, rid))
     elif record.status == STATUS_CONNECTION_ERROR:
         message = f"The connection failed after {before} tokens: {record.error}"
-        out.append(Finding(CONNECTION_ERROR, ERROR, message, {"message": record.error, **seen}, rid))
+        out.append(Finding.of(CONNECTION_ERROR, message, {"message": record.error, **seen}, rid))
     elif record.status == STATUS_TIMEOUT:
         out.append(_stalled(record, seen))
     elif record.status == STATUS_RATE_LIMITED:
@@ -376,19 +396,19 @@ def _transport(record: RequestRecord, metrics: RequestMetrics) -> list[Finding]:
             + f"): {record.error}. The workload went on; this request was not measured."
         )
         evidence = {"http_status": record.http_status, "retry_after_s": retry, "message": record.error}
-        out.append(Finding(RATE_LIMITED, WARNING, message, evidence, rid))
+        out.append(Finding.of(RATE_LIMITED, message, evidence, rid))
     if record.invalid_utf8_chunks:
         message = (
             f"{record.invalid_utf8_chunks} chunk(s) were not valid UTF-8; their text was kept with U+FFFD "
             "in place of the bad bytes, so the output text is not what the server's bytes said."
         )
         evidence = {"chunks": record.invalid_utf8_chunks}
-        out.append(Finding(INVALID_UTF8, WARNING, message, evidence, rid))
+        out.append(Finding.of(INVALID_UTF8, message, evidence, rid))
     if record.status in (STATUS_OK, STATUS_STREAM_ERROR) and not record.done_sentinel:
         message = (
             f"The stream closed without 'data: [DONE]' (status {record.status}), so it may have been cut off."
         )
-        out.append(Finding(NO_DONE_SENTINEL, WARNING, message, {"status": record.status, **seen}, rid))
+        out.append(Finding.of(NO_DONE_SENTINEL, message, {"status": record.status, **seen}, rid))
     return out
 
 
@@ -402,7 +422,7 @@ def _stalled(record: RequestRecord, seen: dict[str, Any]) -> Finding:
         f"{gap_ms / 1000:.3g} s ({record.error}). Everything received before is kept."
     )
     evidence = {"limit": record.timeout_limit, "gap_ms": gap_ms, "e2e_ms": record.e2e_ms, **seen}
-    return Finding(STREAM_STALLED, ERROR, message, evidence, record.request_id)
+    return Finding.of(STREAM_STALLED, message, evidence, record.request_id)
 
 
 def _client_saturated(record: RequestRecord, metrics: RequestMetrics) -> Finding | None:
@@ -424,7 +444,7 @@ def _client_saturated(record: RequestRecord, metrics: RequestMetrics) -> Finding
         "threshold_share": share,
         "stamp": record.stamp,
     }
-    return Finding(CLIENT_SATURATED, WARNING, message, evidence, record.request_id)
+    return Finding.of(CLIENT_SATURATED, message, evidence, record.request_id)
 
 
 def request_findings(
@@ -492,5 +512,12 @@ def run_findings(records: Sequence[RequestRecord]) -> list[Finding]:
             "completions_default": default,
             "request_ids": [r.request_id for r in at_cap],
         }
-        out.append(Finding(COMMON_CAP, ERROR, message, evidence))
+        out.append(Finding.of(COMMON_CAP, message, evidence))
     return out
+
+
+def truncated_requests(findings: Iterable[Mapping[str, Any]]) -> frozenset[str]:
+    """The requests these findings (in their JSON form) call cut short: any of TRUNCATION_CODES."""
+    return frozenset(
+        str(f["request_id"]) for f in findings if f["code"] in TRUNCATION_CODES and f.get("request_id")
+    )
