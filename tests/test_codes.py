@@ -1,14 +1,19 @@
 """The finding-code registry is the one definition: README's table agrees with it, and every rule
-emits only registered codes at a registered severity."""
+emits only registered codes at a registered severity. Statuses and verdicts are enums whose strings
+are what the files hold."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from itlaudit.analysis import comparison, findings, lossless
+from itlaudit.analysis.stats import Verdict
+from itlaudit.errors import RecordsError
 from itlaudit.model.codes import (
     CODES,
     REGISTRY,
@@ -18,6 +23,8 @@ from itlaudit.model.codes import (
     Severity,
     codes_in,
 )
+from itlaudit.model.records import RequestParams, RequestRecord, Status
+from itlaudit.store.jsonl import load_records
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 _ROW = re.compile(
@@ -108,3 +115,24 @@ def test_a_finding_takes_the_registry_severity_and_refuses_an_unregistered_one()
 def test_from_json_round_trips() -> None:
     found = findings.Finding.of("http_error", "m", {"http_status": 500}, "K0-00001")
     assert findings.Finding.from_json(found.to_json()) == found
+
+
+def test_status_is_written_as_its_plain_string_and_read_back_as_the_enum(tmp_path: Path) -> None:
+    record = RequestRecord("K0-00000", "K0", "completions", "u", "m", RequestParams(), status=Status.TIMEOUT)
+    line = msgspec.json.encode(record.to_json())
+    assert b'"status":"timeout"' in line
+    path = tmp_path / "requests.jsonl"
+    path.write_bytes(line + b"\n")
+    assert load_records(path)[0].status is Status.TIMEOUT
+
+
+def test_an_unknown_status_on_disk_is_one_clear_error(tmp_path: Path) -> None:
+    data = RequestRecord("K0-00000", "K0", "completions", "u", "m", RequestParams()).to_json()
+    path = tmp_path / "requests.jsonl"
+    path.write_text(json.dumps({**data, "status": "exploded"}) + "\n", encoding="utf-8")
+    with pytest.raises(RecordsError, match="'exploded' is not a valid Status"):
+        load_records(path)
+
+
+def test_verdicts_keep_their_strings() -> None:
+    assert [str(v) for v in Verdict] == ["better", "worse", "same", "unknown"]

@@ -19,13 +19,7 @@ from itlaudit.analysis.metrics import (
     tokens_per_chunk_hist,
     variant_summary,
 )
-from itlaudit.model.records import (
-    STATUS_HTTP_ERROR,
-    STATUS_STREAM_ERROR,
-    ChunkSeries,
-    RequestParams,
-    RequestRecord,
-)
+from itlaudit.model.records import ChunkSeries, RequestParams, RequestRecord, Status
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.24.0-cuda"
 
@@ -160,7 +154,7 @@ def test_decreasing_usage_never_yields_a_negative_step() -> None:
     [
         record(),
         record((2, 0, 0), (3, 0, 0, False)),
-        record(status=STATUS_HTTP_ERROR, http_status=400, error="bad", done_sentinel=False),
+        record(status=Status.HTTP_ERROR, http_status=400, error="bad", done_sentinel=False),
     ],
     ids=["no-chunks", "role-and-usage-only", "http-error"],
 )
@@ -195,7 +189,7 @@ def test_chunks_in_one_read_do_not_divide_by_zero() -> None:
 
 
 def test_failed_stream_keeps_counts_but_no_latency() -> None:
-    m = request_metrics(record(*K3_ROWS, status=STATUS_STREAM_ERROR, error="boom", completion_tokens=9))
+    m = request_metrics(record(*K3_ROWS, status=Status.STREAM_ERROR, error="boom", completion_tokens=9))
     assert m.content_chunks == 3
     assert m.token_source == "usage"
     assert (m.itl_ms, m.ttft_ms, m.completion_tokens) == (None, None, None)

@@ -11,7 +11,7 @@ from itlaudit.analysis.lossless import spec_decode_mismatches
 from itlaudit.analysis.metrics import token_counts
 from itlaudit.analysis.specdecode import SpecDecodeStats
 from itlaudit.model.codes import ACCEPTANCE_LENGTH_MISMATCH
-from itlaudit.model.records import STATUS_OK, RequestRecord
+from itlaudit.model.records import RequestRecord, Status
 
 # Stream and counters measure the same thing but round differently (the last chunk of a request
 # carries the remainder, prefill is excluded); past 10% they describe different traffic.
@@ -23,7 +23,7 @@ def stream_acceptance_length(records: Sequence[RequestRecord]) -> float | None:
     when every engine step reaches the client as one chunk."""
     tokens = chunks = 0
     for record in records:
-        if record.status != STATUS_OK:
+        if record.status != Status.OK:
             continue
         _, cumulative, _ = token_counts(record)
         if len(cumulative) >= 2:
@@ -33,7 +33,7 @@ def stream_acceptance_length(records: Sequence[RequestRecord]) -> float | None:
 
 
 def _decode_chunks(records: Sequence[RequestRecord]) -> int:
-    return sum(max(len(token_counts(r)[1]) - 1, 0) for r in records if r.status == STATUS_OK)
+    return sum(max(len(token_counts(r)[1]) - 1, 0) for r in records if r.status == Status.OK)
 
 
 def stream_accepted_tokens(records: Sequence[RequestRecord]) -> int | None:
@@ -47,7 +47,7 @@ def stream_accepted_tokens(records: Sequence[RequestRecord]) -> int | None:
     accepted = 0
     seen = False
     for record in records:
-        if record.status != STATUS_OK:
+        if record.status != Status.OK:
             continue
         _, cumulative, _ = token_counts(record)
         if len(cumulative) >= 2:

@@ -43,15 +43,7 @@ from itlaudit.model.codes import (
     Severity,
     codes_in,
 )
-from itlaudit.model.records import (
-    STATUS_CONNECTION_ERROR,
-    STATUS_HTTP_ERROR,
-    STATUS_OK,
-    STATUS_RATE_LIMITED,
-    STATUS_STREAM_ERROR,
-    STATUS_TIMEOUT,
-    RequestRecord,
-)
+from itlaudit.model.records import RequestRecord, Status
 
 # STREAM_ERROR and the other codes below are re-exported for bisect/verdict.py, which reads them here.
 __all__ = [
@@ -226,7 +218,7 @@ def _ignore_eos(record: RequestRecord, tokens: int | None) -> Finding | None:
 
 def _min_tokens(record: RequestRecord, tokens: int | None) -> Finding | None:
     min_tokens = record.params.min_tokens
-    if min_tokens is None or record.status != STATUS_OK or tokens is None or tokens >= min_tokens:
+    if min_tokens is None or record.status != Status.OK or tokens is None or tokens >= min_tokens:
         return None
     message = f"The request asked for min_tokens {min_tokens} but finished after {tokens} tokens."
     evidence = {"min_tokens": min_tokens, "completion_tokens": tokens, "finish_reason": record.finish_reason}
@@ -279,7 +271,7 @@ def _usage_missing(record: RequestRecord, metrics: RequestMetrics) -> Finding | 
     # Fires whenever per-chunk counts are absent, including include_usage without continuous usage
     # stats: a final total alone cannot say how many tokens each chunk carried.
     if (
-        record.status != STATUS_OK
+        record.status != Status.OK
         or metrics.content_chunks == 0
         or metrics.token_source == TOKEN_SOURCE_USAGE
     ):
@@ -376,19 +368,19 @@ def _transport(record: RequestRecord, metrics: RequestMetrics) -> list[Finding]:
     rid = record.request_id
     seen = {"completion_tokens": record.completion_tokens, "content_chunks": metrics.content_chunks}
     before = _tokens_text(record.completion_tokens)
-    if record.status == STATUS_STREAM_ERROR:
+    if record.status == Status.STREAM_ERROR:
         message = f"The stream failed after {before} tokens: {record.error}"
         out.append(Finding.of(STREAM_ERROR, message, {"message": record.error, **seen}, rid))
-    elif record.status == STATUS_HTTP_ERROR:
+    elif record.status == Status.HTTP_ERROR:
         message = f"The server answered HTTP {record.http_status}: {record.error}"
         evidence = {"http_status": record.http_status, "message": record.error}
         out.append(Finding.of(HTTP_ERROR, message, evidence, rid))
-    elif record.status == STATUS_CONNECTION_ERROR:
+    elif record.status == Status.CONNECTION_ERROR:
         message = f"The connection failed after {before} tokens: {record.error}"
         out.append(Finding.of(CONNECTION_ERROR, message, {"message": record.error, **seen}, rid))
-    elif record.status == STATUS_TIMEOUT:
+    elif record.status == Status.TIMEOUT:
         out.append(_stalled(record, seen))
-    elif record.status == STATUS_RATE_LIMITED:
+    elif record.status == Status.RATE_LIMITED:
         retry = record.retry_after_s
         message = (
             f"The server answered HTTP {record.http_status} (rate limited"
@@ -404,7 +396,7 @@ def _transport(record: RequestRecord, metrics: RequestMetrics) -> list[Finding]:
         )
         evidence = {"chunks": record.invalid_utf8_chunks}
         out.append(Finding.of(INVALID_UTF8, message, evidence, rid))
-    if record.status in (STATUS_OK, STATUS_STREAM_ERROR) and not record.done_sentinel:
+    if record.status in (Status.OK, Status.STREAM_ERROR) and not record.done_sentinel:
         message = (
             f"The stream closed without 'data: [DONE]' (status {record.status}), so it may have been cut off."
         )
@@ -480,7 +472,7 @@ def run_findings(records: Sequence[RequestRecord]) -> list[Finding]:
 
     out = []
     for variant, group in by_variant.items():
-        finished = [r for r in group if r.status == STATUS_OK]
+        finished = [r for r in group if r.status == Status.OK]
         cut = [r for r in finished if r.completion_tokens is not None and _cut_short(r, r.completion_tokens)]
         if not cut:
             continue

@@ -16,7 +16,7 @@ from dataclasses import replace
 from itlaudit.analysis.findings import Finding
 from itlaudit.analysis.invariance import TopLogprobs
 from itlaudit.model.codes import SPEC_DECODE_OUTPUT_MISMATCH, Severity
-from itlaudit.model.records import STATUS_OK, RequestRecord
+from itlaudit.model.records import RequestRecord, Status
 
 # Seed 000 measured bf16 batch variance of up to ~0.2 nats on a real model: a base-server margin
 # below that between its top two candidates is a tie that variance can legitimately break.
@@ -48,7 +48,7 @@ def _first_difference(a: Sequence[object], b: Sequence[object]) -> int | None:
 
 
 def _greedy(record: RequestRecord) -> bool:
-    return record.status == STATUS_OK and record.params.temperature == 0
+    return record.status == Status.OK and record.params.temperature == 0
 
 
 def _mismatch(base: RequestRecord, spec: RequestRecord) -> Finding | None:

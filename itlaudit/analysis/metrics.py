@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from itlaudit.model.records import STATUS_OK, ChunkSeries, RequestRecord
+from itlaudit.model.records import ChunkSeries, RequestRecord, Status
 
 TOKEN_SOURCE_USAGE = "usage"
 TOKEN_SOURCE_TOKEN_IDS = "token_ids"
@@ -120,7 +120,7 @@ def request_metrics(record: RequestRecord) -> RequestMetrics:
     t, cumulative, source = token_counts(record)
     n = len(t)
     empty = RequestMetrics(None, None, None, None, None, None, None, None, None, None, n, source)
-    if record.status != STATUS_OK or n == 0:
+    if record.status != Status.OK or n == 0:
         return empty
 
     ttft = float(t[0])

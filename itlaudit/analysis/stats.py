@@ -13,14 +13,25 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 import numpy as np
 
-BETTER = "better"
-WORSE = "worse"
-SAME = "same"
-UNKNOWN = "unknown"
-VERDICTS = (BETTER, WORSE, SAME, UNKNOWN)
+
+class Verdict(StrEnum):
+    """NEW against BASE for one metric (strings in diff's output and bisect.json)."""
+
+    BETTER = "better"
+    WORSE = "worse"
+    SAME = "same"
+    UNKNOWN = "unknown"
+
+
+# bisect/verdict.py reads these names; new code uses Verdict.
+BETTER = Verdict.BETTER
+WORSE = Verdict.WORSE
+SAME = Verdict.SAME
+UNKNOWN = Verdict.UNKNOWN
 
 
 @dataclass(frozen=True)
@@ -32,7 +43,7 @@ class Comparison:
     was not run (too few samples). `reason` is one human sentence explaining the verdict.
     """
 
-    verdict: str
+    verdict: Verdict
     ratio: float | None
     p_value: float | None
     base_median: float | None
@@ -90,21 +101,25 @@ def compare_samples(
     new_median = float(np.median(n)) if n.size else None
     ratio = _ratio(base_median, new_median) if base_median is not None and new_median is not None else None
 
-    def result(verdict: str, p_value: float | None, reason: str) -> Comparison:
+    def result(verdict: Verdict, p_value: float | None, reason: str) -> Comparison:
         return Comparison(verdict, ratio, p_value, base_median, new_median, int(b.size), int(n.size), reason)
 
     if min(b.size, n.size) < min_samples:
-        return result(UNKNOWN, None, f"too few samples ({b.size} vs {n.size}; need {min_samples} each)")
+        return result(
+            Verdict.UNKNOWN,
+            None,
+            f"too few samples ({b.size} vs {n.size}; need {min_samples} each)",
+        )
     from scipy.stats import mannwhitneyu  # scipy costs ~1 s to import: only when a test is run
 
     p_value = float(mannwhitneyu(b, n, alternative="two-sided").pvalue)
     if min_achievable_p(b.size, n.size) > alpha:
-        return result(UNKNOWN, p_value, f"{b.size} vs {n.size} samples cannot reach p < {alpha:g}")
+        return result(Verdict.UNKNOWN, p_value, f"{b.size} vs {n.size} samples cannot reach p < {alpha:g}")
     if ratio is not None and 1 / threshold < ratio < threshold:
-        return result(SAME, p_value, f"medians within {threshold:g}× of each other")
+        return result(Verdict.SAME, p_value, f"medians within {threshold:g}× of each other")
     if p_value >= alpha:
-        return result(UNKNOWN, p_value, f"difference not significant (p = {p_value:.3g} ≥ {alpha:g})")
+        return result(Verdict.UNKNOWN, p_value, f"difference not significant (p = {p_value:.3g} ≥ {alpha:g})")
     # ratio is None only when base median is 0 and new is not: new went up from nothing.
     went_up = ratio is None or ratio > 1
-    verdict = WORSE if went_up == lower_is_better else BETTER
+    verdict = Verdict.WORSE if went_up == lower_is_better else Verdict.BETTER
     return result(verdict, p_value, f"significant (p = {p_value:.3g}) and beyond {threshold:g}×")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from itlaudit.errors import ItlauditError
-from itlaudit.model.records import STATUS_OK, RequestRecord
+from itlaudit.model.records import RequestRecord, Status
 from itlaudit.model.scenario import GOODPUT_KEYS
 
 CONCURRENCY = "concurrency"
@@ -140,7 +140,7 @@ def goodput(
             value = request.get(tpot_key if key == "tpot_ms" else key)
             if value is None or value > limit:
                 return False
-        return request.get("status") == STATUS_OK
+        return request.get("status") == Status.OK
 
     return sum(1 for r in requests if meets(r)) / span
 
@@ -165,7 +165,7 @@ def trial_figures(
     """One trial of one point: a summary.json variant block plus what needs the records (span,
     throughput, goodput)."""
     span = span_s(records)
-    ok = [r for r in records if r.status == STATUS_OK]
+    ok = [r for r in records if r.status == Status.OK]
     tokens = sum(r.completion_tokens or 0 for r in ok)
     figures: dict[str, Any] = {
         "requests": block["requests"],

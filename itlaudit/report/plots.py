@@ -29,7 +29,7 @@ from itlaudit.analysis.findings import (
     request_findings,
 )
 from itlaudit.analysis.metrics import per_chunk_itl_ms, request_metrics, token_counts
-from itlaudit.model.records import STATUS_OK, RequestRecord
+from itlaudit.model.records import RequestRecord, Status
 
 # Labels carry names from scenarios and run folders: `$...$` there is text, never mathtext (which fails
 # on arbitrary input and would abort the report).
@@ -86,7 +86,7 @@ def _gaps(records: Sequence[RequestRecord]) -> tuple[np.ndarray, np.ndarray]:
     """(per-token gap, per-chunk gap) over every decode step of the finished requests, in ms."""
     token, chunk = [], []
     for record in records:
-        if record.status != STATUS_OK:
+        if record.status != Status.OK:
             continue
         t, _, _ = token_counts(record)
         token.append(per_chunk_itl_ms(record))
@@ -183,7 +183,7 @@ def _sample(records: Sequence[RequestRecord], k: int) -> list[RequestRecord]:
 
 def plot_timeline(variants: Sequence[VariantView], path: Path) -> Path | None:
     """Cumulative tokens over time per request: a cap shows as lines that stop at one height, red."""
-    shown = [v for v in variants if any(r.status == STATUS_OK and len(r.chunks) for r in v.records)]
+    shown = [v for v in variants if any(r.status == Status.OK and len(r.chunks) for r in v.records)]
     if not shown:
         return None
     cols = min(3, len(shown))
@@ -205,7 +205,7 @@ def plot_timeline(variants: Sequence[VariantView], path: Path) -> Path | None:
 
 
 def _timeline_panel(ax: Axes, view: VariantView, line_colour: str) -> None:
-    finished = [r for r in view.records if r.status == STATUS_OK and len(r.chunks)]
+    finished = [r for r in view.records if r.status == Status.OK and len(r.chunks)]
     cut = [r for r in finished if is_truncated(r)]
     whole = [r for r in finished if r not in cut]
     for record, truncated in [(r, False) for r in _sample(whole, TIMELINE_SAMPLE)] + [
