@@ -8,7 +8,7 @@ from typing import Any
 
 from itlaudit.analysis.findings import Finding
 from itlaudit.analysis.lossless import spec_decode_mismatches
-from itlaudit.analysis.metrics import token_counts
+from itlaudit.analysis.metrics import p50, ratio, token_counts
 from itlaudit.analysis.specdecode import SpecDecodeStats
 from itlaudit.model.codes import ACCEPTANCE_LENGTH_MISMATCH
 from itlaudit.model.records import RequestRecord, Status
@@ -104,14 +104,6 @@ def _acceptance_mismatch(
     )
 
 
-def _ratio(num: float | None, den: float | None) -> float | None:
-    return num / den if num is not None and den else None
-
-
-def _p50(block: dict[str, Any], key: str) -> float | None:
-    return (block.get(key) or {}).get("p50")
-
-
 def build_comparison(
     summary: dict[str, Any],
     records: Sequence[RequestRecord],
@@ -130,14 +122,14 @@ def build_comparison(
         stream_al = stream_acceptance_length(mine)
         stream_accepted = stream_accepted_tokens(mine)
         out["variants"][name] = {
-            "itl_ms_p50": _p50(block, "itl_ms"),
-            "chunk_itl_ms_p50": _p50(block, "chunk_itl_ms"),
-            "decode_tokens_per_s_p50": _p50(block, "decode_tokens_per_s"),
-            "completion_tokens_p50": _p50(block, "completion_tokens"),
-            "speedup_token_itl": _ratio(_p50(base, "itl_ms"), _p50(block, "itl_ms")),
-            "speedup_chunk_itl": _ratio(_p50(base, "chunk_itl_ms"), _p50(block, "chunk_itl_ms")),
-            "speedup_decode_tokens_per_s": _ratio(
-                _p50(block, "decode_tokens_per_s"), _p50(base, "decode_tokens_per_s")
+            "itl_ms_p50": p50(block, "itl_ms"),
+            "chunk_itl_ms_p50": p50(block, "chunk_itl_ms"),
+            "decode_tokens_per_s_p50": p50(block, "decode_tokens_per_s"),
+            "completion_tokens_p50": p50(block, "completion_tokens"),
+            "speedup_token_itl": ratio(p50(base, "itl_ms"), p50(block, "itl_ms")),
+            "speedup_chunk_itl": ratio(p50(base, "chunk_itl_ms"), p50(block, "chunk_itl_ms")),
+            "speedup_decode_tokens_per_s": ratio(
+                p50(block, "decode_tokens_per_s"), p50(base, "decode_tokens_per_s")
             ),
             "stream_acceptance_length": stream_al,
             "stream_accepted_tokens": stream_accepted,

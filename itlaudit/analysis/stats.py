@@ -17,6 +17,8 @@ from enum import StrEnum
 
 import numpy as np
 
+from itlaudit.analysis import metrics
+
 
 class Verdict(StrEnum):
     """NEW against BASE for one metric (strings in diff's output and bisect.json)."""
@@ -67,12 +69,6 @@ def min_achievable_p(n_base: int, n_new: int) -> float:
     return min(1.0, 2.0 / math.comb(n_base + n_new, n_base))
 
 
-def _ratio(base_median: float, new_median: float) -> float | None:
-    if base_median == 0:
-        return 1.0 if new_median == 0 else None
-    return new_median / base_median
-
-
 def compare_samples(
     base: Sequence[float | None],
     new: Sequence[float | None],
@@ -99,7 +95,8 @@ def compare_samples(
     b, n = _finite(base), _finite(new)
     base_median = float(np.median(b)) if b.size else None
     new_median = float(np.median(n)) if n.size else None
-    ratio = _ratio(base_median, new_median) if base_median is not None and new_median is not None else None
+    # Two zero medians are the same figure (ratio 1); a rise from zero has no ratio.
+    ratio = 1.0 if base_median == new_median == 0 else metrics.ratio(new_median, base_median)
 
     def result(verdict: Verdict, p_value: float | None, reason: str) -> Comparison:
         return Comparison(verdict, ratio, p_value, base_median, new_median, int(b.size), int(n.size), reason)

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import math
 import re
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from itlaudit.analysis.metrics import median, p50, speedup
 from itlaudit.errors import ItlauditError
 from itlaudit.model.records import RequestRecord, Status
 from itlaudit.model.scenario import GOODPUT_KEYS
@@ -184,11 +184,6 @@ def trial_figures(
     return figures
 
 
-def _median(values: Sequence[float | None]) -> float | None:
-    kept = [v for v in values if v is not None]
-    return statistics.median(kept) if kept else None
-
-
 def _spread(values: Sequence[float | None]) -> list[float] | None:
     kept = [v for v in values if v is not None]
     return [min(kept), max(kept)] if len(kept) > 1 else None
@@ -216,14 +211,14 @@ def pool_trials(axis: str, value: float, trials: Sequence[Mapping[str, Any]]) ->
     }
     spread: dict[str, list[float]] = {}
     for key in SCALARS:
-        point[key] = _median([t[key] for t in trials])
+        point[key] = median([t[key] for t in trials])
         if (band := _spread([t[key] for t in trials])) is not None:
             spread[key] = band
     for name in LATENCY_FIGURES:
         point[name] = {}
         for pct in PERCENTILES:
             values = [t[name][pct] for t in trials]
-            point[name][pct] = _median(values)
+            point[name][pct] = median(values)
             if (band := _spread(values)) is not None:
                 spread[f"{name}.{pct}"] = band
     if spread:
@@ -291,10 +286,7 @@ def sla_search(
 
 def per_token_speedup(base: Mapping[str, Any], other: Mapping[str, Any]) -> float | None:
     """How many times faster `other` is per token than `base` (token ITL p50; >1: other is faster)."""
-    b, o = base["itl_ms"]["p50"], other["itl_ms"]["p50"]
-    if b is None or o is None or b <= 0 or o <= 0:
-        return None
-    return b / o
+    return speedup(p50(base, "itl_ms"), p50(other, "itl_ms"), lower_is_better=True)
 
 
 def _load_words(axis: str, value: float) -> str:
