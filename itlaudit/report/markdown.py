@@ -87,6 +87,12 @@ def escape(text: str) -> str:
     return "".join(_HTML_ENTITIES.get(char, char) for char in text)
 
 
+def table_cell(text: str) -> str:
+    """itlaudit's own text (check names, figures, verdict reasons) in one table cell: one line, pipes
+    escaped, its Markdown kept (`itl_ms.p50` stays readable in the source). Foreign text takes escape."""
+    return " ".join(str(text).splitlines()).replace("|", "\\|")
+
+
 def _factor(ratio: float, smaller: str, larger: str) -> str:
     return f"{1 / ratio:.2f}× {smaller}" if ratio < 1 else f"{ratio:.2f}× {larger}"
 
