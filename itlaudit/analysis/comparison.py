@@ -6,11 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from itlaudit.analysis.findings import Finding
 from itlaudit.analysis.lossless import spec_decode_mismatches
 from itlaudit.analysis.metrics import p50, ratio, token_counts
 from itlaudit.analysis.specdecode import SpecDecodeStats
-from itlaudit.model.codes import ACCEPTANCE_LENGTH_MISMATCH
+from itlaudit.model.codes import ACCEPTANCE_LENGTH_MISMATCH, Finding
 from itlaudit.model.records import RequestRecord, Status
 
 # Stream and counters measure the same thing but round differently (the last chunk of a request

@@ -13,9 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from itlaudit.analysis.findings import Finding
 from itlaudit.analysis.invariance import TopLogprobs
-from itlaudit.model.codes import SPEC_DECODE_OUTPUT_MISMATCH, Severity
+from itlaudit.model.codes import SPEC_DECODE_OUTPUT_MISMATCH, Finding, Severity
 from itlaudit.model.records import RequestRecord, Status
 
 # Seed 000 measured bf16 batch variance of up to ~0.2 nats on a real model: a base-server margin

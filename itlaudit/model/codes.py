@@ -9,8 +9,9 @@ write its rule in analysis/, and give it one test that makes it fire and one tha
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
+from typing import Any
 
 __all__ = [
     "ACCEPTANCE_LENGTH_MISMATCH",
@@ -36,6 +37,7 @@ __all__ = [
     "TRUNCATION_CODES",
     "USAGE_MISSING",
     "USAGE_NON_MONOTONIC",
+    "Finding",
     "FindingCode",
     "Scope",
     "Severity",
@@ -228,3 +230,41 @@ TRUNCATION_CODES: frozenset[str] = frozenset(c.code for c in REGISTRY.values() i
 def codes_in(*scopes: Scope) -> tuple[str, ...]:
     """The codes of the given scopes, in registry order."""
     return tuple(c.code for c in REGISTRY.values() if c.scope in scopes)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One judgement about a request (request_id set) or a whole variant (request_id None)."""
+
+    code: str
+    severity: Severity
+    message: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    request_id: str | None = None
+
+    @classmethod
+    def of(
+        cls,
+        code: str,
+        message: str,
+        evidence: dict[str, Any],
+        request_id: str | None = None,
+        *,
+        severity: Severity | None = None,
+    ) -> Finding:
+        """A finding of a registered code, at the registry's severity unless the rule picks another
+        one the registry allows: the registry, not each rule, says how bad a code is."""
+        entry = REGISTRY[code]
+        if severity is None:
+            severity = entry.severity
+        elif severity not in entry.severities:
+            raise ValueError(f"{code} is registered as {'/'.join(entry.severities)}, not {severity}")
+        return cls(code, severity, message, evidence, request_id)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Finding:
+        """Inverse of to_json (compare.json's findings are re-scored after they are written)."""
+        return cls(**{**data, "severity": Severity(data["severity"])})
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
