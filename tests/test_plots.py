@@ -11,10 +11,9 @@ from reportkit import k0_k3, stream, views
 
 from itlaudit.model.records import STATUS_HTTP_ERROR
 from itlaudit.report import plots
+from itlaudit.report.plot_style import DPI, WIDE
 from itlaudit.report.plots import (
-    DPI,
     PLOTS,
-    WIDE,
     plot_acceptance,
     plot_timeline,
     speedup,

@@ -13,32 +13,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")  # no display on CI machines and servers; must precede pyplot
-
-import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.axes import Axes
-from matplotlib.figure import Figure
 
 from itlaudit.analysis.metrics import p50, per_chunk_itl_ms, speedup, token_counts
 from itlaudit.model.records import RequestRecord, Status
+from itlaudit.report.plot_style import (
+    CROWDED,
+    LOG_SPAN,
+    TRUNCATION_RED,
+    WIDE,
+    Colour,
+    colour,
+    plt,
+    save_figure,
+    spans_decades,
+    speedup_words,
+)
 
-# Labels carry names from scenarios and run folders: `$...$` there is text, never mathtext (which fails
-# on arbitrary input and would abort the report).
-matplotlib.rcParams["text.parse_math"] = False
-
-DPI = 100
-WIDE = (11.0, 5.5)  # inches: 1100 × 550 px, legible in a browser at 100 % and in a PR comment
-# A ratio of largest to smallest value beyond this spans more than a decade: log axis, or the small
-# bars and the fast variant's curve collapse onto the axis.
-LOG_SPAN = 10.0
 TIMELINE_SAMPLE = 20  # lines per panel: more is a blur, fewer hides the spread
-TRUNCATION_RED = "#d62728"
-# Beyond this many variants (e.g. two runs of K0/K3/K3-capped in one report) side-by-side panels and
-# two-line bar labels collide: panels stack and labels shorten.
-CROWDED = 3
 
 
 @dataclass(frozen=True)
@@ -54,28 +47,6 @@ class VariantView:
     truncated: frozenset[str] = frozenset()
 
 
-Colour = tuple[float, float, float]
-# tab10 without its red (index 3): red means "cut short" in the timeline and "worse" on the bars.
-_PALETTE: list[Colour] = [
-    (float(r), float(g), float(b))
-    for i, (r, g, b, _) in enumerate(matplotlib.colormaps["tab10"](range(10)))
-    if i != 3
-]
-
-
-def colour(index: int) -> Colour:
-    """A variant's colour by its position: the same in every figure of a report or a sweep."""
-    return _PALETTE[index % len(_PALETTE)]
-
-
-def save_figure(fig: Figure, path: Path) -> Path:
-    """Write the figure as a PNG at the reports' DPI and free it: pyplot keeps every open figure alive,
-    and a sweep draws dozens."""
-    fig.savefig(path, dpi=DPI, format="png")
-    plt.close(fig)
-    return path
-
-
 def _gaps(records: Sequence[RequestRecord]) -> tuple[np.ndarray, np.ndarray]:
     """(per-token gap, per-chunk gap) over every decode step of the finished requests, in ms."""
     token, chunk = [], []
@@ -88,14 +59,6 @@ def _gaps(records: Sequence[RequestRecord]) -> tuple[np.ndarray, np.ndarray]:
     if not token:
         return np.array([]), np.array([])
     return np.concatenate(token), np.concatenate(chunk)
-
-
-def _spans_decades(values: np.ndarray) -> bool:
-    positive = values[values > 0]
-    if positive.size < 2:
-        return False
-    low, high = np.percentile(positive, [1, 99])
-    return bool(high / low > LOG_SPAN)
 
 
 def plot_itl_cdf(variants: Sequence[VariantView], path: Path) -> Path | None:
@@ -118,7 +81,7 @@ def plot_itl_cdf(variants: Sequence[VariantView], path: Path) -> Path | None:
     if not everything:
         plt.close(fig)
         return None
-    if _spans_decades(np.concatenate(everything)):
+    if spans_decades(np.concatenate(everything)):
         ax.set_xscale("log")
     ax.set_xlabel("inter-token latency (ms)")
     ax.set_ylabel("share of decode steps ≤ x")
@@ -239,15 +202,6 @@ _BAR_METRICS = (
     ("decode_tokens_per_s", "decode tokens/s per request", False),
 )
 _PERCENTILES = (("p50", 1.0), ("p90", 0.65), ("p99", 0.35))  # (key, bar opacity)
-
-
-SAME_BAND = 0.02  # within ±2 %: printing "1.00× better" would suggest a difference that is not there
-
-
-def speedup_words(factor: float, better: str = "better", worse: str = "worse") -> str:
-    if abs(factor - 1) < SAME_BAND:
-        return "≈ same"
-    return f"{factor:.2f}× {better}" if factor >= 1 else f"{1 / factor:.2f}× {worse}"
 
 
 def plot_latency_bars(variants: Sequence[VariantView], path: Path) -> Path | None:

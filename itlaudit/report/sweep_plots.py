@@ -13,7 +13,7 @@ from matplotlib.axes import Axes
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from itlaudit.analysis.sweep import CONCURRENCY
-from itlaudit.report.plots import DPI, LOG_SPAN, WIDE, colour, plt, save_figure
+from itlaudit.report.plot_style import DPI, LOG_SPAN, WIDE, colour, plt, save_figure
 
 
 def _load_label(axis: str) -> str:
