@@ -1,10 +1,14 @@
-"""Findings: pure rules that say when a benchmark number cannot be taken at face value.
+"""Findings: the rules that say when a benchmark number cannot be taken at face value, run together.
 
 A latency comparison is only meaningful when both sides generated what was asked for and the token
 counts behind the ITL are the server's own. These rules look for the ways that silently fails: an
 output cut short (vLLM #47297: a K=3 MTP "regression" from 10 ms to 72 ms ITL was a server stopping at
 128 tokens), ignored sampling limits, and streams whose usage counts are missing or inconsistent.
 Every finding carries the numbers that made it fire, so a reader can check the rule, not trust it.
+
+The per-request rules live in output_rules (what was generated against what was asked) and
+stream_rules (how it was delivered and counted); the run-level rule (common_cap) is here. Codes, their
+severities and meanings are registered in itlaudit.model.codes.
 """
 
 from __future__ import annotations

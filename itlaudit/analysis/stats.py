@@ -107,7 +107,8 @@ def compare_samples(
             None,
             f"too few samples ({b.size} vs {n.size}; need {min_samples} each)",
         )
-    from scipy.stats import mannwhitneyu  # scipy costs ~1 s to import: only when a test is run
+    # scipy costs ~1 s to import: only when a test is run (and it ships no type hints)
+    from scipy.stats import mannwhitneyu  # type: ignore[import-untyped]
 
     p_value = float(mannwhitneyu(b, n, alternative="two-sided").pvalue)
     if min_achievable_p(b.size, n.size) > alpha:

@@ -134,7 +134,7 @@ def transport_findings(record: RequestRecord, metrics: RequestMetrics) -> list[F
         out.append(Finding.of(STREAM_ERROR, message, {"message": record.error, **seen}, rid))
     elif record.status == Status.HTTP_ERROR:
         message = f"The server answered HTTP {record.http_status}: {record.error}"
-        evidence = {"http_status": record.http_status, "message": record.error}
+        evidence: dict[str, Any] = {"http_status": record.http_status, "message": record.error}
         out.append(Finding.of(HTTP_ERROR, message, evidence, rid))
     elif record.status == Status.CONNECTION_ERROR:
         message = f"The connection failed after {before} tokens: {record.error}"

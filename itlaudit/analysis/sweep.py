@@ -316,8 +316,9 @@ def crossover(
     """The load at which `variant` stops being faster per token than `base`, over the loads both
     measured, with the sentence the report leads with."""
     by_load = {p[axis]: p for p in series[base]}
-    pairs = [(p[axis], per_token_speedup(by_load[p[axis]], p)) for p in series[variant] if p[axis] in by_load]
-    pairs = sorted((load, s) for load, s in pairs if s is not None)
+    shared = [p for p in series[variant] if p[axis] in by_load]
+    measured = [(p[axis], per_token_speedup(by_load[p[axis]], p)) for p in shared]
+    pairs = sorted((load, s) for load, s in measured if s is not None)
     if not pairs:
         return Crossover(variant, base, None, None, None, f"{variant} vs {base}: no load measured by both.")
     span = f"{_at(axis, pairs[0][0])}–{_at(axis, pairs[-1][0])}" if len(pairs) > 1 else _at(axis, pairs[0][0])

@@ -234,7 +234,8 @@ def codes_in(*scopes: Scope) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Finding:
-    """One judgement about a request (request_id set) or a whole variant (request_id None)."""
+    """One judgement about a request (request_id set) or a whole variant (request_id None), under a
+    registered code; rules build it with Finding.of so the registry sets the severity."""
 
     code: str
     severity: Severity

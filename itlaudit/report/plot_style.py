@@ -27,15 +27,15 @@ TRUNCATION_RED = "#d62728"
 # Beyond this many variants (e.g. two runs of K0/K3/K3-capped in one report) side-by-side panels and
 # two-line bar labels collide: panels stack and labels shorten.
 CROWDED = 3
+SAME_BAND = 0.02  # within ±2 %: printing "1.00× better" would suggest a difference that is not there
+
+Colour = tuple[float, float, float]
 # tab10 without its red (index 3): red means "cut short" in the timeline and "worse" on the bars.
 _PALETTE: list[Colour] = [
     (float(r), float(g), float(b))
     for i, (r, g, b, _) in enumerate(matplotlib.colormaps["tab10"](range(10)))
     if i != 3
 ]
-SAME_BAND = 0.02  # within ±2 %: printing "1.00× better" would suggest a difference that is not there
-
-Colour = tuple[float, float, float]
 
 
 def colour(index: int) -> Colour:
@@ -52,6 +52,8 @@ def save_figure(fig: Figure, path: Path) -> Path:
 
 
 def spans_decades(values: np.ndarray) -> bool:
+    """Whether the positive values' 1st to 99th percentile spans more than LOG_SPAN: then the axis is
+    logarithmic, or the small values collapse onto it (percentiles, so one outlier does not decide)."""
     positive = values[values > 0]
     if positive.size < 2:
         return False
@@ -60,6 +62,7 @@ def spans_decades(values: np.ndarray) -> bool:
 
 
 def speedup_words(factor: float, better: str = "better", worse: str = "worse") -> str:
+    """A speedup factor in words ("1.52× better", "2.00× worse"), "≈ same" inside SAME_BAND."""
     if abs(factor - 1) < SAME_BAND:
         return "≈ same"
     return f"{factor:.2f}× {better}" if factor >= 1 else f"{1 / factor:.2f}× {worse}"
