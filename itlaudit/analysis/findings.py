@@ -60,7 +60,6 @@ __all__ = [
     "STREAM_ERROR",
     "TRUNCATION_CODES",
     "Finding",
-    "completions_default_stop",
     "request_findings",
     "run_findings",
     "truncated_requests",

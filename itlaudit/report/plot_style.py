@@ -14,6 +14,21 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
+__all__ = [
+    "CROWDED",
+    "DPI",
+    "LOG_SPAN",
+    "SAME_BAND",
+    "TRUNCATION_RED",
+    "WIDE",
+    "Colour",
+    "colour",
+    "plt",
+    "save_figure",
+    "spans_decades",
+    "speedup_words",
+]
+
 # Labels carry names from scenarios and run folders: `$...$` there is text, never mathtext (which fails
 # on arbitrary input and would abort the report).
 matplotlib.rcParams["text.parse_math"] = False
