@@ -12,8 +12,12 @@ import pytest
 from itlaudit.analysis.metrics import (
     SUMMARY_METRICS,
     RequestMetrics,
+    median,
+    p50,
     per_chunk_itl_ms,
+    ratio,
     request_metrics,
+    speedup,
     summarize,
     token_counts,
     tokens_per_chunk_hist,
@@ -284,3 +288,24 @@ def test_real_chat_capture_without_usage_undercounts() -> None:
     assert m.token_source == "chunks"
     assert m.content_chunks == 12  # three empty-text chunks were real tokens, invisible to chunk counting
     assert m.completion_tokens == 16
+
+
+def test_ratio_is_none_for_an_unknown_or_non_positive_denominator() -> None:
+    assert ratio(3.0, 2.0) == 1.5
+    assert ratio(0.0, 2.0) == 0.0
+    assert ratio(None, 2.0) is None and ratio(3.0, None) is None
+    assert ratio(3.0, 0.0) is None and ratio(3.0, -1.0) is None
+
+
+def test_speedup_follows_the_metric_direction_and_has_no_factor_against_zero() -> None:
+    assert speedup(12.0, 4.0, lower_is_better=True) == 3.0
+    assert speedup(80.0, 240.0, lower_is_better=False) == 3.0
+    assert speedup(0.0, 4.0, lower_is_better=True) is None
+    assert speedup(12.0, 0.0, lower_is_better=False) is None
+
+
+def test_median_and_p50_agree_with_summarize() -> None:
+    values = [None, 4.0, 1.0, 2.5, None, 3.0]
+    block = {"itl_ms": summarize(values)}
+    assert median(values) == p50(block, "itl_ms") == 2.75
+    assert median([None]) is None and p50(block, "ttft_ms") is None
