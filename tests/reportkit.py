@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from itlaudit.analysis.derive import run_summary
+from itlaudit.analysis.derive import derive_request, run_summary
 from itlaudit.model.records import ChunkSeries, RequestParams, RequestRecord
 from itlaudit.report.plots import VariantView
+from itlaudit.report.writer import variant_views
 
 
 def stream(
@@ -64,8 +65,8 @@ def k0_k3(n: int = 4, *, capped: bool = True) -> list[RequestRecord]:
 
 
 def views(records: list[RequestRecord], spec: dict[str, dict] | None = None) -> list[VariantView]:
-    summary = run_summary(records)
-    return [
-        VariantView(name, [r for r in records if r.variant == name], block, (spec or {}).get(name))
-        for name, block in summary["variants"].items()
-    ]
+    """The views write_reports would draw: spec-decode figures as compare.json holds them, and the
+    truncated requests from the records' own findings."""
+    findings = [f for r in records for f in derive_request(r)["finding_details"]]
+    compare = {"variants": {name: {"spec_decode": figures} for name, figures in (spec or {}).items()}}
+    return variant_views(records, run_summary(records), compare, findings)

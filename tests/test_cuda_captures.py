@@ -18,10 +18,11 @@ from itlaudit.analysis.comparison import (
     stream_accepted_tokens,
 )
 from itlaudit.analysis.derive import run_summary
-from itlaudit.analysis.findings import ERROR, WARNING, Finding, request_findings, run_findings
+from itlaudit.analysis.findings import Finding, request_findings, run_findings
 from itlaudit.analysis.lossless import with_execution_modes
 from itlaudit.analysis.metrics import request_metrics
 from itlaudit.analysis.specdecode import CounterSnapshot, spec_decode_delta
+from itlaudit.model.codes import Severity
 from itlaudit.model.records import ChunkSeries, RequestRecord
 from itlaudit.store.jsonl import load_records
 
@@ -129,24 +130,24 @@ def test_a_generation_config_cap_is_still_blamed_when_the_stop_is_not_the_defaul
 
 def _cudagraph_findings() -> list[Finding]:
     compared = json.loads((CAPTURES / "c1-cudagraph" / "compare.json").read_text())
-    return [Finding(**f) for f in compared["findings"] if f["code"] == "spec_decode_output_mismatch"]
+    return [Finding.from_json(f) for f in compared["findings"] if f["code"] == "spec_decode_output_mismatch"]
 
 
 def test_near_tie_between_eager_and_cuda_graphs_is_a_warning() -> None:
     findings = _cudagraph_findings()
-    assert len(findings) == 8 and all(f.severity == ERROR for f in findings)  # as captured
+    assert len(findings) == 8 and all(f.severity == Severity.ERROR for f in findings)  # as captured
     assert max(f.evidence["base_top2_margin"] for f in findings) < 0.004
     judged = [with_execution_modes(f, "eager", "compiled") for f in findings]
-    assert {f.severity for f in judged} == {WARNING}
+    assert {f.severity for f in judged} == {Severity.WARNING}
     assert all("different execution modes (eager vs compiled)" in f.message for f in judged)
 
 
 def test_clear_margin_or_same_mode_or_unknown_mode_keeps_the_error() -> None:
     near = _cudagraph_findings()[0]
     clear = replace(near, evidence={**near.evidence, "base_top2_margin": 3.0, "near_tie": False})
-    assert with_execution_modes(clear, "eager", "compiled").severity == ERROR
-    assert with_execution_modes(near, "eager", "eager").severity == ERROR
-    assert with_execution_modes(near, None, "compiled").severity == ERROR
+    assert with_execution_modes(clear, "eager", "compiled").severity == Severity.ERROR
+    assert with_execution_modes(near, "eager", "eager").severity == Severity.ERROR
+    assert with_execution_modes(near, None, "compiled").severity == Severity.ERROR
 
 
 # --- itlaudit's own requests stay outside the /metrics window ---------------------------------------

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from itlaudit.analysis.run_diff import diff_runs
 from itlaudit.cli.app import app
 from itlaudit.errors import RecordsError
-from itlaudit.model.records import STATUS_HTTP_ERROR, RequestRecord
+from itlaudit.model.records import RequestRecord, Status
 from itlaudit.report.diff import render_diff
 from itlaudit.store.jsonl import RecordWriter
 
@@ -104,7 +104,7 @@ def test_diff_of_different_workloads_is_refused_unless_forced(tmp_path: Path) ->
 
 
 def test_a_risen_error_rate_is_worse_even_when_every_new_request_failed(tmp_path: Path) -> None:
-    failed = [replace(r, status=STATUS_HTTP_ERROR, http_status=500, error="boom") for r in run("K0", 12)]
+    failed = [replace(r, status=Status.HTTP_ERROR, http_status=500, error="boom") for r in run("K0", 12)]
     diff = diff_runs(run("K0", 12), failed)
     assert verdict(diff, "error_rate") == "worse"
     assert verdict(diff, "itl_ms") == "unknown"  # nothing left to time

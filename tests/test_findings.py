@@ -14,15 +14,7 @@ from itlaudit.analysis.findings import (
     run_findings,
 )
 from itlaudit.analysis.metrics import request_metrics
-from itlaudit.model.records import (
-    STATUS_CONNECTION_ERROR,
-    STATUS_HTTP_ERROR,
-    STATUS_OK,
-    STATUS_STREAM_ERROR,
-    ChunkSeries,
-    RequestParams,
-    RequestRecord,
-)
+from itlaudit.model.records import ChunkSeries, RequestParams, RequestRecord, Status
 
 IDS = [11, 12, 13, 14]
 
@@ -56,7 +48,7 @@ def record(
         "url": "http://localhost:8000/v1/completions",
         "model": "tiny",
         "params": RequestParams(max_tokens, min_tokens, ignore_eos, list(stop_token_ids)),
-        "status": STATUS_OK,
+        "status": Status.OK,
         "finish_reason": "length",
         "completion_tokens": sum(1 for c in series.has_choice if c),
         "done_sentinel": True,
@@ -149,7 +141,7 @@ def test_min_tokens_violated_fires() -> None:
 
 def test_min_tokens_quiet() -> None:
     assert "min_tokens_violated" not in codes(record(min_tokens=4))
-    failed = record(min_tokens=10, status=STATUS_CONNECTION_ERROR, error="reset", done_sentinel=False)
+    failed = record(min_tokens=10, status=Status.CONNECTION_ERROR, error="reset", done_sentinel=False)
     assert "min_tokens_violated" not in codes(failed)
 
 
@@ -222,7 +214,7 @@ def test_usage_missing_with_token_ids_is_a_warning() -> None:
 
 def test_usage_missing_quiet() -> None:
     assert "usage_missing" not in codes(record())
-    http = record(status=STATUS_HTTP_ERROR, chunks=ChunkSeries(), completion_tokens=None, finish_reason=None)
+    http = record(status=Status.HTTP_ERROR, chunks=ChunkSeries(), completion_tokens=None, finish_reason=None)
     assert "usage_missing" not in codes(http)
 
 
@@ -246,7 +238,7 @@ def test_usage_non_monotonic_quiet_with_repeats() -> None:
 
 
 def test_stream_error_fires() -> None:
-    rec = record(status=STATUS_STREAM_ERROR, error="engine dead", completion_tokens=3, finish_reason=None)
+    rec = record(status=Status.STREAM_ERROR, error="engine dead", completion_tokens=3, finish_reason=None)
     f = only(rec, "stream_error")
     assert f.evidence["message"] == "engine dead"
     assert f.evidence["completion_tokens"] == 3
@@ -257,13 +249,13 @@ def test_no_done_sentinel_fires() -> None:
     f = only(record(done_sentinel=False), "no_done_sentinel")
     assert f.severity == "warning"
     assert f.evidence["status"] == "ok"
-    failed = record(status=STATUS_STREAM_ERROR, error="x", done_sentinel=False, finish_reason=None)
+    failed = record(status=Status.STREAM_ERROR, error="x", done_sentinel=False, finish_reason=None)
     assert {"stream_error", "no_done_sentinel"} <= codes(failed)
 
 
 def test_http_error_fires_alone() -> None:
     rec = record(
-        status=STATUS_HTTP_ERROR,
+        status=Status.HTTP_ERROR,
         http_status=400,
         error="max_tokens is too large",
         chunks=ChunkSeries(),
@@ -278,7 +270,7 @@ def test_http_error_fires_alone() -> None:
 
 def test_connection_error_fires() -> None:
     rec = record(
-        status=STATUS_CONNECTION_ERROR, error="reset by peer", finish_reason=None, done_sentinel=False
+        status=Status.CONNECTION_ERROR, error="reset by peer", finish_reason=None, done_sentinel=False
     )
     f = only(rec, "connection_error")
     assert f.evidence["message"] == "reset by peer"

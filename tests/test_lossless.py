@@ -13,7 +13,7 @@ from itlaudit.analysis.lossless import (
 from itlaudit.capture.client import stream_request
 from itlaudit.capture.request_plan import plan_request
 from itlaudit.capture.scoring import Scorer, explain_mismatch
-from itlaudit.model.records import STATUS_HTTP_ERROR, ChunkSeries, RequestParams, RequestRecord
+from itlaudit.model.records import ChunkSeries, RequestParams, RequestRecord, Status
 from itlaudit.serve.sim import SimConfig, run_sim
 
 PROMPTS = ["The quick brown fox", "Speculative decoding proposes draft tokens"]
@@ -75,7 +75,7 @@ def test_early_stop_on_one_side_is_a_mismatch_but_a_length_cut_is_not() -> None:
 def test_sampled_failed_and_unpaired_requests_are_skipped() -> None:
     base = [_record("K0", 0, [1, 2]), _record("K0", 1, [1, 2], temperature=0.7), _record("K0", 2, [1])]
     failed = _record("K3", 2, [7])
-    failed.status = STATUS_HTTP_ERROR
+    failed.status = Status.HTTP_ERROR
     spec = [_record("K3", 1, [9, 9], temperature=0.7), failed, _record("K3", 3, [5])]
     assert spec_decode_mismatches(base, spec) == []
 

@@ -12,20 +12,18 @@ import pytest
 from itlaudit.analysis.metrics import (
     SUMMARY_METRICS,
     RequestMetrics,
+    median,
+    p50,
     per_chunk_itl_ms,
+    ratio,
     request_metrics,
+    speedup,
     summarize,
     token_counts,
     tokens_per_chunk_hist,
     variant_summary,
 )
-from itlaudit.model.records import (
-    STATUS_HTTP_ERROR,
-    STATUS_STREAM_ERROR,
-    ChunkSeries,
-    RequestParams,
-    RequestRecord,
-)
+from itlaudit.model.records import ChunkSeries, RequestParams, RequestRecord, Status
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.24.0-cuda"
 
@@ -160,7 +158,7 @@ def test_decreasing_usage_never_yields_a_negative_step() -> None:
     [
         record(),
         record((2, 0, 0), (3, 0, 0, False)),
-        record(status=STATUS_HTTP_ERROR, http_status=400, error="bad", done_sentinel=False),
+        record(status=Status.HTTP_ERROR, http_status=400, error="bad", done_sentinel=False),
     ],
     ids=["no-chunks", "role-and-usage-only", "http-error"],
 )
@@ -195,7 +193,7 @@ def test_chunks_in_one_read_do_not_divide_by_zero() -> None:
 
 
 def test_failed_stream_keeps_counts_but_no_latency() -> None:
-    m = request_metrics(record(*K3_ROWS, status=STATUS_STREAM_ERROR, error="boom", completion_tokens=9))
+    m = request_metrics(record(*K3_ROWS, status=Status.STREAM_ERROR, error="boom", completion_tokens=9))
     assert m.content_chunks == 3
     assert m.token_source == "usage"
     assert (m.itl_ms, m.ttft_ms, m.completion_tokens) == (None, None, None)
@@ -290,3 +288,24 @@ def test_real_chat_capture_without_usage_undercounts() -> None:
     assert m.token_source == "chunks"
     assert m.content_chunks == 12  # three empty-text chunks were real tokens, invisible to chunk counting
     assert m.completion_tokens == 16
+
+
+def test_ratio_is_none_for_an_unknown_or_non_positive_denominator() -> None:
+    assert ratio(3.0, 2.0) == 1.5
+    assert ratio(0.0, 2.0) == 0.0
+    assert ratio(None, 2.0) is None and ratio(3.0, None) is None
+    assert ratio(3.0, 0.0) is None and ratio(3.0, -1.0) is None
+
+
+def test_speedup_follows_the_metric_direction_and_has_no_factor_against_zero() -> None:
+    assert speedup(12.0, 4.0, lower_is_better=True) == 3.0
+    assert speedup(80.0, 240.0, lower_is_better=False) == 3.0
+    assert speedup(0.0, 4.0, lower_is_better=True) is None
+    assert speedup(12.0, 0.0, lower_is_better=False) is None
+
+
+def test_median_and_p50_agree_with_summarize() -> None:
+    values = [None, 4.0, 1.0, 2.5, None, 3.0]
+    block = {"itl_ms": summarize(values)}
+    assert median(values) == p50(block, "itl_ms") == 2.75
+    assert median([None]) is None and p50(block, "ttft_ms") is None

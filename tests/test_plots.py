@@ -10,11 +10,10 @@ import pytest
 from reportkit import k0_k3, stream, views
 
 from itlaudit.model.records import STATUS_HTTP_ERROR
+from itlaudit.report import plots
+from itlaudit.report.plot_style import DPI, WIDE
 from itlaudit.report.plots import (
-    DPI,
     PLOTS,
-    WIDE,
-    is_truncated,
     plot_acceptance,
     plot_timeline,
     speedup,
@@ -61,8 +60,25 @@ def test_stale_png_of_an_absent_figure_is_removed(tmp_path: Path) -> None:
 
 
 def test_truncated_requests_are_the_capped_ones() -> None:
-    assert is_truncated(stream("K3", tokens=16, max_tokens=64))
-    assert not is_truncated(stream("K3"))
+    by_name = {v.name: v for v in views([stream("K3", tokens=16, max_tokens=64), stream("K0")])}
+    assert by_name["K3"].truncated == {"K3-00000"}
+    assert not by_name["K0"].truncated
+
+
+def test_timeline_marks_what_the_findings_say_not_what_it_would_judge(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full-length request that the given findings call cut short is drawn red; a capped one they
+    do not name is not: the figure reads the findings, it never re-judges records."""
+    drawn: list = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: drawn.append(fig) or path)
+    whole, capped = stream("K0", 0), stream("K0", 1, tokens=16, max_tokens=64)
+    view = replace(views([whole, capped])[0], truncated=frozenset({whole.request_id}))
+    plot_timeline([view], tmp_path / "t.png")
+    (ax,) = [a for a in drawn[0].axes if a.get_visible()]
+    assert ax.get_title() == "K0: 2 requests, 1 cut short"
+    red = [line for line in ax.get_lines() if line.get_color() == plots.TRUNCATION_RED]
+    assert [int(line.get_ydata()[-1]) for line in red] == [64]
 
 
 def test_speedup_direction() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from itlaudit.analysis.derive import derive_request
-from itlaudit.analysis.findings import GIBBERISH_SUSPECTED, Finding, request_findings
+from itlaudit.analysis.findings import Finding, request_findings
 from itlaudit.analysis.metrics import request_metrics
 from itlaudit.analysis.quality import (
     GibberishThresholds,
@@ -15,6 +15,7 @@ from itlaudit.analysis.quality import (
     text_sha256,
     weird_runs,
 )
+from itlaudit.model.codes import GIBBERISH_SUSPECTED
 from itlaudit.model.records import RequestParams, RequestRecord
 
 CLEAN_EN = (

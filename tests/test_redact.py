@@ -80,3 +80,15 @@ def test_header_secrets_are_the_credential_headers_and_their_bare_tokens() -> No
     assert header_secret_values(headers) == {"Bearer sk-0123456789", "sk-0123456789", "k-9876543210"}
     line = b'{"error": "Incorrect API key provided: sk-0123456789"}'
     assert redact_bytes(line, [b"sk-0123456789"]) == b'{"error": "Incorrect API key provided: ***"}'
+
+
+def test_launch_secret_values_cover_the_inherited_env_the_launch_env_and_the_args() -> None:
+    from itlaudit.model.redact import launch_secret_values
+    from itlaudit.model.scenario import LaunchConfig
+
+    launch = LaunchConfig(
+        "command", command=["vllm", "serve", "--api-key", "sk-from-args"], env={"HF_TOKEN": "hf_launchenv"}
+    )
+    found = launch_secret_values(launch, {"OPENAI_API_KEY": "sk-inherited", "HOME": "/root"})
+    assert found == {"sk-from-args", "hf_launchenv", "sk-inherited"}
+    assert launch_secret_values(None, {"OPENAI_API_KEY": "sk-inherited"}) == set()

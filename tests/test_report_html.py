@@ -11,7 +11,7 @@ from reportkit import k0_k3, stream
 
 from itlaudit.analysis.derive import derive_request, run_summary
 from itlaudit.report.html import render_html
-from itlaudit.report.markdown import headline
+from itlaudit.report.markdown import headline, table_cell
 from itlaudit.report.plots import PLOTS
 from itlaudit.report.writer import write_reports
 from itlaudit.store.jsonl import RecordWriter
@@ -69,3 +69,7 @@ def test_headline_says_faster_per_token_though_chunk_itl_larger_and_calls_out_tr
 def test_headline_renders_bold_in_html() -> None:
     page = render_html("t", run_summary(k0_k3()), [])
     assert "<strong>K3 is 3.03× faster per token than K0</strong>" in page
+
+
+def test_table_cell_keeps_itlaudit_markdown_but_not_pipes_or_lines() -> None:
+    assert table_cell("speedup itl_ms.p50 | over\nK0") == "speedup itl_ms.p50 \\| over K0"

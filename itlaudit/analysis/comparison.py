@@ -6,13 +6,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from itlaudit.analysis.findings import ERROR, Finding
 from itlaudit.analysis.lossless import spec_decode_mismatches
-from itlaudit.analysis.metrics import token_counts
+from itlaudit.analysis.metrics import p50, ratio, token_counts
 from itlaudit.analysis.specdecode import SpecDecodeStats
-from itlaudit.model.records import STATUS_OK, RequestRecord
+from itlaudit.model.codes import ACCEPTANCE_LENGTH_MISMATCH, Finding
+from itlaudit.model.records import RequestRecord, Status
 
-ACCEPTANCE_LENGTH_MISMATCH = "acceptance_length_mismatch"
 # Stream and counters measure the same thing but round differently (the last chunk of a request
 # carries the remainder, prefill is excluded); past 10% they describe different traffic.
 ACCEPTANCE_TOLERANCE = 0.10
@@ -23,7 +22,7 @@ def stream_acceptance_length(records: Sequence[RequestRecord]) -> float | None:
     when every engine step reaches the client as one chunk."""
     tokens = chunks = 0
     for record in records:
-        if record.status != STATUS_OK:
+        if record.status != Status.OK:
             continue
         _, cumulative, _ = token_counts(record)
         if len(cumulative) >= 2:
@@ -33,7 +32,7 @@ def stream_acceptance_length(records: Sequence[RequestRecord]) -> float | None:
 
 
 def _decode_chunks(records: Sequence[RequestRecord]) -> int:
-    return sum(max(len(token_counts(r)[1]) - 1, 0) for r in records if r.status == STATUS_OK)
+    return sum(max(len(token_counts(r)[1]) - 1, 0) for r in records if r.status == Status.OK)
 
 
 def stream_accepted_tokens(records: Sequence[RequestRecord]) -> int | None:
@@ -47,7 +46,7 @@ def stream_accepted_tokens(records: Sequence[RequestRecord]) -> int | None:
     accepted = 0
     seen = False
     for record in records:
-        if record.status != STATUS_OK:
+        if record.status != Status.OK:
             continue
         _, cumulative, _ = token_counts(record)
         if len(cumulative) >= 2:
@@ -83,9 +82,8 @@ def _acceptance_mismatch(
         if stream_accepted is not None
         else ""
     )
-    return Finding(
-        code=ACCEPTANCE_LENGTH_MISMATCH,
-        severity=ERROR,
+    return Finding.of(
+        ACCEPTANCE_LENGTH_MISMATCH,
         message=(
             f"Variant {name!r}: the stream shows {stream_al:.2f} tokens per decode chunk but /metrics "
             f"says acceptance length {metrics_al:.2f} ({length_gap:.0%} apart){accepted_text}: chunks "
@@ -103,14 +101,6 @@ def _acceptance_mismatch(
             "metrics_drafts": stats.num_drafts,
         },
     )
-
-
-def _ratio(num: float | None, den: float | None) -> float | None:
-    return num / den if num is not None and den else None
-
-
-def _p50(block: dict[str, Any], key: str) -> float | None:
-    return (block.get(key) or {}).get("p50")
 
 
 def build_comparison(
@@ -131,14 +121,14 @@ def build_comparison(
         stream_al = stream_acceptance_length(mine)
         stream_accepted = stream_accepted_tokens(mine)
         out["variants"][name] = {
-            "itl_ms_p50": _p50(block, "itl_ms"),
-            "chunk_itl_ms_p50": _p50(block, "chunk_itl_ms"),
-            "decode_tokens_per_s_p50": _p50(block, "decode_tokens_per_s"),
-            "completion_tokens_p50": _p50(block, "completion_tokens"),
-            "speedup_token_itl": _ratio(_p50(base, "itl_ms"), _p50(block, "itl_ms")),
-            "speedup_chunk_itl": _ratio(_p50(base, "chunk_itl_ms"), _p50(block, "chunk_itl_ms")),
-            "speedup_decode_tokens_per_s": _ratio(
-                _p50(block, "decode_tokens_per_s"), _p50(base, "decode_tokens_per_s")
+            "itl_ms_p50": p50(block, "itl_ms"),
+            "chunk_itl_ms_p50": p50(block, "chunk_itl_ms"),
+            "decode_tokens_per_s_p50": p50(block, "decode_tokens_per_s"),
+            "completion_tokens_p50": p50(block, "completion_tokens"),
+            "speedup_token_itl": ratio(p50(base, "itl_ms"), p50(block, "itl_ms")),
+            "speedup_chunk_itl": ratio(p50(base, "chunk_itl_ms"), p50(block, "chunk_itl_ms")),
+            "speedup_decode_tokens_per_s": ratio(
+                p50(block, "decode_tokens_per_s"), p50(base, "decode_tokens_per_s")
             ),
             "stream_acceptance_length": stream_al,
             "stream_accepted_tokens": stream_accepted,

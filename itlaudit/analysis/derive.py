@@ -20,7 +20,7 @@ from itlaudit.analysis.metrics import (
     variant_summary,
 )
 from itlaudit.analysis.quality import text_quality
-from itlaudit.model.records import STATUS_OK, RequestRecord
+from itlaudit.model.records import RequestRecord, Status
 
 
 def derive_request(record: RequestRecord) -> dict[str, Any]:
@@ -49,7 +49,7 @@ def _variant_block(records: Sequence[RequestRecord], metrics: Sequence[RequestMe
     sources = Counter(m.token_source for m in metrics)
     block: dict[str, Any] = {
         "requests": len(records),
-        "errors": sum(1 for r in records if r.status != STATUS_OK),
+        "errors": sum(1 for r in records if r.status != Status.OK),
         "token_source": dict(sources),
         "tokens_per_chunk_hist": {str(k): v for k, v in sorted(hist.items())},
         "client_loop_lag_ms": _loop_lag(records),

@@ -166,8 +166,10 @@ def _aiperf(data: dict[str, Any], source: str) -> ImportedBenchmark:
         block = next((data[t] for t in tags if isinstance(data.get(t), dict)), None)
         if block is not None:
             figures[key], names[key] = _aiperf_stats(block), name
-    config = data.get("input_config") if isinstance(data.get("input_config"), dict) else {}
-    endpoint = config.get("endpoint") if isinstance(config.get("endpoint"), dict) else {}
+    config = data.get("input_config")
+    config = config if isinstance(config, dict) else {}
+    endpoint = config.get("endpoint")
+    endpoint = endpoint if isinstance(endpoint, dict) else {}
     models = endpoint.get("model_names")
     count = (
         _number((data.get("request_count") or {}).get("avg"))

@@ -13,12 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from itlaudit.analysis.findings import ERROR, WARNING, Finding
 from itlaudit.analysis.invariance import TopLogprobs
-from itlaudit.model.records import STATUS_OK, RequestRecord
-
-SPEC_DECODE_OUTPUT_MISMATCH = "spec_decode_output_mismatch"
-CODES = (SPEC_DECODE_OUTPUT_MISMATCH,)
+from itlaudit.model.codes import SPEC_DECODE_OUTPUT_MISMATCH, Finding, Severity
+from itlaudit.model.records import RequestRecord, Status
 
 # Seed 000 measured bf16 batch variance of up to ~0.2 nats on a real model: a base-server margin
 # below that between its top two candidates is a tie that variance can legitimately break.
@@ -50,7 +47,7 @@ def _first_difference(a: Sequence[object], b: Sequence[object]) -> int | None:
 
 
 def _greedy(record: RequestRecord) -> bool:
-    return record.status == STATUS_OK and record.params.temperature == 0
+    return record.status == Status.OK and record.params.temperature == 0
 
 
 def _mismatch(base: RequestRecord, spec: RequestRecord) -> Finding | None:
@@ -85,7 +82,7 @@ def _mismatch(base: RequestRecord, spec: RequestRecord) -> Finding | None:
         "base_finish_reason": base.finish_reason,
         "spec_finish_reason": spec.finish_reason,
     }
-    return Finding(SPEC_DECODE_OUTPUT_MISMATCH, ERROR, message, evidence, spec.request_id)
+    return Finding.of(SPEC_DECODE_OUTPUT_MISMATCH, message, evidence, spec.request_id)
 
 
 def spec_decode_mismatches(base: Sequence[RequestRecord], spec: Sequence[RequestRecord]) -> list[Finding]:
@@ -147,4 +144,4 @@ def with_execution_modes(finding: Finding, base_mode: str | None, spec_mode: str
         f" The servers run in different execution modes ({base_mode} vs {spec_mode}), whose numerics "
         "differ: at a near tie this is expected, not a speculative-decoding bug."
     )
-    return replace(finding, severity=WARNING, message=finding.message + note, evidence=evidence)
+    return replace(finding, severity=Severity.WARNING, message=finding.message + note, evidence=evidence)

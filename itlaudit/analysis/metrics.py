@@ -11,12 +11,13 @@ is labelled as such (`token_source == "chunks"`) so findings can say the figure 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from itlaudit.model.records import STATUS_OK, ChunkSeries, RequestRecord
+from itlaudit.model.records import ChunkSeries, RequestRecord, Status
 
 TOKEN_SOURCE_USAGE = "usage"
 TOKEN_SOURCE_TOKEN_IDS = "token_ids"
@@ -107,8 +108,17 @@ class RequestMetrics:
     token_source: str
 
 
-def _ratio(num: float, den: float) -> float | None:
-    return float(num / den) if den > 0 else None
+def ratio(num: float | None, den: float | None) -> float | None:
+    """num / den, or None when either is unknown or den is not positive: the one ratio of two figures
+    (per-request rates, speedups, new-vs-base factors), so none of them divides by a zero or a gap."""
+    return float(num / den) if num is not None and den is not None and den > 0 else None
+
+
+def speedup(base: float | None, new: float | None, lower_is_better: bool) -> float | None:
+    """How many times better new is than base (>1 better, <1 worse), whatever the metric's direction;
+    None when either is unknown or not positive (nothing is infinitely better than zero)."""
+    factor = ratio(base, new) if lower_is_better else ratio(new, base)
+    return factor if factor else None
 
 
 def request_metrics(record: RequestRecord) -> RequestMetrics:
@@ -120,7 +130,7 @@ def request_metrics(record: RequestRecord) -> RequestMetrics:
     t, cumulative, source = token_counts(record)
     n = len(t)
     empty = RequestMetrics(None, None, None, None, None, None, None, None, None, None, n, source)
-    if record.status != STATUS_OK or n == 0:
+    if record.status != Status.OK or n == 0:
         return empty
 
     ttft = float(t[0])
@@ -129,21 +139,21 @@ def request_metrics(record: RequestRecord) -> RequestMetrics:
     )
     decode_ms = float(t[-1] - t[0])
     decode_tokens = int(cumulative[-1] - cumulative[0])
-    itl = _ratio(decode_ms, decode_tokens)
-    chunk_itl = _ratio(decode_ms, n - 1)
+    itl = ratio(decode_ms, decode_tokens)
+    chunk_itl = ratio(decode_ms, n - 1)
     tpot = None
     if record.e2e_ms is not None:
-        tpot = _ratio(record.e2e_ms - ttft, completion_tokens - 1)
+        tpot = ratio(record.e2e_ms - ttft, completion_tokens - 1)
     return RequestMetrics(
         ttft_ms=ttft,
         itl_ms=itl,
         chunk_itl_ms=chunk_itl,
-        itl_inflation=_ratio(chunk_itl, itl) if chunk_itl is not None and itl is not None else None,
+        itl_inflation=ratio(chunk_itl, itl),
         tokens_per_chunk=float(cumulative[-1] / n),
-        decode_tokens_per_chunk=_ratio(decode_tokens, n - 1),
+        decode_tokens_per_chunk=ratio(decode_tokens, n - 1),
         tpot_ms=tpot,
         e2e_ms=record.e2e_ms,
-        decode_tokens_per_s=_ratio(decode_tokens * 1000.0, decode_ms),
+        decode_tokens_per_s=ratio(decode_tokens * 1000.0, decode_ms),
         completion_tokens=completion_tokens,
         content_chunks=n,
         token_source=source,
@@ -163,6 +173,18 @@ def summarize(values: Sequence[float | None]) -> dict[str, float | int | None]:
         "p90": float(p90),
         "p99": float(p99),
     }
+
+
+def median(values: Sequence[float | None]) -> float | None:
+    """summarize()'s p50 alone: the median of the defined values, None when there are none."""
+    kept = [v for v in values if v is not None]
+    return float(np.median(kept)) if kept else None
+
+
+def p50(block: Mapping[str, Any], key: str) -> float | None:
+    """A summary block's p50 of `key` (summary.json's per-variant figures), None when it is absent."""
+    value = (block.get(key) or {}).get("p50")
+    return None if value is None else float(value)
 
 
 def variant_summary(metrics: Sequence[RequestMetrics]) -> dict[str, dict]:

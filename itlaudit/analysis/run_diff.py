@@ -15,8 +15,8 @@ from typing import Any
 
 from itlaudit.analysis.findings import request_findings, run_findings
 from itlaudit.analysis.metrics import RequestMetrics, request_metrics
-from itlaudit.analysis.stats import BETTER, SAME, WORSE, Comparison, compare_samples
-from itlaudit.model.records import STATUS_OK, RequestRecord
+from itlaudit.analysis.stats import Comparison, Verdict, compare_samples
+from itlaudit.model.records import RequestRecord, Status
 
 ERROR_RATE = ("error_rate", "error rate")
 # Workload fields a run's fingerprint carries (ledger.variant_fingerprint); num_requests is left out,
@@ -77,11 +77,11 @@ def _by_variant(records: Sequence[RequestRecord]) -> dict[str, list[RequestMetri
 def error_rate_comparison(base: Sequence[RequestRecord], new: Sequence[RequestRecord]) -> Comparison:
     """Failed requests / requests. Any rise is worse: a benchmark's requests are not supposed to fail,
     and a new run whose requests all failed has no latency left to judge, so this is its only verdict."""
-    b_failed = sum(r.status != STATUS_OK for r in base)
-    n_failed = sum(r.status != STATUS_OK for r in new)
+    b_failed = sum(r.status != Status.OK for r in base)
+    n_failed = sum(r.status != Status.OK for r in new)
     b_rate, n_rate = b_failed / len(base), n_failed / len(new)
     ratio = n_rate / b_rate if b_rate > 0 else None
-    verdict = WORSE if n_rate > b_rate else BETTER if n_rate < b_rate else SAME
+    verdict = Verdict.WORSE if n_rate > b_rate else Verdict.BETTER if n_rate < b_rate else Verdict.SAME
     reason = f"{n_failed} of {len(new)} requests failed vs {b_failed} of {len(base)}"
     return Comparison(verdict, ratio, None, b_rate, n_rate, len(base), len(new), reason)
 

@@ -13,14 +13,27 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 import numpy as np
 
-BETTER = "better"
-WORSE = "worse"
-SAME = "same"
-UNKNOWN = "unknown"
-VERDICTS = (BETTER, WORSE, SAME, UNKNOWN)
+from itlaudit.analysis import metrics
+
+
+class Verdict(StrEnum):
+    """NEW against BASE for one metric (strings in diff's output and bisect.json)."""
+
+    BETTER = "better"
+    WORSE = "worse"
+    SAME = "same"
+    UNKNOWN = "unknown"
+
+
+# bisect/verdict.py reads these names; new code uses Verdict.
+BETTER = Verdict.BETTER
+WORSE = Verdict.WORSE
+SAME = Verdict.SAME
+UNKNOWN = Verdict.UNKNOWN
 
 
 @dataclass(frozen=True)
@@ -32,7 +45,7 @@ class Comparison:
     was not run (too few samples). `reason` is one human sentence explaining the verdict.
     """
 
-    verdict: str
+    verdict: Verdict
     ratio: float | None
     p_value: float | None
     base_median: float | None
@@ -54,12 +67,6 @@ def min_achievable_p(n_base: int, n_new: int) -> float:
     if n_base + n_new > 60:  # 2 / C(60, 30) ≈ 2e-17, and for thousands of samples 2 / C overflows
         return 0.0
     return min(1.0, 2.0 / math.comb(n_base + n_new, n_base))
-
-
-def _ratio(base_median: float, new_median: float) -> float | None:
-    if base_median == 0:
-        return 1.0 if new_median == 0 else None
-    return new_median / base_median
 
 
 def compare_samples(
@@ -88,23 +95,29 @@ def compare_samples(
     b, n = _finite(base), _finite(new)
     base_median = float(np.median(b)) if b.size else None
     new_median = float(np.median(n)) if n.size else None
-    ratio = _ratio(base_median, new_median) if base_median is not None and new_median is not None else None
+    # Two zero medians are the same figure (ratio 1); a rise from zero has no ratio.
+    ratio = 1.0 if base_median == new_median == 0 else metrics.ratio(new_median, base_median)
 
-    def result(verdict: str, p_value: float | None, reason: str) -> Comparison:
+    def result(verdict: Verdict, p_value: float | None, reason: str) -> Comparison:
         return Comparison(verdict, ratio, p_value, base_median, new_median, int(b.size), int(n.size), reason)
 
     if min(b.size, n.size) < min_samples:
-        return result(UNKNOWN, None, f"too few samples ({b.size} vs {n.size}; need {min_samples} each)")
-    from scipy.stats import mannwhitneyu  # scipy costs ~1 s to import: only when a test is run
+        return result(
+            Verdict.UNKNOWN,
+            None,
+            f"too few samples ({b.size} vs {n.size}; need {min_samples} each)",
+        )
+    # scipy costs ~1 s to import: only when a test is run (and it ships no type hints)
+    from scipy.stats import mannwhitneyu  # type: ignore[import-untyped]
 
     p_value = float(mannwhitneyu(b, n, alternative="two-sided").pvalue)
     if min_achievable_p(b.size, n.size) > alpha:
-        return result(UNKNOWN, p_value, f"{b.size} vs {n.size} samples cannot reach p < {alpha:g}")
+        return result(Verdict.UNKNOWN, p_value, f"{b.size} vs {n.size} samples cannot reach p < {alpha:g}")
     if ratio is not None and 1 / threshold < ratio < threshold:
-        return result(SAME, p_value, f"medians within {threshold:g}× of each other")
+        return result(Verdict.SAME, p_value, f"medians within {threshold:g}× of each other")
     if p_value >= alpha:
-        return result(UNKNOWN, p_value, f"difference not significant (p = {p_value:.3g} ≥ {alpha:g})")
+        return result(Verdict.UNKNOWN, p_value, f"difference not significant (p = {p_value:.3g} ≥ {alpha:g})")
     # ratio is None only when base median is 0 and new is not: new went up from nothing.
     went_up = ratio is None or ratio > 1
-    verdict = WORSE if went_up == lower_is_better else BETTER
+    verdict = Verdict.WORSE if went_up == lower_is_better else Verdict.BETTER
     return result(verdict, p_value, f"significant (p = {p_value:.3g}) and beyond {threshold:g}×")

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import math
 import re
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from itlaudit.analysis.metrics import median, p50, speedup
 from itlaudit.errors import ItlauditError
-from itlaudit.model.records import STATUS_OK, RequestRecord
+from itlaudit.model.records import RequestRecord, Status
 from itlaudit.model.scenario import GOODPUT_KEYS
 
 CONCURRENCY = "concurrency"
@@ -140,7 +140,7 @@ def goodput(
             value = request.get(tpot_key if key == "tpot_ms" else key)
             if value is None or value > limit:
                 return False
-        return request.get("status") == STATUS_OK
+        return request.get("status") == Status.OK
 
     return sum(1 for r in requests if meets(r)) / span
 
@@ -165,7 +165,7 @@ def trial_figures(
     """One trial of one point: a summary.json variant block plus what needs the records (span,
     throughput, goodput)."""
     span = span_s(records)
-    ok = [r for r in records if r.status == STATUS_OK]
+    ok = [r for r in records if r.status == Status.OK]
     tokens = sum(r.completion_tokens or 0 for r in ok)
     figures: dict[str, Any] = {
         "requests": block["requests"],
@@ -182,11 +182,6 @@ def trial_figures(
         stats = block.get(name) or {}
         figures[name] = {p: stats.get(p) for p in PERCENTILES}
     return figures
-
-
-def _median(values: Sequence[float | None]) -> float | None:
-    kept = [v for v in values if v is not None]
-    return statistics.median(kept) if kept else None
 
 
 def _spread(values: Sequence[float | None]) -> list[float] | None:
@@ -216,14 +211,14 @@ def pool_trials(axis: str, value: float, trials: Sequence[Mapping[str, Any]]) ->
     }
     spread: dict[str, list[float]] = {}
     for key in SCALARS:
-        point[key] = _median([t[key] for t in trials])
+        point[key] = median([t[key] for t in trials])
         if (band := _spread([t[key] for t in trials])) is not None:
             spread[key] = band
     for name in LATENCY_FIGURES:
         point[name] = {}
         for pct in PERCENTILES:
             values = [t[name][pct] for t in trials]
-            point[name][pct] = _median(values)
+            point[name][pct] = median(values)
             if (band := _spread(values)) is not None:
                 spread[f"{name}.{pct}"] = band
     if spread:
@@ -291,10 +286,7 @@ def sla_search(
 
 def per_token_speedup(base: Mapping[str, Any], other: Mapping[str, Any]) -> float | None:
     """How many times faster `other` is per token than `base` (token ITL p50; >1: other is faster)."""
-    b, o = base["itl_ms"]["p50"], other["itl_ms"]["p50"]
-    if b is None or o is None or b <= 0 or o <= 0:
-        return None
-    return b / o
+    return speedup(p50(base, "itl_ms"), p50(other, "itl_ms"), lower_is_better=True)
 
 
 def _load_words(axis: str, value: float) -> str:
@@ -324,8 +316,9 @@ def crossover(
     """The load at which `variant` stops being faster per token than `base`, over the loads both
     measured, with the sentence the report leads with."""
     by_load = {p[axis]: p for p in series[base]}
-    pairs = [(p[axis], per_token_speedup(by_load[p[axis]], p)) for p in series[variant] if p[axis] in by_load]
-    pairs = sorted((load, s) for load, s in pairs if s is not None)
+    shared = [p for p in series[variant] if p[axis] in by_load]
+    measured = [(p[axis], per_token_speedup(by_load[p[axis]], p)) for p in shared]
+    pairs = sorted((load, s) for load, s in measured if s is not None)
     if not pairs:
         return Crossover(variant, base, None, None, None, f"{variant} vs {base}: no load measured by both.")
     span = f"{_at(axis, pairs[0][0])}–{_at(axis, pairs[-1][0])}" if len(pairs) > 1 else _at(axis, pairs[0][0])

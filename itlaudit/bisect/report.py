@@ -10,6 +10,7 @@ from typing import Any
 
 from itlaudit.bisect.build_range import Build
 from itlaudit.bisect.state import State
+from itlaudit.report.markdown import table_cell
 
 REPORT_FILE = "report.md"
 PLOT_FILE = "bisect.png"
@@ -89,7 +90,7 @@ def render_markdown(state: State) -> str:
                 f" {_fmt(m.get('itl_p50_ms'))} | {_fmt(m.get('chunk_itl_p50_ms'))} | "
                 f"{_tokens(m.get('completion_tokens_p50'))} |"
             )
-        reason = str(probe.get("reason", "")).replace("|", "\\|").replace("\n", " ")
+        reason = table_cell(str(probe.get("reason", "")))
         lines.append(
             f"| {n} | {probe['index'] + 1}/{len(builds)} | {link} | {probe.get('version') or '–'} | "
             f"{probe['verdict']} | {probe.get('trials', 0)} |{figures} {reason} |"

@@ -17,7 +17,7 @@ from rich.console import Console
 from itlaudit.analysis.derive import derive_request, run_summary
 from itlaudit.analysis.importers import ImportedBenchmark, parse_import
 from itlaudit.analysis.run_diff import diff_runs, workload_differences, workload_of
-from itlaudit.analysis.stats import UNKNOWN, WORSE
+from itlaudit.analysis.stats import Verdict
 from itlaudit.errors import RecordsError
 from itlaudit.model.records import RequestRecord
 from itlaudit.report.diff import render_diff
@@ -27,7 +27,7 @@ from itlaudit.store.rundir import META_FILE, REQUESTS_FILE, new_run_dir, read_js
 from itlaudit.workflows.derive import write_derived
 
 out = Console()
-FAIL_ON = (WORSE, UNKNOWN, "findings")
+FAIL_ON = (Verdict.WORSE, Verdict.UNKNOWN, "findings")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,7 +171,9 @@ def diff(
     if out_file is not None:
         out_file.write_text(text, encoding="utf-8")
     typer.echo(text, nl=False)
-    failing = {v for v in (WORSE, UNKNOWN) if result.has(v)} | ({"findings"} if result.appeared else set())
+    failing = {v for v in (Verdict.WORSE, Verdict.UNKNOWN) if result.has(v)} | (
+        {"findings"} if result.appeared else set()
+    )
     if failing & set(fail_on or []):
         raise typer.Exit(1)
 

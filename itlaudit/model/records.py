@@ -9,15 +9,29 @@ numpy arrays directly.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
+from enum import StrEnum
 from typing import Any
 
-# Request outcome, as seen by the client (not a judgement of the output).
-STATUS_OK = "ok"
-STATUS_HTTP_ERROR = "http_error"
-STATUS_STREAM_ERROR = "stream_error"  # server sent data: {"error": ...}
-STATUS_CONNECTION_ERROR = "connection_error"  # connection reset / refused / dropped mid-request
-STATUS_TIMEOUT = "timeout"  # cut by one of the workload's timeouts (`timeout_limit` says which)
-STATUS_RATE_LIMITED = "rate_limited"  # HTTP 429 or 503: the server asked to come back later
+
+class Status(StrEnum):
+    """A request's outcome as the client saw it (not a judgement of the output). A StrEnum, so
+    requests.jsonl keeps the plain strings."""
+
+    OK = "ok"
+    HTTP_ERROR = "http_error"
+    STREAM_ERROR = "stream_error"  # server sent data: {"error": ...}
+    CONNECTION_ERROR = "connection_error"  # connection reset / refused / dropped mid-request
+    TIMEOUT = "timeout"  # cut by one of the workload's timeouts (`timeout_limit` says which)
+    RATE_LIMITED = "rate_limited"  # HTTP 429 or 503: the server asked to come back later
+
+
+# The names capture/client.py and capture/workers.py still use; new code uses Status.
+STATUS_OK = Status.OK
+STATUS_HTTP_ERROR = Status.HTTP_ERROR
+STATUS_STREAM_ERROR = Status.STREAM_ERROR
+STATUS_CONNECTION_ERROR = Status.CONNECTION_ERROR
+STATUS_TIMEOUT = Status.TIMEOUT
+STATUS_RATE_LIMITED = Status.RATE_LIMITED
 
 
 @dataclass
@@ -96,7 +110,7 @@ class RequestRecord:
     url: str
     model: str
     params: RequestParams
-    status: str = STATUS_OK
+    status: Status = Status.OK
     http_status: int | None = None
     error: str | None = None  # HTTP error body message, error frame message, or connection error
     response_id: str | None = None
@@ -150,6 +164,8 @@ class RequestRecord:
         known = {f.name for f in _RECORD_FIELDS}
         kwargs: dict[str, Any] = {k: v for k, v in data.items() if k in known}
         kwargs["params"] = RequestParams(**data.get("params", {}))
+        if "status" in kwargs:
+            kwargs["status"] = Status(kwargs["status"])
         kwargs["chunks"] = ChunkSeries(
             t_ms=list(data.get("chunk_t_ms", [])),
             completion_tokens=list(data.get("chunk_tokens", [])),

@@ -16,7 +16,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # scenario imports access, which imports this module
+    from itlaudit.model.scenario import LaunchConfig
 
 MASK = "***"
 _SECRET_WORD = re.compile(r"^(.*(key|token|secret|password)|(auth|secret|password).*)$", re.IGNORECASE)
@@ -85,6 +88,14 @@ def secret_values(env: Mapping[str, str], args: Sequence[str]) -> set[str]:
         elif masked != original:
             values.add(original.partition("=")[2])
     return {v for v in values if len(v) >= _MIN_TEXT_SECRET}
+
+
+def launch_secret_values(launch: LaunchConfig | None, environ: Mapping[str, str]) -> set[str]:
+    """The credentials a launched server saw (the environment it inherited from `environ`, its launch
+    env, its command line), to mask in its log; none for a server itlaudit did not launch."""
+    if launch is None:
+        return set()
+    return secret_values({**environ, **launch.env}, [*launch.command, *launch.server_args])
 
 
 def header_secret_values(headers: Iterable[tuple[str, str]]) -> set[str]:

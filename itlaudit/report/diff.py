@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from itlaudit.analysis.run_diff import RunDiff
-from itlaudit.analysis.stats import SAME, UNKNOWN, WORSE
+from itlaudit.analysis.stats import Verdict
 from itlaudit.report.markdown import escape
 
-_ICON = {"better": "✅ better", "worse": "❌ worse", SAME: "same", UNKNOWN: "❔ unknown"}
+_ICON = {
+    Verdict.BETTER: "✅ better",
+    Verdict.WORSE: "❌ worse",
+    Verdict.SAME: "same",
+    Verdict.UNKNOWN: "❔ unknown",
+}
 
 
 def _num(value: float | None) -> str:
@@ -15,7 +20,7 @@ def _num(value: float | None) -> str:
 
 def render_diff(diff: RunDiff, base_label: str, new_label: str) -> str:
     """Markdown for a PR comment: the verdict line first, the table, then what changed in findings."""
-    worse = [m for m in diff.metrics if m.comparison.verdict == WORSE]
+    worse = [m for m in diff.metrics if m.comparison.verdict == Verdict.WORSE]
     lines = [f"## itlaudit diff: `{escape(new_label)}` vs `{escape(base_label)}`", ""]
     if worse:
         lines.append("**Worse:** " + ", ".join(f"{escape(m.variant)} {m.label}" for m in worse))

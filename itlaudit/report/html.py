@@ -45,15 +45,17 @@ code { background: #f4f4f4; padding: 0 .2em; }
 """
 
 
-def _inline(markdown_text: str) -> str:
-    """Escape first, then turn the few Markdown marks our own sentences use into tags."""
+def inline_markdown(markdown_text: str) -> str:
+    """One of itlaudit's own Markdown sentences as HTML: escaped first, so only the few marks our
+    sentences use (bold, italics, code) become tags and nothing inside them can."""
     text = html.escape(markdown_text)
     text = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", text)
     text = re.sub(r"\*(.+?)\*", r"<em>\1</em>", text)
     return re.sub(r"`(.+?)`", r"<code>\1</code>", text)
 
 
-def _figure(caption: str, png: bytes) -> str:
+def figure_html(caption: str, png: bytes) -> str:
+    """A PNG embedded as a data: URI with its caption: the page stays one file that fetches nothing."""
     data = base64.b64encode(png).decode("ascii")
     alt = html.escape(caption)
     return (
@@ -61,7 +63,8 @@ def _figure(caption: str, png: bytes) -> str:
     )
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def table_html(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A table of raw strings, every cell escaped (cells may hold server text or names)."""
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
@@ -72,12 +75,12 @@ def _summary_table(summary: dict[str, Any]) -> str:
     names = list(variants)
     rows = [["requests (errors)", *(f"{variants[n]['requests']} ({variants[n]['errors']})" for n in names)]]
     rows += [[label, *(cell(variants[n].get(key), fmt) for n in names)] for label, key, fmt in SUMMARY_ROWS]
-    return _table(["metric (p50 / p90 / p99)", *names], rows)
+    return table_html(["metric (p50 / p90 / p99)", *names], rows)
 
 
 def _imported(imp: ImportedBenchmark, variant: str, block: dict[str, Any]) -> str:
     title = f"{imp.tool} ({imp.source}) beside itlaudit {variant}"
-    table = _table(
+    table = table_html(
         ["figure", f"what {imp.tool} calls it", imp.tool, f"itlaudit {variant}"], import_rows(imp, block)
     )
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in imp.notes)
@@ -115,31 +118,38 @@ def render_html(
     """The headline and the first figure (token vs chunk ITL) come before any table: the question
     "is it faster?" should be answered above the fold."""
     variants: dict[str, Any] = summary["variants"]
-    sentences = "".join(f"<li>{_inline(s)}</li>" for s in headline(summary))
+    sentences = "".join(f"<li>{inline_markdown(s)}</li>" for s in headline(summary))
     parts = [
         f"<h1>itlaudit: {html.escape(title)}</h1>",
         f'<div class="headline"><ul>{sentences}</ul></div>',
     ]
     for warning in (usage_warning(summary), saturation_warning(summary)):
         if warning:
-            parts.append(f'<p class="warning">{_inline(warning)}</p>')
-    figures = [_figure(caption, png) for caption, png in images]
+            parts.append(f'<p class="warning">{inline_markdown(warning)}</p>')
+    figures = [figure_html(caption, png) for caption, png in images]
     parts += figures[:1]
-    parts += ["<h2>Figures per variant</h2>", _summary_table(summary), f"<p>{_inline(EXPLANATION)}</p>"]
+    parts += ["<h2>Figures per variant</h2>", _summary_table(summary)]
+    parts.append(f"<p>{inline_markdown(EXPLANATION)}</p>")
     for name, block in summary["variants"].items():
         rows = category_rows(block)
         if rows:
             parts += [
                 f"<h3>By category: {html.escape(name)}</h3><p>{CATEGORY_NOTE}</p>",
-                _table(CATEGORY_HEADER, rows),
+                table_html(CATEGORY_HEADER, rows),
             ]
     parts += figures[1:]
     parts += [_imported(imp, variant, variants.get(variant) or {}) for imp, variant in imported]
     parts += ["<h2>Findings</h2>", _findings(findings)]
+    return page_html(f"itlaudit: {title}", parts)
+
+
+def page_html(title: str, parts: Sequence[str]) -> str:
+    """The self-contained page around already-built HTML parts: inline styles, and a CSP that forbids
+    every fetch and script. `title` is raw text (escaped here)."""
     return (
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
         f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">'
-        f"<title>itlaudit: {html.escape(title)}</title><style>{_STYLE}</style></head>\n<body>\n"
+        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head>\n<body>\n"
         + "\n".join(parts)
         + "\n</body></html>\n"
     )

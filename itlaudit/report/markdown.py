@@ -6,17 +6,9 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from itlaudit.analysis.findings import (
-    COMMON_CAP,
-    IGNORE_EOS_VIOLATED,
-    MIN_TOKENS_VIOLATED,
-    TRUNCATED_BELOW_MAX_TOKENS,
-)
 from itlaudit.analysis.importers import ImportedBenchmark
-
-# Per-request codes that mean "the server stopped early": a variant with any of them generated less
-# than asked, so its per-request averages describe a different workload.
-TRUNCATION_CODES = (TRUNCATED_BELOW_MAX_TOKENS, MIN_TOKENS_VIOLATED, IGNORE_EOS_VIOLATED)
+from itlaudit.analysis.metrics import p50, ratio
+from itlaudit.model.codes import CLIENT_SATURATED, COMMON_CAP, TRUNCATION_CODES
 
 EXPLANATION = (
     "**Why two ITL columns.** Under speculative decoding or MTP the server emits several tokens per "
@@ -95,13 +87,10 @@ def escape(text: str) -> str:
     return "".join(_HTML_ENTITIES.get(char, char) for char in text)
 
 
-def _p50(block: dict[str, Any], key: str) -> float | None:
-    return (block.get(key) or {}).get("p50")
-
-
-def times(base: float | None, new: float | None) -> float | None:
-    """new / base, None when either is missing or the base is not positive."""
-    return new / base if base is not None and new is not None and base > 0 else None
+def table_cell(text: str) -> str:
+    """itlaudit's own text (check names, figures, verdict reasons) in one table cell: one line, pipes
+    escaped, its Markdown kept (`itl_ms.p50` stays readable in the source). Foreign text takes escape."""
+    return " ".join(str(text).splitlines()).replace("|", "\\|")
 
 
 def _factor(ratio: float, smaller: str, larger: str) -> str:
@@ -111,18 +100,18 @@ def _factor(ratio: float, smaller: str, larger: str) -> str:
 def comparison_sentence(name: str, base_name: str, base: dict[str, Any], block: dict[str, Any]) -> str | None:
     """Token ITL first (what a user feels), then chunk ITL with "though" when it points the other way:
     that contrast is exactly the trap chunk-counting benchmarks fall into."""
-    token = times(_p50(base, "itl_ms"), _p50(block, "itl_ms"))
+    token = ratio(p50(block, "itl_ms"), p50(base, "itl_ms"))
     if token is None:
         return None
     sentence = (
         f"**{escape(name)} is {_factor(token, 'faster', 'slower')} per token than {escape(base_name)}**"
     )
-    chunk = times(_p50(base, "chunk_itl_ms"), _p50(block, "chunk_itl_ms"))
+    chunk = ratio(p50(block, "chunk_itl_ms"), p50(base, "chunk_itl_ms"))
     if chunk is not None and abs(chunk - 1) >= 0.05:
         contrast = (chunk > 1) != (token > 1)
         joiner = "though" if contrast else "and"
         sentence += f", {joiner} its chunk ITL is {_factor(chunk, 'smaller', 'larger')}"
-        per_chunk = _p50(block, "decode_tokens_per_chunk")
+        per_chunk = p50(block, "decode_tokens_per_chunk")
         if contrast and per_chunk is not None:
             sentence += f" (each chunk carries {per_chunk:.1f} tokens)"
     return sentence + "."
@@ -130,10 +119,11 @@ def comparison_sentence(name: str, base_name: str, base: dict[str, Any], block: 
 
 def truncation_sentence(name: str, base: dict[str, Any], block: dict[str, Any]) -> str | None:
     counts = block.get("findings") or {}
+    # A request may carry several truncation codes: the most frequent one counts the cut requests.
     cut = max((counts.get(code, 0) for code in TRUNCATION_CODES), default=0)
     if not cut:
         return None
-    tokens, base_tokens = _p50(block, "completion_tokens"), _p50(base, "completion_tokens")
+    tokens, base_tokens = p50(block, "completion_tokens"), p50(base, "completion_tokens")
     sentence = f"**{escape(name)}: {cut} of {block['requests']} requests were cut short by the server**"
     if tokens is not None:
         sentence += f" (completion tokens p50 {tokens:.0f}"
@@ -171,7 +161,7 @@ def usage_warning(summary: dict[str, Any]) -> str | None:
 def saturation_warning(summary: dict[str, Any]) -> str | None:
     """The client's own loop lagged by a visible share of the ITL: the figures partly measure itlaudit."""
     variants: dict[str, Any] = summary["variants"]
-    hit = {n: b["findings"].get("client_saturated", 0) for n, b in variants.items()}
+    hit = {n: b["findings"].get(CLIENT_SATURATED, 0) for n, b in variants.items()}
     hit = {n: k for n, k in hit.items() if k}
     if not hit:
         return None

@@ -13,80 +13,45 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")  # no display on CI machines and servers; must precede pyplot
-
-import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.axes import Axes
-from matplotlib.figure import Figure
 
-from itlaudit.analysis.findings import (
-    IGNORE_EOS_VIOLATED,
-    MIN_TOKENS_VIOLATED,
-    TRUNCATED_BELOW_MAX_TOKENS,
-    request_findings,
+from itlaudit.analysis.metrics import p50, per_chunk_itl_ms, speedup, token_counts
+from itlaudit.model.records import RequestRecord, Status
+from itlaudit.report.plot_style import (
+    CROWDED,
+    LOG_SPAN,
+    TRUNCATION_RED,
+    WIDE,
+    Colour,
+    colour,
+    plt,
+    save_figure,
+    spans_decades,
+    speedup_words,
 )
-from itlaudit.analysis.metrics import per_chunk_itl_ms, request_metrics, token_counts
-from itlaudit.model.records import STATUS_OK, RequestRecord
 
-# Labels carry names from scenarios and run folders: `$...$` there is text, never mathtext (which fails
-# on arbitrary input and would abort the report).
-matplotlib.rcParams["text.parse_math"] = False
-
-DPI = 100
-WIDE = (11.0, 5.5)  # inches: 1100 × 550 px, legible in a browser at 100 % and in a PR comment
-TRUNCATION_CODES = frozenset({TRUNCATED_BELOW_MAX_TOKENS, MIN_TOKENS_VIOLATED, IGNORE_EOS_VIOLATED})
-# A ratio of largest to smallest value beyond this spans more than a decade: log axis, or the small
-# bars and the fast variant's curve collapse onto the axis.
-LOG_SPAN = 10.0
 TIMELINE_SAMPLE = 20  # lines per panel: more is a blur, fewer hides the spread
-TRUNCATION_RED = "#d62728"
-# Beyond this many variants (e.g. two runs of K0/K3/K3-capped in one report) side-by-side panels and
-# two-line bar labels collide: panels stack and labels shorten.
-CROWDED = 3
 
 
 @dataclass(frozen=True)
 class VariantView:
     """One variant as the report sees it: its records, its summary.json block, its compare.json
-    spec-decode figures (None when no compare.json, or the variant had no spec decode)."""
+    spec-decode figures (None when no compare.json, or the variant had no spec decode), and the ids of
+    its requests the findings call cut short (figures read findings, they never judge records)."""
 
     name: str
     records: Sequence[RequestRecord]
     block: dict[str, Any]
     spec_decode: dict[str, Any] | None = None
-
-
-# tab10 without its red (index 3): red means "cut short" in the timeline and "worse" on the bars.
-_PALETTE = [c for i, c in enumerate(plt.get_cmap("tab10").colors) if i != 3]
-
-
-def colour(index: int) -> tuple[float, float, float]:
-    return _PALETTE[index % len(_PALETTE)]
-
-
-def _save(fig: Figure, path: Path) -> Path:
-    fig.savefig(path, dpi=DPI, format="png")
-    plt.close(fig)
-    return path
-
-
-def _p50(block: dict[str, Any], key: str) -> float | None:
-    return (block.get(key) or {}).get("p50")
-
-
-def is_truncated(record: RequestRecord) -> bool:
-    """Cut short by the server (a cap, ignored min_tokens or ignore_eos), per the findings rules."""
-    return any(f.code in TRUNCATION_CODES for f in request_findings(record, request_metrics(record)))
+    truncated: frozenset[str] = frozenset()
 
 
 def _gaps(records: Sequence[RequestRecord]) -> tuple[np.ndarray, np.ndarray]:
     """(per-token gap, per-chunk gap) over every decode step of the finished requests, in ms."""
     token, chunk = [], []
     for record in records:
-        if record.status != STATUS_OK:
+        if record.status != Status.OK:
             continue
         t, _, _ = token_counts(record)
         token.append(per_chunk_itl_ms(record))
@@ -94,14 +59,6 @@ def _gaps(records: Sequence[RequestRecord]) -> tuple[np.ndarray, np.ndarray]:
     if not token:
         return np.array([]), np.array([])
     return np.concatenate(token), np.concatenate(chunk)
-
-
-def _spans_decades(values: np.ndarray) -> bool:
-    positive = values[values > 0]
-    if positive.size < 2:
-        return False
-    low, high = np.percentile(positive, [1, 99])
-    return bool(high / low > LOG_SPAN)
 
 
 def plot_itl_cdf(variants: Sequence[VariantView], path: Path) -> Path | None:
@@ -124,7 +81,7 @@ def plot_itl_cdf(variants: Sequence[VariantView], path: Path) -> Path | None:
     if not everything:
         plt.close(fig)
         return None
-    if _spans_decades(np.concatenate(everything)):
+    if spans_decades(np.concatenate(everything)):
         ax.set_xscale("log")
     ax.set_xlabel("inter-token latency (ms)")
     ax.set_ylabel("share of decode steps ≤ x")
@@ -135,7 +92,7 @@ def plot_itl_cdf(variants: Sequence[VariantView], path: Path) -> Path | None:
     ax.grid(alpha=0.3, which="both")
     ax.legend(loc="lower right", ncols=max(1, len(variants) // 3 + 1), fontsize=9)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_tokens_per_chunk(variants: Sequence[VariantView], path: Path) -> Path | None:
@@ -171,7 +128,7 @@ def plot_tokens_per_chunk(variants: Sequence[VariantView], path: Path) -> Path |
     ax.grid(axis="y", alpha=0.3)
     ax.legend(loc="best", fontsize=9)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _sample(records: Sequence[RequestRecord], k: int) -> list[RequestRecord]:
@@ -183,7 +140,7 @@ def _sample(records: Sequence[RequestRecord], k: int) -> list[RequestRecord]:
 
 def plot_timeline(variants: Sequence[VariantView], path: Path) -> Path | None:
     """Cumulative tokens over time per request: a cap shows as lines that stop at one height, red."""
-    shown = [v for v in variants if any(r.status == STATUS_OK and len(r.chunks) for r in v.records)]
+    shown = [v for v in variants if any(r.status == Status.OK and len(r.chunks) for r in v.records)]
     if not shown:
         return None
     cols = min(3, len(shown))
@@ -201,12 +158,12 @@ def plot_timeline(variants: Sequence[VariantView], path: Path) -> Path | None:
         ax.set_ylabel("completion tokens (server count)")
     fig.suptitle("Per-request progress: slope = tokens/s; red = cut short by the server")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
-def _timeline_panel(ax: Axes, view: VariantView, line_colour: str) -> None:
-    finished = [r for r in view.records if r.status == STATUS_OK and len(r.chunks)]
-    cut = [r for r in finished if is_truncated(r)]
+def _timeline_panel(ax: Axes, view: VariantView, line_colour: Colour) -> None:
+    finished = [r for r in view.records if r.status == Status.OK and len(r.chunks)]
+    cut = [r for r in finished if r.request_id in view.truncated]
     whole = [r for r in finished if r not in cut]
     for record, truncated in [(r, False) for r in _sample(whole, TIMELINE_SAMPLE)] + [
         (r, True) for r in _sample(cut, TIMELINE_SAMPLE)
@@ -247,26 +204,10 @@ _BAR_METRICS = (
 _PERCENTILES = (("p50", 1.0), ("p90", 0.65), ("p99", 0.35))  # (key, bar opacity)
 
 
-def speedup(base: float | None, new: float | None, lower_is_better: bool) -> float | None:
-    """How many times better new is than base (>1 better, <1 worse), whatever the metric's direction."""
-    if base is None or new is None or base <= 0 or new <= 0:
-        return None
-    return base / new if lower_is_better else new / base
-
-
-SAME_BAND = 0.02  # within ±2 %: printing "1.00× better" would suggest a difference that is not there
-
-
-def speedup_words(factor: float, better: str = "better", worse: str = "worse") -> str:
-    if abs(factor - 1) < SAME_BAND:
-        return "≈ same"
-    return f"{factor:.2f}× {better}" if factor >= 1 else f"{1 / factor:.2f}× {worse}"
-
-
 def plot_latency_bars(variants: Sequence[VariantView], path: Path) -> Path | None:
     """p50/p90/p99 per variant for the three figures people quote, each non-baseline bar group
     annotated with its p50 ratio to the baseline."""
-    if not any(_p50(v.block, key) is not None for v in variants for key, _, _ in _BAR_METRICS):
+    if not any(p50(v.block, key) is not None for v in variants for key, _, _ in _BAR_METRICS):
         return None
     if len(variants) > CROWDED:
         fig, axes = plt.subplots(len(_BAR_METRICS), 1, figsize=(WIDE[0], 2.8 * len(_BAR_METRICS)))
@@ -278,7 +219,7 @@ def plot_latency_bars(variants: Sequence[VariantView], path: Path) -> Path | Non
     fig.legend(handles, [p for p, _ in _PERCENTILES], loc="upper right", ncols=3, fontsize=9)
     fig.suptitle(f"Latency and throughput per variant (ratio = p50 vs {variants[0].name})", x=0.4)
     fig.tight_layout(rect=(0, 0, 1, 0.95))
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _bar_panel(ax: Axes, variants: Sequence[VariantView], key: str, label: str, lower: bool) -> None:
@@ -296,9 +237,9 @@ def _bar_panel(ax: Axes, variants: Sequence[VariantView], key: str, label: str, 
     log = max(tops) / max(min(tops), 1e-9) > LOG_SPAN
     if log:
         ax.set_yscale("log")
-    base = _p50(variants[0].block, key)
+    base = p50(variants[0].block, key)
     for i, view in enumerate(variants[1:], 1):
-        factor = speedup(base, _p50(view.block, key), lower)
+        factor = speedup(base, p50(view.block, key), lower)
         stats = view.block.get(key) or {}
         top = max(v for p, _ in _PERCENTILES if (v := stats.get(p)) is not None) if stats.get("p50") else None
         if factor is not None and top is not None:
@@ -321,7 +262,7 @@ def _bar_panel(ax: Axes, variants: Sequence[VariantView], key: str, label: str, 
 def plot_itl_headline(variants: Sequence[VariantView], path: Path) -> Path | None:
     """Token ITL next to chunk ITL (p50) per variant, each variant's per-token ratio to the baseline
     under its name: the ten-second answer to "is K3 faster?"."""
-    pairs = [(_p50(v.block, "itl_ms"), _p50(v.block, "chunk_itl_ms")) for v in variants]
+    pairs = [(p50(v.block, "itl_ms"), p50(v.block, "chunk_itl_ms")) for v in variants]
     if all(token is None for token, _ in pairs):
         return None
     fig, ax = plt.subplots(figsize=WIDE)
@@ -366,7 +307,7 @@ def plot_itl_headline(variants: Sequence[VariantView], path: Path) -> Path | Non
     ax.set_title("Token ITL (solid: lower is faster) vs chunk ITL (hatched: inflated by tokens per chunk)")
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_acceptance(variants: Sequence[VariantView], path: Path) -> Path | None:
@@ -399,7 +340,7 @@ def plot_acceptance(variants: Sequence[VariantView], path: Path) -> Path | None:
     ax.grid(axis="y", alpha=0.3)
     ax.legend(loc="upper right", fontsize=9)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 PlotFunction = Callable[[Sequence[VariantView], Path], Path | None]

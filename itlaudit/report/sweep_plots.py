@@ -13,7 +13,7 @@ from matplotlib.axes import Axes
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from itlaudit.analysis.sweep import CONCURRENCY
-from itlaudit.report.plots import DPI, LOG_SPAN, WIDE, _save, colour, plt
+from itlaudit.report.plot_style import DPI, LOG_SPAN, WIDE, colour, plt, save_figure
 
 
 def _load_label(axis: str) -> str:
@@ -93,7 +93,7 @@ def plot_itl_vs_throughput(sweep: Mapping[str, Any], path: Path) -> Path | None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, ncols=2)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_ttft_vs_load(sweep: Mapping[str, Any], path: Path) -> Path | None:
@@ -132,7 +132,7 @@ def plot_ttft_vs_load(sweep: Mapping[str, Any], path: Path) -> Path | None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_speedup_vs_load(sweep: Mapping[str, Any], path: Path) -> Path | None:
@@ -181,7 +181,7 @@ def plot_speedup_vs_load(sweep: Mapping[str, Any], path: Path) -> Path | None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def write_sweep_plots(sweep: Mapping[str, Any], out_dir: Path) -> list[tuple[str, Path]]:

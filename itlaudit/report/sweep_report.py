@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from itlaudit.analysis.sweep import CONCURRENCY
-from itlaudit.report.html import _CSP, _STYLE, _figure, _inline, _table
+from itlaudit.report.html import figure_html, inline_markdown, page_html, table_html
 from itlaudit.report.sweep_plots import write_sweep_plots
 
 HEADER = (
@@ -90,19 +90,13 @@ def render_markdown(sweep: Mapping[str, Any], images: Sequence[tuple[str, Path]]
 
 def render_html(sweep: Mapping[str, Any], images: Sequence[tuple[str, bytes]]) -> str:
     title = html.escape(str(sweep["scenario"]))
-    sentences = "".join(f"<li>{_inline(s)}</li>" for s in sweep["headline"])
+    sentences = "".join(f"<li>{inline_markdown(s)}</li>" for s in sweep["headline"])
     parts = [f"<h1>itlaudit sweep: {title}</h1>", f'<div class="headline"><ul>{sentences}</ul></div>']
-    figures = [_figure(caption, png) for caption, png in images]
+    figures = [figure_html(caption, png) for caption, png in images]
     parts += figures[:1]
-    parts += [_table(HEADER, table_rows(sweep)), f"<p>{_inline(EXPLANATION)}</p>"]
+    parts += [table_html(HEADER, table_rows(sweep)), f"<p>{inline_markdown(EXPLANATION)}</p>"]
     parts += figures[1:]
-    return (
-        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
-        f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">'
-        f"<title>itlaudit sweep: {title}</title><style>{_STYLE}</style></head>\n<body>\n"
-        + "\n".join(parts)
-        + "\n</body></html>\n"
-    )
+    return page_html(f"itlaudit sweep: {sweep['scenario']}", parts)
 
 
 def write_sweep_report(sweep_dir: Path, sweep: Mapping[str, Any]) -> None:

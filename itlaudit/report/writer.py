@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from itlaudit.analysis.findings import truncated_requests
 from itlaudit.analysis.importers import ImportedBenchmark
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.redact import redact_text, secret_values
@@ -24,11 +25,16 @@ REPORT_HTML = "report.html"
 
 
 def variant_views(
-    records: Sequence[RequestRecord], summary: dict[str, Any], compare: dict[str, Any] | None = None
+    records: Sequence[RequestRecord],
+    summary: dict[str, Any],
+    compare: dict[str, Any] | None = None,
+    findings: Sequence[dict[str, Any]] = (),
 ) -> list[VariantView]:
     """compare.json is written by another command and may be absent, partial or from an older
-    itlaudit: anything but a dict where spec-decode figures should be is treated as absent."""
+    itlaudit: anything but a dict where spec-decode figures should be is treated as absent. The
+    findings (JSON form) say which requests were cut short."""
     compared = (compare or {}).get("variants") if isinstance(compare, dict) else None
+    truncated = truncated_requests(findings)
     views = []
     for name, block in summary["variants"].items():
         row = compared.get(name) if isinstance(compared, dict) else None
@@ -39,6 +45,7 @@ def variant_views(
                 records=[r for r in records if r.variant == name],
                 block=block,
                 spec_decode=spec if isinstance(spec, dict) else None,
+                truncated=frozenset(r.request_id for r in records if r.variant == name) & truncated,
             )
         )
     return views
@@ -56,7 +63,7 @@ def write_reports(
 ) -> Path:
     """PNGs, report.md (linking them) and report.html (embedding them); returns report.html's path."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    plots = write_plots(variant_views(records, summary, compare), out_dir)
+    plots = write_plots(variant_views(records, summary, compare, findings), out_dir)
     # A server's error message can echo a credential it was sent (an API key in a 401): mask ours.
     secrets = secret_values(os.environ, [])
     md = render_report(title, summary, findings, images=[(c, p.name) for c, p in plots], imported=imported)

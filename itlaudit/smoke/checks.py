@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from itlaudit.analysis.derive import derive_request
-from itlaudit.model.records import STATUS_OK, RequestRecord
+from itlaudit.model.records import RequestRecord, Status
 from itlaudit.smoke.suite import DEFAULT_METRIC, CheckSpec, Suite
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
@@ -64,7 +64,7 @@ def variant_figures(
     spec = (compare_row or {}).get("spec_decode") or {}
     return {
         "requests": len(records),
-        "errors": sum(r.status != STATUS_OK for r in records),
+        "errors": sum(r.status != Status.OK for r in records),
         "max_tokens": max_tokens,
         "per_request": [
             {
@@ -142,7 +142,7 @@ def _completion_tokens(ctx: _Ctx) -> Outcome:
 
     def ok(r: dict[str, Any]) -> bool:
         return (
-            r["status"] == STATUS_OK
+            r["status"] == Status.OK
             and r["completion_tokens"] is not None
             and _within(r["completion_tokens"], params)
         )

@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from itlaudit.report.markdown import table_cell
 from itlaudit.smoke.checks import FAIL, PASS, SKIP, CheckResult
 
 
@@ -26,10 +27,6 @@ def table_lines(results: Sequence[CheckResult]) -> list[str]:
     return [
         "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:4])) + f"  {row[4]}" for row in rows
     ]
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
 
 
 def _environment_lines(environment: dict[str, Any]) -> list[str]:
@@ -66,13 +63,13 @@ def render_markdown(smoke: dict[str, Any], results: Sequence[CheckResult]) -> st
         "|---|---|---|---|---|",
     ]
     lines += [
-        f"| {r.status} | {r.case} | {_cell(r.name)} | {_cell(r.figure)} | {_cell(r.threshold)} |"
+        "| " + " | ".join([r.status, r.case, *map(table_cell, (r.name, r.figure, r.threshold))]) + " |"
         for r in results
     ]
     failed = [r for r in results if r.status == FAIL]
     if failed:
         lines += ["", "## Failures", ""]
-        lines += [f"- **{r.case} {_cell(r.name)}**: {r.message}" for r in failed]
+        lines += [f"- **{r.case} {table_cell(r.name)}**: {r.message}" for r in failed]
     lines += ["", "## Environment", "", *_environment_lines(smoke["environment"]), "", "## Runs", ""]
     for scenario, variants in smoke["results"].items():
         for variant, figures in variants.items():

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from itlaudit.analysis.comparison import ACCEPTANCE_LENGTH_MISMATCH
 from itlaudit.analysis.findings import CODES
 from itlaudit.analysis.metrics import SUMMARY_METRICS
 from itlaudit.errors import ScenarioError
+from itlaudit.model.codes import ACCEPTANCE_LENGTH_MISMATCH
 from itlaudit.model.scenario import LAUNCH_KINDS, LaunchConfig, Scenario, load_scenario
 
 SUITE_FILE = "suite.toml"

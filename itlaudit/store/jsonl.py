@@ -174,7 +174,7 @@ def load_records(path: Path) -> list[RequestRecord]:
     for obj in iter_jsonl(path):
         try:
             record = RequestRecord.from_json(obj)
-        except TypeError as exc:
+        except (TypeError, ValueError) as exc:  # wrong keys, or a status Status does not know
             raise RecordsError(f"{path}: a line is not an itlaudit request record ({exc})") from None
         if not record.warmup:
             out.append(record)

@@ -17,11 +17,12 @@ from rich.console import Console
 
 from itlaudit.analysis.comparison import build_comparison
 from itlaudit.analysis.findings import Finding
-from itlaudit.analysis.lossless import SPEC_DECODE_OUTPUT_MISMATCH, prompt_index, with_execution_modes
+from itlaudit.analysis.lossless import prompt_index, with_execution_modes
 from itlaudit.analysis.specdecode import CounterSnapshot, parse_counters, spec_decode_delta
 from itlaudit.capture.runner import CaptureOptions, variant_access
 from itlaudit.capture.scoring import Scorer, explain_mismatch
 from itlaudit.model.access import NO_ACCESS, Access
+from itlaudit.model.codes import SPEC_DECODE_OUTPUT_MISMATCH
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.scenario import COMPILED, EAGER, Scenario, Variant
 from itlaudit.store.rundir import COMPARE_FILE, write_json
@@ -47,7 +48,7 @@ def _judged_by_modes(
     evidence = found.get("evidence", {})
     base = variant_of.get(str(evidence.get("base_request_id")))
     spec = variant_of.get(str(evidence.get("spec_request_id")))
-    judged = with_execution_modes(Finding(**found), modes.get(str(base)), modes.get(str(spec)))
+    judged = with_execution_modes(Finding.from_json(found), modes.get(str(base)), modes.get(str(spec)))
     return judged.to_json()
 
 
@@ -77,7 +78,7 @@ async def explain_mismatches(
                 continue
             prompt = scenario.prompt_for(int(prompt_index(base)))
             explained = await explain_mismatch(
-                Finding(**found),
+                Finding.from_json(found),
                 prompt,
                 Scorer(session, str(urls[0]), base.model),
                 Scorer(session, str(urls[1]), spec.model),

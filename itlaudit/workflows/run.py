@@ -30,7 +30,7 @@ from itlaudit.capture.runner import (
 from itlaudit.errors import RunDirError, RunInterrupted, ScenarioError
 from itlaudit.model.access import NO_ACCESS, Access
 from itlaudit.model.records import RequestRecord
-from itlaudit.model.redact import redact_file, redact_json, secret_values
+from itlaudit.model.redact import launch_secret_values, redact_file, redact_json
 from itlaudit.model.scenario import LaunchConfig, Scenario, Variant
 from itlaudit.serve.environment import gpus as host_gpus
 from itlaudit.serve.environment import host_environment, server_environment
@@ -213,14 +213,6 @@ def _write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
     write_json(run_dir / META_FILE, redact_json(meta))
 
 
-def _secret_values(variant: Variant) -> set[str]:
-    """Credentials a launched server saw (our env, its launch env and args), to mask in its log."""
-    if variant.launch is None:
-        return set()
-    launch = variant.launch
-    return secret_values({**os.environ, **launch.env}, [*launch.command, *launch.server_args])
-
-
 def run_scenario(
     scenario: Scenario,
     *,
@@ -332,7 +324,10 @@ def run_scenario(
                         )
                 finally:
                     if launched is not None:
-                        redact_file(run_dir / server_log_name(variant.name), _secret_values(variant))
+                        redact_file(
+                            run_dir / server_log_name(variant.name),
+                            launch_secret_values(variant.launch, os.environ),
+                        )
                 _write_meta(run_dir, meta)
     except KeyboardInterrupt:
         raise _wrap_up_interrupted(run_dir, scenario, meta) from None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -41,7 +42,7 @@ from itlaudit.analysis.sweep import (
 )
 from itlaudit.capture.runner import CaptureOptions, run_variant
 from itlaudit.errors import RunInterrupted, ScenarioError
-from itlaudit.model.redact import redact_file, redact_json
+from itlaudit.model.redact import launch_secret_values, redact_file, redact_json
 from itlaudit.model.scenario import Scenario, Variant
 from itlaudit.store.jsonl import RecordWriter, iter_jsonl, load_records
 from itlaudit.store.rundir import (
@@ -54,9 +55,8 @@ from itlaudit.store.rundir import (
     write_json,
 )
 from itlaudit.workflows.derive import write_derived
-from itlaudit.workflows.run import (  # the same masking of a launched server's log as `run`'s
+from itlaudit.workflows.run import (
     DEFAULT_REPORTS,
-    _secret_values,
     interruption,
     server_log_name,
     variant_target,
@@ -304,7 +304,10 @@ def run_sweep(
                         sweeper.run_variant_loads(variant, base_url)
                 finally:
                     if variant.launch is not None and not override:
-                        redact_file(sweep_dir / server_log_name(variant.name), _secret_values(variant))
+                        redact_file(
+                            sweep_dir / server_log_name(variant.name),
+                            launch_secret_values(variant.launch, os.environ),
+                        )
                 write_sweep_outputs(sweep_dir, scenario.name, config)
     except KeyboardInterrupt:
         signal_name, exit_code = interruption()
