@@ -14,11 +14,11 @@ import pytest
 
 from itlaudit.bisect.build_cache import MARKER, BuildCache, parse_size
 from itlaudit.bisect.build_range import Build
-from itlaudit.bisect.errors import BuildUnavailable
 from itlaudit.bisect.providers.command import CommandProvider
 from itlaudit.bisect.providers.docker import DockerProvider, release_image
 from itlaudit.bisect.providers.pip import PipProvider
 from itlaudit.bisect.providers.wheels import WheelsProvider, commit_of_version, metadata_url
+from itlaudit.errors import BuildUnavailable
 from itlaudit.serve.launcher import LaunchSpec, docker_argv
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "bisect"))

@@ -12,9 +12,9 @@ from packaging.version import Version
 
 from itlaudit import cli
 from itlaudit.bisect import build_range
-from itlaudit.bisect.errors import BisectError
 from itlaudit.bisect.settings import Settings, commit_source, list_builds
 from itlaudit.bisect.verdict import parse_regress
+from itlaudit.errors import BisectError
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "bisect"))
 from helpers import PROBE_SCENARIO, make_repo, serve_dir

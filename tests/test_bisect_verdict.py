@@ -8,8 +8,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from itlaudit.bisect.errors import BisectError
 from itlaudit.bisect.verdict import Figures, Regress, judge, parse_regress, script_answer
+from itlaudit.errors import BisectError
 
 T, A = 1.5, 0.05
 

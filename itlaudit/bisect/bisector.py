@@ -15,7 +15,6 @@ from typing import Any
 from rich.console import Console
 
 from itlaudit.bisect import state as state_mod
-from itlaudit.bisect.errors import BisectError
 from itlaudit.bisect.prefetch import Prefetcher
 from itlaudit.bisect.probe import BAD, GOOD, SKIP, ProbeConfig, ProbeResult, run_probe
 from itlaudit.bisect.report import compare_url, write_report
@@ -23,6 +22,7 @@ from itlaudit.bisect.search import Answer, Search
 from itlaudit.bisect.settings import Settings, make_provider
 from itlaudit.bisect.state import State
 from itlaudit.bisect.verdict import Figures, read_probe
+from itlaudit.errors import BisectError
 from itlaudit.model.scenario import Scenario, load_scenario
 from itlaudit.serve.launcher import LaunchSpec
 from itlaudit.workflows.run import launch_spec

@@ -20,11 +20,10 @@ from typing import Any
 
 from itlaudit.analysis.derive import run_summary
 from itlaudit.bisect.build_range import Build
-from itlaudit.bisect.errors import BuildUnavailable
 from itlaudit.bisect.prefetch import Prefetcher
 from itlaudit.bisect.verdict import Figures, Judgement, Regress, judge, read_trial, script_answer
 from itlaudit.capture.runner import run_variant
-from itlaudit.errors import LaunchError, ServerRejectedError, ServerUnreachableError
+from itlaudit.errors import BuildUnavailable, LaunchError, ServerRejectedError, ServerUnreachableError
 from itlaudit.model.scenario import Scenario
 from itlaudit.serve.launcher import LaunchSpec, launch
 from itlaudit.store.jsonl import RecordWriter, load_records

@@ -14,13 +14,13 @@ from typing import Any
 from itlaudit.bisect import build_range, github
 from itlaudit.bisect.build_cache import BuildCache, parse_size
 from itlaudit.bisect.build_range import Build
-from itlaudit.bisect.errors import BisectError
 from itlaudit.bisect.providers import Provider
 from itlaudit.bisect.providers.command import CommandProvider
 from itlaudit.bisect.providers.docker import DEFAULT_IMAGES, DockerProvider, release_image
 from itlaudit.bisect.providers.pip import PipProvider
 from itlaudit.bisect.providers.wheels import DEFAULT_URL, DEFAULT_VARIANTS, WheelsProvider
 from itlaudit.bisect.verdict import Regress, parse_regress
+from itlaudit.errors import BisectError
 from itlaudit.serve.testbed import default_cache_dir
 
 PROVIDERS = ("wheels", "docker", "pip", "command")

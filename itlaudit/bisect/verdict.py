@@ -25,7 +25,7 @@ import numpy as np
 from itlaudit.analysis import findings, stats
 from itlaudit.analysis.derive import run_summary
 from itlaudit.analysis.metrics import request_metrics
-from itlaudit.bisect.errors import BisectError
+from itlaudit.errors import BisectError
 from itlaudit.store.jsonl import load_records
 from itlaudit.store.rundir import REQUESTS_FILE
 

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
-from itlaudit.bisect.errors import BisectError
 from itlaudit.bisect.github import DEFAULT_API
 from itlaudit.bisect.providers.docker import DEFAULT_IMAGES
 from itlaudit.bisect.providers.wheels import DEFAULT_URL, DEFAULT_VARIANTS
+from itlaudit.errors import BisectError
 from itlaudit.serve.testbed import default_cache_dir
 
 if TYPE_CHECKING:

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import ClassVar
 
 from itlaudit.bisect.build_range import SHORT_SHA, Build
-from itlaudit.bisect.errors import BuildUnavailable
 from itlaudit.bisect.providers import Found, Prepared, Provider
+from itlaudit.errors import BuildUnavailable
 from itlaudit.serve.launcher import LaunchSpec, fill_placeholders
 
 

@@ -16,8 +16,8 @@ from typing import Any, ClassVar
 
 from itlaudit.bisect.build_cache import BuildCache
 from itlaudit.bisect.build_range import SHORT_SHA, Build
-from itlaudit.bisect.errors import BuildUnavailable
 from itlaudit.bisect.providers import Found, Prepared, Provider
+from itlaudit.errors import BuildUnavailable
 from itlaudit.serve.launcher import LaunchSpec, fill_placeholders
 
 DEFAULT_IMAGES = (

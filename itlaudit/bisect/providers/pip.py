@@ -14,8 +14,8 @@ from packaging.version import Version
 
 from itlaudit.bisect.build_cache import BuildCache
 from itlaudit.bisect.build_range import Build
-from itlaudit.bisect.errors import BuildUnavailable
 from itlaudit.bisect.providers import Found, Prepared, Provider, venvs
+from itlaudit.errors import BuildUnavailable
 from itlaudit.serve.launcher import LaunchSpec
 from itlaudit.serve.testbed import UNWANTED
 

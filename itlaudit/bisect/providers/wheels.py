@@ -21,8 +21,8 @@ from typing import Any, ClassVar
 
 from itlaudit.bisect.build_cache import BuildCache
 from itlaudit.bisect.build_range import Build
-from itlaudit.bisect.errors import BuildUnavailable
 from itlaudit.bisect.providers import Found, Prepared, Provider, venvs
+from itlaudit.errors import BuildUnavailable
 from itlaudit.serve.launcher import LaunchSpec
 
 DEFAULT_URL = "https://wheels.vllm.ai"
