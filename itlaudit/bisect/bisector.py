@@ -24,8 +24,8 @@ from itlaudit.bisect.state import State
 from itlaudit.bisect.verdict import Figures, read_probe
 from itlaudit.errors import BisectError
 from itlaudit.model.scenario import Scenario, load_scenario
+from itlaudit.serve.launch_config import launch_spec
 from itlaudit.serve.launcher import LaunchSpec
-from itlaudit.workflows.run import launch_spec
 
 
 def probe_scenario(settings: Settings) -> tuple[Scenario, dict[str, LaunchSpec]]:

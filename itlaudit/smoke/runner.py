@@ -15,9 +15,10 @@ from typing import Any
 
 from rich.console import Console
 
+from itlaudit.capture.server_info import server_environment
 from itlaudit.errors import RecordsError, SuiteError
 from itlaudit.model.scenario import Variant
-from itlaudit.serve.environment import host_environment, server_environment
+from itlaudit.serve.environment import host_environment
 from itlaudit.smoke.checks import CheckResult, Results, evaluate, exit_code, variant_figures
 from itlaudit.smoke.junit import write_junit
 from itlaudit.smoke.output import render_markdown

@@ -17,7 +17,8 @@ from itlaudit.analysis.comparison import ACCEPTANCE_LENGTH_MISMATCH
 from itlaudit.analysis.findings import CODES
 from itlaudit.analysis.metrics import SUMMARY_METRICS
 from itlaudit.errors import SuiteError
-from itlaudit.model.scenario import LAUNCH_KINDS, LaunchConfig, Scenario, load_scenario
+from itlaudit.model.launch_kinds import LAUNCH_KINDS
+from itlaudit.model.scenario import LaunchConfig, Scenario, load_scenario
 
 SUITE_FILE = "suite.toml"
 STATS = ("mean", "p50", "p90", "p99")
