@@ -19,11 +19,13 @@ T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    """`what` is how the user spells the choice in an error line (`launch kind`, `--provider`)."""
+    """`what` is how the user spells the choice in an error line (`launch kind`, `--provider`);
+    `hint` is added to that line where a bare list of names would not say enough."""
 
-    def __init__(self, what: str, error: type[ItlauditError]) -> None:
+    def __init__(self, what: str, error: type[ItlauditError], hint: str = "") -> None:
         self.what = what
         self.error = error
+        self.hint = hint
         self._entries: dict[str, T] = {}
 
     def register(self, name: str) -> Callable[[T], T]:
@@ -42,7 +44,8 @@ class Registry(Generic[T]):
         try:
             return self._entries[name]
         except KeyError:
-            raise self.error(f"{self.what} {name!r}: use one of {', '.join(self)}") from None
+            hint = f"; {self.hint}" if self.hint else ""
+            raise self.error(f"{self.what} {name!r}: use one of {', '.join(self)}{hint}") from None
 
     def names(self) -> tuple[str, ...]:
         return tuple(self._entries)
