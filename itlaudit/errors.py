@@ -1,16 +1,85 @@
-"""Error types: every user-facing failure is one of these, so the CLI can print one line, not a traceback."""
+"""Every error itlaudit raises on purpose, in one tree, so a caller can catch as narrowly as it likes
+and the CLI can turn any of them into one line and an exit code instead of a traceback.
+
+    ItlauditError                 exit_code 2: the message is the whole story, with what to do
+    ├── ScenarioError             a scenario file is missing, unparsable or has a bad key
+    │   ├── DatasetError          a [workload.dataset] key or file is wrong (carries the key)
+    │   └── SuiteError            a smoke suite is missing, unparsable or names what does not exist
+    ├── ServerUnreachableError    no answer at all from the server
+    │   └── ConnectFailed ─┐      (also a TransportError)
+    ├── ServerRejectedError       the server answered a request with 4xx/5xx
+    ├── LaunchError               a server we started died or never became ready
+    │   └── TestbedError          installing the CPU testbed or its tiny model failed
+    ├── RecordsError              a run-folder file is missing or malformed
+    ├── RunDirError               the run folder cannot be used (holds a run, unwritable)
+    ├── RunInterrupted            SIGINT/SIGTERM ended a run; exit_code 130 or 143 per instance
+    ├── DuplicateRunError         --no-repeat and the ledger already holds this experiment
+    ├── CaptureWorkerError        a capture worker process died
+    ├── MetricsParseError         /metrics is not Prometheus text
+    ├── SweepError                a sweep option or sweep folder is unusable
+    ├── BisectError               bad bisect input, or an end that does not behave as claimed
+    ├── BuildUnavailable          a build cannot be had: the bisect probe is a skip, never a bad
+    └── TransportError            the streaming HTTP connection failed
+        ├── ConnectFailed         no TCP connection (name, refusal, unreachable)
+        │   └── ConnectTimeout    connecting took longer than the connect timeout
+        ├── TLSFailure            handshake or record failed (trust, host name)
+        ├── ConnectionDropped     closed or reset before the response was complete
+        └── BadFraming            not a valid HTTP/1.1 response
+
+`exit_code` lives on the base class and the CLI (cli/app.py `main`) exits with whatever the caught
+error carries, so a subclass that needs another code sets the attribute and nothing else changes.
+"""
 
 from __future__ import annotations
+
+__all__ = [
+    "BadFraming",
+    "BisectError",
+    "BuildUnavailable",
+    "CaptureWorkerError",
+    "ConnectFailed",
+    "ConnectTimeout",
+    "ConnectionDropped",
+    "DatasetError",
+    "DuplicateRunError",
+    "ItlauditError",
+    "LaunchError",
+    "MetricsParseError",
+    "RecordsError",
+    "RunDirError",
+    "RunInterrupted",
+    "ScenarioError",
+    "ServerRejectedError",
+    "ServerUnreachableError",
+    "SuiteError",
+    "SweepError",
+    "TLSFailure",
+    "TestbedError",
+    "TransportError",
+]
 
 
 class ItlauditError(Exception):
     """Base: the message is a complete one-line explanation with what to do about it."""
 
-    exit_code = 2
+    exit_code: int = 2
 
 
 class ScenarioError(ItlauditError):
     """A scenario file is missing, unparsable or has a bad key."""
+
+
+class DatasetError(ScenarioError):
+    """A dataset key or file is wrong: `key` names the [workload.dataset] key, the message the fix.
+    The scenario loader adds the file and line; raised bare it still reads as one line."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class SuiteError(ScenarioError):
+    """A smoke suite is missing, unparsable, or names something that does not exist."""
 
 
 class ServerUnreachableError(ItlauditError):
@@ -48,6 +117,30 @@ class RunInterrupted(ItlauditError):
         super().__init__(message)
         self.signal_name = signal_name
         self.exit_code = exit_code
+
+
+class DuplicateRunError(ItlauditError):
+    """`--no-repeat` and the fingerprint is already in the ledger; the message names the earlier run."""
+
+
+class CaptureWorkerError(ItlauditError):
+    """A capture worker process died; what it finished is kept."""
+
+
+class MetricsParseError(ItlauditError):
+    """/metrics did not parse as Prometheus text."""
+
+
+class SweepError(ItlauditError):
+    """A sweep option or sweep folder is unusable; the message says which and how to fix it."""
+
+
+class BisectError(ItlauditError):
+    """Bad input (range, commit, option) or an end of the range that does not behave as claimed."""
+
+
+class BuildUnavailable(ItlauditError):
+    """A build that cannot be found, downloaded or installed: the probe is a skip, never a bad."""
 
 
 class TransportError(ItlauditError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -14,11 +15,13 @@ import pytest
 
 from itlaudit.bisect.build_cache import MARKER, BuildCache, parse_size
 from itlaudit.bisect.build_range import Build
-from itlaudit.bisect.errors import BuildUnavailable
+from itlaudit.bisect.providers import PROVIDERS
 from itlaudit.bisect.providers.command import CommandProvider
 from itlaudit.bisect.providers.docker import DockerProvider, release_image
 from itlaudit.bisect.providers.pip import PipProvider
 from itlaudit.bisect.providers.wheels import WheelsProvider, commit_of_version, metadata_url
+from itlaudit.bisect.settings import Settings, make_provider
+from itlaudit.errors import BuildUnavailable
 from itlaudit.serve.launcher import LaunchSpec, docker_argv
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "bisect"))
@@ -223,3 +226,24 @@ def test_command_provider_fills_template_and_build_failure_is_unavailable(tmp_pa
     ]
     with pytest.raises(BuildUnavailable, match="build command exited 1"):
         provider.prepare(Build(BAD_SHA, "commit"))
+
+
+def test_providers_are_registered_under_the_name_they_carry() -> None:
+    """--provider's names, the cache's keys and the registry are one spelling: the class's own."""
+    assert set(PROVIDERS) == {"wheels", "docker", "pip", "command"}
+    assert {name: PROVIDERS.get(name) for name in PROVIDERS} == {
+        "wheels": WheelsProvider,
+        "docker": DockerProvider,
+        "pip": PipProvider,
+        "command": CommandProvider,
+    }
+    assert all(PROVIDERS.get(name).name == name for name in PROVIDERS)
+
+
+def test_provider_is_built_from_settings(tmp_path: Path) -> None:
+    settings = Settings(good="a", bad="b", scenario="s.toml", provider="docker", cache_dir=str(tmp_path))
+    provider, _ = make_provider(settings, tmp_path)
+    assert isinstance(provider, DockerProvider)
+    command = Settings(good="a", bad="b", scenario="s.toml", provider="command", server_cmd="serve {port}")
+    provider, _ = make_provider(dataclasses.replace(command, cache_dir=str(tmp_path)), tmp_path)
+    assert isinstance(provider, CommandProvider) and provider.server_cmd == ["serve", "{port}"]

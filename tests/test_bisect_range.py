@@ -12,9 +12,9 @@ from packaging.version import Version
 
 from itlaudit import cli
 from itlaudit.bisect import build_range
-from itlaudit.bisect.errors import BisectError
 from itlaudit.bisect.settings import Settings, commit_source, list_builds
 from itlaudit.bisect.verdict import parse_regress
+from itlaudit.errors import BisectError
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "bisect"))
 from helpers import PROBE_SCENARIO, make_repo, serve_dir
@@ -126,10 +126,10 @@ def test_version_range_errors(good: str, bad: str, message: str) -> None:
 
 def test_regress_and_settings_validation() -> None:
     assert parse_regress("finding:common_cap").code == "common_cap"
-    assert parse_regress("itl", "check.sh").mode == "script"
+    assert parse_regress("itl", "check.sh").name == "script"
     with pytest.raises(BisectError, match="unknown finding code"):
         parse_regress("finding:nope")
-    with pytest.raises(BisectError, match="use auto, itl, speedup, truncation"):
+    with pytest.raises(BisectError, match="use one of auto, itl, speedup"):
         parse_regress("speed")
     with pytest.raises(BisectError, match="above 1"):
         Settings(good="a", bad="b", scenario="s.toml", threshold=0.9)
@@ -144,6 +144,10 @@ def test_regress_and_settings_validation() -> None:
     [
         (["--from", "abc1234", "--to", "abc1234"], "same"),
         (["--from", "abc1234", "--to", "def5678", "--regress", "fast"], "--regress 'fast'"),
+        (
+            ["--from", "abc1234", "--to", "def5678", "--provider", "conda"],
+            "--provider 'conda': use one of command, docker, pip, wheels",
+        ),
         (["--from", "abc1234", "--to", "def5678", "--commits-file", "/nonexistent/c.txt"], "cannot read"),
     ],
 )

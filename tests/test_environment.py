@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from test_invariance import sim_server
 
+from itlaudit.capture.server_info import server_environment
 from itlaudit.model.scenario import parse_scenario
 from itlaudit.serve import environment
 from itlaudit.serve.environment import (
@@ -16,7 +17,6 @@ from itlaudit.serve.environment import (
     non_default_args,
     recorded_env,
     server_env,
-    server_environment,
 )
 from itlaudit.serve.sim import SimConfig
 from itlaudit.workflows.run import run_scenario

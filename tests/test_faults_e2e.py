@@ -297,7 +297,7 @@ def test_sigkill_of_compare_leaves_no_launched_server(tmp_path: Path) -> None:
 def test_orphan_left_by_a_dead_itlaudit_is_reaped_on_the_next_launch(tmp_path: Path) -> None:
     """The pid-file fallback: a server whose owner is gone (PDEATHSIG did not reach it) is killed
     before the next server starts."""
-    from itlaudit.serve.launcher import pid_dir, reap_orphans
+    from itlaudit.serve.orphans import pid_dir, reap_orphans
 
     tag = {"ITLAUDIT_RUN_DIR": str(tmp_path / "orphan-run")}
     orphan = subprocess.Popen(

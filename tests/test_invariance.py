@@ -28,7 +28,8 @@ from itlaudit.analysis.invariance import (
     set_difference,
     summarize,
 )
-from itlaudit.capture.scoring import Scorer, observe, server_identity
+from itlaudit.capture.scoring import Scorer, observe
+from itlaudit.capture.server_info import server_identity
 from itlaudit.cli.app import main
 from itlaudit.errors import ServerRejectedError
 from itlaudit.serve.sim import SimConfig, make_app, run_sim

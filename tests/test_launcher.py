@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from itlaudit.errors import LaunchError
+from itlaudit.model.launch_kinds import LAUNCH_KINDS
 from itlaudit.serve.launcher import (
+    LAUNCHERS,
     LaunchSpec,
     command_argv,
     docker_argv,
@@ -319,3 +321,15 @@ def test_sigint_inside_with_block_leaves_no_process(fake_spec: LaunchSpec, tmp_p
             proc.kill()
     assert "KeyboardInterrupt" in stderr
     assert _gone_soon(server_pid) and _gone_soon(child)
+
+
+def test_every_scenario_launch_kind_has_a_launcher() -> None:
+    """model/launch_kinds.py (what a scenario may name) and LAUNCHERS (what the launcher can do) are
+    two tables because model/ may not import serve/: they must hold the same kinds."""
+    assert set(LAUNCHERS) == set(LAUNCH_KINDS)
+
+
+def test_unknown_launch_kind_is_one_line_naming_the_known_ones(tmp_path: Path) -> None:
+    with pytest.raises(LaunchError) as caught:
+        launch(LaunchSpec(kind="podman"), tmp_path / "server.log")
+    assert str(caught.value) == "launch kind 'podman': use one of url, python, docker, command"

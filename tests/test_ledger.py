@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from test_invariance import itlaudit, sim_server
 
+from itlaudit.errors import DuplicateRunError
 from itlaudit.model.scenario import LaunchConfig, Variant, parse_scenario
 from itlaudit.serve.sim import SimConfig
 from itlaudit.store import ledger
@@ -81,7 +82,7 @@ def test_check_new_run_names_a_repeat_and_refuses_it_only_with_no_repeat(tmp_pat
     assert earlier is not None and earlier["run_id"] == "run-1"
     warning = ledger.repeat_warning(earlier, "K0", tmp_path / "run-2")
     assert f"`itlaudit diff {tmp_path / 'run-1'} {tmp_path / 'run-2'}`" in warning
-    with pytest.raises(ledger.DuplicateRunError, match=r"run .run-1.*--no-repeat"):
+    with pytest.raises(DuplicateRunError, match=r"run .run-1.*--no-repeat"):
         ledger.check_new_run(fingerprint, path, no_repeat=True)
     other = ledger.variant_fingerprint(_launched(tmp_path, ["-x"]), "K0", SERVER)
     assert ledger.check_new_run(other, path, no_repeat=True) is None

@@ -9,7 +9,6 @@ import pytest
 
 from itlaudit.analysis.sweep import (
     CONCURRENCY,
-    SweepError,
     crossover,
     goodput,
     parse_goodput,
@@ -18,7 +17,7 @@ from itlaudit.analysis.sweep import (
     pool_trials,
     sla_search,
 )
-from itlaudit.errors import ScenarioError
+from itlaudit.errors import ScenarioError, SweepError
 from itlaudit.model.scenario import parse_scenario
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from itlaudit.errors import ItlauditError
+from itlaudit.errors import MetricsParseError
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
@@ -21,10 +21,6 @@ ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 _COUNTERS = (DRAFTS, DRAFT_TOKENS, ACCEPTED, GENERATION_TOKENS)
-
-
-class MetricsParseError(ItlauditError):
-    """/metrics did not parse as Prometheus text."""
 
 
 @dataclass(frozen=True)

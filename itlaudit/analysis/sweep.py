@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from itlaudit.analysis.metrics import median, p50, speedup
-from itlaudit.errors import ItlauditError
+from itlaudit.errors import SweepError
 from itlaudit.model.records import RequestRecord, Status
 from itlaudit.model.scenario import GOODPUT_KEYS
 
@@ -24,10 +24,6 @@ AXES = (CONCURRENCY, RATE)
 PERCENTILES = ("p50", "p90", "p99")
 # The latency figures a point reports and an SLA may name, each as {p50, p90, p99}.
 LATENCY_FIGURES = ("itl_ms", "chunk_itl_ms", "ttft_ms", "tpot_ms", "e2e_ms")
-
-
-class SweepError(ItlauditError):
-    """A sweep option or sweep folder is unusable; the message says which and how to fix it."""
 
 
 def parse_points(text: str, axis: str) -> list[float]:

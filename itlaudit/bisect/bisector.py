@@ -15,17 +15,18 @@ from typing import Any
 from rich.console import Console
 
 from itlaudit.bisect import state as state_mod
-from itlaudit.bisect.errors import BisectError
+from itlaudit.bisect.figures import Figures, read_probe
 from itlaudit.bisect.prefetch import Prefetcher
-from itlaudit.bisect.probe import BAD, GOOD, SKIP, ProbeConfig, ProbeResult, run_probe
+from itlaudit.bisect.probe import ProbeConfig, ProbeResult, run_probe
 from itlaudit.bisect.report import compare_url, write_report
 from itlaudit.bisect.search import Answer, Search
 from itlaudit.bisect.settings import Settings, make_provider
 from itlaudit.bisect.state import State
-from itlaudit.bisect.verdict import Figures, read_probe
+from itlaudit.bisect.verdict import BAD, GOOD, SKIP
+from itlaudit.errors import BisectError
 from itlaudit.model.scenario import Scenario, load_scenario
+from itlaudit.serve.launch_config import launch_spec
 from itlaudit.serve.launcher import LaunchSpec
-from itlaudit.workflows.run import launch_spec
 
 
 def probe_scenario(settings: Settings) -> tuple[Scenario, dict[str, LaunchSpec]]:
@@ -39,7 +40,7 @@ def probe_scenario(settings: Settings) -> tuple[Scenario, dict[str, LaunchSpec]]
             raise BisectError(
                 f"--variant {name!r} is not in {settings.scenario} (variants: {', '.join(names)})"
             )
-    if settings.regress_rule.mode == "speedup" and len(wanted) != 2:
+    if settings.regress_rule.across_variants and len(wanted) != 2:
         raise BisectError(
             f"--regress speedup compares two variants, the baseline first; {settings.scenario} has "
             f"{len(wanted)}: pick two with --variant K0 --variant K3"

@@ -101,7 +101,7 @@ class BuildCache:
 
     def entries(self) -> list[tuple[Path, dict[str, Any], int]]:
         """(path, marker data, size) of every entry; unfinished ones get last_used 0 so they go first."""
-        found = []
+        found: list[tuple[Path, dict[str, Any], int]] = []
         if not self.root.is_dir():
             return found
         for provider_dir in sorted(p for p in self.root.iterdir() if p.is_dir()):

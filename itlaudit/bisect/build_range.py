@@ -25,7 +25,7 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
-from itlaudit.bisect.errors import BisectError
+from itlaudit.errors import BisectError
 
 BuildKind = Literal["commit", "version"]
 SHORT_SHA = 9

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from itlaudit.bisect.build_range import Build, check_ends
-from itlaudit.bisect.errors import BisectError
+from itlaudit.errors import BisectError
 
 DEFAULT_API = "https://api.github.com"
 TOKEN_ENV = "GITHUB_TOKEN"

@@ -20,18 +20,16 @@ from typing import Any
 
 from itlaudit.analysis.derive import run_summary
 from itlaudit.bisect.build_range import Build
-from itlaudit.bisect.errors import BuildUnavailable
+from itlaudit.bisect.figures import Figures, read_trial
 from itlaudit.bisect.prefetch import Prefetcher
-from itlaudit.bisect.verdict import Figures, Judgement, Regress, judge, read_trial, script_answer
+from itlaudit.bisect.verdict import Judge, Judgement, ScriptJudge, Verdict
 from itlaudit.capture.runner import run_variant
-from itlaudit.errors import LaunchError, ServerRejectedError, ServerUnreachableError
+from itlaudit.errors import BuildUnavailable, LaunchError, ServerRejectedError, ServerUnreachableError
 from itlaudit.model.scenario import Scenario
 from itlaudit.serve.launcher import LaunchSpec, launch
 from itlaudit.store.jsonl import RecordWriter, load_records
 from itlaudit.store.rundir import REQUESTS_FILE, SUMMARY_FILE, write_json
 from itlaudit.workflows.run import server_log_name
-
-GOOD, BAD, SKIP, UNKNOWN = "good", "bad", "skip", "unknown"
 
 # Called with the server's process group once it is up, so the state file can name it.
 OnServer = Callable[[int | None], None]
@@ -44,7 +42,7 @@ class ProbeConfig:
 
     scenario: Scenario
     specs: dict[str, LaunchSpec]
-    regress: Regress
+    regress: Judge
     threshold: float
     alpha: float
     trials: int
@@ -57,7 +55,7 @@ class ProbeConfig:
 
 @dataclass
 class ProbeResult:
-    verdict: str
+    verdict: Verdict
     reason: str
     version: str | None = None
     trials: int = 0
@@ -65,23 +63,19 @@ class ProbeResult:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
-def _verdict(present: bool | None) -> str:
-    return UNKNOWN if present is None else BAD if present else GOOD
-
-
 def _failure(config: ProbeConfig, reason: str) -> ProbeResult:
-    """The server would not start or stopped answering: that is the regression only under `error`."""
-    return ProbeResult(BAD if config.regress.mode == "error" else UNKNOWN, reason)
+    """The server would not start or stopped answering: the judge says what that counts as."""
+    return ProbeResult(config.regress.failed_server, reason)
 
 
-def _run_script(config: ProbeConfig, probe_dir: Path, url: str, build: Build) -> Judgement:
-    script = config.regress.script or ""
+def _run_script(judge: ScriptJudge, probe_dir: Path, url: str, build: Build) -> Judgement:
+    script = judge.script
     env = {**os.environ, "ITLAUDIT_RUN_DIR": str(probe_dir), "ITLAUDIT_URL": url, "ITLAUDIT_BUILD": build.ref}
     with (probe_dir / "script.log").open("ab") as log:
         code = subprocess.run(
             [*script.split(), str(probe_dir)], stdout=log, stderr=subprocess.STDOUT, env=env, check=False
         ).returncode
-    return Judgement(script_answer(code, script), f"script exited {code}", {"script_exit": code})
+    return Judgement(judge.answer(code), f"script exited {code}", {"script_exit": code})
 
 
 def run_trial(scenario: Scenario, variant: str, url: str, run_dir: Path) -> Path:
@@ -100,16 +94,13 @@ def _clear(
 ) -> bool:
     """Whether this variant's trials so far settle the verdict. Under `speedup` only the last variant
     decides (its ratio needs every variant); the others run the minimum number of trials."""
-    if config.regress.mode == "script" or (config.regress.mode == "speedup" and name != config.names[-1]):
+    rule = config.regress
+    if isinstance(rule, ScriptJudge) or (rule.across_variants and name != config.names[-1]):
         return True
     pooled = {n: Figures.pool(t) for n, t in done.items()}
-    names = config.names if config.regress.mode == "speedup" else [name]
-    return (
-        judge(
-            config.regress, pooled, reference, names, threshold=config.threshold, alpha=config.alpha
-        ).present
-        is not None
-    )
+    names = config.names if rule.across_variants else [name]
+    verdict = rule.judge(pooled, reference, names, threshold=config.threshold, alpha=config.alpha)
+    return verdict.present is not None
 
 
 def _run_variant(
@@ -144,7 +135,7 @@ def run_probe(
     try:
         prepared = prefetcher.get(build)
     except BuildUnavailable as exc:
-        return ProbeResult(SKIP, str(exc))
+        return ProbeResult(Verdict.SKIP, str(exc))
     probe_dir.mkdir(parents=True, exist_ok=True)
     done: dict[str, list[Figures]] = {}
     scripted: Judgement | None = None
@@ -154,8 +145,8 @@ def run_probe(
             with launch(spec, probe_dir / server_log_name(name)) as server:
                 on_server(server.pid)
                 _run_variant(config, name, server.url, probe_dir, done, reference)
-                if config.regress.mode == "script" and name == config.names[-1]:
-                    scripted = _run_script(config, probe_dir, server.url, build)
+                if isinstance(config.regress, ScriptJudge) and name == config.names[-1]:
+                    scripted = _run_script(config.regress, probe_dir, server.url, build)
     except LaunchError as exc:
         return dataclasses.replace(_failure(config, f"server failed: {exc}"), version=prepared.version)
     except (ServerUnreachableError, ServerRejectedError) as exc:
@@ -166,11 +157,11 @@ def run_probe(
     metrics = {n: f.summary() for n, f in pooled.items()}
     trial_count = max(len(t) for t in done.values())
     if scripted is not None:
-        label = SKIP if scripted.present is None else _verdict(scripted.present)
+        label = Verdict.SKIP if scripted.present is None else Verdict.of(scripted.present)
         return ProbeResult(label, scripted.reason, prepared.version, trial_count, metrics, scripted.detail)
-    verdict = judge(
-        config.regress, pooled, reference, config.names, threshold=config.threshold, alpha=config.alpha
+    verdict = config.regress.judge(
+        pooled, reference, config.names, threshold=config.threshold, alpha=config.alpha
     )
     return ProbeResult(
-        _verdict(verdict.present), verdict.reason, prepared.version, trial_count, metrics, verdict.detail
+        Verdict.of(verdict.present), verdict.reason, prepared.version, trial_count, metrics, verdict.detail
     )

@@ -14,16 +14,13 @@ from typing import Any
 from itlaudit.bisect import build_range, github
 from itlaudit.bisect.build_cache import BuildCache, parse_size
 from itlaudit.bisect.build_range import Build
-from itlaudit.bisect.errors import BisectError
-from itlaudit.bisect.providers import Provider
-from itlaudit.bisect.providers.command import CommandProvider
-from itlaudit.bisect.providers.docker import DEFAULT_IMAGES, DockerProvider, release_image
-from itlaudit.bisect.providers.pip import PipProvider
-from itlaudit.bisect.providers.wheels import DEFAULT_URL, DEFAULT_VARIANTS, WheelsProvider
-from itlaudit.bisect.verdict import Regress, parse_regress
+from itlaudit.bisect.providers import PROVIDERS, Provider
+from itlaudit.bisect.providers.docker import DEFAULT_IMAGES, release_image
+from itlaudit.bisect.providers.wheels import DEFAULT_URL, DEFAULT_VARIANTS
+from itlaudit.bisect.verdict import Judge, parse_regress
+from itlaudit.errors import BisectError
 from itlaudit.serve.testbed import default_cache_dir
 
-PROVIDERS = ("wheels", "docker", "pip", "command")
 # The seed case as a packaged scenario: what a bare `itlaudit bisect --from A --to B` runs.
 DEFAULT_SCENARIO = Path(__file__).resolve().parent.parent / "data" / "bisect-seed.toml"
 
@@ -64,8 +61,7 @@ class Settings:
     github_api: str = github.DEFAULT_API
 
     def __post_init__(self) -> None:
-        if self.provider not in PROVIDERS:
-            raise BisectError(f"--provider {self.provider!r}: use one of {', '.join(PROVIDERS)}")
+        PROVIDERS.get(self.provider)  # an unknown name fails here, naming the known ones
         if self.provider == "command" and not self.server_cmd:
             raise BisectError("--provider command needs --server-cmd 'CMD {commit} ... {port}'")
         if self.repo and self.commits_file:
@@ -79,7 +75,7 @@ class Settings:
         parse_regress(self.regress, self.script)  # fail before any build is touched
 
     @property
-    def regress_rule(self) -> Regress:
+    def regress_rule(self) -> Judge:
         return parse_regress(self.regress, self.script)
 
     @property
@@ -148,19 +144,4 @@ def make_provider(settings: Settings, bisect_dir: Path) -> tuple[Provider, Build
     except ValueError as exc:
         raise BisectError(f"--cache-size: {exc}") from None
     cache = BuildCache(Path(settings.cache_dir), limit, {"docker": release_image})
-    if settings.provider == "wheels":
-        return WheelsProvider(
-            cache,
-            base_url=settings.wheels_url,
-            variants=tuple(settings.wheel_variants),
-            pip_args=settings.pip_args,
-            fixups=settings.post_install,
-        ), cache
-    if settings.provider == "docker":
-        return DockerProvider(cache, patterns=tuple(settings.image_patterns)), cache
-    if settings.provider == "pip":
-        return PipProvider(
-            cache, package=settings.package, pip_args=settings.pip_args, fixups=settings.post_install
-        ), cache
-    assert settings.server_cmd is not None  # checked in __post_init__
-    return CommandProvider(settings.server_cmd, build_cmd=settings.build_cmd, log_dir=bisect_dir), cache
+    return PROVIDERS.get(settings.provider).from_settings(settings, cache, bisect_dir), cache

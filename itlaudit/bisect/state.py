@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from itlaudit.bisect.build_range import Build
-from itlaudit.bisect.errors import BisectError
 from itlaudit.bisect.settings import Settings
+from itlaudit.errors import BisectError
 
 STATE_FILE = "bisect.json"
 # 2: probes run every chosen variant; metrics are per variant.

@@ -28,7 +28,7 @@ from itlaudit.capture.workers import (
     start_workers,
     worker_count,
 )
-from itlaudit.errors import ItlauditError, ScenarioError, ServerRejectedError
+from itlaudit.errors import CaptureWorkerError, ScenarioError, ServerRejectedError
 from itlaudit.model.access import Access
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.redact import redact_bytes
@@ -86,10 +86,6 @@ class CaptureOptions:
             stamp="kernel" if stamp == "kernel" else "loop",
             access=access or Access(),
         )
-
-
-class CaptureWorkerError(ItlauditError):
-    """A capture worker process died; what it finished is kept."""
 
 
 def variant_access(scenario: Scenario, variant: str, options: CaptureOptions | None) -> Access:

@@ -24,9 +24,9 @@ from itlaudit.analysis.invariance import (
     parse_top_logprobs,
 )
 from itlaudit.analysis.lossless import with_divergence_logprobs
-from itlaudit.capture.preflight import fetch_json, server_error_message
+from itlaudit.capture.preflight import server_error_message
 from itlaudit.capture.request_plan import ENDPOINT_COMPLETIONS, ENDPOINT_PATHS
-from itlaudit.errors import ItlauditError, ServerRejectedError, ServerUnreachableError
+from itlaudit.errors import ServerRejectedError, ServerUnreachableError
 
 DEFAULT_REPEATS = 40
 DEFAULT_TOP_K = 20
@@ -122,27 +122,3 @@ async def observe(
             pairs.append([first[0], second[0]])
     sweep = {size: await scorer.score([prompt] * size) for size in sweep_sizes}
     return PromptObservations(prompt=prompt, alone=alone, batch2=batch2, concurrent=pairs, sweep=sweep)
-
-
-async def server_identity(session: aiohttp.ClientSession, base_url: str, model: str) -> dict[str, Any]:
-    """What build is answering: /version and the system_fingerprint (a config hash in vLLM) of a
-    one-token completion, so a ledger can tell two servers at the same URL apart before a run.
-
-    Best effort: SGLang, TGI, gateways and mock servers have no /version, and some only stream. What
-    cannot be read is None, and `unknown` says why; identity never stops a run."""
-    identity: dict[str, Any] = {"version": None, "system_fingerprint": None}
-    unknown = []
-    try:
-        version = await fetch_json(session, base_url, "/version")
-        identity["version"] = version.get("version") if isinstance(version, dict) else None
-    except ItlauditError as exc:
-        unknown.append(str(exc))
-    try:
-        probe = await Scorer(session, base_url, model, top_k=0).complete("ping", 1)
-        fingerprint = probe.get("system_fingerprint") if isinstance(probe, dict) else None
-        identity["system_fingerprint"] = fingerprint if isinstance(fingerprint, str) else None
-    except ItlauditError as exc:
-        unknown.append(f"non-streaming ping: {exc}")
-    if unknown:
-        identity["unknown"] = "; ".join(unknown)
-    return identity

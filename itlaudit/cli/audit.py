@@ -23,7 +23,8 @@ from itlaudit.analysis.invariance import (
 )
 from itlaudit.analysis.quality import DEFAULT_THRESHOLDS, GibberishThresholds, gibberish_reasons, text_quality
 from itlaudit.capture.runner import resolve_model
-from itlaudit.capture.scoring import DEFAULT_REPEATS, DEFAULT_TOP_K, Scorer, observe, server_identity
+from itlaudit.capture.scoring import DEFAULT_REPEATS, DEFAULT_TOP_K, Scorer, observe
+from itlaudit.capture.server_info import server_identity
 from itlaudit.errors import ScenarioError
 from itlaudit.model.scenario import Variant, load_scenario
 from itlaudit.store import ledger as ledger_mod

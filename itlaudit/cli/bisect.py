@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
-from itlaudit.bisect.errors import BisectError
 from itlaudit.bisect.github import DEFAULT_API
+from itlaudit.bisect.providers import PROVIDERS
 from itlaudit.bisect.providers.docker import DEFAULT_IMAGES
 from itlaudit.bisect.providers.wheels import DEFAULT_URL, DEFAULT_VARIANTS
+from itlaudit.errors import BisectError
 from itlaudit.serve.testbed import default_cache_dir
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ def bisect(
         Path | None, Opt(help="Local vLLM clone (default: the current directory if it is one, else GitHub).")
     ] = None,
     commits_file: Annotated[Path | None, Opt(help="File of commit shas, oldest first.")] = None,
-    provider: Annotated[str, Opt(help="Build provider: wheels, docker, pip or command.")] = "wheels",
+    provider: Annotated[str, Opt(help=f"Build provider: {', '.join(PROVIDERS)}.")] = "wheels",
     find_fix: Annotated[bool, Opt(help="--from has the problem, --to not: find the fix.")] = False,
     regress: Annotated[
         str,

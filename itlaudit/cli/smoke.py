@@ -8,11 +8,11 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from itlaudit.errors import ItlauditError
+from itlaudit.errors import ItlauditError, SuiteError
 from itlaudit.smoke.junit import write_junit_error
 from itlaudit.smoke.output import table_lines, verdict_line
 from itlaudit.smoke.runner import REPORT_FILE, run_smoke
-from itlaudit.smoke.suite import SuiteError, load_suite
+from itlaudit.smoke.suite import load_suite
 
 DEFAULT_SUITE = Path("scenarios/smoke/dgx-spark")
 _STYLES = {"PASS": "green", "FAIL": "bold red", "SKIP": "yellow"}

@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from itlaudit.analysis.sweep import CONCURRENCY, RATE, SweepError, parse_goodput, parse_points, parse_sla
-from itlaudit.errors import ScenarioError
+from itlaudit.analysis.sweep import CONCURRENCY, RATE, parse_goodput, parse_points, parse_sla
+from itlaudit.errors import ScenarioError, SweepError
 from itlaudit.model.scenario import load_scenario
 from itlaudit.workflows.sweep import SweepConfig, run_sweep, selected_variants
 

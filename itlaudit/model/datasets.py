@@ -26,18 +26,12 @@ from typing import Any
 
 import numpy as np
 
+from itlaudit.errors import DatasetError
+
 DATASET_KINDS = ("random", "jsonl", "sharegpt")
 CHARS_PER_TOKEN = 4  # the usual estimate for English text under BPE tokenizers
 FIRST_TOKEN_ID = 3  # ids 0-2 are special (unk/bos/eos) in most vocabularies
 DEFAULT_VOCAB_SIZE = 256  # every BPE vocabulary has at least its 256 byte tokens
-
-
-class DatasetError(ValueError):
-    """A dataset key or file is wrong: `key` names the [workload.dataset] key, the message the fix."""
-
-    def __init__(self, key: str, message: str) -> None:
-        super().__init__(message)
-        self.key = key
 
 
 @dataclass(frozen=True)

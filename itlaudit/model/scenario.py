@@ -15,6 +15,7 @@ from typing import Any
 from itlaudit.errors import ScenarioError
 from itlaudit.model.access import valid_header
 from itlaudit.model.datasets import DatasetEntry
+from itlaudit.model.launch_kinds import LAUNCH_KINDS
 from itlaudit.model.scenario_toml import Located, get_value, reject_unknown_keys, str_list
 from itlaudit.model.workload import Workload, parse_workload
 
@@ -22,7 +23,6 @@ ENDPOINTS = ("completions", "chat")
 # Scenario and variant names become file and folder names (reports/<name>-<time>/, server-<variant>.log)
 # and plot labels: no path separators, no leading dot, nothing matplotlib reads as markup (`$`).
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._+=@,-]{0,63}$")
-LAUNCH_KINDS = ("python", "docker", "command", "url")
 # How a server executes its model: eagerly (--enforce-eager) or compiled (CUDA graphs / torch.compile,
 # vLLM's default). The two paths round differently, so greedy near ties can flip between them.
 EAGER = "eager"
@@ -107,9 +107,9 @@ def _launch(src: dict[str, Any], loc: Located) -> LaunchConfig:
     kind = get_value(src, loc, table, "kind", str)
     if kind not in LAUNCH_KINDS:
         raise loc.error(table, "kind", f"must be one of {', '.join(LAUNCH_KINDS)}, got {kind!r}")
-    needs = {"python": "python", "docker": "image", "command": "command"}
-    if kind in needs and needs[kind] not in src:
-        raise loc.error(table, needs[kind], f"is missing; kind {kind!r} needs it")
+    needed = LAUNCH_KINDS[kind]
+    if needed is not None and needed not in src:
+        raise loc.error(table, needed, f"is missing; kind {kind!r} needs it")
     env = get_value(src, loc, table, "env", dict, {})
     if not all(isinstance(v, str) for v in env.values()):
         raise loc.error(table, "env", "values must be strings (quote numbers)")

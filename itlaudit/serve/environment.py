@@ -4,26 +4,23 @@ vLLM #47297 turned on facts no latency figure shows: the nightly's commit, the G
 the architecture (aarch64) and the VLLM_* / CUTE_DSL_ARCH overrides the server ran with. Every run's
 meta.json and every smoke report carries this record. Reads are small, off the measurement path
 (between variants, never while requests stream), and a source that cannot be read is recorded as
-unknown rather than failing the run.
+unknown rather than failing the run. This module holds what the host and the launch tell; what the
+server says about itself (/version, /metrics) is capture/server_info.py's, which assembles the record.
 """
 
 from __future__ import annotations
 
 import ast
-import json
 import os
 import platform
 import re
 import shutil
 import subprocess
-import urllib.error
-import urllib.request
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from itlaudit import __version__
-from itlaudit.model.access import NO_ACCESS, Access
 from itlaudit.model.redact import redact_env, redact_json
 
 # Environment passed to the server that changes what the engine does (kernels, attention backend,
@@ -74,15 +71,6 @@ def host_environment() -> dict[str, Any]:
     }
 
 
-def fetch_version(base_url: str, access: Access = NO_ACCESS) -> str | None:
-    try:
-        with access.urlopen(f"{base_url}/version", _TIMEOUT_S) as resp:
-            version = json.loads(resp.read()).get("version")
-    except (urllib.error.URLError, OSError, ValueError, AttributeError):
-        return None
-    return str(version) if version is not None else None
-
-
 def commit_of(version: str | None) -> str | None:
     match = _COMMIT_IN_VERSION.search(version or "")
     return match.group(1) if match else None
@@ -105,27 +93,3 @@ def non_default_args(log_path: Path | None) -> dict[str, Any] | None:
                 return {"raw": match.group(1)}
             return redact_json({str(k): v for k, v in parsed.items()}) if isinstance(parsed, dict) else None
     return None
-
-
-def server_environment(
-    base_url: str,
-    fingerprints: Iterable[str | None] = (),
-    *,
-    launch_env: Mapping[str, str] | None = None,
-    launch_kind: str | None = None,
-    log_path: Path | None = None,
-    access: Access = NO_ACCESS,
-) -> dict[str, Any]:
-    """One server's record. The launch env and log are known only when itlaudit started it."""
-    version = fetch_version(base_url, access)
-    seen = sorted({f for f in fingerprints if f})
-    return {
-        "url": base_url,
-        "vllm_version": version,
-        "vllm_commit": commit_of(version),
-        "system_fingerprint": seen[0] if len(seen) == 1 else (seen or None),
-        "launched": launch_kind is not None,
-        "launch_kind": launch_kind,
-        "non_default_args": non_default_args(log_path),
-        "env": server_env(launch_env or {}, launch_kind) if launch_kind is not None else None,
-    }

@@ -2,24 +2,22 @@
 
 A benchmark that leaves a server behind poisons the next run (port taken, GPU memory held, a second
 engine competing for cores), so teardown is the point of this module: every process we start gets its
-own session and the whole process group is killed on success, failure, Ctrl-C and interpreter exit.
-SIGKILL runs none of that, so two more guards: the kernel kills the server when itlaudit dies
-(PR_SET_PDEATHSIG, Linux), and a pid file per server lets the next launch reap a group whose owner is
-gone (its grandchildren, which PDEATHSIG does not reach, and any host without prctl).
+own session and the whole process group is killed on success, failure, Ctrl-C and interpreter exit;
+orphans.py holds the guards for a SIGKILLed itlaudit (PDEATHSIG, pid files reaped by the next launch).
 Readiness uses urllib because it is off the measurement path; measurement goes through client.py.
+
+What each launch kind does is registered in LAUNCHERS (`@LAUNCHERS.register("kind")`); a new kind is
+one function here plus its name in model/launch_kinds.py, which scenarios validate against.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
-import json
 import os
 import signal
 import socket
 import subprocess
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -27,94 +25,44 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Literal
+from typing import Protocol
 
 from itlaudit.errors import LaunchError
 from itlaudit.model.access import NO_ACCESS, Access
+from itlaudit.model.registry import Registry
+from itlaudit.serve.orphans import (
+    die_with_parent,
+    group_alive,
+    reap_orphans,
+    remove_container,
+    write_pid_file,
+)
 
-Kind = Literal["python", "docker", "command", "url"]
+__all__ = [
+    "LAUNCHERS",
+    "LaunchSpec",
+    "LaunchedServer",
+    "command_argv",
+    "docker_argv",
+    "fill_placeholders",
+    "free_port",
+    "launch",
+    "python_argv",
+]
 
 CONTAINER_PORT = 8000
 LOG_TAIL_LINES = 15
 _POLL_INTERVAL_S = 0.5
 _TERM_GRACE_S = 10.0
 _PROBE_TIMEOUT_S = 2.0
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-
-def pid_dir() -> Path:
-    """Per-user folder of pid files, one per live launched server."""
-    return Path(tempfile.gettempdir()) / f"itlaudit-servers-{os.getuid()}"
-
-
-def _die_with_parent() -> None:
-    """preexec_fn of every launched server: SIGKILL it when the itlaudit that started it dies,
-    however it dies. Best effort: without Linux's prctl the pid file still lets the next run reap it."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
-def _write_pid_file(pgid: int, docker_name: str | None) -> Path:
-    folder = pid_dir()
-    folder.mkdir(mode=0o700, exist_ok=True)
-    path = folder / f"{pgid}.json"
-    path.write_text(json.dumps({"pgid": pgid, "owner": os.getpid(), "docker_name": docker_name}))
-    return path
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _started_by_itlaudit(pid: int) -> bool:
-    """A recycled pid must not be killed: the group leader must carry the run tag in its environment."""
-    try:
-        return b"ITLAUDIT_RUN_DIR=" in Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return False
-
-
-def reap_orphans() -> list[int]:
-    """Kill the process groups (and containers) of launched servers whose itlaudit is gone; returns
-    the groups killed. Called before every launch."""
-    reaped = []
-    for path in sorted(pid_dir().glob("*.json")):
-        try:
-            entry = json.loads(path.read_text())
-            pgid, owner = int(entry["pgid"]), int(entry["owner"])
-        except (OSError, ValueError, KeyError, TypeError):
-            path.unlink(missing_ok=True)
-            continue
-        if _alive(owner):
-            continue
-        if _group_alive(pgid) and _started_by_itlaudit(pgid):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, signal.SIGKILL)
-            reaped.append(pgid)
-        if entry.get("docker_name"):
-            _remove_container(str(entry["docker_name"]))
-        path.unlink(missing_ok=True)
-    return reaped
-
-
-def _remove_container(name: str) -> None:
-    subprocess.run(
-        ["docker", "rm", "-f", name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False
-    )
 
 
 @dataclass
 class LaunchSpec:
-    """How to get a server: run an interpreter, a docker image, an arbitrary command, or just a URL."""
+    """How to get a server: run an interpreter, a docker image, an arbitrary command, or just a URL.
+    `kind` names an entry of LAUNCHERS."""
 
-    kind: Kind
+    kind: str
     python: str | None = None
     image: str | None = None
     command: list[str] = field(default_factory=list)
@@ -258,7 +206,7 @@ class LaunchedServer:
         self.log_path = log_path
         self._proc = proc
         self._docker_name = docker_name
-        self._pid_file = _write_pid_file(proc.pid, docker_name) if proc is not None else None
+        self._pid_file = write_pid_file(proc.pid, docker_name) if proc is not None else None
         if proc is not None:
             _LIVE.add(self)
 
@@ -277,7 +225,7 @@ class LaunchedServer:
         if proc is not None:
             _kill_group(proc)
         if self._docker_name is not None:
-            _remove_container(self._docker_name)
+            remove_container(self._docker_name)
             self._docker_name = None
         if self._pid_file is not None:
             self._pid_file.unlink(missing_ok=True)
@@ -295,16 +243,6 @@ class LaunchedServer:
         self.stop()
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     pgid = proc.pid  # start_new_session=True makes the leader's pid the pgid
     with contextlib.suppress(ProcessLookupError):
@@ -312,7 +250,7 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + _TERM_GRACE_S
     while time.monotonic() < deadline:
         proc.poll()  # reap the leader so it doesn't linger as a zombie group member
-        if not _group_alive(pgid):
+        if not group_alive(pgid):
             break
         time.sleep(0.05)
     with contextlib.suppress(ProcessLookupError):
@@ -347,31 +285,64 @@ def _wait_ready(
         time.sleep(_POLL_INTERVAL_S)
 
 
+class Launcher(Protocol):
+    def __call__(self, spec: LaunchSpec, log_path: Path, access: Access) -> LaunchedServer: ...
+
+
+LAUNCHERS: Registry[Launcher] = Registry("launch kind", LaunchError)
+
+
 def launch(spec: LaunchSpec, log_path: Path, access: Access = NO_ACCESS) -> LaunchedServer:
     """Start the server described by spec and return once it answers; on any failure nothing is left."""
-    if spec.kind == "url":
-        if not spec.url:
-            raise LaunchError("launch kind 'url' needs a url")
-        url = spec.url.rstrip("/")
-        _wait_ready(url, spec.ready_timeout_s, log_path, None, access)
-        return LaunchedServer(url, log_path)
+    return LAUNCHERS.get(spec.kind)(spec, log_path, access)
 
+
+@LAUNCHERS.register("url")
+def _attach(spec: LaunchSpec, log_path: Path, access: Access) -> LaunchedServer:
+    if not spec.url:
+        raise LaunchError("launch kind 'url' needs a url")
+    url = spec.url.rstrip("/")
+    _wait_ready(url, spec.ready_timeout_s, log_path, None, access)
+    return LaunchedServer(url, log_path)
+
+
+@LAUNCHERS.register("python")
+def _launch_python(spec: LaunchSpec, log_path: Path, access: Access) -> LaunchedServer:
+    port = _fresh_port(spec)
+    return _start(spec, python_argv(spec, port), port, log_path, access)
+
+
+@LAUNCHERS.register("docker")
+def _launch_docker(spec: LaunchSpec, log_path: Path, access: Access) -> LaunchedServer:
+    port = _fresh_port(spec)
+    name = f"itlaudit-{os.getpid()}-{port}"
+    return _start(spec, docker_argv(spec, port, name), port, log_path, access, docker_name=name)
+
+
+@LAUNCHERS.register("command")
+def _launch_command(spec: LaunchSpec, log_path: Path, access: Access) -> LaunchedServer:
+    port = _fresh_port(spec)
+    return _start(spec, command_argv(spec, port), port, log_path, access)
+
+
+def _fresh_port(spec: LaunchSpec) -> int:
+    """Reap what a dead itlaudit left behind first: its server may hold the port or the GPU."""
     reap_orphans()
-    port = free_port(spec.host)
-    docker_name = None
-    if spec.kind == "python":
-        argv = python_argv(spec, port)
-    elif spec.kind == "docker":
-        docker_name = f"itlaudit-{os.getpid()}-{port}"
-        argv = docker_argv(spec, port, docker_name)
-    elif spec.kind == "command":
-        argv = command_argv(spec, port)
-    else:
-        raise LaunchError(f"unknown launch kind {spec.kind!r}; expected python, docker, command or url")
+    return free_port(spec.host)
 
+
+def _start(
+    spec: LaunchSpec,
+    argv: list[str],
+    port: int,
+    log_path: Path,
+    access: Access,
+    docker_name: str | None = None,
+) -> LaunchedServer:
+    """Run argv in its own session, logging to log_path, and wait until it answers on `port`."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     # Docker gets env via -e; for local processes it is layered over ours so PATH etc. survive.
-    env = None if spec.kind == "docker" else {**os.environ, **spec.env}
+    env = None if docker_name is not None else {**os.environ, **spec.env}
     with log_path.open("ab") as log:
         try:
             proc = subprocess.Popen(
@@ -381,7 +352,7 @@ def launch(spec: LaunchSpec, log_path: Path, access: Access = NO_ACCESS) -> Laun
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,  # async-signal-safe: one prctl call
+                preexec_fn=die_with_parent,  # async-signal-safe: one prctl call
             )
         except OSError as exc:
             raise LaunchError(f"cannot start {argv[0]!r}: {exc}") from exc

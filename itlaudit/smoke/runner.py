@@ -15,13 +15,14 @@ from typing import Any
 
 from rich.console import Console
 
-from itlaudit.errors import RecordsError
+from itlaudit.capture.server_info import server_environment
+from itlaudit.errors import RecordsError, SuiteError
 from itlaudit.model.scenario import Variant
-from itlaudit.serve.environment import host_environment, server_environment
+from itlaudit.serve.environment import host_environment
 from itlaudit.smoke.checks import CheckResult, Results, evaluate, exit_code, variant_figures
 from itlaudit.smoke.junit import write_junit
 from itlaudit.smoke.output import render_markdown
-from itlaudit.smoke.suite import Suite, SuiteError, server_launch
+from itlaudit.smoke.suite import Suite, server_launch
 from itlaudit.store.rundir import new_run_dir, read_json, write_json
 from itlaudit.workflows.compare import run_compare
 from itlaudit.workflows.run import DEFAULT_REPORTS, server_log_name, variant_target

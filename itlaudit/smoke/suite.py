@@ -15,9 +15,10 @@ from typing import Any
 
 from itlaudit.analysis.findings import CODES
 from itlaudit.analysis.metrics import SUMMARY_METRICS
-from itlaudit.errors import ScenarioError
+from itlaudit.errors import SuiteError
 from itlaudit.model.codes import ACCEPTANCE_LENGTH_MISMATCH
-from itlaudit.model.scenario import LAUNCH_KINDS, LaunchConfig, Scenario, load_scenario
+from itlaudit.model.launch_kinds import LAUNCH_KINDS
+from itlaudit.model.scenario import LaunchConfig, Scenario, load_scenario
 
 SUITE_FILE = "suite.toml"
 STATS = ("mean", "p50", "p90", "p99")
@@ -36,10 +37,6 @@ CHECK_KEYS: dict[str, tuple[set[str], set[str]]] = {
     "baseline": ({"metric", "max_ratio"}, {"max_ratio"}),
 }
 _LAUNCH_KEYS = {"kind", "python", "image", "command", "model", "served_model_name", "env", "ready_timeout_s"}
-
-
-class SuiteError(ScenarioError):
-    """A smoke suite is missing, unparsable, or names something that does not exist."""
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from typing import Any
 
 from itlaudit.analysis.derive import run_summary
 from itlaudit.analysis.quality import text_quality
-from itlaudit.errors import ItlauditError, RecordsError
+from itlaudit.errors import DuplicateRunError, ItlauditError, RecordsError
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.redact import redact_args, redact_env, redact_json
 from itlaudit.model.scenario import Scenario, load_scenario
@@ -43,10 +43,6 @@ DIGEST_CHARS = 16
 # VLLM_USE_DEEP_GEMM, a patched tree on PYTHONPATH). A launched server inherits them from us.
 _ENV_RE = re.compile(r"^(VLLM_|CUDA_|TORCH_|NCCL_|OMP_|SGLANG_|PYTHONPATH$|LD_LIBRARY_PATH$|HF_)")
 _FINGERPRINT_VERSION_RE = re.compile(r"^vllm-(.+)-[0-9a-f]{8}$")
-
-
-class DuplicateRunError(ItlauditError):
-    """`--no-repeat` and the fingerprint is already in the ledger; the message names the earlier run."""
 
 
 @dataclass(frozen=True)

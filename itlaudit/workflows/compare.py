@@ -7,8 +7,6 @@ disturb the timing it sits beside.
 from __future__ import annotations
 
 import asyncio
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -18,26 +16,16 @@ from rich.console import Console
 from itlaudit.analysis.comparison import build_comparison
 from itlaudit.analysis.findings import Finding
 from itlaudit.analysis.lossless import prompt_index, with_execution_modes
-from itlaudit.analysis.specdecode import CounterSnapshot, parse_counters, spec_decode_delta
+from itlaudit.analysis.specdecode import CounterSnapshot, spec_decode_delta
 from itlaudit.capture.runner import CaptureOptions, variant_access
 from itlaudit.capture.scoring import Scorer, explain_mismatch
-from itlaudit.model.access import NO_ACCESS, Access
+from itlaudit.capture.server_info import scrape_counters
 from itlaudit.model.codes import SPEC_DECODE_OUTPUT_MISMATCH
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.scenario import COMPILED, EAGER, Scenario, Variant
 from itlaudit.store.rundir import COMPARE_FILE, write_json
 from itlaudit.workflows.derive import write_derived
 from itlaudit.workflows.run import LedgerPolicy, RunOutcome, run_scenario
-
-
-def scrape_counters(base_url: str, timeout_s: float = 10.0, access: Access = NO_ACCESS) -> dict[str, Any]:
-    """Snapshot as JSON (it goes into meta.json); an unreadable /metrics is recorded, not fatal."""
-    try:
-        with access.urlopen(f"{base_url}/metrics", timeout_s) as resp:
-            text = resp.read().decode("utf-8", errors="replace")
-    except (urllib.error.URLError, OSError) as exc:
-        return {"error": f"GET {base_url}/metrics failed: {exc}"}
-    return parse_counters(text).to_json()
 
 
 def _judged_by_modes(

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -14,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -27,19 +26,17 @@ from itlaudit.capture.runner import (
     run_variant,
     variant_access,
 )
+from itlaudit.capture.server_info import server_environment
 from itlaudit.errors import RunDirError, RunInterrupted, ScenarioError
 from itlaudit.model.access import NO_ACCESS, Access
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.redact import launch_secret_values, redact_file, redact_json
-from itlaudit.model.scenario import LaunchConfig, Scenario, Variant
+from itlaudit.model.scenario import Scenario, Variant
 from itlaudit.serve.environment import gpus as host_gpus
-from itlaudit.serve.environment import host_environment, server_environment
+from itlaudit.serve.environment import host_environment
 from itlaudit.store.jsonl import RecordWriter, iter_jsonl, load_records
 from itlaudit.store.rundir import META_FILE, REPORT_FILE, REQUESTS_FILE, new_run_dir, read_json, write_json
 from itlaudit.workflows.derive import write_derived
-
-if TYPE_CHECKING:
-    from itlaudit.serve.launcher import LaunchSpec
 
 DEFAULT_REPORTS = Path("reports")
 RUN_DIR_ENV = "ITLAUDIT_RUN_DIR"
@@ -67,7 +64,7 @@ class LedgerPolicy:
     ) -> dict[str, Any]:
         """Fingerprint the variant's server. Called before its /metrics window opens: the identity
         ping is a request of itlaudit's own and must not count in the server's figures."""
-        from itlaudit.capture.scoring import server_identity
+        from itlaudit.capture.server_info import server_identity
         from itlaudit.store import ledger
 
         async def identify() -> dict[str, Any]:
@@ -112,33 +109,6 @@ class RunOutcome:
         return per_variant
 
 
-def _expand(text: str) -> str:
-    """`{python}` is this interpreter, `{cache}` itlaudit's cache folder (testbed venvs, models):
-    so a shipped scenario can name the testbed without knowing where this machine keeps it."""
-    from itlaudit.serve.testbed import default_cache_dir
-
-    return text.replace("{python}", sys.executable).replace("{cache}", str(default_cache_dir()))
-
-
-def launch_spec(config: LaunchConfig) -> LaunchSpec:
-    from itlaudit.serve.launcher import LaunchSpec
-
-    def opt(value: str | None) -> str | None:
-        return _expand(value) if value is not None else None
-
-    return LaunchSpec(
-        kind=config.kind,  # type: ignore[arg-type]  # validated against LAUNCH_KINDS by the scenario
-        python=opt(config.python),
-        image=config.image,
-        command=[_expand(part) for part in config.command],
-        model=opt(config.model),
-        served_model_name=config.served_model_name,
-        server_args=[_expand(arg) for arg in config.server_args],
-        env=dict(config.env),
-        ready_timeout_s=config.ready_timeout_s,
-    )
-
-
 def server_log_name(variant: str) -> str:
     return f"server-{variant}.log"
 
@@ -152,6 +122,7 @@ def variant_target(
         yield override_url
         return
     if variant.launch is not None:
+        from itlaudit.serve.launch_config import launch_spec
         from itlaudit.serve.launcher import launch
 
         spec = launch_spec(variant.launch)

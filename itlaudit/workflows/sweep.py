@@ -31,7 +31,6 @@ from rich.progress import (
 from itlaudit import __version__
 from itlaudit.analysis.sweep import (
     CONCURRENCY,
-    SweepError,
     crossover,
     parse_sla,
     pool_trials,
@@ -41,7 +40,7 @@ from itlaudit.analysis.sweep import (
     trial_figures,
 )
 from itlaudit.capture.runner import CaptureOptions, run_variant
-from itlaudit.errors import RunInterrupted, ScenarioError
+from itlaudit.errors import RunInterrupted, ScenarioError, SweepError
 from itlaudit.model.redact import launch_secret_values, redact_file, redact_json
 from itlaudit.model.scenario import Scenario, Variant
 from itlaudit.store.jsonl import RecordWriter, iter_jsonl, load_records

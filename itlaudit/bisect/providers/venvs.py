@@ -10,7 +10,7 @@ import subprocess
 import venv
 from pathlib import Path
 
-from itlaudit.bisect.errors import BuildUnavailable
+from itlaudit.errors import BuildUnavailable
 from itlaudit.serve.logged import run_logged
 
 INSTALL_LOG = "install.log"

@@ -17,13 +17,18 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from itlaudit.bisect.build_cache import BuildCache
 from itlaudit.bisect.build_range import Build
-from itlaudit.bisect.errors import BuildUnavailable
-from itlaudit.bisect.providers import Found, Prepared, Provider, venvs
+from itlaudit.bisect.providers import venvs
+from itlaudit.bisect.providers.base import Found, Prepared, Provider
+from itlaudit.errors import BuildUnavailable
 from itlaudit.serve.launcher import LaunchSpec
+
+if TYPE_CHECKING:
+    from itlaudit.bisect.settings import Settings
 
 DEFAULT_URL = "https://wheels.vllm.ai"
 # "" is the unsuffixed default index; cu130 and cu129 cover both sides of the 2026 default change.
@@ -86,8 +91,16 @@ def _fetch_json(url: str, timeout_s: float) -> Any | None:
         raise BuildUnavailable(f"cannot read {url} ({exc})") from None
 
 
-class WheelsProvider(Provider):
-    name: ClassVar[str] = "wheels"
+class WheelsProvider(Provider, name="wheels"):
+    @classmethod
+    def from_settings(cls, settings: Settings, cache: BuildCache, bisect_dir: Path) -> Provider:
+        return cls(
+            cache,
+            base_url=settings.wheels_url,
+            variants=tuple(settings.wheel_variants),
+            pip_args=settings.pip_args,
+            fixups=settings.post_install,
+        )
 
     def __init__(
         self,

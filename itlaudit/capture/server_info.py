@@ -1,0 +1,95 @@
+"""What a server says about itself: its /version, its /metrics counters, and the identity a ledger
+fingerprints (version plus the system_fingerprint of a one-token completion).
+
+Every read is best effort and off the measurement path (before or between variants, never while
+requests stream): a server that cannot say is recorded as unknown, never a failed run.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from itlaudit.analysis.specdecode import parse_counters
+from itlaudit.capture.preflight import fetch_json
+from itlaudit.capture.scoring import Scorer
+from itlaudit.errors import ItlauditError
+from itlaudit.model.access import NO_ACCESS, Access
+from itlaudit.serve.environment import commit_of, non_default_args, server_env
+
+__all__ = ["fetch_version", "scrape_counters", "server_environment", "server_identity"]
+
+_VERSION_TIMEOUT_S = 5.0
+
+
+def fetch_version(base_url: str, access: Access = NO_ACCESS) -> str | None:
+    """vLLM's own version string from /version; None when the server has no such endpoint."""
+    try:
+        with access.urlopen(f"{base_url}/version", _VERSION_TIMEOUT_S) as resp:
+            version = json.loads(resp.read()).get("version")
+    except (urllib.error.URLError, OSError, ValueError, AttributeError):
+        return None
+    return str(version) if version is not None else None
+
+
+def server_environment(
+    base_url: str,
+    fingerprints: Iterable[str | None] = (),
+    *,
+    launch_env: Mapping[str, str] | None = None,
+    launch_kind: str | None = None,
+    log_path: Path | None = None,
+    access: Access = NO_ACCESS,
+) -> dict[str, Any]:
+    """One server's record. The launch env and log are known only when itlaudit started it."""
+    version = fetch_version(base_url, access)
+    seen = sorted({f for f in fingerprints if f})
+    return {
+        "url": base_url,
+        "vllm_version": version,
+        "vllm_commit": commit_of(version),
+        "system_fingerprint": seen[0] if len(seen) == 1 else (seen or None),
+        "launched": launch_kind is not None,
+        "launch_kind": launch_kind,
+        "non_default_args": non_default_args(log_path),
+        "env": server_env(launch_env or {}, launch_kind) if launch_kind is not None else None,
+    }
+
+
+def scrape_counters(base_url: str, timeout_s: float = 10.0, access: Access = NO_ACCESS) -> dict[str, Any]:
+    """Snapshot as JSON (it goes into meta.json); an unreadable /metrics is recorded, not fatal."""
+    try:
+        with access.urlopen(f"{base_url}/metrics", timeout_s) as resp:
+            text = resp.read().decode("utf-8", errors="replace")
+    except (urllib.error.URLError, OSError) as exc:
+        return {"error": f"GET {base_url}/metrics failed: {exc}"}
+    return parse_counters(text).to_json()
+
+
+async def server_identity(session: aiohttp.ClientSession, base_url: str, model: str) -> dict[str, Any]:
+    """What build is answering: /version and the system_fingerprint (a config hash in vLLM) of a
+    one-token completion, so a ledger can tell two servers at the same URL apart before a run.
+
+    Best effort: SGLang, TGI, gateways and mock servers have no /version, and some only stream. What
+    cannot be read is None, and `unknown` says why; identity never stops a run."""
+    identity: dict[str, Any] = {"version": None, "system_fingerprint": None}
+    unknown = []
+    try:
+        version = await fetch_json(session, base_url, "/version")
+        identity["version"] = version.get("version") if isinstance(version, dict) else None
+    except ItlauditError as exc:
+        unknown.append(str(exc))
+    try:
+        probe = await Scorer(session, base_url, model, top_k=0).complete("ping", 1)
+        fingerprint = probe.get("system_fingerprint") if isinstance(probe, dict) else None
+        identity["system_fingerprint"] = fingerprint if isinstance(fingerprint, str) else None
+    except ItlauditError as exc:
+        unknown.append(f"non-streaming ping: {exc}")
+    if unknown:
+        identity["unknown"] = "; ".join(unknown)
+    return identity
