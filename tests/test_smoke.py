@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from test_invariance import sim_server
+from simkit import sim_server
 from typer.testing import CliRunner
 
 from itlaudit.cli.app import app
