@@ -219,7 +219,6 @@ def test_free_port_is_bindable() -> None:
             accepted.close()
 
 
-
 def test_launch_ready_then_stop_leaves_no_process(fake_spec: LaunchSpec, tmp_path: Path) -> None:
     fake_spec.model = "/models/with space/tiny"
     fake_spec.command.append("{model}")
