@@ -205,10 +205,12 @@ def cross_test_imports(directory: Path) -> list[str]:
     found = []
     for path in sorted(directory.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if not isinstance(node, ast.Import | ast.ImportFrom):
+                continue
             names: list[str] = []
-            if isinstance(node, ast.Import) or (isinstance(node, ast.ImportFrom) and node.module == "tests"):
+            if isinstance(node, ast.Import) or node.module == "tests":
                 names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            elif node.module and not node.level:
                 names = [node.module]
             for name in names:
                 top = name.removeprefix("tests.").split(".")[0]
