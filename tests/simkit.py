@@ -15,14 +15,16 @@ from unittest import mock
 from aiohttp import web
 
 from itlaudit.cli.app import main
+from itlaudit.model.sendlog import SendLog
 from itlaudit.serve.sim import SimConfig, make_app
 
 
 @contextmanager
-def sim_server(config: SimConfig) -> Iterator[str]:
-    """The simulator on its own thread and loop, for code under test that runs asyncio.run itself."""
+def sim_server(config: SimConfig, send_log: SendLog | None = None) -> Iterator[str]:
+    """The simulator on its own thread and loop, for code under test that runs asyncio.run itself;
+    `send_log` receives when each chunk was due and written (read it after the block)."""
     loop = asyncio.new_event_loop()
-    runner = web.AppRunner(make_app(config), access_log=None)
+    runner = web.AppRunner(make_app(config, send_log), access_log=None)
     loop.run_until_complete(runner.setup())
     loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", 0).start())
     port = runner.addresses[0][1]
