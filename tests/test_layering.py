@@ -83,6 +83,10 @@ def stage_of(module: str, order: Sequence[str]) -> int | None:
     return order.index(parts[1]) if parts[1] in order else None
 
 
+def stage_name(rank: int, order: Sequence[str]) -> str:
+    return "itlaudit/__init__" if rank < 0 else "itlaudit/__main__" if rank == len(order) else order[rank]
+
+
 def violations(edges: Sequence[Edge], order: Sequence[str]) -> list[str]:
     """One line per import that goes up the order, or touches a module the table does not place."""
     found = []
@@ -93,7 +97,7 @@ def violations(edges: Sequence[Edge], order: Sequence[str]) -> list[str]:
             unplaced = source if low is None else target
             found.append(f"{where}: {unplaced} is in no stage of README's Development table")
         elif high > low:
-            found.append(f"{where}: {order[high]} is above {order[low] if low >= 0 else 'itlaudit/__init__'}")
+            found.append(f"{where}: {stage_name(high, order)} is above {stage_name(low, order)}")
     return found
 
 
@@ -141,12 +145,14 @@ def test_checker_names_the_module_and_the_import_that_goes_up(order: list[str]) 
         ("itlaudit.model.records", "itlaudit", 2),  # the package itself sits below
         ("itlaudit", "itlaudit.errors", 5),  # __init__ importing a stage goes up
         ("itlaudit.plugins.x", "itlaudit.errors", 7),  # a package the table does not know
+        ("itlaudit.cli.app", "itlaudit.__main__", 9),  # nothing imports the entry point
     ]
     assert violations(edges, order) == [
         "itlaudit.store.rundir (line 12) imports itlaudit.report.markdown: report is above store",
         "itlaudit (line 5) imports itlaudit.errors: errors is above itlaudit/__init__",
         "itlaudit.plugins.x (line 7) imports itlaudit.errors: itlaudit.plugins.x is in no stage of "
         "README's Development table",
+        "itlaudit.cli.app (line 9) imports itlaudit.__main__: itlaudit/__main__ is above cli",
     ]
 
 
