@@ -1,8 +1,17 @@
-"""Shared pytest setup: keep real-vLLM tests opt-in."""
+"""Shared pytest setup: real-vLLM tests opt-in, and the fixtures more than one test module uses.
+
+Where shared test code lives: fixtures here; plain helpers in helper modules that are not test modules
+(reportkit, simkit, pacedkit, vllm_server, fixtures/bisect/helpers). A test module imports neither
+another test module nor this file (tests/test_layering.py checks it).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
 import pytest
+from pacedkit import Paced
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -26,3 +35,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "vllm" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture()
+def paced(tmp_path: Path) -> Iterator[Callable[..., Paced]]:
+    """Start paced SSE servers (each in its own process); every one still running is killed after."""
+    servers: list[Paced] = []
+
+    def start(
+        interval_ms: float = 2.0, fault: str = "none", fault_after: int = 3, extra: tuple[str, ...] = ()
+    ) -> Paced:
+        servers.append(Paced(tmp_path, interval_ms, fault, fault_after, extra))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        if server.process.poll() is None:
+            server.process.kill()
+            server.process.wait()

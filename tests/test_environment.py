@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_invariance import sim_server
+from simkit import sim_server
 
 from itlaudit.capture.server_info import server_environment
 from itlaudit.model.scenario import parse_scenario

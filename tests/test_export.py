@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -10,6 +11,7 @@ from reportkit import stream
 
 from itlaudit.analysis.metrics import request_metrics
 from itlaudit.errors import RecordsError
+from itlaudit.model.records import RequestRecord
 from itlaudit.store.export import CHUNK_COLUMNS, chunks_frame, write_chunks
 
 
@@ -29,16 +31,48 @@ def test_one_row_per_chunk_and_tokens_sum_to_the_server_count() -> None:
     assert decode_gaps.sum() / 15 == pytest.approx(request_metrics(records[0]).itl_ms)
 
 
-def test_csv_round_trips_and_parquet_without_pyarrow_is_a_clear_error(tmp_path: Path) -> None:
-    path = write_chunks([stream("K0")], tmp_path)
-    assert len(pd.read_csv(path)) == len(stream("K0").chunks)
+def _with_gaps_in_usage_and_ids() -> RequestRecord:
+    """A chat-shaped stream: a role chunk without usage, ids on some chunks, jittered float stamps."""
+    record = stream("K0", 1, tokens=6, max_tokens=6, jitter=0.3, seed=7)
+    chunks = record.chunks
+    chunks.t_ms.insert(0, 12.345678901234567)
+    chunks.completion_tokens.insert(0, None)
+    chunks.text_len.insert(0, 0)
+    chunks.has_choice.insert(0, True)
+    chunks.token_ids.insert(0, None)
+    chunks.token_ids[1:4] = [[11], [12], [13, 14]]
+    return record
+
+
+def test_csv_round_trip_keeps_every_value(tmp_path: Path) -> None:
+    records = [
+        stream("K3", 0, tokens=16, per_chunk=4, max_tokens=16, jitter=0.2),
+        _with_gaps_in_usage_and_ids(),
+    ]
+    expected = chunks_frame(records)
+    back = pd.read_csv(
+        write_chunks(records, tmp_path), dtype={"completion_tokens": "Int64", "n_token_ids": "Int64"}
+    )
+    pd.testing.assert_frame_equal(back, expected, check_dtype=False, check_exact=True)
+    # And the values are the records' own: stamps bit for bit, missing usage and ids as missing.
+    chat = back[back.variant == "K0"]
+    assert chat.t_ms.tolist() == records[1].chunks.t_ms
+    assert chat.completion_tokens.isna().tolist() == [True] + [False] * (len(chat) - 1)
+    assert chat.completion_tokens.iloc[1:].tolist() == records[1].chunks.completion_tokens[1:]
+    assert chat.n_token_ids.fillna(-1).tolist() == [-1, 1, 1, 2] + [-1] * (len(chat) - 4)
+    assert chat.has_choice.tolist() == records[1].chunks.has_choice
+
+
+def test_unknown_format_and_parquet_without_pyarrow_are_clear_errors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with pytest.raises(RecordsError, match="--format 'xlsx'"):
         write_chunks([], tmp_path, "xlsx")
-    try:
-        import pyarrow  # noqa: F401
-    except ImportError:
-        with pytest.raises(RecordsError, match="pyarrow"):
-            write_chunks([stream("K0")], tmp_path, "parquet")
+    # Absent whether or not this machine has them: an import of a None entry raises ImportError.
+    for engine in ("pyarrow", "fastparquet"):
+        monkeypatch.setitem(sys.modules, engine, None)
+    with pytest.raises(RecordsError, match="pyarrow"):
+        write_chunks([stream("K0")], tmp_path, "parquet")
 
 
 def test_empty_run_gives_header_only() -> None:

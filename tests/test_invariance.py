@@ -3,21 +3,13 @@ with and without its batch-variance fault."""
 
 from __future__ import annotations
 
-import asyncio
-import io
 import json
-import subprocess
-import sys
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from itertools import accumulate
 from pathlib import Path
-from unittest import mock
 
 import aiohttp
 import pytest
-from aiohttp import web
+from simkit import itlaudit, sim_server
 
 from itlaudit.analysis.invariance import (
     PromptObservations,
@@ -30,9 +22,8 @@ from itlaudit.analysis.invariance import (
 )
 from itlaudit.capture.scoring import Scorer, observe
 from itlaudit.capture.server_info import server_identity
-from itlaudit.cli.app import main
 from itlaudit.errors import ServerRejectedError
-from itlaudit.serve.sim import SimConfig, make_app, run_sim
+from itlaudit.serve.sim import SimConfig, run_sim
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.32.0-cpu"
 PROMPTS = ["The quick brown fox", "Once upon a time there was"]
@@ -158,41 +149,6 @@ async def test_server_identity_reads_version_and_fingerprint() -> None:
     async with run_sim(config) as url, aiohttp.ClientSession() as session:
         identity = await server_identity(session, url, "sim-tiny")
     assert identity == {"version": "0.32.0", "system_fingerprint": config.system_fingerprint}
-
-
-@contextmanager
-def sim_server(config: SimConfig) -> Iterator[str]:
-    """The simulator on its own thread and loop, for code under test that runs asyncio.run itself."""
-    loop = asyncio.new_event_loop()
-    runner = web.AppRunner(make_app(config), access_log=None)
-    loop.run_until_complete(runner.setup())
-    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", 0).start())
-    port = runner.addresses[0][1]
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join()
-        loop.run_until_complete(runner.cleanup())
-        loop.close()
-
-
-def itlaudit(*args: str) -> subprocess.CompletedProcess[str]:
-    """The real entry point (one-line errors, exit codes) in-process: a fresh interpreter costs ~5 s."""
-    stdout, stderr = io.StringIO(), io.StringIO()
-    code = 0
-    with (
-        mock.patch.object(sys, "argv", ["itlaudit", *args]),
-        redirect_stdout(stdout),
-        redirect_stderr(stderr),
-    ):
-        try:
-            main()
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-    return subprocess.CompletedProcess(list(args), code, stdout.getvalue(), stderr.getvalue())
 
 
 @pytest.mark.parametrize(("variance", "flagged"), [(0.0, False), (0.2, True)])

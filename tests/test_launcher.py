@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -208,8 +209,16 @@ def test_command_argv_leaves_other_braces_alone() -> None:
 
 
 def test_free_port_is_bindable() -> None:
+    """A server can listen on the port at once and a client reach it there (port 0 would bind a
+    different port, an occupied one would not bind)."""
     port = free_port()
-    assert 0 < port < 65536
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+        server.bind(("127.0.0.1", port))
+        server.listen()
+        assert server.getsockname()[1] == port
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            accepted, _ = server.accept()
+            accepted.close()
 
 
 def test_launch_ready_then_stop_leaves_no_process(fake_spec: LaunchSpec, tmp_path: Path) -> None:

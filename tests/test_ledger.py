@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from test_invariance import itlaudit, sim_server
+from simkit import itlaudit, sim_server
 
 from itlaudit.errors import DuplicateRunError
 from itlaudit.model.scenario import LaunchConfig, Variant, parse_scenario

@@ -1,12 +1,21 @@
-"""Each figure on hand-built runs: a PNG of the fixed size, or None when there is nothing to draw."""
+"""Each figure on hand-built runs whose figures are known (tests/reportkit.py): the data on the axes —
+bar heights, curve points, which lines are red — is what the streams imply, or None when there is
+nothing to draw. The figures are caught as they are saved, so only the public plot functions are used."""
 
 from __future__ import annotations
 
 import struct
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
+from matplotlib.axes import Axes
+from matplotlib.colors import same_color
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Rectangle
 from reportkit import k0_k3, stream, views
 
 from itlaudit.model.records import STATUS_HTTP_ERROR
@@ -15,12 +24,57 @@ from itlaudit.report.plot_style import DPI, WIDE
 from itlaudit.report.plots import (
     PLOTS,
     plot_acceptance,
+    plot_itl_cdf,
+    plot_itl_headline,
+    plot_latency_bars,
     plot_timeline,
+    plot_tokens_per_chunk,
     speedup,
     write_plots,
 )
 
 SPEC = {"K3": {"per_position_acceptance": [0.9, 0.8, 0.7], "acceptance_length": 3.4}}
+# What k0_k3() implies, worked by hand. K0: 64 tokens one per 10 ms step. K3: chunks of 1, 4×15, 3
+# tokens 13 ms apart, so 63 tokens in 16 steps = 208 ms. K3-capped: chunks of 1, 4, 4, 4, 3 = 16 tokens
+# in 4 steps = 52 ms.
+K0_ITL, K3_ITL, CAPPED_ITL, STEP = 10.0, 208 / 63, 52 / 15, 13.0
+RED = "#d62728"
+
+
+@pytest.fixture()
+def drawn(monkeypatch: pytest.MonkeyPatch) -> list[Figure]:
+    """Every figure saved while the test runs, kept after the plot function has closed it."""
+    figures: list[Figure] = []
+    save = Figure.savefig
+
+    def keep(self: Figure, *args: Any, **kwargs: Any) -> None:
+        figures.append(self)
+        save(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    return figures
+
+
+def only_figure(drawn: list[Figure]) -> Figure:
+    assert len(drawn) == 1
+    return drawn[0]
+
+
+def heights(ax: Axes) -> list[float]:
+    """Bar heights in x order."""
+    bars = sorted((p for p in ax.patches if isinstance(p, Rectangle)), key=lambda bar: bar.get_x())
+    return [bar.get_height() for bar in bars]
+
+
+def curves(ax: Axes) -> dict[str, Line2D]:
+    return {
+        str(line.get_label()): line for line in ax.get_lines() if not str(line.get_label()).startswith("_")
+    }
+
+
+def request_lines(ax: Axes) -> list[Line2D]:
+    """The per-request progress lines of a timeline panel (not the max_tokens rule)."""
+    return [line for line in ax.get_lines() if np.asarray(line.get_xdata()).size > 2]
 
 
 def png_size(path: Path) -> tuple[int, int]:
@@ -34,23 +88,113 @@ def png_size(path: Path) -> tuple[int, int]:
 def test_each_plot_writes_a_png_of_the_fixed_size(tmp_path: Path, name: str, function) -> None:
     target = tmp_path / name
     assert function(views(k0_k3(), SPEC), target) == target
-    assert target.stat().st_size > 10_000
     assert png_size(target) == (int(WIDE[0] * DPI), int(WIDE[1] * DPI) if name != "timeline.png" else 400)
 
 
+def test_headline_bars_are_token_and_chunk_itl_with_the_ratio_under_each_name(
+    tmp_path: Path, drawn: list[Figure]
+) -> None:
+    plot_itl_headline(views(k0_k3()), tmp_path / "h.png")
+    (ax,) = only_figure(drawn).axes
+    assert heights(ax) == pytest.approx([K0_ITL, K0_ITL, K3_ITL, STEP, CAPPED_ITL, STEP])
+    labels = [label.get_text() for label in ax.get_xticklabels()]
+    assert labels == [
+        "K0\n(baseline)",
+        f"K3\n{K0_ITL / K3_ITL:.2f}× faster per token",
+        f"K3-capped\n{K0_ITL / CAPPED_ITL:.2f}× faster per token",
+    ]
+
+
+def test_cdf_curves_are_the_per_token_and_per_chunk_gaps(tmp_path: Path, drawn: list[Figure]) -> None:
+    plot_itl_cdf(views(k0_k3(capped=False)), tmp_path / "c.png")
+    (ax,) = only_figure(drawn).axes
+    lines = curves(ax)
+    assert set(lines) == {"K0 per token", "K0 per chunk (= per token)", "K3 per token", "K3 per chunk"}
+    for line in lines.values():
+        y = np.asarray(line.get_ydata())
+        assert y[-1] == 1.0 and np.all(np.diff(y) > 0)  # a CDF: rises to every step
+    # 4 requests × 63 gaps of 10 ms; K3: per token 13/4 ms in the 15 four-token chunks and 13/3 ms in
+    # the last three-token one, per chunk 13 ms for all 16.
+    assert np.asarray(lines["K0 per token"].get_xdata()).tolist() == [K0_ITL] * 252
+    k3_token = np.asarray(lines["K3 per token"].get_xdata())
+    assert k3_token == pytest.approx([STEP / 4] * 60 + [STEP / 3] * 4)
+    assert np.asarray(lines["K3 per chunk"].get_xdata()) == pytest.approx([STEP] * 64)
+
+
+def test_tokens_per_chunk_bars_are_the_share_of_chunks_of_each_size(
+    tmp_path: Path, drawn: list[Figure]
+) -> None:
+    plot_tokens_per_chunk(views(k0_k3()), tmp_path / "t.png")
+    (ax,) = only_figure(drawn).axes
+    shares = {str(c.get_label()): [bar.get_height() for bar in c] for c in ax.containers}
+    # Per request K3 sends 17 chunks (1, 4×15, 3), K3-capped 5 (1, 4, 4, 4, 3); sizes 1…4 all shown.
+    assert shares == {
+        "K0 (mean 1.00 tokens/chunk)": pytest.approx([100.0, 0.0, 0.0, 0.0]),
+        "K3 (mean 3.76 tokens/chunk)": pytest.approx([100 / 17, 0.0, 100 / 17, 1500 / 17]),
+        "K3-capped (mean 3.20 tokens/chunk)": pytest.approx([20.0, 0.0, 20.0, 60.0]),
+    }
+
+
+def test_timeline_draws_each_request_and_the_capped_ones_red(tmp_path: Path, drawn: list[Figure]) -> None:
+    plot_timeline(views(k0_k3()), tmp_path / "t.png")
+    panels = {ax.get_title(): ax for ax in only_figure(drawn).axes if ax.get_visible()}
+    assert set(panels) == {"K0: 4 requests", "K3: 4 requests", "K3-capped: 4 requests, 4 cut short"}
+    for title, ax in panels.items():
+        lines = request_lines(ax)
+        assert len(lines) == 4
+        capped = "cut short" in title
+        assert [np.asarray(line.get_ydata())[-1] for line in lines] == [16 if capped else 64] * 4
+        assert all(same_color(line.get_color(), RED) == capped for line in lines)
+    k0 = request_lines(panels["K0: 4 requests"])[0]
+    # Starts at (0, 0), first token at the 40 ms TTFT, the last of 64 at 40 + 63 × 10 ms.
+    assert np.asarray(k0.get_xdata())[[0, 1, -1]] == pytest.approx([0.0, 0.04, 0.67])
+    assert np.asarray(k0.get_ydata())[[0, 1, -1]].tolist() == [0, 1, 64]
+
+
+def test_latency_bars_are_the_percentiles_and_the_annotations_the_p50_ratio(
+    tmp_path: Path, drawn: list[Figure]
+) -> None:
+    plot_latency_bars(views(k0_k3()), tmp_path / "l.png")
+    panels = {ax.get_title(): ax for ax in only_figure(drawn).axes}
+    itl = panels["token ITL (ms)"]
+    # p50, p90, p99 per variant: every request of a variant is alike, so the three are equal.
+    assert heights(itl) == pytest.approx([K0_ITL] * 3 + [K3_ITL] * 3 + [CAPPED_ITL] * 3)
+    assert [t.get_text() for t in itl.texts] == [
+        f"{K0_ITL / K3_ITL:.2f}× better",
+        f"{K0_ITL / CAPPED_ITL:.2f}× better",
+    ]
+    assert heights(panels["TTFT (ms)"]) == pytest.approx([40.0] * 9)
+    assert [t.get_text() for t in panels["TTFT (ms)"].texts] == ["≈ same", "≈ same"]
+    # Decode tokens/s per request: 63 tokens after the first over the decode time.
+    rates = [63 / 0.63] * 3 + [63 / 0.208] * 3 + [15 / 0.052] * 3
+    assert heights(panels["decode tokens/s per request"]) == pytest.approx(rates)
+
+
+def test_acceptance_bars_are_the_per_position_rates(tmp_path: Path, drawn: list[Figure]) -> None:
+    plot_acceptance(views(k0_k3(), SPEC), tmp_path / "a.png")
+    (ax,) = only_figure(drawn).axes
+    assert [c.get_label() for c in ax.containers] == ["K3 (acceptance length 3.40)"]
+    bars = ax.containers[0]
+    assert [bar.get_height() for bar in bars] == [0.9, 0.8, 0.7]
+    assert [bar.get_x() + bar.get_width() / 2 for bar in bars] == pytest.approx([1, 2, 3])
+
+
 @pytest.mark.parametrize("n", [1, 1000])
-def test_one_request_and_a_thousand_both_draw(tmp_path: Path, n: int) -> None:
+def test_one_request_and_a_thousand_both_draw(tmp_path: Path, n: int, drawn: list[Figure]) -> None:
     records = [stream("K0", i, tokens=32, max_tokens=32, jitter=0.2) for i in range(n)]
     written = write_plots(views(records), tmp_path)
     assert {p.name for _, p in written} == {name for name, _, _ in PLOTS} - {"acceptance.png"}
+    cdf, timeline = drawn[1], drawn[4]  # in PLOTS order
+    assert np.asarray(curves(cdf.axes[0])["K0 per token"].get_xdata()).size == 31 * n
+    assert len(request_lines(timeline.axes[0])) == min(n, 20)  # a sample, evenly spread
 
 
-def test_nothing_to_draw_gives_none_not_an_empty_panel(tmp_path: Path) -> None:
+def test_nothing_to_draw_gives_none_not_an_empty_panel(tmp_path: Path, drawn: list[Figure]) -> None:
     failed = stream("K0")
     failed.status = STATUS_HTTP_ERROR
     assert plot_timeline(views([failed]), tmp_path / "t.png") is None
     assert plot_acceptance(views(k0_k3()), tmp_path / "a.png") is None  # no compare.json
-    assert not (tmp_path / "a.png").exists()
+    assert not (tmp_path / "a.png").exists() and drawn == []
 
 
 def test_stale_png_of_an_absent_figure_is_removed(tmp_path: Path) -> None:
@@ -87,8 +231,11 @@ def test_speedup_direction() -> None:
     assert speedup(None, 4.0, lower_is_better=True) is None
 
 
-def test_dollar_signs_in_a_variant_name_are_text_not_mathtext(tmp_path: Path) -> None:
+def test_dollar_signs_in_a_variant_name_are_text_not_mathtext(tmp_path: Path, drawn: list[Figure]) -> None:
     """A run folder from before names were validated (or a report over folders named so) still plots."""
-    records = [replace(r, variant="K3 $\\frac{a}{b$" if r.variant == "K3" else r.variant) for r in k0_k3()]
+    name = "K3 $\\frac{a}{b$"
+    records = [replace(r, variant=name if r.variant == "K3" else r.variant) for r in k0_k3()]
     written = write_plots(views(records), tmp_path)
     assert written and all(p.stat().st_size > 0 for _, p in written)
+    headline = drawn[0].axes[0]
+    assert headline.get_xticklabels()[1].get_text().split("\n")[0] == name

@@ -9,12 +9,12 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
-from test_capture import itlaudit, lines, paced, prompts, run  # noqa: F401  (paced is a fixture)
+from pacedkit import itlaudit, lines, prompts, run
 
 
 def test_a_40_per_s_poisson_run_arrives_at_40_per_s_with_cv_near_1_and_warmup_is_not_counted(
     tmp_path: Path,
-    paced,  # noqa: F811
+    paced,
 ) -> None:
     server = paced(interval_ms=1.0)
     workload = (
@@ -58,7 +58,7 @@ def files_holding(root: Path, *needles: str) -> list[str]:
     return hits
 
 
-def test_the_api_key_is_sent_on_every_request_and_reaches_no_file(tmp_path: Path, paced) -> None:  # noqa: F811
+def test_the_api_key_is_sent_on_every_request_and_reaches_no_file(tmp_path: Path, paced) -> None:
     server = paced(interval_ms=1.0, extra=("--api-key", KEY))
     path = tmp_path / "s.toml"
     path.write_text(
@@ -84,7 +84,7 @@ def test_the_api_key_is_sent_on_every_request_and_reaches_no_file(tmp_path: Path
     assert files_holding(tmp_path, KEY, TEAM_TOKEN) == []
 
 
-def test_a_wrong_key_is_one_line_and_the_server_echo_of_it_is_masked(tmp_path: Path, paced) -> None:  # noqa: F811
+def test_a_wrong_key_is_one_line_and_the_server_echo_of_it_is_masked(tmp_path: Path, paced) -> None:
     server = paced(interval_ms=1.0, extra=("--api-key", KEY))
     wrong = "sk-wrong-planted-987654321"
     result = run(tmp_path, server.url, f"{prompts(2)}\nmax_tokens = 3", "--api-key", wrong)
@@ -104,7 +104,7 @@ def cache_reset_run(tmp_path: Path, url: str) -> tuple[subprocess.CompletedProce
     return result, json.loads((tmp_path / "run" / "meta.json").read_text())["variants"]
 
 
-def test_reset_prefix_cache_is_posted_before_its_variant_only_and_recorded(tmp_path: Path, paced) -> None:  # noqa: F811
+def test_reset_prefix_cache_is_posted_before_its_variant_only_and_recorded(tmp_path: Path, paced) -> None:
     server = paced(interval_ms=1.0)
     result, variants = cache_reset_run(tmp_path, server.url)
     assert result.returncode == 0, result.stderr
@@ -116,7 +116,7 @@ def test_reset_prefix_cache_is_posted_before_its_variant_only_and_recorded(tmp_p
     assert "reset_prefix_cache" not in variants["B"]
 
 
-def test_reset_prefix_cache_without_dev_mode_says_so_in_one_line_and_goes_on(tmp_path: Path, paced) -> None:  # noqa: F811
+def test_reset_prefix_cache_without_dev_mode_says_so_in_one_line_and_goes_on(tmp_path: Path, paced) -> None:
     server = paced(interval_ms=1.0, fault="no_dev_mode")
     result, variants = cache_reset_run(tmp_path, server.url)
     assert result.returncode == 0, result.stderr
@@ -127,7 +127,7 @@ def test_reset_prefix_cache_without_dev_mode_says_so_in_one_line_and_goes_on(tmp
 
 def test_jsonl_max_tokens_reach_the_server_and_the_report_breaks_down_by_category(
     tmp_path: Path,
-    paced,  # noqa: F811
+    paced,
 ) -> None:
     server = paced(interval_ms=1.0)
     rows = [
@@ -183,7 +183,7 @@ def sharegpt_file(tmp_path: Path) -> None:
     (tmp_path / "sg.json").write_text(json.dumps(data), encoding="utf-8")
 
 
-def test_sharegpt_without_tokenize_estimates_reply_length_and_warns(tmp_path: Path, paced) -> None:  # noqa: F811
+def test_sharegpt_without_tokenize_estimates_reply_length_and_warns(tmp_path: Path, paced) -> None:
     server = paced(interval_ms=1.0)
     sharegpt_file(tmp_path)
     result = run(tmp_path, server.url, '[workload.dataset]\nkind = "sharegpt"\npath = "sg.json"')

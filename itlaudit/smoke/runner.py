@@ -126,10 +126,11 @@ def run_smoke(
             )
     checks = evaluate(suite, results, baseline_results)
     runtime = time.monotonic() - started
+    verdict = "no-go" if exit_code(checks) else "go"
     smoke = {
         "suite": suite.name,
         "suite_path": str(suite.path),
-        "verdict": "no-go" if exit_code(checks) else "go",
+        "verdict": verdict,
         "runtime_s": runtime,
         "baseline": str(baseline) if baseline else None,
         "checks": [c.to_json() for c in checks],
@@ -138,7 +139,7 @@ def run_smoke(
     }
     write_json(out_dir / SMOKE_FILE, smoke)
     (out_dir / REPORT_FILE).write_text(render_markdown(smoke, checks), encoding="utf-8")
-    properties = {"verdict": smoke["verdict"], "suite_path": str(suite.path)}
+    properties = {"verdict": verdict, "suite_path": str(suite.path)}
     for name, env in servers_env.items():
         properties[f"{name}.vllm_version"] = str(env.get("vllm_version"))
         properties[f"{name}.system_fingerprint"] = str(env.get("system_fingerprint"))

@@ -301,8 +301,12 @@ def server_launch(
                 model=base.model,
                 ready_timeout_s=base.ready_timeout_s,
             )
-        field_name = {"python": "python", "docker": "image", "command": "command"}[kind]
-        base = replace(keep, kind=kind, **{field_name: value})
+        if isinstance(value, list):
+            base = replace(keep, kind=kind, command=value)
+        elif kind == "docker":
+            base = replace(keep, kind=kind, image=value)
+        else:
+            base = replace(keep, kind=kind, python=value)
     if base is None:
         return None
     if model is not None:
