@@ -23,7 +23,9 @@ from itlaudit.analysis.metrics import (
     tokens_per_chunk_hist,
     variant_summary,
 )
+from itlaudit.errors import RecordsError
 from itlaudit.model.records import ChunkSeries, RequestParams, RequestRecord, Status
+from itlaudit.store.jsonl import load_records
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.24.0-cuda"
 
@@ -309,3 +311,22 @@ def test_median_and_p50_agree_with_summarize() -> None:
     block = {"itl_ms": summarize(values)}
     assert median(values) == p50(block, "itl_ms") == 2.75
     assert median([None]) is None and p50(block, "ttft_ms") is None
+
+
+def test_a_line_without_token_ids_has_none_for_every_chunk_and_derives() -> None:
+    """A requests.jsonl line written without `chunk_token_ids` (a trimmed fixture, an older writer) used
+    to reach the metrics as an empty array and fail on numpy broadcasting."""
+    line = record(*K3_ROWS, completion_tokens=9, e2e_ms=100.0).to_json()
+    del line["chunk_token_ids"]
+    loaded = RequestRecord.from_json(json.loads(json.dumps(line)))
+    assert loaded.chunks.token_ids == [None, None, None]
+    assert request_metrics(loaded).itl_ms == pytest.approx(10.0)
+
+
+def test_a_line_with_chunk_arrays_of_unequal_length_is_one_records_error(tmp_path: Path) -> None:
+    line = record(*K3_ROWS).to_json()
+    line["chunk_text_len"] = line["chunk_text_len"][:-1]
+    path = tmp_path / "requests.jsonl"
+    path.write_text(json.dumps(line) + "\n")
+    with pytest.raises(RecordsError, match="unequal lengths"):
+        load_records(path)

@@ -166,13 +166,21 @@ class RequestRecord:
         kwargs["params"] = RequestParams(**data.get("params", {}))
         if "status" in kwargs:
             kwargs["status"] = Status(kwargs["status"])
-        kwargs["chunks"] = ChunkSeries(
-            t_ms=list(data.get("chunk_t_ms", [])),
-            completion_tokens=list(data.get("chunk_tokens", [])),
+        t_ms = list(data.get("chunk_t_ms", []))
+        # Counts and ids are what a server may not send: a line written without them (an older
+        # itlaudit, a trimmed fixture, an importer) has none for any chunk, not an empty array.
+        absent: list[Any] = [None] * len(t_ms)
+        chunks = ChunkSeries(
+            t_ms=t_ms,
+            completion_tokens=list(data.get("chunk_tokens", absent)),
             text_len=list(data.get("chunk_text_len", [])),
             has_choice=list(data.get("chunk_has_choice", [])),
-            token_ids=list(data.get("chunk_token_ids", [])),
+            token_ids=list(data.get("chunk_token_ids", absent)),
         )
+        lengths = {len(getattr(chunks, f.name)) for f in fields(ChunkSeries)}
+        if len(lengths) > 1:
+            raise ValueError(f"chunk arrays of unequal lengths {sorted(lengths)}: the line is damaged")
+        kwargs["chunks"] = chunks
         return cls(**kwargs)
 
 
