@@ -1,14 +1,23 @@
-"""[workload.dataset] as pure functions: random lengths, JSONL and ShareGPT files, and the one-line errors."""
+"""[workload.dataset] as pure functions: random lengths, JSONL and ShareGPT files, and the one-line errors;
+and a random dataset on chat, made text by a (toy) server tokenizer."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from itlaudit.capture.request_plan import build_body
-from itlaudit.errors import ScenarioError
+from itlaudit.capture.tokenizer import ChatPrompts, random_chat_prompts
+from itlaudit.errors import ScenarioError, ServerRejectedError
+from itlaudit.model.datasets import chat_prompt_note, refit_ids, refit_rng, usable_text
 from itlaudit.model.records import RequestParams
 from itlaudit.model.scenario import Scenario, parse_scenario
 
@@ -131,10 +140,115 @@ def test_bad_datasets_are_one_line_naming_the_key(
     assert "\n" not in str(err.value)
 
 
-def test_random_on_chat_says_why_not(tmp_path: Path) -> None:
-    with pytest.raises(ScenarioError, match="token ids, which /v1/chat/completions does not take"):
-        load(
-            tmp_path,
-            'num_requests = 2\n[workload.dataset]\nkind = "random"\ninput_len = 3\noutput_len = 3',
-            "chat",
-        )
+def test_refit_cuts_a_long_reencoding_and_tops_up_a_short_one_from_the_entrys_own_seed() -> None:
+    assert refit_ids([5, 6, 7, 8], 3, refit_rng(1, 0), 256) == [5, 6, 7]
+    topped = refit_ids([5, 6], 6, refit_rng(1, 0), 256)
+    assert topped[:2] == [5, 6] and len(topped) == 6 and all(3 <= t < 256 for t in topped)
+    assert topped == refit_ids([5, 6], 6, refit_rng(1, 0), 256) != refit_ids([5, 6], 6, refit_rng(1, 1), 256)
+    assert usable_text("a\ufffdb\ufffd") == "ab"
+
+
+# A toy server tokenizer with the two ways a decoded text fails to re-encode to its length: "ab"
+# merges into one token, and an id above 200 is a stray byte that decodes to U+FFFD, which encodes
+# back as three such bytes. Its chat template adds three tokens.
+STRAY = 201
+
+
+def toy_decode(ids: list[int]) -> str:
+    return "".join("\ufffd" if t >= STRAY else chr(ord("a") + t % 26) for t in ids)
+
+
+def toy_encode(text: str) -> list[int]:
+    ids, i = [], 0
+    while i < len(text):
+        if text.startswith("ab", i):
+            ids.append(300)
+            i += 2
+            continue
+        ids += [STRAY, STRAY + 1, STRAY + 2] if text[i] == "\ufffd" else [ord(text[i]) - ord("a") + 26]
+        i += 1
+    return ids
+
+
+@contextlib.asynccontextmanager
+async def toy_tokenizer_server(calls: list[str], *, missing: bool = False) -> AsyncIterator[str]:
+    async def tokenize(request: web.Request) -> web.Response:
+        calls.append("tokenize")
+        body = await request.json()
+        if "messages" in body:
+            return web.json_response({"tokens": [1, 2, *toy_encode(body["messages"][0]["content"]), 4]})
+        return web.json_response({"tokens": toy_encode(body["prompt"])})
+
+    async def detokenize(request: web.Request) -> web.Response:
+        calls.append("detokenize")
+        return web.json_response({"prompt": toy_decode((await request.json())["tokens"])})
+
+    app = web.Application()
+    if not missing:
+        app.router.add_post("/tokenize", tokenize)
+        app.router.add_post("/detokenize", detokenize)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield f"http://127.0.0.1:{server.port}"
+    finally:
+        await server.close()
+
+
+def chat_random(count: int, input_len: str = "{ min = 5, max = 40 }") -> Scenario:
+    return load(
+        Path("."),
+        f'num_requests = {count}\nseed = 3\n[workload.dataset]\nkind = "random"\ninput_len = {input_len}\n'
+        "output_len = 4\nvocab_size = 220",
+        "chat",
+    )
+
+
+async def chat_prompts(scenario: Scenario, calls: list[str], *, missing: bool = False) -> ChatPrompts | None:
+    async with toy_tokenizer_server(calls, missing=missing) as url, aiohttp.ClientSession() as session:
+        return await random_chat_prompts(session, url, "m", scenario)
+
+
+def test_random_on_chat_becomes_messages_of_exactly_input_len_server_tokens() -> None:
+    scenario = chat_random(30)
+    ids = [scenario.entry_for(i).prompt for i in range(30)]  # type: ignore[union-attr]
+    assert all(isinstance(p, list) for p in ids)  # parsed as on completions: the ids are drawn up front
+    merges = sum(len(toy_encode(toy_decode(p))) != len(p) for p in ids)  # type: ignore[arg-type]
+    assert merges > 10  # else the round trips below would have nothing to correct
+    calls: list[str] = []
+    fitted = asyncio.run(chat_prompts(scenario, calls))
+    assert fitted is not None
+    lens = [len(p) for p in ids]  # type: ignore[arg-type]
+    assert fitted.input_lens == lens and fitted.content_tokens == lens
+    assert fitted.prompt_tokens == [n + 3 for n in lens]  # what the template adds, counted by the server
+    entries = [fitted.scenario.entry_for(i) for i in range(30)]
+    texts = [e.messages[0]["content"] for e in entries if e is not None and e.messages]
+    assert [len(toy_encode(t)) for t in texts] == lens and not any("\ufffd" in t for t in texts)
+    assert all(e is not None and e.prompt is None and e.max_tokens == 4 and e.ignore_eos for e in entries)
+    assert calls.count("detokenize") > 30  # some entries needed more than one round trip
+    assert "each message is exactly its input_len tokens" in fitted.note()
+    assert "the chat template adds 3 tokens" in fitted.note()
+    again = asyncio.run(chat_prompts(scenario, []))
+    assert again is not None and again.scenario == fitted.scenario  # the seed fixes the texts
+
+
+def test_random_on_chat_without_tokenize_is_one_line_saying_why() -> None:
+    with pytest.raises(ServerRejectedError) as err:
+        asyncio.run(chat_prompts(chat_random(2), [], missing=True))
+    message = str(err.value)
+    assert "needs the server's /tokenize and /detokenize" in message and "answered 404" in message
+    assert 'endpoint = "completions"' in message and "\n" not in message
+
+
+def test_other_workloads_need_no_tokenizer() -> None:
+    completions = load(
+        Path("."), 'num_requests = 2\n[workload.dataset]\nkind = "random"\ninput_len = 3\noutput_len = 3'
+    )
+    calls: list[str] = []
+    assert asyncio.run(chat_prompts(completions, calls)) is None and calls == []
+
+
+def test_chat_prompt_note_names_the_misses_and_the_template_range() -> None:
+    note = chat_prompt_note([10, 12, 9], [10, 13, 9], [16, 20, 15])
+    assert "1 of 3 messages missed their input_len" in note
+    assert "the chat template adds 6-7 tokens" in note and "counts 15-20 prompt tokens" in note

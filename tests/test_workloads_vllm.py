@@ -1,5 +1,6 @@
 """Workloads against a real vLLM CPU server started with --api-key: readiness, preflight and streams
-all carry the key, and a random dataset's prompts are exactly input_len tokens."""
+all carry the key, a random dataset's prompts are exactly input_len tokens (on chat too), and vLLM's own
+bench client and itlaudit, running the same random workload, agree on mean TPOT and TTFT."""
 
 from __future__ import annotations
 
@@ -7,13 +8,16 @@ import json
 import os
 import subprocess
 import sys
+import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from vllm_server import server_spec
+from vllm_server import server_spec, tiny_model
+from vllm_server import testbed_python as vllm_python  # not test_-named: pytest would collect it
 
+from itlaudit.analysis.importers import parse_import
 from itlaudit.model.access import Access
 from itlaudit.serve.launcher import launch
 from itlaudit.store.jsonl import iter_jsonl
@@ -34,21 +38,47 @@ def keyed_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield server.url
 
 
-def run(tmp_path: Path, url: str, workload: str, variant: str = "") -> subprocess.CompletedProcess[str]:
+def write_scenario(tmp_path: Path, workload: str, variant: str = "", endpoint: str = "completions") -> Path:
     path = tmp_path / "s.toml"
     path.write_text(
-        f'name = "t"\nendpoint = "completions"\n[workload]\n{workload}\n[[variants]]\nname = "A"\n{variant}',
+        f'name = "t"\nendpoint = "{endpoint}"\n[workload]\n{workload}\n[[variants]]\nname = "A"\n{variant}',
         encoding="utf-8",
     )
+    return path
+
+
+def itlaudit_run(tmp_path: Path, url: str) -> list[str]:
+    return [sys.executable, "-m", "itlaudit", "run", "s.toml", "--url", url, "--out", str(tmp_path / "run")]
+
+
+def keyed_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "VLLM_API_KEY")}
+    return {**env, "VLLM_API_KEY": KEY}
+
+
+def run(
+    tmp_path: Path, url: str, workload: str, variant: str = "", endpoint: str = "completions"
+) -> subprocess.CompletedProcess[str]:
+    write_scenario(tmp_path, workload, variant, endpoint)
     return subprocess.run(
-        [sys.executable, "-m", "itlaudit", "run", str(path), "--url", url, "--out", str(tmp_path / "run")],
+        itlaudit_run(tmp_path, url),
         cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=600,
-        env={**env, "VLLM_API_KEY": KEY},
+        env=keyed_env(),
     )
+
+
+def tokenize(url: str, body: dict[str, object]) -> list[int]:
+    request = urllib.request.Request(
+        f"{url}/tokenize",
+        data=json.dumps({"model": "tiny", **body}).encode(),
+        headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        tokens: list[int] = json.loads(resp.read())["tokens"]
+    return tokens
 
 
 def test_a_server_launched_with_api_key_is_measured_and_the_key_is_in_no_file(
@@ -86,13 +116,7 @@ def test_sharegpt_reply_lengths_come_from_the_servers_tokenize(tmp_path: Path, k
         {"conversations": [{"from": "human", "value": "Say something."}, {"from": "gpt", "value": reply}]}
     ]
     (tmp_path / "sg.json").write_text(json.dumps(data), encoding="utf-8")
-    request = urllib.request.Request(
-        f"{keyed_url}/tokenize",
-        data=json.dumps({"model": "tiny", "prompt": reply, "add_special_tokens": False}).encode(),
-        headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=30) as resp:
-        count = json.loads(resp.read())["count"]
+    count = len(tokenize(keyed_url, {"prompt": reply, "add_special_tokens": False}))
     assert count != len(reply) // 4  # else this test could not tell the count from the estimate
     result = run(
         tmp_path, keyed_url, 'max_tokens = 1\n[workload.dataset]\nkind = "sharegpt"\npath = "sg.json"'
@@ -101,3 +125,120 @@ def test_sharegpt_reply_lengths_come_from_the_servers_tokenize(tmp_path: Path, k
     records = list(iter_jsonl(tmp_path / "run" / "requests.jsonl"))
     assert [r["params"]["max_tokens"] for r in records] == [count]
     assert "estimated" not in result.stderr
+
+
+def test_a_random_dataset_on_chat_has_input_len_message_tokens_plus_the_chat_templates(
+    tmp_path: Path, keyed_url: str
+) -> None:
+    workload = 'num_requests = 4\nconcurrency = 2\nseed = 5\n[workload.dataset]\nkind = "random"\n'
+    workload += "input_len = 37\noutput_len = 9\nvocab_size = 512"
+    result = run(tmp_path, keyed_url, workload, endpoint="chat")
+    assert result.returncode == 0, result.stderr
+    # What the tiny model's template wraps a message in, counted by the server on its own:
+    # <|user|>\n{content}<|end|>\n<|assistant|>\n.
+    template = len(tokenize(keyed_url, {"messages": [{"role": "user", "content": ""}]}))
+    records = sorted(iter_jsonl(tmp_path / "run" / "requests.jsonl"), key=lambda r: r["request_id"])
+    counts = [r["prompt_tokens"] for r in records]
+    print(f"chat random, input_len 37: prompt_tokens {counts}, the template's own {template}")
+    assert [(r["prompt_tokens"], r["completion_tokens"]) for r in records] == [(37 + template, 9)] * 4
+    described = json.loads((tmp_path / "run" / "meta.json").read_text())["variants"]["A"]["random_chat"]
+    assert described["content_tokens"] == [37] * 4 and described["prompt_tokens"] == [37 + template] * 4
+    assert f"the chat template adds {template} tokens" in result.stderr
+
+
+# The issue's "done when": `vllm bench serve --dataset-name random --random-input-len 64
+# --random-output-len 32 --request-rate 4 --burstiness 1 --num-prompts 40`, and the same as a scenario.
+BENCH = {"input_len": 64, "output_len": 32, "rate": 4, "burstiness": 1, "requests": 40}
+TPOT_TOLERANCE = 0.05  # the issue's
+# vllm bench stamps chunks in user space when its event loop gets to them; on the shared 2-core testbed
+# that loop stalls (a 5 ms sleep overshot by p99 57-193 ms, max 225-454 ms), which lands on TTFT far more
+# than on TPOT (there only a stall at a stream's first or last chunk counts). itlaudit stamps in the
+# kernel. Measured, vllm's mean TTFT over itlaudit's: 0.97-1.44 in seven runs (README, "From a vllm
+# bench serve command"); the bounds leave that room and little more.
+TTFT_BELOW, TTFT_ABOVE = 0.20, 0.50
+
+
+def vllm_bench_command(url: str, result_dir: Path, gate: Path) -> list[str]:
+    return [
+        str(vllm_python()), str(Path(__file__).with_name("vllm_bench_client.py")),
+        "--start-when", str(gate),
+        "--base-url", url, "--model", str(tiny_model()), "--served-model-name", "tiny",
+        "--backend", "openai", "--endpoint", "/v1/completions", "--dataset-name", "random",
+        "--random-input-len", str(BENCH["input_len"]), "--random-output-len", str(BENCH["output_len"]),
+        "--request-rate", str(BENCH["rate"]), "--burstiness", str(BENCH["burstiness"]),
+        "--num-prompts", str(BENCH["requests"]), "--save-result", "--save-detailed",
+        "--result-dir", str(result_dir), "--result-filename", "vllm.json", "--disable-tqdm",
+    ]  # fmt: skip
+
+
+def wait_for(ready: Callable[[], bool], process: subprocess.Popen[str], what: str) -> None:
+    deadline = time.monotonic() + 180.0
+    while not ready():
+        if process.poll() is not None:
+            raise AssertionError(f"{what} exited with {process.returncode} before it was ready")
+        assert time.monotonic() < deadline, f"{what} was not ready in 180 s"
+        time.sleep(0.005)
+
+
+def capturing(run_dir: Path) -> bool:
+    """meta.json names the capture workers just before they start sending."""
+    meta = run_dir / "meta.json"
+    return meta.exists() and '"workers"' in meta.read_text(encoding="utf-8", errors="replace")
+
+
+def test_vllm_bench_serve_and_itlaudit_agree_on_mean_tpot_and_ttft(tmp_path: Path, keyed_url: str) -> None:
+    """Both clients run the same workload at the same moment against one server: run one after the other
+    on a shared 2-core machine, the server's speed changes between them by more than 5 % (measured: mean
+    TPOT 0.3-1.2x between back-to-back runs), which would be measuring the machine, not the clients."""
+    arrivals = f"request_rate = {BENCH['rate']}\nburstiness = {BENCH['burstiness']}"
+    lengths = f"input_len = {BENCH['input_len']}\noutput_len = {BENCH['output_len']}"
+    write_scenario(
+        tmp_path,
+        f'num_requests = {BENCH["requests"]}\n{arrivals}\n[workload.dataset]\nkind = "random"\n{lengths}',
+    )
+    gate = tmp_path / "go"
+    env = {**keyed_env(), "OPENAI_API_KEY": KEY}  # what vllm bench sends as its bearer token
+    with subprocess.Popen(
+        vllm_bench_command(keyed_url, tmp_path, gate),
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    ) as bench:  # fmt: skip
+        wait_for(gate.with_name("go.ready").exists, bench, "vllm bench serve")
+        with subprocess.Popen(
+            itlaudit_run(tmp_path, keyed_url),
+            cwd=tmp_path,
+            env=keyed_env(),
+            stderr=subprocess.PIPE,
+            text=True,
+        ) as ours:
+            wait_for(lambda: capturing(tmp_path / "run"), ours, "itlaudit run")
+            gate.touch()
+            _, ours_err = ours.communicate(timeout=300)
+        bench_out, _ = bench.communicate(timeout=300)
+    assert ours.returncode == 0, ours_err
+    assert bench.returncode == 0, bench_out[-3000:]
+    theirs = parse_import(json.loads((tmp_path / "vllm.json").read_text()), "vllm.json")
+    assert theirs.requests == BENCH["requests"]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())["variants"]["A"]
+    assert summary["requests"] == BENCH["requests"]
+    ours_tpot, ours_ttft = summary["tpot_ms"]["mean"], summary["ttft_ms"]["mean"]
+    their_tpot, their_ttft = theirs.figures["tpot_ms"]["mean"], theirs.figures["ttft_ms"]["mean"]
+    assert ours_tpot and ours_ttft and their_tpot and their_ttft
+    print(
+        f"mean TTFT ms: vllm bench {their_ttft:.2f}, itlaudit {ours_ttft:.2f} "
+        f"({their_ttft / ours_ttft - 1:+.1%}); mean TPOT ms: vllm bench {their_tpot:.2f}, "
+        f"itlaudit {ours_tpot:.2f} ({their_tpot / ours_tpot - 1:+.1%})"
+    )
+    # The definitions first, on the same records: vllm's latency ends at the last chunk with a choice,
+    # itlaudit's e2e at the stream's end (usage chunk, [DONE]); measured 0.07-0.27 % apart.
+    records = [r for r in iter_jsonl(tmp_path / "run" / "requests.jsonl") if not r["warmup"]]
+    derived = {d["request_id"]: d for d in iter_jsonl(tmp_path / "run" / "derived.jsonl")}
+    vllm_defined = [
+        (max(t for t, c in zip(r["chunk_t_ms"], r["chunk_has_choice"], strict=True) if c)
+         - derived[r["request_id"]]["ttft_ms"]) / (r["completion_tokens"] - 1)
+        for r in records
+    ]  # fmt: skip
+    assert abs(sum(vllm_defined) / len(vllm_defined) / ours_tpot - 1) <= 0.01
+    figures = f"TPOT {their_tpot:.2f} vs {ours_tpot:.2f} ms, TTFT {their_ttft:.1f} vs {ours_ttft:.1f} ms"
+    load = f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    assert abs(their_tpot / ours_tpot - 1) <= TPOT_TOLERANCE, f"vllm bench vs itlaudit: {figures}; {load}"
+    assert 1 - TTFT_BELOW <= their_ttft / ours_ttft <= 1 + TTFT_ABOVE, f"vllm bench vs itlaudit: {figures}"

@@ -20,6 +20,7 @@ import msgspec
 
 from itlaudit.capture.preflight import fetch_models, server_error_message
 from itlaudit.capture.request_plan import PlannedRequest, plan_request
+from itlaudit.capture.tokenizer import random_chat_prompts
 from itlaudit.capture.transport import StampMode
 from itlaudit.capture.workers import (
     WorkerHandle,
@@ -187,6 +188,9 @@ async def run_variant(
     async with access.session() as session:
         model = await resolve_model(session, base_url, scenario.model)
         lengths = await reply_lengths(session, base_url, model, scenario)
+        chat_prompts = await random_chat_prompts(session, base_url, model, scenario)
+    if chat_prompts is not None:
+        scenario = chat_prompts.scenario
     plans = plan_variant(scenario, variant, base_url, model, id_tag, lengths)
     count = worker_count(options.workers, workload.concurrency, len(plans))
     timeouts = dataclasses.replace(workload.timeouts, **options.timeouts)
@@ -205,6 +209,8 @@ async def run_variant(
         described: dict[str, Any] = {"workers": [h.describe() for h in handles]}
         if workload.dataset is not None and workload.dataset.kind == "sharegpt":
             described["reply_lengths"] = "tokenize" if lengths is not None else "estimated"
+        if chat_prompts is not None:
+            described["random_chat"] = chat_prompts.describe()
         on_capture(described)
     records: list[RequestRecord] = []
     try:

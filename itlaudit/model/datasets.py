@@ -6,6 +6,10 @@ Three kinds, after vllm bench serve's datasets:
   server sees that many prompt tokens without itlaudit needing a tokenizer; `output_len` becomes
   max_tokens with ignore_eos, so every request generates exactly that many. Each length is fixed, a
   uniform range `{ min, max }` or a normal `{ mean, std }` (rounded, at least 1), drawn from `seed`.
+  Chat takes no token ids: when the run starts the server's /detokenize turns each entry into text and
+  its /tokenize checks that the text is still `input_len` tokens (`itlaudit.capture.tokenizer`, with
+  `refit_ids` below doing the correction between round trips, as vllm bench serve does); the message
+  then holds exactly `input_len` tokens, and the chat template adds its own on top.
 - `jsonl`: one object per line, `prompt` (completions) or `messages` (chat), optional `max_tokens` and
   `category`.
 - `sharegpt`: the ShareGPT layout (a JSON list of `{"conversations": [{"from": "human", ...}, ...]}`):
@@ -20,7 +24,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +63,16 @@ class Dataset:
     kind: str
     entries: list[DatasetEntry]
     warning: str | None = None
+    seed: int = 0  # random: what the ids were drawn from, and the ids a chat round trip adds
+    vocab_size: int = DEFAULT_VOCAB_SIZE  # random: ids are drawn from [FIRST_TOKEN_ID, vocab_size)
+
+    def with_chat_texts(self, texts: list[str]) -> Dataset:
+        """A random dataset's entries as one user message each (the text of its ids), for chat."""
+        entries = [
+            replace(entry, prompt=None, messages=[{"role": "user", "content": text}])
+            for entry, text in zip(self.entries, texts, strict=True)
+        ]
+        return replace(self, entries=entries)
 
 
 def _length(spec: Any, key: str, rng: np.random.Generator, count: int) -> list[int]:
@@ -102,7 +116,51 @@ def random_dataset(table: dict[str, Any], count: int, seed: int) -> Dataset:
         )
         for n_in, n_out in zip(inputs, outputs, strict=True)
     ]
-    return Dataset("random", entries)
+    return Dataset("random", entries, seed=seed, vocab_size=vocab)
+
+
+MAX_ROUND_TRIPS = 10  # vllm bench serve's retry budget for the same correction
+
+
+def refit_ids(encoded: list[int], target: int, rng: np.random.Generator, vocab_size: int) -> list[int]:
+    """Decoded text does not always re-encode to as many tokens as it was decoded from (BPE merges
+    across the old boundaries, invalid UTF-8 becomes U+FFFD): the re-encoding, cut to `target` or
+    topped up with fresh ids, is what the next round trip decodes."""
+    if len(encoded) >= target:
+        return encoded[:target]
+    extra = rng.integers(FIRST_TOKEN_ID, vocab_size, size=target - len(encoded))
+    return encoded + [int(t) for t in extra]
+
+
+def usable_text(decoded: str) -> str:
+    """Random ids include stray bytes of multi-byte characters: they decode to U+FFFD, which encodes
+    back as three byte tokens, and a cut through those decodes to U+FFFD again, so the length would
+    never settle. Dropped here, the next round trip's top-up restores the count."""
+    return decoded.replace("\ufffd", "")
+
+
+def refit_rng(seed: int, index: int) -> np.random.Generator:
+    """Entry `index`'s own generator for the ids a round trip adds, so the texts depend on the seed
+    and the server's tokenizer only, not on the order the round trips finish in."""
+    return np.random.default_rng([seed, index])
+
+
+def chat_prompt_note(input_lens: list[int], content_tokens: list[int], prompt_tokens: list[int]) -> str:
+    """One line on what a chat random dataset's prompts are: message tokens against input_len, and
+    what the chat template adds (the server counts these as usage.prompt_tokens)."""
+    added = sorted({p - c for p, c in zip(prompt_tokens, content_tokens, strict=True)})
+    off = sum(c != n for c, n in zip(content_tokens, input_lens, strict=True))
+    exact = (
+        "each message is exactly its input_len tokens"
+        if not off
+        else f"{off} of {len(input_lens)} messages missed their input_len after {MAX_ROUND_TRIPS} round trips"
+    )
+    template = f"{added[0]}" if len(added) == 1 else f"{added[0]}-{added[-1]}"
+    return (
+        f"random prompts on chat: {exact} (the server's /detokenize and /tokenize); the chat template "
+        f"adds {template} tokens, so the server counts {min(prompt_tokens)}-{max(prompt_tokens)} "
+        "prompt tokens per request (records' prompt_tokens)"
+    )
 
 
 def _read(path: Path) -> str:
@@ -200,12 +258,6 @@ def load_dataset(table: dict[str, Any], base: Path, count: int, seed: int, chat:
     if kind not in DATASET_KINDS:
         raise DatasetError("kind", f"must be one of {', '.join(DATASET_KINDS)}, got {kind!r}")
     if kind == "random":
-        if chat:
-            raise DatasetError(
-                "kind",
-                'random needs endpoint = "completions": its exact input length comes from sending token ids, '
-                "which /v1/chat/completions does not take",
-            )
         return random_dataset(table, count, seed)
     unknown = set(table) - {"kind", "path"}
     if unknown:

@@ -262,13 +262,18 @@ def run_scenario(
                             info["before"] = before_variant(variant.name, base_url)
                         progress.update(task, description=f"{variant.name} @ {base_url}")
 
-                        def on_capture(workers: dict[str, Any], info: dict[str, Any] = info) -> None:
+                        def on_capture(
+                            workers: dict[str, Any], info: dict[str, Any] = info, name: str = variant.name
+                        ) -> None:
                             """Capture workers (pids, clock offsets) reach meta.json before they stream."""
                             info.update(workers)
                             _write_meta(run_dir, meta)
                             dataset = scenario.workload.dataset
                             if workers.get("reply_lengths") == "estimated" and dataset and console:
                                 console.print(f"warning: {dataset.warning}", markup=False, soft_wrap=True)
+                            if "random_chat" in workers and console:
+                                note = workers["random_chat"]["note"]
+                                console.print(f"{name}: {note}", markup=False, soft_wrap=True)
 
                         done = asyncio.run(
                             run_variant(

@@ -1,0 +1,162 @@
+"""The server's own tokenizer, over /tokenize and /detokenize, for a random dataset on the chat endpoint.
+
+/v1/chat/completions takes text, not token ids, and itlaudit carries no tokenizer, so the only way to
+give a chat message exactly `input_len` tokens of the served model is to ask the server: detokenize the
+drawn ids, tokenize the text, correct (`model.datasets.refit_ids`) and go round again until the counts
+match, as vllm bench serve does with its local tokenizer. The chat template then adds tokens of its
+own; /tokenize with the messages says how many, which is what the records' usage.prompt_tokens will
+show. A server without these endpoints (404) gets one line saying so, since without them the prompt
+length would be a guess.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from itlaudit.capture.preflight import server_error_message
+from itlaudit.capture.request_plan import ENDPOINT_CHAT
+from itlaudit.errors import ServerRejectedError, ServerUnreachableError
+from itlaudit.model.datasets import (
+    MAX_ROUND_TRIPS,
+    chat_prompt_note,
+    refit_ids,
+    refit_rng,
+    usable_text,
+)
+from itlaudit.model.scenario import Scenario
+
+_TIMEOUT = aiohttp.ClientTimeout(total=60)
+_IN_FLIGHT = 8  # round trips at once: enough to hide latency, few enough not to crowd a small server
+
+
+@dataclass(frozen=True)
+class ChatPrompts:
+    """A random dataset's entries as chat messages, and their lengths in the served model's tokens."""
+
+    scenario: Scenario  # the scenario whose dataset entries are now messages
+    input_lens: list[int]  # per entry: what the dataset drew
+    content_tokens: list[int]  # per entry: the message text alone, by /tokenize
+    prompt_tokens: list[int]  # per entry: with the chat template, by /tokenize (= usage.prompt_tokens)
+
+    def note(self) -> str:
+        return chat_prompt_note(self.input_lens, self.content_tokens, self.prompt_tokens)
+
+    def describe(self) -> dict[str, Any]:
+        """meta.json's `random_chat`: enough to relate each record's prompt_tokens to its input_len."""
+        return {
+            "input_lens": self.input_lens,
+            "content_tokens": self.content_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "note": self.note(),
+        }
+
+
+class ServerTokenizer:
+    """/tokenize and /detokenize of one served model; every failure is one line naming the endpoint."""
+
+    def __init__(self, session: aiohttp.ClientSession, base_url: str, model: str) -> None:
+        self.session = session
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+
+    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        url = self.base_url + path
+        try:
+            async with self.session.post(url, json={"model": self.model, **body}, timeout=_TIMEOUT) as resp:
+                status, raw = resp.status, await resp.read()
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise ServerUnreachableError(f"POST {url} failed ({type(exc).__name__}: {exc})") from None
+        if status == 404:
+            raise ServerRejectedError(
+                f'a random dataset on endpoint = "chat" needs the server\'s /tokenize and /detokenize to '
+                f"make prompts of exactly input_len tokens, and POST {url} answered 404; use endpoint = "
+                '"completions" (token ids are sent as they are) or a server that has them (vLLM does)'
+            )
+        if status != 200:
+            raise ServerRejectedError(
+                f"POST {url} answered HTTP {status} ({server_error_message(raw, status)}); a random "
+                'dataset on endpoint = "chat" needs it to turn token ids into text'
+            )
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            raise ServerRejectedError(f"POST {url} answered 200 with a body that is not a JSON object")
+        return data
+
+    async def tokenize(self, text: str) -> list[int]:
+        data = await self._post("/tokenize", {"prompt": text, "add_special_tokens": False})
+        return _ids(data.get("tokens"), self.base_url + "/tokenize")
+
+    async def count_chat(self, messages: list[dict[str, Any]]) -> int:
+        """What the server will count as prompt tokens for these messages: the chat template applied,
+        with the generation prompt, as /v1/chat/completions applies it."""
+        data = await self._post("/tokenize", {"messages": messages, "add_generation_prompt": True})
+        return len(_ids(data.get("tokens"), self.base_url + "/tokenize"))
+
+    async def detokenize(self, ids: list[int]) -> str:
+        data = await self._post("/detokenize", {"tokens": ids})
+        text = data.get("prompt")
+        if not isinstance(text, str):
+            raise ServerRejectedError(f"POST {self.base_url}/detokenize answered without a `prompt` string")
+        return text
+
+
+def _ids(value: Any, url: str) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(v, int) for v in value):
+        raise ServerRejectedError(f"POST {url} answered without a `tokens` list of integers")
+    return value
+
+
+async def fit_text(
+    tokenizer: ServerTokenizer, ids: list[int], seed: int, index: int, vocab: int
+) -> tuple[str, int]:
+    """Text of `len(ids)` tokens of the served model, from these ids: (text, its token count), the
+    count short of the target only where MAX_ROUND_TRIPS did not settle it."""
+    target = len(ids)
+    rng = refit_rng(seed, index)
+    text = usable_text(await tokenizer.detokenize(ids))
+    encoded = await tokenizer.tokenize(text)
+    for _ in range(MAX_ROUND_TRIPS):
+        if len(encoded) == target:
+            break
+        text = usable_text(await tokenizer.detokenize(refit_ids(encoded, target, rng, vocab)))
+        encoded = await tokenizer.tokenize(text)
+    return text, len(encoded)
+
+
+async def random_chat_prompts(
+    session: aiohttp.ClientSession, base_url: str, model: str, scenario: Scenario
+) -> ChatPrompts | None:
+    """A random dataset on the chat endpoint, turned into messages by this server's tokenizer; None
+    for any other workload (nothing to do)."""
+    dataset = scenario.workload.dataset
+    if dataset is None or dataset.kind != "random" or scenario.endpoint != ENDPOINT_CHAT:
+        return None
+    tokenizer = ServerTokenizer(session, base_url, model)
+    gate = asyncio.Semaphore(_IN_FLIGHT)
+
+    async def one(index: int, ids: list[int]) -> tuple[str, int, int]:
+        async with gate:
+            text, count = await fit_text(tokenizer, ids, dataset.seed, index, dataset.vocab_size)
+            prompt_tokens = await tokenizer.count_chat([{"role": "user", "content": text}])
+        return text, count, prompt_tokens
+
+    id_lists = [entry.prompt if isinstance(entry.prompt, list) else [] for entry in dataset.entries]
+    fitted = await asyncio.gather(*(one(i, ids) for i, ids in enumerate(id_lists)))
+    workload = dataclasses.replace(
+        scenario.workload, dataset=dataset.with_chat_texts([text for text, _, _ in fitted])
+    )
+    return ChatPrompts(
+        scenario=dataclasses.replace(scenario, workload=workload),
+        input_lens=[len(ids) for ids in id_lists],
+        content_tokens=[count for _, count, _ in fitted],
+        prompt_tokens=[tokens for _, _, tokens in fitted],
+    )
