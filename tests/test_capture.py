@@ -352,7 +352,7 @@ def test_report_and_bisect_derive_from_raw_lines_never_from_copies_on_them(tmp_p
     import csv
 
     from itlaudit.analysis.derive import derive_request
-    from itlaudit.bisect.verdict import read_trial
+    from itlaudit.bisect.figures import read_trial
     from itlaudit.model.records import RequestRecord
 
     server = paced(interval_ms=1.0)
