@@ -72,3 +72,7 @@ class ConnectionDropped(TransportError):
 
 class BadFraming(TransportError):
     """The bytes received are not a valid HTTP/1.1 response (head or chunked framing)."""
+
+
+class ClusterError(ItlauditError):
+    """`--cluster`: Ray missing, no cluster at the address, or an actor that would not start."""

@@ -18,6 +18,7 @@ STATUS_STREAM_ERROR = "stream_error"  # server sent data: {"error": ...}
 STATUS_CONNECTION_ERROR = "connection_error"  # connection reset / refused / dropped mid-request
 STATUS_TIMEOUT = "timeout"  # cut by one of the workload's timeouts (`timeout_limit` says which)
 STATUS_RATE_LIMITED = "rate_limited"  # HTTP 429 or 503: the server asked to come back later
+STATUS_WORKER_LOST = "worker_lost"  # its capture worker (a Ray actor) died before reporting it
 
 
 @dataclass

@@ -306,6 +306,14 @@ def run_scenario(
                             dataset = scenario.workload.dataset
                             if workers.get("reply_lengths") == "estimated" and dataset and console:
                                 console.print(f"warning: {dataset.warning}", markup=False, soft_wrap=True)
+                            for lost in workers.get("lost_workers", []):
+                                (console or Console(stderr=True)).print(
+                                    f"warning: capture worker {lost['worker']} was lost ({lost['reason']}); "
+                                    f"its {lost['unfinished']} unfinished requests are recorded as "
+                                    "worker_lost",
+                                    markup=False,
+                                    soft_wrap=True,
+                                )
 
                         done = asyncio.run(
                             run_variant(
