@@ -20,6 +20,7 @@ import msgspec
 
 from itlaudit.capture import cluster
 from itlaudit.capture.client import PlannedRequest, fetch_models, plan_request, server_error_message
+from itlaudit.capture.cluster import import_ray, parse_cluster
 from itlaudit.capture.transport import StampMode
 from itlaudit.capture.workers import (
     WorkerHandle,
@@ -69,12 +70,14 @@ class CaptureOptions:
     ) -> CaptureOptions:
         """The command line's spelling (`--workers auto|N`, `--stamp`, `--*-timeout`, `--cluster`),
         checked: one place for run, compare, demo, sweep and selfcheck. Ray is not imported here."""
-        from itlaudit.capture.cluster import parse_cluster
 
         if workers != "auto" and not (workers.isdigit() and int(workers) > 0):
             raise ScenarioError(f"--workers {workers!r}: give a positive number of processes, or auto")
         if stamp not in ("kernel", "loop"):
             raise ScenarioError(f"--stamp {stamp!r}: use kernel or loop")
+        cluster_address = parse_cluster(cluster)
+        if cluster_address is not None:
+            import_ray()  # missing: one line saying how to install it, before any server is started
         given = {
             "connect_timeout_s": connect_timeout,
             "ttft_timeout_s": ttft_timeout,
@@ -90,7 +93,7 @@ class CaptureOptions:
             timeouts={k: v for k, v in given.items() if v is not None},
             stamp="kernel" if stamp == "kernel" else "loop",
             access=access or Access(),
-            cluster=parse_cluster(cluster),
+            cluster=cluster_address,
         )
 
 
