@@ -5,6 +5,7 @@ seconds to start), graded against the ground-truth server; a killed actor's requ
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import sys
@@ -30,8 +31,9 @@ from itlaudit.workflows.selfcheck import fetch_send_log, grade_run, reset_send_l
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[Any]:
     ray = pytest.importorskip("ray")
-    # Three CPUs on a 2-core machine: two capture actors and room for Ray's own bookkeeping tasks.
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+    # Three CPUs on a 2-core machine: two capture actors and room for Ray's own bookkeeping tasks; three
+    # GPUs that are only names, so bisect probes can hold one each (the simulator needs none).
+    ray.init(num_cpus=3, num_gpus=3, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     yield ray
     ray.shutdown()
 
@@ -117,6 +119,40 @@ def test_a_killed_actor_leaves_worker_lost_records_and_the_run_finishes(
     assert "capture worker 1 was lost" in capsys.readouterr().err
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["variants"]["truth"]["itl_ms"]["p50"] is not None  # what the other actor measured
+
+
+def test_bisect_probes_run_as_ray_tasks_of_one_gpu_each(
+    ray_cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "bisect"))
+    from helpers import FAKE_VLLM, PROBE_SCENARIO
+
+    shas = [f"{n:040x}" for n in range(1, 13)]
+    commits = tmp_path / "commits.txt"
+    commits.write_text("".join(f"{s}\n" for s in shas))
+    server = (
+        f"{sys.executable} {FAKE_VLLM} serve --commits {commits} --bad-from 7 --mode cap {{commit}} {{port}}"
+    )
+    out = tmp_path / "bisect"
+    monkeypatch.setattr(sys, "argv", [
+        "itlaudit", "bisect", "--from", shas[0], "--to", shas[-1], "--commits-file", str(commits),
+        "--provider", "command", "--server-cmd", server, "--ready-timeout", "30",
+        "--scenario", str(PROBE_SCENARIO), "--regress", "truncation", "--out", str(out),
+        "--cache-dir", str(tmp_path / "cache"), "--parallel", "3", "--cluster", "ray",
+    ])  # fmt: skip
+    with pytest.raises(SystemExit) as exited:
+        cli.main()
+    assert exited.value.code == 0
+    state = json.loads((out / "bisect.json").read_text())
+    assert state["first_bad"] == shas[7] and state["last_good"] == shas[6]
+    rounds: dict[int, list[str]] = {}
+    for probe in state["probes"]:
+        rounds.setdefault(probe["round"], []).append(probe["gpu"])
+        # The task's folder came back to the caller's disk.
+        assert (Path(probe["dir"]) / "trial-1" / "requests.jsonl").is_file()
+    assert state["rounds_used"] <= math.ceil(math.log(len(shas), 4)) + 2
+    for gpus in rounds.values():
+        assert len(set(gpus)) == len(gpus) and all(g in ("0", "1", "2") for g in gpus), rounds
 
 
 def test_cluster_values_and_the_install_hint(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
