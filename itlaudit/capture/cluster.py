@@ -244,6 +244,15 @@ def collect(ray: ModuleType, handles: list[ActorHandle], land: Callable[[int, by
                 del running[handle.share.worker]
 
 
+def lost_worker_warnings(described: dict[str, Any]) -> list[str]:
+    """What the run says about the actors it lost, from what `capture_on_ray` told `on_capture`."""
+    return [
+        f"warning: capture worker {lost['worker']} was lost ({lost['reason']}); its {lost['unfinished']} "
+        "unfinished requests are recorded as worker_lost"
+        for lost in described.get("lost_workers", [])
+    ]
+
+
 def stop_actors(ray: ModuleType, handles: list[ActorHandle]) -> None:
     for handle in handles:
         with contextlib.suppress(Exception):  # already dead is what we want

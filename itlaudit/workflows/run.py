@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from itlaudit import __version__
+from itlaudit.capture.cluster import lost_worker_warnings
 from itlaudit.capture.runner import (
     CaptureOptions,
     reset_prefix_cache,
@@ -306,14 +307,8 @@ def run_scenario(
                             dataset = scenario.workload.dataset
                             if workers.get("reply_lengths") == "estimated" and dataset and console:
                                 console.print(f"warning: {dataset.warning}", markup=False, soft_wrap=True)
-                            for lost in workers.get("lost_workers", []):
-                                (console or Console(stderr=True)).print(
-                                    f"warning: capture worker {lost['worker']} was lost ({lost['reason']}); "
-                                    f"its {lost['unfinished']} unfinished requests are recorded as "
-                                    "worker_lost",
-                                    markup=False,
-                                    soft_wrap=True,
-                                )
+                            for warning in lost_worker_warnings(workers):
+                                (console or Console(stderr=True)).print(warning, markup=False, soft_wrap=True)
 
                         done = asyncio.run(
                             run_variant(
