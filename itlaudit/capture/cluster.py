@@ -69,7 +69,7 @@ def connect(address: str) -> ModuleType:
         return ray
     target = (os.environ.get("RAY_ADDRESS") or "auto") if address == "auto" else address
     try:
-        ray.init(address=target, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+        ray.init(address=target, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     except (ConnectionError, RuntimeError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ClusterError(
