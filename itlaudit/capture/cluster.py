@@ -239,7 +239,12 @@ def collect(ray: ModuleType, handles: list[ActorHandle], land: Callable[[int, by
                     handle.lag = ray.get(handle.run_ref)
                     land(handle.share.worker, ray.get(handle.actor.drain.remote()))
                     del running[handle.share.worker]
-            except ray.exceptions.RayError as exc:
+            except ray.exceptions.RayTaskError as exc:  # the capture code itself failed: not a lost node
+                raise ClusterError(
+                    f"capture actor {handle.share.worker} failed ({_first_line(exc)}); the records it "
+                    "finished are kept in requests.jsonl"
+                ) from None
+            except ray.exceptions.RayError as exc:  # the actor, its process or its node is gone
                 handle.lost = f"actor on {handle.where.get('hostname', '?')} lost: {_first_line(exc)}"
                 del running[handle.share.worker]
 
