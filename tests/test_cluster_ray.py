@@ -8,6 +8,7 @@ import json
 import math
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -168,3 +169,14 @@ def test_cluster_values_and_the_install_hint(monkeypatch: pytest.MonkeyPatch, ca
         cli.main()
     assert exited.value.code == 2
     assert capsys.readouterr().err.strip() == f"itlaudit: error: {INSTALL_HINT}"
+
+
+def test_ray_is_imported_only_when_asked() -> None:
+    code = (
+        "import sys, itlaudit.cli.app, itlaudit.capture.runner, itlaudit.bisect.bisector; "
+        "print('ray' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "False"

@@ -273,7 +273,7 @@ def start_workers(shares: list[WorkerShare]) -> list[WorkerHandle]:
     for share in shares:
         records_in, records_out = context.Pipe(duplex=False)
         control, their_control = context.Pipe()
-        process = context.Process(
+        process = context.Process(  # type: ignore[attr-defined]  # BaseContext lacks it in typeshed
             target=worker_main,
             args=(share, records_out, their_control, barrier),
             name=f"itlaudit-capture-{share.worker}",
