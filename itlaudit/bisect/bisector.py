@@ -93,11 +93,19 @@ class Bisection:
             max_trials=settings.max_trials,
         )
         provider, self.cache = make_provider(settings, bisect_dir)
-        self.prefetcher = Prefetcher(provider, background=settings.effective_prefetch)
+        # Under --cluster the nodes prepare the builds they probe; preparing them here too is waste.
+        self.prefetcher = Prefetcher(
+            provider, background=settings.effective_prefetch and not settings.cluster
+        )
         self.search = Search(len(state.builds))
         self.started = time.monotonic()
         self._lock = threading.Lock()  # a parallel round's probes share the state and its file
         self.cluster = connect(settings.cluster) if settings.cluster is not None else None
+        if self.cluster is not None and not self.cluster.cluster_resources().get("GPU"):
+            raise BisectError(
+                "--cluster: the Ray cluster has no GPUs, and each probe is a task holding one; add GPU "
+                "nodes, or drop --cluster to probe on this host"
+            )
 
     # -- roles ---------------------------------------------------------------------------------
     @property

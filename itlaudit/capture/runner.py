@@ -18,9 +18,8 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from itlaudit.capture import cluster
+from itlaudit.capture import cluster as cluster_module
 from itlaudit.capture.client import PlannedRequest, fetch_models, plan_request, server_error_message
-from itlaudit.capture.cluster import import_ray, parse_cluster
 from itlaudit.capture.transport import StampMode
 from itlaudit.capture.workers import (
     WorkerHandle,
@@ -69,15 +68,15 @@ class CaptureOptions:
         cluster: str | None = None,
     ) -> CaptureOptions:
         """The command line's spelling (`--workers auto|N`, `--stamp`, `--*-timeout`, `--cluster`),
-        checked: one place for run, compare, demo, sweep and selfcheck. Ray is not imported here."""
-
+        checked: one place for run, compare, demo, sweep and selfcheck. Ray is imported only when
+        `--cluster` asks for it, here, so a missing Ray is one line before any server starts."""
         if workers != "auto" and not (workers.isdigit() and int(workers) > 0):
             raise ScenarioError(f"--workers {workers!r}: give a positive number of processes, or auto")
         if stamp not in ("kernel", "loop"):
             raise ScenarioError(f"--stamp {stamp!r}: use kernel or loop")
-        cluster_address = parse_cluster(cluster)
+        cluster_address = cluster_module.parse_cluster(cluster)
         if cluster_address is not None:
-            import_ray()  # missing: one line saying how to install it, before any server is started
+            cluster_module.import_ray()
         given = {
             "connect_timeout_s": connect_timeout,
             "ttft_timeout_s": ttft_timeout,
@@ -203,8 +202,8 @@ async def run_variant(
     plans = plan_variant(scenario, variant, base_url, model, id_tag, lengths)
     ray = None
     if options.cluster is not None:
-        ray = await asyncio.get_running_loop().run_in_executor(None, cluster.connect, options.cluster)
-    cores = cluster.usable_cpus(ray, options.workers) if ray is not None else None
+        ray = await asyncio.get_running_loop().run_in_executor(None, cluster_module.connect, options.cluster)
+    cores = cluster_module.usable_cpus(ray, options.workers) if ray is not None else None
     count = worker_count(options.workers, workload.concurrency, len(plans), cores)
     timeouts = dataclasses.replace(workload.timeouts, **options.timeouts)
     shares = split_shares(
@@ -225,7 +224,7 @@ async def run_variant(
     if ray is None:
         await _capture_locally(shares, lander, described, on_capture)
     else:
-        await cluster.capture_on_ray(ray, shares, lander, described, on_capture)
+        await cluster_module.capture_on_ray(ray, shares, lander, described, on_capture)
     refused = [r for r in records if rejected(r)]
     if refused and len(refused) == len(records):
         first = refused[0]
