@@ -34,7 +34,15 @@ def ray_cluster() -> Iterator[Any]:
     ray = pytest.importorskip("ray")
     # Three CPUs on a 2-core machine: two capture actors and room for Ray's own bookkeeping tasks; three
     # GPUs that are only names, so bisect probes can hold one each (the simulator needs none).
-    ray.init(num_cpus=3, num_gpus=3, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+    # address="local": a cluster of its own, even where `ray start` left one (or its address file).
+    ray.init(
+        address="local",
+        num_cpus=3,
+        num_gpus=3,
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level="WARNING",
+    )
     yield ray
     ray.shutdown()
 
