@@ -19,6 +19,8 @@ and the CLI can turn any of them into one line and an exit code instead of a tra
     ├── SweepError                a sweep option or sweep folder is unusable
     ├── BisectError               bad bisect input, or an end that does not behave as claimed
     ├── BuildUnavailable          a build cannot be had: the bisect probe is a skip, never a bad
+    ├── SimError                  the simulator refused a request (rendered as vLLM's error body)
+    ├── ClusterError              --cluster: Ray missing, no cluster there, or an actor would not start
     └── TransportError            the streaming HTTP connection failed
         ├── ConnectFailed         no TCP connection (name, refusal, unreachable)
         │   └── ConnectTimeout    connecting took longer than the connect timeout
@@ -37,6 +39,7 @@ __all__ = [
     "BisectError",
     "BuildUnavailable",
     "CaptureWorkerError",
+    "ClusterError",
     "ConnectFailed",
     "ConnectTimeout",
     "ConnectionDropped",
@@ -51,6 +54,7 @@ __all__ = [
     "ScenarioError",
     "ServerRejectedError",
     "ServerUnreachableError",
+    "SimError",
     "SuiteError",
     "SweepError",
     "TLSFailure",
@@ -176,3 +180,7 @@ class SimError(ItlauditError):
         self.status = status
         self.err_type = err_type
         self.param = param
+
+
+class ClusterError(ItlauditError):
+    """`--cluster`: Ray missing, no cluster at the address, or an actor that would not start."""

@@ -209,7 +209,7 @@ def test_resume_after_sigkill_mid_probe(tmp_path: Path, monkeypatch: pytest.Monk
                 state = _state(out)
             except (OSError, ValueError):
                 state = {}
-            pending = state.get("in_progress") or {}
+            pending = (state.get("in_progress") or [{}])[0]
             if len(state.get("probes", [])) >= 2 and pending.get("server_pgid"):
                 pgid = pending["server_pgid"]
                 break
@@ -218,7 +218,7 @@ def test_resume_after_sigkill_mid_probe(tmp_path: Path, monkeypatch: pytest.Monk
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
         assert _group_alive(pgid), "the killed run's server outlives it (it is in its own session)"
-        cut_short = Path(_state(out)["in_progress"]["dir"])
+        cut_short = Path(_state(out)["in_progress"][0]["dir"])
         assert _bisect(monkeypatch, "--resume", str(out)) == 0
     finally:
         if proc.poll() is None:
@@ -227,7 +227,7 @@ def test_resume_after_sigkill_mid_probe(tmp_path: Path, monkeypatch: pytest.Monk
             os.killpg(pgid, signal.SIGKILL)
             pytest.fail("resume did not stop the server the killed run left behind")
     state = _state(out)
-    assert state["first_bad"] == shas[7] and state["in_progress"] is None
+    assert state["first_bad"] == shas[7] and state["in_progress"] == []
     assert cut_short.with_name(cut_short.name + ".interrupted-1").is_dir()
     assert (cut_short / "server-build.log").is_file()  # the probe was rerun in its own folder
     assert len({p["index"] for p in state["probes"]}) == len(state["probes"])

@@ -3,11 +3,16 @@
 Order of work per probe, chosen so nothing is lost at any interruption: mark the probe in progress in
 bisect.json, start preparing the builds the next step may need, run the probe, write its result to
 bisect.json and report.md, and only then choose the next build.
+
+With `--parallel K` a round probes K builds at once (the search's multisection points), each with its
+own GPU: `CUDA_VISIBLE_DEVICES` 0..K-1 on this host, or a Ray task holding one GPU with `--cluster`.
+The ends stay one probe a round each, the good end first: every other verdict is judged against it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -15,14 +20,17 @@ from typing import Any
 from rich.console import Console
 
 from itlaudit.bisect import state as state_mod
+from itlaudit.bisect.build_range import Build
+from itlaudit.bisect.cluster import run_probe_on_ray
 from itlaudit.bisect.figures import Figures, read_probe
 from itlaudit.bisect.prefetch import Prefetcher
-from itlaudit.bisect.probe import ProbeConfig, ProbeResult, run_probe
+from itlaudit.bisect.probe import OnServer, ProbeConfig, ProbeResult, run_probe
 from itlaudit.bisect.report import compare_url, write_report
 from itlaudit.bisect.search import Answer, Search
 from itlaudit.bisect.settings import Settings, make_provider
 from itlaudit.bisect.state import State
 from itlaudit.bisect.verdict import BAD, GOOD, SKIP
+from itlaudit.capture.cluster import connect
 from itlaudit.errors import BisectError
 from itlaudit.model.scenario import Scenario, load_scenario
 from itlaudit.serve.launch_config import launch_spec
@@ -86,9 +94,19 @@ class Bisection:
             max_trials=settings.max_trials,
         )
         provider, self.cache = make_provider(settings, bisect_dir)
-        self.prefetcher = Prefetcher(provider, background=settings.effective_prefetch)
+        # Under --cluster the nodes prepare the builds they probe; preparing them here too is waste.
+        self.prefetcher = Prefetcher(
+            provider, background=settings.effective_prefetch and not settings.cluster
+        )
         self.search = Search(len(state.builds))
         self.started = time.monotonic()
+        self._lock = threading.Lock()  # a parallel round's probes share the state and its file
+        self.cluster = connect(settings.cluster) if settings.cluster is not None else None
+        if self.cluster is not None and not self.cluster.cluster_resources().get("GPU"):
+            raise BisectError(
+                "--cluster: the Ray cluster has no GPUs, and each probe is a task holding one; add GPU "
+                "nodes, or drop --cluster to probe on this host"
+            )
 
     # -- roles ---------------------------------------------------------------------------------
     @property
@@ -120,37 +138,43 @@ class Bisection:
         return None if record is None else read_probe(Path(record["dir"]))
 
     def _recover(self) -> None:
-        """Rerun a probe that a dead run left half done; stop the server it may have left."""
-        pending = self.state.in_progress
-        if pending is None:
-            return
-        if state_mod.stop_orphan(pending):
-            self.console.print(f"stopped server left by the interrupted run (pgid {pending['server_pgid']})")
-        kept = state_mod.set_aside(Path(pending["dir"]))
-        if kept is not None:
-            self.console.print(f"probe cut short; its files are kept in {kept}; rerunning it")
-        self.state.in_progress = None
-        self._save()
+        """Rerun the probes a dead run left half done; stop the servers they may have left."""
+        for pending in self.state.in_progress:
+            if state_mod.stop_orphan(pending):
+                self.console.print(
+                    f"stopped server left by the interrupted run (pgid {pending['server_pgid']})"
+                )
+            kept = state_mod.set_aside(Path(pending["dir"]))
+            if kept is not None:
+                self.console.print(f"probe cut short; its files are kept in {kept}; rerunning it")
+        if self.state.in_progress:
+            self.state.in_progress = []
+            self._save()
 
     # -- probing -------------------------------------------------------------------------------
-    def _probe(self, index: int) -> dict[str, Any]:
+    def _probe(self, index: int, round_number: int, gpu: int | None = None) -> dict[str, Any]:
+        """One probe, marked in progress first; `gpu` (a parallel round's slot) is the GPU it gets."""
         build = self.state.builds[index]
-        number = len(self.state.probes) + 1
-        probe_dir = self.dir / f"probe-{number:02d}-{build.label}"
-        self.state.in_progress = {"index": index, "ref": build.ref, "dir": str(probe_dir)}
-        self._save()
+        with self._lock:
+            number = len(self.state.probes) + len(self.state.in_progress) + 1
+            probe_dir = self.dir / f"probe-{number:02d}-{build.label}"
+            pending: dict[str, Any] = {"index": index, "ref": build.ref, "dir": str(probe_dir)}
+            self.state.in_progress.append(pending)
+            self._save()
+        where = f" on GPU {gpu}" if gpu is not None and self.cluster is None else ""
         self.console.print(
-            f"[bold]probe {number}[/bold]: {build.label} ({index + 1}/{len(self.state.builds)}) …"
+            f"[bold]probe {number}[/bold] (round {round_number}): {build.label} "
+            f"({index + 1}/{len(self.state.builds)}){where} …"
         )
 
         def on_server(pgid: int | None) -> None:
-            assert self.state.in_progress is not None
             if pgid is not None:
-                self.state.in_progress.update(server_pgid=pgid, server_argv=state_mod.cmdline(pgid))
-                self._save()
+                with self._lock:
+                    pending.update(server_pgid=pgid, server_argv=state_mod.cmdline(pgid))
+                    self._save()
 
         baseline = None if index == self._reference else self._baseline()
-        result: ProbeResult = run_probe(self.config, self.prefetcher, build, probe_dir, baseline, on_server)
+        result, device = self._run_probe(build, probe_dir, baseline, on_server, gpu)
         record = {
             "index": index,
             "build": build.ref,
@@ -163,15 +187,70 @@ class Bisection:
             "metrics": result.metrics,
             "detail": result.detail,
             "dir": str(probe_dir),
+            "round": round_number,
+            "gpu": device,
             "finished_at_unix": time.time(),
         }
-        self.state.probes.append(record)
-        self.state.in_progress = None
-        self._save()
+        with self._lock:
+            self.state.probes.append(record)
+            self.state.in_progress.remove(pending)
+            self._save()
         return record
 
+    def _run_probe(
+        self,
+        build: Build,
+        probe_dir: Path,
+        baseline: dict[str, Figures] | None,
+        on_server: OnServer,
+        gpu: int | None,
+    ) -> tuple[ProbeResult, str | None]:
+        """Here (the slot's GPU through CUDA_VISIBLE_DEVICES, none for a lone probe), or as a Ray task
+        holding one GPU: the result and the GPU the probe had."""
+        if self.cluster is not None:
+            return run_probe_on_ray(
+                self.cluster, self.state.settings, self.config, build, probe_dir, baseline
+            )
+        config = self.config
+        if gpu is not None:
+            device = {"CUDA_VISIBLE_DEVICES": str(gpu)}
+            config = dataclasses.replace(
+                config,
+                specs={n: dataclasses.replace(s, env={**s.env, **device}) for n, s in config.specs.items()},
+            )
+        result = run_probe(config, self.prefetcher, build, probe_dir, baseline, on_server)
+        return result, None if gpu is None else str(gpu)
+
+    def _probe_round(self, indices: list[int]) -> list[dict[str, Any]]:
+        """The round's probes at once, one thread each (daemon: an interrupt ends the run, and the
+        servers die with it; resume reruns what was in flight). A lone probe runs here as before."""
+        round_number = self.state.rounds + 1
+        if self.state.settings.parallel == 1 and self.cluster is None:
+            return [self._probe(indices[0], round_number)]
+        records: list[dict[str, Any]] = []
+        failures: list[BaseException] = []
+
+        def one(index: int, slot: int) -> None:
+            try:
+                records.append(self._probe(index, round_number, slot))
+            except BaseException as exc:  # raised below, in the bisection's own thread
+                failures.append(exc)
+
+        threads = [
+            threading.Thread(target=one, args=(index, slot), name=f"probe-{index}", daemon=True)
+            for slot, index in enumerate(indices)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(0.2)  # in slices, so Ctrl-C reaches this thread
+        if failures:
+            raise failures[0]
+        return sorted(records, key=lambda r: r["index"])
+
     def _check_end(self, index: int, expected: str, role: str, given: str) -> None:
-        record = self._probe_of(index) or self._probe(index)
+        record = self._probe_of(index) or self._probe_round([index])[0]
         verdict = record["verdict"]
         self._print_probe(record)
         if verdict == expected:
@@ -188,6 +267,12 @@ class Bisection:
         self._save()
         raise BisectError(f"{message}. Check the range and --regress; probe files in {record['dir']}")
 
+    def _to_go(self) -> str:
+        k = self.state.settings.parallel
+        if k == 1:
+            return f"{self.search.remaining_estimate()} probe(s) to go"
+        return f"{self.search.remaining_estimate(k)} round(s) of {k} to go"
+
     def _print_probe(self, record: dict[str, Any]) -> None:
         colour = {GOOD: "green", BAD: "red"}.get(record["verdict"], "yellow")
         lo, hi = self.search.bounds
@@ -196,7 +281,7 @@ class Bisection:
         self.console.print(
             f"  {record['label']}: [{colour}]{record['verdict']}[/{colour}] ({reason}) · "
             f"{left} build(s) left between {self.state.builds[lo].label} and {self.state.builds[hi].label}"
-            f" · ~{self.search.remaining_estimate()} probe(s) to go",
+            f" · ~{self._to_go()}",
             markup=True,
             highlight=False,
         )
@@ -220,11 +305,14 @@ class Bisection:
         self.prefetcher.want([self.state.builds[i] for i, *_ in ends])
         for index, expected, role, given in ends:
             self._check_end(index, expected, role, given)
-        while (index := self.search.next_index()) is not None:
-            self.prefetcher.want([self.state.builds[i] for i in self.search.next_after(index)])
-            record = self._probe(index)
-            self.search.record(index, self._answer(record["verdict"]))
-            self._print_probe(record)
+        while indices := self.search.next_round(settings.parallel):
+            upcoming = self.search.next_after(indices[0]) if len(indices) == 1 else indices
+            self.prefetcher.want([self.state.builds[i] for i in upcoming])
+            records = self._probe_round(indices)
+            for record in records:
+                self.search.record(record["index"], self._answer(record["verdict"]))
+            for record in records:
+                self._print_probe(record)
         self._finish()
         return self.state
 
@@ -258,6 +346,7 @@ class Bisection:
             if detail.get("explanation")
             else None,
             "probes_used": len(self.state.probes),
+            "rounds_used": self.state.rounds,
             "elapsed_s": round(time.monotonic() - self.started, 1),
         }
         self.state.save(self.dir)

@@ -75,10 +75,12 @@ def render_markdown(state: State) -> str:
         + (f" (script `{settings.script}`)" if settings.script else "")
         + (", looking for the fix" if settings.find_fix else "")
         + f", scenario `{settings.scenario}`, variants {', '.join(names) or '–'}, {len(builds)} builds in "
-        f"range, {len(state.probes)} probes. Figures are medians over every trial's requests.",
+        f"range, {len(state.probes)} probes in {state.rounds} rounds"
+        + (f" (up to {settings.parallel} at once)" if settings.parallel > 1 else "")
+        + ". Figures are medians over every trial's requests.",
         "",
-        f"| # | position | build | version | verdict | trials |{header} reason |",
-        "|---|---|---|---|---|---|" + "---|---|---|" * len(names) + "---|",
+        f"| # | round | position | build | version | verdict | trials |{header} reason |",
+        "|---|---|---|---|---|---|---|" + "---|---|---|" * len(names) + "---|",
     ]
     for n, probe in enumerate(state.probes, 1):
         build = builds[probe["index"]]
@@ -92,8 +94,9 @@ def render_markdown(state: State) -> str:
             )
         reason = table_cell(str(probe.get("reason", "")))
         lines.append(
-            f"| {n} | {probe['index'] + 1}/{len(builds)} | {link} | {probe.get('version') or '–'} | "
-            f"{probe['verdict']} | {probe.get('trials', 0)} |{figures} {reason} |"
+            f"| {n} | {probe.get('round', n)} | {probe['index'] + 1}/{len(builds)} | {link} | "
+            f"{probe.get('version') or '–'} | {probe['verdict']} | {probe.get('trials', 0)} |{figures} "
+            f"{reason} |"
         )
     return "\n".join(lines) + "\n"
 

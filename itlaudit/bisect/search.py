@@ -5,7 +5,8 @@ Index 0 is known "no" and the last index "yes"; each probe answers yes, no or un
 available; unknown: no clear verdict). An unknown midpoint is not a dead end: the search walks right to
 the edge of the unknown run and probes there, then left, so a run of missing nightlies costs only its
 own length. When every build between the last "no" and the first "yes" is unknown the answer is that
-range, reported honestly instead of a guess. Pure: no I/O, replayable from bisect.json on resume.
+range, reported honestly instead of a guess. With K probes a round (multisection, `--parallel K`) the
+K points cut the range into K + 1 equal parts. Pure: no I/O, replayable from bisect.json on resume.
 """
 
 from __future__ import annotations
@@ -56,6 +57,25 @@ class Search:
                 return index
         return None
 
+    def next_round(self, k: int) -> list[int]:
+        """Up to k builds to probe at once (multisection): the points that cut (lo, hi) into k + 1
+        equal parts, each moved to the nearest build not yet answered or chosen (the right one on a
+        tie), so a clean search needs about log_(k+1) N rounds; every open build when k or fewer are
+        left. k = 1 is the binary search's own choice, unknown runs walked as next_index walks them."""
+        if k == 1:
+            index = self.next_index()
+            return [] if index is None else [index]
+        lo, hi = self.bounds
+        open_builds = [i for i in range(lo + 1, hi) if i not in self.answers]
+        if len(open_builds) <= k:
+            return open_builds
+        chosen: list[int] = []
+        for part in range(1, k + 1):
+            ideal = lo + round(part * (hi - lo) / (k + 1))
+            free = [i for i in open_builds if i not in chosen]
+            chosen.append(min(free, key=lambda i: (abs(i - ideal), i < ideal)))
+        return sorted(chosen)
+
     def next_after(self, index: int) -> list[int]:
         """The builds probed next if `index` answers yes or no: what is worth preparing meanwhile."""
         lo, hi = self.bounds
@@ -74,8 +94,9 @@ class Search:
         lo, hi = self.bounds
         return list(range(lo + 1, hi + 1))
 
-    def remaining_estimate(self) -> int:
-        """Probes left for a clean search of what is still open (unknowns can add more)."""
+    def remaining_estimate(self, k: int = 1) -> int:
+        """Rounds left for a clean search of what is still open, k probes a round (unknowns can add
+        more); with k = 1 a round is one probe."""
         lo, hi = self.bounds
         open_count = sum(1 for i in range(lo + 1, hi) if i not in self.answers)
-        return math.ceil(math.log2(open_count + 1)) if open_count else 0
+        return math.ceil(math.log(open_count + 1, k + 1) - 1e-9) if open_count else 0

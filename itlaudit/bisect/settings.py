@@ -59,6 +59,8 @@ class Settings:
     build_cmd: str | None = None
     github_repo: str = "vllm-project/vllm"
     github_api: str = github.DEFAULT_API
+    parallel: int = 1  # builds probed per round, each on its own GPU
+    cluster: str | None = None  # None: probes on this host; "auto" or "ray://HOST:PORT": Ray tasks
 
     def __post_init__(self) -> None:
         PROVIDERS.get(self.provider)  # an unknown name fails here, naming the known ones
@@ -72,6 +74,10 @@ class Settings:
             raise BisectError("--trials must be at least 1")
         if self.max_trials < self.effective_trials:
             raise BisectError(f"--max-trials {self.max_trials} is below --trials {self.effective_trials}")
+        if self.parallel < 1:
+            raise BisectError(
+                f"--parallel {self.parallel}: give the number of builds to probe at once (1 or more)"
+            )
         parse_regress(self.regress, self.script)  # fail before any build is touched
 
     @property

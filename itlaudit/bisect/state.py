@@ -1,8 +1,10 @@
 """bisect.json: the bisection's whole memory, rewritten atomically after every step.
 
 A probe is marked in progress (with its server's process group once one is up) before anything slow
-happens, so a bisection killed at any point, even by SIGKILL, can be resumed: the marked probe is rerun
-in a fresh folder (the partial one is kept, renamed), and a server the dead run left behind is stopped.
+happens, so a bisection killed at any point, even by SIGKILL, can be resumed: each marked probe (a
+`--parallel` round has several) is rerun in a fresh folder (the partial one is kept, renamed), and a
+server the dead run left behind is stopped. Each probe names its round: the probes of one round ran
+at the same time.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ from itlaudit.bisect.settings import Settings
 from itlaudit.errors import BisectError
 
 STATE_FILE = "bisect.json"
-# 2: probes run every chosen variant; metrics are per variant.
-FORMAT = 2
+# 2: probes run every chosen variant; metrics are per variant. 3: `in_progress` is a list (a parallel
+# round has several probes in flight) and probes carry their round; a format 2 file is read as well.
+FORMAT = 3
+_READABLE = (2, 3)
 
 
 @dataclass
@@ -29,7 +33,7 @@ class State:
     settings: Settings
     builds: list[Build]
     probes: list[dict[str, Any]] = field(default_factory=list)
-    in_progress: dict[str, Any] | None = None
+    in_progress: list[dict[str, Any]] = field(default_factory=list)
     status: str = "running"
     result: dict[str, Any] = field(default_factory=dict)
 
@@ -44,6 +48,12 @@ class State:
             "builds": [b.to_json() for b in self.builds],
         }
 
+    @property
+    def rounds(self) -> int:
+        """Rounds so far: probes of one round share its number; a probe without one (format 2, one
+        probe at a time) is a round of its own."""
+        return len({p.get("round", -n) for n, p in enumerate(self.probes, 1)})
+
     def save(self, bisect_dir: Path) -> None:
         path = bisect_dir / STATE_FILE
         tmp = path.with_suffix(".json.tmp")
@@ -57,7 +67,7 @@ def load(bisect_dir: Path) -> State:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise BisectError(f"--resume {bisect_dir}: cannot read {STATE_FILE} ({exc})") from None
-    if data.get("format") != FORMAT:
+    if data.get("format") not in _READABLE:
         raise BisectError(
             f"{path}: unknown format {data.get('format')!r}; it was written by another itlaudit"
         )
@@ -66,10 +76,17 @@ def load(bisect_dir: Path) -> State:
         settings=Settings.from_json(data["settings"]),
         builds=[Build.from_json(b) for b in data["builds"]],
         probes=data.get("probes", []),
-        in_progress=data.get("in_progress"),
+        in_progress=_as_list(data.get("in_progress")),
         status=data.get("status", "running"),
         result={k: data[k] for k in result_keys if k in data},
     )
+
+
+def _as_list(pending: list[dict[str, Any]] | dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Format 2 kept at most one probe in progress, as a dict or null."""
+    if pending is None:
+        return []
+    return [pending] if isinstance(pending, dict) else list(pending)
 
 
 def cmdline(pid: int) -> list[str]:

@@ -18,12 +18,14 @@ from typing import Any
 import aiohttp
 import msgspec
 
+from itlaudit.capture import cluster as cluster_module
 from itlaudit.capture.preflight import fetch_models, server_error_message
 from itlaudit.capture.request_plan import PlannedRequest, plan_request
 from itlaudit.capture.tokenizer import random_chat_prompts
 from itlaudit.capture.transport import StampMode
 from itlaudit.capture.workers import (
     WorkerHandle,
+    WorkerShare,
     rejected,
     split_shares,
     start_workers,
@@ -52,6 +54,7 @@ class CaptureOptions:
     timeouts: dict[str, float | None] = field(default_factory=dict)
     stamp: StampMode = "kernel"
     access: Access = field(default_factory=Access)
+    cluster: str | None = None  # None: local processes; "auto" or "ray://HOST:PORT": Ray actors
 
     @classmethod
     def from_flags(
@@ -64,13 +67,18 @@ class CaptureOptions:
         request_timeout: float | None = None,
         *,
         access: Access | None = None,
+        cluster: str | None = None,
     ) -> CaptureOptions:
-        """The command line's spelling (`--workers auto|N`, `--stamp`, `--*-timeout`), checked: one
-        place for run, compare, demo, sweep and selfcheck."""
+        """The command line's spelling (`--workers auto|N`, `--stamp`, `--*-timeout`, `--cluster`),
+        checked: one place for run, compare, demo, sweep and selfcheck. Ray is imported only when
+        `--cluster` asks for it, here, so a missing Ray is one line before any server starts."""
         if workers != "auto" and not (workers.isdigit() and int(workers) > 0):
             raise ScenarioError(f"--workers {workers!r}: give a positive number of processes, or auto")
         if stamp not in ("kernel", "loop"):
             raise ScenarioError(f"--stamp {stamp!r}: use kernel or loop")
+        cluster_address = cluster_module.parse_cluster(cluster)
+        if cluster_address is not None:
+            cluster_module.import_ray()
         given = {
             "connect_timeout_s": connect_timeout,
             "ttft_timeout_s": ttft_timeout,
@@ -86,6 +94,7 @@ class CaptureOptions:
             timeouts={k: v for k, v in given.items() if v is not None},
             stamp="kernel" if stamp == "kernel" else "loop",
             access=access or Access(),
+            cluster=cluster_address,
         )
 
 
@@ -192,7 +201,11 @@ async def run_variant(
     if chat_prompts is not None:
         scenario = chat_prompts.scenario
     plans = plan_variant(scenario, variant, base_url, model, id_tag, lengths)
-    count = worker_count(options.workers, workload.concurrency, len(plans))
+    ray = None
+    if options.cluster is not None:
+        ray = await asyncio.get_running_loop().run_in_executor(None, cluster_module.connect, options.cluster)
+    cores = cluster_module.usable_cpus(ray, options.workers) if ray is not None else None
+    count = worker_count(options.workers, workload.concurrency, len(plans), cores)
     timeouts = dataclasses.replace(workload.timeouts, **options.timeouts)
     shares = split_shares(
         plans,
@@ -203,33 +216,18 @@ async def run_variant(
         duration_s=workload.arrivals.duration_s,
         access=access,
     )
-    loop = asyncio.get_running_loop()
-    handles = await loop.run_in_executor(None, start_workers, shares)
-    if on_capture is not None:
-        described: dict[str, Any] = {"workers": [h.describe() for h in handles]}
-        if workload.dataset is not None and workload.dataset.kind == "sharegpt":
-            described["reply_lengths"] = "tokenize" if lengths is not None else "estimated"
-        if chat_prompts is not None:
-            described["random_chat"] = chat_prompts.describe()
-        on_capture(described)
+    described: dict[str, Any] = {}
+    if workload.dataset is not None and workload.dataset.kind == "sharegpt":
+        described["reply_lengths"] = "tokenize" if lengths is not None else "estimated"
+    if chat_prompts is not None:
+        described["random_chat"] = chat_prompts.describe()
     records: list[RequestRecord] = []
-    try:
-        secrets = tuple(value.encode() for value in access.secret_values())
-        await asyncio.gather(*(_collect(handle, writer, records, on_done, secrets) for handle in handles))
-        for handle in handles:
-            await loop.run_in_executor(None, handle.process.join)
-            if handle.process.exitcode != 0:
-                raise CaptureWorkerError(
-                    f"capture worker {handle.share.worker} exited with code {handle.process.exitcode} "
-                    f"after {sum(r.worker == handle.share.worker for r in records)} of its "
-                    f"{len(handle.share.plans)} requests; the finished ones are kept in requests.jsonl"
-                )
-    finally:
-        for handle in handles:
-            if handle.process.is_alive():
-                handle.process.kill()
-            handle.records_in.close()
-            handle.control.close()
+    secrets = tuple(value.encode() for value in access.secret_values())
+    lander = RecordLander(writer, records, on_done, secrets)
+    if ray is None:
+        await _capture_locally(shares, lander, described, on_capture)
+    else:
+        await cluster_module.capture_on_ray(ray, shares, lander, described, on_capture)
     refused = [r for r in records if rejected(r)]
     if refused and len(refused) == len(records):
         first = refused[0]
@@ -301,21 +299,82 @@ def plan_variant(
     return plans
 
 
-async def _collect(
-    handle: WorkerHandle,
-    writer: RecordWriter,
-    records: list[RequestRecord],
-    on_done: OnDone | None,
-    secrets: tuple[bytes, ...] = (),
+class RecordLander:
+    """Where the workers' JSON lines land: each goes to requests.jsonl unchanged (no re-encoding) unless
+    a server echoed a credential we sent (a 401's message), which is masked; each is decoded here for
+    the run's outcome and progress. Bytes come per worker and may end mid-line."""
+
+    def __init__(
+        self,
+        writer: RecordWriter,
+        records: list[RequestRecord],
+        on_done: OnDone | None,
+        secrets: tuple[bytes, ...] = (),
+    ) -> None:
+        self.writer = writer
+        self.records = records
+        self.on_done = on_done
+        self.secrets = secrets
+        self._pending: dict[int, bytearray] = {}
+
+    def feed(self, worker: int, data: bytes) -> None:
+        pending = self._pending.setdefault(worker, bytearray())
+        pending.extend(data)
+        end = pending.rfind(b"\n")
+        if end < 0:
+            return
+        lines = bytes(pending[:end]).split(b"\n")
+        del pending[: end + 1]
+        for line in lines:
+            if self.secrets:
+                line = redact_bytes(line, self.secrets)
+            self.writer.write(line)
+            self._keep(RequestRecord.from_json(msgspec.json.decode(line)))
+        self.writer.check()
+
+    def add(self, record: RequestRecord) -> None:
+        """A record the coordinator made itself (a lost worker's unfinished request)."""
+        self.writer.write(record.to_json())
+        self._keep(record)
+
+    def _keep(self, record: RequestRecord) -> None:
+        self.records.append(record)
+        if self.on_done is not None:
+            self.on_done(record)
+
+
+async def _capture_locally(
+    shares: list[WorkerShare], lander: RecordLander, described: dict[str, Any], on_capture: OnCapture | None
 ) -> None:
-    """Read the worker's JSON lines as they come: each goes to requests.jsonl unchanged (no
-    re-encoding) unless a server echoed a credential we sent (a 401's message), which is masked;
-    each is decoded here for the run's outcome and progress."""
+    """One process per share on this machine; a worker that dies stops the run (its finished records
+    are kept)."""
+    loop = asyncio.get_running_loop()
+    handles = await loop.run_in_executor(None, start_workers, shares)
+    if on_capture is not None:
+        on_capture({"workers": [h.describe() for h in handles], **described})
+    try:
+        await asyncio.gather(*(_collect(handle, lander) for handle in handles))
+        for handle in handles:
+            await loop.run_in_executor(None, handle.process.join)
+            if handle.process.exitcode != 0:
+                raise CaptureWorkerError(
+                    f"capture worker {handle.share.worker} exited with code {handle.process.exitcode} "
+                    f"after {sum(r.worker == handle.share.worker for r in lander.records)} of its "
+                    f"{len(handle.share.plans)} requests; the finished ones are kept in requests.jsonl"
+                )
+    finally:
+        for handle in handles:
+            if handle.process.is_alive():
+                handle.process.kill()
+            handle.records_in.close()
+            handle.control.close()
+
+
+async def _collect(handle: WorkerHandle, lander: RecordLander) -> None:
+    """Land the worker's JSON lines as they come, read on this loop when its pipe is readable."""
     loop = asyncio.get_running_loop()
     fd = handle.records_in.fileno()
     finished = loop.create_future()
-    pending = bytearray()
-    decode = msgspec.json.decode
 
     def readable() -> None:
         try:
@@ -323,21 +382,7 @@ async def _collect(
             if not data:
                 finished.set_result(None)
                 return
-            pending.extend(data)
-            end = pending.rfind(b"\n")
-            if end < 0:
-                return
-            lines = bytes(pending[:end]).split(b"\n")
-            del pending[: end + 1]
-            for line in lines:
-                if secrets:
-                    line = redact_bytes(line, secrets)
-                writer.write(line)
-                record = RequestRecord.from_json(decode(line))
-                records.append(record)
-                if on_done is not None:
-                    on_done(record)
-            writer.check()
+            lander.feed(handle.share.worker, data)
         except BaseException as exc:  # surfaced by the awaiting coroutine, not lost in a callback
             if not finished.done():
                 finished.set_exception(exc)

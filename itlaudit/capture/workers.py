@@ -67,12 +67,13 @@ def available_cores() -> int:
     return os.cpu_count() or 1
 
 
-def worker_count(requested: int | None, concurrency: int, num_requests: int) -> int:
+def worker_count(requested: int | None, concurrency: int, num_requests: int, cores: int | None = None) -> int:
     """`None` is auto: enough workers that each keeps at most STREAMS_PER_WORKER streams, capped at the
-    cores. Never more workers than streams or requests, since an idle worker only costs a process."""
+    cores (this machine's, or a Ray cluster's CPUs). Never more workers than streams or requests, since
+    an idle worker only costs a process."""
     wanted = requested if requested is not None else math.ceil(concurrency / STREAMS_PER_WORKER)
     if requested is None:
-        wanted = min(wanted, available_cores())
+        wanted = min(wanted, cores if cores is not None else available_cores())
     return max(1, min(wanted, concurrency, num_requests))
 
 
@@ -273,7 +274,7 @@ def start_workers(shares: list[WorkerShare]) -> list[WorkerHandle]:
     for share in shares:
         records_in, records_out = context.Pipe(duplex=False)
         control, their_control = context.Pipe()
-        process = context.Process(
+        process = context.Process(  # type: ignore[attr-defined]  # BaseContext lacks it in typeshed
             target=worker_main,
             args=(share, records_out, their_control, barrier),
             name=f"itlaudit-capture-{share.worker}",

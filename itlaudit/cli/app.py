@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -57,6 +61,13 @@ CaCertOption = Annotated[Path | None, typer.Option(help="PEM bundle to verify th
 StampOption = Annotated[
     str, typer.Option(help="kernel: socket receive time from the kernel (loop where unsupported); loop.")
 ]
+ClusterOption = Annotated[
+    str,
+    typer.Option(
+        help="none: capture processes here; ray (or auto): Ray actors on the running cluster, "
+        "--workers in all; ray://HOST:PORT: that cluster."
+    ),
+]
 
 app = typer.Typer(
     add_completion=False,
@@ -80,19 +91,50 @@ def _parse_variant_urls(pairs: list[str]) -> dict[str, str]:
     return urls
 
 
-def _run_options(
-    url: str | None,
-    variant: list[str] | None,
-    out_dir: Path | None,
-    ledger: Path,
-    no_repeat: bool,
-    force: bool,
-    append: bool,
-) -> dict[str, Any]:
-    """The keyword arguments `run` and `compare` pass the same way."""
+@dataclass(frozen=True)
+class SharedRun:
+    """What `run` and `compare` take the same way: run_scenario's keyword arguments and the capture."""
+
+    options: dict[str, Any]
+    capture: CaptureOptions
+
+
+def _shared_run_options(
+    url: UrlOption = None,
+    variant: VariantOption = None,
+    out_dir: OutOption = None,
+    ledger: LedgerOption = LEDGER,
+    no_repeat: NoRepeatOption = False,
+    force: ForceOption = False,
+    append: AppendOption = False,
+    workers: WorkersOption = "auto",
+    stamp: StampOption = "kernel",
+    cluster: ClusterOption = "none",
+    connect_timeout: ConnectTimeoutOption = None,
+    ttft_timeout: TtftTimeoutOption = None,
+    stall_timeout: StallTimeoutOption = None,
+    request_timeout: RequestTimeoutOption = None,
+    api_key: ApiKeyOption = None,
+    header: HeaderOption = None,
+    insecure: InsecureOption = False,
+    ca_cert: CaCertOption = None,
+) -> SharedRun:
+    """The options `run` and `compare` share, declared once (`with_shared_run_options` adds them to
+    both commands) and checked once."""
     if append and out_dir is None:
         raise ScenarioError("--append needs --out: the run folder to add to")
-    return {
+    access = _access(api_key, header, insecure, ca_cert)
+    capture = CaptureOptions.from_flags(
+        workers,
+        stamp,
+        connect_timeout,
+        ttft_timeout,
+        stall_timeout,
+        request_timeout,
+        access=access,
+        cluster=cluster,
+    )
+    options = {
         "url": url.rstrip("/") if url else None,
         "variant_urls": _parse_variant_urls(variant or []),
         "run_dir": out_dir,
@@ -100,6 +142,27 @@ def _run_options(
         "ledger": LedgerPolicy(ledger, no_repeat=no_repeat and not force),
         "append": append,
     }
+    return SharedRun(options, capture)
+
+
+_SHARED_PARAMS = list(inspect.signature(_shared_run_options, eval_str=True).parameters.values())
+
+
+def with_shared_run_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Give a command taking `shared: SharedRun` the shared options as its own, after its own ones:
+    typer reads the combined signature, the command gets them checked and bundled."""
+    own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "shared"]
+    names = [p.name for p in _SHARED_PARAMS]
+
+    @functools.wraps(command)
+    def wrapper(**kwargs: Any) -> None:
+        shared = _shared_run_options(**{name: kwargs.pop(name) for name in names})
+        command(**kwargs, shared=shared)
+
+    params = [*own, *_SHARED_PARAMS]
+    wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+    return wrapper
 
 
 def _access(api_key: str | None, headers: list[str] | None, insecure: bool, ca_cert: Path | None) -> Access:
@@ -141,73 +204,31 @@ def _print_outcome(outcome: RunOutcome) -> None:
 
 
 @app.command()
+@with_shared_run_options
 def run(
     scenario: Annotated[Path, typer.Argument(help="Scenario TOML file (see scenarios/).")],
-    url: UrlOption = None,
-    variant: VariantOption = None,
-    out_dir: OutOption = None,
     fail_on_findings: Annotated[bool, typer.Option(help="Exit 1 when any finding fires.")] = False,
-    ledger: LedgerOption = LEDGER,
-    no_repeat: NoRepeatOption = False,
-    force: ForceOption = False,
-    append: AppendOption = False,
-    workers: WorkersOption = "auto",
-    stamp: StampOption = "kernel",
-    connect_timeout: ConnectTimeoutOption = None,
-    ttft_timeout: TtftTimeoutOption = None,
-    stall_timeout: StallTimeoutOption = None,
-    request_timeout: RequestTimeoutOption = None,
-    api_key: ApiKeyOption = None,
-    header: HeaderOption = None,
-    insecure: InsecureOption = False,
-    ca_cert: CaCertOption = None,
+    *,
+    shared: SharedRun,
 ) -> None:
     """Stream the scenario's requests and audit them: ITL from server token counts, truncation findings."""
-    access = _access(api_key, header, insecure, ca_cert)
-    capture = CaptureOptions.from_flags(
-        workers, stamp, connect_timeout, ttft_timeout, stall_timeout, request_timeout, access=access
-    )
-    loaded = load_scenario(scenario)
-    options = _run_options(url, variant, out_dir, ledger, no_repeat, force, append)
-    outcome = run_scenario(loaded, **options, capture=capture)
+    outcome = run_scenario(load_scenario(scenario), **shared.options, capture=shared.capture)
     _print_outcome(outcome)
     if fail_on_findings and outcome.finding_count:
         raise typer.Exit(1)
 
 
 @app.command()
+@with_shared_run_options
 def compare(
     scenario: Annotated[Path, typer.Argument(help="Scenario TOML with a K0 (first) and K3 variant.")],
-    url: UrlOption = None,
-    variant: VariantOption = None,
-    out_dir: OutOption = None,
-    ledger: LedgerOption = LEDGER,
-    no_repeat: NoRepeatOption = False,
-    force: ForceOption = False,
-    append: AppendOption = False,
-    workers: WorkersOption = "auto",
-    stamp: StampOption = "kernel",
-    connect_timeout: ConnectTimeoutOption = None,
-    ttft_timeout: TtftTimeoutOption = None,
-    stall_timeout: StallTimeoutOption = None,
-    request_timeout: RequestTimeoutOption = None,
-    api_key: ApiKeyOption = None,
-    header: HeaderOption = None,
-    insecure: InsecureOption = False,
-    ca_cert: CaCertOption = None,
+    *,
+    shared: SharedRun,
 ) -> None:
     """Run each variant (launching its server in turn), scrape /metrics around it, write compare.json."""
     from itlaudit.workflows.compare import run_compare
 
-    access = _access(api_key, header, insecure, ca_cert)
-    capture = CaptureOptions.from_flags(
-        workers, stamp, connect_timeout, ttft_timeout, stall_timeout, request_timeout, access=access
-    )
-    outcome, comparison = run_compare(
-        load_scenario(scenario),
-        **_run_options(url, variant, out_dir, ledger, no_repeat, force, append),
-        capture=capture,
-    )
+    outcome, comparison = run_compare(load_scenario(scenario), **shared.options, capture=shared.capture)
     _print_outcome(outcome)
     for name, row in comparison["variants"].items():
         spec = row["spec_decode"] or {}

@@ -118,6 +118,12 @@ def bisect(
         Path | None, Opt("--out", help="Bisection folder (default reports/bisect-...).")
     ] = None,
     resume: Annotated[Path | None, Opt(help="Continue the bisection in this folder.")] = None,
+    parallel: Annotated[
+        int, Opt(help="Builds probed per round, each on its own GPU (CUDA_VISIBLE_DEVICES 0..K-1).")
+    ] = 1,
+    cluster: Annotated[
+        str, Opt(help="none: probes on this host; ray (or auto), ray://HOST:PORT: Ray tasks of one GPU each.")
+    ] = "none",
 ) -> None:
     """Find the vLLM build that introduced (or, with --find-fix, fixed) a serving regression."""
     # Imported here: scipy and pandas take seconds to import, and every other itlaudit command
@@ -128,6 +134,7 @@ def bisect(
     from itlaudit.bisect.report import REPORT_FILE, write_report
     from itlaudit.bisect.search import Search
     from itlaudit.bisect.settings import DEFAULT_SCENARIO, Settings
+    from itlaudit.capture.cluster import parse_cluster
 
     if resume is not None:
         state = state_mod.load(resume)
@@ -168,6 +175,8 @@ def bisect(
             build_cmd=build_cmd,
             github_repo=github_repo,
             github_api=github_api,
+            parallel=parallel,
+            cluster=parse_cluster(cluster),
         )
         if dry_run:
             dry_run_report(settings, out)
@@ -177,9 +186,15 @@ def bisect(
         out.print(state.result.get("message", "done"))
         return
     count = len(state.builds)
+    k = state.settings.parallel
+    plan = (
+        f"~{Search(count).remaining_estimate()} probes"
+        if k == 1
+        else (f"~{Search(count).remaining_estimate(k)} rounds of {k} probes at once")
+    )
     err.print(
         f"bisecting {count} builds ({state.builds[0].label} … {state.builds[-1].label}); "
-        f"~{Search(count).remaining_estimate()} probes after checking both ends; scenario "
+        f"{plan} after checking both ends; scenario "
         f"{state.settings.scenario}, verdict --regress {state.settings.regress}; folder {bisect_dir}",
         highlight=False,
         soft_wrap=True,

@@ -94,13 +94,16 @@ def selfcheck(
     stamp: Annotated[
         str | None, typer.Option(help="Passed to the capture path's --stamp (kernel|loop), if it has one.")
     ] = None,
+    cluster: Annotated[
+        str | None, typer.Option(help="Passed to the capture path's --cluster (none, ray, ray://HOST:PORT).")
+    ] = None,
     search: Annotated[bool, typer.Option(help=f"Find the most streams kept within {BUDGET}.")] = False,
     out_dir: Annotated[
         Path | None, typer.Option("--out", help="Keep the run folders here (default: a temporary folder).")
     ] = None,
 ) -> None:
     """Run the real capture path against a built-in ground-truth SSE server; print its added lag."""
-    capture = capture_options(workers, stamp)
+    capture = capture_options(workers, stamp, cluster)
     config = TruthConfig(chunks_per_s=chunks_per_s, tokens_per_chunk=tokens_per_chunk)
     with tempfile.TemporaryDirectory(prefix="itlaudit-selfcheck-") as scratch:
         root = out_dir or Path(scratch)

@@ -45,6 +45,9 @@ def sweep(
     stamp: Annotated[
         str, typer.Option(help="kernel (socket receive time; loop where unsupported) or loop.")
     ] = "kernel",
+    cluster: Annotated[
+        str, typer.Option(help="none: capture processes here; ray (or auto), ray://HOST:PORT: Ray actors.")
+    ] = "none",
 ) -> None:
     """Run the workload at each load for each variant (one server per variant) and draw where
     speculative decoding stops paying off per token."""
@@ -63,7 +66,7 @@ def sweep(
         raise SweepError(f"--sla-precision {precision:g}: must be above 0 (at least 1 for concurrency)")
     from itlaudit.capture.runner import CaptureOptions
 
-    capture = CaptureOptions.from_flags(workers, stamp)
+    capture = CaptureOptions.from_flags(workers, stamp, cluster=cluster)
     scenario = load_scenario(scenario_path)
     names, urls = [], {}
     for item in variant or []:

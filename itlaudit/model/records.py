@@ -23,6 +23,7 @@ class Status(StrEnum):
     CONNECTION_ERROR = "connection_error"  # connection reset / refused / dropped mid-request
     TIMEOUT = "timeout"  # cut by one of the workload's timeouts (`timeout_limit` says which)
     RATE_LIMITED = "rate_limited"  # HTTP 429 or 503: the server asked to come back later
+    WORKER_LOST = "worker_lost"  # its capture worker (a Ray actor) died before reporting it
 
 
 # The names capture/client.py and capture/workers.py still use; new code uses Status.
@@ -32,6 +33,7 @@ STATUS_STREAM_ERROR = Status.STREAM_ERROR
 STATUS_CONNECTION_ERROR = Status.CONNECTION_ERROR
 STATUS_TIMEOUT = Status.TIMEOUT
 STATUS_RATE_LIMITED = Status.RATE_LIMITED
+STATUS_WORKER_LOST = Status.WORKER_LOST
 
 
 @dataclass

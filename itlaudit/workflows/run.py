@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from itlaudit import __version__
+from itlaudit.capture.cluster import lost_worker_warnings
 from itlaudit.capture.runner import (
     CaptureOptions,
     reset_prefix_cache,
@@ -274,6 +275,8 @@ def run_scenario(
                             if "random_chat" in workers and console:
                                 note = workers["random_chat"]["note"]
                                 console.print(f"{name}: {note}", markup=False, soft_wrap=True)
+                            for warning in lost_worker_warnings(workers):
+                                (console or Console(stderr=True)).print(warning, markup=False, soft_wrap=True)
 
                         done = asyncio.run(
                             run_variant(

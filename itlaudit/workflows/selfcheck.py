@@ -72,12 +72,16 @@ def selfcheck_scenario_toml(base_url: str, streams: int, tokens: int) -> str:
     )
 
 
-def capture_options(workers: str | int | None = None, stamp: str | None = None) -> CaptureOptions:
+def capture_options(
+    workers: str | int | None = None, stamp: str | None = None, cluster: str | None = None
+) -> CaptureOptions:
     """The capture options selfcheck and the benchmark pass through, checked as `itlaudit run` checks
     them (None: run's default)."""
     from itlaudit.capture.runner import CaptureOptions
 
-    return CaptureOptions.from_flags("auto" if workers is None else str(workers), stamp or "kernel")
+    return CaptureOptions.from_flags(
+        "auto" if workers is None else str(workers), stamp or "kernel", cluster=cluster
+    )
 
 
 def run_itlaudit(

@@ -39,6 +39,7 @@ from itlaudit.analysis.sweep import (
     sla_words,
     trial_figures,
 )
+from itlaudit.capture.cluster import lost_worker_warnings
 from itlaudit.capture.runner import CaptureOptions, run_variant
 from itlaudit.errors import RunInterrupted, ScenarioError, SweepError
 from itlaudit.model.redact import launch_secret_values, redact_file, redact_json
@@ -250,6 +251,8 @@ class _Sweeper:
         def on_capture(workers: dict[str, Any]) -> None:
             meta["variants"][trial.variant].update(workers)
             write_json(trial.folder / META_FILE, redact_json(meta))
+            for warning in lost_worker_warnings(workers):
+                self.progress.console.print(warning, markup=False, soft_wrap=True)
 
         load = f"{axis} {int(trial.load)}" if axis == CONCURRENCY else f"rate {trial.load:g}/s"
         trials = f" trial {trial.trial}/{self.config.trials}" if self.config.trials > 1 else ""
