@@ -6,10 +6,16 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
-from pacedkit import itlaudit, lines, prompts, run
+from pacedkit import itlaudit, lines, prompts, run, scenario
+
+from itlaudit.model.records import RequestRecord
+from itlaudit.model.scenario import load_scenario
+from itlaudit.store.jsonl import iter_jsonl
+from itlaudit.workflows.run import run_scenario
 
 
 def test_a_40_per_s_poisson_run_arrives_at_40_per_s_with_cv_near_1_and_warmup_is_not_counted(
@@ -192,3 +198,34 @@ def test_sharegpt_without_tokenize_estimates_reply_length_and_warns(tmp_path: Pa
     assert [row["max_tokens"] for row in server.stop()["finished"]] == [10]
     meta = json.loads((tmp_path / "run" / "meta.json").read_text())
     assert meta["variants"]["A"]["reply_lengths"] == "estimated"
+
+
+def test_warmup_is_a_phase_that_ends_before_the_metrics_window_and_the_measured_requests(
+    tmp_path: Path, paced
+) -> None:
+    """Warmup sent beside the measured requests would share the cold first batch instead of absorbing
+    it, and a /metrics window opened before it would count warmup the figures leave out (both seen on
+    the H200: a false crossover and a false acceptance_length_mismatch)."""
+    server = paced(interval_ms=2.0)
+    path = scenario(
+        tmp_path, f"{prompts(4)}\nnum_requests = 6\nmax_tokens = 8\nconcurrency = 3\nwarmup_requests = 3"
+    )
+    opened: list[int] = []
+
+    def before(variant: str, base_url: str) -> dict[str, int]:
+        opened.append(time.monotonic_ns())
+        return {"at": opened[-1]}
+
+    outcome = run_scenario(
+        load_scenario(path), url=server.url, run_dir=tmp_path / "run", before_variant=before
+    )
+    server.stop()
+    records = [RequestRecord.from_json(line) for line in iter_jsonl(outcome.run_dir / "requests.jsonl")]
+    warm = [r for r in records if r.warmup]
+    measured = [r for r in records if not r.warmup]
+    assert len(warm) == 3 and len(measured) == 6 and len(opened) == 1
+    warm_ended = max(r.sent_monotonic_ns + r.e2e_ms * 1e6 for r in warm)
+    assert warm_ended <= opened[0] <= min(r.sent_monotonic_ns for r in measured)
+    meta = json.loads((outcome.run_dir / "meta.json").read_text())["variants"]["A"]
+    assert meta["before"] == {"at": opened[0]}
+    assert len(meta["warmup_workers"]) >= 1 and len(meta["workers"]) >= 1

@@ -184,13 +184,19 @@ async def run_variant(
     *,
     options: CaptureOptions | None = None,
     on_capture: OnCapture | None = None,
+    on_warm: Callable[[], None] | None = None,
     id_tag: str | None = None,
 ) -> list[RequestRecord]:
     """Run the workload at the scenario's concurrency over the capture workers. Each record is handed
     to `writer` the moment its worker reports it; `on_capture` receives the workers' description
     (clock offsets) for meta.json. `id_tag` (an --append round) makes ids `<variant>.<tag>-<index>`:
     unique beside an earlier round's, still ending in the prompt index that pairs requests across
-    variants."""
+    variants.
+
+    Warmup requests are a phase of their own that finishes before the first measured request is sent:
+    sent beside the measured ones, they would share (not absorb) the cold first batch. `on_warm` runs
+    between the phases (blocking calls allowed: it runs off the loop), which is where a /metrics
+    window must open so that the server's counters cover exactly the requests the figures count."""
     options = options or CaptureOptions()
     workload = scenario.workload
     access = variant_access(scenario, variant, options)
@@ -201,21 +207,12 @@ async def run_variant(
     if chat_prompts is not None:
         scenario = chat_prompts.scenario
     plans = plan_variant(scenario, variant, base_url, model, id_tag, lengths)
+    loop = asyncio.get_running_loop()
     ray = None
     if options.cluster is not None:
-        ray = await asyncio.get_running_loop().run_in_executor(None, cluster_module.connect, options.cluster)
+        ray = await loop.run_in_executor(None, cluster_module.connect, options.cluster)
     cores = cluster_module.usable_cpus(ray, options.workers) if ray is not None else None
-    count = worker_count(options.workers, workload.concurrency, len(plans), cores)
     timeouts = dataclasses.replace(workload.timeouts, **options.timeouts)
-    shares = split_shares(
-        plans,
-        workload.concurrency,
-        timeouts,
-        count,
-        options.stamp,
-        duration_s=workload.arrivals.duration_s,
-        access=access,
-    )
     described: dict[str, Any] = {}
     if workload.dataset is not None and workload.dataset.kind == "sharegpt":
         described["reply_lengths"] = "tokenize" if lengths is not None else "estimated"
@@ -224,10 +221,30 @@ async def run_variant(
     records: list[RequestRecord] = []
     secrets = tuple(value.encode() for value in access.secret_values())
     lander = RecordLander(writer, records, on_done, secrets)
-    if ray is None:
-        await _capture_locally(shares, lander, described, on_capture)
-    else:
-        await cluster_module.capture_on_ray(ray, shares, lander, described, on_capture)
+    warmup = [plan for plan in plans if plan.warmup]
+    measured = [plan for plan in plans if not plan.warmup]
+    for phase in (warmup, measured):
+        if phase is measured and on_warm is not None:
+            await loop.run_in_executor(None, on_warm)
+        if not phase:
+            continue
+        count = worker_count(options.workers, workload.concurrency, len(phase), cores)
+        shares = split_shares(
+            phase,
+            workload.concurrency,
+            timeouts,
+            count,
+            options.stamp,
+            duration_s=workload.arrivals.duration_s if phase is measured else None,
+            access=access,
+        )
+        # The warmup phase's workers (other processes, other clock offsets) go to meta.json under
+        # their own key: `worker` on a warmup record indexes that list.
+        report = on_capture if phase is measured else _as_warmup_workers(on_capture)
+        if ray is None:
+            await _capture_locally(shares, lander, described, report)
+        else:
+            await cluster_module.capture_on_ray(ray, shares, lander, described, report)
     refused = [r for r in records if rejected(r)]
     if refused and len(refused) == len(records):
         first = refused[0]
@@ -247,25 +264,28 @@ def plan_variant(
     reply_tokens: dict[int, int] | None = None,
 ) -> list[PlannedRequest]:
     """Every request of the variant, warmup first, each with its scheduled offset in an open loop
-    (the schedule depends on the seed only, so every variant sees the same arrivals); an arrival due
-    after duration_s is never planned. Warmup ids are `<variant>.warmup-<i>`, apart from the measured
+    (the schedule depends on the seed only, so every variant sees the same arrivals; warmup and
+    measured requests each have their own, from their phase's start); a measured arrival due after
+    duration_s is never planned. Warmup ids are `<variant>.warmup-<i>`, apart from the measured
     ones, which keep the prompt index that pairs requests across variants. `reply_tokens` (entry index:
     tokens) replaces a ShareGPT entry's estimated max_tokens with the server's count."""
     workload = scenario.workload
     arrivals = workload.arrivals
     warmup = arrivals.warmup_requests
-    total = warmup + workload.num_requests
-    offsets: list[float | None] = (
-        list(send_offsets_s(total, arrivals, workload.params.seed or 0))
-        if arrivals.open_loop
-        else [None] * total
-    )
+    seed = workload.params.seed or 0
+
+    def offsets(count: int) -> list[float | None]:
+        return list(send_offsets_s(count, arrivals, seed)) if arrivals.open_loop else [None] * count
+
+    # Each phase runs on its own clock (warmup finishes before the measured phase starts), so the
+    # measured schedule is the same with or without warmup, and duration_s bounds the measured phase.
+    schedule = [(True, s) for s in offsets(warmup)] + [(False, s) for s in offsets(workload.num_requests)]
     id_prefix = f"{variant}.{id_tag}" if id_tag else variant
     plans = []
-    for position, offset_s in enumerate(offsets):
-        if offset_s is not None and arrivals.duration_s is not None and offset_s > arrivals.duration_s:
+    for position, (is_warmup, offset_s) in enumerate(schedule):
+        past_duration = arrivals.duration_s is not None and (offset_s or 0.0) > arrivals.duration_s
+        if past_duration and not is_warmup:
             break
-        is_warmup = position < warmup
         index = position if is_warmup else position - warmup
         entry = scenario.entry_for(index)
         prompt: str | list[int] | list[dict[str, Any]] = scenario.prompt_for(index)
@@ -341,6 +361,18 @@ class RecordLander:
         self.records.append(record)
         if self.on_done is not None:
             self.on_done(record)
+
+
+def _as_warmup_workers(on_capture: OnCapture | None) -> OnCapture | None:
+    """The warmup phase's description, filed apart from the measured phase's workers."""
+    if on_capture is None:
+        return None
+    report = on_capture
+
+    def warmup_workers(described: dict[str, Any]) -> None:
+        report({f"warmup_{key}": described[key] for key in ("workers", "lost_workers") if key in described})
+
+    return warmup_workers
 
 
 async def _capture_locally(

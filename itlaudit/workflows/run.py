@@ -201,8 +201,9 @@ def run_scenario(
     """Run every variant in turn. With a ledger, each variant is fingerprinted before it is measured
     (a repeat is named, or refused with no_repeat) and the finished run is recorded.
 
-    A variant's /metrics window (before_variant → after_variant) holds its workload and nothing else:
-    the identity ping comes before it and the /version read of the environment record after it.
+    A variant's /metrics window (before_variant → after_variant) holds its measured requests and nothing
+    else: warmup requests finish before it opens, the identity ping comes before it and the /version read
+    of the environment record after it.
     SIGINT/SIGTERM still writes meta, summary and report for what finished, then raises
     RunInterrupted."""
     variant_urls = variant_urls or {}
@@ -259,8 +260,6 @@ def run_scenario(
                             note = info["reset_prefix_cache"].get("note")
                             if note and console is not None:
                                 console.print(f"{variant.name}: {note}", markup=False, soft_wrap=True)
-                        if before_variant is not None:
-                            info["before"] = before_variant(variant.name, base_url)
                         progress.update(task, description=f"{variant.name} @ {base_url}")
 
                         def on_capture(
@@ -278,6 +277,14 @@ def run_scenario(
                             for warning in lost_worker_warnings(workers):
                                 (console or Console(stderr=True)).print(warning, markup=False, soft_wrap=True)
 
+                        def open_window(
+                            info: dict[str, Any] = info, name: str = variant.name, base_url: str = base_url
+                        ) -> None:
+                            """Opens once the warmup requests are over, so the counters cover the measured
+                            requests only (the figures leave warmup out too)."""
+                            if before_variant is not None:
+                                info["before"] = before_variant(name, base_url)
+
                         done = asyncio.run(
                             run_variant(
                                 scenario,
@@ -287,6 +294,7 @@ def run_scenario(
                                 lambda _r: progress.advance(task),
                                 options=capture,
                                 on_capture=on_capture,
+                                on_warm=open_window,
                                 id_tag=tag,
                             )
                         )

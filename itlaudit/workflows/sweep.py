@@ -256,8 +256,10 @@ class _Sweeper:
 
         load = f"{axis} {int(trial.load)}" if axis == CONCURRENCY else f"rate {trial.load:g}/s"
         trials = f" trial {trial.trial}/{self.config.trials}" if self.config.trials > 1 else ""
+        workload = trial.scenario.workload
         task = self.progress.add_task(
-            f"{trial.variant} {load}{trials}", total=trial.scenario.workload.num_requests
+            f"{trial.variant} {load}{trials}",
+            total=workload.num_requests + workload.arrivals.warmup_requests,  # every record advances it
         )
         with RecordWriter(trial.folder / REQUESTS_FILE) as writer:
             asyncio.run(
