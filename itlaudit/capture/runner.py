@@ -1,7 +1,7 @@
 """Coordinates one variant's capture: plans the requests, starts the capture workers, and lands every
 record they finish in requests.jsonl as it arrives.
 
-I/O only: records here are raw; the figures derived from them come from `summary.derive_request`, a
+I/O only: records here are raw; the figures derived from them come from `analysis.derive.derive_request`, a
 pure function, after the run. The coordinator's own loop does no stamping (the workers do), so
 progress and record merging here cannot disturb what is measured.
 """
@@ -15,12 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 import msgspec
 
 from itlaudit.capture import cluster as cluster_module
-from itlaudit.capture.preflight import fetch_models, server_error_message
-from itlaudit.capture.request_plan import PlannedRequest, plan_request
+from itlaudit.capture.planning import plan_variant, reply_lengths, resolve_model
 from itlaudit.capture.tokenizer import random_chat_prompts
 from itlaudit.capture.transport import StampMode
 from itlaudit.capture.workers import (
@@ -36,7 +34,6 @@ from itlaudit.model.access import Access
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.redact import redact_bytes
 from itlaudit.model.scenario import Scenario
-from itlaudit.model.schedule import send_offsets_s
 from itlaudit.store.jsonl import RecordWriter
 
 OnDone = Callable[[RequestRecord], None]
@@ -103,76 +100,6 @@ def variant_access(scenario: Scenario, variant: str, options: CaptureOptions | N
     access = options.access if options is not None else Access()
     headers = next((v.headers for v in scenario.variants if v.name == variant), {})
     return access.with_headers(headers)
-
-
-async def reset_prefix_cache(base_url: str, access: Access) -> dict[str, Any]:
-    """POST vLLM's /reset_prefix_cache, so a variant does not start on what the one before it left in
-    the cache. A dev-mode endpoint: where it is missing (404) or fails, the run goes on and the
-    returned record (meta.json's `reset_prefix_cache`) carries the one line that says why."""
-    url = base_url.rstrip("/") + "/reset_prefix_cache"
-    try:
-        async with (
-            access.session() as session,
-            session.post(url, timeout=aiohttp.ClientTimeout(total=60)) as resp,
-        ):
-            status = resp.status
-            body = await resp.read()
-    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-        return {
-            "done": False,
-            "note": f"POST {url} failed ({type(exc).__name__}: {exc}); the cache was not reset",
-        }
-    if 200 <= status < 300:
-        return {"done": True}
-    if status == 404:
-        note = (
-            f"POST {url} answered 404: the server needs VLLM_SERVER_DEV_MODE=1 for /reset_prefix_cache; "
-            "the cache was not reset"
-        )
-    else:
-        reason = server_error_message(body, status)
-        note = f"POST {url} answered HTTP {status} ({reason}); the cache was not reset"
-    return {"done": False, "http_status": status, "note": note}
-
-
-async def reply_lengths(
-    session: aiohttp.ClientSession, base_url: str, model: str, scenario: Scenario
-) -> dict[int, int] | None:
-    """A ShareGPT dataset's reply lengths in the served model's tokens, by entry index, from the
-    server's /tokenize; None where it has none (the ~4 characters per token estimate stays)."""
-    dataset = scenario.workload.dataset
-    if dataset is None or dataset.kind != "sharegpt":
-        return None
-    url = base_url.rstrip("/") + "/tokenize"
-    lengths: dict[int, int] = {}
-    try:
-        for index, entry in enumerate(dataset.entries):
-            body = {"model": model, "prompt": entry.reply, "add_special_tokens": False}
-            async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=30)) as resp:
-                if resp.status != 200:
-                    return None
-                count = (await resp.json()).get("count")
-            if not isinstance(count, int) or count < 1:
-                return None
-            lengths[index] = count
-    except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
-        return None
-    return lengths
-
-
-async def resolve_model(session: aiohttp.ClientSession, base_url: str, wanted: str) -> str:
-    """`auto` is the first served model; a named model must be served, or nothing would be measured."""
-    served = await fetch_models(session, base_url)
-    if not served:
-        raise ServerRejectedError(f"{base_url}/v1/models lists no model; is the server fully started?")
-    if wanted == "auto":
-        return served[0]
-    if wanted not in served:
-        raise ServerRejectedError(
-            f"model {wanted!r} is not served at {base_url} (served: {', '.join(served)}); "
-            'fix `model` in the scenario or use model = "auto"'
-        )
-    return wanted
 
 
 async def run_variant(
@@ -253,70 +180,6 @@ async def run_variant(
             "(fix the scenario's workload or URL; the rejected request is kept in requests.jsonl)"
         )
     return sorted(records, key=lambda r: r.request_id)
-
-
-def plan_variant(
-    scenario: Scenario,
-    variant: str,
-    base_url: str,
-    model: str,
-    id_tag: str | None = None,
-    reply_tokens: dict[int, int] | None = None,
-) -> list[PlannedRequest]:
-    """Every request of the variant, warmup first, each with its scheduled offset in an open loop
-    (the schedule depends on the seed only, so every variant sees the same arrivals; warmup and
-    measured requests each have their own, from their phase's start); a measured arrival due after
-    duration_s is never planned. Warmup ids are `<variant>.warmup-<i>`, apart from the measured
-    ones, which keep the prompt index that pairs requests across variants. `reply_tokens` (entry index:
-    tokens) replaces a ShareGPT entry's estimated max_tokens with the server's count."""
-    workload = scenario.workload
-    arrivals = workload.arrivals
-    warmup = arrivals.warmup_requests
-    seed = workload.params.seed or 0
-
-    def offsets(count: int) -> list[float | None]:
-        return list(send_offsets_s(count, arrivals, seed)) if arrivals.open_loop else [None] * count
-
-    # Each phase runs on its own clock (warmup finishes before the measured phase starts), so the
-    # measured schedule is the same with or without warmup, and duration_s bounds the measured phase.
-    schedule = [(True, s) for s in offsets(warmup)] + [(False, s) for s in offsets(workload.num_requests)]
-    id_prefix = f"{variant}.{id_tag}" if id_tag else variant
-    plans = []
-    for position, (is_warmup, offset_s) in enumerate(schedule):
-        past_duration = arrivals.duration_s is not None and (offset_s or 0.0) > arrivals.duration_s
-        if past_duration and not is_warmup:
-            break
-        index = position if is_warmup else position - warmup
-        entry = scenario.entry_for(index)
-        prompt: str | list[int] | list[dict[str, Any]] = scenario.prompt_for(index)
-        params = workload.params
-        if entry is not None:
-            prompt = entry.messages or (entry.prompt if entry.prompt is not None else prompt)
-            counted = (
-                (reply_tokens or {}).get(index % len(workload.dataset.entries)) if workload.dataset else None
-            )
-            max_tokens = counted or entry.max_tokens
-            params = dataclasses.replace(
-                params,
-                max_tokens=max_tokens if max_tokens is not None else params.max_tokens,
-                ignore_eos=entry.ignore_eos if entry.ignore_eos is not None else params.ignore_eos,
-            )
-        plans.append(
-            plan_request(
-                base_url=base_url,
-                endpoint=scenario.endpoint,
-                model=model,
-                prompt=prompt,
-                params=params,
-                request_id=f"{id_prefix}.warmup-{index:05d}" if is_warmup else f"{id_prefix}-{index:05d}",
-                variant=variant,
-                extra_body=workload.extra_body or None,
-                scheduled_ms=offset_s * 1000 if offset_s is not None else None,
-                warmup=is_warmup,
-                category=entry.category if entry is not None else None,
-            )
-        )
-    return plans
 
 
 class RecordLander:

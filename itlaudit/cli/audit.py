@@ -22,7 +22,7 @@ from itlaudit.analysis.invariance import (
     summarize,
 )
 from itlaudit.analysis.quality import DEFAULT_THRESHOLDS, GibberishThresholds, gibberish_reasons, text_quality
-from itlaudit.capture.runner import resolve_model
+from itlaudit.capture.planning import resolve_model
 from itlaudit.capture.scoring import DEFAULT_REPEATS, DEFAULT_TOP_K, Scorer, observe
 from itlaudit.capture.server_info import server_identity
 from itlaudit.errors import ScenarioError

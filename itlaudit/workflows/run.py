@@ -20,13 +20,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from itlaudit import __version__
 from itlaudit.capture.cluster import lost_worker_warnings
-from itlaudit.capture.runner import (
-    CaptureOptions,
-    reset_prefix_cache,
-    resolve_model,
-    run_variant,
-    variant_access,
-)
+from itlaudit.capture.planning import reset_prefix_cache, resolve_model
+from itlaudit.capture.runner import CaptureOptions, run_variant, variant_access
 from itlaudit.capture.server_info import server_environment
 from itlaudit.errors import RunDirError, RunInterrupted, ScenarioError
 from itlaudit.model.access import NO_ACCESS, Access
