@@ -12,6 +12,8 @@ from itlaudit.analysis.specdecode import SpecDecodeStats
 from itlaudit.model.codes import ACCEPTANCE_LENGTH_MISMATCH, Finding
 from itlaudit.model.records import RequestRecord, Status
 
+__all__ = ["ACCEPTANCE_TOLERANCE", "build_comparison", "stream_acceptance_length", "stream_accepted_tokens"]
+
 # Stream and counters measure the same thing but round differently (the last chunk of a request
 # carries the remainder, prefill is excluded); past 10% they describe different traffic.
 ACCEPTANCE_TOLERANCE = 0.10

@@ -22,6 +22,8 @@ from itlaudit.analysis.metrics import (
 from itlaudit.analysis.quality import text_quality
 from itlaudit.model.records import RequestRecord, Status
 
+__all__ = ["CATEGORY_METRICS", "by_category", "derive_request", "run_summary", "schedule_lag_ms"]
+
 
 def derive_request(record: RequestRecord) -> dict[str, Any]:
     """The one derivation of a request's figures: metrics, text quality and findings, keyed by

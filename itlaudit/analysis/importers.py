@@ -15,6 +15,8 @@ from typing import Any
 from itlaudit.analysis.metrics import summarize
 from itlaudit.errors import RecordsError
 
+__all__ = ["AIPERF", "VLLM_BENCH", "ImportedBenchmark", "Stats", "parse_import"]
+
 VLLM_BENCH = "vllm bench serve"
 AIPERF = "AIPerf"
 

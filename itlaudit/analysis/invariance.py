@@ -16,6 +16,23 @@ from typing import Any
 
 from itlaudit.errors import ServerRejectedError
 
+__all__ = [
+    "DEFAULT_SWEEP_SIZES",
+    "TOKEN_ID_PREFIX",
+    "PairFigures",
+    "PromptFigures",
+    "PromptObservations",
+    "SweepFigures",
+    "TopLogprobs",
+    "decision",
+    "figures_json",
+    "max_abs_delta",
+    "parse_top_logprobs",
+    "prompt_figures",
+    "set_difference",
+    "summarize",
+]
+
 # One scored position: candidate token id → logprob.
 TopLogprobs = dict[int, float]
 

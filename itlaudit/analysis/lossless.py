@@ -17,6 +17,14 @@ from itlaudit.analysis.invariance import TopLogprobs
 from itlaudit.model.codes import SPEC_DECODE_OUTPUT_MISMATCH, Finding, Severity
 from itlaudit.model.records import RequestRecord, Status
 
+__all__ = [
+    "NEAR_TIE_NATS",
+    "prompt_index",
+    "spec_decode_mismatches",
+    "with_divergence_logprobs",
+    "with_execution_modes",
+]
+
 # Seed 000 measured bf16 batch variance of up to ~0.2 nats on a real model: a base-server margin
 # below that between its top two candidates is a tie that variance can legitimately break.
 NEAR_TIE_NATS = 0.2

@@ -19,6 +19,25 @@ import numpy as np
 
 from itlaudit.model.records import ChunkSeries, RequestRecord, Status
 
+__all__ = [
+    "SUMMARY_METRICS",
+    "TOKEN_SOURCE_CHUNKS",
+    "TOKEN_SOURCE_TOKEN_IDS",
+    "TOKEN_SOURCE_USAGE",
+    "RequestMetrics",
+    "content_chunk_mask",
+    "median",
+    "p50",
+    "per_chunk_itl_ms",
+    "ratio",
+    "request_metrics",
+    "speedup",
+    "summarize",
+    "token_counts",
+    "tokens_per_chunk_hist",
+    "variant_summary",
+]
+
 TOKEN_SOURCE_USAGE = "usage"
 TOKEN_SOURCE_TOKEN_IDS = "token_ids"
 TOKEN_SOURCE_CHUNKS = "chunks"

@@ -19,6 +19,22 @@ import zlib
 from dataclasses import asdict, dataclass
 from typing import Any
 
+__all__ = [
+    "DEFAULT_THRESHOLDS",
+    "REPEATED_NUM_MIN_REPEATS",
+    "REP_NS",
+    "WEIRD_RUN_MIN_CHARS",
+    "WEIRD_RUN_MIN_DIGITS",
+    "GibberishThresholds",
+    "TextQuality",
+    "compression_ratio",
+    "gibberish_reasons",
+    "rep_n",
+    "text_quality",
+    "text_sha256",
+    "weird_runs",
+]
+
 REP_NS = (2, 3, 4)
 # A "weird run" is a stretch of only digits, punctuation, symbols and spaces that is long and
 # digit-heavy: "2026-06-15 12:30:45 2026-06-16" qualifies, a markdown rule "|---|---|" does not.

@@ -18,6 +18,17 @@ from itlaudit.analysis.metrics import RequestMetrics, request_metrics
 from itlaudit.analysis.stats import Comparison, Verdict, compare_samples
 from itlaudit.model.records import RequestRecord, Status
 
+__all__ = [
+    "DIFF_METRICS",
+    "ERROR_RATE",
+    "MetricDiff",
+    "RunDiff",
+    "diff_runs",
+    "error_rate_comparison",
+    "workload_differences",
+    "workload_of",
+]
+
 ERROR_RATE = ("error_rate", "error rate")
 # Workload fields a run's fingerprint carries (ledger.variant_fingerprint); num_requests is left out,
 # since more requests of the same workload only sharpen the comparison.

@@ -15,6 +15,18 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from itlaudit.errors import MetricsParseError
 
+__all__ = [
+    "ACCEPTED",
+    "ACCEPTED_PER_POS",
+    "DRAFTS",
+    "DRAFT_TOKENS",
+    "GENERATION_TOKENS",
+    "CounterSnapshot",
+    "SpecDecodeStats",
+    "parse_counters",
+    "spec_decode_delta",
+]
+
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"

@@ -19,6 +19,17 @@ import numpy as np
 
 from itlaudit.analysis import metrics
 
+__all__ = [
+    "BETTER",
+    "SAME",
+    "UNKNOWN",
+    "WORSE",
+    "Comparison",
+    "Verdict",
+    "compare_samples",
+    "min_achievable_p",
+]
+
 
 class Verdict(StrEnum):
     """NEW against BASE for one metric (strings in diff's output and bisect.json)."""

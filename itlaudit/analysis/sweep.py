@@ -18,6 +18,32 @@ from itlaudit.errors import SweepError
 from itlaudit.model.records import RequestRecord, Status
 from itlaudit.model.scenario import GOODPUT_KEYS
 
+__all__ = [
+    "AXES",
+    "CONCURRENCY",
+    "LATENCY_FIGURES",
+    "PERCENTILES",
+    "RATE",
+    "SCALARS",
+    "Crossover",
+    "SlaSearch",
+    "SlaTerm",
+    "crossover",
+    "goodput",
+    "meets_sla",
+    "parse_goodput",
+    "parse_points",
+    "parse_sla",
+    "per_token_speedup",
+    "pool_trials",
+    "request_figures",
+    "sla_figure",
+    "sla_search",
+    "sla_words",
+    "span_s",
+    "trial_figures",
+]
+
 CONCURRENCY = "concurrency"
 RATE = "rate"
 AXES = (CONCURRENCY, RATE)

@@ -36,6 +36,8 @@ from itlaudit.model.scenario import Scenario, load_scenario
 from itlaudit.serve.launch_config import launch_spec
 from itlaudit.serve.launcher import LaunchSpec
 
+__all__ = ["Bisection", "probe_scenario"]
+
 
 def probe_scenario(settings: Settings) -> tuple[Scenario, dict[str, LaunchSpec]]:
     """The scenario reduced to the chosen variants (default: all of them, in its order), and the

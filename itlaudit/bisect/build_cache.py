@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+__all__ = ["MARKER", "BuildCache", "Releaser", "parse_size"]
+
 MARKER = ".itlaudit-build.json"
 _SIZE_UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 

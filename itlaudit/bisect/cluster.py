@@ -23,6 +23,8 @@ from itlaudit.bisect.probe import ProbeConfig, ProbeResult, run_probe
 from itlaudit.bisect.settings import Settings, make_provider
 from itlaudit.bisect.verdict import Figures
 
+__all__ = ["probe_task", "run_probe_on_ray"]
+
 
 def probe_task(
     settings: Settings,

@@ -20,6 +20,8 @@ from itlaudit.bisect.providers import Found
 from itlaudit.bisect.search import Search
 from itlaudit.bisect.settings import Settings, commit_source, list_builds, make_provider
 
+__all__ = ["LOOKUP_THREADS", "dry_run_report", "expected_probes"]
+
 LOOKUP_THREADS = 8
 
 

@@ -26,6 +26,18 @@ from typing import Any
 from itlaudit.bisect.build_range import Build, check_ends
 from itlaudit.errors import BisectError
 
+__all__ = [
+    "DEFAULT_API",
+    "MAX_PAGES",
+    "PER_PAGE",
+    "TOKEN_ENV",
+    "Fetch",
+    "commits_from_github",
+    "compare_pages",
+    "first_parent_chain",
+    "http_fetch",
+]
+
 DEFAULT_API = "https://api.github.com"
 TOKEN_ENV = "GITHUB_TOKEN"
 PER_PAGE = 100  # the API's maximum page size

@@ -9,6 +9,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from itlaudit.bisect.build_range import Build
 from itlaudit.bisect.providers import Prepared, Provider
 
+__all__ = ["Prefetcher"]
+
 
 class Prefetcher:
     def __init__(self, provider: Provider, *, background: bool) -> None:

@@ -31,6 +31,8 @@ from itlaudit.store.jsonl import RecordWriter, load_records
 from itlaudit.store.rundir import REQUESTS_FILE, SUMMARY_FILE, write_json
 from itlaudit.workflows.run import server_log_name
 
+__all__ = ["OnServer", "ProbeConfig", "ProbeResult", "run_probe", "run_trial"]
+
 # Called with the server's process group once it is up, so the state file can name it.
 OnServer = Callable[[int | None], None]
 

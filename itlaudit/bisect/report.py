@@ -12,6 +12,18 @@ from itlaudit.bisect.build_range import Build
 from itlaudit.bisect.state import State
 from itlaudit.report.markdown import table_cell
 
+__all__ = [
+    "PLOT_FILE",
+    "REPORT_FILE",
+    "build_url",
+    "compare_url",
+    "metric_name",
+    "render_markdown",
+    "render_plot",
+    "variant_names",
+    "write_report",
+]
+
 REPORT_FILE = "report.md"
 PLOT_FILE = "bisect.png"
 _COLOURS = {"good": "#2e7d32", "bad": "#c62828", "skip": "#9e9e9e", "unknown": "#f9a825"}

@@ -21,6 +21,8 @@ from itlaudit.bisect.verdict import Judge, parse_regress
 from itlaudit.errors import BisectError
 from itlaudit.serve.testbed import default_cache_dir
 
+__all__ = ["DEFAULT_SCENARIO", "Settings", "commit_source", "list_builds", "make_provider"]
+
 # The seed case as a packaged scenario: what a bare `itlaudit bisect --from A --to B` runs.
 DEFAULT_SCENARIO = Path(__file__).resolve().parent.parent / "data" / "bisect-seed.toml"
 

@@ -21,6 +21,8 @@ from itlaudit.bisect.build_range import Build
 from itlaudit.bisect.settings import Settings
 from itlaudit.errors import BisectError
 
+__all__ = ["FORMAT", "STATE_FILE", "State", "cmdline", "load", "set_aside", "stop_orphan"]
+
 STATE_FILE = "bisect.json"
 # 2: probes run every chosen variant; metrics are per variant. 3: `in_progress` is a list (a parallel
 # round has several probes in flight) and probes carry their round; a format 2 file is read as well.

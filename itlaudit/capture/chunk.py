@@ -14,6 +14,8 @@ from typing import Any
 
 import msgspec
 
+__all__ = ["CHUNK_DECODE_ERRORS", "Choice", "Chunk", "Delta", "Usage", "decode_chunk"]
+
 
 class Usage(msgspec.Struct, gc=False):
     completion_tokens: int | None = None

@@ -40,6 +40,8 @@ from itlaudit.model.records import (
     Timeouts,
 )
 
+__all__ = ["DEFAULT_TIMEOUTS", "parse_retry_after", "stream_request"]
+
 if TYPE_CHECKING:
     from itlaudit.capture.lagprobe import LagProbe
 

@@ -34,6 +34,25 @@ from itlaudit.errors import ClusterError
 from itlaudit.model.records import STATUS_WORKER_LOST, RequestRecord
 from itlaudit.store.jsonl import RecordWriter
 
+__all__ = [
+    "INSTALL_HINT",
+    "POLL_S",
+    "START_MARGIN_NS",
+    "ActorHandle",
+    "CaptureActor",
+    "Lander",
+    "capture_on_ray",
+    "collect",
+    "connect",
+    "import_ray",
+    "lost_records",
+    "lost_worker_warnings",
+    "parse_cluster",
+    "start_actors",
+    "stop_actors",
+    "usable_cpus",
+]
+
 INSTALL_HINT = "--cluster ray needs Ray on this machine: pip install 'itlaudit[ray]'"
 # Dispatching `run` to every actor takes a Ray call each; the start instant leaves room for them.
 START_MARGIN_NS = 500_000_000

@@ -21,6 +21,8 @@ from itlaudit.capture.chunked import Dechunker, FramingError
 from itlaudit.capture.stamping import READ_SIZE, Inbox, StampMode
 from itlaudit.errors import BadFraming, ConnectionDropped, TLSFailure, TransportError
 
+__all__ = ["Stream", "Target", "one_line", "tls_failure"]
+
 _MESSAGE_CHARS = 200
 
 

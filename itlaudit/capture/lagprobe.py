@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+__all__ = ["TICK_S", "LagProbe", "new_capture_loop"]
+
 TICK_S = 0.001
 
 

@@ -19,6 +19,8 @@ from itlaudit.model.access import Access
 from itlaudit.model.scenario import Scenario
 from itlaudit.model.schedule import send_offsets_s
 
+__all__ = ["plan_variant", "reply_lengths", "reset_prefix_cache", "resolve_model"]
+
 
 async def reset_prefix_cache(base_url: str, access: Access) -> dict[str, Any]:
     """POST vLLM's /reset_prefix_cache, so a variant does not start on what the one before it left in

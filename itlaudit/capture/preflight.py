@@ -12,6 +12,14 @@ import aiohttp
 
 from itlaudit.errors import ServerRejectedError, ServerUnreachableError, TransportError
 
+__all__ = [
+    "CONNECTION_FAILURES",
+    "describe_connection_failure",
+    "fetch_json",
+    "fetch_models",
+    "server_error_message",
+]
+
 _ERROR_BODY_CHARS = 300
 # Everything that means "the network or the server went away", as opposed to a bug in this code.
 CONNECTION_FAILURES = (aiohttp.ClientError, TransportError, TimeoutError, OSError)

@@ -8,6 +8,15 @@ from typing import Any
 
 from itlaudit.model.records import RequestParams
 
+__all__ = [
+    "ENDPOINT_CHAT",
+    "ENDPOINT_COMPLETIONS",
+    "ENDPOINT_PATHS",
+    "PlannedRequest",
+    "build_body",
+    "plan_request",
+]
+
 ENDPOINT_COMPLETIONS = "completions"
 ENDPOINT_CHAT = "chat"
 ENDPOINT_PATHS = {

@@ -36,6 +36,8 @@ from itlaudit.model.redact import redact_bytes
 from itlaudit.model.scenario import Scenario
 from itlaudit.store.jsonl import RecordWriter
 
+__all__ = ["CaptureOptions", "OnCapture", "OnDone", "RecordLander", "run_variant", "variant_access"]
+
 OnDone = Callable[[RequestRecord], None]
 OnCapture = Callable[[dict[str, Any]], None]
 _READ_SIZE = 1 << 16

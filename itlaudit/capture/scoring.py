@@ -28,6 +28,8 @@ from itlaudit.capture.preflight import server_error_message
 from itlaudit.capture.request_plan import ENDPOINT_COMPLETIONS, ENDPOINT_PATHS
 from itlaudit.errors import ServerRejectedError, ServerUnreachableError
 
+__all__ = ["DEFAULT_REPEATS", "DEFAULT_TOP_K", "Scorer", "explain_mismatch", "observe"]
+
 DEFAULT_REPEATS = 40
 DEFAULT_TOP_K = 20
 _JSON_HEADERS = {"Content-Type": "application/json"}

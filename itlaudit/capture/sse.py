@@ -14,6 +14,8 @@ stream ends (no blank line after it) is never dispatched, as the spec says.
 
 from __future__ import annotations
 
+__all__ = ["SSEFramer"]
+
 _BOM = b"\xef\xbb\xbf"
 _FAST_PREFIX = b"data: "
 

@@ -37,6 +37,16 @@ import time
 from collections.abc import Callable
 from typing import Literal
 
+__all__ = [
+    "READ_SIZE",
+    "SO_TIMESTAMPNS",
+    "Inbox",
+    "KernelReader",
+    "StampMode",
+    "StampingProtocol",
+    "kernel_stamps_supported",
+]
+
 StampMode = Literal["kernel", "loop"]
 
 # asm-generic value of SO_TIMESTAMPNS (= SCM_TIMESTAMPNS); the Python socket module does not export it.

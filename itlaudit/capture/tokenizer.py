@@ -31,6 +31,8 @@ from itlaudit.model.datasets import (
 )
 from itlaudit.model.scenario import Scenario
 
+__all__ = ["ChatPrompts", "ServerTokenizer", "fit_text", "random_chat_prompts"]
+
 _TIMEOUT = aiohttp.ClientTimeout(total=60)
 _IN_FLIGHT = 8  # round trips at once: enough to hide latency, few enough not to crowd a small server
 

@@ -38,6 +38,22 @@ from itlaudit.model.access import Access
 from itlaudit.model.records import STATUS_HTTP_ERROR, STATUS_RATE_LIMITED, RequestRecord, Timeouts
 from itlaudit.store.jsonl import RecordWriter
 
+__all__ = [
+    "CLOCK_PINGS",
+    "RETRY_AFTER_CAP_S",
+    "START_MARGIN_NS",
+    "STREAMS_PER_WORKER",
+    "WorkerHandle",
+    "WorkerShare",
+    "available_cores",
+    "capture_share",
+    "rejected",
+    "split_shares",
+    "start_workers",
+    "worker_count",
+    "worker_main",
+]
+
 # Streams per worker for `--workers auto`. A chunk costs a worker ~40 µs of CPU on the 2-core development
 # machine (kernel stamps, h11 framing, SSE, msgspec: measured with 16 streams × 500 chunks/s), so 16
 # such streams keep its loop about a third busy, which leaves room for bursts without queueing reads.

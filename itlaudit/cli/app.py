@@ -31,6 +31,39 @@ from itlaudit.model.scenario import load_scenario, parse_scenario
 from itlaudit.store.rundir import COMPARE_FILE, REPORT_FILE
 from itlaudit.workflows.run import LedgerPolicy, RunOutcome, handle_sigterm, interruption, run_scenario
 
+__all__ = [
+    "DEMO_SCENARIO",
+    "LEDGER",
+    "ApiKeyOption",
+    "AppendOption",
+    "CaCertOption",
+    "ClusterOption",
+    "ConnectTimeoutOption",
+    "ForceOption",
+    "HeaderOption",
+    "InsecureOption",
+    "LedgerOption",
+    "NoRepeatOption",
+    "OutOption",
+    "RequestTimeoutOption",
+    "SharedRun",
+    "StallTimeoutOption",
+    "StampOption",
+    "TtftTimeoutOption",
+    "UrlOption",
+    "VariantOption",
+    "WorkersOption",
+    "app",
+    "compare",
+    "demo",
+    "err",
+    "main",
+    "out",
+    "run",
+    "version",
+    "with_shared_run_options",
+]
+
 DEMO_SCENARIO = Path(__file__).parent / "data" / "demo.toml"
 LEDGER = Path("reports") / "ledger.jsonl"
 

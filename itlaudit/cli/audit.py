@@ -31,6 +31,20 @@ from itlaudit.store import ledger as ledger_mod
 from itlaudit.store.jsonl import load_records
 from itlaudit.store.rundir import REQUESTS_FILE, new_run_dir, write_json
 
+__all__ = [
+    "DEFAULT_PROMPTS",
+    "INVARIANCE_FILE",
+    "MATRIX_WIDTH",
+    "LedgerOpt",
+    "invariance",
+    "ledger",
+    "ledger_add",
+    "ledger_app",
+    "ledger_conclude",
+    "out",
+    "quality",
+]
+
 INVARIANCE_FILE = "invariance.json"
 MATRIX_WIDTH = 200
 DEFAULT_PROMPTS = (

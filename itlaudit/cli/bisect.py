@@ -16,6 +16,8 @@ from itlaudit.bisect.providers.wheels import DEFAULT_URL, DEFAULT_VARIANTS
 from itlaudit.errors import BisectError
 from itlaudit.serve.testbed import default_cache_dir
 
+__all__ = ["Opt", "bisect", "err", "out"]
+
 if TYPE_CHECKING:
     from itlaudit.bisect.settings import Settings
     from itlaudit.bisect.state import State

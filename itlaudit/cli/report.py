@@ -26,6 +26,8 @@ from itlaudit.store.jsonl import load_records
 from itlaudit.store.rundir import META_FILE, REQUESTS_FILE, new_run_dir, read_json
 from itlaudit.workflows.derive import write_derived
 
+__all__ = ["FAIL_ON", "Run", "diff", "export", "load_import", "load_run", "out", "report"]
+
 out = Console()
 FAIL_ON = (Verdict.WORSE, Verdict.UNKNOWN, "findings")
 

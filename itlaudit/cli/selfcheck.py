@@ -26,6 +26,8 @@ from itlaudit.workflows.selfcheck import (
     truth_server,
 )
 
+__all__ = ["BUDGET", "MAX_SEARCH_STREAMS", "Trial", "describe", "out", "search_streams", "selfcheck"]
+
 out = Console(soft_wrap=True)
 
 MAX_SEARCH_STREAMS = 1024

@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+__all__ = ["sim"]
+
 
 def sim(
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,

@@ -14,6 +14,8 @@ from itlaudit.smoke.output import table_lines, verdict_line
 from itlaudit.smoke.runner import REPORT_FILE, run_smoke
 from itlaudit.smoke.suite import load_suite
 
+__all__ = ["DEFAULT_SUITE", "err", "out", "smoke"]
+
 DEFAULT_SUITE = Path("scenarios/smoke/dgx-spark")
 _STYLES = {"PASS": "green", "FAIL": "bold red", "SKIP": "yellow"}
 

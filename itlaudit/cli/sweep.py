@@ -13,6 +13,8 @@ from itlaudit.errors import ScenarioError, SweepError
 from itlaudit.model.scenario import load_scenario
 from itlaudit.workflows.sweep import SweepConfig, run_sweep, selected_variants
 
+__all__ = ["err", "out", "sweep"]
+
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True)
 

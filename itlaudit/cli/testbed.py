@@ -9,6 +9,8 @@ import typer
 
 from itlaudit.serve.testbed import DEFAULT_VERSION, build_model, default_cache_dir, install
 
+__all__ = ["build_model_command", "default_model_dir", "install_command", "testbed_app"]
+
 testbed_app = typer.Typer(no_args_is_help=True, help="Install the vLLM CPU testbed and build its tiny model.")
 
 

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 
 from itlaudit.model.redact import header_secret_values
 
+__all__ = ["API_KEY_ENV", "HEADER_NAME", "NO_ACCESS", "Access", "api_key_header", "valid_header"]
+
 if TYPE_CHECKING:
     import aiohttp
 

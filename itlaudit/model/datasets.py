@@ -32,6 +32,24 @@ import numpy as np
 
 from itlaudit.errors import DatasetError
 
+__all__ = [
+    "CHARS_PER_TOKEN",
+    "DATASET_KINDS",
+    "DEFAULT_VOCAB_SIZE",
+    "FIRST_TOKEN_ID",
+    "MAX_ROUND_TRIPS",
+    "Dataset",
+    "DatasetEntry",
+    "chat_prompt_note",
+    "jsonl_dataset",
+    "load_dataset",
+    "random_dataset",
+    "refit_ids",
+    "refit_rng",
+    "sharegpt_dataset",
+    "usable_text",
+]
+
 DATASET_KINDS = ("random", "jsonl", "sharegpt")
 CHARS_PER_TOKEN = 4  # the usual estimate for English text under BPE tokenizers
 FIRST_TOKEN_ID = 3  # ids 0-2 are special (unk/bos/eos) in most vocabularies

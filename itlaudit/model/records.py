@@ -12,6 +12,21 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
+__all__ = [
+    "STATUS_CONNECTION_ERROR",
+    "STATUS_HTTP_ERROR",
+    "STATUS_OK",
+    "STATUS_RATE_LIMITED",
+    "STATUS_STREAM_ERROR",
+    "STATUS_TIMEOUT",
+    "STATUS_WORKER_LOST",
+    "ChunkSeries",
+    "RequestParams",
+    "RequestRecord",
+    "Status",
+    "Timeouts",
+]
+
 
 class Status(StrEnum):
     """A request's outcome as the client saw it (not a judgement of the output). A StrEnum, so

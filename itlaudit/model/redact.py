@@ -18,6 +18,20 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+__all__ = [
+    "MASK",
+    "header_secret_values",
+    "is_secret_name",
+    "launch_secret_values",
+    "redact_args",
+    "redact_bytes",
+    "redact_env",
+    "redact_file",
+    "redact_json",
+    "redact_text",
+    "secret_values",
+]
+
 if TYPE_CHECKING:  # scenario imports access, which imports this module
     from itlaudit.model.scenario import LaunchConfig
 

@@ -19,6 +19,19 @@ from itlaudit.model.launch_kinds import LAUNCH_KINDS
 from itlaudit.model.scenario_toml import Located, get_value, reject_unknown_keys, str_list
 from itlaudit.model.workload import Workload, parse_workload
 
+__all__ = [
+    "COMPILED",
+    "EAGER",
+    "ENDPOINTS",
+    "EXECUTION_MODES",
+    "GOODPUT_KEYS",
+    "LaunchConfig",
+    "Scenario",
+    "Variant",
+    "load_scenario",
+    "parse_scenario",
+]
+
 ENDPOINTS = ("completions", "chat")
 # Scenario and variant names become file and folder names (reports/<name>-<time>/, server-<variant>.log)
 # and plot labels: no path separators, no leading dot, nothing matplotlib reads as markup (`$`).

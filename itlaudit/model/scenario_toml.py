@@ -11,6 +11,8 @@ from typing import Any
 
 from itlaudit.errors import ScenarioError
 
+__all__ = ["Located", "get_value", "int_list", "reject_unknown_keys", "require_positive", "str_list"]
+
 
 class Located:
     """Finds the line of a key in the TOML text, so validation errors can point at it."""

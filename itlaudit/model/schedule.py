@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+__all__ = ["Arrivals", "RampUp", "request_rates", "send_offsets_s"]
+
 
 @dataclass(frozen=True)
 class RampUp:

@@ -14,6 +14,8 @@ from typing import Any
 
 from itlaudit.errors import RecordsError
 
+__all__ = ["SEND_LOG_FORMAT", "ResponseSends", "SendLog"]
+
 SEND_LOG_FORMAT = "itlaudit-send-log/1"
 
 

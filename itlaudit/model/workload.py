@@ -20,6 +20,8 @@ from itlaudit.model.scenario_toml import (
 )
 from itlaudit.model.schedule import Arrivals, RampUp
 
+__all__ = ["ARRIVAL_KEYS", "TIMEOUT_KEYS", "Workload", "parse_workload"]
+
 
 @dataclass(frozen=True)
 class Workload:

@@ -6,6 +6,8 @@ from itlaudit.analysis.run_diff import RunDiff
 from itlaudit.analysis.stats import Verdict
 from itlaudit.report.markdown import escape
 
+__all__ = ["render_diff"]
+
 _ICON = {
     Verdict.BETTER: "✅ better",
     Verdict.WORSE: "❌ worse",

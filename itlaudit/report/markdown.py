@@ -10,6 +10,31 @@ from itlaudit.analysis.importers import ImportedBenchmark
 from itlaudit.analysis.metrics import p50, ratio
 from itlaudit.model.codes import CLIENT_SATURATED, COMMON_CAP, TRUNCATION_CODES
 
+__all__ = [
+    "CATEGORY_COLUMNS",
+    "CATEGORY_HEADER",
+    "CATEGORY_NOTE",
+    "EXPLANATION",
+    "FINDING_EXAMPLES",
+    "IMPORT_ROWS",
+    "SUMMARY_ROWS",
+    "category_rows",
+    "category_section",
+    "cell",
+    "comparison_sentence",
+    "escape",
+    "group_findings",
+    "headline",
+    "import_rows",
+    "imported_section",
+    "render_report",
+    "saturation_warning",
+    "stat_pair",
+    "table_cell",
+    "truncation_sentence",
+    "usage_warning",
+]
+
 EXPLANATION = (
     "**Why two ITL columns.** Under speculative decoding or MTP the server emits several tokens per "
     "engine step and sends them in one SSE chunk. Tools that time chunks (vllm bench serve's ITL list, "

@@ -31,6 +31,20 @@ from itlaudit.report.plot_style import (
     speedup_words,
 )
 
+__all__ = [
+    "PLOTS",
+    "TIMELINE_SAMPLE",
+    "PlotFunction",
+    "VariantView",
+    "plot_acceptance",
+    "plot_itl_cdf",
+    "plot_itl_headline",
+    "plot_latency_bars",
+    "plot_timeline",
+    "plot_tokens_per_chunk",
+    "write_plots",
+]
+
 TIMELINE_SAMPLE = 20  # lines per panel: more is a blur, fewer hides the spread
 
 

@@ -15,6 +15,8 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 from itlaudit.analysis.sweep import CONCURRENCY
 from itlaudit.report.plot_style import DPI, LOG_SPAN, WIDE, colour, plt, save_figure
 
+__all__ = ["plot_itl_vs_throughput", "plot_speedup_vs_load", "plot_ttft_vs_load", "write_sweep_plots"]
+
 
 def _load_label(axis: str) -> str:
     return "concurrency (streams)" if axis == CONCURRENCY else "request rate (requests/s)"

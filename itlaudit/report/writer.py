@@ -20,6 +20,8 @@ from itlaudit.report.html import render_html
 from itlaudit.report.markdown import render_report
 from itlaudit.report.plots import VariantView, write_plots
 
+__all__ = ["REPORT_HTML", "REPORT_MD", "variant_views", "write_reports"]
+
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+__all__ = ["run_logged"]
+
 
 def run_logged(argv: list[str], log_path: Path) -> int:
     """The command's exit code; OSError (it could not start) is left to the caller to name."""

@@ -18,6 +18,17 @@ from pathlib import Path
 from itlaudit.errors import TestbedError
 from itlaudit.serve.logged import run_logged
 
+__all__ = [
+    "DEFAULT_VERSION",
+    "INSTALL_MARKER",
+    "MODEL_MARKER",
+    "UNWANTED",
+    "build_model",
+    "default_cache_dir",
+    "install",
+    "venv_dir",
+]
+
 DEFAULT_VERSION = "0.32.0"
 INSTALL_MARKER = ".itlaudit-installed.json"
 MODEL_MARKER = ".itlaudit-model.json"

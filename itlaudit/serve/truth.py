@@ -36,6 +36,8 @@ from itlaudit.serve.sim.engine import Job
 from itlaudit.serve.truth_frames import ScheduledStream, Template, build_template
 from itlaudit.serve.truth_http import Connection
 
+__all__ = ["TruthConfig", "TruthServer", "main", "raise_priority", "serve_truth"]
+
 # How long before a tick the loop's timer is armed; the rest is slept with nanosleep's precision.
 _EARLY_WAKE_NS = 1_200_000
 _REALTIME_PRIORITY = 10

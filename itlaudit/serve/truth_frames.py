@@ -13,6 +13,8 @@ from itlaudit.serve.sim.engine import Job, Step
 from itlaudit.serve.sim.vocab import FIRST_REGULAR_TOKEN_ID, avoid_token, token_bytes
 from itlaudit.serve.sim.wire import DONE_FRAME, ResponseContext, chunk_envelope, sse_frame, usage_info
 
+__all__ = ["ScheduledStream", "Template", "build_template"]
+
 if TYPE_CHECKING:
     from itlaudit.serve.truth import TruthConfig
     from itlaudit.serve.truth_http import Connection

@@ -17,6 +17,8 @@ from itlaudit.serve.sim.validation import parse_job
 from itlaudit.serve.sim.wire import bad_request, dump_json, error_body, model_list, rejection_body
 from itlaudit.serve.truth_frames import ScheduledStream
 
+__all__ = ["Connection"]
+
 if TYPE_CHECKING:
     from itlaudit.serve.truth import TruthServer
 

@@ -16,6 +16,8 @@ from itlaudit.analysis.derive import derive_request
 from itlaudit.model.records import RequestRecord, Status
 from itlaudit.smoke.suite import DEFAULT_METRIC, CheckSpec, Suite
 
+__all__ = ["MAX_EXAMPLES", "CheckResult", "Outcome", "Results", "evaluate", "exit_code", "variant_figures"]
+
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 # Enough examples to show a pattern in a JUnit failure without burying it.
 MAX_EXAMPLES = 3

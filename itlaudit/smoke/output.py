@@ -10,6 +10,8 @@ from typing import Any
 from itlaudit.report.markdown import table_cell
 from itlaudit.smoke.checks import FAIL, PASS, SKIP, CheckResult
 
+__all__ = ["render_markdown", "table_lines", "verdict_line"]
+
 
 def verdict_line(results: Sequence[CheckResult], runtime_s: float) -> str:
     counts = Counter(r.status for r in results)

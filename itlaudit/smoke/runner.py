@@ -27,6 +27,8 @@ from itlaudit.store.rundir import new_run_dir, read_json, write_json
 from itlaudit.workflows.compare import run_compare
 from itlaudit.workflows.run import DEFAULT_REPORTS, server_log_name, variant_target
 
+__all__ = ["JUNIT_FILE", "REPORT_FILE", "SMOKE_FILE", "SmokeOutcome", "load_baseline", "run_smoke"]
+
 SMOKE_FILE = "smoke.json"
 REPORT_FILE = "report.md"
 JUNIT_FILE = "junit.xml"

@@ -20,6 +20,8 @@ from itlaudit.analysis.metrics import content_chunk_mask
 from itlaudit.errors import RecordsError
 from itlaudit.model.records import RequestRecord
 
+__all__ = ["CHUNK_COLUMNS", "CHUNK_FORMATS", "chunks_frame", "write_chunks"]
+
 CHUNK_FORMATS = ("csv", "parquet")
 CHUNK_COLUMNS = (
     "variant",

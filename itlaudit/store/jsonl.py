@@ -19,6 +19,8 @@ import msgspec
 from itlaudit.errors import RecordsError
 from itlaudit.model.records import RequestRecord
 
+__all__ = ["RecordWriter", "iter_jsonl", "load_records"]
+
 
 class RecordWriter:
     """Append-only JSONL writer whose encoding, writing and fsync happen on its own thread, so the

@@ -13,6 +13,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+__all__ = [
+    "COMPARE_FILE",
+    "CSV_FILE",
+    "DERIVED_FILE",
+    "META_FILE",
+    "REPORT_FILE",
+    "REQUESTS_FILE",
+    "SUMMARY_FILE",
+    "new_run_dir",
+    "read_json",
+    "write_json",
+    "write_jsonl",
+]
+
 REQUESTS_FILE = "requests.jsonl"
 DERIVED_FILE = "derived.jsonl"
 SUMMARY_FILE = "summary.json"

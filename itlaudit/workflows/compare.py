@@ -27,6 +27,8 @@ from itlaudit.store.rundir import COMPARE_FILE, write_json
 from itlaudit.workflows.derive import write_derived
 from itlaudit.workflows.run import LedgerPolicy, RunOutcome, run_scenario
 
+__all__ = ["execution_mode", "explain_mismatches", "run_compare"]
+
 
 def _judged_by_modes(
     found: dict[str, Any], modes: dict[str, str | None], variant_of: dict[str, str]

@@ -24,6 +24,8 @@ from itlaudit.store.rundir import (
     write_jsonl,
 )
 
+__all__ = ["write_derived"]
+
 if TYPE_CHECKING:
     import pandas as pd
 

@@ -34,6 +34,19 @@ from itlaudit.store.jsonl import RecordWriter, iter_jsonl, load_records
 from itlaudit.store.rundir import META_FILE, REPORT_FILE, REQUESTS_FILE, new_run_dir, read_json, write_json
 from itlaudit.workflows.derive import write_derived
 
+__all__ = [
+    "DEFAULT_REPORTS",
+    "RUN_DIR_ENV",
+    "LedgerPolicy",
+    "RunOutcome",
+    "VariantHook",
+    "handle_sigterm",
+    "interruption",
+    "run_scenario",
+    "server_log_name",
+    "variant_target",
+]
+
 DEFAULT_REPORTS = Path("reports")
 RUN_DIR_ENV = "ITLAUDIT_RUN_DIR"
 

@@ -18,6 +18,16 @@ from itlaudit.model.sendlog import SendLog
 from itlaudit.serve.launcher import LaunchedServer, LaunchSpec, launch
 from itlaudit.serve.truth import TruthConfig
 
+__all__ = [
+    "capture_options",
+    "fetch_send_log",
+    "grade_run",
+    "reset_send_log",
+    "run_itlaudit",
+    "selfcheck_scenario_toml",
+    "truth_server",
+]
+
 if TYPE_CHECKING:
     from itlaudit.capture.runner import CaptureOptions
 

@@ -62,6 +62,21 @@ from itlaudit.workflows.run import (
     variant_target,
 )
 
+__all__ = [
+    "CONFIG_FILE",
+    "POINT_FILE",
+    "SWEEP_FILE",
+    "SweepConfig",
+    "build_sweep",
+    "open_sweep_dir",
+    "point_scenario",
+    "run_sweep",
+    "selected_variants",
+    "trial_dir",
+    "variant_points",
+    "write_sweep_outputs",
+]
+
 CONFIG_FILE = "sweep-config.json"
 SWEEP_FILE = "sweep.json"
 POINT_FILE = "point.json"  # written last in a trial's run folder: the trial is finished

@@ -19,6 +19,8 @@ from itlaudit.bisect.providers.base import Found, Prepared, Provider
 from itlaudit.errors import BuildUnavailable
 from itlaudit.serve.launcher import LaunchSpec, fill_placeholders
 
+__all__ = ["CommandProvider", "fill"]
+
 if TYPE_CHECKING:
     from itlaudit.bisect.settings import Settings
 

@@ -20,6 +20,8 @@ from itlaudit.bisect.providers.base import Found, Prepared, Provider
 from itlaudit.errors import BuildUnavailable
 from itlaudit.serve.launcher import LaunchSpec, fill_placeholders
 
+__all__ = ["DEFAULT_IMAGES", "PULL_LOG", "DockerProvider", "image_candidates", "release_image"]
+
 if TYPE_CHECKING:
     from itlaudit.bisect.settings import Settings
 

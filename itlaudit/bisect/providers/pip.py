@@ -21,6 +21,8 @@ from itlaudit.errors import BuildUnavailable
 from itlaudit.serve.launcher import LaunchSpec
 from itlaudit.serve.testbed import UNWANTED
 
+__all__ = ["DEFAULT_FIXUPS", "PipProvider", "requirement"]
+
 if TYPE_CHECKING:
     from itlaudit.bisect.settings import Settings
 

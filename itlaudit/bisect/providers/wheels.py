@@ -27,6 +27,17 @@ from itlaudit.bisect.providers.base import Found, Prepared, Provider
 from itlaudit.errors import BuildUnavailable
 from itlaudit.serve.launcher import LaunchSpec
 
+__all__ = [
+    "DEFAULT_URL",
+    "DEFAULT_VARIANTS",
+    "WheelChoice",
+    "WheelsProvider",
+    "commit_of_version",
+    "metadata_url",
+    "pick_wheel",
+    "version_matches",
+]
+
 if TYPE_CHECKING:
     from itlaudit.bisect.settings import Settings
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
+__all__ = ["VLLM_VERSION", "SimConfig"]
+
 VLLM_VERSION = "0.32.0"
 
 

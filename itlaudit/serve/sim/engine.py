@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from itlaudit.serve.sim.config import SimConfig
 from itlaudit.serve.sim.vocab import DIGIT_TOKEN_ID, FIRST_REGULAR_TOKEN_ID, avoid_token, token_bytes
 
+__all__ = ["Engine", "Job", "Step", "TokenLogprob"]
+
 
 @dataclass
 class Job:

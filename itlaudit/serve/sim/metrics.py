@@ -9,6 +9,8 @@ from prometheus_client.registry import Collector
 
 from itlaudit.serve.sim.engine import Engine
 
+__all__ = ["MetricsCollector"]
+
 
 class MetricsCollector(Collector):
     """Renders vLLM's /metrics names; labels sorted as in real vLLM's multiprocess output."""

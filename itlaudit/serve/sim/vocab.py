@@ -7,6 +7,16 @@ import zlib
 
 from itlaudit.serve.sim.config import SimConfig
 
+__all__ = [
+    "BOS_TOKEN_ID",
+    "DIGIT_TOKEN_ID",
+    "FIRST_REGULAR_TOKEN_ID",
+    "UNK_TOKEN_ID",
+    "avoid_token",
+    "token_bytes",
+    "tokenize",
+]
+
 UNK_TOKEN_ID = 0
 BOS_TOKEN_ID = 1
 FIRST_REGULAR_TOKEN_ID = 3
