@@ -72,17 +72,7 @@ async def stream_request(
     the record's loop-lag figures. `stamp` "kernel" falls back to "loop" where the platform has no
     kernel receive timestamps; `record.stamp` says which ran.
     """
-    record = RequestRecord(
-        request_id=plan.request_id,
-        variant=plan.variant,
-        endpoint=plan.endpoint,
-        url=plan.url,
-        model=plan.model,
-        params=plan.params,
-        scheduled_ms=plan.scheduled_ms,
-        warmup=plan.warmup,
-        category=plan.category,
-    )
+    record = plan.new_record()
     access = access or NO_ACCESS
     options = TransportOptions(
         stamp=stamp, connect_timeout_s=timeouts.connect_timeout_s, ssl_context=access.ssl_context()

@@ -287,19 +287,8 @@ def lost_records(handle: ActorHandle, finished: set[str]) -> list[RequestRecord]
     """The lost actor's requests that never reached us, as `worker_lost` records: the run's counts
     stay exact and the report says which requests were not measured and why."""
     return [
-        RequestRecord(
-            request_id=plan.request_id,
-            variant=plan.variant,
-            endpoint=plan.endpoint,
-            url=plan.url,
-            model=plan.model,
-            params=plan.params,
-            status=STATUS_WORKER_LOST,
-            error=handle.lost or "capture actor lost",
-            worker=handle.share.worker,
-            scheduled_ms=plan.scheduled_ms,
-            warmup=plan.warmup,
-            category=plan.category,
+        plan.new_record(
+            status=STATUS_WORKER_LOST, error=handle.lost or "capture actor lost", worker=handle.share.worker
         )
         for plan in handle.share.plans
         if plan.request_id not in finished

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from itlaudit.model.records import RequestParams
+from itlaudit.model.records import RequestParams, RequestRecord
 
 __all__ = [
     "ENDPOINT_CHAT",
@@ -83,6 +83,22 @@ class PlannedRequest:
     scheduled_ms: float | None = None  # open loop: due this long after the variant's start
     warmup: bool = False
     category: str | None = None
+
+    def new_record(self, **outcome: Any) -> RequestRecord:
+        """The record this request's outcome fills in: who it was and what it asked for come from the
+        plan, whoever writes the record (the streaming client, or the coordinator for a lost worker)."""
+        return RequestRecord(
+            request_id=self.request_id,
+            variant=self.variant,
+            endpoint=self.endpoint,
+            url=self.url,
+            model=self.model,
+            params=self.params,
+            scheduled_ms=self.scheduled_ms,
+            warmup=self.warmup,
+            category=self.category,
+            **outcome,
+        )
 
 
 def plan_request(
