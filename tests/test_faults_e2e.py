@@ -249,7 +249,7 @@ def test_signal_keeps_finished_requests_and_writes_the_report(
 
 
 def _processes_tagged(run_dir: Path) -> list[int]:
-    """Live processes whose environment carries this run's tag (orchestrate.RUN_DIR_ENV)."""
+    """Live processes whose environment carries this run's tag (workflows.run.RUN_DIR_ENV)."""
     tag = f"ITLAUDIT_RUN_DIR={run_dir.resolve()}".encode()
     found = []
     for entry in Path("/proc").iterdir():

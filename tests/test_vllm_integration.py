@@ -154,7 +154,7 @@ def test_compare_cpu_k0_vs_k3_shows_inflation_and_full_acceptance(tmp_path: Path
 
 
 def _vllm_processes_left(run_dir: Path) -> list[int]:
-    """Processes still tagged with this run's folder (orchestrate sets ITLAUDIT_RUN_DIR on launch)."""
+    """Processes still tagged with this run's folder (workflows.run sets ITLAUDIT_RUN_DIR on launch)."""
     tag = f"{RUN_DIR_ENV}={run_dir.resolve()}".encode()
     left = []
     for entry in Path("/proc").iterdir():

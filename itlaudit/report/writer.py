@@ -1,7 +1,7 @@
 """Writes a run's readable outputs (PNGs, report.md, report.html) into a folder.
 
-The glue between pure parts: figures come from `summary`/`metrics`, pictures from `plots`, text from
-`markdown`/`html_report`. Kept apart from `rundir` so `itlaudit report` can write a comparison of
+The glue between pure parts: figures come from `analysis` (derive, metrics), pictures from `plots`, text from
+`markdown`/`html`. Kept apart from `rundir` so `itlaudit report` can write a comparison of
 several runs into a folder that is not itself a run.
 """
 

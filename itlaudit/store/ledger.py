@@ -127,7 +127,7 @@ def variant_fingerprint(
     gpus: Sequence[Mapping[str, Any]] | None = None,
 ) -> Fingerprint:
     """The fingerprint of one variant. `server` is what the running server says about itself
-    (`{"version", "system_fingerprint"}`, e.g. from invariance_client.server_identity, or recovered
+    (`{"version", "system_fingerprint"}`, e.g. from capture.server_info.server_identity, or recovered
     from a run's records; None where it could not tell); `environ` is this process's environment,
     which a launched server inherits (ignored for a server we only connect to). A server we connect
     to is told apart by `url`: the same nightly on two machines is two experiments even when neither
