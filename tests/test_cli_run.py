@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from itlaudit.bisect.settings import DEFAULT_SCENARIO
+from itlaudit.cli.app import DEMO_SCENARIO
+from itlaudit.model.scenario import load_scenario
 from itlaudit.serve.launcher import LaunchSpec, launch
 
 CLEAN_WORKLOAD = 'prompts = ["hi"]\nnum_requests = 3\nconcurrency = 2\nmax_tokens = 40\ntemperature = 0'
@@ -259,3 +262,10 @@ def test_compare_explains_a_greedy_divergence_with_both_top_logprobs(sim, tmp_pa
     assert found["evidence"]["position"] == 7
     assert found["evidence"]["base_top_logprobs"] and found["evidence"]["spec_top_logprobs"]
     assert "spec_decode_output_mismatch" in result.stdout
+
+
+def test_the_packaged_scenarios_the_commands_default_to_exist_and_load() -> None:
+    """`itlaudit demo` and a bare `itlaudit bisect` read scenarios shipped in itlaudit/data: a package
+    move once left the demo pointing at a folder that does not exist."""
+    for path in (DEMO_SCENARIO, DEFAULT_SCENARIO):
+        assert load_scenario(path).variants, path

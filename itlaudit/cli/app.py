@@ -64,7 +64,7 @@ __all__ = [
     "with_shared_run_options",
 ]
 
-DEMO_SCENARIO = Path(__file__).parent / "data" / "demo.toml"
+DEMO_SCENARIO = Path(__file__).resolve().parent.parent / "data" / "demo.toml"
 LEDGER = Path("reports") / "ledger.jsonl"
 
 # Options `run` and `compare` share.
