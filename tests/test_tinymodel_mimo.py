@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tiny-mimo-cuda-h200"
-TINYMODEL = Path(__file__).parents[1] / "itlaudit" / "tinymodel.py"
+TINYMODEL = Path(__file__).parents[1] / "itlaudit" / "serve" / "tinymodel.py"
 
 
 def _config() -> dict:
