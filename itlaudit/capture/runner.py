@@ -38,7 +38,7 @@ from itlaudit.store.jsonl import RecordWriter
 
 __all__ = ["CaptureOptions", "OnCapture", "OnDone", "RecordLander", "run_variant", "variant_access"]
 
-OnDone = Callable[[RequestRecord], None]
+OnDone = Callable[[], None]  # one more record landed (progress: decoding waits until the capture ends)
 OnCapture = Callable[[dict[str, Any]], None]
 _READ_SIZE = 1 << 16
 
@@ -147,9 +147,8 @@ async def run_variant(
         described["reply_lengths"] = "tokenize" if lengths is not None else "estimated"
     if chat_prompts is not None:
         described["random_chat"] = chat_prompts.describe()
-    records: list[RequestRecord] = []
     secrets = tuple(value.encode() for value in access.secret_values())
-    lander = RecordLander(writer, records, on_done, secrets)
+    lander = RecordLander(writer, on_done, secrets)
     warmup = [plan for plan in plans if plan.warmup]
     measured = [plan for plan in plans if not plan.warmup]
     for phase in (warmup, measured):
@@ -174,6 +173,7 @@ async def run_variant(
             await _capture_locally(shares, lander, described, report)
         else:
             await cluster_module.capture_on_ray(ray, shares, lander, described, report)
+    records = lander.records
     refused = [r for r in records if rejected(r)]
     if refused and len(refused) == len(records):
         first = refused[0]
@@ -186,21 +186,28 @@ async def run_variant(
 
 class RecordLander:
     """Where the workers' JSON lines land: each goes to requests.jsonl unchanged (no re-encoding) unless
-    a server echoed a credential we sent (a 401's message), which is masked; each is decoded here for
-    the run's outcome and progress. Bytes come per worker and may end mid-line."""
+    a server echoed a credential we sent (a 401's message), which is masked. Bytes come per worker and
+    may end mid-line.
 
-    def __init__(
-        self,
-        writer: RecordWriter,
-        records: list[RequestRecord],
-        on_done: OnDone | None,
-        secrets: tuple[bytes, ...] = (),
-    ) -> None:
+    Lines are decoded into records only when `records` is read, after the capture: on a machine whose
+    cores the capture workers and the server already share, the coordinator decoding 64 long records
+    as their streams end took CPU from the workers still stamping the last chunks of theirs."""
+
+    def __init__(self, writer: RecordWriter, on_done: OnDone | None, secrets: tuple[bytes, ...] = ()) -> None:
         self.writer = writer
-        self.records = records
         self.on_done = on_done
         self.secrets = secrets
         self._pending: dict[int, bytearray] = {}
+        self._lines: list[bytes] = []
+        self._records: list[RequestRecord] = []
+
+    @property
+    def records(self) -> list[RequestRecord]:
+        """Every record landed so far, in landing order."""
+        for line in self._lines:
+            self._records.append(RequestRecord.from_json(msgspec.json.decode(line)))
+        self._lines.clear()
+        return self._records
 
     def feed(self, worker: int, data: bytes) -> None:
         pending = self._pending.setdefault(worker, bytearray())
@@ -214,18 +221,19 @@ class RecordLander:
             if self.secrets:
                 line = redact_bytes(line, self.secrets)
             self.writer.write(line)
-            self._keep(RequestRecord.from_json(msgspec.json.decode(line)))
+            self._lines.append(line)
+            self._landed()
         self.writer.check()
 
     def add(self, record: RequestRecord) -> None:
         """A record the coordinator made itself (a lost worker's unfinished request)."""
         self.writer.write(record.to_json())
-        self._keep(record)
-
-    def _keep(self, record: RequestRecord) -> None:
         self.records.append(record)
+        self._landed()
+
+    def _landed(self) -> None:
         if self.on_done is not None:
-            self.on_done(record)
+            self.on_done()
 
 
 def _as_warmup_workers(on_capture: OnCapture | None) -> OnCapture | None:

@@ -299,7 +299,7 @@ def run_scenario(
                                 variant.name,
                                 base_url,
                                 writer,
-                                lambda _r: progress.advance(task),
+                                lambda: progress.advance(task),
                                 options=capture,
                                 on_capture=on_capture,
                                 on_warm=open_window,

@@ -283,7 +283,7 @@ class _Sweeper:
                     trial.variant,
                     base_url,
                     writer,
-                    lambda _record: self.progress.advance(task),
+                    lambda: self.progress.advance(task),
                     options=self.capture,
                     on_capture=on_capture,
                 )
