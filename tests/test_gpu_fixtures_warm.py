@@ -4,7 +4,10 @@ tests/fixtures/vllm-0.24.0-cuda-h200-runs/ holds, from `scripts/gpu/lane fidelit
 cap` with warmup requests in the scenarios: `sweep-c1-16-64/` (sweep.json, sweep-config.json and every
 point's requests.jsonl/summary.json/point.json), `ngram-warm-c1/`, `cudagraph-warm-c1/`, `cap-warm-*/`
 (run folders; /metrics trimmed to the spec-decode, TPOT and token counters) and `fidelity-idle-h200/`
-(benchmarks/client_fidelity.py and `itlaudit selfcheck --streams 64` on the idle 16-CPU host).
+(benchmarks/client_fidelity.py and `itlaudit selfcheck --streams 64` on the idle 16-CPU host; rerun in
+the third session with the capture at 72fe615) and `parity-h200/` (benchmarks/bench_parity.py, third
+session: vllm bench's result JSON without its per-request texts and gaps, itlaudit's summary.json, and
+one round's raw records).
 requests.jsonl has `chunk_token_ids` nulled except in cudagraph-warm-c1 (its mismatch findings read
 them); nothing else is cut.
 """
@@ -173,27 +176,73 @@ def test_generation_config_cap_found_again_with_todays_code(run: str, tokens: in
 
 
 def test_client_fidelity_on_the_idle_h200_host() -> None:
-    """benchmarks/client_fidelity.py --streams 1,16,64 --rounds 2 on the H200 host's 16 idle CPUs:
-    the per-trial grades reproduce the quoted medians, and itlaudit's p99 is at most 1/3 of the naive
-    client's at 16 and 64 streams (0.51x at 1 stream, where both are below 0.2 ms)."""
+    """benchmarks/client_fidelity.py --streams 1,16,64,128 --rounds 2 on the H200 host's 16 idle CPUs
+    (lane at 72fe615, third H200 session): the per-trial grades reproduce the quoted medians and meet the
+    issue's targets: itlaudit's p99 at most 1/3 of the naive client's at every load; at 64 streams p99
+    <= 1 ms, max <= 5 ms and worst per-request token-ITL error <= 1 %."""
     trials = json.loads((RUNS / "fidelity-idle-h200" / "trials.json").read_text())
-    assert len(trials) == 18
+    assert len(trials) == 24
+
+    def graded(client: str, streams: int) -> list[dict[str, Any]]:
+        return [t["fidelity"] for t in trials if t["client"] == client and t["streams"] == streams]
 
     def p99(client: str, streams: int) -> float:
-        return statistics.median(
-            t["fidelity"]["lag_p99_ms"] for t in trials if t["client"] == client and t["streams"] == streams
-        )
+        return statistics.median(f["lag_p99_ms"] for f in graded(client, streams))
 
-    quoted = {(c, s): round(p99(c, s), 2) for c in ("itlaudit", "naive", "vllm") for s in (1, 16, 64)}
+    loads = (1, 16, 64, 128)
+    quoted = {(c, s): round(p99(c, s), 2) for c in ("itlaudit", "naive", "vllm") for s in loads}
     assert quoted == {
-        ("itlaudit", 1): 0.04, ("itlaudit", 16): 0.03, ("itlaudit", 64): 0.13,
-        ("naive", 1): 0.07, ("naive", 16): 0.51, ("naive", 64): 1.91,
-        ("vllm", 1): 0.11, ("vllm", 16): 0.71, ("vllm", 64): 2.78,
+        ("itlaudit", 1): 0.02, ("itlaudit", 16): 0.02, ("itlaudit", 64): 0.0, ("itlaudit", 128): 0.01,
+        ("naive", 1): 0.16, ("naive", 16): 0.36, ("naive", 64): 4.36, ("naive", 128): 301.97,
+        ("vllm", 1): 0.07, ("vllm", 16): 0.47, ("vllm", 64): 1.83, ("vllm", 128): 8.95,
     }  # fmt: skip
-    for streams in (16, 64):
+    for streams in loads:
         assert p99("itlaudit", streams) <= p99("naive", streams) / 3
+    at_64 = graded("itlaudit", 64)
+    assert max(f["lag_p99_ms"] for f in at_64) <= 1.0
+    assert max(f["lag_max_ms"] for f in at_64) <= 5.0
+    assert max(f["worst_itl_error"] for f in at_64) <= 0.01
     assert all(t["fidelity"]["missing_chunks"] == 0 for t in trials)
     worst = max(t["fidelity"]["worst_itl_error"] for t in trials if t["client"] == "itlaudit")
-    assert worst < 0.002
+    assert worst < 0.001
     selfcheck = (RUNS / "fidelity-idle-h200" / "selfcheck-64.txt").read_text()
-    assert "p99 1.938 / max 21.786 ms over 32000 chunks; worst token-ITL error 0.09%" in selfcheck
+    assert "p99 0.006 / max 2.072 ms over 32000 chunks; worst token-ITL error 0.05%" in selfcheck
+
+
+PARITY = RUNS / "parity-h200"
+
+
+def test_vllm_bench_serve_and_itlaudit_agree_within_5_percent_on_the_h200() -> None:
+    """benchmarks/bench_parity.py (lane stage `parity`, twice): vllm bench serve --dataset-name random
+    (input 256, output 128, rate 4, burstiness 1, 100 prompts) and the same scenario run by itlaudit, at
+    once against one K0 server, 5 rounds a batch. Each round's mean TPOT from the two clients' own files
+    (vllm bench's --save-result JSON, itlaudit's summary.json) agrees within 5 % in all 10 rounds, and the
+    tables printed on the device are those files' ratios."""
+    from itlaudit.analysis.importers import parse_import
+
+    ratios = []
+    for batch in (1, 2):
+        printed = json.loads((PARITY / f"parity-{batch}.json").read_text())
+        assert printed["workload"] == {
+            "input_len": 256, "output_len": 128, "rate": 4.0, "burstiness": 1.0, "requests": 100
+        }  # fmt: skip
+        for index, quoted in enumerate(printed["rounds"], 1):
+            folder = PARITY / f"batch-{batch}" / f"round-{index}"
+            theirs = parse_import(json.loads((folder / "vllm.json").read_text()), "vllm.json")
+            ours = json.loads((folder / "summary.json").read_text())["variants"]["A"]
+            assert theirs.requests == ours["requests"] == 100
+            assert theirs.figures["tpot_ms"]["mean"] == pytest.approx(quoted["bench_tpot_ms"])
+            assert ours["tpot_ms"]["mean"] == pytest.approx(quoted["itlaudit_tpot_ms"])
+            ratios.append(theirs.figures["tpot_ms"]["mean"] / ours["tpot_ms"]["mean"])
+    assert len(ratios) == 10
+    assert max(abs(r - 1) for r in ratios) <= 0.05
+    assert [round(100 * (r - 1), 1) for r in ratios] == [2.1, -4.5, 3.2, 1.0, 0.9, -0.2, -2.8, 1.6, -0.8, 1.0]
+
+
+def test_parity_round_figures_recomputed_from_the_records() -> None:
+    """The kept round's summary.json is what today's code derives from its raw requests.jsonl."""
+    folder = PARITY / "batch-1" / "round-1"
+    records = load_records(folder / "requests.jsonl")
+    assert len(records) == 100
+    assert {r.prompt_tokens for r in records} == {256} and {r.completion_tokens for r in records} == {128}
+    assert _same(run_summary(records, ["A"]), json.loads((folder / "summary.json").read_text()))
