@@ -157,6 +157,24 @@ def test_sim_keeps_absolute_step_times(tmp_path: Path) -> None:
     assert log.server["kind"] == "sim"
 
 
+def test_a_64_stream_run_against_the_sim_reports_its_schedule_within_1_percent(tmp_path: Path) -> None:
+    """Issue 13's "done when": every request's token ITL within 1 % of the simulator's 10 ms step (and of
+    the steps it actually sent). Measured idle: worst +0.16 % against the schedule, +0.01 % against the
+    sends."""
+    server, log_path = _sim_with_send_log(tmp_path, 10.0)
+    with server:
+        run_dir = run_itlaudit(server.url, 64, 100, tmp_path / "run")
+    log = SendLog.load(log_path)
+    lines = list(iter_jsonl(run_dir / "requests.jsonl"))
+    assert len(lines) == 64
+    for line in lines:
+        itl = request_metrics(RequestRecord.from_json(line)).itl_ms
+        sends = log.responses[line["response_id"]]
+        sent_itl = (sends.sent_ns[-1] - sends.sent_ns[0]) / 1e6 / (sends.tokens[-1] - sends.tokens[0])
+        assert itl == pytest.approx(sent_itl, rel=0.01)
+        assert itl == pytest.approx(10.0, rel=0.01)
+
+
 def test_capture_path_against_the_truth_at_8_streams(truth: LaunchedServer, tmp_path: Path) -> None:
     reset_send_log(truth.url)
     run_dir = run_itlaudit(truth.url, 8, 500, tmp_path / "run")
