@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from itlaudit.errors import LaunchError
-from itlaudit.model.launch_kinds import LAUNCH_KINDS
+from itlaudit.model.launch_kinds import LAUNCH_KINDS, STARTED_KINDS, launch_kind_problem
 from itlaudit.serve.launcher import (
     LAUNCHERS,
     LaunchSpec,
@@ -342,3 +342,9 @@ def test_unknown_launch_kind_is_one_line_naming_the_known_ones(tmp_path: Path) -
     with pytest.raises(LaunchError) as caught:
         launch(LaunchSpec(kind="podman"), tmp_path / "server.log")
     assert str(caught.value) == "launch kind 'podman': use one of url, python, docker, command"
+
+
+def test_a_launch_table_names_a_kind_that_starts_a_server() -> None:
+    assert all(launch_kind_problem(kind) is None for kind in STARTED_KINDS)
+    assert "give the variant a `url`" in (launch_kind_problem("url") or "")
+    assert launch_kind_problem("k8s") == "must be one of python, docker, command, got 'k8s'"

@@ -15,7 +15,7 @@ from typing import Any
 from itlaudit.errors import ScenarioError
 from itlaudit.model.access import valid_header
 from itlaudit.model.datasets import DatasetEntry
-from itlaudit.model.launch_kinds import LAUNCH_KINDS
+from itlaudit.model.launch_kinds import STARTED_KINDS, launch_kind_problem
 from itlaudit.model.scenario_toml import Located, get_value, reject_unknown_keys, str_list
 from itlaudit.model.workload import Workload, parse_workload
 
@@ -118,10 +118,11 @@ def _launch(src: dict[str, Any], loc: Located) -> LaunchConfig:
     allowed.add("ready_timeout_s")
     reject_unknown_keys(src, allowed, loc, table)
     kind = get_value(src, loc, table, "kind", str)
-    if kind not in LAUNCH_KINDS:
-        raise loc.error(table, "kind", f"must be one of {', '.join(LAUNCH_KINDS)}, got {kind!r}")
-    needed = LAUNCH_KINDS[kind]
-    if needed is not None and needed not in src:
+    problem = launch_kind_problem(kind)
+    if problem is not None:
+        raise loc.error(table, "kind", problem)
+    needed = STARTED_KINDS[kind]
+    if needed not in src:
         raise loc.error(table, needed, f"is missing; kind {kind!r} needs it")
     env = get_value(src, loc, table, "env", dict, {})
     if not all(isinstance(v, str) for v in env.values()):

@@ -29,6 +29,7 @@ from typing import Protocol
 
 from itlaudit.errors import LaunchError
 from itlaudit.model.access import NO_ACCESS, Access
+from itlaudit.model.launch_kinds import ATTACH_KIND
 from itlaudit.model.registry import Registry
 from itlaudit.serve.orphans import (
     die_with_parent,
@@ -297,7 +298,7 @@ def launch(spec: LaunchSpec, log_path: Path, access: Access = NO_ACCESS) -> Laun
     return LAUNCHERS.get(spec.kind)(spec, log_path, access)
 
 
-@LAUNCHERS.register("url")
+@LAUNCHERS.register(ATTACH_KIND)
 def _attach(spec: LaunchSpec, log_path: Path, access: Access) -> LaunchedServer:
     if not spec.url:
         raise LaunchError("launch kind 'url' needs a url")

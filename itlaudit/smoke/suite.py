@@ -17,7 +17,7 @@ from itlaudit.analysis.findings import CODES
 from itlaudit.analysis.metrics import SUMMARY_METRICS
 from itlaudit.errors import SuiteError
 from itlaudit.model.codes import ACCEPTANCE_LENGTH_MISMATCH
-from itlaudit.model.launch_kinds import LAUNCH_KINDS
+from itlaudit.model.launch_kinds import launch_kind_problem
 from itlaudit.model.scenario import LaunchConfig, Scenario, load_scenario
 
 __all__ = [
@@ -124,8 +124,9 @@ def _launch(path: Path, src: Any) -> LaunchConfig:
     _typed(path, where, src, dict)
     _unknown(path, where, src, _LAUNCH_KEYS)
     kind = _typed(path, f"{where} `kind`", src.get("kind"), str)
-    if kind not in LAUNCH_KINDS or kind == "url":
-        raise _fail(path, f"{where} `kind`", f"must be python, docker or command, got {kind!r}")
+    problem = launch_kind_problem(kind)
+    if problem is not None:
+        raise _fail(path, f"{where} `kind`", problem)
     optional = {
         key: _typed(path, f"{where} `{key}`", src[key], str)
         for key in ("python", "image", "model")
