@@ -184,7 +184,8 @@ def test_existing_run_folder_is_refused_and_append_keeps_ids_unique(faultserver,
     lines = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
     ids = [line["request_id"] for line in lines]
     assert len(ids) == 8 and len(set(ids)) == 8
-    assert ids[4:] == ["A.r2-00000", "A.r2-00001", "A.r2-00002", "A.r2-00003"] or sorted(ids[4:]) == ids[4:]
+    # Lines land in the order requests finish, which concurrent requests need not keep.
+    assert sorted(ids[4:]) == ["A.r2-00000", "A.r2-00001", "A.r2-00002", "A.r2-00003"]
     assert json.loads((out / "summary.json").read_text())["variants"]["A"]["requests"] == 8
 
 

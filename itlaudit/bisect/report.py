@@ -17,7 +17,6 @@ __all__ = [
     "REPORT_FILE",
     "build_url",
     "compare_url",
-    "metric_name",
     "render_markdown",
     "render_plot",
     "variant_names",
@@ -40,15 +39,6 @@ def compare_url(old: Build, new: Build, github_repo: str) -> str:
     if old.kind == "commit":
         return f"https://github.com/{github_repo}/compare/{old.ref}...{new.ref}"
     return f"https://github.com/{github_repo}/compare/v{old.ref}...v{new.ref}"
-
-
-def metric_name(regress: str) -> tuple[str, str]:
-    """What to plot per probe: the figure the verdict is about."""
-    if regress.startswith("finding") or regress == "truncation":
-        return "completion_tokens_p50", "completion tokens p50"
-    if regress == "error":
-        return "errors", "failed requests"
-    return "itl_p50_ms", "token ITL p50 (ms)"
 
 
 def _tokens(value: float | None) -> str:
@@ -119,7 +109,7 @@ def render_plot(state: State, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    key, label = metric_name(state.settings.regress)
+    key, label = state.settings.regress_rule.plotted
     probes = sorted(state.probes, key=lambda p: p["index"])
     fig, ax = plt.subplots(figsize=(9, 4))
     markers = "os^Dv"

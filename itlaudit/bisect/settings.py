@@ -65,9 +65,7 @@ class Settings:
     cluster: str | None = None  # None: probes on this host; "auto" or "ray://HOST:PORT": Ray tasks
 
     def __post_init__(self) -> None:
-        PROVIDERS.get(self.provider)  # an unknown name fails here, naming the known ones
-        if self.provider == "command" and not self.server_cmd:
-            raise BisectError("--provider command needs --server-cmd 'CMD {commit} ... {port}'")
+        PROVIDERS.get(self.provider).check(self)  # an unknown name fails here, naming the known ones
         if self.repo and self.commits_file:
             raise BisectError("give --repo or --commits-file, not both")
         if self.threshold <= 1.0:
@@ -101,7 +99,7 @@ class Settings:
 
     @property
     def by_version(self) -> bool:
-        return self.provider == "pip"
+        return PROVIDERS.get(self.provider).by_version
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

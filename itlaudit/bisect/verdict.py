@@ -77,6 +77,8 @@ class Judge:
     timing: ClassVar[bool] = False
     across_variants: ClassVar[bool] = False
     failed_server: ClassVar[Verdict] = Verdict.UNKNOWN
+    # What the report plots per probe: the figure the verdict is about (key in the probe's figures, label).
+    plotted: ClassVar[tuple[str, str]] = ("itl_p50_ms", "token ITL p50 (ms)")
 
     def __init_subclass__(cls, name: str = "", **kwargs: Any) -> None:
         """`class XJudge(Judge, name="x")` files the judge in JUDGES under `--regress x`."""
@@ -264,6 +266,7 @@ class SpeedupJudge(Judge, name="speedup"):
 @dataclass(frozen=True)
 class ErrorJudge(Judge, name="error"):
     failed_server: ClassVar[Verdict] = Verdict.BAD
+    plotted: ClassVar[tuple[str, str]] = ("errors", "failed requests")
 
     def variant(self, probe: Figures, ref: Figures | None, *, threshold: float, alpha: float) -> Judgement:
         return Judgement(probe.failures > 0, f"{probe.failures} error(s)" if probe.failures else "no errors")
@@ -272,6 +275,8 @@ class ErrorJudge(Judge, name="error"):
 @dataclass(frozen=True)
 class _CodesJudge(Judge, ABC):
     """Bad when any of `codes` fired on the probe, whatever the good end did."""
+
+    plotted: ClassVar[tuple[str, str]] = ("completion_tokens_p50", "completion tokens p50")
 
     @property
     @abstractmethod

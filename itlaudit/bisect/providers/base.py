@@ -45,12 +45,20 @@ class Provider(ABC):
     name: ClassVar[str]
     # Worth preparing ahead: there is something slow to do before a launch.
     prefetchable: ClassVar[bool] = True
+    # Builds are release versions (a package index), not commits.
+    by_version: ClassVar[bool] = False
 
     def __init_subclass__(cls, name: str = "", **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if name:
             cls.name = name
             PROVIDERS.register(name)(cls)
+
+    @classmethod
+    def check(cls, settings: Settings) -> None:
+        """Refuse options this provider cannot run with (BisectError), before any build is touched;
+        most providers take whatever the options say."""
+        return None
 
     @classmethod
     @abstractmethod

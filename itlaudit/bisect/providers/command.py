@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, ClassVar
 from itlaudit.bisect.build_cache import BuildCache
 from itlaudit.bisect.build_range import SHORT_SHA, Build
 from itlaudit.bisect.providers.base import Found, Prepared, Provider
-from itlaudit.errors import BuildUnavailable
+from itlaudit.errors import BisectError, BuildUnavailable
 from itlaudit.serve.launcher import LaunchSpec, fill_placeholders
 
 __all__ = ["CommandProvider", "fill"]
@@ -32,6 +32,11 @@ def fill(template: list[str], build: Build) -> list[str]:
 
 class CommandProvider(Provider, name="command"):
     prefetchable: ClassVar[bool] = False
+
+    @classmethod
+    def check(cls, settings: Settings) -> None:
+        if not settings.server_cmd:
+            raise BisectError("--provider command needs --server-cmd 'CMD {commit} ... {port}'")
 
     @classmethod
     def from_settings(cls, settings: Settings, cache: BuildCache, bisect_dir: Path) -> Provider:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from packaging.version import Version
 
@@ -36,6 +36,8 @@ def requirement(package: str, build: Build) -> str:
 
 
 class PipProvider(Provider, name="pip"):
+    by_version: ClassVar[bool] = True
+
     @classmethod
     def from_settings(cls, settings: Settings, cache: BuildCache, bisect_dir: Path) -> Provider:
         return cls(cache, package=settings.package, pip_args=settings.pip_args, fixups=settings.post_install)
