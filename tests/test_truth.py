@@ -76,8 +76,11 @@ def test_send_log_is_complete_and_the_server_keeps_its_schedule(truth: LaunchedS
         assert all(s >= d for s, d in zip(sends.sent_ns, sends.due_ns, strict=True))
     lag = send_lag(log)
     assert lag.chunks == 800
-    # Its own lag behind schedule is what the stick bends by; on a loaded 2-core box it stays small.
-    assert lag.p99_ms is not None and lag.p99_ms < 2.0, lag
+    # Its own lag behind schedule is what the stick bends by. Typically p50 0.14 / p99 0.3-2.1 ms here:
+    # the p99 is one missed 2 ms tick when the VM's host is busy, so the tail bound is loose; a server
+    # that drifted (sleeping after each send) would move the median, which is held tight.
+    assert lag.p50_ms is not None and lag.p50_ms < 1.0, lag
+    assert lag.p99_ms is not None and lag.p99_ms < 10.0, lag
     assert log.server["buffered_writes"] == 0
 
 
