@@ -78,17 +78,19 @@ def compare(run_dir: Path, metrics_dir: Path | None) -> list[dict[str, Any]]:
         ours = block["tpot_ms"]["mean"]
         theirs_raw = 1000.0 * d_sum / d_count if d_count else None
         theirs = 1000.0 * d_sum / n if n else None
-        rows.append({
-            "variant": name,
-            "requests": n,
-            "itlaudit_tpot_ms": ours,
-            "vllm_count": d_count,
-            "extra": d_count - n,
-            "vllm_tpot_ms_raw": theirs_raw,
-            "vllm_tpot_ms": theirs,
-            "diff_pct": None if not theirs or ours is None else 100.0 * (ours - theirs) / theirs,
-            "source": source,
-        })
+        rows.append(
+            {
+                "variant": name,
+                "requests": n,
+                "itlaudit_tpot_ms": ours,
+                "vllm_count": d_count,
+                "extra": d_count - n,
+                "vllm_tpot_ms_raw": theirs_raw,
+                "vllm_tpot_ms": theirs,
+                "diff_pct": None if not theirs or ours is None else 100.0 * (ours - theirs) / theirs,
+                "source": source,
+            }
+        )
     return rows
 
 
@@ -100,16 +102,21 @@ def main() -> int:
     args = parser.parse_args()
     rows = compare(args.run_dir, args.metrics_dir)
     print(f"{args.run_dir.name}: itlaudit mean TPOT vs vLLM {HIST} (sum/count delta)")
-    print("| variant | requests | itlaudit ms | vLLM count | extra | vLLM ms (raw) | vLLM ms (excl.) | diff | source |")
+    print(
+        "| variant | requests | itlaudit ms | vLLM count | extra | vLLM ms (raw) | vLLM ms (excl.) | diff "
+        "| source |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
 
     def f(x: float | None, spec: str = ".3f") -> str:
         return "–" if x is None else format(x, spec)
 
     for r in rows:
-        print(f"| {r['variant']} | {r['requests']} | {f(r['itlaudit_tpot_ms'])} | {r['vllm_count']:.0f} | "
-              f"{r['extra']:.0f} | {f(r['vllm_tpot_ms_raw'])} | {f(r['vllm_tpot_ms'])} | "
-              f"{f(r['diff_pct'], '+.2f')}% | {r['source']} |")
+        print(
+            f"| {r['variant']} | {r['requests']} | {f(r['itlaudit_tpot_ms'])} | {r['vllm_count']:.0f} | "
+            f"{r['extra']:.0f} | {f(r['vllm_tpot_ms_raw'])} | {f(r['vllm_tpot_ms'])} | "
+            f"{f(r['diff_pct'], '+.2f')}% | {r['source']} |"
+        )
     bad = [r for r in rows if r["diff_pct"] is None or abs(r["diff_pct"]) > args.max_pct]
     return 1 if bad else 0
 
