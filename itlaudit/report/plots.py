@@ -315,7 +315,8 @@ def plot_itl_headline(variants: Sequence[VariantView], path: Path) -> Path | Non
         labels.append(
             view.name + (f"\n{speedup_words(factor, 'faster', 'slower')}{suffix}" if factor else "")
         )
-    ax.set_ylim(0, top * 1.3)
+    # All bars at 0 (one-token replies have no ITL): an empty axis rather than a singular one.
+    ax.set_ylim(0, top * 1.3 if top > 0 else 1.0)
     ax.set_xticks(range(len(variants)), labels, fontsize=9 if crowded else 10)
     ax.set_ylabel("ITL p50 over requests (ms)")
     ax.set_title("Token ITL (solid: lower is faster) vs chunk ITL (hatched: inflated by tokens per chunk)")
