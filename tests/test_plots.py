@@ -239,3 +239,17 @@ def test_dollar_signs_in_a_variant_name_are_text_not_mathtext(tmp_path: Path, dr
     assert written and all(p.stat().st_size > 0 for _, p in written)
     headline = drawn[0].axes[0]
     assert headline.get_xticklabels()[1].get_text().split("\n")[0] == name
+
+
+def test_headline_of_zero_itl_draws_without_a_singular_axis(tmp_path: Path) -> None:
+    """One-token replies have token and chunk ITL 0: the axis must not collapse to [0, 0]."""
+    import warnings
+
+    from itlaudit.report.plots import VariantView, plot_itl_headline
+
+    block = {"itl_ms": {"p50": 0.0}, "chunk_itl_ms": {"p50": 0.0}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        views = [VariantView("A", [], block), VariantView("B", [], block)]
+        drawn = plot_itl_headline(views, tmp_path / "h.png")
+    assert drawn is not None and drawn.exists()
