@@ -187,7 +187,7 @@ async def _read_stream(
                 now_ns = monotonic_ns()
                 wait_s, limit = timeouts.next_wait(t0, now_ns, bool(record.chunks.t_ms))
                 if wait_s is not None and limit == "stall_timeout_s":  # counted from the last read
-                    wait_s -= (now_ns - arrivals.last_ns) / 1e9
+                    wait_s -= (now_ns - arrivals.last_read_ns) / 1e9
                 if wait_s is not None and wait_s <= 0:
                     _timed_out(record, limit, timeouts.limit(limit), t0, now_ns, arrivals.last_ns)
                     return
@@ -203,13 +203,14 @@ async def _read_stream(
 
 
 class _Arrivals:
-    """What the sink keeps besides the record's arrays: the stamp of the last read (on the monotonic
-    clock: e2e ends there and a stall timeout counts from it) and the text so far."""
+    """What the sink keeps besides the record's arrays: when the last piece was read (its stamp, and
+    the monotonic time it was handled, which a stall timeout counts from) and the text so far."""
 
-    __slots__ = ("last_ns", "text_parts")
+    __slots__ = ("last_ns", "last_read_ns", "text_parts")
 
     def __init__(self, t0: int) -> None:
         self.last_ns = t0
+        self.last_read_ns = t0
         self.text_parts: list[str] = []
 
 
@@ -227,9 +228,11 @@ def _chunk_sink(
     append_token_ids = chunks.token_ids.append
     arrivals = _Arrivals(t0)
     append_text = arrivals.text_parts.append
+    monotonic_ns = time.monotonic_ns
 
     def take(stamp_ns: int, data: bytes) -> None:
         arrivals.last_ns = stamp_ns
+        arrivals.last_read_ns = monotonic_ns()
         payloads = feed(data)
         if not payloads:
             return
