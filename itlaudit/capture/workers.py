@@ -55,7 +55,7 @@ __all__ = [
     "worker_main",
 ]
 
-# Streams per worker for `--workers auto`. A chunk costs a worker 25-40 µs of CPU on the 2-core development
+# Streams per worker for `--workers auto`. A chunk costs a worker ~40 µs of CPU on the 2-core development
 # machine (kernel stamps, h11 framing, SSE, msgspec: measured with 16 streams × 500 chunks/s), so 16
 # such streams keep its loop about a third busy, which leaves room for bursts without queueing reads.
 STREAMS_PER_WORKER = 16
