@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import email.utils
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from itlaudit.capture.chunk import CHUNK_DECODE_ERRORS, Chunk, decode_chunk
@@ -160,133 +159,93 @@ async def _read_refusal(stream: Stream, record: RequestRecord, t0: int) -> None:
 async def _read_stream(
     stream: Stream, record: RequestRecord, t0: int, is_chat: bool, timeouts: Timeouts
 ) -> None:
-    """Read the body into the record until it ends, a timeout cuts it or the connection drops; whatever
-    ends it, the record keeps everything received up to that point.
-
-    Where the stream can deliver (a plain chunked body: what vLLM sends), each read is taken into the
-    record inside the socket's own read callback and this coroutine only waits for the end, waking when
-    a timeout could have passed; otherwise it reads piece by piece."""
-    take, arrivals = _chunk_sink(record, t0, is_chat)
-    monotonic_ns = time.monotonic_ns
-    try:
-        done = stream.deliver(take)
-        if done is None:
-            read = stream.read
-            while True:
-                wait_s, limit = timeouts.next_wait(t0, monotonic_ns(), bool(record.chunks.t_ms))
-                try:
-                    got = await read(wait_s)
-                except TimeoutError:
-                    _timed_out(record, limit, timeouts.limit(limit), t0, monotonic_ns(), arrivals.last_ns)
-                    return
-                if got is None:
-                    break
-                take(*got)
-        else:
-            while not done.done():
-                now_ns = monotonic_ns()
-                wait_s, limit = timeouts.next_wait(t0, now_ns, bool(record.chunks.t_ms))
-                if wait_s is not None and limit == "stall_timeout_s":  # counted from the last read
-                    wait_s -= (now_ns - arrivals.last_read_ns) / 1e9
-                if wait_s is not None and wait_s <= 0:
-                    _timed_out(record, limit, timeouts.limit(limit), t0, now_ns, arrivals.last_ns)
-                    return
-                await asyncio.wait((done,), timeout=wait_s)
-            done.result()  # the error that ended the body, if one did
-        record.e2e_ms = (arrivals.last_ns - t0) / 1e6
-    except CONNECTION_FAILURES as exc:
-        record.status = STATUS_CONNECTION_ERROR
-        record.error = describe_connection_failure(exc)
-        record.e2e_ms = (arrivals.last_ns - t0) / 1e6
-    finally:
-        record.text = "".join(arrivals.text_parts)
-
-
-class _Arrivals:
-    """What the sink keeps besides the record's arrays: when the last piece was read (its stamp, and
-    the monotonic time it was handled, which a stall timeout counts from) and the text so far."""
-
-    __slots__ = ("last_ns", "last_read_ns", "text_parts")
-
-    def __init__(self, t0: int) -> None:
-        self.last_ns = t0
-        self.last_read_ns = t0
-        self.text_parts: list[str] = []
-
-
-def _chunk_sink(
-    record: RequestRecord, t0: int, is_chat: bool
-) -> tuple[Callable[[int, bytes], None], _Arrivals]:
-    """The hot path as one closure: frame, decode the kept fields, append, for one stamped piece of the
-    body. Everything it touches is a local of the closure (no attribute lookups per chunk)."""
+    """The hot loop: read, stamp, frame, decode the kept fields, append. Chunk arrays are appended
+    through local bound methods; whatever ends the stream (its end, a timeout, a dropped connection),
+    the `finally` leaves a record with everything received up to that point.
+    """
     feed = SSEFramer().feed
+    read = stream.read
     chunks = record.chunks
     append_t_ms = chunks.t_ms.append
     append_tokens = chunks.completion_tokens.append
     append_text_len = chunks.text_len.append
     append_has_choice = chunks.has_choice.append
     append_token_ids = chunks.token_ids.append
-    arrivals = _Arrivals(t0)
-    append_text = arrivals.text_parts.append
+    text_parts: list[str] = []
+    append_text = text_parts.append
+    last_ns = t0
+    next_wait = timeouts.next_wait
     monotonic_ns = time.monotonic_ns
-
-    def take(stamp_ns: int, data: bytes) -> None:
-        arrivals.last_ns = stamp_ns
-        arrivals.last_read_ns = monotonic_ns()
-        payloads = feed(data)
-        if not payloads:
-            return
-        t_ms = (stamp_ns - t0) / 1e6
-        for payload in payloads:
-            if payload == _DONE:
-                record.done_sentinel = True
-                continue
+    try:
+        while True:
+            wait_s, limit = next_wait(t0, monotonic_ns(), bool(chunks.t_ms))
             try:
-                chunk = decode_chunk(payload)
-            except CHUNK_DECODE_ERRORS as exc:
-                recovered = _undecodable(record, payload, exc)
-                if recovered is None:
-                    continue
-                chunk = recovered
-            if chunk.error is not None:
-                record.status = STATUS_STREAM_ERROR
-                record.error = _error_frame_message(chunk.error)
+                got = await read(wait_s)
+            except TimeoutError:
+                _timed_out(record, limit, timeouts.limit(limit), t0, monotonic_ns(), last_ns)
+                return
+            if got is None:
+                break
+            last_ns, data = got
+            payloads = feed(data)
+            if not payloads:
                 continue
-            usage = chunk.usage
-            completion_tokens = None
-            if usage is not None:
-                completion_tokens = usage.completion_tokens
-                record.completion_tokens = completion_tokens
-                record.prompt_tokens = usage.prompt_tokens
-            choices = chunk.choices
-            text = None
-            token_ids = None
-            if choices:
-                choice = choices[0]
-                if is_chat:
-                    delta = choice.delta
-                    text = delta.content if delta is not None else None
+            t_ms = (last_ns - t0) / 1e6
+            for payload in payloads:
+                if payload == _DONE:
+                    record.done_sentinel = True
+                    continue
+                try:
+                    chunk = decode_chunk(payload)
+                except CHUNK_DECODE_ERRORS as exc:
+                    recovered = _undecodable(record, payload, exc)
+                    if recovered is None:
+                        continue
+                    chunk = recovered
+                if chunk.error is not None:
+                    record.status = STATUS_STREAM_ERROR
+                    record.error = _error_frame_message(chunk.error)
+                    continue
+                usage = chunk.usage
+                completion_tokens = None
+                if usage is not None:
+                    completion_tokens = usage.completion_tokens
+                    record.completion_tokens = completion_tokens
+                    record.prompt_tokens = usage.prompt_tokens
+                choices = chunk.choices
+                text = None
+                token_ids = None
+                if choices:
+                    choice = choices[0]
+                    if is_chat:
+                        delta = choice.delta
+                        text = delta.content if delta is not None else None
+                    else:
+                        text = choice.text
+                    token_ids = choice.token_ids
+                    if choice.finish_reason is not None:
+                        record.finish_reason = choice.finish_reason
+                        record.stop_reason = choice.stop_reason
+                append_t_ms(t_ms)
+                append_tokens(completion_tokens)
+                append_has_choice(bool(choices))
+                append_token_ids(token_ids)
+                if text:
+                    append_text_len(len(text))
+                    append_text(text)
                 else:
-                    text = choice.text
-                token_ids = choice.token_ids
-                if choice.finish_reason is not None:
-                    record.finish_reason = choice.finish_reason
-                    record.stop_reason = choice.stop_reason
-            append_t_ms(t_ms)
-            append_tokens(completion_tokens)
-            append_has_choice(bool(choices))
-            append_token_ids(token_ids)
-            if text:
-                append_text_len(len(text))
-                append_text(text)
-            else:
-                append_text_len(0)
-            if record.response_id is None:
-                record.response_id = chunk.id
-            if chunk.system_fingerprint is not None:
-                record.system_fingerprint = chunk.system_fingerprint
-
-    return take, arrivals
+                    append_text_len(0)
+                if record.response_id is None:
+                    record.response_id = chunk.id
+                if chunk.system_fingerprint is not None:
+                    record.system_fingerprint = chunk.system_fingerprint
+        record.e2e_ms = (last_ns - t0) / 1e6
+    except CONNECTION_FAILURES as exc:
+        record.status = STATUS_CONNECTION_ERROR
+        record.error = describe_connection_failure(exc)
+        record.e2e_ms = (last_ns - t0) / 1e6
+    finally:
+        record.text = "".join(text_parts)
 
 
 def _undecodable(record: RequestRecord, payload: bytes, exc: Exception) -> Chunk | None:

@@ -152,7 +152,9 @@ class Stream:
                 self._finished = True
                 return None
             if self._eof:
-                raise self._ended_early(None)
+                raise ConnectionDropped(
+                    f"{self._target.label} closed the connection before the response body was complete"
+                )
             if self._head_rest:  # plaintext already, stamped with the head's read
                 stamp, data = self._stamp, self._head_rest
                 self._head_rest = b""
@@ -167,7 +169,9 @@ class Stream:
                 stamp, data = inbox.popleft()
                 if not data:
                     if inbox.failure is not None:
-                        raise self._ended_early(inbox.failure)
+                        raise ConnectionDropped(
+                            f"the connection to {self._target.label} broke: {one_line(inbox.failure)}"
+                        )
                     self._eof = True
                     continue
                 if self._tls is not None:
@@ -179,54 +183,6 @@ class Stream:
             if body:
                 self._stamp = stamp
                 return stamp, body
-
-    def deliver(self, consume: Callable[[int, bytes], None]) -> asyncio.Future[None] | None:
-        """From now on hand each piece of the de-chunked body, with its read's stamp, to `consume` from
-        the socket's own read callback, as read() would return it but with no task woken per read (that
-        wake-up was a third of a chunk's CPU). The future ends with the body (None) or with the error
-        read() would raise. None when reads must go through a task (https decrypts in one, a body h11
-        frames): use read() then. read() may not be mixed in afterwards."""
-        if self._dechunker is None or self._tls is not None or self._finished or self._closed:
-            return None
-        done: asyncio.Future[None] = self._loop.create_future()
-        dechunker = self._dechunker
-        feed = dechunker.feed
-        inbox = self._inbox
-
-        def take(stamp: int, data: bytes) -> None:
-            if done.done():
-                return
-            try:
-                if not data:
-                    done.set_exception(self._ended_early(inbox.failure))
-                    return
-                body = feed(data)
-                if body:
-                    self._stamp = stamp
-                    consume(stamp, body)
-                if dechunker.done:
-                    self._finished = True
-                    done.set_result(None)
-            except FramingError as exc:
-                done.set_exception(BadFraming(f"{self._target.label} sent a malformed response body: {exc}"))
-            except BaseException as exc:  # whatever consume raises ends the read, not the loop's callback
-                done.set_exception(exc)
-
-        if self._head_rest:  # plaintext already, stamped with the head's read
-            rest, self._head_rest = self._head_rest, b""
-            take(self._stamp, rest)
-        while inbox.pieces and not done.done():
-            take(*inbox.popleft())
-        inbox.consumer = take
-        return done
-
-    def _ended_early(self, failure: BaseException | None) -> ConnectionDropped:
-        """The connection ended (`failure` None: the peer closed it) before the body did."""
-        if failure is not None:
-            return ConnectionDropped(f"the connection to {self._target.label} broke: {one_line(failure)}")
-        return ConnectionDropped(
-            f"{self._target.label} closed the connection before the response body was complete"
-        )
 
     async def aclose(self) -> None:
         """Closes the socket, whatever state the stream is in; idempotent. A read() waiting meanwhile in
@@ -268,7 +224,9 @@ class Stream:
         stamp, data = inbox.popleft()
         if not data:
             if inbox.failure is not None:
-                raise self._ended_early(inbox.failure)
+                raise ConnectionDropped(
+                    f"the connection to {self._target.label} broke: {one_line(inbox.failure)}"
+                )
             self._eof = True
         else:
             self._stamp = stamp

@@ -126,7 +126,6 @@ class Inbox:
         "_timer",
         "_timer_at",
         "_waiter",
-        "consumer",
         "ended",
         "failure",
         "pause",
@@ -149,14 +148,8 @@ class Inbox:
         self.paused = False
         self.pause: Callable[[], None] = _nothing
         self.resume: Callable[[], None] = _nothing
-        # Set (Stream.deliver), every read goes straight to it instead of the queue: pieces stay empty.
-        self.consumer: Callable[[int, bytes], None] | None = None
 
     def put(self, stamp: int, data: bytes) -> None:
-        consumer = self.consumer
-        if consumer is not None:  # handled right here, in the read's own callback: no task to wake
-            consumer(stamp, data)
-            return
         self.pieces.append((stamp, data))
         self.queued += len(data)
         waiter = self._waiter
