@@ -19,7 +19,14 @@ from typing import Any
 
 from itlaudit.model.codes import COMMON_CAP, GIBBERISH_SUSPECTED, TRUNCATION_CODES
 
-__all__ = ["NOT_COMPARABLE", "Validity", "comparison_validity", "variant_validity"]
+__all__ = [
+    "COMPARABLE",
+    "NOT_COMPARABLE",
+    "Validity",
+    "block_validity",
+    "comparison_validity",
+    "variant_validity",
+]
 
 NOT_COMPARABLE = "not comparable"
 
@@ -49,8 +56,7 @@ def _common_cap(summary: Mapping[str, Any], variant: str) -> Mapping[str, Any] |
     return None
 
 
-def _truncation_reason(summary: Mapping[str, Any], variant: str, cut: int, requests: int) -> str:
-    cap = _common_cap(summary, variant)
+def _truncation_reason(cap: Mapping[str, Any] | None, cut: int, requests: int) -> str:
     if cap is None:
         return f"{cut} of {requests} requests cut short"
     at_cap = int(cap.get("requests_at_cap", cut))
@@ -59,14 +65,15 @@ def _truncation_reason(summary: Mapping[str, Any], variant: str, cut: int, reque
     return f"{cut} of {requests} requests cut short, {at_cap} of them capped at {cap['cap']} tokens"
 
 
-def variant_validity(summary: Mapping[str, Any], variant: str) -> Validity:
-    """Not comparable when any request was cut short (any of TRUNCATION_CODES), any request failed,
-    or gibberish_suspected fires on most (more than half) of the requests; otherwise comparable.
+def block_validity(block: Mapping[str, Any], common_cap: Mapping[str, Any] | None = None) -> Validity:
+    """The rule on one summary.json variant block (a sweep trial has no run-level findings beside it;
+    `common_cap` is the common_cap finding's evidence, when known, to name the cap in the reason).
 
-    One gibberish request in ten is a sampling accident and leaves the variant comparable; a
-    single truncated or failed request is not an accident: the workload was not the one asked for.
+    Not comparable when any request was cut short (any of TRUNCATION_CODES), any request failed, or
+    gibberish_suspected fires on most (more than half) of the requests. One gibberish request in ten
+    is a sampling accident and leaves the variant comparable; a single truncated or failed request is
+    not an accident: the workload was not the one asked for.
     """
-    block: Mapping[str, Any] = (summary.get("variants") or {}).get(variant) or {}
     requests = int(block.get("requests") or 0)
     if requests == 0:
         return Validity(False, "no requests recorded")
@@ -75,7 +82,7 @@ def variant_validity(summary: Mapping[str, Any], variant: str) -> Validity:
     # A request may carry several truncation codes: the most frequent one counts the cut requests.
     cut = max((int(counts.get(code, 0)) for code in TRUNCATION_CODES), default=0)
     if cut:
-        reasons.append(_truncation_reason(summary, variant, cut, requests))
+        reasons.append(_truncation_reason(common_cap, cut, requests))
     errors = int(block.get("errors") or 0)
     if errors:
         reasons.append(f"{errors} of {requests} requests failed")
@@ -83,6 +90,13 @@ def variant_validity(summary: Mapping[str, Any], variant: str) -> Validity:
     if gibberish * 2 > requests:
         reasons.append(f"{gibberish} of {requests} requests look like gibberish")
     return Validity(False, "; ".join(reasons)) if reasons else COMPARABLE
+
+
+def variant_validity(summary: Mapping[str, Any], variant: str) -> Validity:
+    """The rule on summary.json's dict: block_validity of the variant's block, its cap named from the
+    run-level common_cap finding. A variant the summary does not hold has no requests recorded."""
+    block: Mapping[str, Any] = (summary.get("variants") or {}).get(variant) or {}
+    return block_validity(block, _common_cap(summary, variant))
 
 
 def comparison_validity(variant: Validity, base: Validity, base_name: str) -> Validity:
