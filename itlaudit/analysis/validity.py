@@ -2,10 +2,10 @@
 and "worse" that itlaudit writes (report, plots, diff, sweep, bisect, the terminal).
 
 A variant whose outputs were cut short, whose requests failed, or whose text is mostly gibberish did
-not run the workload that was asked for, so its latency is not a speed: vLLM #47297's "2.87× faster"
-K=3 server was a server stopping at 128 tokens. Such a variant is never ranked; it is labelled "not
-comparable" with the numbers that say why, and a comparison against a base that is itself not
-comparable is not comparable either.
+not run the workload that was asked for, so its latency is not a speed (vLLM #47297's K=3 "regression"
+was a server stopping at 128 tokens; the same cap reads as a speedup just as easily). Such a variant
+is never ranked; it is labelled "not comparable" with the numbers that say why, and a comparison
+against a base that is itself not comparable is not comparable either.
 
 The rule reads summary.json's dict only (per-variant finding counts, errors, the run-level common_cap
 evidence), so every reader of a run folder, old or new, applies the same rule to the same file.
