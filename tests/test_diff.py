@@ -116,3 +116,34 @@ def test_a_risen_error_rate_is_worse_even_when_every_new_request_failed(tmp_path
     one_more = [*run("K0", 11), failed[0]]
     assert verdict(diff_runs(run("K0", 12), one_more), "error_rate") == "worse"
     assert verdict(diff_runs(run("K0", 12), run("K0", 12, seed=2)), "error_rate") == "same"
+
+
+def test_header_is_in_argument_order_and_unknown_rows_say_why() -> None:
+    text = render_diff(diff_runs(run("K0", 3), run("K0", 3, step_ms=10.5, seed=1)), "runs/a", "runs/b")
+    assert text.startswith("## itlaudit diff: `runs/a` (base) → `runs/b` (new)")
+    row = next(line for line in text.splitlines() if line.startswith("| K0 | token ITL (ms) |"))
+    assert "❔ unknown | 3 vs 3 samples cannot reach p < 0.05 |" in row
+
+
+def test_a_completion_count_doubled_over_three_requests_shows_the_exact_p_beside_unknown() -> None:
+    """3 × 128 vs 3 × 256 tokens: every value ties within its run, where the normal approximation
+    gave p 0.047 beside an "unknown"; the exact p is 0.1, the smallest a 3-vs-3 split can reach."""
+    diff = diff_runs(run("K0", 3, tokens=32), run("K0", 3, tokens=64, seed=1))
+    tokens = next(m.comparison for m in diff.metrics if m.metric == "completion_tokens")
+    assert (tokens.ratio, tokens.p_value, tokens.verdict) == (2.0, 0.1, "unknown")
+
+
+def test_a_capped_base_leads_the_diff_as_not_comparable_and_nothing_is_better() -> None:
+    capped, whole = run("K0", 12, tokens=16), run("K0", 12, step_ms=2.0, seed=1)
+    diff = diff_runs(capped, whole)
+    assert not diff.comparable("K0")
+    assert verdict(diff, "itl_ms") == "better"  # the test's verdict stays for --fail-on ...
+    text = render_diff(diff, "capped", "whole")
+    lines = text.splitlines()
+    assert lines[2] == "**K0: not comparable: base run: 12 of 12 requests capped at 16 tokens.**"
+    assert "No metric is worse, which says nothing" in text
+    assert "better" not in text.split("| variant |")[1]  # ... but the table never says it
+    # The findings that vanished come before the table, not after it.
+    assert text.index("Findings that vanished") < text.index("| variant |")
+    assert verdict(diff_runs(whole, capped), "completion_tokens") == "worse"
+    assert "❌ worse" in render_diff(diff_runs(whole, capped), "whole", "capped")

@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from itlaudit.analysis.findings import request_findings, run_findings
+from itlaudit.analysis.derive import run_summary
 from itlaudit.analysis.metrics import RequestMetrics, request_metrics
 from itlaudit.analysis.stats import Comparison, Verdict, compare_samples
+from itlaudit.analysis.validity import Validity, variant_validity
 from itlaudit.model.records import RequestRecord, Status
 
 __all__ = [
@@ -63,19 +64,15 @@ class RunDiff:
     vanished: dict[str, dict[str, int]]  # variant → finding code → count in BASE, absent from NEW
     only_base: list[str]
     only_new: list[str]
+    # variant → (base run's validity, new run's validity), by the one rule of analysis.validity: a
+    # variant cut short, failing or gibberish on either side compares unlike workloads.
+    validity: dict[str, tuple[Validity, Validity]] = field(default_factory=dict)
 
     def has(self, verdict: str) -> bool:
         return any(m.comparison.verdict == verdict for m in self.metrics)
 
-
-def _finding_counts(records: Sequence[RequestRecord]) -> dict[str, Counter[str]]:
-    counts: dict[str, Counter[str]] = {}
-    for record in records:
-        found = request_findings(record, request_metrics(record))
-        counts.setdefault(record.variant, Counter()).update(f.code for f in found)
-    for finding in run_findings(records):
-        counts.setdefault(str(finding.evidence.get("variant")), Counter())[finding.code] += 1
-    return counts
+    def comparable(self, variant: str) -> bool:
+        return all(v.comparable for v in self.validity.get(variant, ()))
 
 
 def _by_variant(records: Sequence[RequestRecord]) -> dict[str, list[RequestMetrics]]:
@@ -167,10 +164,11 @@ def diff_runs(
         )
         for variant in shared
     ]
-    base_found, new_found = _finding_counts(base), _finding_counts(new)
+    base_summary, new_summary = run_summary(base), run_summary(new)
     appeared, vanished = {}, {}
     for variant in shared:
-        b, n = base_found.get(variant, Counter()), new_found.get(variant, Counter())
+        b = Counter(base_summary["variants"][variant]["findings"])
+        n = Counter(new_summary["variants"][variant]["findings"])
         if added := {code: count for code, count in n.items() if code not in b}:
             appeared[variant] = added
         if gone := {code: count for code, count in b.items() if code not in n}:
@@ -181,4 +179,5 @@ def diff_runs(
         vanished=vanished,
         only_base=[n for n in base_names if n not in new_names],
         only_new=[n for n in new_names if n not in base_names],
+        validity={v: (variant_validity(base_summary, v), variant_validity(new_summary, v)) for v in shared},
     )

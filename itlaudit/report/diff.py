@@ -1,10 +1,12 @@
-"""The diff's Markdown: the verdict a PR comment leads with, then the table and the findings that moved."""
+"""The diff's Markdown: the verdict a PR comment leads with, then the findings that moved, then the
+table, every row with the reason for its verdict."""
 
 from __future__ import annotations
 
-from itlaudit.analysis.run_diff import RunDiff
+from itlaudit.analysis.run_diff import MetricDiff, RunDiff
 from itlaudit.analysis.stats import Verdict
-from itlaudit.report.markdown import escape
+from itlaudit.analysis.validity import NOT_COMPARABLE
+from itlaudit.report.markdown import escape, table_cell
 
 __all__ = ["render_diff"]
 
@@ -14,38 +16,50 @@ _ICON = {
     Verdict.SAME: "same",
     Verdict.UNKNOWN: "❔ unknown",
 }
+_NOT_COMPARABLE = f"⚠ {NOT_COMPARABLE}"
 
 
 def _num(value: float | None) -> str:
     return "–" if value is None else f"{value:.4g}"
 
 
+def _not_comparable_lines(diff: RunDiff) -> list[str]:
+    """One bold line per variant whose base or new run broke the validity rule, with the rule's
+    reason: these lead, since no "better" or "same" below means anything for them."""
+    lines = []
+    for variant, (base, new) in diff.validity.items():
+        sides = [(side, v) for side, v in (("base", base), ("new", new)) if not v.comparable]
+        if sides:
+            why = "; ".join(f"{side} run: {v.reason}" for side, v in sides)
+            lines.append(f"**{escape(variant)}: {NOT_COMPARABLE}: {table_cell(why)}.**")
+    return lines
+
+
+def _verdict_cell(m: MetricDiff, comparable: bool) -> tuple[str, str]:
+    """(verdict, why). A variant that is not comparable is never "better" or "same": only "worse"
+    stays (a regression still fails CI); the reason shown is the test's for unknown verdicts, whose
+    cause (too few requests, no significance) the reader otherwise has to guess."""
+    c = m.comparison
+    if not comparable and c.verdict != Verdict.WORSE:
+        return _NOT_COMPARABLE, "see above"
+    return _ICON.get(c.verdict, c.verdict), c.reason if c.verdict == Verdict.UNKNOWN else ""
+
+
 def render_diff(diff: RunDiff, base_label: str, new_label: str) -> str:
-    """Markdown for a PR comment: the verdict line first, the table, then what changed in findings."""
+    """Markdown for a PR comment: which variants are not comparable, the verdict line, what changed
+    in findings, then the table. Labels in argument order: base, then new."""
     worse = [m for m in diff.metrics if m.comparison.verdict == Verdict.WORSE]
-    lines = [f"## itlaudit diff: `{escape(new_label)}` vs `{escape(base_label)}`", ""]
+    lines = [f"## itlaudit diff: `{escape(base_label)}` (base) → `{escape(new_label)}` (new)", ""]
+    unlike = _not_comparable_lines(diff)
+    lines += [*unlike, ""] if unlike else []
     if worse:
         lines.append("**Worse:** " + ", ".join(f"{escape(m.variant)} {m.label}" for m in worse))
     elif diff.appeared:
         lines.append("**No metric is worse, but new findings appeared** (see below).")
+    elif unlike:
+        lines.append("No metric is worse, which says nothing about the variants above.")
     else:
         lines.append("**No metric is worse.**")
-    lines += [
-        "",
-        "Values are medians over requests; ratio = new / base; p from a two-sided Mann–Whitney U test.",
-        "",
-        "| variant | metric | base | new | ratio | p | verdict |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for m in diff.metrics:
-        c = m.comparison
-        ratio = "–" if c.ratio is None else f"{c.ratio:.3f}×"
-        p = "–" if c.p_value is None else f"{c.p_value:.2g}"
-        lines.append(
-            f"| {escape(m.variant)} | {m.label} | {_num(c.base_median)} | {_num(c.new_median)} "
-            f"| {ratio} | {p} "
-            f"| {_ICON.get(c.verdict, c.verdict)} |"
-        )
     lines.append("")
     for title, groups in (
         ("Findings that appeared", diff.appeared),
@@ -58,6 +72,23 @@ def render_diff(diff: RunDiff, base_label: str, new_label: str) -> str:
                 for v, codes in groups.items()
             ]
             lines.append("")
+    lines += [
+        "Values are medians over requests; ratio = new / base; p from a two-sided Mann–Whitney U test "
+        "(exact for small samples). A verdict needs p < α and a ratio beyond the threshold.",
+        "",
+        "| variant | metric | base | new | ratio | p | verdict | why |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for m in diff.metrics:
+        c = m.comparison
+        ratio = "–" if c.ratio is None else f"{c.ratio:.3f}×"
+        p = "–" if c.p_value is None else f"{c.p_value:.2g}"
+        verdict, why = _verdict_cell(m, diff.comparable(m.variant))
+        lines.append(
+            f"| {escape(m.variant)} | {m.label} | {_num(c.base_median)} | {_num(c.new_median)} "
+            f"| {ratio} | {p} | {verdict} | {table_cell(why)} |"
+        )
+    lines.append("")
     if diff.only_base or diff.only_new:
         lines.append(
             f"Not compared (in one run only): base {', '.join(diff.only_base) or '–'}; "
