@@ -6,17 +6,20 @@ and every error names the file, the key and its line.
 
 from __future__ import annotations
 
+import copy
+import math
+import os
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from itlaudit.errors import ScenarioError
 from itlaudit.model.access import valid_header
-from itlaudit.model.datasets import DatasetEntry
+from itlaudit.model.datasets import DATASET_KINDS, DatasetEntry
 from itlaudit.model.launch_kinds import STARTED_KINDS, launch_kind_problem
-from itlaudit.model.scenario_toml import Located, get_value, reject_unknown_keys, str_list
+from itlaudit.model.scenario_toml import Located, dump_toml, get_value, reject_unknown_keys, str_list
 from itlaudit.model.workload import Workload, parse_workload
 
 __all__ = [
@@ -24,12 +27,17 @@ __all__ = [
     "EAGER",
     "ENDPOINTS",
     "EXECUTION_MODES",
+    "FLAG_KEYS",
     "GOODPUT_KEYS",
     "LaunchConfig",
     "Scenario",
+    "ScenarioFlags",
     "Variant",
+    "build_scenario",
     "load_scenario",
     "parse_scenario",
+    "scenario_from_raw",
+    "scenario_toml",
 ]
 
 ENDPOINTS = ("completions", "chat")
@@ -82,6 +90,12 @@ class Scenario:
     path: Path | None = None
     # [goodput]: per-request SLOs in ms (ttft_ms, tpot_ms, e2e_ms) that `sweep` counts goodput against.
     goodput: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def folder_name(self) -> str:
+        """What its run folders are named after: the file's stem (two files that share a `name` still
+        make folders one can tell apart), else the name."""
+        return self.path.stem if self.path is not None else self.name
 
     def prompt_for(self, index: int) -> str:
         """Prompts cycle so num_requests may exceed the prompt list."""
@@ -217,11 +231,13 @@ def _goodput(raw: dict[str, Any], loc: Located) -> dict[str, float]:
 
 
 def parse_scenario(text: str, path: Path) -> Scenario:
-    loc = Located(path, text)
-    try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ScenarioError(f"{path}: not valid TOML: {exc}") from None
+    """A scenario from its TOML text; relative paths in it resolve against `path`'s folder."""
+    return scenario_from_raw(_toml(text, path), Located(path, text), path)
+
+
+def scenario_from_raw(raw: dict[str, Any], loc: Located, path: Path | None) -> Scenario:
+    """The one validation of a scenario's tables, whether they came from a file, from flags, or both.
+    Relative paths resolve against the file's folder (the working directory when there is none)."""
     top_keys = {"name", "endpoint", "model", "workload", "variants", "description", "goodput"}
     reject_unknown_keys(raw, top_keys, loc, "")
     endpoint = get_value(raw, loc, "", "endpoint", str, "completions")
@@ -230,22 +246,238 @@ def parse_scenario(text: str, path: Path) -> Scenario:
     if "workload" not in raw:
         raise loc.error("", "workload", "is missing; add a [workload] table with prompts and max_tokens")
     workload = _table(raw, "workload", loc, "write a [workload] table with prompts and max_tokens")
+    base = path.parent if path is not None else Path.cwd()
     return Scenario(
         name=_safe_name(get_value(raw, loc, "", "name", str), loc, ""),
         endpoint=endpoint,
         model=get_value(raw, loc, "", "model", str, "auto"),
-        workload=parse_workload(workload, loc, path.parent, endpoint == "chat"),
+        workload=parse_workload(workload, loc, base, endpoint == "chat"),
         variants=_variants(raw.get("variants"), loc),
         path=path,
         goodput=_goodput(raw, loc),
     )
 
 
-def load_scenario(path: Path) -> Scenario:
+def _toml(text: str, path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(f"{path}: not valid TOML: {exc}") from None
+
+
+def _read(path: Path) -> str:
     if not path.is_file():
         raise ScenarioError(f"{path}: scenario file not found; pass a path to a .toml (see scenarios/)")
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ScenarioError(f"{path}: cannot read scenario ({exc})") from None
-    return parse_scenario(text, path)
+
+
+def load_scenario(path: Path) -> Scenario:
+    return parse_scenario(_read(path), path)
+
+
+# A run from flags alone takes vllm bench serve's defaults, so the same flags mean the same workload.
+BENCH_DEFAULTS: dict[str, Any] = {
+    "dataset": {"kind": "random", "input_len": 1024, "output_len": 128},
+    "num_requests": 1000,
+}
+# Each flag of ScenarioFlags and the key it sets: (table, key). One table, read by build_scenario to
+# apply the flags and by scenario_toml to say which flag a written key stands for.
+FLAG_KEYS: dict[str, tuple[str, str]] = {
+    "model": ("", "model"),
+    "endpoint": ("", "endpoint"),
+    "dataset_name": ("workload.dataset", "kind"),
+    "random_input_len": ("workload.dataset", "input_len"),
+    "random_output_len": ("workload.dataset", "output_len"),
+    "dataset_path": ("workload.dataset", "path"),
+    "num_prompts": ("workload", "num_requests"),
+    "max_concurrency": ("workload", "concurrency"),
+    "request_rate": ("workload", "request_rate"),
+    "burstiness": ("workload", "burstiness"),
+    "num_warmups": ("workload", "warmup_requests"),
+    "ignore_eos": ("workload", "ignore_eos"),
+    "temperature": ("workload", "temperature"),
+    "max_tokens": ("workload", "max_tokens"),
+    "seed": ("workload", "seed"),
+}
+_DATASET_FLAGS = ("dataset_name", "random_input_len", "random_output_len", "dataset_path")
+_PATH_KEYS = (("workload", "prompts_file"), ("workload.dataset", "path"))
+
+
+def _flag(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class ScenarioFlags:
+    """A workload as `vllm bench serve` flags say it, and the servers as `--url`/`--variant` say them.
+    None is "not given": the scenario's key stays. Each field sets the key FLAG_KEYS names."""
+
+    model: str | None = None
+    endpoint: str | None = None
+    dataset_name: str | None = None
+    random_input_len: int | None = None
+    random_output_len: int | None = None
+    dataset_path: Path | None = None
+    num_prompts: int | None = None
+    max_concurrency: int | None = None
+    request_rate: float | None = None  # inf: no rate (a closed loop), as vllm bench serve reads it
+    burstiness: float | None = None
+    num_warmups: int | None = None
+    ignore_eos: bool | None = None
+    temperature: float | None = None
+    max_tokens: int | None = None
+    seed: int | None = None
+    url: str | None = None  # every variant's server
+    variant_urls: dict[str, str] = field(default_factory=dict)  # NAME=URL
+
+    def given(self) -> dict[str, Any]:
+        """The workload flags that were given, by field name."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name in FLAG_KEYS and getattr(self, f.name) is not None
+        }
+
+    def apply(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """The scenario's tables with every given flag over its key (a copy)."""
+        raw = copy.deepcopy(raw)
+        workload = raw.setdefault("workload", {})
+        if not isinstance(workload, dict):
+            return raw  # the parser names the problem
+        given = self.given()
+        if any(name in given for name in _DATASET_FLAGS):
+            self._apply_dataset(workload, given)
+        for name, value in given.items():
+            table, key = FLAG_KEYS[name]
+            if table == "workload.dataset":
+                continue
+            target = raw if table == "" else workload
+            if name == "request_rate" and math.isinf(value):
+                target.pop(key, None)  # vllm bench serve's inf: every request at once, no schedule
+            else:
+                target[key] = value
+        return raw
+
+    def _apply_dataset(self, workload: dict[str, Any], given: dict[str, Any]) -> None:
+        old = workload.get("dataset")
+        old = old if isinstance(old, dict) else {}
+        kind = given.get("dataset_name", old.get("kind"))
+        if kind is None:
+            named = next(n for n in _DATASET_FLAGS if n in given)
+            raise ScenarioError(f"{_flag(named)} needs --dataset-name (the scenario has no dataset)")
+        dataset: dict[str, Any] = {"kind": kind}
+        if kind == "random":
+            if "dataset_path" in given:
+                raise ScenarioError("--dataset-path is for --dataset-name jsonl or sharegpt, not random")
+            defaults = old if old.get("kind") == "random" else BENCH_DEFAULTS["dataset"]
+            dataset |= {k: v for k, v in defaults.items() if k != "kind"}
+            for name in ("random_input_len", "random_output_len"):
+                if name in given:
+                    dataset[FLAG_KEYS[name][1]] = given[name]
+        else:
+            for name in ("random_input_len", "random_output_len"):
+                if name in given:
+                    raise ScenarioError(f"{_flag(name)} is for --dataset-name random, not {kind}")
+            path = given.get("dataset_path")
+            if path is None and old.get("kind") in ("jsonl", "sharegpt"):
+                dataset["path"] = old.get("path")
+            elif path is None:
+                raise ScenarioError(f"--dataset-name {kind} needs --dataset-path FILE")
+            else:
+                dataset["path"] = str(Path(path).resolve())  # a flag's path is the shell's: the cwd
+        workload.pop("prompts", None)
+        workload.pop("prompts_file", None)
+        workload["dataset"] = dataset
+
+
+def _flags_only_tables(flags: ScenarioFlags) -> dict[str, Any]:
+    """No scenario file: vllm bench serve's defaults, one variant per --variant, or `server` for --url."""
+    servers = flags.variant_urls or ({"server": flags.url} if flags.url else {})
+    if not servers:
+        raise ScenarioError(
+            "give a SCENARIO file, or a server: --url URL, or --variant NAME=URL (repeat for each)"
+        )
+    raw: dict[str, Any] = {
+        "name": "run",
+        "endpoint": "completions",
+        "model": "auto",
+        "workload": copy.deepcopy(BENCH_DEFAULTS),
+        "variants": [{"name": name, "url": url} for name, url in servers.items()],
+    }
+    raw = flags.apply(raw)
+    workload = raw["workload"]
+    if "concurrency" not in workload and "request_rate" not in workload:
+        # vllm bench serve with no --max-concurrency and no --request-rate sends every request at once
+        workload["concurrency"] = workload.get("num_requests", 1)
+    raw["name"] = _flags_name(workload)
+    return raw
+
+
+def _flags_name(workload: dict[str, Any]) -> str:
+    """A run from flags is named after its dataset, so `ls reports/` tells the workloads apart."""
+    dataset = workload.get("dataset")
+    if not isinstance(dataset, dict) or dataset.get("kind") not in DATASET_KINDS:
+        return "run"
+    if dataset["kind"] == "random":
+        lengths = [dataset.get("input_len"), dataset.get("output_len")]
+        if all(isinstance(n, int) for n in lengths):
+            return f"random-{lengths[0]}-{lengths[1]}"
+        return "random"
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(str(dataset.get("path"))).stem).strip("-.")[:40]
+    return f"{dataset['kind']}-{stem}" if stem else str(dataset["kind"])
+
+
+def build_scenario(path: Path | None, flags: ScenarioFlags) -> tuple[Scenario, dict[str, Any]]:
+    """The scenario a command runs: the file's tables (with no file, vllm bench serve's defaults and the
+    flags' servers) with every given flag over its key, validated by the parser a file goes through.
+    Also returns the merged tables with the flags' servers in them, for --save-scenario."""
+    if path is None:
+        raw = _flags_only_tables(flags)
+        loc = Located(Path("command line"), "")
+    else:
+        text = _read(path)
+        raw = flags.apply(_toml(text, path))
+        loc = Located(path, text)
+    scenario = scenario_from_raw(raw, loc, path)
+    known = [v.name for v in scenario.variants]
+    unknown = [name for name in flags.variant_urls if name not in known]
+    if unknown:
+        raise ScenarioError(f"--variant names {', '.join(unknown)}, not in the scenario ({', '.join(known)})")
+    return scenario, _with_servers(raw, flags)
+
+
+def _with_servers(raw: dict[str, Any], flags: ScenarioFlags) -> dict[str, Any]:
+    """The tables as run: a variant given a URL by flag is that server, not the one it would launch."""
+    raw = copy.deepcopy(raw)
+    for variant in raw.get("variants") or []:
+        url = flags.url or flags.variant_urls.get(variant.get("name"))
+        if url:
+            variant["url"] = url
+            variant.pop("launch", None)
+    return raw
+
+
+def scenario_toml(raw: dict[str, Any], base: Path, target: Path, header: list[str]) -> str:
+    """`raw` (tables whose relative paths are relative to `base`) as the commented TOML of a file at
+    `target`: each path rewritten so it still names the same file from there, each key a flag sets
+    commented with that flag."""
+    raw = copy.deepcopy(raw)
+    for table, key in _PATH_KEYS:
+        where = raw.get("workload", {})
+        if table == "workload.dataset":
+            where = where.get("dataset", {})
+        if isinstance(where, dict) and isinstance(where.get(key), str):
+            where[key] = _path_from(target.parent, Path(os.path.abspath(base / where[key])))
+    notes = {(table, key): f"--{name.replace('_', '-')}" for name, (table, key) in FLAG_KEYS.items()}
+    return dump_toml(raw, header, notes)
+
+
+def _path_from(folder: Path, path: Path) -> str:
+    """Relative when the file lies under the folder (the copy travels with it), else absolute."""
+    try:
+        return str(path.relative_to(os.path.abspath(folder)))
+    except ValueError:
+        return str(path)

@@ -1,17 +1,28 @@
-"""Reading a scenario's TOML with errors that point at the line: key lookup and typed getters.
+"""Reading a scenario's TOML with errors that point at the line: key lookup and typed getters; and
+writing one back (`--save-scenario`).
 
 Every getter raises ScenarioError as `file:line: `table.key` problem`, so a typo costs one line of error.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from pathlib import Path
 from typing import Any
 
 from itlaudit.errors import ScenarioError
 
-__all__ = ["Located", "get_value", "int_list", "reject_unknown_keys", "require_positive", "str_list"]
+__all__ = [
+    "Located",
+    "dump_toml",
+    "get_value",
+    "int_list",
+    "reject_unknown_keys",
+    "require_positive",
+    "str_list",
+]
 
 
 class Located:
@@ -114,3 +125,59 @@ def reject_unknown_keys(src: dict[str, Any], allowed: set[str], loc: Located, ta
     for key in src:
         if key not in allowed:
             raise loc.error(table, key, f"is not a known key (known: {', '.join(sorted(allowed))})")
+
+
+# Tables written as [headers] (the scenario's own layout); any other table value is written inline.
+_SECTIONS = ("workload", "workload.dataset", "goodput", "variants.launch")
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def _key(key: str) -> str:
+    return key if _BARE_KEY.match(key) else json.dumps(key, ensure_ascii=False)
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return ("inf" if value > 0 else "-inf") if math.isinf(value) else repr(value)
+    if isinstance(value, int | str):
+        return json.dumps(value, ensure_ascii=False)  # a JSON string is a TOML basic string
+    if isinstance(value, list):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return (
+            "{ " + ", ".join(f"{_key(k)} = {_value(v)}" for k, v in value.items()) + " }" if value else "{}"
+        )
+    raise TypeError(f"cannot write {type(value).__name__} {value!r} as TOML")
+
+
+def _section(
+    lines: list[str], title: str, table: str, src: dict[str, Any], notes: dict[tuple[str, str], str]
+) -> None:
+    """A table's plain keys (each with its note as a comment), then its sub-tables as [sections]."""
+    if title:
+        lines += ["", title]
+    subtables = []
+    for key, value in src.items():
+        dotted = f"{table}.{key}" if table else key
+        if isinstance(value, dict) and dotted in _SECTIONS:
+            subtables.append((key, value))
+        elif not (isinstance(value, list) and value and all(isinstance(v, dict) for v in value)):
+            note = notes.get((table, key))
+            lines.append(f"{_key(key)} = {_value(value)}" + (f"  # {note}" if note else ""))
+    for key, value in subtables:
+        dotted = f"{table}.{key}" if table else key
+        _section(lines, f"[{dotted}]", dotted, value, notes)
+    for key, value in src.items():  # arrays of tables ([[variants]]) come last
+        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            for item in value:
+                _section(lines, f"[[{key}]]", key, item, notes)
+
+
+def dump_toml(raw: dict[str, Any], header: list[str], notes: dict[tuple[str, str], str]) -> str:
+    """Scenario tables as TOML that tomllib reads back to the same tables: `header` as opening comment
+    lines, and `notes[(table, key)]` as the comment after that key."""
+    lines = [f"# {line}" if line else "#" for line in header]
+    _section(lines, "", "", raw, notes)
+    return "\n".join(lines).lstrip("\n") + "\n"

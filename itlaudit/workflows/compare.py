@@ -22,6 +22,7 @@ from itlaudit.capture.scoring import Scorer, explain_mismatch
 from itlaudit.capture.server_info import scrape_counters
 from itlaudit.model.codes import SPEC_DECODE_OUTPUT_MISMATCH
 from itlaudit.model.records import RequestRecord
+from itlaudit.model.run_labels import RunLabels
 from itlaudit.model.scenario import COMPILED, EAGER, Scenario, Variant
 from itlaudit.store.rundir import COMPARE_FILE, write_json
 from itlaudit.workflows.derive import write_derived
@@ -97,6 +98,7 @@ def run_compare(
     ledger: LedgerPolicy | None = None,
     append: bool = False,
     capture: CaptureOptions | None = None,
+    labels: RunLabels | None = None,
 ) -> tuple[RunOutcome, dict[str, Any]]:
     snapshots: dict[str, dict[str, Any]] = {}
 
@@ -121,6 +123,7 @@ def run_compare(
         ledger=ledger,
         append=append,
         capture=capture,
+        labels=labels,
     )
     spec_stats = {}
     for variant in scenario.variants:

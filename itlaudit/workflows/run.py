@@ -27,6 +27,7 @@ from itlaudit.errors import RunDirError, RunInterrupted, ScenarioError
 from itlaudit.model.access import NO_ACCESS, Access
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.redact import launch_secret_values, redact_file, redact_json
+from itlaudit.model.run_labels import RunLabels
 from itlaudit.model.scenario import Scenario, Variant
 from itlaudit.serve.environment import gpus as host_gpus
 from itlaudit.serve.environment import host_environment
@@ -205,6 +206,7 @@ def run_scenario(
     ledger: LedgerPolicy | None = None,
     append: bool = False,
     capture: CaptureOptions | None = None,
+    labels: RunLabels | None = None,
 ) -> RunOutcome:
     """Run every variant in turn. With a ledger, each variant is fingerprinted before it is measured
     (a repeat is named, or refused with no_repeat) and the finished run is recorded.
@@ -219,7 +221,7 @@ def run_scenario(
     if unknown:
         names = ", ".join(v.name for v in scenario.variants)
         raise ScenarioError(f"--variant names {', '.join(sorted(unknown))}, not in the scenario ({names})")
-    run_dir = _open_run_dir(run_dir, scenario.name, append)
+    run_dir = _open_run_dir(run_dir, scenario.folder_name, append)
     started = time.time()
     meta: dict[str, Any] = {
         "itlaudit_version": __version__,
@@ -228,6 +230,7 @@ def run_scenario(
         "endpoint": scenario.endpoint,
         "started_at_unix": started,
         "environment": host_environment(),
+        **(labels.to_meta() if labels is not None else {}),
         "variants": {},
     }
     tag = _append_tag(run_dir / REQUESTS_FILE) if append else None

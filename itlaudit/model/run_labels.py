@@ -1,0 +1,50 @@
+"""What a run's result files carry to say which run they are: the command line that made it (secrets
+masked), a free `--label` and `--metadata KEY=VALUE` pairs, as vllm bench serve's result files do."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from itlaudit.errors import ScenarioError
+from itlaudit.model.redact import redact_args, redact_text
+
+__all__ = ["RunLabels", "parse_metadata"]
+
+
+@dataclass(frozen=True)
+class RunLabels:
+    """meta.json's "command_line", "label" and "metadata"; every result file is written from there."""
+
+    command_line: str
+    label: str | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_argv(
+        cls,
+        argv: Sequence[str],
+        secrets: Iterable[str] = (),
+        label: str | None = None,
+        metadata: dict[str, str] | None = None,
+    ) -> RunLabels:
+        """`--api-key X` loses its value by name; a value sent in a header (`--header 'Authorization:
+        Bearer X'`) is masked wherever it appears."""
+        line = redact_text(shlex.join(redact_args(list(argv))), secrets)
+        return cls(command_line=line, label=label, metadata=dict(metadata or {}))
+
+    def to_meta(self) -> dict[str, Any]:
+        return {"command_line": self.command_line, "label": self.label, "metadata": dict(self.metadata)}
+
+
+def parse_metadata(pairs: Iterable[str]) -> dict[str, str]:
+    """--metadata KEY=VALUE (repeatable), as vllm bench serve takes it."""
+    metadata: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ScenarioError(f"--metadata {pair!r}: expected KEY=VALUE")
+        metadata[key.strip()] = value
+    return metadata
