@@ -20,13 +20,14 @@ from itlaudit.report.markdown import (
     CATEGORY_NOTE,
     EXPLANATION,
     FINDING_EXAMPLES,
-    SUMMARY_ROWS,
+    FINDINGS_FILE,
+    NO_FINDINGS,
     category_rows,
-    cell,
-    group_findings,
+    finding_groups,
     headline,
     import_rows,
     saturation_warning,
+    summary_rows,
     usage_warning,
 )
 
@@ -73,11 +74,7 @@ def table_html(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def _summary_table(summary: dict[str, Any]) -> str:
-    variants: dict[str, Any] = summary["variants"]
-    names = list(variants)
-    rows = [["requests (errors)", *(f"{variants[n]['requests']} ({variants[n]['errors']})" for n in names)]]
-    rows += [[label, *(cell(variants[n].get(key), fmt) for n in names)] for label, key, fmt in SUMMARY_ROWS]
-    return table_html(["metric (p50 / p90 / p99)", *names], rows)
+    return table_html(["metric (p50 / p90 / p99)", *summary["variants"]], summary_rows(summary))
 
 
 def _imported(imp: ImportedBenchmark, variant: str, block: dict[str, Any]) -> str:
@@ -90,22 +87,24 @@ def _imported(imp: ImportedBenchmark, variant: str, block: dict[str, Any]) -> st
 
 
 def _findings(findings: Sequence[dict[str, Any]]) -> str:
-    groups = group_findings(findings)
+    """The Markdown report's findings list (markdown.finding_groups: one cause per entry)."""
+    groups = finding_groups(findings)
     if not groups:
-        return "<p>No findings: every request ran to its expected length with server token counts.</p>"
+        return f"<p>{html.escape(NO_FINDINGS)}</p>"
     items = []
-    for code, members in groups.items():
+    for group in groups:
         examples = "".join(
             f"<li>{html.escape(str(f.get('request_id') or 'run-level'))}: "
             f"{html.escape(str(f['message']))}</li>"
-            for f in members[:FINDING_EXAMPLES]
+            for f in group.members[:FINDING_EXAMPLES]
         )
-        if len(members) > FINDING_EXAMPLES:
-            examples += f"<li>… and {len(members) - FINDING_EXAMPLES} more (see requests.jsonl)</li>"
-        items.append(
-            f"<li><strong>{html.escape(code)}</strong> ({html.escape(str(members[0]['severity']))}) "
-            f"× {len(members)}<ul>{examples}</ul></li>"
+        if len(group.members) > FINDING_EXAMPLES:
+            examples += f"<li>… and {len(group.members) - FINDING_EXAMPLES} more (see {FINDINGS_FILE})</li>"
+        examples += "".join(
+            f"<li>{html.escape(str(f['code']))}, on the same requests: {html.escape(str(f['message']))}</li>"
+            for f in group.also
         )
+        items.append(f"<li>{inline_markdown(group.heading)}<ul>{examples}</ul></li>")
     return f"<ul>{''.join(items)}</ul>"
 
 
@@ -132,6 +131,8 @@ def render_html(
     parts += figures[:1]
     parts += ["<h2>Figures per variant</h2>", _summary_table(summary)]
     parts.append(f"<p>{inline_markdown(EXPLANATION)}</p>")
+    # The findings before the other figures: they say which figures can be read at all.
+    parts += ["<h2>Findings</h2>", _findings(findings)]
     for name, block in summary["variants"].items():
         rows = category_rows(block)
         if rows:
@@ -141,7 +142,6 @@ def render_html(
             ]
     parts += figures[1:]
     parts += [_imported(imp, variant, variants.get(variant) or {}) for imp, variant in imported]
-    parts += ["<h2>Findings</h2>", _findings(findings)]
     return page_html(f"itlaudit: {title}", parts)
 
 

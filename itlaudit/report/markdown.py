@@ -4,34 +4,42 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from itlaudit.analysis.importers import ImportedBenchmark
 from itlaudit.analysis.metrics import p50, ratio
-from itlaudit.model.codes import CLIENT_SATURATED, COMMON_CAP, TRUNCATION_CODES
+from itlaudit.analysis.stats import SAME_BAND
+from itlaudit.analysis.validity import Validity, comparison_validity, variant_validity
+from itlaudit.model.codes import CLIENT_SATURATED, TRUNCATION_CODES
 
 __all__ = [
     "CATEGORY_COLUMNS",
     "CATEGORY_HEADER",
     "CATEGORY_NOTE",
     "EXPLANATION",
+    "FINDINGS_FILE",
     "FINDING_EXAMPLES",
     "IMPORT_ROWS",
+    "NO_FINDINGS",
     "SUMMARY_ROWS",
+    "FindingGroup",
     "category_rows",
     "category_section",
     "cell",
     "comparison_sentence",
     "escape",
+    "finding_groups",
     "group_findings",
     "headline",
     "import_rows",
     "imported_section",
+    "not_comparable_sentence",
     "render_report",
     "saturation_warning",
     "stat_pair",
+    "summary_rows",
     "table_cell",
-    "truncation_sentence",
     "usage_warning",
 ]
 
@@ -63,6 +71,26 @@ SUMMARY_ROWS = (
 CATEGORY_HEADER = ("category", "requests", "token ITL (ms)", "TPOT (ms)", "decode tokens per chunk")
 CATEGORY_COLUMNS = (("itl_ms", "{:.3f}"), ("tpot_ms", "{:.3f}"), ("decode_tokens_per_chunk", "{:.2f}"))
 CATEGORY_NOTE = "p50 (p99) over each category's requests."
+
+
+def summary_rows(summary: dict[str, Any]) -> list[list[str]]:
+    """The figures table's rows (raw strings; label first, one cell per variant): requests and
+    failed requests (a finding is not a failure: those are counted below the table), whether the
+    variant is comparable by the validity rule, then the figures; a figure no variant has (schedule
+    lag in a closed-loop run) is left out rather than shown as a row of dashes."""
+    variants: dict[str, Any] = summary["variants"]
+    names = list(variants)
+    validity = [variant_validity(summary, n) for n in names]
+    rows = [
+        ["requests", *(str(variants[n]["requests"]) for n in names)],
+        ["failed requests", *(str(variants[n]["errors"]) for n in names)],
+        ["comparable", *("yes" if v.comparable else f"no: {v.reason}" for v in validity)],
+    ]
+    for label, key, fmt in SUMMARY_ROWS:
+        cells = [cell(variants[n].get(key), fmt) for n in names]
+        if any(c != "–" for c in cells):
+            rows.append([label, *cells])
+    return rows
 
 
 def category_rows(block: dict[str, Any]) -> list[list[str]]:
@@ -124,13 +152,17 @@ def _factor(ratio: float, smaller: str, larger: str) -> str:
 
 def comparison_sentence(name: str, base_name: str, base: dict[str, Any], block: dict[str, Any]) -> str | None:
     """Token ITL first (what a user feels), then chunk ITL with "though" when it points the other way:
-    that contrast is exactly the trap chunk-counting benchmarks fall into."""
+    that contrast is exactly the trap chunk-counting benchmarks fall into. Only for a comparable pair
+    (headline checks the validity rule first)."""
     token = ratio(p50(block, "itl_ms"), p50(base, "itl_ms"))
     if token is None:
         return None
-    sentence = (
-        f"**{escape(name)} is {_factor(token, 'faster', 'slower')} per token than {escape(base_name)}**"
-    )
+    if abs(token - 1) < SAME_BAND:
+        sentence = f"**{escape(name)} is about as fast per token as {escape(base_name)}**"
+    else:
+        sentence = (
+            f"**{escape(name)} is {_factor(token, 'faster', 'slower')} per token than {escape(base_name)}**"
+        )
     chunk = ratio(p50(block, "chunk_itl_ms"), p50(base, "chunk_itl_ms"))
     if chunk is not None and abs(chunk - 1) >= 0.05:
         contrast = (chunk > 1) != (token > 1)
@@ -142,31 +174,43 @@ def comparison_sentence(name: str, base_name: str, base: dict[str, Any], block: 
     return sentence + "."
 
 
-def truncation_sentence(name: str, base: dict[str, Any], block: dict[str, Any]) -> str | None:
+def not_comparable_sentence(
+    name: str, base_name: str | None, validity: Validity, base: dict[str, Any], block: dict[str, Any]
+) -> str:
+    """Where a speed comparison would stand, the rule's verdict instead: "K3-capped vs K0: not
+    comparable: 6 of 6 requests capped at 128 tokens", with the completion tokens that show it."""
+    who = escape(name) if base_name is None else f"{escape(name)} vs {escape(base_name)}"
+    sentence = f"**{who}: {escape(validity.label)}**"
     counts = block.get("findings") or {}
-    # A request may carry several truncation codes: the most frequent one counts the cut requests.
-    cut = max((counts.get(code, 0) for code in TRUNCATION_CODES), default=0)
-    if not cut:
-        return None
     tokens, base_tokens = p50(block, "completion_tokens"), p50(base, "completion_tokens")
-    sentence = f"**{escape(name)}: {cut} of {block['requests']} requests were cut short by the server**"
-    if tokens is not None:
+    if tokens is not None and any(counts.get(code) for code in TRUNCATION_CODES):
         sentence += f" (completion tokens p50 {tokens:.0f}"
-        sentence += f" vs {base_tokens:.0f} for the baseline)" if base is not block and base_tokens else ")"
-    if counts.get(COMMON_CAP):
-        sentence += ", at one common length: a server-side cap"
-    return sentence + "; its per-request averages are not comparable."
+        sentence += f" vs {base_tokens:.0f} for {escape(base_name)})" if base_name and base_tokens else ")"
+    return sentence + ": its speed is not ranked (see Findings)."
 
 
 def headline(summary: dict[str, Any]) -> list[str]:
-    """One sentence per variant against the first, then each truncated variant called out."""
+    """One sentence per variant against the first, by the validity rule (analysis.validity): a
+    comparable pair gets its speed in words, any other pair "not comparable" and why, in the same
+    bullet, so no reader sees a capped variant called faster."""
     variants: dict[str, Any] = summary["variants"]
     names = list(variants)
     if not names:
         return ["No requests recorded."]
-    base = variants[names[0]]
-    lines = [s for n in names[1:] if (s := comparison_sentence(n, names[0], base, variants[n]))]
-    lines += [s for n in names if (s := truncation_sentence(n, base, variants[n]))]
+    base_name, base = names[0], variants[names[0]]
+    base_validity = variant_validity(summary, base_name)
+    lines = []
+    if not base_validity.comparable:
+        lines.append(not_comparable_sentence(base_name, None, base_validity, base, base))
+    for name in names[1:]:
+        block = variants[name]
+        validity = comparison_validity(variant_validity(summary, name), base_validity, base_name)
+        if validity.comparable:
+            sentence = comparison_sentence(name, base_name, base, block)
+        else:
+            sentence = not_comparable_sentence(name, base_name, validity, base, block)
+        if sentence:
+            lines.append(sentence)
     return lines
 
 
@@ -218,22 +262,16 @@ def render_report(
     lines += ["Figures are p50 / p90 / p99 over requests.", ""]
     lines.append("| metric | " + " | ".join(escape(n) for n in names) + " |")
     lines.append("|---|" + "---|" * len(names))
-    lines.append(
-        "| requests (errors) | "
-        + " | ".join(f"{variants[n]['requests']} ({variants[n]['errors']})" for n in names)
-        + " |"
-    )
-    for label, key, fmt in SUMMARY_ROWS:
-        lines.append(f"| {label} | " + " | ".join(cell(variants[n].get(key), fmt) for n in names) + " |")
+    lines += ["| " + " | ".join(escape(c) for c in row) + " |" for row in summary_rows(summary)]
     lines += ["", EXPLANATION, ""]
+    # The findings before the figures: they say which figures can be read at all.
+    lines += ["## Findings", ""]
+    lines += _findings_section(findings) or [NO_FINDINGS]
+    lines.append("")
     lines += category_section(variants)
     for imp, variant in imported:
         lines += imported_section(imp, variant, variants.get(variant) or {})
     lines += [f"![{escape(caption)}]({name})" for caption, name in images]
-    lines += ["", "## Findings", ""]
-    lines += _findings_section(findings) or [
-        "No findings: every request ran to its expected length with server token counts."
-    ]
     return "\n".join(lines) + "\n"
 
 
@@ -280,6 +318,10 @@ def imported_section(imp: ImportedBenchmark, variant: str, block: dict[str, Any]
 
 
 FINDING_EXAMPLES = 3
+NO_FINDINGS = "No findings: every request ran to its expected length with server token counts."
+# Where a finding's example lines send the reader for the rest: derived.jsonl holds every request's
+# findings with their messages (requests.jsonl is the raw capture and has none).
+FINDINGS_FILE = "derived.jsonl"
 
 
 def group_findings(findings: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -290,14 +332,57 @@ def group_findings(findings: Sequence[dict[str, Any]]) -> dict[str, list[dict[st
     return groups
 
 
+@dataclass(frozen=True)
+class FindingGroup:
+    """One cause as the report lists it: `codes` fired on exactly the same requests (a request capped
+    at 128 of 512 tokens is both truncated_below_max_tokens and min_tokens_violated: one problem per
+    request, not two), `members` are the first code's findings, `also` the first finding of each other
+    code, for its wording."""
+
+    codes: tuple[str, ...]
+    members: list[dict[str, Any]]
+    also: list[dict[str, Any]]
+
+    @property
+    def heading(self) -> str:
+        """The bullet's head: code, severity and count; shared codes joined with + and counted once."""
+        severity = self.members[0]["severity"]
+        if len(self.codes) == 1:
+            return f"**{self.codes[0]}** ({severity}) × {len(self.members)}"
+        joined = " + ".join(f"**{code}**" for code in self.codes)
+        rules = len(self.codes)
+        return f"{joined} ({severity}) × {len(self.members)} requests: one cause, seen by {rules} rules"
+
+
+def _requests(members: Sequence[dict[str, Any]]) -> frozenset[str] | None:
+    ids = frozenset(str(f["request_id"]) for f in members if f.get("request_id"))
+    return ids if len(ids) == len(members) else None
+
+
+def finding_groups(findings: Sequence[dict[str, Any]]) -> list[FindingGroup]:
+    """group_findings with the truncation codes that fired on the same requests merged into one
+    group: they are one cause (the output was cut short) seen by several rules."""
+    groups = group_findings(findings)
+    merged: dict[frozenset[str], list[str]] = {}
+    for code, members in groups.items():
+        ids = _requests(members) if code in TRUNCATION_CODES else None
+        merged.setdefault(ids or frozenset({f"code:{code}"}), []).append(code)
+    return [
+        FindingGroup(tuple(codes), groups[codes[0]], [groups[c][0] for c in codes[1:]])
+        for codes in merged.values()
+    ]
+
+
 def _findings_section(findings: list[dict[str, Any]], examples: int = FINDING_EXAMPLES) -> list[str]:
-    """Grouped by code, a few examples each."""
+    """Grouped by cause, a few examples each."""
     lines: list[str] = []
-    for code, members in group_findings(findings).items():
-        lines.append(f"- **{code}** ({members[0]['severity']}) × {len(members)}")
-        for finding in members[:examples]:
+    for group in finding_groups(findings):
+        lines.append(f"- {group.heading}")
+        for finding in group.members[:examples]:
             who = finding.get("request_id") or "run-level"
             lines.append(f"  - {escape(who)}: {escape(finding['message'])}")
-        if len(members) > examples:
-            lines.append(f"  - … and {len(members) - examples} more (see requests.jsonl)")
+        if len(group.members) > examples:
+            lines.append(f"  - … and {len(group.members) - examples} more (see {FINDINGS_FILE})")
+        for other in group.also:
+            lines.append(f"  - {other['code']}, on the same requests: {escape(other['message'])}")
     return lines
