@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import functools
-import inspect
-import os
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -24,35 +20,23 @@ from itlaudit.cli import sim as cli_sim
 from itlaudit.cli import smoke as cli_smoke
 from itlaudit.cli import sweep as cli_sweep
 from itlaudit.cli import testbed as cli_testbed
-from itlaudit.errors import ItlauditError, RunInterrupted, ScenarioError
-from itlaudit.model.access import Access, api_key_header, valid_header
-from itlaudit.model.redact import header_secret_values, redact_text
-from itlaudit.model.scenario import load_scenario, parse_scenario
+from itlaudit.cli.options import SENT_SECRETS, HelpStyle, capture_options, with_options, workload_flags
+from itlaudit.errors import ItlauditError, RunInterrupted
+from itlaudit.model.redact import redact_text
+from itlaudit.model.run_labels import RunLabels, parse_metadata
+from itlaudit.model.scenario import Scenario, ScenarioFlags, build_scenario, parse_scenario, scenario_toml
 from itlaudit.store.rundir import COMPARE_FILE, REPORT_FILE
 from itlaudit.workflows.run import LedgerPolicy, RunOutcome, handle_sigterm, interruption, run_scenario
 
 __all__ = [
     "DEMO_SCENARIO",
+    "GATE",
     "LEDGER",
-    "ApiKeyOption",
-    "AppendOption",
-    "CaCertOption",
-    "ClusterOption",
-    "ConnectTimeoutOption",
-    "ForceOption",
-    "HeaderOption",
-    "InsecureOption",
-    "LedgerOption",
-    "NoRepeatOption",
-    "OutOption",
-    "RequestTimeoutOption",
-    "SharedRun",
-    "StallTimeoutOption",
-    "StampOption",
-    "TtftTimeoutOption",
-    "UrlOption",
-    "VariantOption",
-    "WorkersOption",
+    "MEASURE",
+    "READ",
+    "TOOLS",
+    "RunSettings",
+    "ScenarioArgument",
     "app",
     "compare",
     "demo",
@@ -60,164 +44,141 @@ __all__ = [
     "main",
     "out",
     "run",
+    "run_settings",
     "version",
-    "with_shared_run_options",
 ]
 
 DEMO_SCENARIO = Path(__file__).resolve().parent.parent / "data" / "demo.toml"
 LEDGER = Path("reports") / "ledger.jsonl"
-
-# Options `run` and `compare` share.
-UrlOption = Annotated[str | None, typer.Option(help="Send every variant to this server.")]
-VariantOption = Annotated[list[str] | None, typer.Option(help="NAME=URL: this variant's server.")]
-OutOption = Annotated[Path | None, typer.Option("--out", help="Run folder (default reports/<name>-<time>/).")]
-LedgerOption = Annotated[Path, typer.Option(help="Experiment ledger: a repeat of a recorded run is named.")]
-NoRepeatOption = Annotated[bool, typer.Option(help="Refuse a run the ledger already has.")]
-ForceOption = Annotated[bool, typer.Option(help="Run even when --no-repeat would refuse it.")]
-AppendOption = Annotated[bool, typer.Option(help="Add to the existing run folder given as --out.")]
-WorkersOption = Annotated[
-    str, typer.Option(help="Capture processes: N, or auto (enough for the concurrency, at most the cores).")
-]
-ConnectTimeoutOption = Annotated[float | None, typer.Option(help="Override [workload] connect_timeout_s.")]
-TtftTimeoutOption = Annotated[float | None, typer.Option(help="Override [workload] ttft_timeout_s.")]
-StallTimeoutOption = Annotated[float | None, typer.Option(help="Override [workload] stall_timeout_s.")]
-RequestTimeoutOption = Annotated[float | None, typer.Option(help="Override [workload] request_timeout_s.")]
-ApiKeyOption = Annotated[
-    str | None,
-    typer.Option(help="Sent as Authorization: Bearer (default: $OPENAI_API_KEY, else $VLLM_API_KEY)."),
-]
-HeaderOption = Annotated[
-    list[str] | None, typer.Option("--header", help="'Name: value' sent with every request (repeatable).")
-]
-InsecureOption = Annotated[bool, typer.Option(help="https without checking the server's certificate.")]
-CaCertOption = Annotated[Path | None, typer.Option(help="PEM bundle to verify the server's certificate.")]
-StampOption = Annotated[
-    str, typer.Option(help="kernel: socket receive time from the kernel (loop where unsupported); loop.")
-]
-ClusterOption = Annotated[
-    str,
-    typer.Option(
-        help="none: capture processes here; ray (or auto): Ray actors on the running cluster, "
-        "--workers in all; ray://HOST:PORT: that cluster."
-    ),
-]
+# The command list's panels, in the order a newcomer needs them.
+MEASURE, READ, GATE, TOOLS = "Measure", "Read results", "Gate a release", "Tools"
 
 app = typer.Typer(
+    cls=HelpStyle,
     add_completion=False,
     no_args_is_help=True,
     help="Audit vLLM serving benchmarks: token-true ITL under speculative decoding, truncation findings.",
 )
 err = Console(stderr=True)
-# Header values this process sends (the API key among them): an error line quoting a server's answer is
-# masked with them, since a 401's message may echo the key it got.
-_SENT_SECRETS: set[str] = set()
 out = Console()
 
 
-def _parse_variant_urls(pairs: list[str]) -> dict[str, str]:
-    urls: dict[str, str] = {}
-    for pair in pairs:
-        name, sep, url = pair.partition("=")
-        if not sep or not name or not url.startswith(("http://", "https://")):
-            raise ScenarioError(f"--variant {pair!r}: expected NAME=http://HOST:PORT")
-        urls[name] = url.rstrip("/")
-    return urls
+def _print_version(value: bool) -> None:
+    if value:
+        out.print(__version__)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", is_eager=True, callback=_print_version, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """Audit vLLM serving benchmarks: token-true ITL under speculative decoding, truncation findings."""
+
+
+ScenarioArgument = Annotated[
+    Path | None,
+    typer.Argument(
+        metavar="SCENARIO",
+        help="Scenario TOML file (see scenarios/); without one, the workload comes from the flags.",
+        show_default=False,
+    ),
+]
 
 
 @dataclass(frozen=True)
-class SharedRun:
-    """What `run` and `compare` take the same way: run_scenario's keyword arguments and the capture."""
+class RunSettings:
+    """What `run` and `compare` take the same way besides the workload and the capture: where the run
+    goes, the ledger, and the files written beside it."""
 
-    options: dict[str, Any]
-    capture: CaptureOptions
+    run_dir: Path | None
+    ledger: LedgerPolicy
+    append: bool
+    save_scenario: Path | None
+    save_result: Path | None
+    labels: RunLabels
+
+    def scenario(self, path: Path | None, flags: ScenarioFlags) -> Scenario:
+        """The scenario with the flags over it; --save-scenario writes it before anything is sent."""
+        scenario, raw = build_scenario(path, flags)
+        if self.save_scenario is not None:
+            header = [
+                "Written by itlaudit --save-scenario from:",
+                f"  {self.labels.command_line}",
+                f"Run it again with: itlaudit run {self.save_scenario}",
+                "Each commented key is the flag that sets it; a flag given with a scenario replaces its key.",
+            ]
+            base = path.parent if path is not None else Path.cwd()
+            try:
+                self.save_scenario.write_text(scenario_toml(raw, base, self.save_scenario, header), "utf-8")
+            except OSError as exc:
+                raise ItlauditError(f"--save-scenario {self.save_scenario}: {exc.strerror or exc}") from None
+            err.print(f"scenario: {self.save_scenario}", markup=False, highlight=False, soft_wrap=True)
+        return scenario
+
+    def run_kwargs(self, flags: ScenarioFlags) -> dict[str, Any]:
+        return {
+            "url": flags.url,
+            "variant_urls": flags.variant_urls,
+            "run_dir": self.run_dir,
+            "console": err,
+            "ledger": self.ledger,
+            "append": self.append,
+            "labels": self.labels,
+        }
 
 
-def _shared_run_options(
-    url: UrlOption = None,
-    variant: VariantOption = None,
-    out_dir: OutOption = None,
-    ledger: LedgerOption = LEDGER,
-    no_repeat: NoRepeatOption = False,
-    force: ForceOption = False,
-    append: AppendOption = False,
-    workers: WorkersOption = "auto",
-    stamp: StampOption = "kernel",
-    cluster: ClusterOption = "none",
-    connect_timeout: ConnectTimeoutOption = None,
-    ttft_timeout: TtftTimeoutOption = None,
-    stall_timeout: StallTimeoutOption = None,
-    request_timeout: RequestTimeoutOption = None,
-    api_key: ApiKeyOption = None,
-    header: HeaderOption = None,
-    insecure: InsecureOption = False,
-    ca_cert: CaCertOption = None,
-) -> SharedRun:
-    """The options `run` and `compare` share, declared once (`with_shared_run_options` adds them to
-    both commands) and checked once."""
+def run_settings(
+    out_dir: Annotated[
+        Path | None,
+        typer.Option("--out", metavar="DIR", help="Run folder (default reports/<scenario>-<time>/)."),
+    ] = None,
+    ledger: Annotated[
+        Path, typer.Option(metavar="FILE", help="Experiment ledger: a repeat of a recorded run is named.")
+    ] = LEDGER,
+    repeat: Annotated[
+        bool,
+        typer.Option("--repeat/--no-repeat", help="--no-repeat: refuse a run the ledger already holds."),
+    ] = True,
+    force: Annotated[
+        bool, typer.Option("--force", help="Run even when --no-repeat would refuse it.")
+    ] = False,
+    append: Annotated[
+        bool, typer.Option("--append", help="Add to the existing run folder given as --out.")
+    ] = False,
+    save_scenario: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="FILE", help="Also write the scenario as run (file and flags) as commented TOML."
+        ),
+    ] = None,
+    save_result: Annotated[
+        Path | None,
+        typer.Option(metavar="FILE", help="Also write a vllm bench serve style result JSON (its key names)."),
+    ] = None,
+    label: Annotated[
+        str | None, typer.Option(metavar="TEXT", help="A label carried into every result file.")
+    ] = None,
+    metadata: Annotated[
+        list[str] | None,
+        typer.Option(metavar="KEY=VALUE", help="Carried into every result file (repeatable)."),
+    ] = None,
+) -> RunSettings:
+    """The options `run` and `compare` share, declared once and checked once."""
     if append and out_dir is None:
-        raise ScenarioError("--append needs --out: the run folder to add to")
-    access = _access(api_key, header, insecure, ca_cert)
-    capture = CaptureOptions.from_flags(
-        workers,
-        stamp,
-        connect_timeout,
-        ttft_timeout,
-        stall_timeout,
-        request_timeout,
-        access=access,
-        cluster=cluster,
-    )
-    options = {
-        "url": url.rstrip("/") if url else None,
-        "variant_urls": _parse_variant_urls(variant or []),
-        "run_dir": out_dir,
-        "console": err,
-        "ledger": LedgerPolicy(ledger, no_repeat=no_repeat and not force),
-        "append": append,
-    }
-    return SharedRun(options, capture)
-
-
-_SHARED_PARAMS = list(inspect.signature(_shared_run_options, eval_str=True).parameters.values())
-
-
-def with_shared_run_options(command: Callable[..., None]) -> Callable[..., None]:
-    """Give a command taking `shared: SharedRun` the shared options as its own, after its own ones:
-    typer reads the combined signature, the command gets them checked and bundled."""
-    own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "shared"]
-    names = [p.name for p in _SHARED_PARAMS]
-
-    @functools.wraps(command)
-    def wrapper(**kwargs: Any) -> None:
-        shared = _shared_run_options(**{name: kwargs.pop(name) for name in names})
-        command(**kwargs, shared=shared)
-
-    params = [*own, *_SHARED_PARAMS]
-    wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-    wrapper.__annotations__ = {p.name: p.annotation for p in params}
-    return wrapper
-
-
-def _access(api_key: str | None, headers: list[str] | None, insecure: bool, ca_cert: Path | None) -> Access:
-    """What every request carries: the API key as Authorization, then each --header as given."""
-    pairs: list[tuple[str, str]] = []
-    bearer = api_key_header(api_key, os.environ)
-    if bearer is not None:
-        pairs.append(bearer)
-    for text in headers or []:
-        name, sep, value = text.partition(":")
-        name, value = name.strip(), value.strip()
-        if not sep or not valid_header(name, value):
-            shown = name or text.partition(":")[0]
-            raise ScenarioError(
-                f"--header {shown!r}...: expected 'Name: value' (a header name, a colon, a value)"
-            )
-        pairs.append((name, value))
-    _SENT_SECRETS.update(header_secret_values(pairs))  # a server's error may echo one: mask it there
-    if ca_cert is not None and not ca_cert.is_file():
-        raise ScenarioError(f"--ca-cert {ca_cert}: no such file; give a PEM bundle of CA certificates")
-    return Access(headers=(), insecure=insecure, ca_cert=str(ca_cert) if ca_cert else None).with_headers(
-        dict(pairs)
+        raise ItlauditError("--append needs --out: the run folder to add to")
+    return RunSettings(
+        run_dir=out_dir,
+        ledger=LedgerPolicy(ledger, no_repeat=not repeat and not force),
+        append=append,
+        save_scenario=save_scenario,
+        save_result=save_result,
+        labels=RunLabels.from_argv(
+            ["itlaudit", *sys.argv[1:]], SENT_SECRETS, label, parse_metadata(metadata or [])
+        ),
     )
 
 
@@ -236,32 +197,58 @@ def _print_outcome(outcome: RunOutcome) -> None:
     out.print(f"report: {outcome.run_dir / REPORT_FILE}")
 
 
-@app.command()
-@with_shared_run_options
+def _save_result(settings: RunSettings, run_dir: Path) -> None:
+    if settings.save_result is None:
+        return
+    from itlaudit.store.result import save_result
+
+    for path in save_result(settings.save_result, run_dir):
+        out.print(f"result: {path}", markup=False, highlight=False, soft_wrap=True)
+
+
+@app.command(rich_help_panel=MEASURE)
+@with_options("capture", capture_options)
+@with_options("flags", workload_flags)
+@with_options("settings", run_settings)
 def run(
-    scenario: Annotated[Path, typer.Argument(help="Scenario TOML file (see scenarios/).")],
-    fail_on_findings: Annotated[bool, typer.Option(help="Exit 1 when any finding fires.")] = False,
+    scenario: ScenarioArgument = None,
+    fail_on_findings: Annotated[
+        bool, typer.Option("--fail-on-findings", help="Exit 1 when any finding fires.")
+    ] = False,
     *,
-    shared: SharedRun,
+    settings: RunSettings,
+    flags: ScenarioFlags,
+    capture: CaptureOptions,
 ) -> None:
-    """Stream the scenario's requests and audit them: ITL from server token counts, truncation findings."""
-    outcome = run_scenario(load_scenario(scenario), **shared.options, capture=shared.capture)
+    """Stream a workload to each server and audit it: token-true ITL from the server's token counts,
+    and truncation findings. The workload is a SCENARIO file, vllm bench serve's flags, or both (a flag
+    replaces the key it names)."""
+    outcome = run_scenario(settings.scenario(scenario, flags), **settings.run_kwargs(flags), capture=capture)
     _print_outcome(outcome)
+    _save_result(settings, outcome.run_dir)
     if fail_on_findings and outcome.finding_count:
         raise typer.Exit(1)
 
 
-@app.command()
-@with_shared_run_options
+@app.command(rich_help_panel=MEASURE)
+@with_options("capture", capture_options)
+@with_options("flags", workload_flags)
+@with_options("settings", run_settings)
 def compare(
-    scenario: Annotated[Path, typer.Argument(help="Scenario TOML with a K0 (first) and K3 variant.")],
+    scenario: ScenarioArgument = None,
     *,
-    shared: SharedRun,
+    settings: RunSettings,
+    flags: ScenarioFlags,
+    capture: CaptureOptions,
 ) -> None:
-    """Run each variant (launching its server in turn), scrape /metrics around it, write compare.json."""
+    """`run` plus each server's /metrics scraped around its variant: spec-decode acceptance from the
+    server beside the stream's, output mismatches explained, compare.json. The first variant is the
+    baseline (K0)."""
     from itlaudit.workflows.compare import run_compare
 
-    outcome, comparison = run_compare(load_scenario(scenario), **shared.options, capture=shared.capture)
+    outcome, comparison = run_compare(
+        settings.scenario(scenario, flags), **settings.run_kwargs(flags), capture=capture
+    )
     _print_outcome(outcome)
     for name, row in comparison["variants"].items():
         spec = row["spec_decode"] or {}
@@ -275,50 +262,49 @@ def compare(
     for finding in comparison["findings"]:
         out.print(f"[bold red]{finding['code']}[/bold red]: {finding['message']}", highlight=False)
     out.print(f"compare: {outcome.run_dir / COMPARE_FILE}")
+    _save_result(settings, outcome.run_dir)
 
 
 def _fmt(value: float | None, unit: str = "") -> str:
     return "–" if value is None else f"{value:.2f}{unit}"
 
 
-@app.command()
+@with_options("capture", capture_options)
 def demo(
     out_dir: Annotated[
-        Path | None, typer.Option("--out", help="Run folder (default reports/demo-...).")
+        Path | None, typer.Option("--out", metavar="DIR", help="Run folder (default reports/demo-<time>/).")
     ] = None,
-    workers: WorkersOption = "auto",
-    stamp: StampOption = "kernel",
-    api_key: ApiKeyOption = None,
-    header: HeaderOption = None,
+    *,
+    capture: CaptureOptions,
 ) -> None:
     """K0 vs K3 vs a 128-token-capped K3, on the built-in simulator: the seed case in 30 seconds."""
-    capture = CaptureOptions.from_flags(workers, stamp, access=_access(api_key, header, False, None))
     scenario = parse_scenario(DEMO_SCENARIO.read_text(encoding="utf-8"), DEMO_SCENARIO)
-    outcome = run_scenario(scenario, run_dir=out_dir, console=err, capture=capture)
+    labels = RunLabels.from_argv(["itlaudit", *sys.argv[1:]], SENT_SECRETS)
+    outcome = run_scenario(scenario, run_dir=out_dir, console=err, capture=capture, labels=labels)
     _print_outcome(outcome)
 
 
-app.command(name="sim")(cli_sim.sim)  # here, not below: `--help` lists commands in this order
-
-
-@app.command()
 def version() -> None:
-    """Print itlaudit's version."""
+    """Print itlaudit's version (also `itlaudit --version`)."""
     out.print(__version__)
 
 
-# Commands that live in their own modules register here, one line each (keep this file thin).
-app.add_typer(cli_testbed.testbed_app, name="testbed")
-app.command(name="report")(cli_report.report)
-app.command(name="diff")(cli_report.diff)
-app.command(name="export")(cli_report.export)
-app.command(name="bisect")(cli_bisect.bisect)
-app.command(name="smoke")(cli_smoke.smoke)
-app.command(name="selfcheck")(cli_selfcheck.selfcheck)
-app.command(name="invariance")(cli_audit.invariance)
-app.command(name="quality")(cli_audit.quality)
-app.add_typer(cli_audit.ledger_app, name="ledger")
-app.command(name="sweep")(cli_sweep.sweep)
+# Commands that live in their own modules register here, one line each (keep this file thin); within a
+# panel, `--help` lists them in this order.
+app.command(name="sweep", rich_help_panel=MEASURE)(cli_sweep.sweep)
+app.command(name="report", rich_help_panel=READ)(cli_report.report)
+app.command(name="diff", rich_help_panel=READ)(cli_report.diff)
+app.command(name="export", rich_help_panel=READ)(cli_report.export)
+app.command(name="quality", rich_help_panel=READ)(cli_audit.quality)
+app.command(name="invariance", rich_help_panel=READ)(cli_audit.invariance)
+app.command(name="smoke", rich_help_panel=GATE)(cli_smoke.smoke)
+app.command(name="bisect", rich_help_panel=GATE)(cli_bisect.bisect)
+app.command(name="sim", rich_help_panel=TOOLS)(cli_sim.sim)
+app.command(name="selfcheck", rich_help_panel=TOOLS)(cli_selfcheck.selfcheck)
+app.command(name="demo", rich_help_panel=TOOLS)(demo)
+app.command(name="version", rich_help_panel=TOOLS)(version)
+app.add_typer(cli_testbed.testbed_app, name="testbed", rich_help_panel=TOOLS)
+app.add_typer(cli_audit.ledger_app, name="ledger", rich_help_panel=TOOLS)
 
 
 def _usage_line(exc: typer.TyperException) -> str:
@@ -340,7 +326,7 @@ def main() -> None:
         err.print(f"itlaudit: {exc}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
     except ItlauditError as exc:
-        message = redact_text(str(exc), _SENT_SECRETS)
+        message = redact_text(str(exc), SENT_SECRETS)
         err.print(f"itlaudit: error: {message}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
     except (KeyboardInterrupt, typer.Abort):  # outside a run (typer turns Ctrl-C into Abort)

@@ -1,0 +1,389 @@
+"""What several commands take the same way, declared once (one flag, one help text, one check), and
+the help style every command prints with.
+
+Option groups are plain functions whose parameters are typer options and whose result is what the
+command needs (`capture_options` → CaptureOptions, `workload_flags` → ScenarioFlags);
+`with_options` adds a group's parameters to a command and hands it the result.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+from collections.abc import Callable, Iterable
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, TypeAlias, TypeVar, get_args
+
+import typer
+from rich.markup import escape
+from typer.core import TyperArgument, TyperGroup, TyperOption
+
+from itlaudit.capture.runner import CaptureOptions
+from itlaudit.capture.stamping import StampMode
+from itlaudit.errors import ScenarioError
+from itlaudit.model.access import Access, api_key_header, valid_header
+from itlaudit.model.datasets import DATASET_KINDS
+from itlaudit.model.redact import header_secret_values
+from itlaudit.model.scenario import ENDPOINTS, ScenarioFlags
+
+__all__ = [
+    "CAPTURE",
+    "SENT_SECRETS",
+    "WORKLOAD",
+    "ApiKeyOption",
+    "CaCertOption",
+    "ClusterOption",
+    "HeaderOption",
+    "HelpStyle",
+    "InsecureOption",
+    "StampOption",
+    "UrlOption",
+    "VariantOption",
+    "WorkersOption",
+    "capture_options",
+    "choices",
+    "parse_url",
+    "parse_variant_urls",
+    "with_options",
+    "workload_flags",
+]
+
+T = TypeVar("T")
+
+# Header values this process sends (the API key among them): an error line quoting a server's answer is
+# masked with them, since a 401's message may echo the key it got.
+SENT_SECRETS: set[str] = set()
+
+
+# --- Help style ------------------------------------------------------------------------------------
+# typer (>= 0.29) labels every parameter with its Python annotation (`<bool>`, `<list[str]>`, `<path>`)
+# and writes a required argument as `{name}` in the usage line; a metavar replaces the label of an
+# option only. HelpStyle gives each parameter the spelling a Unix tool uses instead: the metavar where
+# one is declared, else TEXT, INTEGER, FLOAT, PATH or the choices as [a|b]; nothing for an on/off flag;
+# arguments as NAME / [NAME] / NAME... in the usage line.
+
+
+def _label(param: TyperOption | TyperArgument) -> str | None:
+    if param.metavar is not None:
+        return param.metavar or None
+    if isinstance(param, TyperOption) and (param.is_flag or param.count):
+        return None
+    desc = param.type_descriptor
+    if desc.choices is not None:
+        return "[" + "|".join(str(getattr(c, "value", c)) for c in desc.choices) + "]"
+    if desc.is_path:
+        return "PATH"
+    annotation = get_args(desc.annotation)[0] if desc.is_list else desc.annotation
+    return {int: "INTEGER", float: "FLOAT"}.get(annotation, "TEXT")
+
+
+class _Option(TyperOption):
+    def display_type_rich(self, ctx: Any) -> str | None:
+        return _label(self)
+
+
+class _Argument(TyperArgument):
+    def display_type_rich(self, ctx: Any) -> str | None:
+        return None  # the name column already shows it in capitals
+
+    def get_usage_pieces(self, ctx: Any) -> list[str]:
+        name = self.metavar or (self.name or "").upper()
+        name = name if self.required else f"[{name}]"
+        return [name + ("..." if self.nargs != 1 else "")]
+
+
+class HelpStyle(TyperGroup):
+    """The root group (`typer.Typer(cls=HelpStyle)`): restyles every command below it once, when typer
+    has built them."""
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        _restyle(self)
+
+
+def _one_line_paragraphs(text: str | None) -> str | None:
+    """A docstring's paragraphs without their hard line breaks (the help wraps to the terminal), and
+    with brackets shown as typed (`[workload]`), not read as Rich markup."""
+    if text is None:
+        return None
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return escape("\n\n".join(" ".join(p.split()) for p in paragraphs))
+
+
+def _restyle(command: Any) -> None:
+    command.help = _one_line_paragraphs(command.help)
+    help_option = command.get_help_option(typer.Context(command))
+    for param in [*command.params, *([help_option] if help_option is not None else [])]:
+        param.help = _one_line_paragraphs(param.help)
+        if type(param) is TyperOption:
+            param.__class__ = _Option
+        elif type(param) is TyperArgument:
+            if param.metavar is None:
+                param.metavar = (param.name or "").upper()
+            param.__class__ = _Argument
+    for sub in getattr(command, "commands", {}).values():
+        _restyle(sub)
+
+
+# --- Choices ---------------------------------------------------------------------------------------
+
+
+def choices(name: str, values: Iterable[str]) -> type[StrEnum]:
+    """A choice type read from a registry or a tuple of names: typer lists it in --help and refuses
+    any other value. Its members are str, so commands take the value as a plain string."""
+    return StrEnum(name, [(value, value) for value in values])  # type: ignore[return-value]
+
+
+if TYPE_CHECKING:  # members are str at run time too
+    Stamp: TypeAlias = str
+    Endpoint: TypeAlias = str
+    DatasetName: TypeAlias = str
+else:
+    Stamp = choices("Stamp", get_args(StampMode))
+    Endpoint = choices("Endpoint", ENDPOINTS)
+    DatasetName = choices("DatasetName", DATASET_KINDS)
+
+
+CAPTURE = "Capture and access"
+
+# --- Servers ---------------------------------------------------------------------------------------
+
+
+def parse_url(text: str, given: str) -> str:
+    """A server's base URL; one without a scheme (`localhost:8000`) is named as such, not as
+    unreachable. `given` is the option as typed, for the error line."""
+    if not text.startswith(("http://", "https://")):
+        raise ScenarioError(f"{given}: URL needs http:// or https:// (e.g. http://{text})")
+    return text.rstrip("/")
+
+
+def parse_variant_urls(pairs: list[str]) -> dict[str, str]:
+    """--variant NAME=URL, repeated: one server per variant (the same syntax in every command)."""
+    urls: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, url = pair.partition("=")
+        if not sep or not name or not url:
+            raise ScenarioError(f"--variant {pair!r}: expected NAME=http://HOST:PORT")
+        urls[name] = parse_url(url, f"--variant {pair!r}")
+    return urls
+
+
+UrlOption = Annotated[
+    str | None, typer.Option(metavar="URL", help="Send every variant to this server (http://HOST:PORT).")
+]
+VariantOption = Annotated[
+    list[str] | None,
+    typer.Option(metavar="NAME=URL", help="The server for variant NAME (repeat for each variant)."),
+]
+
+
+# --- Capture and access ----------------------------------------------------------------------------
+
+WorkersOption = Annotated[
+    str,
+    typer.Option(
+        metavar="N|auto",
+        help="Capture processes: N, or auto (enough for the concurrency, at most the cores).",
+        rich_help_panel=CAPTURE,
+    ),
+]
+StampOption = Annotated[
+    Stamp,
+    typer.Option(
+        help="Chunk arrival time: kernel (the socket's receive time; loop where unsupported) or loop.",
+        rich_help_panel=CAPTURE,
+    ),
+]
+ClusterOption = Annotated[
+    str,
+    typer.Option(
+        metavar="WHERE",
+        help="Where capture runs: none (processes here); ray or auto (Ray actors on the running cluster, "
+        "--workers in all); ray://HOST:PORT (that cluster).",
+        rich_help_panel=CAPTURE,
+    ),
+]
+ApiKeyOption = Annotated[
+    str | None,
+    typer.Option(
+        metavar="KEY",
+        help="Sent as Authorization: Bearer (default: $OPENAI_API_KEY, else $VLLM_API_KEY).",
+        rich_help_panel=CAPTURE,
+    ),
+]
+HeaderOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--header",
+        metavar="'NAME: VALUE'",
+        help="Header sent with every request (repeatable).",
+        rich_help_panel=CAPTURE,
+    ),
+]
+InsecureOption = Annotated[
+    bool, typer.Option("--insecure", help="https without checking the certificate.", rich_help_panel=CAPTURE)
+]
+CaCertOption = Annotated[
+    Path | None,
+    typer.Option(
+        metavar="FILE", help="PEM bundle to verify the server's certificate.", rich_help_panel=CAPTURE
+    ),
+]
+
+
+def _timeout(what: str, key: str) -> Any:
+    return typer.Option(
+        metavar="SECONDS", help=f"Seconds {what} (overrides the scenario's {key}).", rich_help_panel=CAPTURE
+    )
+
+
+def access(api_key: str | None, headers: list[str] | None, insecure: bool, ca_cert: Path | None) -> Access:
+    """What every request carries: the API key as Authorization, then each --header as given."""
+    pairs: list[tuple[str, str]] = []
+    bearer = api_key_header(api_key, os.environ)
+    if bearer is not None:
+        pairs.append(bearer)
+    for text in headers or []:
+        name, sep, value = text.partition(":")
+        name, value = name.strip(), value.strip()
+        if not sep or not valid_header(name, value):
+            shown = name or text.partition(":")[0]
+            raise ScenarioError(
+                f"--header {shown!r}...: expected 'Name: value' (a header name, a colon, a value)"
+            )
+        pairs.append((name, value))
+    SENT_SECRETS.update(header_secret_values(pairs))  # a server's error may echo one: mask it there
+    if ca_cert is not None and not ca_cert.is_file():
+        raise ScenarioError(f"--ca-cert {ca_cert}: no such file; give a PEM bundle of CA certificates")
+    return Access(headers=(), insecure=insecure, ca_cert=str(ca_cert) if ca_cert else None).with_headers(
+        dict(pairs)
+    )
+
+
+def capture_options(
+    workers: WorkersOption = "auto",
+    stamp: StampOption = "kernel",
+    cluster: ClusterOption = "none",
+    connect_timeout: Annotated[
+        float | None, _timeout("to open the TCP connection", "connect_timeout_s")
+    ] = None,
+    ttft_timeout: Annotated[float | None, _timeout("to the first token", "ttft_timeout_s")] = None,
+    stall_timeout: Annotated[
+        float | None, _timeout("of silence allowed between chunks", "stall_timeout_s")
+    ] = None,
+    request_timeout: Annotated[
+        float | None, _timeout("a whole request may take", "request_timeout_s")
+    ] = None,
+    api_key: ApiKeyOption = None,
+    header: HeaderOption = None,
+    insecure: InsecureOption = False,
+    ca_cert: CaCertOption = None,
+) -> CaptureOptions:
+    """How requests are sent and their chunks stamped: the same options in every command that streams."""
+    return CaptureOptions.from_flags(
+        workers,
+        stamp,
+        connect_timeout,
+        ttft_timeout,
+        stall_timeout,
+        request_timeout,
+        access=access(api_key, header, insecure, ca_cert),
+        cluster=cluster,
+    )
+
+
+# --- Workload, as vllm bench serve's flags name it -------------------------------------------------
+
+
+WORKLOAD = "Workload (vllm bench serve's flags)"
+
+
+def _bench(help_text: str, metavar: str | None = None, **kwargs: Any) -> Any:
+    return typer.Option(metavar=metavar, help=help_text, rich_help_panel=WORKLOAD, **kwargs)
+
+
+def workload_flags(
+    url: UrlOption = None,
+    variant: VariantOption = None,
+    model: Annotated[
+        str | None, _bench("Served model to send (default: the scenario's, else the first served).", "NAME")
+    ] = None,
+    endpoint: Annotated[Endpoint | None, _bench("API: /v1/completions or /v1/chat/completions.")] = None,
+    dataset_name: Annotated[
+        DatasetName | None, _bench("Prompts: random token ids, a JSONL file, or a ShareGPT file.")
+    ] = None,
+    random_input_len: Annotated[int | None, _bench("Prompt tokens per random request.", "N", min=1)] = None,
+    random_output_len: Annotated[
+        int | None, _bench("Tokens each random request generates (ignore_eos).", "N", min=1)
+    ] = None,
+    dataset_path: Annotated[Path | None, _bench("The jsonl or sharegpt file.", "FILE")] = None,
+    num_prompts: Annotated[int | None, _bench("Requests to send.", "N", min=1)] = None,
+    max_concurrency: Annotated[int | None, _bench("Most requests open at once.", "N", min=1)] = None,
+    request_rate: Annotated[
+        float | None, _bench("Requests per second (Poisson arrivals); inf: all at once.", "RATE", min=0)
+    ] = None,
+    burstiness: Annotated[
+        float | None, _bench("Gamma shape of the arrivals: 1 is Poisson, lower is burstier.", "B")
+    ] = None,
+    num_warmups: Annotated[
+        int | None, _bench("Warmup requests, left out of the figures.", "N", min=0)
+    ] = None,
+    ignore_eos: Annotated[bool | None, _bench("Generate max_tokens whatever the model's EOS says.")] = None,
+    temperature: Annotated[float | None, _bench("Sampling temperature (0: greedy).", "T", min=0)] = None,
+    max_tokens: Annotated[int | None, _bench("Most tokens per request.", "N", min=1)] = None,
+    seed: Annotated[int | None, _bench("Seed for random prompts, arrivals and sampling.", "N")] = None,
+) -> ScenarioFlags:
+    """The servers and the workload from flags: with no scenario file they are the whole experiment,
+    with one they replace the keys they name."""
+    return ScenarioFlags(
+        model=model,
+        endpoint=endpoint,
+        dataset_name=dataset_name,
+        random_input_len=random_input_len,
+        random_output_len=random_output_len,
+        dataset_path=dataset_path,
+        num_prompts=num_prompts,
+        max_concurrency=max_concurrency,
+        request_rate=request_rate,
+        burstiness=burstiness,
+        num_warmups=num_warmups,
+        ignore_eos=ignore_eos,
+        temperature=temperature,
+        max_tokens=max_tokens,
+        seed=seed,
+        url=parse_url(url, f"--url {url!r}") if url else None,
+        variant_urls=parse_variant_urls(variant or []),
+    )
+
+
+# --- Adding a group to a command -------------------------------------------------------------------
+
+
+def with_options(name: str, group: Callable[..., T]) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Give a command that takes `name` the group's options as its own, after its own ones: typer reads
+    the combined signature, the command gets the group's result."""
+    grouped = [
+        p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+        for p in inspect.signature(group, eval_str=True).parameters.values()
+    ]
+
+    def add(command: Callable[..., None]) -> Callable[..., None]:
+        own = [
+            p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+            for p in inspect.signature(command, eval_str=True).parameters.values()
+            if p.name != name
+        ]
+
+        @functools.wraps(command)
+        def wrapper(**kwargs: Any) -> None:
+            value = group(**{p.name: kwargs.pop(p.name) for p in grouped})
+            command(**kwargs, **{name: value})
+
+        params = [*own, *grouped]
+        wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in params}
+        return wrapper
+
+    return add
