@@ -93,7 +93,7 @@ FORCED = (
     [
         (["--cap-tokens", "16"], FORCED, {"truncated_below_max_tokens", "min_tokens_violated", "common_cap"}),
         (
-            ["--ignore-ignore-eos", "--natural-eos-at", "10"],
+            ["--drop-ignore-eos", "--natural-eos-at", "10"],
             FORCED.replace("min_tokens = 40\n", ""),
             {"ignore_eos_violated"},
         ),
@@ -105,7 +105,7 @@ FORCED = (
         (["--drop-usage"], CLEAN_WORKLOAD, {"usage_missing"}),
         (["--error-after-tokens", "8"], CLEAN_WORKLOAD, {"stream_error"}),
         (["--reset-after-tokens", "8"], CLEAN_WORKLOAD, {"connection_error"}),
-        (["--no-done"], CLEAN_WORKLOAD, {"no_done_sentinel"}),
+        (["--omit-done"], CLEAN_WORKLOAD, {"no_done_sentinel"}),
         (
             ["--gibberish-after-tokens", "40"],
             CLEAN_WORKLOAD.replace("max_tokens = 40", "max_tokens = 200"),

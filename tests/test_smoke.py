@@ -62,9 +62,9 @@ def _smoke(
         return _invoke(
             "--suite",
             SIM_SUITE,
-            "--url",
+            "--variant",
             f"K0={k0_url}",
-            "--url",
+            "--variant",
             f"K3={k3_url}",
             "--out",
             out,
@@ -280,6 +280,6 @@ def test_missing_suite_and_server_down_are_exit_2(tmp_path: Path) -> None:
 
 
 def test_unknown_server_in_url_is_exit_2(tmp_path: Path) -> None:
-    result = _cli("--suite", SIM_SUITE, "--url", "K9=http://127.0.0.1:9")
+    result = _cli("--suite", SIM_SUITE, "--variant", "K9=http://127.0.0.1:9")
     assert result.returncode == 2
-    assert "--url names K9, not a server of the suite" in result.stderr
+    assert "--variant names K9, not a server of the suite" in result.stderr

@@ -174,7 +174,7 @@ def test_rate_sweep_runs_open_loop_points_at_the_asked_rates(tmp_path: Path) -> 
         (["--concurrency", "1,a"], ["'a' is not a number"]),
         (["--concurrency", "1", "--sla", "tpot<=3"], ["cannot read 'tpot<=3'"]),
         (["--concurrency", "1", "--goodput", "tpot_ms=-1"], ["--goodput"]),
-        (["--concurrency", "1", "--variant", "K9"], ["'K9' is not in the scenario"]),
+        (["--concurrency", "1", "--only", "K9"], ["--only 'K9' is not in the scenario"]),
         (["--concurrency", "1", "--resume", "--out", "nowhere"], ["--resume needs --out"]),
         (["--concurrency", "1", "--workers", "0"], ["--workers '0'"]),
         (["--concurrency", "1", "--trials", "0"], ["--trials 0"]),

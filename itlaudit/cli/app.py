@@ -321,7 +321,7 @@ def main() -> None:
     handle_sigterm()
     try:
         # Non-standalone mode returns a command's exit code (typer.Exit) instead of exiting.
-        code = app(standalone_mode=False)
+        code = app(prog_name="itlaudit", standalone_mode=False)
     except RunInterrupted as exc:
         err.print(f"itlaudit: {exc}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)

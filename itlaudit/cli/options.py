@@ -44,6 +44,7 @@ __all__ = [
     "WorkersOption",
     "capture_options",
     "choices",
+    "cluster_option",
     "parse_url",
     "parse_variant_urls",
     "with_options",
@@ -196,15 +197,19 @@ StampOption = Annotated[
         rich_help_panel=CAPTURE,
     ),
 ]
-ClusterOption = Annotated[
-    str,
-    typer.Option(
+
+
+def cluster_option(panel: str) -> Any:
+    """--cluster, for capture (run, compare, sweep, selfcheck) and for bisect's probes alike."""
+    return typer.Option(
         metavar="WHERE",
-        help="Where capture runs: none (processes here); ray or auto (Ray actors on the running cluster, "
-        "--workers in all); ray://HOST:PORT (that cluster).",
-        rich_help_panel=CAPTURE,
-    ),
-]
+        help="none: on this host; ray or auto: the running Ray cluster (capture actors with --workers in "
+        "all, or one GPU task per bisect probe); ray://HOST:PORT: that cluster.",
+        rich_help_panel=panel,
+    )
+
+
+ClusterOption = Annotated[str, cluster_option(CAPTURE)]
 ApiKeyOption = Annotated[
     str | None,
     typer.Option(

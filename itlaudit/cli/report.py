@@ -9,7 +9,7 @@ import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeAlias
 
 import typer
 from rich.console import Console
@@ -18,6 +18,7 @@ from itlaudit.analysis.derive import derive_request, run_summary
 from itlaudit.analysis.importers import ImportedBenchmark, parse_import
 from itlaudit.analysis.run_diff import diff_runs, workload_differences, workload_of
 from itlaudit.analysis.stats import Verdict
+from itlaudit.cli.options import choices
 from itlaudit.errors import RecordsError
 from itlaudit.model.records import RequestRecord
 from itlaudit.report.diff import render_diff
@@ -30,6 +31,12 @@ __all__ = ["FAIL_ON", "Run", "diff", "export", "load_import", "load_run", "out",
 
 out = Console()
 FAIL_ON = (Verdict.WORSE, Verdict.UNKNOWN, "findings")
+if TYPE_CHECKING:
+    FailOn: TypeAlias = str
+    ChunkFormat: TypeAlias = str
+else:
+    FailOn = choices("FailOn", FAIL_ON)
+    ChunkFormat = choices("ChunkFormat", CHUNK_FORMATS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,15 +149,17 @@ def diff(
     base_dir: Annotated[Path, typer.Argument(help="The baseline run folder.")],
     new_dir: Annotated[Path, typer.Argument(help="The run to judge against it (same scenario).")],
     fail_on: Annotated[
-        list[str] | None,
-        typer.Option(help="Exit 1 when any metric is `worse` / `unknown`, or on new `findings`. Repeatable."),
+        list[FailOn] | None,
+        typer.Option(help="Exit 1 when any metric is worse / unknown, or on new findings. Repeatable."),
     ] = None,
     threshold: Annotated[
         float, typer.Option(help="Smallest ratio of medians that counts (1.1 = 10 %).")
     ] = 1.1,
     alpha: Annotated[float, typer.Option(help="Significance level of the Mann–Whitney U test.")] = 0.05,
     out_file: Annotated[Path | None, typer.Option("--out", help="Also write the Markdown here.")] = None,
-    force: Annotated[bool, typer.Option(help="Compare even when the two runs' workloads differ.")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Compare even when the two runs' workloads differ.")
+    ] = False,
 ) -> None:
     """Compare two runs metric by metric: values, ratio, p-value, verdict; Markdown for a PR comment."""
     unknown = set(fail_on or []) - set(FAIL_ON)
@@ -182,9 +191,7 @@ def diff(
 
 def export(
     run_dir: Annotated[Path, typer.Argument(help="A run folder.")],
-    fmt: Annotated[
-        str, typer.Option("--format", help=f"chunks file format: {' or '.join(CHUNK_FORMATS)}.")
-    ] = "csv",
+    fmt: Annotated[ChunkFormat, typer.Option("--format", help="chunks file format.")] = "csv",
 ) -> None:
     """Write chunks.csv / chunks.parquet (one row per SSE chunk) beside requests.csv, for notebooks."""
     run = load_run(run_dir)

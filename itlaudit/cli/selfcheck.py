@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 
 from itlaudit.analysis.fidelity import LAG_BUDGET_MS, Fidelity, send_lag
+from itlaudit.cli.options import ClusterOption, StampOption, WorkersOption
 from itlaudit.errors import ScenarioError
 from itlaudit.serve.truth import TruthConfig
 from itlaudit.workflows.selfcheck import (
@@ -90,16 +91,12 @@ def selfcheck(
     chunks_per_s: Annotated[float, typer.Option(help="Chunks per second, per stream.", min=0.001)] = 500.0,
     tokens_per_chunk: Annotated[int, typer.Option(help="Tokens each chunk carries (K).", min=1)] = 1,
     tokens: Annotated[int, typer.Option(help="Tokens per request (max_tokens).", min=2)] = 500,
-    workers: Annotated[
-        str | None, typer.Option(help="Passed to the capture path's --workers (N or auto), if it has one.")
-    ] = None,
-    stamp: Annotated[
-        str | None, typer.Option(help="Passed to the capture path's --stamp (kernel|loop), if it has one.")
-    ] = None,
-    cluster: Annotated[
-        str | None, typer.Option(help="Passed to the capture path's --cluster (none, ray, ray://HOST:PORT).")
-    ] = None,
-    search: Annotated[bool, typer.Option(help=f"Find the most streams kept within {BUDGET}.")] = False,
+    workers: WorkersOption = "auto",
+    stamp: StampOption = "kernel",
+    cluster: ClusterOption = "none",
+    search: Annotated[
+        bool, typer.Option("--search", help=f"Find the most streams kept within {BUDGET}.")
+    ] = False,
     out_dir: Annotated[
         Path | None, typer.Option("--out", help="Keep the run folders here (default: a temporary folder).")
     ] = None,

@@ -25,17 +25,21 @@ def sim(
         int | None, typer.Option(help="Cap for requests that omit max_tokens.")
     ] = None,
     cap_tokens: Annotated[int | None, typer.Option(help="Fault: stop every request at N tokens.")] = None,
-    ignore_stop_token_ids: Annotated[bool, typer.Option(help="Fault: ignore stop_token_ids.")] = False,
-    ignore_ignore_eos: Annotated[
-        bool, typer.Option(help="Fault: stop at natural EOS despite ignore_eos.")
+    ignore_stop_token_ids: Annotated[
+        bool, typer.Option("--ignore-stop-token-ids", help="Fault: ignore stop_token_ids.")
     ] = False,
-    ignore_min_tokens: Annotated[bool, typer.Option(help="Fault: ignore min_tokens.")] = False,
-    drop_usage: Annotated[bool, typer.Option(help="Fault: send no usage in chunks.")] = False,
+    drop_ignore_eos: Annotated[
+        bool, typer.Option("--drop-ignore-eos", help="Fault: drop ignore_eos (stop at the natural EOS).")
+    ] = False,
+    ignore_min_tokens: Annotated[
+        bool, typer.Option("--ignore-min-tokens", help="Fault: ignore min_tokens.")
+    ] = False,
+    drop_usage: Annotated[bool, typer.Option("--drop-usage", help="Fault: send no usage in chunks.")] = False,
     error_after_tokens: Annotated[int | None, typer.Option(help="Fault: error frame after N tokens.")] = None,
     reset_after_tokens: Annotated[
         int | None, typer.Option(help="Fault: reset the connection after N tokens.")
     ] = None,
-    no_done: Annotated[bool, typer.Option(help="Fault: omit data: [DONE].")] = False,
+    omit_done: Annotated[bool, typer.Option("--omit-done", help="Fault: omit data: [DONE].")] = False,
     natural_eos_at: Annotated[
         int | None, typer.Option(help="Token position where the model emits EOS.")
     ] = None,
@@ -66,12 +70,12 @@ def sim(
             default_max_tokens=default_max_tokens,
             cap_tokens=cap_tokens,
             ignore_stop_token_ids=ignore_stop_token_ids,
-            ignore_ignore_eos=ignore_ignore_eos,
+            ignore_ignore_eos=drop_ignore_eos,
             ignore_min_tokens=ignore_min_tokens,
             drop_usage=drop_usage,
             error_after_tokens=error_after_tokens,
             reset_after_tokens=reset_after_tokens,
-            no_done=no_done,
+            no_done=omit_done,
             natural_eos_at=natural_eos_at,
             gibberish_after_tokens=gibberish_after_tokens,
             batch_slowdown_ms_per_stream=batch_slowdown_ms_per_stream,

@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from itlaudit.errors import ItlauditError, SuiteError
+from itlaudit.cli.options import UrlOption, VariantOption, parse_url, parse_variant_urls
+from itlaudit.errors import ItlauditError
 from itlaudit.smoke.junit import write_junit_error
 from itlaudit.smoke.output import table_lines, verdict_line
 from itlaudit.smoke.runner import REPORT_FILE, run_smoke
@@ -16,29 +17,32 @@ from itlaudit.smoke.suite import load_suite
 
 __all__ = ["DEFAULT_SUITE", "err", "out", "smoke"]
 
-DEFAULT_SUITE = Path("scenarios/smoke/dgx-spark")
+# The checkout's scenarios/ folder, found from the package rather than the working directory, so a bare
+# `itlaudit smoke` works from anywhere.
+DEFAULT_SUITE = Path(__file__).resolve().parents[2] / "scenarios" / "smoke" / "dgx-spark"
 _STYLES = {"PASS": "green", "FAIL": "bold red", "SKIP": "yellow"}
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True)
 
 
-def _parse_urls(values: list[str]) -> dict[str, str]:
-    """NAME=URL per server, or one bare URL for every server."""
-    urls: dict[str, str] = {}
-    for value in values:
-        name, sep, url = value.partition("=") if "=" in value else ("*", "=", value)
-        if not sep or not name or not url.startswith(("http://", "https://")):
-            raise SuiteError(f"--url {value!r}: expected NAME=http://HOST:PORT or http://HOST:PORT")
-        urls[name] = url.rstrip("/")
+def _servers(url: str | None, variant: list[str] | None) -> dict[str, str]:
+    """--variant NAME=URL per server of the suite; --url URL for every server ("*")."""
+    urls = parse_variant_urls(variant or [])
+    if url:
+        urls["*"] = parse_url(url, f"--url {url!r}")
     return urls
 
 
 def smoke(
-    suite: Annotated[Path, typer.Option(help="Suite folder holding suite.toml.")] = DEFAULT_SUITE,
-    url: Annotated[
-        list[str] | None, typer.Option(help="NAME=URL of a running server (repeat), or one URL for all.")
-    ] = None,
+    suite: Annotated[
+        Path,
+        typer.Option(
+            metavar="DIR", help="Suite folder holding suite.toml.", show_default="scenarios/smoke/dgx-spark"
+        ),
+    ] = DEFAULT_SUITE,
+    url: UrlOption = None,
+    variant: VariantOption = None,
     launch: Annotated[
         str | None, typer.Option(help="Start servers with python:PATH, docker:IMAGE or command:CMD.")
     ] = None,
@@ -58,7 +62,7 @@ def smoke(
         loaded = load_suite(suite)
         outcome = run_smoke(
             loaded,
-            urls=_parse_urls(url or []),
+            urls=_servers(url, variant),
             launch=launch,
             model=model,
             baseline=baseline,

@@ -62,7 +62,7 @@ def _check_servers(suite: Suite, urls: dict[str, str], launch: str | None, model
     unknown = set(urls) - {s.name for s in suite.servers} - {"*"}
     if unknown:
         names = ", ".join(s.name for s in suite.servers)
-        raise SuiteError(f"--url names {', '.join(sorted(unknown))}, not a server of the suite ({names})")
+        raise SuiteError(f"--variant names {', '.join(sorted(unknown))}, not a server of the suite ({names})")
     for server in suite.servers:
         if (
             server.name not in urls
@@ -71,7 +71,7 @@ def _check_servers(suite: Suite, urls: dict[str, str], launch: str | None, model
         ):
             raise SuiteError(
                 f"server {server.name} has no URL and {suite.path} has no [launch]; pass "
-                f"--url {server.name}=URL or --launch python:PATH|docker:IMAGE|command:CMD"
+                f"--variant {server.name}=URL (or --url URL) or --launch python:PATH|docker:IMAGE|command:CMD"
             )
 
 

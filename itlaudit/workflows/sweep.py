@@ -383,11 +383,11 @@ def write_sweep_outputs(sweep_dir: Path, scenario_name: str, config: SweepConfig
 
 
 def selected_variants(scenario: Scenario, names: Sequence[str]) -> list[str]:
-    """--variant NAME (repeatable) picks and orders; none: every variant, scenario order."""
+    """--only NAME (repeatable) picks and orders; none: every variant, scenario order."""
     if not names:
         return [v.name for v in scenario.variants]
     known = [v.name for v in scenario.variants]
     for name in names:
         if name not in known:
-            raise ScenarioError(f"--variant {name!r} is not in the scenario ({', '.join(known)})")
+            raise ScenarioError(f"--only {name!r} is not in the scenario ({', '.join(known)})")
     return list(dict.fromkeys(names))
