@@ -283,8 +283,8 @@ def ledger_add(
 ) -> None:
     """Fingerprint a run's variants and add them; a repeat of an earlier fingerprint is named."""
     for line in ledger_mod.record_run(run_dir, ctx.obj, no_repeat=not repeat, environ=os.environ):
-        earlier = f" (same experiment as run {line['repeat_of']!r})" if line["repeat_of"] else ""
-        out.print(f"recorded {line['run_id']} / {line['variant']}: fingerprint {line['fingerprint']}{earlier}")
+        was = f" (same experiment as run {line['repeat_of']!r})" if line["repeat_of"] else ""
+        out.print(f"recorded {line['run_id']} / {line['variant']}: fingerprint {line['fingerprint']}{was}")
 
 
 @ledger_app.command("conclude")
