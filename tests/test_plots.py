@@ -4,6 +4,7 @@ nothing to draw. The figures are caught as they are saved, so only the public pl
 
 from __future__ import annotations
 
+import itertools
 import struct
 from dataclasses import replace
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg, RendererAgg
 from matplotlib.colors import same_color
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -20,7 +22,7 @@ from reportkit import k0_k3, stream, views
 
 from itlaudit.model.records import STATUS_HTTP_ERROR
 from itlaudit.report import plots
-from itlaudit.report.plot_style import DPI, WIDE
+from itlaudit.report.plot_style import DPI, NEUTRAL_GREY, WIDE
 from itlaudit.report.plots import (
     PLOTS,
     plot_acceptance,
@@ -101,8 +103,9 @@ def test_headline_bars_are_token_and_chunk_itl_with_the_ratio_under_each_name(
     assert labels == [
         "K0\n(baseline)",
         f"K3\n{K0_ITL / K3_ITL:.2f}× faster per token",
-        f"K3-capped\n{K0_ITL / CAPPED_ITL:.2f}× faster per token",
+        "K3-capped\nnot comparable: 4 of 4\nrequests capped at 16 tokens",
     ]
+    assert [same_color(label.get_color(), RED) for label in ax.get_xticklabels()] == [False, False, True]
 
 
 def test_cdf_curves_are_the_per_token_and_per_chunk_gaps(tmp_path: Path, drawn: list[Figure]) -> None:
@@ -131,14 +134,18 @@ def test_tokens_per_chunk_bars_are_the_share_of_chunks_of_each_size(
     assert shares == {
         "K0 (mean 1.00 tokens/chunk)": pytest.approx([100.0, 0.0, 0.0, 0.0]),
         "K3 (mean 3.76 tokens/chunk)": pytest.approx([100 / 17, 0.0, 100 / 17, 1500 / 17]),
-        "K3-capped (mean 3.20 tokens/chunk)": pytest.approx([20.0, 0.0, 20.0, 60.0]),
+        "K3-capped (mean 3.20 tokens/chunk), not comparable": pytest.approx([20.0, 0.0, 20.0, 60.0]),
     }
 
 
 def test_timeline_draws_each_request_and_the_capped_ones_red(tmp_path: Path, drawn: list[Figure]) -> None:
     plot_timeline(views(k0_k3()), tmp_path / "t.png")
     panels = {ax.get_title(): ax for ax in only_figure(drawn).axes if ax.get_visible()}
-    assert set(panels) == {"K0: 4 requests", "K3: 4 requests", "K3-capped: 4 requests, 4 cut short"}
+    assert set(panels) == {
+        "K0: 4 requests",
+        "K3: 4 requests",
+        "K3-capped: 4 requests, 4 cut short: not comparable",
+    }
     for title, ax in panels.items():
         lines = request_lines(ax)
         assert len(lines) == 4
@@ -159,12 +166,10 @@ def test_latency_bars_are_the_percentiles_and_the_annotations_the_p50_ratio(
     itl = panels["token ITL (ms)"]
     # p50, p90, p99 per variant: every request of a variant is alike, so the three are equal.
     assert heights(itl) == pytest.approx([K0_ITL] * 3 + [K3_ITL] * 3 + [CAPPED_ITL] * 3)
-    assert [t.get_text() for t in itl.texts] == [
-        f"{K0_ITL / K3_ITL:.2f}× better",
-        f"{K0_ITL / CAPPED_ITL:.2f}× better",
-    ]
+    # K3 is significantly faster (4 vs 4 requests, exact p 0.029); K3-capped is never ranked.
+    assert [t.get_text() for t in itl.texts] == [f"{K0_ITL / K3_ITL:.2f}×\nbetter", "not\ncomparable"]
     assert heights(panels["TTFT (ms)"]) == pytest.approx([40.0] * 9)
-    assert [t.get_text() for t in panels["TTFT (ms)"].texts] == ["≈ same", "≈ same"]
+    assert [t.get_text() for t in panels["TTFT (ms)"].texts] == ["≈ same", "not\ncomparable"]
     # Decode tokens/s per request: 63 tokens after the first over the decode time.
     rates = [63 / 0.63] * 3 + [63 / 0.208] * 3 + [15 / 0.052] * 3
     assert heights(panels["decode tokens/s per request"]) == pytest.approx(rates)
@@ -220,7 +225,7 @@ def test_timeline_marks_what_the_findings_say_not_what_it_would_judge(
     view = replace(views([whole, capped])[0], truncated=frozenset({whole.request_id}))
     plot_timeline([view], tmp_path / "t.png")
     (ax,) = [a for a in drawn[0].axes if a.get_visible()]
-    assert ax.get_title() == "K0: 2 requests, 1 cut short"
+    assert ax.get_title() == "K0: 2 requests, 1 cut short: not comparable"
     red = [line for line in ax.get_lines() if line.get_color() == plots.TRUNCATION_RED]
     assert [int(line.get_ydata()[-1]) for line in red] == [64]
 
@@ -253,3 +258,108 @@ def test_headline_of_zero_itl_draws_without_a_singular_axis(tmp_path: Path) -> N
         views = [VariantView("A", [], block), VariantView("B", [], block)]
         drawn = plot_itl_headline(views, tmp_path / "h.png")
     assert drawn is not None and drawn.exists()
+
+
+def drawn_renderer(fig: Figure) -> RendererAgg:
+    """A renderer with the (closed) figure laid out on it, to measure where its texts landed."""
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return canvas.get_renderer()
+
+
+def bars_of(ax: Axes, x: float) -> list[Rectangle]:
+    """The bars of the group centred on tick x (one variant)."""
+    return [
+        p for p in ax.patches if isinstance(p, Rectangle) and abs(p.get_x() + p.get_width() / 2 - x) < 0.45
+    ]
+
+
+def is_grey(bar: Rectangle) -> bool:
+    r, g, b, _ = bar.get_facecolor()
+    return r == g == b
+
+
+def test_a_not_comparable_variant_is_grey_and_crossed_out_in_every_bar_figure(
+    tmp_path: Path, drawn: list[Figure]
+) -> None:
+    """The demo's capped variant was green, labelled "2.87× faster": grey and hatched now, and no
+    comparable variant is grey (the palette has no grey)."""
+    plot_itl_headline(views(k0_k3()), tmp_path / "h.png")
+    plot_latency_bars(views(k0_k3()), tmp_path / "l.png")
+    axes = [drawn[0].axes[0], *drawn[1].axes]
+    for ax in axes:
+        for x, capped in ((0, False), (1, False), (2, True)):
+            group = bars_of(ax, x)
+            assert group and all(is_grey(bar) == capped for bar in group)
+            assert all((bar.get_hatch() == "xx") == capped for bar in group)
+
+
+def test_a_small_noisy_difference_is_no_verdict_not_worse(tmp_path: Path, drawn: list[Figure]) -> None:
+    """TTFT 1.1× apart over 6 requests each, overlapping: the bars print no verdict (diff's rule
+    says unknown), in grey, where they printed "1.11× worse" in red."""
+    base = [stream("K0", i, ttft_ms=t) for i, t in enumerate((40, 48, 42, 46, 44, 50))]
+    new = [stream("K3", i, ttft_ms=t) for i, t in enumerate((44, 52, 41, 50, 49, 55))]
+    plot_latency_bars(views(base + new), tmp_path / "l.png")
+    (words,) = {ax.get_title(): ax for ax in only_figure(drawn).axes}["TTFT (ms)"].texts
+    assert words.get_text().startswith("no verdict\n(p ") and words.get_text().endswith("6\u00a0vs\u00a06)")
+    assert same_color(words.get_color(), NEUTRAL_GREY)
+
+
+def test_an_invalid_baseline_makes_every_comparison_not_comparable(
+    tmp_path: Path, drawn: list[Figure]
+) -> None:
+    records = [stream("K0", i, tokens=16) for i in range(4)] + [
+        stream("K3", i, per_chunk=4) for i in range(4)
+    ]
+    plot_itl_headline(views(records), tmp_path / "h.png")
+    labels = [label.get_text() for label in only_figure(drawn).axes[0].get_xticklabels()]
+    assert labels[0].startswith("K0\n(baseline)\nnot comparable: 4 of 4")
+    assert labels[1].replace("\n", " ").startswith("K3 not comparable: base K0: 4 of 4 requests capped")
+    assert "faster" not in labels[1]
+
+
+def test_cdf_axis_is_clipped_at_a_high_percentile_when_one_step_stretches_it(
+    tmp_path: Path, drawn: list[Figure]
+) -> None:
+    records = [stream("K0", i) for i in range(4)]
+    stalled = records[0].chunks
+    stalled.t_ms = [t + (300.0 if k > 30 else 0.0) for k, t in enumerate(stalled.t_ms)]  # one 310 ms gap
+    plot_itl_cdf(views(records), tmp_path / "c.png")
+    (ax,) = only_figure(drawn).axes
+    assert ax.get_xlim()[1] == pytest.approx(K0_ITL * 1.05)
+    # The stall is one step per token and one per chunk: 2 of the 2 × 252 steps drawn.
+    assert "axis clipped at the 99.5th percentile (10.0 ms): 2 of 504 steps lie beyond, up to 310.0 ms" in (
+        ax.get_xlabel()
+    )
+    plot_itl_cdf(views([stream("K0", i) for i in range(4)]), tmp_path / "d.png")
+    assert "clipped" not in drawn[1].axes[0].get_xlabel()
+
+
+def test_cdf_legend_sits_below_the_curves(tmp_path: Path, drawn: list[Figure]) -> None:
+    plot_itl_cdf(views(k0_k3()), tmp_path / "c.png")
+    fig = only_figure(drawn)
+    renderer = drawn_renderer(fig)
+    (ax,) = fig.axes
+    legend = ax.get_legend().get_window_extent(renderer)
+    assert legend.y1 < ax.get_window_extent(renderer).y0
+    assert "(not comparable)" in "".join(t.get_text() for t in ax.get_legend().get_texts())
+
+
+def test_long_run_folder_names_of_a_multi_run_report_do_not_overlap(
+    tmp_path: Path, drawn: list[Figure]
+) -> None:
+    """`itlaudit report RUN_A RUN_B` names variants "<run folder>/<variant>": six of them side by side
+    overlapped into one strip; broken onto lines, each label stays inside its own slot."""
+    runs = ("mtp-long-decode-20261204T030116Z", "mtp-long-decode-20261204T030209Z")
+    records = [replace(r, variant=f"{run}/{r.variant}") for run in runs for r in k0_k3()]
+    plot_itl_headline(views(records), tmp_path / "h.png")
+    plot_latency_bars(views(records), tmp_path / "l.png")
+    for fig in drawn:
+        renderer = drawn_renderer(fig)
+        for ax in fig.axes:
+            boxes = [
+                t.get_window_extent(renderer)
+                for t in ax.get_xticklabels()
+                if t.get_visible() and t.get_text()
+            ]
+            assert all(a.x1 < b.x0 for a, b in itertools.pairwise(boxes)), ax.get_title()

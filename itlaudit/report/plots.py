@@ -3,11 +3,15 @@
 Every figure is drawn from records and summary blocks through `metrics`' own functions, so a picture
 can never disagree with the table beside it. Each function writes one PNG of a fixed size and returns
 its path, or None when the run has nothing to show for that question (no empty panels in a report).
-Variants keep one colour across all figures; the first variant is the baseline of every ratio.
+Variants keep one colour across all figures; the first variant is the baseline of every ratio. A
+ratio is worded only when stats.compare_samples finds it significant (the rule diff uses), and only
+between comparable variants (analysis.validity): a variant that is not comparable is drawn grey and
+hatched, labelled "not comparable", and never called faster or better.
 """
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,22 +20,28 @@ from typing import Any
 import numpy as np
 from matplotlib.axes import Axes
 
-from itlaudit.analysis.metrics import p50, per_chunk_itl_ms, speedup, token_counts
+from itlaudit.analysis.metrics import p50, per_chunk_itl_ms, request_metrics, speedup, token_counts
+from itlaudit.analysis.stats import Comparison, compare_samples
+from itlaudit.analysis.validity import COMPARABLE, NOT_COMPARABLE, Validity, comparison_validity
 from itlaudit.model.records import RequestRecord, Status
 from itlaudit.report.plot_style import (
     CROWDED,
+    INVALID_HATCH,
     LOG_SPAN,
+    NO_VERDICT,
     TRUNCATION_RED,
     WIDE,
     Colour,
-    colour,
     plt,
     save_figure,
     spans_decades,
-    speedup_words,
+    tick_label,
+    variant_colour,
+    verdict_words,
 )
 
 __all__ = [
+    "CDF_CLIP_PERCENTILE",
     "PLOTS",
     "TIMELINE_SAMPLE",
     "PlotFunction",
@@ -51,14 +61,33 @@ TIMELINE_SAMPLE = 20  # lines per panel: more is a blur, fewer hides the spread
 @dataclass(frozen=True)
 class VariantView:
     """One variant as the report sees it: its records, its summary.json block, its compare.json
-    spec-decode figures (None when no compare.json, or the variant had no spec decode), and the ids of
-    its requests the findings call cut short (figures read findings, they never judge records)."""
+    spec-decode figures (None when no compare.json, or the variant had no spec decode), the ids of
+    its requests the findings call cut short, and whether it is comparable at all (figures read
+    findings and the validity rule, they never judge records)."""
 
     name: str
     records: Sequence[RequestRecord]
     block: dict[str, Any]
     spec_decode: dict[str, Any] | None = None
     truncated: frozenset[str] = frozenset()
+    validity: Validity = COMPARABLE
+
+
+def _colour(variants: Sequence[VariantView], view: VariantView) -> Colour:
+    return variant_colour(list(variants).index(view), view.validity)
+
+
+def _against_base(variants: Sequence[VariantView], view: VariantView) -> Validity:
+    """The validity of view's ratio to the baseline: both must be comparable (the baseline's own
+    validity when view is the baseline)."""
+    base = variants[0]
+    return base.validity if view is base else comparison_validity(view.validity, base.validity, base.name)
+
+
+def _verdict(base: VariantView, view: VariantView, key: str, lower_is_better: bool) -> Comparison:
+    """diff's rule on the two variants' per-request values of `key`: is the ratio a verdict at all."""
+    samples = [[getattr(request_metrics(r), key) for r in v.records] for v in (base, view)]
+    return compare_samples(*samples, lower_is_better=lower_is_better)
 
 
 def _gaps(records: Sequence[RequestRecord]) -> tuple[np.ndarray, np.ndarray]:
@@ -75,12 +104,19 @@ def _gaps(records: Sequence[RequestRecord]) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(token), np.concatenate(chunk)
 
 
+# The CDF's x axis ends here when a few steps lie far beyond it: one 37 ms stall must not squeeze every
+# curve below 20 ms into the left third. The curves still reach 1 (off the axis), and the label says so.
+CDF_CLIP_PERCENTILE = 99.5
+_CDF_STRETCH = 1.5  # clip only when the largest step is this far past the percentile
+
+
 def plot_itl_cdf(variants: Sequence[VariantView], path: Path) -> Path | None:
     """Token ITL solid, chunk ITL dashed, same colour: the horizontal gap between them is the
-    inflation a chunk-counting benchmark reports."""
+    inflation a chunk-counting benchmark reports. The legend sits under the axes, where it covers no
+    curve however many variants there are."""
     fig, ax = plt.subplots(figsize=WIDE)
     everything = []
-    for i, view in enumerate(variants):
+    for view in variants:
         token, chunk = _gaps(view.records)
         if token.size == 0:
             continue
@@ -88,23 +124,45 @@ def plot_itl_cdf(variants: Sequence[VariantView], path: Path) -> Path | None:
         # K0's two curves coincide: say so, or the reader hunts for a dashed line that is hidden.
         same = token.shape == chunk.shape and np.allclose(token, chunk)
         chunk_label = "per chunk (= per token)" if same else "per chunk"
+        mark = "" if view.validity.comparable else f" ({NOT_COMPARABLE})"
         for values, style, label in ((token, "-", "per token"), (chunk, "--", chunk_label)):
             ordered = np.sort(values)
             share = np.arange(1, ordered.size + 1) / ordered.size
-            ax.step(ordered, share, style, where="post", color=colour(i), lw=2, label=f"{view.name} {label}")
+            ax.step(
+                ordered,
+                share,
+                style,
+                where="post",
+                color=_colour(variants, view),
+                lw=2,
+                label=f"{view.name} {label}{mark}",
+            )
     if not everything:
         plt.close(fig)
         return None
-    if spans_decades(np.concatenate(everything)):
+    values = np.concatenate(everything)
+    if spans_decades(values):
         ax.set_xscale("log")
-    ax.set_xlabel("inter-token latency (ms)")
+    xlabel = "inter-token latency (ms)"
+    clip = float(np.percentile(values, CDF_CLIP_PERCENTILE))
+    if clip > 0 and values.max() > clip * _CDF_STRETCH:
+        beyond = int((values > clip).sum())
+        ax.set_xlim(right=clip * 1.05)
+        xlabel += (
+            f"; axis clipped at the {CDF_CLIP_PERCENTILE:g}th percentile ({clip:.1f} ms): {beyond} of "
+            f"{values.size} steps lie beyond, up to {values.max():.1f} ms"
+        )
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("share of decode steps ≤ x")
     ax.set_ylim(0, 1.02)
     ax.set_title(
         "ITL distribution: per token (solid, true) vs per chunk (dashed, what chunk-counting tools report)"
     )
     ax.grid(alpha=0.3, which="both")
-    ax.legend(loc="lower right", ncols=max(1, len(variants) // 3 + 1), fontsize=9)
+    labels = [str(line.get_label()) for line in ax.get_lines()]
+    # As many columns as the figure's width holds at 8 pt (~5.5 px a character, 45 px of line sample).
+    ncols = max(1, min(4, len(labels), int(WIDE[0] * 95 // (45 + 5.5 * max(map(len, labels))))))
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=ncols, fontsize=8)
     fig.tight_layout()
     return save_figure(fig, path)
 
@@ -131,8 +189,10 @@ def plot_tokens_per_chunk(variants: Sequence[VariantView], path: Path) -> Path |
             x + (i - (len(variants) - 1) / 2) * width,
             shares,
             width,
-            color=colour(i),
-            label=f"{view.name} (mean {mean:.2f} tokens/chunk)",
+            color=_colour(variants, view),
+            hatch=None if view.validity.comparable else INVALID_HATCH,
+            label=f"{view.name} (mean {mean:.2f} tokens/chunk)"
+            + ("" if view.validity.comparable else f", {NOT_COMPARABLE}"),
         )
     ax.set_xticks(x, [str(k) for k in sizes])
     ax.set_xlabel("tokens carried by one SSE chunk")
@@ -165,7 +225,7 @@ def plot_timeline(variants: Sequence[VariantView], path: Path) -> Path | None:
     for ax in axes.flat[len(shown) :]:
         ax.set_visible(False)
     for ax, view in zip(axes.flat, shown, strict=False):
-        _timeline_panel(ax, view, colour(list(variants).index(view)))
+        _timeline_panel(ax, view, _colour(variants, view))
     for ax in axes[-1]:
         ax.set_xlabel("time since request sent (s)")
     for ax in axes[:, 0]:
@@ -205,7 +265,9 @@ def _timeline_panel(ax: Axes, view: VariantView, line_colour: Colour) -> None:
     title = f"{view.name}: {len(finished)} request{'s' if len(finished) != 1 else ''}"
     if cut:
         title += f", {len(cut)} cut short"
-    ax.set_title(title, color=TRUNCATION_RED if cut else "black", fontsize=10)
+    if not view.validity.comparable:
+        title += f": {NOT_COMPARABLE}"
+    ax.set_title(title, color=TRUNCATION_RED if cut or not view.validity.comparable else "black", fontsize=10)
     ax.grid(alpha=0.3)
 
 
@@ -216,24 +278,50 @@ _BAR_METRICS = (
     ("decode_tokens_per_s", "decode tokens/s per request", False),
 )
 _PERCENTILES = (("p50", 1.0), ("p90", 0.65), ("p99", 0.35))  # (key, bar opacity)
+# Characters per line of a bar group's annotation: three groups share a third of the figure, so
+# "2.85× better" and "not comparable" side by side need two lines each to stay apart.
+_ANNOTATION_WIDTH = 10
 
 
 def plot_latency_bars(variants: Sequence[VariantView], path: Path) -> Path | None:
     """p50/p90/p99 per variant for the three figures people quote, each non-baseline bar group
-    annotated with its p50 ratio to the baseline."""
+    annotated with its p50 ratio to the baseline where diff's rule calls it a verdict; a variant that
+    is not comparable is grey, hatched and annotated so instead."""
     if not any(p50(v.block, key) is not None for v in variants for key, _, _ in _BAR_METRICS):
         return None
-    if len(variants) > CROWDED:
-        fig, axes = plt.subplots(len(_BAR_METRICS), 1, figsize=(WIDE[0], 2.8 * len(_BAR_METRICS)))
+    if len(variants) > CROWDED:  # stacked, the variant names under the last panel only
+        fig, axes = plt.subplots(
+            len(_BAR_METRICS), 1, figsize=(WIDE[0], 2.8 * len(_BAR_METRICS)), sharex=True
+        )
     else:
         fig, axes = plt.subplots(1, len(_BAR_METRICS), figsize=WIDE)
     for ax, (key, label, lower) in zip(axes, _BAR_METRICS, strict=True):
         _bar_panel(ax, variants, key, label, lower)
     handles = [plt.Rectangle((0, 0), 1, 1, color="grey", alpha=a) for _, a in _PERCENTILES]
     fig.legend(handles, [p for p, _ in _PERCENTILES], loc="upper right", ncols=3, fontsize=9)
-    fig.suptitle(f"Latency and throughput per variant (ratio = p50 vs {variants[0].name})", x=0.4)
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    fig.suptitle(
+        "Latency and throughput per variant\n"
+        f"ratio: p50 vs {variants[0].name}, worded only when significant (Mann–Whitney p < 0.05)",
+        x=0.01,
+        ha="left",
+        fontsize=10,
+    )
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.45 / fig.get_figheight()))  # the two-line title
     return save_figure(fig, path)
+
+
+def _ratio_words(
+    variants: Sequence[VariantView], view: VariantView, key: str, lower: bool, better: str, worse: str
+) -> tuple[str, str] | None:
+    """(words, colour) for view's p50 ratio to the baseline: "not comparable" in red when the pair
+    breaks the validity rule, else verdict_words over diff's significance rule."""
+    if not _against_base(variants, view).comparable:
+        return NOT_COMPARABLE, TRUNCATION_RED
+    base = variants[0]
+    factor = speedup(p50(base.block, key), p50(view.block, key), lower)
+    if factor is None:
+        return None
+    return verdict_words(_verdict(base, view, key, lower), factor, better, worse)
 
 
 def _bar_panel(ax: Axes, variants: Sequence[VariantView], key: str, label: str, lower: bool) -> None:
@@ -241,9 +329,19 @@ def _bar_panel(ax: Axes, variants: Sequence[VariantView], key: str, label: str, 
     tops = []
     for i, view in enumerate(variants):
         stats = view.block.get(key) or {}
+        invalid = not view.validity.comparable
         for j, (p, alpha) in enumerate(_PERCENTILES):
             if stats.get(p) is not None:
-                ax.bar(i + (j - 1) * width, stats[p], width, color=colour(i), alpha=alpha)
+                ax.bar(
+                    i + (j - 1) * width,
+                    stats[p],
+                    width,
+                    color=_colour(variants, view),
+                    alpha=alpha,
+                    hatch=INVALID_HATCH if invalid else None,
+                    edgecolor=TRUNCATION_RED if invalid else None,
+                    lw=0.6 if invalid else 0,
+                )
                 tops.append(stats[p])
     if not tops:
         ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
@@ -251,31 +349,33 @@ def _bar_panel(ax: Axes, variants: Sequence[VariantView], key: str, label: str, 
     log = max(tops) / max(min(tops), 1e-9) > LOG_SPAN
     if log:
         ax.set_yscale("log")
-    base = p50(variants[0].block, key)
-    for i, view in enumerate(variants[1:], 1):
-        factor = speedup(base, p50(view.block, key), lower)
+    for i, view in enumerate(variants):
         stats = view.block.get(key) or {}
         top = max(v for p, _ in _PERCENTILES if (v := stats.get(p)) is not None) if stats.get("p50") else None
-        if factor is not None and top is not None:
+        ranked = i or not view.validity.comparable  # the baseline is annotated only when invalid
+        words = _ratio_words(variants, view, key, lower, "better", "worse") if ranked else None
+        if words is not None and top is not None:
             ax.annotate(
-                speedup_words(factor),
+                textwrap.fill(words[0], _ANNOTATION_WIDTH),
                 (i, top),
                 xytext=(0, 4),
                 textcoords="offset points",
                 ha="center",
-                fontsize=9,
+                fontsize=8,
                 fontweight="bold",
-                color="#2ca02c" if factor >= 1 else TRUNCATION_RED,
+                color=words[1],
             )
-    ax.set_ylim(top=max(tops) * (3 if log else 1.18))
-    ax.set_xticks(range(len(variants)), [v.name for v in variants])
+    ax.set_ylim(top=max(tops) * (4 if log else 1.3))  # room for two-line annotations
+    ax.set_xticks(range(len(variants)), [tick_label(v.name) for v in variants], fontsize=9)
     ax.set_title(label + (" (log)" if log else ""), fontsize=10)
     ax.grid(axis="y", alpha=0.3, which="both")
 
 
 def plot_itl_headline(variants: Sequence[VariantView], path: Path) -> Path | None:
     """Token ITL next to chunk ITL (p50) per variant, each variant's per-token ratio to the baseline
-    under its name: the ten-second answer to "is K3 faster?"."""
+    under its name: the ten-second answer to "is K3 faster?". The ratio is worded only when diff's
+    rule finds it significant, and only between comparable variants: one that is not comparable is
+    grey and hatched, its label says "not comparable" and why, in red."""
     pairs = [(p50(v.block, "itl_ms"), p50(v.block, "chunk_itl_ms")) for v in variants]
     if all(token is None for token, _ in pairs):
         return None
@@ -283,7 +383,8 @@ def plot_itl_headline(variants: Sequence[VariantView], path: Path) -> Path | Non
     width = 0.38
     crowded = len(variants) > CROWDED
     top = max(x for pair in pairs for x in pair if x is not None)
-    for i, pair in enumerate(pairs):
+    for i, (view, pair) in enumerate(zip(variants, pairs, strict=True)):
+        invalid = not view.validity.comparable
         for offset, value, hatched, what in zip(
             (-width / 2, width / 2), pair, (False, True), ("per token", "per chunk"), strict=True
         ):
@@ -293,10 +394,10 @@ def plot_itl_headline(variants: Sequence[VariantView], path: Path) -> Path | Non
                 i + offset,
                 value,
                 width,
-                color=colour(i),
+                color=_colour(variants, view),
                 alpha=0.45 if hatched else 1.0,
-                hatch="//" if hatched else None,
-                edgecolor="black",
+                hatch=INVALID_HATCH if invalid else "//" if hatched else None,
+                edgecolor=TRUNCATION_RED if invalid else "black",
                 lw=0.6,
             )
             ax.annotate(
@@ -307,17 +408,27 @@ def plot_itl_headline(variants: Sequence[VariantView], path: Path) -> Path | Non
                 ha="center",
                 fontsize=8 if crowded else 9,
             )
-    base = pairs[0][0]
-    labels = [variants[0].name + "\n(baseline)"]
     suffix = "" if crowded else " per token"
-    for view, (token, _) in zip(variants[1:], pairs[1:], strict=True):
-        factor = speedup(base, token, lower_is_better=True)
-        labels.append(
-            view.name + (f"\n{speedup_words(factor, 'faster', 'slower')}{suffix}" if factor else "")
-        )
+    labels, label_colours = [], []
+    for i, view in enumerate(variants):
+        name = tick_label(view.name) + ("\n(baseline)" if i == 0 else "")
+        validity = _against_base(variants, view)
+        if not validity.comparable:
+            # The reason in the label, in red: a reader of this figure alone must see why.
+            reason = tick_label(f"{NOT_COMPARABLE}: {validity.reason}", 30)
+            labels.append(f"{name}\n{reason}")
+            label_colours.append(TRUNCATION_RED)
+            continue
+        words = _ratio_words(variants, view, "itl_ms", True, "faster", "slower") if i else None
+        if words:
+            name += f"\n{words[0]}" + ("" if words[0].startswith(NO_VERDICT) else suffix)
+        labels.append(name)
+        label_colours.append("black")
     # All bars at 0 (one-token replies have no ITL): an empty axis rather than a singular one.
     ax.set_ylim(0, top * 1.3 if top > 0 else 1.0)
-    ax.set_xticks(range(len(variants)), labels, fontsize=9 if crowded else 10)
+    ax.set_xticks(range(len(variants)), labels, fontsize=8 if crowded else 9)
+    for tick, tick_colour in zip(ax.get_xticklabels(), label_colours, strict=True):
+        tick.set_color(tick_colour)
     ax.set_ylabel("ITL p50 over requests (ms)")
     ax.set_title("Token ITL (solid: lower is faster) vs chunk ITL (hatched: inflated by tokens per chunk)")
     ax.grid(axis="y", alpha=0.3)
@@ -327,24 +438,21 @@ def plot_itl_headline(variants: Sequence[VariantView], path: Path) -> Path | Non
 
 def plot_acceptance(variants: Sequence[VariantView], path: Path) -> Path | None:
     """Per-position draft acceptance from /metrics: where along the draft the speculation fails."""
-    rates = [
-        (i, v, list((v.spec_decode or {}).get("per_position_acceptance") or []))
-        for i, v in enumerate(variants)
-    ]
-    rates = [(i, v, r) for i, v, r in rates if r]
+    rates = [(v, list((v.spec_decode or {}).get("per_position_acceptance") or [])) for v in variants]
+    rates = [(v, r) for v, r in rates if r]
     if not rates:
         return None
     fig, ax = plt.subplots(figsize=WIDE)
-    positions = max(len(r) for _, _, r in rates)
+    positions = max(len(r) for _, r in rates)
     width = 0.8 / len(rates)
-    for k, (i, view, values) in enumerate(rates):
+    for k, (view, values) in enumerate(rates):
         al = (view.spec_decode or {}).get("acceptance_length")
         label = view.name + (f" (acceptance length {al:.2f})" if isinstance(al, int | float) else "")
         ax.bar(
             np.arange(1, len(values) + 1) + (k - (len(rates) - 1) / 2) * width,
             values,
             width,
-            color=colour(i),
+            color=_colour(variants, view),
             label=label,
         )
     ax.set_xticks(range(1, positions + 1))

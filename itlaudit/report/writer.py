@@ -14,6 +14,7 @@ from typing import Any
 
 from itlaudit.analysis.findings import truncated_requests
 from itlaudit.analysis.importers import ImportedBenchmark
+from itlaudit.analysis.validity import variant_validity
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.redact import redact_text, secret_values
 from itlaudit.report.html import render_html
@@ -34,7 +35,8 @@ def variant_views(
 ) -> list[VariantView]:
     """compare.json is written by another command and may be absent, partial or from an older
     itlaudit: anything but a dict where spec-decode figures should be is treated as absent. The
-    findings (JSON form) say which requests were cut short."""
+    findings (JSON form) say which requests were cut short; the summary, by analysis.validity,
+    which variants are not comparable."""
     compared = (compare or {}).get("variants") if isinstance(compare, dict) else None
     truncated = truncated_requests(findings)
     views = []
@@ -48,6 +50,7 @@ def variant_views(
                 block=block,
                 spec_decode=spec if isinstance(spec, dict) else None,
                 truncated=frozenset(r.request_id for r in records if r.variant == name) & truncated,
+                validity=variant_validity(summary, name),
             )
         )
     return views
