@@ -269,3 +269,77 @@ def test_the_packaged_scenarios_the_commands_default_to_exist_and_load() -> None
     move once left the demo pointing at a folder that does not exist."""
     for path in (DEMO_SCENARIO, DEFAULT_SCENARIO):
         assert load_scenario(path).variants, path
+
+
+def _records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
+
+
+def test_flags_only_run_sends_the_flags_workload_and_saves_it(sim, tmp_path: Path) -> None:
+    """No scenario file: vllm bench serve's flags are the workload; the records carry it, meta.json
+    the command line (key masked), label and metadata; --save-scenario loads back to the same workload."""
+    url = sim()
+    result = itlaudit(
+        "run",
+        "--url",
+        url,
+        *("--dataset-name", "random", "--random-input-len", "12", "--random-output-len", "24"),
+        *("--num-prompts", "5", "--max-concurrency", "2", "--temperature", "0"),
+        *("--label", "nightly", "--metadata", "gpu=h200", "--metadata", "tp=1"),
+        *("--api-key", "sk-not-a-real-key-1234", "--save-scenario", "saved.toml"),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = [p for p in (tmp_path / "reports").iterdir() if p.is_dir()]
+    assert run_dir.name.startswith("random-12-24-")  # named after the workload, not "run"
+    records = _records(run_dir)
+    assert len(records) == 5
+    assert {(r["prompt_tokens"], r["completion_tokens"]) for r in records} == {(12, 24)}
+    assert {
+        (r["params"]["max_tokens"], r["params"]["ignore_eos"], r["params"]["temperature"]) for r in records
+    } == {(24, True, 0.0)}
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["label"] == "nightly" and meta["metadata"] == {"gpu": "h200", "tp": "1"}
+    assert meta["command_line"].startswith("itlaudit run --url ")
+    assert "sk-not-a-real-key-1234" not in (run_dir / "meta.json").read_text()
+    saved = load_scenario(tmp_path / "saved.toml")
+    assert (saved.workload.num_requests, saved.workload.concurrency) == (5, 2)
+    assert saved.variants[0].url == url
+    assert saved.workload.dataset is not None
+    assert [len(e.prompt or []) for e in saved.workload.dataset.entries] == [12] * 5
+
+
+def test_flags_replace_a_scenarios_keys(sim, tmp_path: Path) -> None:
+    path = scenario(tmp_path, sim())  # 3 requests of at most 40 tokens
+    result = itlaudit(
+        "run",
+        str(path),
+        "--num-prompts",
+        "2",
+        "--max-tokens",
+        "16",
+        "--out",
+        str(tmp_path / "r"),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    records = _records(tmp_path / "r")
+    assert len(records) == 2
+    assert {r["params"]["max_tokens"] for r in records} == {16}
+    assert {r["completion_tokens"] for r in records} == {16}
+
+
+def test_run_folder_is_named_after_the_scenario_file(sim, tmp_path: Path) -> None:
+    path = scenario(tmp_path, sim())  # s.toml, whose name key is "t"
+    result = itlaudit("run", str(path), "--num-prompts", "1", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert [p.name.split("-")[0] for p in (tmp_path / "reports").iterdir() if p.is_dir()] == ["s"]
+
+
+def test_url_without_scheme_and_no_server_are_one_line(tmp_path: Path) -> None:
+    _one_line_error(itlaudit("run", "--url", "localhost:8000", cwd=tmp_path), "URL needs http:// or https://")
+    _one_line_error(itlaudit("run", cwd=tmp_path), "give a SCENARIO file, or a server")
+    _one_line_error(
+        itlaudit("run", "--url", "http://127.0.0.1:9", "--dataset-name", "jsonl", cwd=tmp_path),
+        "--dataset-name jsonl needs --dataset-path FILE",
+    )

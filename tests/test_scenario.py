@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
+import shutil
 from pathlib import Path
 
 import pytest
 
 from itlaudit.errors import ScenarioError
-from itlaudit.model.scenario import load_scenario, parse_scenario
+from itlaudit.model.scenario import (
+    Scenario,
+    ScenarioFlags,
+    build_scenario,
+    load_scenario,
+    parse_scenario,
+    scenario_toml,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -166,3 +175,121 @@ def test_bad_timeouts_and_several_choices_are_refused(line: str, message: str) -
 
 def test_n_of_1_is_accepted() -> None:
     assert parse(GOOD.replace("seed = 3", "seed = 3\nextra_body = { n = 1 }"))
+
+
+def _same(a: Scenario, b: Scenario) -> None:
+    """Equal as experiments: everything but the file they came from."""
+    assert dataclasses.replace(a, path=None) == dataclasses.replace(b, path=None)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ScenarioFlags(url="http://127.0.0.1:8000"),
+        ScenarioFlags(
+            variant_urls={"K0": "http://a:1", "K3": "http://b:2"},
+            dataset_name="random",
+            random_input_len=64,
+            random_output_len=32,
+            num_prompts=7,
+            request_rate=2.5,
+            burstiness=0.5,
+            num_warmups=2,
+            seed=11,
+            endpoint="completions",
+            model="m",
+        ),
+        ScenarioFlags(
+            url="http://x:1",
+            dataset_name="jsonl",
+            dataset_path=REPO / "scenarios" / "prompts" / "specbench-like.jsonl",
+            max_tokens=9,
+            ignore_eos=True,
+            temperature=0.0,
+            max_concurrency=3,
+        ),
+    ],
+    ids=["bench-defaults", "random-open-loop", "jsonl"],
+)
+def test_saved_scenario_loads_back_to_the_same_scenario(tmp_path: Path, flags: ScenarioFlags) -> None:
+    scenario, raw = build_scenario(None, flags)
+    target = tmp_path / "elsewhere" / "saved.toml"
+    target.parent.mkdir()
+    target.write_text(scenario_toml(raw, Path.cwd(), target, ["a header"]), encoding="utf-8")
+    _same(load_scenario(target), scenario)
+    assert target.read_text().startswith("# a header\n")
+    assert "num_requests = " in target.read_text() and "# --num-prompts" in target.read_text()
+
+
+def test_flags_only_takes_vllm_bench_serves_defaults() -> None:
+    scenario, _ = build_scenario(None, ScenarioFlags(url="http://h:1", num_prompts=10))
+    dataset = scenario.workload.dataset
+    assert dataset is not None and dataset.kind == "random"
+    assert {(len(e.prompt or []), e.max_tokens) for e in dataset.entries} == {(1024, 128)}
+    # no --max-concurrency and no --request-rate: every request at once, as vllm bench serve sends them
+    assert (scenario.workload.num_requests, scenario.workload.concurrency) == (10, 10)
+    assert [(v.name, v.url) for v in scenario.variants] == [("server", "http://h:1")]
+
+
+def test_flags_replace_the_files_keys_and_the_copy_still_finds_its_prompts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scenario copied with its prompts folder reads them from beside itself, whatever the working
+    directory; flags replace the keys they name; saved elsewhere, the prompts path still names them."""
+    copy = tmp_path / "copy"
+    shutil.copytree(REPO / "scenarios" / "prompts", copy / "prompts")
+    shutil.copy(REPO / "scenarios" / "mtp-long-decode.toml", copy / "mine.toml")
+    monkeypatch.chdir(tmp_path.parent)
+    original = load_scenario(copy / "mine.toml")
+    assert original.workload.prompts[0].startswith(
+        (REPO / "scenarios/prompts/long-design-doc.txt").read_text()[:40]
+    )
+    scenario, raw = build_scenario(
+        copy / "mine.toml", ScenarioFlags(num_prompts=2, max_tokens=64, variant_urls={"K3": "http://c:3"})
+    )
+    assert (scenario.workload.num_requests, scenario.workload.params.max_tokens) == (2, 64)
+    assert scenario.workload.params.min_tokens == 64  # forced length (min = max) stays forced
+    assert scenario.workload.params.ignore_eos  # not named by a flag: the file's value
+    assert scenario.workload.prompts == original.workload.prompts
+    for target in (copy / "again.toml", tmp_path / "away" / "again.toml"):
+        target.parent.mkdir(exist_ok=True)
+        target.write_text(scenario_toml(raw, copy, target, []), encoding="utf-8")
+        saved = load_scenario(target)
+        assert saved.workload == scenario.workload
+        assert [(v.name, v.url) for v in saved.variants] == [
+            ("K0", "http://127.0.0.1:8000"),
+            ("K3", "http://c:3"),
+        ]
+    assert 'prompts_file = "prompts/long-design-doc.txt"' in (copy / "again.toml").read_text()
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (
+            ScenarioFlags(url="http://h:1", dataset_name="sharegpt"),
+            "--dataset-name sharegpt needs --dataset-path",
+        ),
+        (
+            ScenarioFlags(url="http://h:1", dataset_name="jsonl", random_input_len=3),
+            "--random-input-len is for",
+        ),
+        (ScenarioFlags(variant_urls={"K9": "http://h:1"}), None),
+    ],
+)
+def test_flag_combinations_that_cannot_be_run_are_named(flags: ScenarioFlags, needle: str | None) -> None:
+    if needle is None:  # a flags-only run's variants are the flags' own
+        assert [v.name for v in build_scenario(None, flags)[0].variants] == ["K9"]
+        with pytest.raises(ScenarioError, match="--variant names K9, not in the scenario"):
+            build_scenario(REPO / "scenarios" / "mtp-long-decode.toml", flags)
+        return
+    with pytest.raises(ScenarioError, match=needle):
+        build_scenario(None, flags)
+
+
+def test_max_tokens_flag_below_a_scenarios_floor_names_the_flag(tmp_path: Path) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text(GOOD.replace("min_tokens = 64", "min_tokens = 10"), encoding="utf-8")
+    with pytest.raises(ScenarioError, match=r"--max-tokens 5 is below the scenario's min_tokens \(10\)"):
+        build_scenario(path, ScenarioFlags(max_tokens=5))
+    assert build_scenario(path, ScenarioFlags(max_tokens=20))[0].workload.params.min_tokens == 10

@@ -357,9 +357,24 @@ class ScenarioFlags:
             target = raw if table == "" else workload
             if name == "request_rate" and math.isinf(value):
                 target.pop(key, None)  # vllm bench serve's inf: every request at once, no schedule
-            else:
-                target[key] = value
+                continue
+            if name == "max_tokens" and "min_tokens" in workload:
+                self._keep_min_tokens(workload, value)
+            target[key] = value
         return raw
+
+    @staticmethod
+    def _keep_min_tokens(workload: dict[str, Any], max_tokens: int) -> None:
+        """A forced-length scenario (min_tokens = max_tokens) stays forced at the new length; a floor
+        above the new cap is named with the flag, not as the file's mistake."""
+        floor = workload["min_tokens"]
+        if floor == workload.get("max_tokens"):
+            workload["min_tokens"] = max_tokens
+        elif isinstance(floor, int) and floor > max_tokens:
+            raise ScenarioError(
+                f"--max-tokens {max_tokens} is below the scenario's min_tokens ({floor}); raise it or "
+                "edit min_tokens"
+            )
 
     def _apply_dataset(self, workload: dict[str, Any], given: dict[str, Any]) -> None:
         old = workload.get("dataset")
