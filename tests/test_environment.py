@@ -18,7 +18,7 @@ from itlaudit.serve.environment import (
     recorded_env,
     server_env,
 )
-from itlaudit.serve.sim import SimConfig
+from itlaudit.serve.sim import SIM_VERSION, SimConfig
 from itlaudit.workflows.run import run_scenario
 
 LOG_LINE = (
@@ -83,7 +83,8 @@ def test_server_record_from_a_live_server() -> None:
     config = SimConfig()
     with sim_server(config) as url:
         record = server_environment(url, [config.system_fingerprint, None])
-    assert record["vllm_version"] == "0.32.0"
+    assert record["server_version"] == SIM_VERSION and record["simulated"] is True
+    assert record["vllm_version"] is None and record["vllm_commit"] is None  # the simulator is not vLLM
     assert record["system_fingerprint"] == config.system_fingerprint
     assert record["launched"] is False and record["env"] is None
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from itlaudit.serve.launcher import LaunchSpec, launch
+from itlaudit.serve.sim import SIM_VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
 FAULTSERVER = str(ROOT / "tests" / "faultserver.py")
@@ -86,7 +87,8 @@ def test_server_without_version_or_non_streaming_answer_is_run_with_build_unknow
     assert build["url"] == url
     if mode == "no_version":
         assert "/version answered HTTP 404" in result.stderr
-        assert build["version"] == "0.32.0"  # recovered from the system_fingerprint, vllm-<version>-<hash>
+        # Recovered from the system_fingerprint, itlaudit-sim-<version>-<hash>: the simulator, not vLLM.
+        assert build["version"] == SIM_VERSION
     else:
         assert build["system_fingerprint"] is None and "non-streaming ping" in result.stderr
     lines = (tmp_path / "run" / "requests.jsonl").read_text().splitlines()

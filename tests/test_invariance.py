@@ -23,7 +23,7 @@ from itlaudit.analysis.invariance import (
 from itlaudit.capture.scoring import Scorer, observe
 from itlaudit.capture.server_info import server_identity
 from itlaudit.errors import ServerRejectedError
-from itlaudit.serve.sim import SimConfig, run_sim
+from itlaudit.serve.sim import SIM_VERSION, SimConfig, run_sim
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.32.0-cpu"
 PROMPTS = ["The quick brown fox", "Once upon a time there was"]
@@ -148,7 +148,7 @@ async def test_server_identity_reads_version_and_fingerprint() -> None:
     config = SimConfig()
     async with run_sim(config) as url, aiohttp.ClientSession() as session:
         identity = await server_identity(session, url, "sim-tiny")
-    assert identity == {"version": "0.32.0", "system_fingerprint": config.system_fingerprint}
+    assert identity == {"version": SIM_VERSION, "system_fingerprint": config.system_fingerprint}
 
 
 @pytest.mark.parametrize(("variance", "flagged"), [(0.0, False), (0.2, True)])

@@ -71,6 +71,8 @@ def test_fingerprint_covers_build_args_env_and_workload(tmp_path: Path) -> None:
 def test_version_is_recovered_from_system_fingerprint() -> None:
     assert ledger.version_from_system_fingerprint("vllm-0.32.0-67068cd2") == "0.32.0"
     assert ledger.version_from_system_fingerprint("fp_abc") is None
+    # The simulator's fingerprint names the simulator, never a vLLM version.
+    assert ledger.version_from_system_fingerprint("itlaudit-sim-0.1.0-bd448dc9") == "itlaudit-sim 0.1.0"
 
 
 def test_check_new_run_names_a_repeat_and_refuses_it_only_with_no_repeat(tmp_path: Path) -> None:
@@ -120,7 +122,7 @@ def test_matrix_attaches_the_latest_conclusion(tmp_path: Path) -> None:
     (row,) = ledger.matrix(lines)
     assert row["conclusion"] == "FULL graph is not the cause"
     assert row["hash"] == "ab" * 8
-    assert row["build"] == "vllm 0.32.0 (vllm-0.32.0-67068cd2)"
+    assert row["build"] == "vLLM 0.32.0 (vllm-0.32.0-67068cd2)"
 
 
 def test_ledger_command_names_a_repeat_and_refuses_it_with_no_repeat(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from itlaudit.serve.sim import SimConfig, run_sim
+from itlaudit.serve.sim import SIM_VERSION, SimConfig, run_sim
 
 FIXTURES = Path(__file__).parent / "fixtures"
 V032 = FIXTURES / "vllm-0.32.0-cpu"
@@ -443,15 +443,21 @@ async def test_plain_endpoints_match_captures() -> None:
         for name, method, path, body in [
             ("error-max-tokens-too-large.json", "POST", "/v1/completions", {**prompt, "max_tokens": 4096}),
             ("error-unknown-model.json", "POST", "/v1/completions", {**prompt, "model": "nope"}),
-            ("version.json", "GET", "/version", None),
         ]:
             async with session.request(method, url + path, json=body) as resp:
                 assert await resp.read() == (V032 / name).read_bytes(), name
                 status_line = (V032 / f"{name}.headers").read_text().split()[1]
                 assert resp.status == int(status_line)
                 assert resp.headers["Content-Type"] == captured_content_type(name)
+        # vLLM's /version layout, with the simulator's name where vLLM's version stands.
+        async with session.get(url + "/version") as resp:
+            captured = (V032 / "version.json").read_bytes()
+            assert await resp.read() == captured.replace(b'"0.32.0"', json.dumps(SIM_VERSION).encode())
+            assert resp.headers["Content-Type"] == captured_content_type("version.json")
         async with session.get(url + "/v1/models") as resp:
-            assert shape(await resp.json()) == shape(json.loads((V032 / "models.json").read_bytes()))
+            models = await resp.json()
+            assert shape(models) == shape(json.loads((V032 / "models.json").read_bytes()))
+            assert models["data"][0]["owned_by"] == "itlaudit-sim"  # vLLM says "vllm"
             assert resp.headers["Content-Type"] == captured_content_type("models.json")
         async with session.get(url + "/metrics") as resp:
             assert resp.headers["Content-Type"] == captured_content_type("metrics-k0.txt")

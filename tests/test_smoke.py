@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from itlaudit.cli.app import app
 from itlaudit.model.sendlog import SendLog
-from itlaudit.serve.sim import SimConfig
+from itlaudit.serve.sim import SIM_VERSION, SimConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM_SUITE = ROOT / "scenarios" / "smoke" / "sim"
@@ -144,14 +144,16 @@ def test_clean_simulator_is_go(clean: Clean) -> None:
     assert smoke["verdict"] == ("go" if go else "no-go")
     assert ("GO: " in clean.text and "NO-GO" not in clean.text) == go
     assert smoke["results"]["long-decode"]["K3"]["acceptance_length"]["metrics"] == 4.0
-    assert smoke["environment"]["servers"]["K3"]["vllm_version"] == "0.32.0"
+    # The simulator says what it is: never recorded as a vLLM build.
+    assert smoke["environment"]["servers"]["K3"]["server_version"] == SIM_VERSION
+    assert smoke["environment"]["servers"]["K3"]["vllm_version"] is None
     assert smoke["environment"]["servers"]["K3"]["system_fingerprint"] == K3.system_fingerprint
     report = (clean.out / "report.md").read_text()
     assert f"| {speedup['status']} | long-decode/K3 | speedup itl_ms.p50 over K0 |" in report
     assert "## Environment" in report
     # Each (scenario, server) is an ordinary run folder, its meta.json carrying the environment.
     meta = json.loads((clean.out / "runs" / "long-decode-K3" / "meta.json").read_text())
-    assert meta["variants"]["K3"]["environment"]["vllm_version"] == "0.32.0"
+    assert meta["variants"]["K3"]["environment"]["simulated"] is True
 
 
 FAULTS: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, str]]] = {

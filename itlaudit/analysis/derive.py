@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
+from itlaudit.analysis.benchmark import benchmark_figures
 from itlaudit.analysis.findings import Finding, request_findings, run_findings
 from itlaudit.analysis.metrics import (
     RequestMetrics,
@@ -43,6 +44,9 @@ def derive_request(record: RequestRecord) -> dict[str, Any]:
 
 
 def _variant_block(records: Sequence[RequestRecord], metrics: Sequence[RequestMetrics]) -> dict[str, Any]:
+    """summary.json's block for one variant: per-request distributions (p50/p90/p99 over requests),
+    the run-level figures vllm bench reports (`benchmark`: totals, throughputs, pooled ITL), how the
+    chunks were stamped, and finding counts."""
     per_request = [request_findings(r, m) for r, m in zip(records, metrics, strict=True)]
     codes = Counter(f.code for found in per_request for f in found)
     hist: Counter[int] = Counter()
@@ -58,6 +62,8 @@ def _variant_block(records: Sequence[RequestRecord], metrics: Sequence[RequestMe
         "schedule_lag_ms": summarize([schedule_lag_ms(r) for r in records]),
     }
     block.update(variant_summary(metrics))
+    block["benchmark"] = benchmark_figures(records, metrics)
+    block["stamp"] = dict(Counter(r.stamp or "unknown" for r in records))
     block["findings"] = dict(sorted(codes.items()))
     categories = by_category(records, metrics)
     if categories:

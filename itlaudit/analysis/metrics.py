@@ -20,12 +20,15 @@ import numpy as np
 from itlaudit.model.records import ChunkSeries, RequestRecord, Status
 
 __all__ = [
+    "PERCENTILES",
     "SUMMARY_METRICS",
     "TOKEN_SOURCE_CHUNKS",
     "TOKEN_SOURCE_TOKEN_IDS",
     "TOKEN_SOURCE_USAGE",
     "RequestMetrics",
     "content_chunk_mask",
+    "decode_gaps",
+    "distribution",
     "median",
     "p50",
     "per_chunk_itl_ms",
@@ -96,6 +99,15 @@ def per_chunk_itl_ms(record: RequestRecord) -> np.ndarray:
     """Each decode gap spread over the tokens it delivered, so MTP bursts do not look like stalls."""
     t, cumulative, _ = token_counts(record)
     return np.diff(t) / np.diff(cumulative)
+
+
+def decode_gaps(record: RequestRecord) -> tuple[np.ndarray, np.ndarray]:
+    """(gap before each decode chunk in ms, tokens that chunk delivered): the raw material of the pooled
+    ITL percentiles. vllm bench pools the gaps as they are (its ITL, one value per chunk); the token
+    ITL pools each gap divided by its tokens, weighted by them (a 4-token chunk after 12 ms is four
+    3 ms gaps), so a burst of accepted drafts counts as the tokens it carried."""
+    t, cumulative, _ = token_counts(record)
+    return np.diff(t), np.diff(cumulative)
 
 
 def tokens_per_chunk_hist(record: RequestRecord) -> dict[int, int]:
@@ -179,19 +191,48 @@ def request_metrics(record: RequestRecord) -> RequestMetrics:
     )
 
 
-def summarize(values: Sequence[float | None]) -> dict[str, float | int | None]:
-    """count/mean/p50/p90/p99 over the defined values; undefined ones are dropped, not counted as zero."""
-    kept = np.array([v for v in values if v is not None], dtype=float)
+PERCENTILES = (50, 90, 99)
+
+
+def _weighted_percentiles(values: np.ndarray, weights: np.ndarray) -> list[float]:
+    """np.percentile's linear interpolation over `values` each repeated `weights` times, without
+    building the repeated array (a long run has millions of token gaps)."""
+    order = np.argsort(values, kind="stable")
+    ordered, ends = values[order], np.cumsum(weights[order])
+    out = []
+    for q in PERCENTILES:
+        position = q / 100 * (ends[-1] - 1)
+        low, high = int(np.floor(position)), int(np.ceil(position))
+        at_low = ordered[np.searchsorted(ends, low, side="right")]
+        at_high = ordered[np.searchsorted(ends, high, side="right")]
+        out.append(float(at_low + (at_high - at_low) * (position - low)))
+    return out
+
+
+def distribution(
+    values: Sequence[float | None] | np.ndarray, weights: Sequence[int] | np.ndarray | None = None
+) -> dict[str, float | int | None]:
+    """count/mean/std/p50/p90/p99 of the defined values, each counted `weights` times (integers; all
+    1 when None), as np.mean/np.std/np.percentile give them on the repeated values: vllm bench's
+    statistics. Undefined values are dropped, not counted as zero; `count` is the weighted count."""
+    raw = np.array([np.nan if v is None else v for v in values], dtype=float)
+    counts = np.ones(raw.size, dtype=np.int64) if weights is None else np.asarray(weights, dtype=np.int64)
+    keep = ~np.isnan(raw) & (counts > 0)
+    kept, counts = raw[keep], counts[keep]
     if kept.size == 0:
-        return {"count": 0, "mean": None, "p50": None, "p90": None, "p99": None}
-    p50, p90, p99 = np.percentile(kept, [50, 90, 99])
-    return {
-        "count": int(kept.size),
-        "mean": float(kept.mean()),
-        "p50": float(p50),
-        "p90": float(p90),
-        "p99": float(p99),
-    }
+        return {"count": 0, "mean": None, "std": None, "p50": None, "p90": None, "p99": None}
+    mean = float(np.average(kept, weights=counts))
+    std = float(np.sqrt(np.average((kept - mean) ** 2, weights=counts)))
+    p50, p90, p99 = _weighted_percentiles(kept, counts)
+    return {"count": int(counts.sum()), "mean": mean, "std": std, "p50": p50, "p90": p90, "p99": p99}
+
+
+def summarize(values: Sequence[float | None]) -> dict[str, float | int | None]:
+    """count/mean/p50/p90/p99 over the defined values (distribution() without std): summary.json's
+    per-request figures, one value per request."""
+    figures = distribution(values)
+    del figures["std"]
+    return figures
 
 
 def median(values: Sequence[float | None]) -> float | None:

@@ -20,6 +20,7 @@ from itlaudit.capture.preflight import fetch_json
 from itlaudit.capture.scoring import Scorer
 from itlaudit.errors import ItlauditError
 from itlaudit.model.access import NO_ACCESS, Access
+from itlaudit.model.run_context import is_simulator
 from itlaudit.serve.environment import commit_of, non_default_args, server_env
 
 __all__ = ["fetch_version", "scrape_counters", "server_environment", "server_identity"]
@@ -46,13 +47,18 @@ def server_environment(
     log_path: Path | None = None,
     access: Access = NO_ACCESS,
 ) -> dict[str, Any]:
-    """One server's record. The launch env and log are known only when itlaudit started it."""
+    """One server's record. The launch env and log are known only when itlaudit started it.
+    `server_version` is what /version said; `vllm_version` is it only when the server is vLLM, so the
+    simulator (`simulated`) is never recorded as a vLLM build."""
     version = fetch_version(base_url, access)
+    simulated = is_simulator(version)
     seen = sorted({f for f in fingerprints if f})
     return {
         "url": base_url,
-        "vllm_version": version,
-        "vllm_commit": commit_of(version),
+        "server_version": version,
+        "simulated": simulated,
+        "vllm_version": None if simulated else version,
+        "vllm_commit": None if simulated else commit_of(version),
         "system_fingerprint": seen[0] if len(seen) == 1 else (seen or None),
         "launched": launch_kind is not None,
         "launch_kind": launch_kind,

@@ -11,7 +11,7 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
 from itlaudit.errors import SimError
-from itlaudit.serve.sim.config import VLLM_VERSION
+from itlaudit.serve.sim.config import SIM_VERSION
 from itlaudit.serve.sim.endpoints import CompletionApi
 from itlaudit.serve.sim.validation import parse_job
 from itlaudit.serve.sim.wire import bad_request, dump_json, error_body, model_list, rejection_body
@@ -101,7 +101,7 @@ class Connection(asyncio.Protocol):
         server = self.server
         routes: dict[tuple[str, str], Callable[[], Any]] = {
             ("GET", "/health"): dict,
-            ("GET", "/version"): lambda: {"version": VLLM_VERSION},
+            ("GET", "/version"): lambda: {"version": SIM_VERSION},
             ("GET", "/v1/models"): lambda: model_list(server.sim),
             ("GET", "/truth/log"): server.log_json,
             ("POST", "/truth/reset"): server.reset,

@@ -28,6 +28,7 @@ from itlaudit.analysis.quality import text_quality
 from itlaudit.errors import DuplicateRunError, ItlauditError, RecordsError
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.redact import redact_args, redact_env, redact_json
+from itlaudit.model.run_context import SIMULATOR, server_build
 from itlaudit.model.scenario import Scenario, load_scenario
 from itlaudit.model.schedule import Arrivals
 from itlaudit.store.jsonl import RecordWriter, iter_jsonl, load_records
@@ -67,7 +68,8 @@ DIGEST_CHARS = 16
 # variants were switched by exactly these (VLLM_BATCH_INVARIANT, VLLM_ENABLE_V1_MULTIPROCESSING,
 # VLLM_USE_DEEP_GEMM, a patched tree on PYTHONPATH). A launched server inherits them from us.
 _ENV_RE = re.compile(r"^(VLLM_|CUDA_|TORCH_|NCCL_|OMP_|SGLANG_|PYTHONPATH$|LD_LIBRARY_PATH$|HF_)")
-_FINGERPRINT_VERSION_RE = re.compile(r"^vllm-(.+)-[0-9a-f]{8}$")
+# vLLM's system_fingerprint is `vllm-<version>-<hash8>`; the simulator's `itlaudit-sim-<version>-<hash8>`.
+_FINGERPRINT_VERSION_RE = re.compile(rf"^(vllm|{SIMULATOR})-(.+)-[0-9a-f]{{8}}$")
 
 
 @dataclass(frozen=True)
@@ -100,9 +102,12 @@ _FINGERPRINT_FIELDS = tuple(f.name for f in fields(Fingerprint))
 
 
 def version_from_system_fingerprint(system_fingerprint: str | None) -> str | None:
-    """vLLM's system_fingerprint is `vllm-<version>-<config hash>`: the version survives in records."""
+    """The /version a server would have answered, from its system_fingerprint (the version survives in
+    records): vLLM's `0.32.0`, or the simulator's `itlaudit-sim 0.1.0`, never mistaken for vLLM."""
     match = _FINGERPRINT_VERSION_RE.match(system_fingerprint or "")
-    return match.group(1) if match else None
+    if match is None:
+        return None
+    return f"{SIMULATOR} {match.group(2)}" if match.group(1) == SIMULATOR else match.group(2)
 
 
 def relevant_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -309,7 +314,7 @@ def matrix(lines: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
             {
                 "run": str(line.get("run_id")),
                 "variant": str(line.get("variant")),
-                "build": f"vllm {build.get('version')} ({build.get('system_fingerprint')})",
+                "build": f"{server_build(build.get('version'))} ({build.get('system_fingerprint')})",
                 "result": format_result(line.get("result") or {}) + _repeat_note(line),
                 "hash": str((line.get("result") or {}).get("outputs_sha256", ""))[:DIGEST_CHARS],
                 "fingerprint": str(line.get("fingerprint")),
@@ -340,7 +345,8 @@ def _read_meta(path: Path) -> dict[str, Any]:
 def _server_from_records(records: Sequence[RequestRecord], meta_variant: Mapping[str, Any]) -> dict[str, Any]:
     fingerprints = Counter(r.system_fingerprint for r in records if r.system_fingerprint)
     system_fingerprint = fingerprints.most_common(1)[0][0] if fingerprints else None
-    version = (meta_variant.get("server") or {}).get("version")
+    environment = meta_variant.get("environment") or {}
+    version = environment.get("server_version") or environment.get("vllm_version")
     return {"version": version, "system_fingerprint": system_fingerprint}
 
 

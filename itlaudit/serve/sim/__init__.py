@@ -8,6 +8,10 @@ chat role chunk, the trailing usage-only chunk, the mid-stream error frame and t
 The layouts (in `wire` and `endpoints`) were read from vLLM 0.32's ``entrypoints/openai`` and checked
 against real captures in ``tests/fixtures/``.
 
+It is not vLLM and says so: /version answers ``itlaudit-sim <version>``, its models are ``owned_by``
+``itlaudit-sim`` and its system_fingerprint starts ``itlaudit-sim-``, so a run against it is labelled
+simulated in meta.json, the ledger and the report.
+
 Faults are injected server-side so that every finding the auditor can raise has a reproducible cause.
 
 The package, by role: `config` (settings and the fault catalogue), `vocab` (tokens), `engine`
@@ -15,8 +19,8 @@ The package, by role: `config` (settings and the fault catalogue), `vocab` (toke
 chat), `validation` (request parsing), `metrics` (/metrics) and `server` (the aiohttp handlers).
 """
 
-from itlaudit.serve.sim.config import VLLM_VERSION, SimConfig
+from itlaudit.serve.sim.config import SIM_VERSION, SimConfig
 from itlaudit.serve.sim.server import make_app, run_sim, serve
 from itlaudit.serve.sim.wire import model_list
 
-__all__ = ["VLLM_VERSION", "SimConfig", "make_app", "model_list", "run_sim", "serve"]
+__all__ = ["SIM_VERSION", "SimConfig", "make_app", "model_list", "run_sim", "serve"]

@@ -5,9 +5,14 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
-__all__ = ["VLLM_VERSION", "SimConfig"]
+from itlaudit import __version__
+from itlaudit.model.run_context import SIMULATOR, simulator_version
 
-VLLM_VERSION = "0.32.0"
+__all__ = ["SIM_VERSION", "SimConfig"]
+
+# What /version answers: the simulator by name, never a vLLM version, so a run against it is recorded
+# as simulated (meta.json, the ledger, the report) and cannot pass for a real build.
+SIM_VERSION = simulator_version()
 
 
 @dataclass
@@ -50,5 +55,6 @@ class SimConfig:
 
     @property
     def system_fingerprint(self) -> str:
-        """Stable per configuration, shaped like vLLM's ``vllm-<version>-<hash8>``."""
-        return f"vllm-{VLLM_VERSION}-{zlib.crc32(repr(self).encode()):08x}"
+        """Stable per configuration, shaped like vLLM's ``vllm-<version>-<hash8>`` but naming the
+        simulator: ``itlaudit-sim-<itlaudit version>-<hash8>``."""
+        return f"{SIMULATOR}-{__version__}-{zlib.crc32(repr(self).encode()):08x}"

@@ -18,7 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from itlaudit.errors import SimError
 from itlaudit.model.sendlog import SendLog
-from itlaudit.serve.sim.config import VLLM_VERSION, SimConfig
+from itlaudit.serve.sim.config import SIM_VERSION, SimConfig
 from itlaudit.serve.sim.endpoints import ChatApi, CompletionApi, EndpointApi
 from itlaudit.serve.sim.engine import Engine, Step
 from itlaudit.serve.sim.metrics import MetricsCollector
@@ -204,7 +204,7 @@ async def _models(request: web.Request) -> web.Response:
 
 
 async def _version(request: web.Request) -> web.Response:
-    return _json_response({"version": VLLM_VERSION})
+    return _json_response({"version": SIM_VERSION})
 
 
 async def _health(request: web.Request) -> web.Response:

@@ -14,6 +14,7 @@ from http import HTTPStatus
 from typing import Any
 
 from itlaudit.errors import SimError
+from itlaudit.model.run_context import SIMULATOR
 from itlaudit.serve.sim.config import SimConfig
 from itlaudit.serve.sim.engine import Job, TokenLogprob
 
@@ -156,7 +157,7 @@ def model_list(cfg: SimConfig) -> dict[str, Any]:
         "id": cfg.model,
         "object": "model",
         "created": created,
-        "owned_by": "vllm",
+        "owned_by": SIMULATOR,  # vLLM says "vllm": the simulator says what it is
         "root": cfg.model,
         "parent": None,
         "max_model_len": cfg.max_model_len,

@@ -1,0 +1,116 @@
+"""A variant's run-level figures as vllm bench serve reports them: requests, duration, token totals,
+throughputs, and TTFT/TPOT/ITL/E2EL statistics, beside the token-true ITL that vllm bench does not have.
+
+vllm bench's definitions are kept exactly (calculate_metrics in vllm/benchmarks/serve.py), so the
+"Serving Benchmark Result" block and a --save-result JSON read the same to a vllm bench user:
+
+- Only successful requests count in the token totals and latency statistics; failed ones are counted.
+- TTFT, TPOT and E2EL are one value per request; TPOT is (E2EL − TTFT) / (output tokens − 1) over
+  requests with more than one output token.
+- vllm bench's ITL pools every chunk gap of every request: one value per chunk, so under speculative
+  decoding it is per chunk, not per token (`chunk_itl_ms` here). The token ITL (`token_itl_ms`)
+  pools the same gaps divided by the tokens each chunk delivered, weighted by those tokens: the
+  per-token latency a user feels, pooled the way vllm bench pools.
+- Percentiles interpolate linearly, as np.percentile does; std is the population std, as np.std.
+
+The duration runs from the first send to the last end of the variant's measured requests (warmups
+are never records here), summed over --append rounds, which share no clock zero.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from itlaudit.analysis.metrics import RequestMetrics, decode_gaps, distribution, ratio, token_counts
+from itlaudit.model.records import RequestRecord, Status
+
+__all__ = ["benchmark_figures", "request_span_ms"]
+
+
+def request_span_ms(record: RequestRecord) -> tuple[float, float] | None:
+    """(send, end) in ms from the variant's start, or None for a record without a dispatch offset (an
+    import, an older itlaudit). A request that ended without e2e_ms ends at its last chunk."""
+    if record.sent_offset_ms is None:
+        return None
+    t_ms = record.chunks.t_ms
+    length = record.e2e_ms if record.e2e_ms is not None else (max(t_ms) if t_ms else 0.0)
+    return record.sent_offset_ms, record.sent_offset_ms + length
+
+
+def _round(record: RequestRecord) -> str:
+    """The --append round a request belongs to: ids are `<variant>-<n>`, or `<variant>.<tag>-<n>`."""
+    return record.request_id.removeprefix(record.variant).rpartition("-")[0]
+
+
+def _duration_s(records: Sequence[RequestRecord]) -> float | None:
+    """First send to last end, per round (each round's offsets have their own zero), summed."""
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for record in records:
+        span = request_span_ms(record)
+        if span is None:
+            return None
+        spans.setdefault(_round(record), []).append(span)
+    if not spans:
+        return None
+    total_ms = sum(max(end for _, end in s) - min(start for start, _ in s) for s in spans.values())
+    return total_ms / 1000.0
+
+
+def _peaks(records: Sequence[RequestRecord]) -> tuple[float | None, int | None]:
+    """vllm bench's max_output_tokens_per_s and max_concurrent_requests: over one-second buckets from
+    the first send, the most content chunks that arrived (vllm bench counts the first token and one
+    per chunk gap: chunks, whatever the key says) and the most requests open in one bucket. None for
+    records without dispatch offsets, or spread over several --append rounds (no shared clock)."""
+    spans = [request_span_ms(r) for r in records]
+    known = [s for s in spans if s is not None]
+    if not known or len(known) < len(spans) or len({_round(r) for r in records}) > 1:
+        return None, None
+    start = min(send for send, _ in known)
+    buckets = math.ceil((max(end for _, end in known) - start) / 1000.0) + 1
+    chunks = np.zeros(buckets)
+    open_requests = np.zeros(buckets)
+    for record, (send, end) in zip(records, known, strict=True):
+        arrivals, _, _ = token_counts(record)
+        seconds = ((send + arrivals - start) // 1000).astype(np.int64)
+        np.add.at(chunks, seconds[(seconds >= 0) & (seconds < buckets)], 1)
+        open_requests[int((send - start) // 1000) : int((end - start) // 1000) + 1] += 1
+    return float(chunks.max()), int(open_requests.max())
+
+
+def benchmark_figures(records: Sequence[RequestRecord], metrics: Sequence[RequestMetrics]) -> dict[str, Any]:
+    """summary.json's block["benchmark"] for one variant's measured records and their metrics."""
+    ok = [(r, m) for r, m in zip(records, metrics, strict=True) if r.status == Status.OK]
+    ok_records = [r for r, _ in ok]
+    duration_s = _duration_s(records)
+    input_tokens = [r.prompt_tokens for r in ok_records]
+    total_input = sum(t for t in input_tokens if t is not None)
+    total_output = sum(m.completion_tokens or 0 for _, m in ok)
+    gaps = [decode_gaps(r) for r in ok_records]
+    chunk_gaps = np.concatenate([g for g, _ in gaps]) if gaps else np.zeros(0)
+    increments = np.concatenate([k for _, k in gaps]) if gaps else np.zeros(0, dtype=np.int64)
+    positive = increments > 0
+    peak_chunks, peak_open = _peaks(ok_records)
+    return {
+        "completed": len(ok),
+        "failed": len(records) - len(ok),
+        "duration_s": duration_s,
+        "total_input_tokens": int(total_input),
+        "input_tokens_unknown": sum(1 for t in input_tokens if t is None),
+        "total_output_tokens": int(total_output),
+        "request_throughput": ratio(len(ok), duration_s),
+        "output_throughput": ratio(total_output, duration_s),
+        "total_token_throughput": ratio(total_input + total_output, duration_s),
+        "max_output_tokens_per_s": peak_chunks,
+        "max_concurrent_requests": peak_open,
+        "ttft_ms": distribution([m.ttft_ms for _, m in ok]),
+        "tpot_ms": distribution([m.tpot_ms for _, m in ok]),
+        "e2el_ms": distribution([m.e2e_ms for _, m in ok]),
+        "chunk_itl_ms": distribution(chunk_gaps),
+        "token_itl_ms": distribution(chunk_gaps[positive] / increments[positive], increments[positive]),
+        "decode_chunks": int(chunk_gaps.size),
+        "tokens_per_decode_chunk": ratio(float(increments.sum()), float(chunk_gaps.size)),
+    }

@@ -1,0 +1,76 @@
+"""What a result says about where it came from, beyond its figures: the workload as sent (meta.json's
+"workload", written when the run starts) and who answered (a vLLM build or itlaudit's simulator).
+
+A figure read without its context is how vLLM #47297 went wrong; and a simulated run recorded as
+"vLLM 0.32.0" would put a simulator's numbers in a ledger beside real builds. So the simulator says
+what it is in /version, /v1/models and its system_fingerprint, and every reader of a version string
+asks `server_build` how to name it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from itlaudit import __version__
+from itlaudit.model.scenario import Scenario
+
+__all__ = ["SIMULATOR", "is_simulator", "server_build", "simulator_version", "workload_meta"]
+
+# The name the simulator answers with: the start of its /version, its models' owned_by, and its
+# system_fingerprint (`itlaudit-sim-<version>-<hash8>`, where vLLM's is `vllm-<version>-<hash8>`).
+SIMULATOR = "itlaudit-sim"
+
+
+def simulator_version() -> str:
+    """The simulator's /version: its name and the itlaudit that serves it, never a vLLM version."""
+    return f"{SIMULATOR} {__version__}"
+
+
+def is_simulator(version: str | None) -> bool:
+    """Whether a /version string (or a system_fingerprint) is the simulator's."""
+    return bool(version) and str(version).startswith(SIMULATOR)
+
+
+def server_build(version: str | None) -> str:
+    """A server's build as a report names it: "vLLM 0.32.0", "itlaudit simulator (itlaudit-sim 0.1.0),
+    not vLLM", or "unknown (no /version)" for servers that do not say (SGLang, gateways, mocks)."""
+    if not version:
+        return "unknown (no /version)"
+    if is_simulator(version):
+        return f"itlaudit simulator ({version}), not vLLM"
+    return f"vLLM {version}"
+
+
+def _span(values: Iterable[int | None]) -> int | str | None:
+    """One value as itself, several as "min–max", none as None: a workload's per-request lengths."""
+    known = sorted({v for v in values if v is not None})
+    if not known:
+        return None
+    return known[0] if len(known) == 1 else f"{known[0]}–{known[-1]}"
+
+
+def workload_meta(scenario: Scenario) -> dict[str, Any]:
+    """meta.json's "workload": what was asked of every variant, in vllm bench serve's terms where it
+    has them (num_prompts, max_concurrency, request_rate None = no rate limit, vllm bench's "inf").
+    The report's context block and the --save-result JSON read it."""
+    workload = scenario.workload
+    arrivals = workload.arrivals
+    dataset = workload.dataset
+    entries = dataset.entries if dataset is not None else []
+    max_tokens = _span([workload.params.max_tokens] + [e.max_tokens for e in entries])
+    return {
+        "endpoint": scenario.endpoint,
+        "model": scenario.model,
+        "dataset": dataset.kind if dataset is not None else "prompts",
+        "input_len": _span(len(e.prompt) for e in entries if isinstance(e.prompt, list)),
+        "num_prompts": workload.num_requests,
+        "max_concurrency": workload.concurrency,
+        "request_rate": arrivals.request_rate,
+        "burstiness": arrivals.burstiness,
+        "duration_s": arrivals.duration_s,
+        "num_warmups": arrivals.warmup_requests,
+        "max_tokens": max_tokens,
+        "ignore_eos": workload.params.ignore_eos,
+        "temperature": workload.params.temperature,
+    }
