@@ -27,6 +27,7 @@ from itlaudit.errors import RunDirError, RunInterrupted, ScenarioError
 from itlaudit.model.access import NO_ACCESS, Access
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.redact import launch_secret_values, redact_file, redact_json
+from itlaudit.model.run_context import workload_meta
 from itlaudit.model.run_labels import RunLabels
 from itlaudit.model.scenario import Scenario, Variant
 from itlaudit.serve.environment import gpus as host_gpus
@@ -228,6 +229,7 @@ def run_scenario(
         "scenario": scenario.name,
         "scenario_path": str(scenario.path) if scenario.path else None,
         "endpoint": scenario.endpoint,
+        "workload": workload_meta(scenario),
         "started_at_unix": started,
         "environment": host_environment(),
         **(labels.to_meta() if labels is not None else {}),
