@@ -76,3 +76,32 @@ def test_headline_renders_bold_in_html() -> None:
 
 def test_table_cell_keeps_itlaudit_markdown_but_not_pipes_or_lines() -> None:
     assert table_cell("speedup itl_ms.p50 | over\nK0") == "speedup itl_ms.p50 \\| over K0"
+
+
+def test_two_runs_in_one_report_take_short_labels(tmp_path: Path) -> None:
+    """`report A B --label base=A --label new=B`: the variants read base/K3, not the run folders'
+    long names, in the title, the headline and the table."""
+    from simkit import itlaudit
+
+    runs = []
+    for name in ("mtp-long-decode-20261204T030116Z", "mtp-long-decode-20261204T030209Z"):
+        run = _run_dir(tmp_path / name, k0_k3(capped=False))
+        runs.append(run)
+    out = tmp_path / "both"
+    done = itlaudit(
+        "report",
+        *map(str, runs),
+        "--label",
+        f"base={runs[0]}",
+        "--label",
+        f"new={runs[1]}/",
+        "--out",
+        str(out),
+    )
+    assert done.returncode == 0, done.stderr
+    text = (out / "report.md").read_text()
+    assert text.startswith("# itlaudit: base vs new\n")
+    assert "| metric | base/K0 | base/K3 | new/K0 | new/K3 |" in text
+    assert "- **new/K0 is about as fast per token as base/K0**." in text
+    wrong = itlaudit("report", *map(str, runs), "--label", f"x={tmp_path}")
+    assert wrong.returncode == 2 and "is not one of the run folders given" in wrong.stderr

@@ -86,23 +86,43 @@ def load_import(spec: str, default_variant: str) -> tuple[ImportedBenchmark, str
     return parse_import(data, path.name), (variant if sep and variant else default_variant)
 
 
-def _combined(runs: list[Run]) -> tuple[list[RequestRecord], list[str]]:
-    """Several runs in one report: variant names get the run folder's name as prefix when they would
+def _run_labels(specs: list[str], runs: list[Run]) -> dict[Path, str]:
+    """`--label NAME=DIR`: a short name for a run folder; otherwise the run's own label (meta.json),
+    else its folder name (long: `mtp-long-decode-20261204T030116Z`)."""
+    given: dict[Path, str] = {}
+    for spec in specs:
+        name, sep, folder = spec.partition("=")
+        if not sep or not name or not folder:
+            raise RecordsError(f"--label {spec}: expected NAME=DIR")
+        given[Path(folder).resolve()] = name
+    unknown = set(given) - {run.path.resolve() for run in runs}
+    if unknown:
+        raise RecordsError(
+            f"--label: {', '.join(sorted(map(str, unknown)))} is not one of the run folders given"
+        )
+    return {
+        run.path: given.get(run.path.resolve()) or str(run.meta.get("label") or run.path.name) for run in runs
+    }
+
+
+def _combined(runs: list[Run], labels: dict[Path, str]) -> tuple[list[RequestRecord], list[str]]:
+    """Several runs in one report: variant names get the run's label as prefix when they would
     otherwise collide (two runs of the same scenario), and stay short when they don't."""
     names = Counter(v for run in runs for v in dict.fromkeys(r.variant for r in run.records))
     clash = any(n > 1 for n in names.values())
     records: list[RequestRecord] = []
     order: list[str] = []
     for run in runs:
+        prefix = labels[run.path]
         for record in run.records:
             if clash:
                 record = dataclasses.replace(
                     record,
-                    variant=f"{run.path.name}/{record.variant}",
-                    request_id=f"{run.path.name}/{record.request_id}",
+                    variant=f"{prefix}/{record.variant}",
+                    request_id=f"{prefix}/{record.request_id}",
                 )
             records.append(record)
-        order += [f"{run.path.name}/{v}" if clash else v for v in run.order]
+        order += [f"{prefix}/{v}" if clash else v for v in run.order]
     return records, order
 
 
@@ -122,10 +142,20 @@ def report(
             "to put beside VARIANT (default the first).",
         ),
     ] = None,
+    label_specs: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--label",
+            metavar="NAME=DIR",
+            help="A short name for run folder DIR in a report over several (default: the run's label, "
+            "else the folder's name). Repeatable.",
+        ),
+    ] = None,
 ) -> None:
     """Re-derive a run's files and write report.md, report.html and PNGs (several runs: one comparison)."""
     runs = [load_run(p) for p in run_dirs]
-    records, order = _combined(runs)
+    labels = _run_labels(label_specs or [], runs)
+    records, order = _combined(runs, labels)
     first = order[0] if order else (records[0].variant if records else "")
     imported = [load_import(spec, first) for spec in imports or []]
     if len(runs) == 1 and out_dir is None:
@@ -138,7 +168,7 @@ def report(
         derived = [f for r in records for f in derive_request(r)["finding_details"]]
         findings = derived + summary["run_findings"]
         titles = [run.title for run in runs]
-        title = " vs ".join(titles if len(set(titles)) == len(titles) else [run.path.name for run in runs])
+        title = " vs ".join(titles if len(set(titles)) == len(titles) else [labels[run.path] for run in runs])
         from itlaudit.report.writer import write_reports  # matplotlib: only when drawing
 
         write_reports(target, title, records, summary, findings, imported=imported)
