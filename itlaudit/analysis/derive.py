@@ -56,6 +56,7 @@ def _variant_block(records: Sequence[RequestRecord], metrics: Sequence[RequestMe
     block: dict[str, Any] = {
         "requests": len(records),
         "errors": sum(1 for r in records if r.status != Status.OK),
+        "model": ", ".join(sorted({r.model for r in records})) or None,  # as sent (the served name)
         "token_source": dict(sources),
         "tokens_per_chunk_hist": {str(k): v for k, v in sorted(hist.items())},
         "client_loop_lag_ms": _loop_lag(records),

@@ -1,0 +1,147 @@
+"""`--save-result FILE`: a finished run as vllm bench serve's result JSON, one file per variant.
+
+Dashboards that ingest `vllm bench serve --save-result` files read these unchanged: every key vllm
+bench writes that itlaudit can compute has vllm bench's name and vllm bench's meaning (vllm
+0.32's benchmarks/serve.py). In particular `*_itl_ms` is vllm bench's ITL, pooled over chunk gaps:
+under speculative decoding a per-chunk figure. itlaudit's own figures stand beside them under names
+vllm bench does not use: the token-true ITL (`mean_token_itl_ms`, `p99_token_itl_ms`, ...), tokens
+per decode chunk, the findings and whether the variant may be compared at all.
+
+Left out: vllm bench's per-request arrays (`input_lens`, `output_lens`, `ttfts`, `itls`, `latencies`,
+`start_times`, `generated_texts`, `errors`, `queue_times`), which it writes only with
+--save-detailed and which requests.jsonl holds in full; `request_goodput` is null as in a vllm bench
+run without --goodput; spec-decode counters (`spec_decode_*`) come from a server's /metrics, which
+`itlaudit compare` reads into compare.json.
+
+The file is built from the run folder alone (summary.json and meta.json), so it can be written again
+for any past run.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from itlaudit.analysis.validity import variant_validity
+from itlaudit.errors import ItlauditError
+from itlaudit.model.codes import TRUNCATION_CODES
+from itlaudit.model.run_context import is_simulator, server_build
+from itlaudit.store.rundir import META_FILE, SUMMARY_FILE, read_json, write_json
+
+__all__ = ["BACKENDS", "VLLM_STATISTICS", "result_json", "result_paths", "save_result"]
+
+# vllm bench serve's --backend for each itlaudit endpoint (its result's `backend`/`endpoint_type`).
+BACKENDS = {"completions": "openai", "chat": "openai-chat"}
+# vllm bench's metric name → summary.json's block["benchmark"] key; `itl` is vllm bench's chunk ITL.
+VLLM_STATISTICS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "itl": "chunk_itl_ms", "e2el": "e2el_ms"}
+# summary.json's block["benchmark"] keys that vllm bench writes under the same name, in its order
+# around `request_goodput` (null, as in a vllm bench run without --goodput).
+_BEFORE_GOODPUT = ("completed", "failed", "total_input_tokens", "total_output_tokens", "request_throughput")
+_AFTER_GOODPUT = (
+    "output_throughput",
+    "total_token_throughput",
+    "max_output_tokens_per_s",
+    "max_concurrent_requests",
+)
+
+
+def _statistics(name: str, figures: Mapping[str, Any]) -> dict[str, Any]:
+    """vllm bench's keys for one metric: mean_, median_, std_, then p50_/p90_/p99_ (its --metric-percentiles
+    50,90,99; its default is 99 alone)."""
+    figures = figures or {}
+    out = {f"{stat}_{name}_ms": figures.get(key) for stat, key in (("mean", "mean"), ("median", "p50"))}
+    out[f"std_{name}_ms"] = figures.get("std")
+    out.update({f"{p}_{name}_ms": figures.get(p) for p in ("p50", "p90", "p99")})
+    return out
+
+
+def result_json(summary: Mapping[str, Any], meta: Mapping[str, Any], variant: str) -> dict[str, Any]:
+    """One variant's result, in vllm bench serve's key order: setup, metadata, traffic, figures."""
+    block: Mapping[str, Any] = summary["variants"][variant]
+    bench: Mapping[str, Any] = block.get("benchmark") or {}
+    workload: Mapping[str, Any] = meta.get("workload") or {}
+    info: Mapping[str, Any] = (meta.get("variants") or {}).get(variant) or {}
+    environment: Mapping[str, Any] = info.get("environment") or {}
+    version = environment.get("server_version") or environment.get("vllm_version")
+    started = meta.get("started_at_unix")
+    backend = BACKENDS.get(str(meta.get("endpoint")), str(meta.get("endpoint")))
+    rate = workload.get("request_rate")
+    validity = variant_validity(summary, variant)
+    findings: Mapping[str, int] = block.get("findings") or {}
+    result: dict[str, Any] = {
+        "date": time.strftime("%Y%m%d-%H%M%S", time.localtime(started)) if started else None,
+        "endpoint_type": backend,
+        "backend": backend,
+        "label": meta.get("label"),
+        "model_id": block.get("model") or workload.get("model"),
+        "tokenizer_id": block.get("model") or workload.get("model"),  # the server's own: usage counts
+        "num_prompts": workload.get("num_prompts", block.get("requests")),
+        # vllm bench writes --metadata KEY=VALUE pairs as top-level keys; its figures win a clash.
+        **dict(meta.get("metadata") or {}),
+        "request_rate": "inf" if rate is None else rate,
+        "burstiness": workload.get("burstiness", 1.0),
+        "max_concurrency": workload.get("max_concurrency"),
+        "duration": bench.get("duration_s"),
+        **{key: bench.get(key) for key in _BEFORE_GOODPUT},
+        "request_goodput": None,
+        **{key: bench.get(key) for key in _AFTER_GOODPUT},
+        "rtfx": 0.0,  # vllm bench's audio input duration / duration: no audio here
+    }
+    for name, key in VLLM_STATISTICS.items():
+        result.update(_statistics(name, bench.get(key) or {}))
+    # itlaudit's own keys, under names vllm bench does not use.
+    result.update(_statistics("token_itl", bench.get("token_itl_ms") or {}))
+    result.update(
+        {
+            "tokens_per_decode_chunk": bench.get("tokens_per_decode_chunk"),
+            "decode_chunks": bench.get("decode_chunks"),
+            "input_tokens_unknown": bench.get("input_tokens_unknown"),
+            "truncation_findings": {code: findings[code] for code in TRUNCATION_CODES if findings.get(code)},
+            "findings": dict(findings),
+            "comparable": validity.comparable,
+            "not_comparable_reason": validity.reason,
+            "variant": variant,
+            "base_url": info.get("url"),
+            "server_build": server_build(version),
+            "simulated": is_simulator(version),
+            "token_source": block.get("token_source"),
+            "stamp": block.get("stamp"),
+            "itlaudit_version": meta.get("itlaudit_version"),
+            "command_line": meta.get("command_line"),
+        }
+    )
+    return result
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def result_paths(path: Path, variants: list[str]) -> dict[str, Path]:
+    """FILE for a single variant; `<stem>-<variant><suffix>` beside it for each of several."""
+    if len(variants) == 1:
+        return {variants[0]: path}
+    return {v: path.with_name(f"{path.stem}-{_UNSAFE.sub('_', v)}{path.suffix}") for v in variants}
+
+
+def save_result(path: Path, run_dir: Path) -> list[Path]:
+    """Write the vllm bench style result file(s) of a finished run folder; returns what was written."""
+    try:
+        summary = read_json(run_dir / SUMMARY_FILE)
+        meta = read_json(run_dir / META_FILE)
+    except (OSError, ValueError) as exc:
+        raise ItlauditError(f"--save-result: cannot read the run folder {run_dir} ({exc})") from None
+    names = list(summary.get("variants") or {})
+    if not names:
+        raise ItlauditError(f"--save-result: {run_dir} recorded no requests, so there is no result")
+    written = []
+    for variant, target in result_paths(path, names).items():
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            write_json(target, result_json(summary, meta, variant))
+        except OSError as exc:
+            raise ItlauditError(f"--save-result {target}: {exc.strerror or exc}") from None
+        written.append(target)
+    return written
