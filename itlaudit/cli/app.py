@@ -25,7 +25,7 @@ from itlaudit.errors import ItlauditError, RunInterrupted
 from itlaudit.model.redact import redact_text
 from itlaudit.model.run_labels import RunLabels, parse_metadata
 from itlaudit.model.scenario import Scenario, ScenarioFlags, build_scenario, parse_scenario, scenario_toml
-from itlaudit.store.rundir import COMPARE_FILE, REPORT_FILE
+from itlaudit.store.rundir import COMPARE_FILE, META_FILE, read_json
 from itlaudit.workflows.run import LedgerPolicy, RunOutcome, handle_sigterm, interruption, run_scenario
 
 __all__ = [
@@ -183,18 +183,22 @@ def run_settings(
 
 
 def _print_outcome(outcome: RunOutcome) -> None:
-    for name, block in outcome.summary["variants"].items():
-        itl = block["itl_ms"]["p50"]
-        chunk = block["chunk_itl_ms"]["p50"]
-        tokens = block["completion_tokens"]["p50"]
-        found = ", ".join(f"{c}×{n}" for c, n in block["findings"].items()) or "none"
-        figures = (
-            f"token ITL p50 {itl:.2f} ms, chunk ITL p50 {chunk:.2f} ms"
-            if itl is not None and chunk is not None
-            else "no ITL (no decode chunks)"
-        )
-        out.print(f"[bold]{name}[/bold]: {figures}, completion tokens p50 {tokens}, findings: {found}")
-    out.print(f"report: {outcome.run_dir / REPORT_FILE}")
+    """Per variant, vllm bench serve's result block with the token ITL beside its chunk ITL
+    (report.terminal), then where both reports are. Lines are never wrapped: a label stays with its
+    value in a CI log or a narrow terminal."""
+    from itlaudit.report.terminal import result_block
+    from itlaudit.report.writer import REPORT_HTML, REPORT_MD
+
+    try:
+        meta = read_json(outcome.run_dir / META_FILE)
+    except (OSError, ValueError):
+        meta = {}
+    for name in outcome.summary["variants"]:
+        for line, style in result_block(outcome.summary, meta, name):
+            out.print(line, style=style, markup=False, highlight=False, soft_wrap=True)
+    for report in (REPORT_MD, REPORT_HTML):
+        where = (outcome.run_dir / report).resolve()
+        out.print(f"report: {where}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _save_result(settings: RunSettings, run_dir: Path) -> None:

@@ -1,0 +1,88 @@
+"""The end-of-run block in the terminal, one per variant, laid out as vllm bench serve's "Serving
+Benchmark Result" (same labels, same order, 40-column labels) so a vllm bench user finds each figure
+where they expect it, plus what vllm bench cannot show: the token-true ITL beside its per-chunk ITL,
+the tokens per decode chunk, the server build (a simulator says so), the findings, and a variant that
+may not be compared marked by the validity rule before any of its figures.
+
+Plain lines: the caller prints them without wrapping (a CI log or a narrow terminal must not break
+a label from its value), and integers stay integers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from itlaudit.analysis.validity import variant_validity
+from itlaudit.model.run_context import server_build
+
+__all__ = ["WIDTH", "Line", "result_block"]
+
+WIDTH = 50  # vllm bench's block width; its labels take 40 columns
+_NONE = "n/a"
+
+# A line and its style (None: plain): the caller decides how to print both.
+Line = tuple[str, str | None]
+
+
+def _row(label: str, *values: Any, fmt: str = "{:.2f}") -> str:
+    """`label` padded to 40 then each value, floats with `fmt`, integers as integers, unknown as n/a."""
+    cells = [_NONE if v is None else str(v) if isinstance(v, int | str) else fmt.format(v) for v in values]
+    return f"{label:<40} " + " ".join(f"{c:<10}" for c in cells).rstrip()
+
+
+def _section(title: str) -> str:
+    return f"{title:-^{WIDTH}}"
+
+
+def _statistics(label: str, figures: Mapping[str, Any] | None, *more: Mapping[str, Any] | None) -> list[str]:
+    """Mean, Median and P99 rows for one metric (vllm bench's three), one column per figure set."""
+    sets = [figures or {}, *(m or {} for m in more)]
+    return [
+        _row(f"{word} {label} (ms):", *(s.get(key) for s in sets))
+        for word, key in (("Mean", "mean"), ("Median", "p50"), ("P99", "p99"))
+    ]
+
+
+def result_block(summary: Mapping[str, Any], meta: Mapping[str, Any], variant: str) -> list[Line]:
+    """One variant's block. `meta` is meta.json's dict (the workload and the server's /version)."""
+    block: Mapping[str, Any] = summary["variants"][variant]
+    bench: Mapping[str, Any] = block.get("benchmark") or {}
+    workload: Mapping[str, Any] = meta.get("workload") or {}
+    info: Mapping[str, Any] = (meta.get("variants") or {}).get(variant) or {}
+    environment: Mapping[str, Any] = info.get("environment") or {}
+    version = environment.get("server_version") or environment.get("vllm_version")
+    lines: list[Line] = [(f"{f' Serving Benchmark Result: {variant} ':=^{WIDTH}}", "bold")]
+    validity = variant_validity(summary, variant)
+    if not validity.comparable:
+        lines.append((f"{variant}: {validity.label}", "bold red"))
+    plain = [
+        _row("Server:", f"{info.get('url') or _NONE}, {server_build(version)}"),
+        _row("Successful requests:", bench.get("completed")),
+        _row("Failed requests:", bench.get("failed")),
+        _row("Maximum request concurrency:", workload.get("max_concurrency")),
+    ]
+    if workload.get("request_rate") is not None:
+        plain.append(_row("Request rate configured (RPS):", workload["request_rate"]))
+    plain += [
+        _row("Benchmark duration (s):", bench.get("duration_s")),
+        _row("Total input tokens:", bench.get("total_input_tokens")),
+        _row("Total generated tokens:", bench.get("total_output_tokens")),
+        _row("Request throughput (req/s):", bench.get("request_throughput")),
+        _row("Output token throughput (tok/s):", bench.get("output_throughput")),
+        _row("Total token throughput (tok/s):", bench.get("total_token_throughput")),
+        _section("Time to First Token"),
+        *_statistics("TTFT", bench.get("ttft_ms")),
+        _section("Time per Output Token (excl. 1st token)"),
+        *_statistics("TPOT", bench.get("tpot_ms")),
+        _section("Inter-token Latency"),
+        _row("", "per chunk", "per token"),
+        *_statistics("ITL", bench.get("chunk_itl_ms"), bench.get("token_itl_ms")),
+        _row("Tokens per decode chunk:", bench.get("tokens_per_decode_chunk")),
+        _section("End-to-end Latency"),
+        *_statistics("E2EL", bench.get("e2el_ms")),
+    ]
+    lines += [(line, None) for line in plain]
+    found = ", ".join(f"{code}×{n}" for code, n in (block.get("findings") or {}).items()) or "none"
+    lines += [(_row("Findings:", found), "red" if block.get("findings") else None), ("=" * WIDTH, "bold")]
+    return lines
