@@ -293,3 +293,20 @@ def test_max_tokens_flag_below_a_scenarios_floor_names_the_flag(tmp_path: Path) 
     with pytest.raises(ScenarioError, match=r"--max-tokens 5 is below the scenario's min_tokens \(10\)"):
         build_scenario(path, ScenarioFlags(max_tokens=5))
     assert build_scenario(path, ScenarioFlags(max_tokens=20))[0].workload.params.min_tokens == 10
+
+
+def test_vllm_bench_flags_make_the_same_workload_as_the_shipped_scenario() -> None:
+    """scenarios/vllm-bench-random.toml's comment says its vllm bench serve command and the flags-only
+    run are the same experiment: they build the same workload."""
+    flags = ScenarioFlags(
+        url="http://127.0.0.1:8000",
+        dataset_name="random",
+        random_input_len=1024,
+        random_output_len=128,
+        num_prompts=200,
+        request_rate=4.0,
+        burstiness=1.0,
+        max_concurrency=16,
+    )
+    from_flags, _ = build_scenario(None, flags)
+    assert from_flags.workload == load_scenario(REPO / "scenarios" / "vllm-bench-random.toml").workload
