@@ -7,6 +7,7 @@ Everything here is a function of run folders' summaries and records (read by `sw
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from itlaudit.analysis.metrics import median, p50, speedup
+from itlaudit.analysis.validity import block_validity
 from itlaudit.errors import SweepError
 from itlaudit.model.records import RequestRecord, Status
 from itlaudit.model.scenario import GOODPUT_KEYS
@@ -199,6 +201,8 @@ def trial_figures(
         "findings": sum(block.get("findings", {}).values()),
         "goodput_rps": goodput(requests, slo, span, "tpot_ms"),
         "goodput_chunk_rps": goodput(requests, slo, span, "chunk_itl_ms"),
+        # analysis.validity's rule: a point cut short, failing or gibberish is never ranked.
+        "not_comparable": block_validity(block).reason,
     }
     for name in LATENCY_FIGURES:
         stats = block.get(name) or {}
@@ -230,6 +234,8 @@ def pool_trials(axis: str, value: float, trials: Sequence[Mapping[str, Any]]) ->
         "requests": sum(t["requests"] for t in trials),
         "errors": sum(t["errors"] for t in trials),
         "findings": sum(t["findings"] for t in trials),
+        "not_comparable": "; ".join(dict.fromkeys(r for t in trials if (r := t.get("not_comparable"))))
+        or None,
     }
     spread: dict[str, list[float]] = {}
     for key in SCALARS:
@@ -336,13 +342,32 @@ def crossover(
     axis: str, base: str, variant: str, series: Mapping[str, Sequence[Mapping[str, Any]]]
 ) -> Crossover:
     """The load at which `variant` stops being faster per token than `base`, over the loads both
-    measured, with the sentence the report leads with."""
+    measured where both are comparable (analysis.validity: a point cut short or failing is left out,
+    and the sentence the report leads with says so)."""
     by_load = {p[axis]: p for p in series[base]}
     shared = [p for p in series[variant] if p[axis] in by_load]
-    measured = [(p[axis], per_token_speedup(by_load[p[axis]], p)) for p in shared]
+    unlike = {p[axis]: why for p in shared if (why := _unlike(base, by_load[p[axis]], variant, p))}
+    measured = [(p[axis], per_token_speedup(by_load[p[axis]], p)) for p in shared if p[axis] not in unlike]
     pairs = sorted((load, s) for load, s in measured if s is not None)
+    left_out = "".join(
+        f" Not comparable at {_load_words(axis, load)} ({why}): left out."
+        for load, why in sorted(unlike.items())
+    )
     if not pairs:
-        return Crossover(variant, base, None, None, None, f"{variant} vs {base}: no load measured by both.")
+        words = f"{variant} vs {base}: no load measured by both" + (" is comparable." if unlike else ".")
+        return Crossover(variant, base, None, None, None, words + left_out)
+    crossed = _crossover(axis, base, variant, pairs)
+    return dataclasses.replace(crossed, headline=crossed.headline + left_out)
+
+
+def _unlike(base: str, base_point: Mapping[str, Any], variant: str, point: Mapping[str, Any]) -> str:
+    """Why a load's two points may not be compared ("" when they may): each side's reason, named."""
+    reasons = ((base, base_point.get("not_comparable")), (variant, point.get("not_comparable")))
+    return "; ".join(f"{name}: {why}" for name, why in reasons if why)
+
+
+def _crossover(axis: str, base: str, variant: str, pairs: Sequence[tuple[float, float]]) -> Crossover:
+    """crossover over (load, per-token speedup) pairs of comparable points, sorted by load."""
     span = f"{_at(axis, pairs[0][0])}–{_at(axis, pairs[-1][0])}" if len(pairs) > 1 else _at(axis, pairs[0][0])
     if pairs[0][1] <= 1:
         slowest = min(pairs, key=lambda p: p[1])

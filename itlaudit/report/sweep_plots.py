@@ -13,7 +13,8 @@ from matplotlib.axes import Axes
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from itlaudit.analysis.sweep import CONCURRENCY
-from itlaudit.report.plot_style import DPI, LOG_SPAN, WIDE, colour, plt, save_figure
+from itlaudit.analysis.validity import NOT_COMPARABLE
+from itlaudit.report.plot_style import DPI, LOG_SPAN, NEUTRAL_GREY, WIDE, colour, plt, save_figure
 
 __all__ = ["plot_itl_vs_throughput", "plot_speedup_vs_load", "plot_ttft_vs_load", "write_sweep_plots"]
 
@@ -139,7 +140,9 @@ def plot_ttft_vs_load(sweep: Mapping[str, Any], path: Path) -> Path | None:
 
 def plot_speedup_vs_load(sweep: Mapping[str, Any], path: Path) -> Path | None:
     """Per-token speedup of each variant over the first (token ITL p50 ratio) against load, with the
-    crossover — the load where it stops paying off — marked between the two points that bracket it."""
+    crossover — the load where it stops paying off — marked between the two points that bracket it.
+    A load where either point is not comparable (analysis.validity) has no speedup: a grey cross at 1
+    marks it, and the line breaks there."""
     crossovers = sweep.get("crossovers") or []
     if not crossovers:
         return None
@@ -151,12 +154,27 @@ def plot_speedup_vs_load(sweep: Mapping[str, Any], path: Path) -> Path | None:
         base = {p[axis]: p for p in series[found["base"]]}
         points = [p for p in series[found["variant"]] if p[axis] in base]
         x = np.array([p[axis] for p in points], dtype=float)
+        unlike = np.array(
+            [bool(p.get("not_comparable") or base[p[axis]].get("not_comparable")) for p in points]
+        )
         y = np.array(
             [
-                base[p[axis]]["itl_ms"]["p50"] / p["itl_ms"]["p50"] if p["itl_ms"]["p50"] else np.nan
-                for p in points
+                base[p[axis]]["itl_ms"]["p50"] / p["itl_ms"]["p50"]
+                if p["itl_ms"]["p50"] and not bad
+                else np.nan
+                for p, bad in zip(points, unlike, strict=True)
             ]
         )
+        if unlike.any():
+            ax.plot(
+                x[unlike],
+                np.ones(int(unlike.sum())),
+                "x",
+                color=NEUTRAL_GREY,
+                markersize=10,
+                mew=2,
+                label=f"{found['variant']}: {NOT_COMPARABLE}",
+            )
         ax.plot(
             x,
             y,

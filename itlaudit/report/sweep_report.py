@@ -27,6 +27,7 @@ HEADER = (
     "tokens/chunk",
     "findings",
     "goodput (token / chunk TPOT)",
+    "comparable",
 )
 
 
@@ -61,6 +62,7 @@ def table_rows(sweep: Mapping[str, Any]) -> list[list[str]]:
                     _num(p["acceptance_length"], 2),
                     str(p["findings"]),
                     good,
+                    f"no: {p['not_comparable']}" if p.get("not_comparable") else "yes",
                 ]
             )
     return rows
@@ -71,7 +73,8 @@ EXPLANATION = (
     "on it). Token ITL divides by the server's token counts, chunk ITL by SSE chunks; under speculative "
     "decoding chunk ITL is about tokens/chunk times larger. Goodput counts requests/s that met every "
     "SLO with token-true TPOT, beside the figure chunk ITL taken as TPOT would give: the gap is what a "
-    "chunk-counting benchmark gets wrong. Figures are medians over trials; error bars span them."
+    "chunk-counting benchmark gets wrong. Figures are medians over trials; error bars span them. A "
+    "point cut short, with failed requests or mostly gibberish is not comparable: it is never ranked."
 )
 
 
