@@ -287,6 +287,7 @@ def test_flags_only_run_sends_the_flags_workload_and_saves_it(sim, tmp_path: Pat
         *("--num-prompts", "5", "--max-concurrency", "2", "--temperature", "0"),
         *("--label", "nightly", "--metadata", "gpu=h200", "--metadata", "tp=1"),
         *("--api-key", "sk-not-a-real-key-1234", "--save-scenario", "saved.toml"),
+        *("--save-result", "result.json"),
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
@@ -302,6 +303,10 @@ def test_flags_only_run_sends_the_flags_workload_and_saves_it(sim, tmp_path: Pat
     assert meta["label"] == "nightly" and meta["metadata"] == {"gpu": "h200", "tp": "1"}
     assert meta["command_line"].startswith("itlaudit run --url ")
     assert "sk-not-a-real-key-1234" not in (run_dir / "meta.json").read_text()
+    saved_result = json.loads((tmp_path / "result.json").read_text())
+    assert saved_result["label"] == "nightly" and saved_result["gpu"] == "h200"
+    assert saved_result["completed"] == 5 and saved_result["total_output_tokens"] == 5 * 24
+    assert "result: result.json" in result.stdout
     saved = load_scenario(tmp_path / "saved.toml")
     assert (saved.workload.num_requests, saved.workload.concurrency) == (5, 2)
     assert saved.variants[0].url == url
