@@ -22,10 +22,12 @@ from itlaudit.report.markdown import (
     FINDING_EXAMPLES,
     FINDINGS_FILE,
     NO_FINDINGS,
+    RESULT_NOTE,
     category_rows,
     finding_groups,
     headline,
     import_rows,
+    result_rows,
     saturation_warning,
     summary_rows,
     usage_warning,
@@ -45,6 +47,7 @@ th:first-child, td:first-child { text-align: left; }
 figure { margin: 1.5em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
 figcaption { color: #555; font-size: 13px; }
 code { background: #f4f4f4; padding: 0 .2em; }
+.context { color: #444; font-size: 13px; padding-left: 1.2em; } .context li { margin: .1em 0; }
 """
 
 
@@ -74,7 +77,7 @@ def table_html(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def _summary_table(summary: dict[str, Any]) -> str:
-    return table_html(["metric (p50 / p90 / p99)", *summary["variants"]], summary_rows(summary))
+    return table_html(["metric (p50 / p90 / p99 over requests)", *summary["variants"]], summary_rows(summary))
 
 
 def _imported(imp: ImportedBenchmark, variant: str, block: dict[str, Any]) -> str:
@@ -115,21 +118,25 @@ def render_html(
     *,
     images: Sequence[tuple[str, bytes]] = (),
     imported: Sequence[tuple[ImportedBenchmark, str]] = (),
+    context: Sequence[tuple[str, str]] = (),
 ) -> str:
-    """The headline and the first figure (token vs chunk ITL) come before any table: the question
-    "is it faster?" should be answered above the fold."""
+    """The run's context (report.context) in one compact list, then the headline and the first
+    figure (token vs chunk ITL) before any table: "is it faster?" is answered above the fold."""
     variants: dict[str, Any] = summary["variants"]
     sentences = "".join(f"<li>{inline_markdown(s)}</li>" for s in headline(summary))
-    parts = [
-        f"<h1>itlaudit: {html.escape(title)}</h1>",
-        f'<div class="headline"><ul>{sentences}</ul></div>',
-    ]
+    parts = [f"<h1>itlaudit: {html.escape(title)}</h1>"]
+    if context:
+        facts = "".join(f"<li><strong>{html.escape(k)}</strong>: {html.escape(v)}</li>" for k, v in context)
+        parts.append(f'<ul class="context">{facts}</ul>')
+    parts.append(f'<div class="headline"><ul>{sentences}</ul></div>')
     for warning in (usage_warning(summary), saturation_warning(summary)):
         if warning:
             parts.append(f'<p class="warning">{inline_markdown(warning)}</p>')
     figures = [figure_html(caption, png) for caption, png in images]
     parts += figures[:1]
-    parts += ["<h2>Figures per variant</h2>", _summary_table(summary)]
+    parts += ["<h2>Result</h2>", f"<p>{inline_markdown(RESULT_NOTE)}</p>"]
+    parts.append(table_html(["figure", *summary["variants"]], result_rows(summary)))
+    parts += ["<h2>Per-request figures</h2>", _summary_table(summary)]
     parts.append(f"<p>{inline_markdown(EXPLANATION)}</p>")
     # The findings before the other figures: they say which figures can be read at all.
     parts += ["<h2>Findings</h2>", _findings(findings)]

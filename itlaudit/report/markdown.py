@@ -22,12 +22,15 @@ __all__ = [
     "FINDING_EXAMPLES",
     "IMPORT_ROWS",
     "NO_FINDINGS",
+    "RESULT_NOTE",
+    "RESULT_ROWS",
     "SUMMARY_ROWS",
     "FindingGroup",
     "category_rows",
     "category_section",
     "cell",
     "comparison_sentence",
+    "context_section",
     "escape",
     "finding_groups",
     "group_findings",
@@ -36,6 +39,7 @@ __all__ = [
     "imported_section",
     "not_comparable_sentence",
     "render_report",
+    "result_rows",
     "saturation_warning",
     "stat_pair",
     "summary_rows",
@@ -66,6 +70,61 @@ SUMMARY_ROWS = (
     ("completion tokens", "completion_tokens", "{:.0f}"),
     ("schedule lag (ms)", "schedule_lag_ms", "{:.2f}"),
 )
+
+
+# The "Result" table: vllm bench serve's figures per variant (summary.json's block["benchmark"]), in
+# its block's order, with the token ITL beside its per-chunk ITL. (label, key, statistic, format); a
+# statistic of None is a plain figure.
+RESULT_ROWS = (
+    ("successful requests", "completed", None, "{}"),
+    ("failed requests", "failed", None, "{}"),
+    ("benchmark duration (s)", "duration_s", None, "{:.2f}"),
+    ("total input tokens", "total_input_tokens", None, "{}"),
+    ("total generated tokens", "total_output_tokens", None, "{}"),
+    ("request throughput (req/s)", "request_throughput", None, "{:.2f}"),
+    ("output token throughput (tok/s)", "output_throughput", None, "{:.2f}"),
+    ("total token throughput (tok/s)", "total_token_throughput", None, "{:.2f}"),
+    *(
+        (f"{word} {label} (ms)", key, stat, "{:.2f}")
+        for label, key in (
+            ("TTFT", "ttft_ms"),
+            ("TPOT", "tpot_ms"),
+            ("ITL per chunk (vllm bench's ITL)", "chunk_itl_ms"),
+            ("ITL per token", "token_itl_ms"),
+            ("E2EL", "e2el_ms"),
+        )
+        for word, stat in (("mean", "mean"), ("median", "p50"), ("P99", "p99"))
+    ),
+    ("tokens per decode chunk", "tokens_per_decode_chunk", None, "{:.2f}"),
+)
+RESULT_NOTE = (
+    "vllm bench serve's figures, computed as it computes them. TTFT, TPOT and E2EL are over requests; "
+    "the ITL percentiles are **pooled over every gap of every request**, as vllm bench pools them: "
+    "*per chunk* is vllm bench's own ITL (one value per SSE chunk gap), *per token* divides each gap "
+    "by the tokens its chunk carried and counts it that many times (a 4-token chunk after 12 ms is "
+    "four 3 ms gaps). The figures table further down is the **per-request** distribution instead: its "
+    "token ITL p99 is the p99 of the requests' mean token ITLs, not of the gaps."
+)
+
+
+def result_rows(summary: dict[str, Any]) -> list[list[str]]:
+    """The Result table's rows (raw strings; label first, one cell per variant)."""
+    variants: dict[str, Any] = summary["variants"]
+    rows = []
+    for label, key, stat, fmt in RESULT_ROWS:
+        cells = []
+        for name in variants:
+            value = (variants[name].get("benchmark") or {}).get(key)
+            value = value.get(stat) if isinstance(value, dict) and stat else value
+            cells.append("–" if value is None else fmt.format(value))
+        rows.append([label, *cells])
+    return rows
+
+
+def context_section(facts: Sequence[tuple[str, str]]) -> list[str]:
+    """The run's context (report.context.context_facts) as a quoted list, apart from the headline
+    bullets below it; every value is foreign text."""
+    return [f"> - **{label}**: {escape(text)}" for label, text in facts]
 
 
 CATEGORY_HEADER = ("category", "requests", "token ITL (ms)", "TPOT (ms)", "decode tokens per chunk")
@@ -249,17 +308,25 @@ def render_report(
     *,
     images: Sequence[tuple[str, str]] = (),
     imported: Sequence[tuple[ImportedBenchmark, str]] = (),
+    context: Sequence[tuple[str, str]] = (),
 ) -> str:
     """`images` are (caption, file name relative to report.md); `imported` pairs another tool's result
-    with the variant it measured."""
+    with the variant it measured; `context` is the run's facts (report.context), shown first."""
     variants: dict[str, Any] = summary["variants"]
     names = list(variants)
     lines = [f"# itlaudit: {escape(title)}", ""]
+    if context:
+        lines += [*context_section(context), ""]
     lines += [f"- {line}" for line in headline(summary)] + [""]
     for warning in (usage_warning(summary), saturation_warning(summary)):
         if warning:
             lines += [f"> {warning}", ""]
-    lines += ["Figures are p50 / p90 / p99 over requests.", ""]
+    lines += ["## Result", "", RESULT_NOTE, ""]
+    lines.append("| figure | " + " | ".join(escape(n) for n in names) + " |")
+    lines.append("|---|" + "---|" * len(names))
+    lines += ["| " + " | ".join(escape(c) for c in row) + " |" for row in result_rows(summary)]
+    lines += ["", "## Per-request figures", ""]
+    lines += ["p50 / p90 / p99 over requests, each request's own figure (its mean token ITL, its TTFT).", ""]
     lines.append("| metric | " + " | ".join(escape(n) for n in names) + " |")
     lines.append("|---|" + "---|" * len(names))
     lines += ["| " + " | ".join(escape(c) for c in row) + " |" for row in summary_rows(summary)]

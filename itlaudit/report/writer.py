@@ -17,6 +17,7 @@ from itlaudit.analysis.importers import ImportedBenchmark
 from itlaudit.analysis.validity import variant_validity
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.redact import redact_text, secret_values
+from itlaudit.report.context import context_facts
 from itlaudit.report.html import render_html
 from itlaudit.report.markdown import render_report
 from itlaudit.report.plots import VariantView, write_plots
@@ -65,16 +66,26 @@ def write_reports(
     *,
     compare: dict[str, Any] | None = None,
     imported: Sequence[tuple[ImportedBenchmark, str]] = (),
+    meta: dict[str, Any] | None = None,
 ) -> Path:
-    """PNGs, report.md (linking them) and report.html (embedding them); returns report.html's path."""
+    """PNGs, report.md (linking them) and report.html (embedding them); returns report.html's path.
+    `meta` is the run's meta.json, for the context block (none for a comparison of several runs)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = write_plots(variant_views(records, summary, compare, findings), out_dir)
     # A server's error message can echo a credential it was sent (an API key in a 401): mask ours.
     secrets = secret_values(os.environ, [])
-    md = render_report(title, summary, findings, images=[(c, p.name) for c, p in plots], imported=imported)
+    context = context_facts(meta, summary) if meta is not None else []
+    md = render_report(
+        title, summary, findings, images=[(c, p.name) for c, p in plots], imported=imported, context=context
+    )
     (out_dir / REPORT_MD).write_text(redact_text(md, secrets), encoding="utf-8")
     page = render_html(
-        title, summary, findings, images=[(c, p.read_bytes()) for c, p in plots], imported=imported
+        title,
+        summary,
+        findings,
+        images=[(c, p.read_bytes()) for c, p in plots],
+        imported=imported,
+        context=context,
     )
     target = out_dir / REPORT_HTML
     target.write_text(redact_text(page, secrets), encoding="utf-8")

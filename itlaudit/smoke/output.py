@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from itlaudit.report.context import host_facts, server_fact
 from itlaudit.report.markdown import table_cell
 from itlaudit.smoke.checks import FAIL, PASS, SKIP, CheckResult
 
@@ -32,20 +33,10 @@ def table_lines(results: Sequence[CheckResult]) -> list[str]:
 
 
 def _environment_lines(environment: dict[str, Any]) -> list[str]:
-    host = environment.get("host", {})
-    gpus = host.get("gpus")
-    gpu_text = ", ".join(f"{g['name']} (cc {g['compute_capability']})" for g in gpus) if gpus else "none seen"
-    lines = [
-        f"- itlaudit {host.get('itlaudit_version')}, CPU architecture {host.get('cpu_architecture')}, "
-        f"{host.get('platform')}",
-        f"- GPUs (local nvidia-smi): {gpu_text}",
-    ]
+    """The run report's host and server facts (report.context), as this report's bullets."""
+    lines = [f"- {label}: {text}" for label, text in host_facts(environment.get("host", {}))]
     for name, server in environment.get("servers", {}).items():
-        lines.append(
-            f"- **{name}** {server.get('url')}: vLLM {server.get('vllm_version')} "
-            f"(commit {server.get('vllm_commit') or 'unknown'}), system_fingerprint "
-            f"{server.get('system_fingerprint')}, launched: {server.get('launch_kind') or 'no (--url)'}"
-        )
+        lines.append(f"- **{name}** {server_fact(server)}")
         if server.get("non_default_args") is not None:
             lines.append(f"  - non-default args: `{json.dumps(server['non_default_args'], default=str)}`")
         if server.get("env"):

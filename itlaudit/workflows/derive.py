@@ -17,6 +17,7 @@ from itlaudit.store.rundir import (
     COMPARE_FILE,
     CSV_FILE,
     DERIVED_FILE,
+    META_FILE,
     REQUESTS_FILE,
     SUMMARY_FILE,
     read_json,
@@ -72,5 +73,15 @@ def write_derived(
     write_chunks(records, run_dir)
     findings = [f for d in derived for f in d["finding_details"]] + summary["run_findings"]
     compare = _optional_json(run_dir / COMPARE_FILE)
-    write_reports(run_dir, title, records, summary, findings, compare=compare, imported=imported)
+    meta = _optional_json(run_dir / META_FILE)
+    write_reports(
+        run_dir,
+        title,
+        records,
+        summary,
+        findings,
+        compare=compare,
+        imported=imported,
+        meta=meta if isinstance(meta, dict) else None,
+    )
     return summary

@@ -1,0 +1,117 @@
+"""What every report says before its figures: when, by which itlaudit and command, against which
+servers (and which build: a simulator says so), on what host, with what workload and capture.
+
+A figure without its context cannot be compared or repeated: two runs a week apart against "the
+same server" may be two builds, and a simulated run must never read as a vLLM measurement. Facts
+come from meta.json (written by the run) and summary.json; each is a (label, raw text) pair that
+the Markdown, HTML and smoke reports render and escape their own way.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from itlaudit.model.run_context import server_build
+
+__all__ = ["Fact", "context_facts", "host_facts", "server_fact", "workload_text"]
+
+Fact = tuple[str, str]  # (label, raw text): rendered as "**label**: text"
+
+
+def host_facts(host: Mapping[str, Any]) -> list[Fact]:
+    """itlaudit's version and the machine it ran on (the server's too when itlaudit launched it)."""
+    gpus = host.get("gpus")
+    gpu_text = ", ".join(f"{g['name']} (cc {g['compute_capability']})" for g in gpus) if gpus else "none seen"
+    return [
+        ("itlaudit", str(host.get("itlaudit_version"))),
+        ("host", f"{host.get('cpu_architecture')}, {host.get('platform')}, Python {host.get('python')}"),
+        ("GPUs (local nvidia-smi)", gpu_text),
+    ]
+
+
+def server_fact(server: Mapping[str, Any], url: str | None = None) -> str:
+    """One server: URL, build (vLLM version and commit, the simulator, or unknown), fingerprint, and
+    whether itlaudit launched it."""
+    version = server.get("server_version") or server.get("vllm_version")
+    commit = server.get("vllm_commit")
+    launched = server.get("launch_kind") or "no (--url)"
+    return (
+        f"{server.get('url') or url}: {server_build(version)}{f' (commit {commit})' if commit else ''}, "
+        f"system_fingerprint {server.get('system_fingerprint')}, launched: {launched}"
+    )
+
+
+def workload_text(workload: Mapping[str, Any]) -> str:
+    """meta.json's "workload" in vllm bench serve's words: requests, warmups, concurrency, rate, data."""
+    rate = workload.get("request_rate")
+    parts = [
+        f"{workload.get('num_prompts')} requests"
+        + (f" (+{workload['num_warmups']} warmup)" if workload.get("num_warmups") else ""),
+        f"max concurrency {workload.get('max_concurrency')}",
+        "request rate inf (closed loop)"
+        if rate is None
+        else f"request rate {rate}/s (burstiness {workload.get('burstiness')})",
+        f"{workload.get('dataset')} dataset",
+    ]
+    if workload.get("input_len") is not None:
+        parts.append(f"input {workload['input_len']} tokens")
+    parts.append(f"max_tokens {workload.get('max_tokens') or 'unset'}")
+    if workload.get("ignore_eos"):
+        parts.append("ignore_eos")
+    if workload.get("temperature") is not None:
+        parts.append(f"temperature {workload['temperature']}")
+    if workload.get("duration_s") is not None:
+        parts.append(f"stops after {workload['duration_s']} s")
+    return f"{', '.join(parts)}; /v1/{workload.get('endpoint')}"
+
+
+def _capture_text(summary: Mapping[str, Any], meta: Mapping[str, Any]) -> str:
+    """How the chunks were stamped (per request: kernel receive time or loop clock) and by how many
+    capture processes."""
+    stamps: Counter[str] = Counter()
+    for block in (summary.get("variants") or {}).values():
+        stamps.update(block.get("stamp") or {})
+    workers = {
+        name: len(info.get("workers") or [])
+        for name, info in (meta.get("variants") or {}).items()
+        if isinstance(info, Mapping)
+    }
+    stamp_text = ", ".join(f"{mode} ({n} requests)" for mode, n in stamps.most_common()) or "unknown"
+    counts = sorted(set(workers.values()))
+    worker_text = (
+        f"{counts[0]} capture process{'es' if counts[0] != 1 else ''}"
+        if len(counts) == 1
+        else ", ".join(f"{name} {n}" for name, n in workers.items()) + " capture processes"
+    )
+    return f"stamps: {stamp_text}; {worker_text}"
+
+
+def context_facts(meta: Mapping[str, Any], summary: Mapping[str, Any]) -> list[Fact]:
+    """The report's context block for one run folder, in reading order."""
+    started = meta.get("started_at_unix")
+    facts: list[Fact] = [
+        ("date", time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)) if started else "unknown"),
+    ]
+    host = meta.get("environment") or {}
+    facts += host_facts(host)[:1]
+    if meta.get("command_line"):
+        facts.append(("command", str(meta["command_line"])))
+    if meta.get("label"):
+        facts.append(("label", str(meta["label"])))
+    if meta.get("metadata"):
+        facts.append(("metadata", ", ".join(f"{k}={v}" for k, v in meta["metadata"].items())))
+    for name, info in (meta.get("variants") or {}).items():
+        if isinstance(info, Mapping):
+            facts.append((f"server {name}", server_fact(info.get("environment") or {}, info.get("url"))))
+    models = sorted({str(b["model"]) for b in (summary.get("variants") or {}).values() if b.get("model")})
+    facts.append(("model", ", ".join(models) or "unknown"))
+    facts += host_facts(host)[1:]
+    if meta.get("workload"):
+        facts.append(("workload", workload_text(meta["workload"])))
+    facts.append(("capture", _capture_text(summary, meta)))
+    if meta.get("interrupted"):
+        facts.append(("interrupted", f"by {meta['interrupted'].get('signal')}: only finished requests count"))
+    return facts
