@@ -148,3 +148,35 @@ def test_the_sweep_speedup_figure_draws_a_grey_cross_not_a_ratio_where_a_point_i
     assert speedups[[0, 2]] == pytest.approx([2.0, 10 / 12]) and np.isnan(speedups[1])
     cross = lines["K3: not comparable"]
     assert list(cross.get_xdata()) == [4.0] and list(cross.get_ydata()) == [1.0]
+
+
+def test_bisect_marks_and_never_ranks_a_variant_that_breaks_the_rule() -> None:
+    """--regress speedup over a probe whose K3 was capped: no speedup is judged (unknown, with the
+    rule's reason), and the report marks that variant's figures."""
+    from collections import Counter
+
+    from itlaudit.bisect.build_range import Build
+    from itlaudit.bisect.figures import Figures
+    from itlaudit.bisect.report import render_markdown
+    from itlaudit.bisect.settings import Settings
+    from itlaudit.bisect.state import State
+    from itlaudit.bisect.verdict import parse_regress
+
+    def figures(itl: float, **found: int) -> Figures:
+        return Figures([itl] * 8, [512] * 8, requests=8, errors=0, findings=Counter(found))
+
+    capped = {"K0": figures(10.0), "K3": figures(3.0, truncated_below_max_tokens=8)}
+    assert capped["K3"].validity == Validity(False, "8 of 8 requests cut short")
+    verdict = parse_regress("speedup").judge(capped, None, ["K0", "K3"], threshold=1.5, alpha=0.05)
+    assert verdict == verdict.__class__(None, "K3 not comparable: 8 of 8 requests cut short")
+    state = State(
+        Settings(good="a1", bad="b2"),
+        [Build("a1", "commit"), Build("b2", "commit")],
+        probes=[{"index": 1, "verdict": "bad", "metrics": {n: f.summary() for n, f in capped.items()}}],
+    )
+    lines = render_markdown(state).splitlines()
+    row = next(line for line in lines if line.startswith("| 1 |"))
+    assert "| 10.00 | – | 512 | 3.00 ⚠ | – | 512 |" in row  # K0 clean, K3 marked (no chunk ITL given)
+    assert (
+        lines[-1] == "⚠ not comparable (cut short, failing or gibberish): #1 K3: 8 of 8 requests cut short."
+    )

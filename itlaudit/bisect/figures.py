@@ -16,6 +16,7 @@ import numpy as np
 from itlaudit.analysis import findings
 from itlaudit.analysis.derive import run_summary
 from itlaudit.analysis.metrics import request_metrics
+from itlaudit.analysis.validity import Validity, block_validity
 from itlaudit.store.jsonl import load_records
 from itlaudit.store.rundir import REQUESTS_FILE
 
@@ -65,6 +66,11 @@ class Figures:
     @property
     def failures(self) -> int:
         return self.errors + sum(self.findings[c] for c in ERROR_CODES)
+
+    @property
+    def validity(self) -> Validity:
+        """analysis.validity's rule on these figures: whether this variant may be ranked at all."""
+        return block_validity(self.summary())
 
     def summary(self) -> dict[str, Any]:
         """The per-probe figures kept in bisect.json and plotted: medians over all trials' requests."""

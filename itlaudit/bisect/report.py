@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from itlaudit.analysis.validity import NOT_COMPARABLE, block_validity
 from itlaudit.bisect.build_range import Build
 from itlaudit.bisect.state import State
 from itlaudit.report.markdown import table_cell
@@ -26,6 +27,9 @@ __all__ = [
 REPORT_FILE = "report.md"
 PLOT_FILE = "bisect.png"
 _COLOURS = {"good": "#2e7d32", "bad": "#c62828", "skip": "#9e9e9e", "unknown": "#f9a825"}
+# Beside a variant's figures in a probe that breaks analysis.validity's rule (cut short, failing,
+# gibberish): its ITL is not a speed, whatever the verdict column says about the regression.
+_UNLIKE = "⚠"
 
 
 def build_url(build: Build, github_repo: str, package: str) -> str:
@@ -84,14 +88,19 @@ def render_markdown(state: State) -> str:
         f"| # | round | position | build | version | verdict | trials |{header} reason |",
         "|---|---|---|---|---|---|---|" + "---|---|---|" * len(names) + "---|",
     ]
+    unlike: list[str] = []
     for n, probe in enumerate(state.probes, 1):
         build = builds[probe["index"]]
         link = f"[{build.label}]({build_url(build, settings.github_repo, settings.package)})"
         figures = ""
         for name in names:
             m = probe.get("metrics", {}).get(name, {})
+            validity = block_validity(m) if m else None
+            mark = f" {_UNLIKE}" if validity and not validity.comparable else ""
+            if validity and mark:
+                unlike.append(f"#{n} {name}: {validity.reason}")
             figures += (
-                f" {_fmt(m.get('itl_p50_ms'))} | {_fmt(m.get('chunk_itl_p50_ms'))} | "
+                f" {_fmt(m.get('itl_p50_ms'))}{mark} | {_fmt(m.get('chunk_itl_p50_ms'))} | "
                 f"{_tokens(m.get('completion_tokens_p50'))} |"
             )
         reason = table_cell(str(probe.get("reason", "")))
@@ -100,6 +109,11 @@ def render_markdown(state: State) -> str:
             f"{probe.get('version') or '–'} | {probe['verdict']} | {probe.get('trials', 0)} |{figures} "
             f"{reason} |"
         )
+    if unlike:
+        lines += [
+            "",
+            f"{_UNLIKE} {NOT_COMPARABLE} (cut short, failing or gibberish): " + "; ".join(unlike) + ".",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -115,11 +129,15 @@ def render_plot(state: State, path: Path) -> None:
     markers = "os^Dv"
     for n, name in enumerate(variant_names(state)):
         for probe in probes:
-            value = probe.get("metrics", {}).get(name, {}).get(key)
+            metrics = probe.get("metrics", {}).get(name, {})
+            value = metrics.get(key)
+            verdict_colour = _COLOURS.get(probe["verdict"], "black")
+            hollow = bool(metrics) and not block_validity(metrics).comparable
             ax.scatter(
                 probe["index"],
                 0 if value is None else value,
-                color=_COLOURS.get(probe["verdict"], "black"),
+                facecolors="none" if hollow and value is not None else verdict_colour,
+                edgecolors=verdict_colour,
                 marker=markers[n % len(markers)] if value is not None else "x",
                 s=40,
                 zorder=3,
@@ -131,6 +149,7 @@ def render_plot(state: State, path: Path) -> None:
     ax.set_title(f"{state.settings.good} → {state.settings.bad} (range order)")
     for verdict, colour in _COLOURS.items():
         ax.scatter([], [], color=colour, label=verdict)
+    ax.scatter([], [], facecolors="none", edgecolors="black", label=f"hollow: {NOT_COMPARABLE}")
     ax.legend(loc="best", fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()

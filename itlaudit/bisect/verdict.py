@@ -231,6 +231,12 @@ class SpeedupJudge(Judge, name="speedup"):
         alpha: float,
     ) -> Judgement:
         base, spec = names
+        # The one validity rule: a capped or failing variant's ITL is no speed, so no speedup either.
+        unlike = [
+            f"{n} {probe[n].validity.label}" for n in names if n in probe and not probe[n].validity.comparable
+        ]
+        if unlike:
+            return Judgement(None, "; ".join(unlike))
         samples = _normalised(probe[spec], probe[base]) if spec in probe and base in probe else []
         if len(samples) < MIN_SAMPLES:
             return Judgement(None, f"only {len(samples)} {spec} token ITL value(s) over a {base} median")
