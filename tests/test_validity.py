@@ -180,3 +180,19 @@ def test_bisect_marks_and_never_ranks_a_variant_that_breaks_the_rule() -> None:
     assert (
         lines[-1] == "⚠ not comparable (cut short, failing or gibberish): #1 K3: 8 of 8 requests cut short."
     )
+
+
+def test_compare_json_carries_the_reason_beside_the_speedups() -> None:
+    """`compare` prints a variant's speedup only when compare.json says it is comparable."""
+    from reportkit import k0_k3
+
+    from itlaudit.analysis.comparison import build_comparison
+    from itlaudit.analysis.derive import run_summary
+
+    records = k0_k3()
+    rows = build_comparison(run_summary(records), records, {})["variants"]
+    assert [rows[n]["not_comparable"] for n in ("K0", "K3")] == [None, None]
+    assert rows["K3-capped"]["not_comparable"] == "4 of 4 requests capped at 16 tokens"
+    capped_base = [r for r in records if r.variant != "K0"]
+    rows = build_comparison(run_summary(capped_base, ["K3-capped", "K3"]), capped_base, {})["variants"]
+    assert rows["K3"]["not_comparable"] == "base K3-capped: 4 of 4 requests capped at 16 tokens"

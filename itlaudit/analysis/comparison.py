@@ -9,6 +9,7 @@ from typing import Any
 from itlaudit.analysis.lossless import spec_decode_mismatches
 from itlaudit.analysis.metrics import p50, ratio, token_counts
 from itlaudit.analysis.specdecode import SpecDecodeStats
+from itlaudit.analysis.validity import COMPARABLE, comparison_validity, variant_validity
 from itlaudit.model.codes import ACCEPTANCE_LENGTH_MISMATCH, Finding
 from itlaudit.model.records import RequestRecord, Status
 
@@ -111,10 +112,13 @@ def build_comparison(
     spec_stats: dict[str, SpecDecodeStats | None],
 ) -> dict[str, Any]:
     """compare.json: per-variant figures, speedups vs the first variant, cross-check findings
-    (stream vs /metrics acceptance; greedy outputs that differ from the baseline's)."""
+    (stream vs /metrics acceptance; greedy outputs that differ from the baseline's). `not_comparable`
+    is analysis.validity's reason when the variant or the baseline breaks the rule (None otherwise):
+    its speedups are figures, not a result, and no reader may print them as one."""
     variants: dict[str, Any] = summary["variants"]
     names = list(variants)
     base = variants[names[0]] if names else {}
+    base_validity = variant_validity(summary, names[0]) if names else COMPARABLE
     out: dict[str, Any] = {"baseline": names[0] if names else None, "variants": {}, "findings": []}
     for name in names:
         block = variants[name]
@@ -122,7 +126,10 @@ def build_comparison(
         mine = [r for r in records if r.variant == name]
         stream_al = stream_acceptance_length(mine)
         stream_accepted = stream_accepted_tokens(mine)
+        own = variant_validity(summary, name)
+        validity = own if name == names[0] else comparison_validity(own, base_validity, names[0])
         out["variants"][name] = {
+            "not_comparable": validity.reason,
             "itl_ms_p50": p50(block, "itl_ms"),
             "chunk_itl_ms_p50": p50(block, "chunk_itl_ms"),
             "decode_tokens_per_s_p50": p50(block, "decode_tokens_per_s"),

@@ -256,9 +256,15 @@ def compare(
     _print_outcome(outcome)
     for name, row in comparison["variants"].items():
         spec = row["spec_decode"] or {}
+        # analysis.validity: a capped or failing variant's speedup is not printed as one.
+        speed = (
+            f"not comparable: {row['not_comparable']}"
+            if row.get("not_comparable")
+            else f"token-ITL speedup {_fmt(row['speedup_token_itl'], '×')}, decode tok/s speedup "
+            f"{_fmt(row['speedup_decode_tokens_per_s'], '×')}"
+        )
         out.print(
-            f"{name}: token-ITL speedup {_fmt(row['speedup_token_itl'], '×')}, decode tok/s speedup "
-            f"{_fmt(row['speedup_decode_tokens_per_s'], '×')}, "
+            f"{name}: {speed}, "
             f"acceptance rate {_fmt(spec.get('acceptance_rate'))}, "
             f"acceptance length /metrics {_fmt(spec.get('acceptance_length'))} vs stream "
             f"{_fmt(row['stream_acceptance_length'])}"
