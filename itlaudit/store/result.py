@@ -10,11 +10,12 @@ per decode chunk, the findings and whether the variant may be compared at all.
 Left out: vllm bench's per-request arrays (`input_lens`, `output_lens`, `ttfts`, `itls`, `latencies`,
 `start_times`, `generated_texts`, `errors`, `queue_times`), which it writes only with
 --save-detailed and which requests.jsonl holds in full; `request_goodput` is null as in a vllm bench
-run without --goodput; spec-decode counters (`spec_decode_*`) come from a server's /metrics, which
-`itlaudit compare` reads into compare.json.
+run without --goodput. The spec-decode keys (`spec_decode_*`, from the server's /metrics around the
+variant, acceptance rate in percent as vllm bench writes it) are there when `itlaudit compare` made
+the run: `run` reads no /metrics.
 
-The file is built from the run folder alone (summary.json and meta.json), so it can be written again
-for any past run.
+The file is built from the run folder alone (summary.json, meta.json, compare.json when present), so
+it can be written again for any past run.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from itlaudit.analysis.validity import variant_validity
 from itlaudit.errors import ItlauditError
 from itlaudit.model.codes import TRUNCATION_CODES
 from itlaudit.model.run_context import is_simulator, server_build
-from itlaudit.store.rundir import META_FILE, SUMMARY_FILE, read_json, write_json
+from itlaudit.store.rundir import COMPARE_FILE, META_FILE, SUMMARY_FILE, read_json, write_json
 
 __all__ = ["BACKENDS", "VLLM_STATISTICS", "result_json", "result_paths", "save_result"]
 
@@ -58,8 +59,30 @@ def _statistics(name: str, figures: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def result_json(summary: Mapping[str, Any], meta: Mapping[str, Any], variant: str) -> dict[str, Any]:
-    """One variant's result, in vllm bench serve's key order: setup, metadata, traffic, figures."""
+def _spec_decode(stats: Mapping[str, Any] | None) -> dict[str, Any]:
+    """compare.json's /metrics acceptance as vllm bench writes it (rate in percent, counts as ints);
+    nothing when the server drafted nothing, as vllm bench leaves the keys out."""
+    if not stats or not stats.get("num_draft_tokens"):
+        return {}
+    rate = stats.get("acceptance_rate")
+    return {
+        "spec_decode_acceptance_rate": None if rate is None else rate * 100,
+        "spec_decode_acceptance_length": stats.get("acceptance_length"),
+        "spec_decode_num_drafts": int(stats.get("num_drafts") or 0),
+        "spec_decode_draft_tokens": int(stats.get("num_draft_tokens") or 0),
+        "spec_decode_accepted_tokens": int(stats.get("num_accepted_tokens") or 0),
+        "spec_decode_per_position_acceptance_rates": list(stats.get("per_position_acceptance") or []),
+    }
+
+
+def result_json(
+    summary: Mapping[str, Any],
+    meta: Mapping[str, Any],
+    variant: str,
+    compare: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One variant's result, in vllm bench serve's key order: setup, metadata, traffic, figures.
+    `compare` is compare.json's dict, when `itlaudit compare` made the run."""
     block: Mapping[str, Any] = summary["variants"][variant]
     bench: Mapping[str, Any] = block.get("benchmark") or {}
     workload: Mapping[str, Any] = meta.get("workload") or {}
@@ -90,6 +113,8 @@ def result_json(summary: Mapping[str, Any], meta: Mapping[str, Any], variant: st
         **{key: bench.get(key) for key in _AFTER_GOODPUT},
         "rtfx": 0.0,  # vllm bench's audio input duration / duration: no audio here
     }
+    compared = ((compare or {}).get("variants") or {}).get(variant)
+    result.update(_spec_decode(compared.get("spec_decode") if isinstance(compared, Mapping) else None))
     for name, key in VLLM_STATISTICS.items():
         result.update(_statistics(name, bench.get(key) or {}))
     # itlaudit's own keys, under names vllm bench does not use.
@@ -131,6 +156,7 @@ def save_result(path: Path, run_dir: Path) -> list[Path]:
     try:
         summary = read_json(run_dir / SUMMARY_FILE)
         meta = read_json(run_dir / META_FILE)
+        compare = read_json(run_dir / COMPARE_FILE) if (run_dir / COMPARE_FILE).is_file() else None
     except (OSError, ValueError) as exc:
         raise ItlauditError(f"--save-result: cannot read the run folder {run_dir} ({exc})") from None
     names = list(summary.get("variants") or {})
@@ -140,7 +166,7 @@ def save_result(path: Path, run_dir: Path) -> list[Path]:
     for variant, target in result_paths(path, names).items():
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            write_json(target, result_json(summary, meta, variant))
+            write_json(target, result_json(summary, meta, variant, compare))
         except OSError as exc:
             raise ItlauditError(f"--save-result {target}: {exc.strerror or exc}") from None
         written.append(target)
