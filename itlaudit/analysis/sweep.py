@@ -227,16 +227,18 @@ SCALARS = (
 
 def pool_trials(axis: str, value: float, trials: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """A point over its trials: the median of each figure, its [min, max] under `spread` when there
-    were several trials (the plots' error bars), requests and findings summed."""
+    were several trials (the plots' error bars), requests and findings summed, and `not_comparable`
+    when any trial broke analysis.validity's rule."""
     point: dict[str, Any] = {
         axis: int(value) if axis == CONCURRENCY else value,
         "trials": len(trials),
         "requests": sum(t["requests"] for t in trials),
         "errors": sum(t["errors"] for t in trials),
         "findings": sum(t["findings"] for t in trials),
-        "not_comparable": "; ".join(dict.fromkeys(r for t in trials if (r := t.get("not_comparable"))))
-        or None,
     }
+    # Only where it applies, so a sweep.json of comparable points reads as before.
+    if reasons := "; ".join(dict.fromkeys(r for t in trials if (r := t.get("not_comparable")))):
+        point["not_comparable"] = reasons
     spread: dict[str, list[float]] = {}
     for key in SCALARS:
         point[key] = median([t[key] for t in trials])
