@@ -54,7 +54,9 @@ def workload_text(workload: Mapping[str, Any]) -> str:
         "request rate inf (closed loop)"
         if rate is None
         else f"request rate {rate}/s (burstiness {workload.get('burstiness')})",
-        f"{workload.get('dataset')} dataset",
+        "the scenario's prompt list"
+        if workload.get("dataset") == "prompts"
+        else f"{workload.get('dataset')} dataset",
     ]
     if workload.get("input_len") is not None:
         parts.append(f"input {workload['input_len']} tokens")

@@ -108,9 +108,11 @@ RESULT_NOTE = (
 
 
 def result_rows(summary: dict[str, Any]) -> list[list[str]]:
-    """The Result table's rows (raw strings; label first, one cell per variant)."""
+    """The Result table's rows (raw strings; label first, one cell per variant), after the validity
+    rule's verdict: a capped variant's throughput is no more a speed than its latency."""
     variants: dict[str, Any] = summary["variants"]
-    rows = []
+    validity = [variant_validity(summary, n) for n in variants]
+    rows = [["comparable", *("yes" if v.comparable else f"no: {v.reason}" for v in validity)]]
     for label, key, stat, fmt in RESULT_ROWS:
         cells = []
         for name in variants:
