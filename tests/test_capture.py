@@ -336,7 +336,7 @@ def test_stamp_mode_is_chosen_on_the_command_line_and_recorded(tmp_path: Path, p
     ("flags", "message"),
     [
         (("--workers", "0"), "--workers '0'"),
-        (("--stamp", "nic"), "--stamp 'nic'"),
+        (("--stamp", "nic"), "'nic' is not one of 'kernel', 'loop'"),
         (("--stall-timeout", "0"), ""),
     ],
 )
