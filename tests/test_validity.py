@@ -196,3 +196,27 @@ def test_compare_json_carries_the_reason_beside_the_speedups() -> None:
     capped_base = [r for r in records if r.variant != "K0"]
     rows = build_comparison(run_summary(capped_base, ["K3-capped", "K3"]), capped_base, {})["variants"]
     assert rows["K3"]["not_comparable"] == "base K3-capped: 4 of 4 requests capped at 16 tokens"
+
+
+def test_a_smoke_speedup_check_fails_for_a_capped_variant() -> None:
+    """K3-capped is 2.9× "faster" than K0 per token: the gate fails it with the rule's reason
+    instead of passing a speedup that is a cap."""
+    from reportkit import k0_k3
+
+    from itlaudit.analysis.derive import run_summary
+    from itlaudit.smoke.checks import evaluate, variant_figures
+    from itlaudit.smoke.suite import CheckSpec, Suite
+
+    records = k0_k3()
+    blocks = run_summary(records)["variants"]
+    ran = {
+        name: variant_figures([r for r in records if r.variant == name], block, None, [], 64)
+        for name, block in blocks.items()
+    }
+    check = CheckSpec("speedup", {"over": "K0", "min": 2.0, "metric": "itl_ms.p50"}, scenario="long")
+    suite = Suite("s", Path("s.toml"), "", None, [], [], [check])
+    by_variant = {r.variant: r for r in evaluate(suite, {"long": ran}, None)}
+    assert by_variant["K3"].status == "PASS"
+    capped = by_variant["K3-capped"]
+    assert capped.status == "FAIL"
+    assert capped.message == "this variant not comparable: 4 of 4 requests cut short, so no speedup"

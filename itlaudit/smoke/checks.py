@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from itlaudit.analysis.derive import derive_request
+from itlaudit.analysis.validity import block_validity
 from itlaudit.model.records import RequestRecord, Status
 from itlaudit.smoke.suite import DEFAULT_METRIC, CheckSpec, Suite
 
@@ -219,6 +220,11 @@ def _speedup(ctx: _Ctx) -> Outcome:
     this, base = _metric(ctx.figures, path), _metric(ctx.others.get(over), path)
     threshold = f"≥ {ctx.spec.params['min']}×"
     evidence = {path: this, f"{over} {path}": base}
+    # analysis.validity: a capped or failing variant's ITL is no speed, so no speedup to pass on.
+    sides = (("this variant", ctx.figures), (over, ctx.others.get(over) or {}))
+    unlike = [f"{name} {v.label}" for name, figures in sides if not (v := block_validity(figures)).comparable]
+    if unlike:
+        return FAIL, "–", threshold, None, "; ".join(unlike) + ", so no speedup", evidence
     if this is None or not base or not this:
         return FAIL, "–", threshold, None, f"{path} is missing here or on {over}, so no speedup", evidence
     value = base / this
