@@ -162,4 +162,4 @@ def test_cdf_and_timeline_name_the_capped_variant_not_comparable(drawn: dict[str
     timeline = [
         ax.get_title() for fig in drawn.values() for ax in fig.axes if ax.get_title().startswith(CAPPED)
     ]
-    assert timeline == ["K3-capped: 6 requests, 6 cut short: not comparable"]
+    assert timeline == ["K3-capped: 6 requests, 6 cut short\nnot comparable"]

@@ -144,7 +144,7 @@ def test_timeline_draws_each_request_and_the_capped_ones_red(tmp_path: Path, dra
     assert set(panels) == {
         "K0: 4 requests",
         "K3: 4 requests",
-        "K3-capped: 4 requests, 4 cut short: not comparable",
+        "K3-capped: 4 requests, 4 cut short\nnot comparable",
     }
     for title, ax in panels.items():
         lines = request_lines(ax)
@@ -225,7 +225,7 @@ def test_timeline_marks_what_the_findings_say_not_what_it_would_judge(
     view = replace(views([whole, capped])[0], truncated=frozenset({whole.request_id}))
     plot_timeline([view], tmp_path / "t.png")
     (ax,) = [a for a in drawn[0].axes if a.get_visible()]
-    assert ax.get_title() == "K0: 2 requests, 1 cut short: not comparable"
+    assert ax.get_title() == "K0: 2 requests, 1 cut short\nnot comparable"
     red = [line for line in ax.get_lines() if line.get_color() == plots.TRUNCATION_RED]
     assert [int(line.get_ydata()[-1]) for line in red] == [64]
 

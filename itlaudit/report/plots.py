@@ -266,7 +266,7 @@ def _timeline_panel(ax: Axes, view: VariantView, line_colour: Colour) -> None:
     if cut:
         title += f", {len(cut)} cut short"
     if not view.validity.comparable:
-        title += f": {NOT_COMPARABLE}"
+        title += f"\n{NOT_COMPARABLE}"  # a line of its own: three panels side by side are narrow
     ax.set_title(title, color=TRUNCATION_RED if cut or not view.validity.comparable else "black", fontsize=10)
     ax.grid(alpha=0.3)
 
