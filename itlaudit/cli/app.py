@@ -302,11 +302,11 @@ def version() -> None:
 # Commands that live in their own modules register here, one line each (keep this file thin); within a
 # panel, `--help` lists them in this order.
 app.command(name="sweep", rich_help_panel=MEASURE)(cli_sweep.sweep)
+app.command(name="invariance", rich_help_panel=MEASURE)(cli_audit.invariance)
 app.command(name="report", rich_help_panel=READ)(cli_report.report)
 app.command(name="diff", rich_help_panel=READ)(cli_report.diff)
 app.command(name="export", rich_help_panel=READ)(cli_report.export)
 app.command(name="quality", rich_help_panel=READ)(cli_audit.quality)
-app.command(name="invariance", rich_help_panel=READ)(cli_audit.invariance)
 app.command(name="smoke", rich_help_panel=GATE)(cli_smoke.smoke)
 app.command(name="bisect", rich_help_panel=GATE)(cli_bisect.bisect)
 app.command(name="sim", rich_help_panel=TOOLS)(cli_sim.sim)

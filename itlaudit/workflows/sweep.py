@@ -309,7 +309,7 @@ def run_sweep(
     unknown = [n for n in [*config.variants, *variant_urls] if n not in names]
     if unknown:
         raise ScenarioError(f"variant {unknown[0]!r} is not in the scenario ({', '.join(sorted(names))})")
-    sweep_dir = open_sweep_dir(out, scenario.name, config, resume)
+    sweep_dir = open_sweep_dir(out, scenario.folder_name, config, resume)
     sweeper = _Sweeper(scenario, config, sweep_dir, console, capture)
     chosen = [v for v in scenario.variants if v.name in config.variants]
     try:
