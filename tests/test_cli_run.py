@@ -348,3 +348,21 @@ def test_url_without_scheme_and_no_server_are_one_line(tmp_path: Path) -> None:
         itlaudit("run", "--url", "http://127.0.0.1:9", "--dataset-name", "jsonl", cwd=tmp_path),
         "--dataset-name jsonl needs --dataset-path FILE",
     )
+
+
+def test_flags_only_compare_takes_a_server_per_variant(sim, tmp_path: Path) -> None:
+    k0, k3 = sim(), sim("--num-speculative-tokens", "3")
+    result = itlaudit(
+        "compare",
+        *("--variant", f"K0={k0}", "--variant", f"K3={k3}"),
+        *("--dataset-name", "random", "--random-input-len", "8", "--random-output-len", "17"),
+        *("--num-prompts", "2", "--out", str(tmp_path / "c")),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    comparison = json.loads((tmp_path / "c" / "compare.json").read_text())
+    assert list(comparison["variants"]) == ["K0", "K3"]
+    records = _records(tmp_path / "c")
+    assert sorted((r["variant"], r["url"].rsplit("/v1", 1)[0]) for r in records) == sorted(
+        [("K0", k0)] * 2 + [("K3", k3)] * 2
+    )
