@@ -267,10 +267,15 @@ def compare(
             f"{name}: {speed}, "
             f"acceptance rate {_fmt(spec.get('acceptance_rate'))}, "
             f"acceptance length /metrics {_fmt(spec.get('acceptance_length'))} vs stream "
-            f"{_fmt(row['stream_acceptance_length'])}"
+            f"{_fmt(row['stream_acceptance_length'])}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
         )
     for finding in comparison["findings"]:
-        out.print(f"[bold red]{finding['code']}[/bold red]: {finding['message']}", highlight=False)
+        out.print(
+            f"[bold red]{finding['code']}[/bold red]: {finding['message']}", highlight=False, soft_wrap=True
+        )
     out.print(f"compare: {outcome.run_dir / COMPARE_FILE}")
     _save_result(settings, outcome.run_dir)
 
