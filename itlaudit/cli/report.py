@@ -172,7 +172,8 @@ def report(
         from itlaudit.report.writer import write_reports  # matplotlib: only when drawing
 
         write_reports(target, title, records, summary, findings, imported=imported)
-    out.print(f"report: {target / 'report.html'}")
+    for name in ("report.md", "report.html"):  # both, absolute: as `run` prints them
+        out.print(f"report: {(target / name).resolve()}", markup=False, highlight=False, soft_wrap=True)
 
 
 def diff(
