@@ -59,7 +59,7 @@ def sweep(
     ] = None,
     out_dir: Annotated[
         Path | None,
-        typer.Option("--out", metavar="DIR", help="Sweep folder (default reports/sweep-<name>-<time>/)."),
+        typer.Option("--out", metavar="DIR", help="Sweep folder (default reports/sweep-<scenario>-<time>/)."),
     ] = None,
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue the sweep in --out, skipping finished points.")
