@@ -1,17 +1,21 @@
 """Shared pytest setup: real-vLLM tests opt-in, and the fixtures more than one test module uses.
 
 Where shared test code lives: fixtures here; plain helpers in helper modules that are not test modules
-(reportkit, simkit, pacedkit, vllm_server, fixtures/bisect/helpers). A test module imports neither
+(reportkit, simkit, pacedkit, faultkit, vllm_server, fixtures/bisect/helpers). A test module imports neither
 another test module nor this file (tests/test_layering.py checks it).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from faultkit import FAULTSERVER
 from pacedkit import Paced
+
+from itlaudit.serve.launcher import LaunchSpec, launch
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -53,3 +57,22 @@ def paced(tmp_path: Path) -> Iterator[Callable[..., Paced]]:
         if server.process.poll() is None:
             server.process.kill()
             server.process.wait()
+
+
+@pytest.fixture()
+def faultserver(tmp_path: Path) -> Iterator[Callable[..., str]]:
+    """Factory: a tests/faultserver.py in MODE (extra flags after it) launched as a user's server would
+    be; returns its URL, and every one started is stopped at the end of the test."""
+    servers = []
+
+    def start(mode: str, *flags: str) -> str:
+        argv = [sys.executable, FAULTSERVER, "--port", "{port}", "--mode", mode, *flags]
+        server = launch(
+            LaunchSpec(kind="command", command=argv, ready_timeout_s=30), tmp_path / f"fs{len(servers)}.log"
+        )
+        servers.append(server)
+        return server.url
+
+    yield start
+    for server in servers:
+        server.stop()

@@ -10,65 +10,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from faultkit import FAULTSERVER, itlaudit, one_error_line, url_variant, write_scenario
 
-from itlaudit.serve.launcher import LaunchSpec, launch
 from itlaudit.serve.sim import SIM_VERSION
-
-ROOT = Path(__file__).resolve().parents[1]
-FAULTSERVER = str(ROOT / "tests" / "faultserver.py")
-WORKLOAD = 'prompts = ["hi", "there"]\nnum_requests = 4\nconcurrency = 2\nmax_tokens = 12\ntemperature = 0'
-
-
-@pytest.fixture()
-def faultserver(tmp_path: Path) -> Iterator[object]:
-    """Factory: a faultserver in MODE (extra flags after it), stopped at the end of the test."""
-    servers = []
-
-    def start(mode: str, *flags: str) -> str:
-        argv = [sys.executable, FAULTSERVER, "--port", "{port}", "--mode", mode, *flags]
-        server = launch(
-            LaunchSpec(kind="command", command=argv, ready_timeout_s=30), tmp_path / f"fs{len(servers)}.log"
-        )
-        servers.append(server)
-        return server.url
-
-    yield start
-    for server in servers:
-        server.stop()
-
-
-def itlaudit(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120):
-    return subprocess.run(
-        [sys.executable, "-m", "itlaudit", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
-
-
-def write_scenario(tmp_path: Path, variants: str, workload: str = WORKLOAD, name: str = "t") -> Path:
-    path = tmp_path / f"{name}.toml"
-    path.write_text(f'name = "{name}"\nendpoint = "completions"\n\n[workload]\n{workload}\n\n{variants}')
-    return path
-
-
-def url_variant(name: str, url: str) -> str:
-    return f'[[variants]]\nname = "{name}"\nurl = "{url}"\n\n'
-
-
-def one_error_line(result: subprocess.CompletedProcess[str], code: int = 2) -> str:
-    assert result.returncode == code, result.stderr
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    return lines[0]
-
 
 # --- item 2: identity is best effort -------------------------------------------------------------
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from itlaudit.analysis.metrics import TOKEN_SOURCE_CHUNKS, TOKEN_SOURCE_USAGE, RequestMetrics, token_counts
 from itlaudit.model.codes import (
+    CHOICES_INTERLEAVED,
     CHUNKS_COALESCED,
     CLIENT_SATURATED,
     CONNECTION_ERROR,
@@ -170,6 +171,14 @@ def transport_findings(record: RequestRecord, metrics: RequestMetrics) -> list[F
         )
         evidence = {"chunks": record.invalid_utf8_chunks}
         out.append(Finding.of(INVALID_UTF8, message, evidence, rid))
+    if record.other_index_chunks:
+        message = (
+            f"{record.other_index_chunks} chunk(s) carried a choices[].index other than 0: the server "
+            "interleaved several replies (n > 1) into this stream, so it is not one reply and its "
+            "figures are left out; only index 0's text is kept."
+        )
+        evidence = {"chunks": record.other_index_chunks, **seen}
+        out.append(Finding.of(CHOICES_INTERLEAVED, message, evidence, rid))
     if record.status in (Status.OK, Status.STREAM_ERROR) and not record.done_sentinel:
         message = (
             f"The stream closed without 'data: [DONE]' (status {record.status}), so it may have been cut off."

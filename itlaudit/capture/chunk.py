@@ -27,8 +27,11 @@ class Delta(msgspec.Struct, gc=False):
 
 
 class Choice(msgspec.Struct, gc=False):
-    """/v1/completions carries `text`, /v1/chat/completions `delta.content`; one struct reads both."""
+    """/v1/completions carries `text`, /v1/chat/completions `delta.content`; one struct reads both.
+    `index` is kept because a server that answers n > 1 anyway interleaves its replies' chunks, each
+    marked only by this index: one int compared per chunk is all the reader spends on noticing that."""
 
+    index: int = 0
     text: str | None = None
     delta: Delta | None = None
     token_ids: list[int] | None = None

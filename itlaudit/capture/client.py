@@ -20,6 +20,7 @@ import time
 from typing import TYPE_CHECKING
 
 from itlaudit.capture.chunk import CHUNK_DECODE_ERRORS, Chunk, decode_chunk
+from itlaudit.capture.http1 import DECODED_CODINGS
 from itlaudit.capture.preflight import (
     CONNECTION_FAILURES,
     describe_connection_failure,
@@ -33,6 +34,7 @@ from itlaudit.model.access import NO_ACCESS, Access
 from itlaudit.model.records import (
     STATUS_CONNECTION_ERROR,
     STATUS_HTTP_ERROR,
+    STATUS_OK,
     STATUS_RATE_LIMITED,
     STATUS_STREAM_ERROR,
     STATUS_TIMEOUT,
@@ -67,10 +69,11 @@ async def stream_request(
 
     `t0` is the transport's stamp just before the request bytes were written, so TTFT covers
     connecting and the server's queueing but not our own work. Records assume n=1 (the scenario
-    rejects n > 1): text, token ids and finish_reason come from choices[0]. With a lag probe, the
-    record names the probe samples taken while the stream was open; the writer thread turns them into
-    the record's loop-lag figures. `stamp` "kernel" falls back to "loop" where the platform has no
-    kernel receive timestamps; `record.stamp` says which ran.
+    rejects n > 1): text, token ids and finish_reason come from choices[0], and a server that
+    interleaves other indices anyway makes the record a stream error (`other_index_chunks`). With a
+    lag probe, the record names the probe samples taken while the stream was open; the writer thread
+    turns them into the record's loop-lag figures. `stamp` "kernel" falls back to "loop" where the
+    platform has no kernel receive timestamps; `record.stamp` says which ran.
     """
     record = plan.new_record()
     access = access or NO_ACCESS
@@ -111,6 +114,14 @@ async def stream_request(
             record.error = (
                 f"HTTP 200 with content type {shown}, not {_EVENT_STREAM}: the server did not stream "
                 f"({record.error}); check that it supports stream=true"
+            )
+        elif stream.content_encoding and stream.content_encoding not in DECODED_CODINGS:
+            record.status = STATUS_STREAM_ERROR
+            record.e2e_ms = (time.monotonic_ns() - t0) / 1e6
+            record.error = (
+                f"the server compressed the event stream with Content-Encoding {stream.content_encoding} "
+                f"although the request asked for identity; itlaudit decodes only "
+                f"{', '.join(DECODED_CODINGS)}: turn the compression off for this endpoint"
             )
         else:
             await _read_stream(stream, record, t0, plan.endpoint == ENDPOINT_CHAT, timeouts)
@@ -217,6 +228,10 @@ async def _read_stream(
                 token_ids = None
                 if choices:
                     choice = choices[0]
+                    if choice.index or len(choices) > 1:  # replies interleaved: only index 0 is kept
+                        record.other_index_chunks += 1
+                        if choice.index:
+                            continue
                     if is_chat:
                         delta = choice.delta
                         text = delta.content if delta is not None else None
@@ -246,6 +261,13 @@ async def _read_stream(
         record.e2e_ms = (last_ns - t0) / 1e6
     finally:
         record.text = "".join(text_parts)
+        if record.other_index_chunks and record.status == STATUS_OK:
+            record.status = STATUS_STREAM_ERROR
+            record.error = (
+                f"the server interleaved several replies ({record.other_index_chunks} chunks with a "
+                "choices[].index other than 0, as n > 1 streams them): not one reply, so not measured; "
+                "index 0's text is kept"
+            )
 
 
 def _undecodable(record: RequestRecord, payload: bytes, exc: Exception) -> Chunk | None:

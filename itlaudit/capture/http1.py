@@ -5,6 +5,13 @@ every SSE server sends) is de-chunked by `chunked` instead, once per socket read
 through ``ssl.SSLObject`` over memory BIOs, so the decrypted bytes still come from the stamped reads. A TLS
 EOF without close_notify counts as a plain EOF, as asyncio treats it; the framing then decides whether the
 body was complete.
+
+The request asks for `Accept-Encoding: identity`. A server that compresses anyway (gzip or deflate, as a
+proxy may) is decoded here, one `zlib` decompressobj call per socket read, so each decoded piece still
+carries its own read's stamp: that is one C call per read, the same kind of work as de-chunking, and only
+on such streams. A compressor that holds its output back delivers tokens in bursts; the stamps then say
+so (chunks_coalesced), which is the truth about that server. Other codings (br, zstd) have no decoder in
+the standard library and are refused by the client with a line naming the coding.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
+import zlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
@@ -21,9 +29,11 @@ from itlaudit.capture.chunked import Dechunker, FramingError
 from itlaudit.capture.stamping import READ_SIZE, Inbox, StampMode
 from itlaudit.errors import BadFraming, ConnectionDropped, TLSFailure, TransportError
 
-__all__ = ["Stream", "Target", "one_line", "tls_failure"]
+__all__ = ["DECODED_CODINGS", "Stream", "Target", "one_line", "tls_failure"]
 
 _MESSAGE_CHARS = 200
+# Content-Encoding → zlib wbits: gzip's header and trailer, or the zlib format that "deflate" names.
+DECODED_CODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 
 
 @dataclass(frozen=True)
@@ -81,6 +91,7 @@ class Stream:
     reason: str
     headers: list[tuple[str, str]]
     content_type: str
+    content_encoding: str  # lower-cased; "" when the body is not encoded
     stamp: StampMode
     t_sent_ns: int
     t_head_ns: int
@@ -97,6 +108,7 @@ class Stream:
         self.reason = ""
         self.headers = []
         self.content_type = ""
+        self.content_encoding = ""
         self.stamp = stamp
         self.t_sent_ns = 0
         self.t_head_ns = 0
@@ -108,6 +120,7 @@ class Stream:
         self._tls: _TLSPipe | None = None
         self._conn = h11.Connection(h11.CLIENT)
         self._dechunker: Dechunker | None = None  # a chunked body: de-chunked here, not by h11
+        self._decoder: zlib._Decompress | None = None  # a gzip/deflate body: decoded per read
         self._head_rest = b""
         self._stamp = 0  # stamp of the last read fed to h11
         self._eof = False
@@ -122,8 +135,34 @@ class Stream:
             raise RuntimeError("Stream.read() after aclose()")
         if self._finished:
             return None
+        if self._decoder is not None:
+            return await self._read_decoded(timeout_s)
         if self._dechunker is not None:
             return await self._read_chunked(timeout_s)
+        return await self._read_h11(timeout_s)
+
+    async def _read_decoded(self, timeout_s: float | None) -> tuple[int, bytes] | None:
+        """read() of a compressed body: each framed piece decoded as it comes, with its read's stamp. A
+        piece that completes no output (a gzip header, say) is read past; the timeout applies per read."""
+        decoder = self._decoder
+        assert decoder is not None
+        while True:
+            got = await (self._read_chunked if self._dechunker is not None else self._read_h11)(timeout_s)
+            try:
+                if got is None:
+                    tail = decoder.flush()
+                    return (self._stamp, tail) if tail else None
+                data = decoder.decompress(got[1])
+            except zlib.error as exc:
+                raise BadFraming(
+                    f"{self._target.label} sent a {self.content_encoding} body that does not decode: "
+                    f"{one_line(exc)}"
+                ) from None
+            if data:
+                return got[0], data
+
+    async def _read_h11(self, timeout_s: float | None) -> tuple[int, bytes] | None:
+        """read() of a content-length or close-delimited body, framed by h11."""
         conn = self._conn
         deadline = None
         while True:
@@ -273,6 +312,7 @@ class Stream:
             "host": ("Host", target.authority),
             "content-type": ("Content-Type", "application/json"),
             "accept": ("Accept", "text/event-stream"),
+            "accept-encoding": ("Accept-Encoding", "identity"),
             "content-length": ("Content-Length", str(len(body))),
             "connection": ("Connection", "close"),
         }
@@ -315,6 +355,11 @@ class Stream:
         self.reason = event.reason.decode("latin-1")
         self.headers = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in event.headers]
         self.content_type = next((value for name, value in self.headers if name == "content-type"), "")
+        coding = next((value for name, value in self.headers if name == "content-encoding"), "")
+        self.content_encoding = "" if coding.strip().lower() in ("", "identity") else coding.strip().lower()
+        wbits = DECODED_CODINGS.get(self.content_encoding)
+        if wbits is not None:
+            self._decoder = zlib.decompressobj(wbits)
         self.t_head_ns = self._stamp
         # h11 refuses any transfer coding but chunked, and 204/304 have no body whatever their headers say.
         if self.status not in (204, 304) and any(name == "transfer-encoding" for name, _ in self.headers):

@@ -15,6 +15,7 @@ from typing import Any
 
 __all__ = [
     "ACCEPTANCE_LENGTH_MISMATCH",
+    "CHOICES_INTERLEAVED",
     "CHUNKS_COALESCED",
     "CLIENT_SATURATED",
     "CODES",
@@ -199,6 +200,13 @@ INVALID_UTF8 = _register(
     _WARNING,
     Scope.REQUEST,
     "a chunk's bytes were not UTF-8; its text was kept with U+FFFD in place of the bad bytes",
+)
+CHOICES_INTERLEAVED = _register(
+    "choices_interleaved",
+    _ERROR,
+    Scope.REQUEST,
+    "chunks carried a choices[].index other than 0: the server interleaved several replies (n > 1), "
+    "so the stream is not one reply and is not measured; index 0's text is kept",
 )
 CLIENT_SATURATED = _register(
     "client_saturated",

@@ -152,6 +152,7 @@ class RequestRecord:
     )
     retry_after_s: float | None = None  # a 429/503's Retry-After, in seconds
     invalid_utf8_chunks: int = 0  # data events that were not valid UTF-8 (decoded with U+FFFD)
+    other_index_chunks: int = 0  # chunks whose choices[].index was not 0: a server answering n > 1 anyway
     sent_monotonic_ns: int | None = None  # t0 on the worker's monotonic clock (meta.json has its offset)
     # Open loop: when the schedule had the request due, and when it was really dispatched, both in ms
     # from the variant's shared start (the dispatch offset is kept in a closed loop too).
