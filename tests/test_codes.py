@@ -1,6 +1,6 @@
-"""The finding-code registry is the one definition: README's table agrees with it, and every rule
-emits only registered codes at a registered severity. Statuses and verdicts are enums whose strings
-are what the files hold."""
+"""The finding-code registry is the one definition: the findings table in docs/audits.md agrees with
+it, and every rule emits only registered codes at a registered severity. Statuses and verdicts are
+enums whose strings are what the files hold."""
 
 from __future__ import annotations
 
@@ -26,14 +26,14 @@ from itlaudit.model.codes import (
 from itlaudit.model.records import RequestParams, RequestRecord, Status
 from itlaudit.store.jsonl import load_records
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+TABLE_PAGE = Path(__file__).resolve().parents[1] / "docs" / "audits.md"
 _ROW = re.compile(
     r"^\| `(?P<code>[a-z0-9_]+)` \| (?P<scope>[a-z]+) \| (?P<severity>[a-z /]+) \| (?P<meaning>.+) \|$"
 )
 
 
-def readme_rows(text: str) -> dict[str, tuple[str, str, str]]:
-    """code → (scope, severity, meaning) from README's findings table."""
+def table_rows(text: str) -> dict[str, tuple[str, str, str]]:
+    """code → (scope, severity, meaning) from the findings table of docs/audits.md."""
     start = text.index("| code | scope | severity | meaning |")
     rows: dict[str, tuple[str, str, str]] = {}
     for line in text[start:].splitlines()[2:]:
@@ -41,24 +41,24 @@ def readme_rows(text: str) -> dict[str, tuple[str, str, str]]:
             break
         match = _ROW.match(line)
         assert match, (
-            f"README findings table: row not of the form | `code` | scope | severity | meaning |: {line}"
+            f"docs/audits.md: findings row not of the form | `code` | scope | severity | meaning |: {line}"
         )
-        assert match["code"] not in rows, f"README lists {match['code']} twice"
+        assert match["code"] not in rows, f"docs/audits.md lists {match['code']} twice"
         rows[match["code"]] = (match["scope"], match["severity"], match["meaning"])
     return rows
 
 
-def readme_row(entry: FindingCode) -> str:
-    """The README line for a registry entry (what to paste when a code is added)."""
+def table_row(entry: FindingCode) -> str:
+    """The table line for a registry entry (what to paste into docs/audits.md when a code is added)."""
     return f"| `{entry.code}` | {entry.scope} | {' / '.join(entry.severities)} | {entry.meaning} |"
 
 
-def test_readme_table_lists_exactly_the_registered_codes() -> None:
-    rows = readme_rows(README.read_text(encoding="utf-8"))
-    missing = [readme_row(REGISTRY[c]) for c in CODES if c not in rows]
-    assert not missing, "add to README's findings table:\n" + "\n".join(missing)
-    assert not set(rows) - set(CODES), f"README lists unregistered codes: {sorted(set(rows) - set(CODES))}"
-    assert list(rows) == list(CODES), "README's table is not in registry order"
+def test_docs_table_lists_exactly_the_registered_codes() -> None:
+    rows = table_rows(TABLE_PAGE.read_text(encoding="utf-8"))
+    missing = [table_row(REGISTRY[c]) for c in CODES if c not in rows]
+    assert not missing, "add to the findings table in docs/audits.md:\n" + "\n".join(missing)
+    assert not set(rows) - set(CODES), f"docs/audits.md lists unknown codes: {sorted(set(rows) - set(CODES))}"
+    assert list(rows) == list(CODES), "docs/audits.md's table is not in registry order"
 
 
 def expected(entry: FindingCode) -> tuple[str, str, str]:
@@ -66,19 +66,19 @@ def expected(entry: FindingCode) -> tuple[str, str, str]:
 
 
 @pytest.mark.parametrize("code", CODES)
-def test_readme_row_agrees_with_the_registry(code: str) -> None:
-    rows = readme_rows(README.read_text(encoding="utf-8"))
-    assert rows[code] == expected(REGISTRY[code]), f"README row should read:\n{readme_row(REGISTRY[code])}"
+def test_docs_row_agrees_with_the_registry(code: str) -> None:
+    rows = table_rows(TABLE_PAGE.read_text(encoding="utf-8"))
+    assert rows[code] == expected(REGISTRY[code]), f"docs/audits.md row:\n{table_row(REGISTRY[code])}"
 
 
-def test_readme_check_notices_a_changed_row() -> None:
+def test_docs_check_notices_a_changed_row() -> None:
     """The check is not vacuous: a row whose meaning or severity differs reads back differently."""
-    text = README.read_text(encoding="utf-8")
+    text = TABLE_PAGE.read_text(encoding="utf-8")
     entry = REGISTRY["common_cap"]
-    changed = readme_rows(text.replace(entry.meaning, "something else", 1))
+    changed = table_rows(text.replace(entry.meaning, "something else", 1))
     assert changed["common_cap"] != expected(entry)
-    downgraded = readme_rows(
-        text.replace(readme_row(entry), readme_row(entry).replace("| error |", "| warning |"))
+    downgraded = table_rows(
+        text.replace(table_row(entry), table_row(entry).replace("| error |", "| warning |"))
     )
     assert downgraded["common_cap"] != expected(entry)
 

@@ -1,6 +1,6 @@
-"""The layering rule, read from README's Development table, checked against every import in itlaudit/.
+"""The layering rule, read from the package map in docs/development.md, checked against every import.
 
-The README table is the one statement of the stage order; this test parses it, so the map a newcomer
+That table is the one statement of the stage order; this test parses it, so the map a newcomer
 reads and the rule CI enforces cannot drift apart. The checker itself is tested on planted graphs, so a
 parser that found no imports (or no table) cannot pass by seeing nothing. The same file holds the
 tests/ rule: a test module never imports another test module.
@@ -18,14 +18,15 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "itlaudit"
 TESTS = ROOT / "tests"
+MAP_PAGE = ROOT / "docs" / "development.md"  # its "## The map" section holds the stage table
 TOP_LEVEL_ALLOWED = {"__init__", "__main__", "errors"}
 # Where an import was seen: (module importing, imported module, line).
 Edge = tuple[str, str, int]
 
 
-def stage_table(readme: str) -> list[tuple[str, list[str]]]:
-    """(stage, the stages its row says it may import), in row order, from the Development section."""
-    section = readme.split("\n## Development", 1)[1].split("\n## ", 1)[0]
+def stage_table(page: str) -> list[tuple[str, list[str]]]:
+    """(stage, the stages its row says it may import), in row order, from the page's map section."""
+    section = page.split("\n## The map", 1)[1].split("\n## ", 1)[0]
     rows = []
     for line in section.splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
@@ -95,7 +96,7 @@ def violations(edges: Sequence[Edge], order: Sequence[str]) -> list[str]:
         where = f"{source} (line {line}) imports {target}"
         if low is None or high is None:
             unplaced = source if low is None else target
-            found.append(f"{where}: {unplaced} is in no stage of README's Development table")
+            found.append(f"{where}: {unplaced} is in no stage of the map in docs/development.md")
         elif high > low:
             found.append(f"{where}: {stage_name(high, order)} is above {stage_name(low, order)}")
     return found
@@ -107,20 +108,20 @@ def stray_top_level(root: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def order() -> list[str]:
-    return [stage for stage, _ in stage_table((ROOT / "README.md").read_text(encoding="utf-8"))]
+    return [stage for stage, _ in stage_table(MAP_PAGE.read_text(encoding="utf-8"))]
 
 
-# --- the rule as README states it -----------------------------------------------------------------
+# --- the rule as docs/development.md states it ---------------------------------------------------
 
 
-def test_readme_table_places_every_package_and_each_row_may_import_exactly_the_rows_above() -> None:
-    table = stage_table((ROOT / "README.md").read_text(encoding="utf-8"))
+def test_map_places_every_package_and_each_row_may_import_exactly_the_rows_above() -> None:
+    table = stage_table(MAP_PAGE.read_text(encoding="utf-8"))
     stages = [stage for stage, _ in table]
     assert stages[0] == "errors" and len(stages) == len(set(stages)) >= 2
     packages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
-    assert set(stages) == packages | {"errors"}, "README's table and itlaudit/'s packages differ"
+    assert set(stages) == packages | {"errors"}, "the map's table and itlaudit/'s packages differ"
     for i, (stage, may_import) in enumerate(table):
-        assert may_import == stages[:i], f"README row {stage}: 'may import' must list {stages[:i]}"
+        assert may_import == stages[:i], f"map row {stage}: 'may import' must list {stages[:i]}"
 
 
 def test_no_module_imports_from_a_higher_stage(order: list[str]) -> None:
@@ -151,7 +152,7 @@ def test_checker_names_the_module_and_the_import_that_goes_up(order: list[str]) 
         "itlaudit.store.rundir (line 12) imports itlaudit.report.markdown: report is above store",
         "itlaudit (line 5) imports itlaudit.errors: errors is above itlaudit/__init__",
         "itlaudit.plugins.x (line 7) imports itlaudit.errors: itlaudit.plugins.x is in no stage of "
-        "README's Development table",
+        "the map in docs/development.md",
         "itlaudit.cli.app (line 9) imports itlaudit.__main__: itlaudit/__main__ is above cli",
     ]
 
@@ -183,12 +184,12 @@ def test_parser_sees_function_level_relative_and_package_imports(tmp_path: Path,
 
 
 def test_table_parser_reads_order_and_may_import_columns() -> None:
-    readme = (
-        "# x\n\n## Development\n\n| stage | owns | may import |\n|---|---|---|\n"
+    page = (
+        "# x\n\n## The map: one package per stage\n\n| stage | owns | may import |\n|---|---|---|\n"
         "| `errors` | errors | — |\n| `model/` | data | `errors` |\n| `cli/` | app | `errors` `model` |\n"
         "\n## Later\n\n| `other` | not | `the map` |\n"
     )
-    assert stage_table(readme) == [("errors", []), ("model", ["errors"]), ("cli", ["errors", "model"])]
+    assert stage_table(page) == [("errors", []), ("model", ["errors"]), ("cli", ["errors", "model"])]
 
 
 # --- tests/: shared code through conftest.py and helper modules, never another test module -------
