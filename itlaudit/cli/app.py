@@ -26,7 +26,7 @@ from itlaudit.model.redact import redact_text
 from itlaudit.model.run_labels import RunLabels, parse_metadata
 from itlaudit.model.scenario import Scenario, ScenarioFlags, build_scenario, parse_scenario, scenario_toml
 from itlaudit.store.rundir import COMPARE_FILE, META_FILE, read_json
-from itlaudit.workflows.run import LedgerPolicy, RunOutcome, handle_sigterm, interruption, run_scenario
+from itlaudit.workflows.run import LedgerPolicy, RunOutcome, handle_signals, interruption, run_scenario
 
 __all__ = [
     "DEMO_SCENARIO",
@@ -333,7 +333,7 @@ def _usage_line(exc: typer.TyperException) -> str:
 def main() -> None:
     """Entry point: any ItlauditError or usage error becomes one line on stderr and its exit code,
     never a traceback."""
-    handle_sigterm()
+    handle_signals()
     try:
         # Non-standalone mode returns a command's exit code (typer.Exit) instead of exiting.
         code = app(prog_name="itlaudit", standalone_mode=False)

@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from itlaudit import __version__
 from itlaudit.capture.cluster import lost_worker_warnings
@@ -30,6 +30,7 @@ from itlaudit.model.redact import launch_secret_values, redact_file, redact_json
 from itlaudit.model.run_context import workload_meta
 from itlaudit.model.run_labels import RunLabels
 from itlaudit.model.scenario import Scenario, Variant
+from itlaudit.report.progress import CaptureProgress, Reporter, duration
 from itlaudit.serve.environment import gpus as host_gpus
 from itlaudit.serve.environment import host_environment
 from itlaudit.store.jsonl import RecordWriter, iter_jsonl, load_records
@@ -41,8 +42,9 @@ __all__ = [
     "RUN_DIR_ENV",
     "LedgerPolicy",
     "RunOutcome",
+    "TallyWriter",
     "VariantHook",
-    "handle_sigterm",
+    "handle_signals",
     "interruption",
     "run_scenario",
     "server_log_name",
@@ -243,18 +245,11 @@ def run_scenario(
     records: list[RequestRecord] = []
     workload = scenario.workload
     total = (workload.num_requests + workload.arrivals.warmup_requests) * len(scenario.variants)
-    progress = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    )
-    writer = RecordWriter(run_dir / REQUESTS_FILE)
+    reporter = Reporter(console)
+    writer = TallyWriter(run_dir / REQUESTS_FILE)
     try:
-        with progress, writer:
-            task = progress.add_task("requests", total=total)
+        with reporter.capture("requests", total) as counts, writer:
+            writer.counts = counts
             for variant in scenario.variants:
                 override = url or variant_urls.get(variant.name)
                 launched = variant.launch if not override else None
@@ -262,7 +257,12 @@ def run_scenario(
                 info: dict[str, Any] = {"url": None, "headers": sorted(name for name, _ in access.headers)}
                 meta["variants"][variant.name] = info
                 try:
-                    with variant_target(variant, override, run_dir, access) as base_url:
+                    with ExitStack() as server:
+                        starting = reporter.step(f"{variant.name}: starting its server") if launched else None
+                        with starting or nullcontext():
+                            base_url = server.enter_context(
+                                variant_target(variant, override, run_dir, access)
+                            )
                         info["url"] = base_url
                         if ledger is not None:
                             info["fingerprint"] = ledger.check(
@@ -273,7 +273,10 @@ def run_scenario(
                             note = info["reset_prefix_cache"].get("note")
                             if note and console is not None:
                                 console.print(f"{variant.name}: {note}", markup=False, soft_wrap=True)
-                        progress.update(task, description=f"{variant.name} @ {base_url}")
+                        counts.begin(f"{variant.name} @ {base_url}")
+                        variant_total = workload.num_requests + workload.arrivals.warmup_requests
+                        reporter.phase(f"{variant.name}: {variant_total} requests to {base_url}")
+                        variant_started = time.monotonic()
 
                         def on_capture(
                             workers: dict[str, Any], info: dict[str, Any] = info, name: str = variant.name
@@ -304,7 +307,7 @@ def run_scenario(
                                 variant.name,
                                 base_url,
                                 writer,
-                                lambda: progress.advance(task),
+                                counts.landed,
                                 options=capture,
                                 on_capture=on_capture,
                                 on_warm=open_window,
@@ -312,6 +315,10 @@ def run_scenario(
                             )
                         )
                         records += done
+                        reporter.phase(
+                            f"{variant.name}: {len(done)} requests done in "
+                            f"{duration(time.monotonic() - variant_started)}"
+                        )
                         if after_variant is not None:
                             info["after"] = after_variant(variant.name, base_url)
                         info["environment"] = server_environment(
@@ -322,6 +329,8 @@ def run_scenario(
                             log_path=run_dir / server_log_name(variant.name) if launched else None,
                             access=access,
                         )
+                        if launched is not None:
+                            reporter.phase(f"{variant.name}: stopping its server")
                 finally:
                     if launched is not None:
                         redact_file(
@@ -330,36 +339,73 @@ def run_scenario(
                         )
                 _write_meta(run_dir, meta)
     except KeyboardInterrupt:
-        raise _wrap_up_interrupted(run_dir, scenario, meta) from None
-    summary = write_derived(run_dir, scenario.name, [v.name for v in scenario.variants])
+        raise _wrap_up_interrupted(run_dir, scenario, meta, reporter) from None
+    with reporter.step("deriving figures and writing the report"):
+        summary = write_derived(run_dir, scenario.name, [v.name for v in scenario.variants])
     if ledger is not None:
         ledger.record(run_dir)
     records = load_records(run_dir / REQUESTS_FILE)  # what the figures counted: no warmup, all rounds
     return RunOutcome(run_dir=run_dir, summary=summary, records=records)
 
 
+# A landed record's token count, found in the line the lander hands over: the coordinator never decodes
+# records mid-capture (that CPU belongs to the workers), and this search costs microseconds a record.
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens":(\d+)')
+
+
+class TallyWriter(RecordWriter):
+    """requests.jsonl's writer that also adds each record's completion tokens to the progress
+    display's counters (its tokens/s)."""
+
+    counts: CaptureProgress | None = None
+
+    def write(self, line: Any) -> None:
+        super().write(line)
+        if self.counts is None:
+            return
+        if isinstance(line, bytes):
+            found = _COMPLETION_TOKENS.search(line)
+            tokens = int(found.group(1)) if found else 0
+        else:
+            tokens = (line.get("completion_tokens") if isinstance(line, dict) else None) or 0
+        self.counts.add_tokens(tokens)
+
+
 _SIGTERM_SEEN = threading.Event()
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM takes SIGINT's path (asyncio cancels the streams, `with` blocks stop servers, finished
-    records stay); the flag keeps its name and exit code 143."""
+    """SIGTERM does what SIGINT does now: during `asyncio.run` that is asyncio's own handler, which
+    cancels the main task (streams end at an await, the workers are killed in `finally`, `with` blocks
+    stop servers, finished records stay); elsewhere Python's, which raises KeyboardInterrupt here.
+    It never re-raises SIGINT, whose disposition may be an inherited SIG_IGN. The flag keeps the
+    signal's name and exit code 143."""
     _SIGTERM_SEEN.set()
-    signal.raise_signal(signal.SIGINT)
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler):
+        handler(signal.SIGINT, frame)
+        return
+    raise KeyboardInterrupt
 
 
-def handle_sigterm() -> None:
-    """Install the SIGTERM handler (the CLI does, once, in the main thread)."""
+def handle_signals() -> None:
+    """Install both handlers (the CLI does, once, in the main thread). SIGINT's is set explicitly: a
+    script's background job (`itlaudit run … &`) inherits SIGINT ignored, and `asyncio.run` routes
+    SIGINT through its graceful cancel only when Python's own handler is installed. Capture workers
+    ignore SIGINT themselves; the coordinator decides what an interrupt ends."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _on_sigterm)
 
 
 def interruption() -> tuple[str, int]:
-    """What a KeyboardInterrupt stands for, as (signal name, exit code): Ctrl-C, or a SIGTERM routed
-    through SIGINT."""
+    """What a KeyboardInterrupt stands for, as (signal name, exit code): SIGINT (Ctrl-C), or SIGTERM
+    routed through SIGINT's handler."""
     return ("SIGTERM", 143) if _SIGTERM_SEEN.is_set() else ("SIGINT", 130)
 
 
-def _wrap_up_interrupted(run_dir: Path, scenario: Scenario, meta: dict[str, Any]) -> RunInterrupted:
+def _wrap_up_interrupted(
+    run_dir: Path, scenario: Scenario, meta: dict[str, Any], reporter: Reporter
+) -> RunInterrupted:
     """Keep what finished: meta (marked interrupted), summary and report; nothing goes to the ledger,
     since a partial run is not the experiment its fingerprint names."""
     signal_name, exit_code = interruption()
@@ -368,7 +414,10 @@ def _wrap_up_interrupted(run_dir: Path, scenario: Scenario, meta: dict[str, Any]
     requests = run_dir / REQUESTS_FILE
     finished = sum(1 for _ in iter_jsonl(requests)) if requests.exists() else 0
     if finished:
-        write_derived(run_dir, scenario.name, [v.name for v in scenario.variants])
+        with reporter.step(
+            f"interrupted by {signal_name}: writing the report for {finished} finished requests"
+        ):
+            write_derived(run_dir, scenario.name, [v.name for v in scenario.variants])
         where = f"summary and report for them in {run_dir / REPORT_FILE}"
     else:
         where = f"nothing to report ({run_dir})"
