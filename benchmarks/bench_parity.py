@@ -2,11 +2,11 @@
 (issue 14's "done when").
 
 Per round, both clients run the same workload (`vllm bench serve --dataset-name random` and the scenario
-it translates to, README "From a vllm bench serve command") at the same moment against one server: vllm
-bench is held after its imports and dataset (`vllm_bench_client.py --start-when`) until itlaudit's
-capture workers are about to send, so the two see the same server state rather than two moments of a
-server whose speed drifts between runs. Rounds repeat that, and the table shows each round's ratio,
-vllm bench over itlaudit, and how many rounds fall within 5 %.
+it translates to, docs/scenarios.md "From a vllm bench serve command") at the same moment against one
+server: vllm bench is held after its imports and dataset (`vllm_bench_client.py --start-when`) until
+itlaudit's capture workers are about to send, so the two see the same server state rather than two
+moments of a server whose speed drifts between runs. Rounds repeat that, and the table shows each
+round's ratio, vllm bench over itlaudit, and how many rounds fall within 5 %.
 
     .venv/bin/python benchmarks/bench_parity.py --url http://127.0.0.1:8000 --tokenizer MODEL_DIR \\
         --served-model-name tiny --vllm-python ~/.cache/itlaudit/testbed/.../bin/python --rounds 5

@@ -4,7 +4,7 @@ tests/fixtures/vllm-0.24.0-cuda-h200-runs/ holds run folders written by `scripts
 requests.jsonl (raw records), the meta.json /metrics snapshots compare took, summary.json/compare.json
 as written on the device, and the server's /metrics text before and after each compare (trimmed to the
 spec-decode, TPOT and token counters). Each test re-derives the figures from the raw records and the
-counters and checks them against what the device wrote and against the figures the README quotes.
+counters and checks them against what the device wrote and against the figures docs/gpu-lane.md quotes.
 tests/fixtures/vllm-0.24.0-cuda-h200-prev/ holds an earlier session's runs (ngram, CUDA graphs, cap).
 """
 

@@ -153,13 +153,13 @@ BENCH = bench_parity.Workload(input_len=64, output_len=32, rate=4, burstiness=1,
 # (-20 % to +14 % under load): a run-to-run spread this test cannot hold to 5 % without flaking. The
 # bound here catches a wrong TPOT (a definition or unit error moves it far more); the exact check is the
 # formula check below, on the same records. benchmarks/bench_parity.py repeats the round and prints how
-# many rounds agree within 5 % (README, "From a vllm bench serve command").
+# many rounds agree within 5 % (docs/scenarios.md, "From a vllm bench serve command").
 TPOT_TOLERANCE = 0.25
 # vllm bench stamps chunks in user space when its event loop gets to them; on the shared 2-core testbed
 # that loop stalls (a 5 ms sleep overshot by p99 57-193 ms, max 225-454 ms), which lands on TTFT far more
 # than on TPOT (there only a stall at a stream's first or last chunk counts). itlaudit stamps in the
-# kernel. Measured, vllm's mean TTFT over itlaudit's: 0.97-1.44 in seven runs (README, "From a vllm
-# bench serve command"), 1.26 on an idle machine and 2.70 in a CI-like run with another test beside it:
+# kernel. Measured, vllm's mean TTFT over itlaudit's: 0.97-1.44 in seven runs (docs/scenarios.md, "From a
+# vllm bench serve command"), 1.26 on an idle machine and 2.70 in a CI-like run with another test beside it:
 # how late vllm bench's loop gets to a first chunk is its own and is not bounded here. What is itlaudit's
 # is bounded: its TTFT may not come out later than vllm bench's (a late stamp of ours), beyond 20 %.
 TTFT_BELOW = 0.20

@@ -84,7 +84,7 @@ class LagProbe:
 
 def new_capture_loop() -> tuple[asyncio.AbstractEventLoop, LagProbe]:
     """An event loop whose selector the probe can read. uvloop is not used: its libuv poll cannot be
-    timed this way, and it measured no gain here (README, "What it measures")."""
+    timed this way, and it measured no gain here (docs/capture.md, "The capture path")."""
     selector = _TimedSelector()
     loop = asyncio.SelectorEventLoop(selector)
     return loop, LagProbe(selector)

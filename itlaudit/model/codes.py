@@ -2,8 +2,8 @@
 
 A code is the stable name a finding carries into derived.jsonl, summary.json, compare.json, `diff`,
 `bisect --regress finding:CODE` and smoke suites, so it is defined once, here, and the rules in
-`itlaudit.analysis` only pick one. The README's findings table is checked against this registry by
-tests/test_codes.py. To add a code: register it below (the README test then names the row to add),
+`itlaudit.analysis` only pick one. The findings table in docs/audits.md is checked against this registry
+by tests/test_codes.py. To add a code: register it below (that test then names the row to add),
 write its rule in analysis/, and give it one test that makes it fire and one that keeps it quiet.
 """
 
