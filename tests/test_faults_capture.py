@@ -6,7 +6,10 @@ neighbour (the same server code, the fault off) stays quiet."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -76,3 +79,54 @@ def test_interleaved_choices_are_a_finding_and_not_one_reply(faultserver, tmp_pa
 def test_single_choice_stream_has_no_interleaving_finding(faultserver, tmp_path: Path) -> None:
     _, lines = run_one(faultserver, "plain_sse", tmp_path)
     assert all(line["other_index_chunks"] == 0 and "choices_interleaved" not in codes(line) for line in lines)
+
+
+# --- N2: capture workers die with the coordinator -------------------------------------------------
+
+
+def _wait_for_lines(path: Path, count: int, proc: subprocess.Popen[str], timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        if path.exists() and len(path.read_text().splitlines()) >= count:
+            return
+        time.sleep(0.02)
+    proc.kill()
+    raise AssertionError(f"{path} did not reach {count} lines: {proc.communicate()}")
+
+
+def test_workers_send_nothing_after_the_coordinator_is_killed(faultserver, tmp_path: Path) -> None:
+    arrivals = tmp_path / "arrivals.jsonl"
+    url = faultserver("clean", "--step-ms", "10", "--arrival-log", str(arrivals))
+    workload = 'prompts = ["hi"]\nnum_requests = 400\nconcurrency = 8\nmax_tokens = 20\ntemperature = 0'
+    path = write_scenario(tmp_path, url_variant("A", url), workload)
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "itlaudit", "run", str(path), "--out", str(out), "--workers", "2"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _wait_for_lines(out / "requests.jsonl", 8, proc)  # both workers streaming, 8 streams open
+    proc.send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    _, stderr = proc.communicate(timeout=30)  # EOF only once every worker holding stderr is gone too
+    time.sleep(0.5)  # a lingering worker would send within this
+    late = [
+        entry["arrived"] - killed
+        for entry in map(json.loads, arrivals.read_text().splitlines())
+        if entry["path"] == "/v1/completions" and entry["arrived"] > killed + 0.1
+    ]
+    assert not late, f"requests arrived {late} s after the coordinator's SIGKILL"
+    assert "Traceback" not in stderr and "Broken pipe" not in stderr, stderr
+
+
+def test_workers_of_a_finished_run_exit_normally(faultserver, tmp_path: Path) -> None:
+    """The clean neighbour: the coordinator outlives its workers, so the watch never fires early."""
+    url = faultserver("clean")
+    workload = 'prompts = ["hi"]\nnum_requests = 8\nconcurrency = 4\nmax_tokens = 8\ntemperature = 0'
+    path = write_scenario(tmp_path, url_variant("A", url), workload)
+    result = itlaudit("run", str(path), "--out", str(tmp_path / "run"), "--workers", "2", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = (tmp_path / "run" / "requests.jsonl").read_text().splitlines()
+    assert len(lines) == 8 and all(json.loads(line)["status"] == "ok" for line in lines)

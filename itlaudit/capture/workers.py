@@ -3,7 +3,11 @@
 One event loop can stamp only so many streams before its callbacks queue behind each other, so the
 coordinator (`itlaudit.capture.runner`) splits the workload over processes. Each worker:
 
-- dies with its parent (PR_SET_PDEATHSIG on Linux), so a killed run leaves no capture behind;
+- dies with the coordinator: a thread blocks on the control pipe, whose other end only the coordinator
+  holds and which carries nothing after the start, so its end (the coordinator's death, SIGKILL included)
+  ends the worker at once, before another request is sent, and quietly, since nobody is left to read a
+  record or a traceback. PR_SET_PDEATHSIG alone is not enough: a forkserver child's parent is the
+  forkserver, which outlives the coordinator by up to seconds;
 - answers clock pings before the start, so the coordinator can measure its monotonic clock's offset
   (kept in meta.json: per-request figures use the worker's own clock, a shared timeline the offset);
 - waits at a barrier with the others, so all shares start together;
@@ -25,6 +29,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -35,6 +40,7 @@ from itlaudit.capture.client import stream_request
 from itlaudit.capture.lagprobe import LagProbe, new_capture_loop
 from itlaudit.capture.request_plan import PlannedRequest
 from itlaudit.capture.transport import StampMode, kernel_stamps_supported
+from itlaudit.errors import RecordsError
 from itlaudit.model.access import Access
 from itlaudit.model.records import STATUS_HTTP_ERROR, STATUS_RATE_LIMITED, RequestRecord, Timeouts
 from itlaudit.store.jsonl import RecordWriter
@@ -220,15 +226,32 @@ def _die_with_parent() -> None:
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def _exit_with_coordinator(control: Connection) -> None:
+    """Ends this process the moment the control pipe's other end closes: after the start the coordinator
+    sends nothing on it, so the pipe turns readable only at its EOF. A thread, so that it also fires
+    while the main thread waits at the barrier or runs the loop; it costs the loop nothing until then."""
+
+    def watch() -> None:
+        with contextlib.suppress(OSError):
+            control.poll(None)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="coordinator-watch", daemon=True).start()
+
+
 def worker_main(share: WorkerShare, records_out: Connection, control: Connection, barrier: Barrier) -> None:
     """Entry point of a worker process (see the module docstring)."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the coordinator decides what an interrupt ends
     if share.stamp == "kernel":
         kernel_stamps_supported()  # its one-time probe (up to ~0.1 s) runs before the start, not mid-run
-    while control.recv() is not None:
-        control.send(time.monotonic_ns())
-    start_ns: int = control.recv()  # on this worker's clock
+    try:
+        while control.recv() is not None:
+            control.send(time.monotonic_ns())
+        start_ns: int = control.recv()  # on this worker's clock
+    except (EOFError, OSError):
+        os._exit(0)  # the coordinator died before the start: nothing to capture, nobody to tell
+    _exit_with_coordinator(control)
     loop, probe = new_capture_loop()
 
     def finish(record: RequestRecord) -> dict[str, Any]:
@@ -244,11 +267,18 @@ def worker_main(share: WorkerShare, records_out: Connection, control: Connection
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     barrier.wait()
     try:
-        loop.run_until_complete(capture_share(share, probe, writer.write, start_ns))
-    finally:
-        loop.close()
-        writer.close()
-        records_out.close()
+        try:
+            loop.run_until_complete(capture_share(share, probe, writer.write, start_ns))
+        finally:
+            loop.close()
+            writer.close()
+            records_out.close()
+    except RecordsError:
+        # A broken records pipe whose reader is gone (the watch thread may not have run yet) is the
+        # coordinator's death, not a full disk: leave without a traceback nobody can act on.
+        if control.poll(0):
+            os._exit(0)
+        raise
 
 
 @dataclass
