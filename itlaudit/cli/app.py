@@ -292,7 +292,7 @@ def demo(
     *,
     capture: CaptureOptions,
 ) -> None:
-    """K0 vs K3 vs a 128-token-capped K3, on the built-in simulator: the seed case in 30 seconds."""
+    """K0 vs K3 vs a 128-token-capped K3, on the built-in simulator: the seed case in ~20 seconds."""
     scenario = parse_scenario(DEMO_SCENARIO.read_text(encoding="utf-8"), DEMO_SCENARIO)
     labels = RunLabels.from_argv(["itlaudit", *sys.argv[1:]], SENT_SECRETS)
     outcome = run_scenario(scenario, run_dir=out_dir, console=err, capture=capture, labels=labels)
