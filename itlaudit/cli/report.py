@@ -22,6 +22,7 @@ from itlaudit.cli.options import choices
 from itlaudit.errors import RecordsError
 from itlaudit.model.records import RequestRecord
 from itlaudit.report.diff import render_diff
+from itlaudit.report.progress import Reporter
 from itlaudit.store.export import CHUNK_FORMATS, write_chunks
 from itlaudit.store.jsonl import load_records
 from itlaudit.store.rundir import META_FILE, REQUESTS_FILE, new_run_dir, read_json
@@ -158,9 +159,11 @@ def report(
     records, order = _combined(runs, labels)
     first = order[0] if order else (records[0].variant if records else "")
     imported = [load_import(spec, first) for spec in imports or []]
+    steps = Reporter(Console(stderr=True))  # a spinner, or a line in a log: drawing takes seconds
     if len(runs) == 1 and out_dir is None:
         run = runs[0]
-        write_derived(run.path, run.title, run.order, imported=imported)
+        with steps.step("deriving figures and writing the report"):
+            write_derived(run.path, run.title, run.order, imported=imported)
         target = run.path
     else:
         target = out_dir or new_run_dir(Path("reports"), "report")
@@ -171,7 +174,8 @@ def report(
         title = " vs ".join(titles if len(set(titles)) == len(titles) else [labels[run.path] for run in runs])
         from itlaudit.report.writer import write_reports  # matplotlib: only when drawing
 
-        write_reports(target, title, records, summary, findings, imported=imported)
+        with steps.step("writing the report"):
+            write_reports(target, title, records, summary, findings, imported=imported)
     for name in ("report.md", "report.html"):  # both, absolute: as `run` prints them
         out.print(f"report: {(target / name).resolve()}", markup=False, highlight=False, soft_wrap=True)
 

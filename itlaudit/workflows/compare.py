@@ -24,6 +24,7 @@ from itlaudit.model.codes import SPEC_DECODE_OUTPUT_MISMATCH
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.run_labels import RunLabels
 from itlaudit.model.scenario import COMPILED, EAGER, Scenario, Variant
+from itlaudit.report.progress import Reporter
 from itlaudit.store.rundir import COMPARE_FILE, write_json
 from itlaudit.workflows.derive import write_derived
 from itlaudit.workflows.run import LedgerPolicy, RunOutcome, run_scenario
@@ -144,5 +145,6 @@ def run_compare(
     comparison["findings"] = [_judged_by_modes(found, modes, by_id) for found in explained]
     write_json(outcome.run_dir / COMPARE_FILE, comparison)
     # Again, now that compare.json exists: the report's acceptance-per-position plot reads it.
-    write_derived(outcome.run_dir, scenario.name, [v.name for v in scenario.variants])
+    with Reporter(console).step("adding the spec-decode figures to the report"):
+        write_derived(outcome.run_dir, scenario.name, [v.name for v in scenario.variants])
     return outcome, comparison

@@ -274,16 +274,20 @@ def run_scenario(
                             if note and console is not None:
                                 console.print(f"{variant.name}: {note}", markup=False, soft_wrap=True)
                         counts.begin(f"{variant.name} @ {base_url}")
-                        variant_total = workload.num_requests + workload.arrivals.warmup_requests
-                        reporter.phase(f"{variant.name}: {variant_total} requests to {base_url}")
                         variant_started = time.monotonic()
 
                         def on_capture(
                             workers: dict[str, Any], info: dict[str, Any] = info, name: str = variant.name
                         ) -> None:
-                            """Capture workers (pids, clock offsets) reach meta.json before they stream."""
+                            """Capture workers (pids, clock offsets) reach meta.json before they stream;
+                            the phase line comes here, once the server has answered the model lookup."""
                             info.update(workers)
                             _write_meta(run_dir, meta)
+                            if "workers" in workers:
+                                reporter.phase(
+                                    f"{name}: {workload.num_requests} requests to {info['url']} over "
+                                    f"{len(workers['workers'])} capture processes"
+                                )
                             dataset = scenario.workload.dataset
                             if workers.get("reply_lengths") == "estimated" and dataset and console:
                                 console.print(f"warning: {dataset.warning}", markup=False, soft_wrap=True)

@@ -14,19 +14,12 @@ import dataclasses
 import os
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
 from itlaudit import __version__
 from itlaudit.analysis.sweep import (
@@ -44,7 +37,8 @@ from itlaudit.capture.runner import CaptureOptions, run_variant
 from itlaudit.errors import RunInterrupted, ScenarioError, SweepError
 from itlaudit.model.redact import launch_secret_values, redact_file, redact_json
 from itlaudit.model.scenario import Scenario, Variant
-from itlaudit.store.jsonl import RecordWriter, iter_jsonl, load_records
+from itlaudit.report.progress import Reporter, duration
+from itlaudit.store.jsonl import iter_jsonl, load_records
 from itlaudit.store.rundir import (
     DERIVED_FILE,
     META_FILE,
@@ -57,6 +51,7 @@ from itlaudit.store.rundir import (
 from itlaudit.workflows.derive import write_derived
 from itlaudit.workflows.run import (
     DEFAULT_REPORTS,
+    TallyWriter,
     interruption,
     server_log_name,
     variant_target,
@@ -190,7 +185,8 @@ class _Trial:
 
 
 class _Sweeper:
-    """Runs the trials of one sweep with one progress line each."""
+    """Runs the trials of one sweep, each with its progress as it goes (a bar, or plain lines in a log)
+    and a line when it is done."""
 
     def __init__(
         self,
@@ -204,15 +200,7 @@ class _Sweeper:
         self.config = config
         self.sweep_dir = sweep_dir
         self.capture = capture
-        self.progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
-            console=console,
-        )
+        self.reporter = Reporter(console)
 
     def pending(self, variant: str) -> bool:
         grid_left = any(
@@ -267,28 +255,32 @@ class _Sweeper:
             meta["variants"][trial.variant].update(workers)
             write_json(trial.folder / META_FILE, redact_json(meta))
             for warning in lost_worker_warnings(workers):
-                self.progress.console.print(warning, markup=False, soft_wrap=True)
+                self.reporter.phase(warning)
 
         load = f"{axis} {int(trial.load)}" if axis == CONCURRENCY else f"rate {trial.load:g}/s"
         trials = f" trial {trial.trial}/{self.config.trials}" if self.config.trials > 1 else ""
         workload = trial.scenario.workload
-        task = self.progress.add_task(
-            f"{trial.variant} {load}{trials}",
-            total=workload.num_requests + workload.arrivals.warmup_requests,  # every record advances it
-        )
-        with RecordWriter(trial.folder / REQUESTS_FILE) as writer:
+        name = f"{trial.variant} {load}{trials}"
+        started = time.monotonic()
+        total = workload.num_requests + workload.arrivals.warmup_requests  # every record counts
+        self.reporter.phase(f"{name}: {total} requests to {base_url}")
+        writer = TallyWriter(trial.folder / REQUESTS_FILE)
+        with self.reporter.capture(name, total) as counts, writer:
+            writer.counts = counts
             asyncio.run(
                 run_variant(
                     trial.scenario,
                     trial.variant,
                     base_url,
                     writer,
-                    lambda: self.progress.advance(task),
+                    counts.landed,
                     options=self.capture,
                     on_capture=on_capture,
                 )
             )
-        write_derived(trial.folder, self.scenario.name, [trial.variant])
+        with self.reporter.step(f"{name}: deriving its figures"):
+            write_derived(trial.folder, self.scenario.name, [trial.variant])
+        self.reporter.phase(f"{name}: done in {duration(time.monotonic() - started)} ({trial.folder})")
         write_json(trial.folder / POINT_FILE, {"load": trial.load, "axis": axis, "trial": trial.trial})
 
 
@@ -312,32 +304,40 @@ def run_sweep(
     sweep_dir = open_sweep_dir(out, scenario.folder_name, config, resume)
     sweeper = _Sweeper(scenario, config, sweep_dir, console, capture)
     chosen = [v for v in scenario.variants if v.name in config.variants]
+    reporter = sweeper.reporter
     try:
-        with sweeper.progress:
-            for variant in chosen:
-                if not sweeper.pending(variant.name):
-                    continue
-                override = variant_urls.get(variant.name)
-                try:
-                    with variant_target(variant, override, sweep_dir) as base_url:
-                        sweeper.run_variant_loads(variant, base_url)
-                finally:
-                    if variant.launch is not None and not override:
-                        redact_file(
-                            sweep_dir / server_log_name(variant.name),
-                            launch_secret_values(variant.launch, os.environ),
-                        )
+        for variant in chosen:
+            if not sweeper.pending(variant.name):
+                continue
+            override = variant_urls.get(variant.name)
+            try:
+                with ExitStack() as server:
+                    launched = variant.launch is not None and not override
+                    starting = reporter.step(f"{variant.name}: starting its server") if launched else None
+                    with starting or nullcontext():
+                        base_url = server.enter_context(variant_target(variant, override, sweep_dir))
+                    sweeper.run_variant_loads(variant, base_url)
+            finally:
+                if variant.launch is not None and not override:
+                    redact_file(
+                        sweep_dir / server_log_name(variant.name),
+                        launch_secret_values(variant.launch, os.environ),
+                    )
+            with reporter.step("writing sweep.json, plots and report"):
                 write_sweep_outputs(sweep_dir, scenario.name, config)
     except KeyboardInterrupt:
         signal_name, exit_code = interruption()
-        write_sweep_outputs(sweep_dir, scenario.name, config)
+        with reporter.step(f"interrupted by {signal_name}: writing sweep.json, plots and report"):
+            write_sweep_outputs(sweep_dir, scenario.name, config)
         raise RunInterrupted(
             signal_name,
             exit_code,
             f"interrupted by {signal_name}: finished points kept in {sweep_dir}; continue with the same "
             "command and --resume",
         ) from None
-    return sweep_dir, write_sweep_outputs(sweep_dir, scenario.name, config)
+    with reporter.step("writing sweep.json, plots and report"):
+        sweep = write_sweep_outputs(sweep_dir, scenario.name, config)
+    return sweep_dir, sweep
 
 
 def build_sweep(sweep_dir: Path, scenario_name: str, config: SweepConfig) -> dict[str, Any]:

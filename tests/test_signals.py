@@ -1,0 +1,111 @@
+"""Signals as a script sends them: `itlaudit run … &` from a non-interactive shell, whose background jobs
+inherit SIGINT ignored, then `kill -TERM $!` (or -INT). The run must end within seconds with 143 (130),
+keep what finished (summary and report written), and leave no process behind: not a launched server,
+not a capture worker. Faults campaign 2026-12-04, rows 24 and N4."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from faultkit import url_variant, write_scenario
+
+# The shell script: start the command in the background, wait for its first records, signal it, and
+# report its exit code and how long it took to exit after the signal (ms).
+SCRIPT = """
+{command} >"$OUT_DIR/stdout" 2>"$OUT_DIR/stderr" &
+pid=$!
+for _ in $(seq 600); do [ -s "$OUT_DIR/run/requests.jsonl" ] && break; sleep 0.1; done
+sleep 30 & grep SigIgn /proc/$!/status >"$OUT_DIR/sigign"; kill $!
+start=$(date +%s%N)
+kill -{signal} $pid
+wait $pid
+rc=$?
+echo "$rc $(( ($(date +%s%N) - start) / 1000000 ))"
+"""
+
+
+def _marked(marker: str) -> list[int]:
+    """Live (non-zombie) processes whose environment carries the marker: the command and everything it
+    started (servers, the forkserver, capture workers) inherit it."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            tagged = marker.encode() in (entry / "environ").read_bytes().split(b"\0")
+            if tagged and (entry / "stat").read_text().rpartition(")")[2].split()[0] != "Z":
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def _background(tmp_path: Path, args: list[str], signal: str) -> tuple[int, int, str]:
+    """(exit code, ms from the signal to the exit, stderr) of `itlaudit ARGS` as a script's background
+    job; asserts that SIGINT was ignored in it and that nothing it started outlives it."""
+    marker = f"ITLAUDIT_SIGNAL_TEST={uuid.uuid4()}"
+    command = " ".join([sys.executable, "-m", "itlaudit", *args, "--out", '"$OUT_DIR/run"'])
+    name, value = marker.split("=", 1)
+    result = subprocess.run(
+        ["bash", "-c", SCRIPT.format(command=command, signal=signal)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "OUT_DIR": str(tmp_path), name: value},
+    )
+    assert result.returncode == 0, result.stderr
+    code, elapsed_ms = (int(word) for word in result.stdout.split())
+    ignored = int((tmp_path / "sigign").read_text().split()[1], 16)
+    assert ignored & (1 << (2 - 1)), "this shell's background jobs should inherit SIGINT ignored"
+    deadline = time.monotonic() + 3  # the forkserver notices its parent's exit on its next wakeup
+    while (left := _marked(marker)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert left == [], [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in left]
+    return code, elapsed_ms, (tmp_path / "stderr").read_text()
+
+
+def _kept(run: Path, stderr: str, signal: str) -> None:
+    """What finished is kept: one interrupted line last, the summary and report for those requests."""
+    assert "Traceback" not in stderr
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith(f"itlaudit: interrupted by SIG{signal}: "), stderr
+    kept = len((run / "requests.jsonl").read_text().splitlines())
+    assert kept >= 1 and f"{kept} finished requests kept" in last
+    summary = json.loads((run / "summary.json").read_text())
+    assert sum(block["requests"] for block in summary["variants"].values()) == kept
+    assert (run / "report.md").is_file()
+    assert json.loads((run / "meta.json").read_text())["interrupted"]["signal"] == f"SIG{signal}"
+
+
+@pytest.mark.parametrize(("signal", "code"), [("TERM", 143), ("INT", 130)])
+def test_signal_ends_a_scripts_background_run(faultserver, tmp_path: Path, signal: str, code: int) -> None:
+    url = faultserver("clean", "--step-ms", "20")
+    workload = 'prompts = ["hi"]\nnum_requests = 200\nconcurrency = 2\nmax_tokens = 20\ntemperature = 0'
+    scenario = write_scenario(tmp_path, url_variant("A", url), workload)
+    rc, elapsed_ms, stderr = _background(tmp_path, ["run", str(scenario)], signal)
+    assert rc == code, stderr
+    assert elapsed_ms < 5000, f"exited {elapsed_ms} ms after SIG{signal}"
+    _kept(tmp_path / "run", stderr, signal)
+
+
+def test_sigterm_ends_a_scripts_background_compare_and_its_launched_servers(tmp_path: Path) -> None:
+    sim = json.dumps([sys.executable, "-m", "itlaudit", "sim", "--port", "{port}", "--step-ms", "30"])
+    variants = "".join(
+        f'[[variants]]\nname = "{name}"\n\n[variants.launch]\nkind = "command"\ncommand = {sim}\n\n'
+        for name in ("K0", "K3")
+    )
+    workload = 'prompts = ["hi"]\nnum_requests = 200\nconcurrency = 2\nmax_tokens = 20\ntemperature = 0'
+    scenario = write_scenario(tmp_path, variants, workload)
+    rc, elapsed_ms, stderr = _background(tmp_path, ["compare", str(scenario)], "TERM")
+    assert rc == 143, stderr
+    assert elapsed_ms < 5000, f"exited {elapsed_ms} ms after SIGTERM"
+    _kept(tmp_path / "run", stderr, "TERM")
+    assert not (tmp_path / "run" / "compare.json").exists()  # the compare itself never finished
