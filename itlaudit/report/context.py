@@ -77,17 +77,18 @@ def _capture_text(summary: Mapping[str, Any], meta: Mapping[str, Any]) -> str:
     for block in (summary.get("variants") or {}).values():
         stamps.update(block.get("stamp") or {})
     workers = {
-        name: len(info.get("workers") or [])
+        name: len(info["workers"])
         for name, info in (meta.get("variants") or {}).items()
-        if isinstance(info, Mapping)
+        if isinstance(info, Mapping) and info.get("workers")
     }
     stamp_text = ", ".join(f"{mode} ({n} requests)" for mode, n in stamps.most_common()) or "unknown"
     counts = sorted(set(workers.values()))
-    worker_text = (
-        f"{counts[0]} capture process{'es' if counts[0] != 1 else ''}"
-        if len(counts) == 1
-        else ", ".join(f"{name} {n}" for name, n in workers.items()) + " capture processes"
-    )
+    if not counts:
+        worker_text = "capture processes not recorded"
+    elif len(counts) == 1:
+        worker_text = f"{counts[0]} capture process{'es' if counts[0] != 1 else ''}"
+    else:
+        worker_text = ", ".join(f"{name} {n}" for name, n in workers.items()) + " capture processes"
     return f"stamps: {stamp_text}; {worker_text}"
 
 
