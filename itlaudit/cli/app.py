@@ -20,7 +20,14 @@ from itlaudit.cli import sim as cli_sim
 from itlaudit.cli import smoke as cli_smoke
 from itlaudit.cli import sweep as cli_sweep
 from itlaudit.cli import testbed as cli_testbed
-from itlaudit.cli.options import SENT_SECRETS, HelpStyle, capture_options, with_options, workload_flags
+from itlaudit.cli.options import (
+    SENT_SECRETS,
+    HelpStyle,
+    ScenarioArgument,
+    capture_options,
+    with_options,
+    workload_flags,
+)
 from itlaudit.errors import ItlauditError, RunInterrupted
 from itlaudit.model.redact import redact_text
 from itlaudit.model.run_labels import RunLabels, parse_metadata
@@ -36,7 +43,6 @@ __all__ = [
     "READ",
     "TOOLS",
     "RunSettings",
-    "ScenarioArgument",
     "app",
     "compare",
     "demo",
@@ -77,16 +83,6 @@ def _root(
     ] = False,
 ) -> None:
     """Audit vLLM serving benchmarks: token-true ITL under speculative decoding, truncation findings."""
-
-
-ScenarioArgument = Annotated[
-    Path | None,
-    typer.Argument(
-        metavar="SCENARIO",
-        help="Scenario TOML file (see scenarios/); without one, the workload comes from the flags.",
-        show_default=False,
-    ),
-]
 
 
 @dataclass(frozen=True)

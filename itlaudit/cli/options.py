@@ -38,6 +38,7 @@ __all__ = [
     "HeaderOption",
     "HelpStyle",
     "InsecureOption",
+    "ScenarioArgument",
     "StampOption",
     "UrlOption",
     "VariantOption",
@@ -170,6 +171,15 @@ def parse_variant_urls(pairs: list[str]) -> dict[str, str]:
         urls[name] = parse_url(url, f"--variant {pair!r}")
     return urls
 
+
+ScenarioArgument = Annotated[
+    Path | None,
+    typer.Argument(
+        metavar="SCENARIO",
+        help="Scenario TOML file (see scenarios/); without one, the workload comes from the flags.",
+        show_default=False,
+    ),
+]
 
 UrlOption = Annotated[
     str | None, typer.Option(metavar="URL", help="Send every variant to this server (http://HOST:PORT).")

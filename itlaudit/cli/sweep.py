@@ -10,7 +10,7 @@ from rich.console import Console
 
 from itlaudit.analysis.sweep import CONCURRENCY, RATE, parse_goodput, parse_points, parse_sla
 from itlaudit.capture.runner import CaptureOptions
-from itlaudit.cli.options import capture_options, with_options, workload_flags
+from itlaudit.cli.options import ScenarioArgument, capture_options, with_options, workload_flags
 from itlaudit.errors import SweepError
 from itlaudit.model.scenario import ScenarioFlags, build_scenario
 from itlaudit.workflows.sweep import SweepConfig, run_sweep, selected_variants
@@ -24,12 +24,7 @@ err = Console(stderr=True)
 @with_options("capture", capture_options)
 @with_options("flags", workload_flags)
 def sweep(
-    scenario_path: Annotated[
-        Path | None,
-        typer.Argument(
-            metavar="SCENARIO", help="Scenario TOML file; without one, the workload comes from the flags."
-        ),
-    ] = None,
+    scenario_path: ScenarioArgument = None,
     concurrency: Annotated[
         str | None, typer.Option(metavar="N,N,...", help="Loads: concurrent streams, e.g. 1,2,4,8.")
     ] = None,
