@@ -188,8 +188,10 @@ def test_signal_keeps_finished_requests_and_writes_the_report(
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == code, stderr
     assert "Traceback" not in stderr
-    lines = stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"itlaudit: interrupted by {sig.name}"), stderr
+    # Progress lines (report/progress) come first; the interrupt is the one itlaudit: line, last.
+    lines = [line for line in stderr.strip().splitlines() if line.startswith("itlaudit:")]
+    assert len(lines) == 1 and stderr.strip().endswith(lines[0]), stderr
+    assert lines[0].startswith(f"itlaudit: interrupted by {sig.name}"), stderr
     kept = len((out / "requests.jsonl").read_text().splitlines())
     assert 2 <= kept < 40 and f"{kept} finished requests kept" in lines[0]
     assert json.loads((out / "summary.json").read_text())["variants"]["A"]["requests"] == kept

@@ -284,9 +284,10 @@ def run_scenario(
                             info.update(workers)
                             _write_meta(run_dir, meta)
                             if "workers" in workers:
+                                count = len(workers["workers"])
                                 reporter.phase(
                                     f"{name}: {workload.num_requests} requests to {info['url']} over "
-                                    f"{len(workers['workers'])} capture processes"
+                                    f"{count} capture process{'es' if count > 1 else ''}"
                                 )
                             dataset = scenario.workload.dataset
                             if workers.get("reply_lengths") == "estimated" and dataset and console:
