@@ -67,10 +67,10 @@ SENT_SECRETS: set[str] = set()
 # arguments as NAME / [NAME] / NAME... in the usage line.
 
 
-def _label(param: TyperOption | TyperArgument) -> str | None:
+def _label(param: TyperOption) -> str | None:
     if param.metavar is not None:
         return param.metavar or None
-    if isinstance(param, TyperOption) and (param.is_flag or param.count):
+    if param.is_flag or param.count:
         return None
     desc = param.type_descriptor
     if desc.choices is not None:

@@ -39,7 +39,8 @@ def _read_prompts_file(base: Path, name: str, loc: Located) -> list[str]:
     """Plain text: prompts separated by a line holding only `---`, so multi-line prompts fit."""
     path = (base / name).resolve()
     if not path.is_file():
-        raise loc.error("workload", "prompts_file", f"names {path}, which does not exist")
+        where = "" if Path(name).is_absolute() else f" (read from the scenario's folder, {base})"
+        raise loc.error("workload", "prompts_file", f"names {path}, which does not exist{where}")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
