@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 import time
@@ -207,8 +208,10 @@ def test_selfcheck_cli_prints_the_grade(tmp_path: Path) -> None:
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
-    assert "2 streams × 500 chunks/s × 1 tokens/chunk: added lag min" in result.stdout.replace("\n", " ")
+    assert "2 streams × 500 chunks/s × 1 token/chunk: added lag min" in result.stdout.replace("\n", " ")
     assert "over 100 chunks" in result.stdout.replace("\n", " ")
+    # The verdict against --search's bar, last: PASS, WARN or FAIL with what it means.
+    assert re.match(r"(PASS|WARN|FAIL): .*1 ms p99 added-lag bar", result.stdout.strip().splitlines()[-1])
     assert (tmp_path / "run-01-2streams" / "requests.jsonl").is_file()
 
 

@@ -25,6 +25,7 @@ from itlaudit.workflows.selfcheck import (
     reset_send_log,
     run_itlaudit,
     truth_server,
+    verdict,
 )
 
 __all__ = ["BUDGET", "MAX_SEARCH_STREAMS", "Trial", "describe", "out", "search_streams", "selfcheck"]
@@ -35,6 +36,7 @@ MAX_SEARCH_STREAMS = 1024
 BUDGET = f"{LAG_BUDGET_MS:g} ms p99 added lag, min ≥ -{LAG_BUDGET_MS:g} ms, every chunk stamped"
 
 Trial = Callable[[int], Fidelity]
+_STYLES = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red"}
 
 
 def _ms(value: float | None) -> str:
@@ -119,7 +121,8 @@ def selfcheck(
                 result = grade_run(run_dir, sent)
                 lag = send_lag(sent)
                 out.print(
-                    f"{n} streams × {chunks_per_s:g} chunks/s × {tokens_per_chunk} tokens/chunk: "
+                    f"{n} streams × {chunks_per_s:g} chunks/s × {tokens_per_chunk} "
+                    f"token{'s' if tokens_per_chunk != 1 else ''}/chunk: "
                     f"{describe(result)}; server send lag p99 {_ms(lag.p99_ms)} / max {_ms(lag.max_ms)} ms",
                     highlight=False,
                 )
@@ -128,13 +131,15 @@ def selfcheck(
             if search:
                 best, _ = search_streams(trial)
                 load = f"{best} streams × {chunks_per_s:g} chunks/s = {best * chunks_per_s:g} chunks/s"
-                verdict = (
+                found = (
                     f"highest load kept within {BUDGET}: {load}" if best else f"even 1 stream breaks {BUDGET}"
                 )
-                out.print(verdict, highlight=False)
+                out.print(found, highlight=False)
                 return
             result = trial(streams)
             if result.responses == 0:
                 raise ScenarioError(
                     "the capture path recorded no response from the truth server; see its log"
                 )
+            status, meaning = verdict(result)
+            out.print(f"{status}: {meaning}", style=_STYLES[status], markup=False, highlight=False)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from itlaudit.analysis.fidelity import ChunkJoin, Fidelity, grade, join_chunks
+from itlaudit.analysis.fidelity import LAG_BUDGET_MS, ChunkJoin, Fidelity, grade, join_chunks
 from itlaudit.model.sendlog import SendLog
 from itlaudit.serve.launcher import LaunchedServer, LaunchSpec, launch
 from itlaudit.serve.truth import TruthConfig
@@ -26,12 +26,16 @@ __all__ = [
     "run_itlaudit",
     "selfcheck_scenario_toml",
     "truth_server",
+    "verdict",
 ]
 
 if TYPE_CHECKING:
     from itlaudit.capture.runner import CaptureOptions
 
 _HTTP_TIMEOUT_S = 30.0
+# WARN rather than FAIL: the tail is over the bar but each request's token ITL (a mean over its gaps)
+# is still this close to the truth, so means and medians stand while tail percentiles carry client lag.
+MEAN_ERROR_TOLERANCE = 0.01
 
 
 @contextmanager
@@ -124,3 +128,24 @@ def grade_run(run_dir: Path, sent: SendLog) -> Fidelity:
         joins[rid] = join_chunks(line["chunk_t_ms"], line["chunk_tokens"], sent.responses[rid])
         reported[rid] = request_metrics(RequestRecord.from_json(line)).itl_ms
     return grade(joins, reported, sent)
+
+
+def verdict(fidelity: Fidelity) -> tuple[str, str]:
+    """PASS, WARN or FAIL against the bar `--search` uses (LAG_BUDGET_MS of p99 added lag, no chunk
+    stamped before its send, every chunk stamped), with what it means for figures taken at this load."""
+    bar = f"{LAG_BUDGET_MS:g} ms p99 added-lag bar"
+    if fidelity.within_budget:
+        return "PASS", f"within the {bar}: figures at this load are the server's, not the client's"
+    error = fidelity.worst_itl_error
+    if not fidelity.every_chunk_stamped or fidelity.lag_p99_ms is None or fidelity.lag_min_ms is None:
+        return "FAIL", "chunks went unstamped: this machine cannot audit this load; try fewer streams"
+    if error is not None and error <= MEAN_ERROR_TOLERANCE:
+        return "WARN", (
+            f"over the {bar} (p99 {fidelity.lag_p99_ms:.3f} ms): token-ITL means hold (worst error "
+            f"{error:.2%}), tail percentiles carry client lag; try fewer streams or --search"
+        )
+    return "FAIL", (
+        f"over the {bar} (p99 {fidelity.lag_p99_ms:.3f} ms) and token ITL off by up to "
+        f"{'–' if error is None else f'{error:.2%}'}: this machine cannot audit this load; try fewer "
+        "streams or --search"
+    )
