@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import statistics
 import tempfile
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from itlaudit.bisect.build_range import Build
 from itlaudit.bisect.providers import Found
 from itlaudit.bisect.search import Search
 from itlaudit.bisect.settings import Settings, commit_source, list_builds, make_provider
+from itlaudit.errors import BisectError
 
 __all__ = ["LOOKUP_THREADS", "dry_run_report", "expected_probes"]
 
@@ -64,24 +66,41 @@ def dry_run_report(settings: Settings, console: Console) -> None:
         with ThreadPoolExecutor(max_workers=LOOKUP_THREADS) as pool:
             found: list[Found] = list(pool.map(provider.find, builds))
     console.print(f"provider {settings.provider}:", highlight=False, markup=False, soft_wrap=True)
+    # A reason shared by several builds (no network) is said once, not once per build.
+    reasons = Counter((f.available, f.detail) for f in found if not f.available)
+    shared = {key: count for key, count in reasons.items() if count > 1}
+    state = {True: "found", False: "missing", None: "unknown"}
     for number, (build, answer) in enumerate(zip(builds, found, strict=True), 1):
-        state = {True: "found", False: "missing", None: "unknown"}[answer.available]
+        if (answer.available, answer.detail) in shared:
+            continue
         size = f" ({_size(answer.size_bytes)})" if answer.available else ""
         console.print(
-            f"  {number:4d} {_label(build)} {state}: {answer.detail}{size}",
+            f"  {number:4d} {_label(build)} {state[answer.available]}: {answer.detail}{size}",
             highlight=False,
             markup=False,
             soft_wrap=True,
         )
+    for (answered, detail), count in shared.items():
+        console.print(
+            f"  {count} builds {state[answered]}: {detail}", highlight=False, markup=False, soft_wrap=True
+        )
     available = sum(1 for f in found if f.available)
     probes = expected_probes(len(builds))
     sizes = [f.size_bytes for f in found if f.available and f.size_bytes]
+    unknown = sum(1 for f in found if f.available is None)
     console.print(
-        f"{available} of {len(builds)} builds found, {sum(1 for f in found if f.available is None)} unknown",
+        f"{available} of {len(builds)} builds found, {unknown} unknown",
         highlight=False,
         markup=False,
         soft_wrap=True,
     )
+    if not available and not unknown:
+        details = {f.detail for f in found}
+        why = details.pop() if len(details) == 1 else "see the reasons above"
+        raise BisectError(
+            f"none of the {len(builds)} builds was found by provider {settings.provider}: nothing to "
+            f"bisect ({why})"
+        )
     download = "unknown (the provider reports no sizes)"
     if sizes:
         median = int(statistics.median(sizes))

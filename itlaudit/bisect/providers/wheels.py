@@ -30,6 +30,7 @@ from itlaudit.serve.launcher import LaunchSpec
 __all__ = [
     "DEFAULT_URL",
     "DEFAULT_VARIANTS",
+    "Unreachable",
     "WheelChoice",
     "WheelsProvider",
     "commit_of_version",
@@ -98,8 +99,17 @@ def _fetch_json(url: str, timeout_s: float) -> Any | None:
         if exc.code in (403, 404):  # S3 answers 403 for a missing key
             return None
         raise BuildUnavailable(f"{url}: HTTP {exc.code}") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+    except (urllib.error.URLError, OSError) as exc:
+        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        host = urllib.parse.urlsplit(url)
+        raise Unreachable(f"cannot reach {host.scheme}://{host.netloc} ({reason}): no network?") from None
+    except ValueError as exc:
         raise BuildUnavailable(f"cannot read {url} ({exc})") from None
+
+
+class Unreachable(BuildUnavailable):
+    """The wheel index did not answer at all (no network, a proxy, DNS). Its message names the host,
+    not the build, so a dry run that cannot reach it for every build says so once."""
 
 
 class WheelsProvider(Provider, name="wheels"):
