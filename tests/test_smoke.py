@@ -4,6 +4,7 @@ the matching check failed in the JUnit file, and bad input is exit 2 with one li
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -148,6 +149,11 @@ def test_clean_simulator_is_go(clean: Clean) -> None:
     assert smoke["environment"]["servers"]["K3"]["server_version"] == SIM_VERSION
     assert smoke["environment"]["servers"]["K3"]["vllm_version"] is None
     assert smoke["environment"]["servers"]["K3"]["system_fingerprint"] == K3.system_fingerprint
+    # A ratio's figure says its unit (the metric's): "3.2× (0.6 ms vs K0 2 ms)".
+    assert re.fullmatch(r"[\d.]+× \([\d.]+ ms vs K0 [\d.]+ ms\)", speedup["figure"]), speedup["figure"]
+    # Piped, the progress is plain lines: one per smoke run, none blank (no empty rich bars).
+    lines = clean.text.strip().splitlines()
+    assert "" not in lines and "smoke run 1 of " in clean.text, clean.text
     report = (clean.out / "report.md").read_text()
     assert f"| {speedup['status']} | long-decode/K3 | speedup itl_ms.p50 over K0 |" in report
     assert "## Environment" in report

@@ -99,6 +99,17 @@ def _metric(figures: dict[str, Any] | None, path: str) -> float | None:
     return float(value) if value is not None else None
 
 
+def _unit(path: str) -> str:
+    """The unit a metric's name carries (`itl_ms.p50` is in ms), as printed after a number."""
+    name = path.partition(".")[0]
+    return " ms" if name.endswith("_ms") else " tokens/s" if name.endswith("_per_s") else ""
+
+
+def _ratio(value: float, path: str, this: float, against: str) -> str:
+    """A ratio check's figure: `2.64× (0.757 ms vs K0 2 ms)`, units read from the metric's name."""
+    return f"{value:.3g}× ({_num(this, _unit(path))} vs {against})"
+
+
 def _num(value: float | None, unit: str = "") -> str:
     return "–" if value is None else f"{value:.3g}{unit}"
 
@@ -230,11 +241,13 @@ def _speedup(ctx: _Ctx) -> Outcome:
     value = base / this
     status = PASS if value >= ctx.spec.params["min"] else FAIL
     message = (
-        f"{path} {this:.4g} vs {over} {base:.4g}: speedup {value:.3g}× is below {threshold}"
+        f"{path} {this:.4g}{_unit(path)} vs {over} {base:.4g}{_unit(path)}: speedup {value:.3g}× is below "
+        f"{threshold}"
         if status == FAIL
         else ""
     )
-    return status, f"{value:.3g}× ({this:.3g} vs {base:.3g})", threshold, value, message, evidence
+    figure = _ratio(value, path, this, f"{over} {_num(base, _unit(path))}")
+    return status, figure, threshold, value, message, evidence
 
 
 def _acceptance(ctx: _Ctx) -> Outcome:
@@ -271,11 +284,13 @@ def _baseline(ctx: _Ctx) -> Outcome:
     value = this / base
     status = PASS if value <= limit else FAIL
     message = (
-        f"{path} {this:.4g} vs baseline {base:.4g}: {value:.3g}× exceeds {threshold}"
+        f"{path} {this:.4g}{_unit(path)} vs baseline {base:.4g}{_unit(path)}: {value:.3g}× exceeds "
+        f"{threshold}"
         if status == FAIL
         else ""
     )
-    return status, f"{value:.3g}× ({this:.3g} vs {base:.3g})", threshold, value, message, evidence
+    figure = _ratio(value, path, this, f"baseline {_num(base, _unit(path))}")
+    return status, figure, threshold, value, message, evidence
 
 
 _EVALUATORS: dict[str, Callable[[_Ctx], Outcome]] = {

@@ -9,6 +9,7 @@ everything a smoke measured can be re-read with the usual tools.
 from __future__ import annotations
 
 import time
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -16,8 +17,9 @@ from typing import Any
 from rich.console import Console
 
 from itlaudit.capture.server_info import server_environment
-from itlaudit.errors import RecordsError, SuiteError
+from itlaudit.errors import RecordsError, RunInterrupted, SuiteError
 from itlaudit.model.scenario import Variant
+from itlaudit.report.progress import Reporter
 from itlaudit.serve.environment import host_environment
 from itlaudit.smoke.checks import CheckResult, Results, evaluate, exit_code, variant_figures
 from itlaudit.smoke.junit import write_junit
@@ -94,6 +96,9 @@ def run_smoke(
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     results: Results = {s.name: {} for s in suite.scenarios}
+    reporter = Reporter(console)
+    servers = {server.name for server in suite.servers}
+    total = sum(1 for scenario in suite.scenarios for v in scenario.variants if v.name in servers)
     servers_env: dict[str, Any] = {}
     for server in suite.servers:
         users = [s for s in suite.scenarios if any(v.name == server.name for v in s.variants)]
@@ -102,13 +107,27 @@ def run_smoke(
         config = server_launch(suite, server, launch, model)
         override = urls.get(server.name) or urls.get("*")
         fingerprints: list[str | None] = []
-        with variant_target(Variant(name=server.name, launch=config), override, out_dir) as base_url:
+        with ExitStack() as running:
+            starting = reporter.step(f"{server.name}: starting its server") if not override else None
+            with starting or nullcontext():
+                server_at = variant_target(Variant(name=server.name, launch=config), override, out_dir)
+                base_url = running.enter_context(server_at)
             for scenario in users:
                 single = replace(scenario, variants=[v for v in scenario.variants if v.name == server.name])
                 rel = Path("runs") / f"{scenario.name}-{server.name}"
-                outcome, comparison = run_compare(
-                    single, variant_urls={server.name: base_url}, run_dir=out_dir / rel, console=console
-                )
+                done = sum(len(variants) for variants in results.values())
+                reporter.phase(f"smoke run {done + 1} of {total}: {scenario.name} on {server.name}")
+                try:
+                    outcome, comparison = run_compare(
+                        single, variant_urls={server.name: base_url}, run_dir=out_dir / rel, console=console
+                    )
+                except RunInterrupted as exc:
+                    raise RunInterrupted(
+                        exc.signal_name,
+                        exc.exit_code,
+                        f"{exc}; the smoke stopped after {done} of {total} runs (in {out_dir / 'runs'}): "
+                        "no verdict",
+                    ) from None
                 figures = variant_figures(
                     outcome.records,
                     outcome.summary["variants"][server.name],
@@ -126,6 +145,7 @@ def run_smoke(
                 launch_kind=launched.kind if launched else None,
                 log_path=out_dir / server_log_name(server.name) if launched else None,
             )
+    reporter.phase("smoke: checking the figures and writing smoke.json, report.md and the JUnit XML")
     checks = evaluate(suite, results, baseline_results)
     runtime = time.monotonic() - started
     verdict = "no-go" if exit_code(checks) else "go"
