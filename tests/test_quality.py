@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import random
+import time
+
+import derive_long_output
 import pytest
 
+from itlaudit.analysis import quality
 from itlaudit.analysis.derive import derive_request
 from itlaudit.analysis.findings import Finding, request_findings
 from itlaudit.analysis.metrics import request_metrics
@@ -142,3 +147,50 @@ def test_derived_figures_carry_quality_fields() -> None:
         assert key in line
     assert line["text_sha256"] == text_sha256(GIBBERISH)
     assert GIBBERISH_SUSPECTED in line["findings"]
+
+
+# --- fault row N20: linear, bounded derivation, the same figures as the per-character rules -------
+
+
+def test_run_and_space_classes_cover_all_of_unicode() -> None:
+    """The classes are built from planes 0-1 (spaces from the BMP): nothing past them may qualify."""
+    beyond = [chr(c) for c in range(0x20000, 0x110000) if quality._is_run_char(chr(c)) or chr(c).isdigit()]
+    assert beyond == []
+    assert [chr(c) for c in range(0x10000, 0x110000) if chr(c).isspace()] == []
+
+
+def _varied_texts() -> list[str]:
+    """Prose, digits, punctuation, symbols, odd spaces, superscripts, CJK and emoji, mixed at random
+    (numbers always set apart, so that 'the same number three times' means whole numbers)."""
+    rng = random.Random(23)
+    pieces = [
+        "word", "the", "model", "1024", "2026-06-15", "12:30:45", "3.1415", "²³", "¹⁰", "-", "|", "...",
+        "—", "“", "€", "🚀", "🎉", "推理", "质量", "，", "。", "\u00a0", "\u3000", "\t", "\n", "_x_", "ⅷ",
+        "𝟘𝟙", "①", "a1b2", "--|--", "$", "%", "0000", "7",
+    ]  # fmt: skip
+    texts = [CLEAN_EN, CLEAN_ZH, GIBBERISH, "", " ", "1024 1024 1024", "x" * 50, "1" * 5000]
+    for _ in range(60):
+        texts.append(" ".join(rng.choice(pieces) for _ in range(rng.randint(1, 400))))
+    return texts
+
+
+def test_figures_equal_the_per_character_implementation_on_varied_texts() -> None:
+    """The old rules (quality.py before the rewrite, read from git by the benchmark) as the oracle."""
+    old = derive_long_output.old_quality()
+    for text in _varied_texts():
+        assert text_quality(text).to_json() == old.text_quality(text).to_json(), repr(text[:80])
+
+
+def test_a_number_is_a_whole_digit_run() -> None:
+    """The one intended difference from the old regex, which took a suffix of a longer run as the number."""
+    assert text_quality("1024 1024 1024").repeated_num_runs == 1
+    assert text_quality("51024 1024 1024").repeated_num_runs == 0
+
+
+@pytest.mark.parametrize("text", ["7" * 300_000, "1, " * 100_000, "2026-06-15 " * 30_000, "a" * 300_000])
+def test_pathological_long_runs_derive_in_linear_time(text: str) -> None:
+    """A long digit run was quadratic in the repeated-number regex; a long punctuation run a list of
+    every character. Each of these took the old rules from seconds to hours."""
+    started = time.perf_counter()
+    text_quality.__wrapped__(text)
+    assert time.perf_counter() - started < 5.0
