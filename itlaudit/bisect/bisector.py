@@ -33,6 +33,7 @@ from itlaudit.bisect.verdict import BAD, GOOD, SKIP
 from itlaudit.capture.cluster import connect
 from itlaudit.errors import BisectError
 from itlaudit.model.scenario import Scenario, load_scenario
+from itlaudit.report.progress import Reporter, duration
 from itlaudit.serve.launch_config import launch_spec
 from itlaudit.serve.launcher import LaunchSpec
 
@@ -289,8 +290,19 @@ class Bisection:
         )
 
     def run(self) -> State:
+        started = time.monotonic()
+
+        def status() -> str:
+            """What the bisection is doing, for the heartbeat between probe lines (a probe installs,
+            starts a server and runs its trials: minutes without a line of its own)."""
+            with self._lock:
+                done, running = len(self.state.probes), [p["ref"][:12] for p in self.state.in_progress]
+            doing = f"probing {', '.join(running)}" if running else "between probes"
+            return f"bisect: {done} probes done, {doing} ({duration(time.monotonic() - started)})"
+
         try:
-            return self._run()
+            with Reporter(self.console).watch(status):
+                return self._run()
         finally:
             self.prefetcher.close()
 

@@ -15,8 +15,9 @@ from itlaudit.bisect.providers.docker import DEFAULT_IMAGES
 from itlaudit.bisect.providers.wheels import DEFAULT_URL, DEFAULT_VARIANTS
 from itlaudit.bisect.verdict import JUDGES
 from itlaudit.cli.options import choices, cluster_option
-from itlaudit.errors import BisectError
+from itlaudit.errors import BisectError, RunInterrupted
 from itlaudit.serve.testbed import default_cache_dir
+from itlaudit.workflows.run import interruption
 
 __all__ = ["Opt", "bisect", "err", "out"]
 
@@ -237,10 +238,14 @@ def bisect(
     try:
         state = Bisection(state, bisect_dir, err).run()
     except KeyboardInterrupt:
+        signal_name, exit_code = interruption()  # SIGTERM too (workflows.run.handle_signals): 143
         write_report(state, bisect_dir, plot=True)
         command = f"itlaudit bisect --resume {shlex.quote(str(bisect_dir))}"
-        err.print(f"itlaudit: interrupted; finished probes are in {bisect_dir}. Resume with:\n  {command}")
-        raise typer.Exit(130) from None
+        raise RunInterrupted(
+            signal_name,
+            exit_code,
+            f"interrupted by {signal_name}; finished probes are in {bisect_dir}; resume with: {command}",
+        ) from None
     out.print(f"[bold]{state.result['message']}[/bold]", highlight=False, soft_wrap=True)
     if state.result.get("explanation"):
         out.print(state.result["explanation"], highlight=False, markup=False, soft_wrap=True)

@@ -141,6 +141,29 @@ class Reporter:
             yield
 
     @contextmanager
+    def watch(self, status: Callable[[], str]) -> Iterator[None]:
+        """A long phase that prints its own lines now and then (a bisection's probes): `status()` on a
+        spinner kept current, or as the heartbeat of a log."""
+        if not self.live:
+            with self._heartbeat(status):
+                yield
+            return
+        stop = threading.Event()
+        with self.console.status(status()) as spinner:
+
+            def refresh() -> None:
+                while not stop.wait(0.5):
+                    spinner.update(status())
+
+            thread = threading.Thread(target=refresh, name="progress", daemon=True)
+            thread.start()
+            try:
+                yield
+            finally:
+                stop.set()
+                thread.join()
+
+    @contextmanager
     def capture(self, description: str, total: int) -> Iterator[CaptureProgress]:
         """Counters for a capture of `total` requests; set `.description` as it moves on."""
         counts = CaptureProgress(description, total)
