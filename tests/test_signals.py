@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -16,12 +17,15 @@ from pathlib import Path
 import pytest
 from faultkit import url_variant, write_scenario
 
+sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "bisect"))
+from helpers import FAKE_VLLM, PROBE_SCENARIO
+
 # The shell script: start the command in the background, wait for its first records, signal it, and
 # report its exit code and how long it took to exit after the signal (ms).
 SCRIPT = """
 {command} >"$OUT_DIR/stdout" 2>"$OUT_DIR/stderr" &
 pid=$!
-for _ in $(seq 600); do [ -s "$OUT_DIR/run/requests.jsonl" ] && break; sleep 0.1; done
+for _ in $(seq 600); do for f in "$OUT_DIR"/run/{wait}; do [ -s "$f" ] && break 2; done; sleep 0.1; done
 sleep 30 & grep SigIgn /proc/$!/status >"$OUT_DIR/sigign"; kill $!
 start=$(date +%s%N)
 kill -{signal} $pid
@@ -47,14 +51,17 @@ def _marked(marker: str) -> list[int]:
     return found
 
 
-def _background(tmp_path: Path, args: list[str], signal: str) -> tuple[int, int, str]:
+def _background(
+    tmp_path: Path, args: list[str], signal: str, wait: str = "requests.jsonl"
+) -> tuple[int, int, str]:
     """(exit code, ms from the signal to the exit, stderr) of `itlaudit ARGS` as a script's background
-    job; asserts that SIGINT was ignored in it and that nothing it started outlives it."""
+    job, signalled once `wait` (a glob under its --out) holds a record; asserts that SIGINT was ignored
+    in it and that nothing it started outlives it."""
     marker = f"ITLAUDIT_SIGNAL_TEST={uuid.uuid4()}"
-    command = " ".join([sys.executable, "-m", "itlaudit", *args, "--out", '"$OUT_DIR/run"'])
+    command = shlex.join([sys.executable, "-m", "itlaudit", *args]) + ' --out "$OUT_DIR/run"'
     name, value = marker.split("=", 1)
     result = subprocess.run(
-        ["bash", "-c", SCRIPT.format(command=command, signal=signal)],
+        ["bash", "-c", SCRIPT.format(command=command, signal=signal, wait=wait)],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -109,3 +116,21 @@ def test_sigterm_ends_a_scripts_background_compare_and_its_launched_servers(tmp_
     assert elapsed_ms < 5000, f"exited {elapsed_ms} ms after SIGTERM"
     _kept(tmp_path / "run", stderr, "TERM")
     assert not (tmp_path / "run" / "compare.json").exists()  # the compare itself never finished
+
+
+def test_sigterm_ends_a_scripts_background_bisect_with_its_report(tmp_path: Path) -> None:
+    shas = [os.urandom(20).hex() for _ in range(12)]
+    commits = tmp_path / "commits.txt"
+    commits.write_text("".join(f"{sha}\n" for sha in shas))
+    server = f"{sys.executable} {FAKE_VLLM} serve --commits {commits} --bad-from 7 --mode cap"
+    server += " {commit} {port}"
+    args = ["bisect", "--from", shas[0], "--to", shas[-1], "--commits-file", str(commits)]
+    args += ["--provider", "command", "--server-cmd", server, "--ready-timeout", "30"]
+    args += ["--scenario", str(PROBE_SCENARIO), "--regress", "truncation"]
+    rc, elapsed_ms, stderr = _background(tmp_path, args, "TERM", wait="probe-*/trial-1/requests.jsonl")
+    assert rc == 143, stderr
+    assert elapsed_ms < 5000, f"exited {elapsed_ms} ms after SIGTERM"
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("itlaudit: interrupted by SIGTERM; finished probes are in "), stderr
+    assert "itlaudit bisect --resume " in last and "Traceback" not in stderr
+    assert (tmp_path / "run" / "report.md").is_file()
