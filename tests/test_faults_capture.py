@@ -130,3 +130,35 @@ def test_workers_of_a_finished_run_exit_normally(faultserver, tmp_path: Path) ->
     assert result.returncode == 0, result.stderr
     lines = (tmp_path / "run" / "requests.jsonl").read_text().splitlines()
     assert len(lines) == 8 and all(json.loads(line)["status"] == "ok" for line in lines)
+
+
+# --- N15b: a password in the URL ------------------------------------------------------------------
+
+PASSWORD = "sekritPW"
+
+
+@pytest.mark.parametrize("where", ["variant", "flag"])
+def test_url_password_is_masked_in_every_file_and_line(faultserver, tmp_path: Path, where: str) -> None:
+    url = faultserver("clean").replace("http://", f"http://auditor:{PASSWORD}@")
+    variant = url_variant("A", url) if where == "variant" else '[[variants]]\nname = "A"\n\n'
+    path = write_scenario(tmp_path, variant, WORKLOAD)
+    flags = ["--url", url] if where == "flag" else []
+    result = itlaudit("run", str(path), "--out", str(tmp_path / "run"), *flags, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    records = (tmp_path / "run" / "requests.jsonl").read_text().splitlines()
+    assert all(json.loads(line)["url"].startswith("http://auditor:***@") for line in records)
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and p.suffix != ".log" and p != path]
+    assert {p.name for p in written} >= {"meta.json", "requests.jsonl", "requests.csv", "ledger.jsonl"}
+    leaks = [p.name for p in written if PASSWORD.encode() in p.read_bytes()]
+    assert not leaks and PASSWORD not in result.stdout + result.stderr, (leaks, result.stdout, result.stderr)
+    assert "auditor:***@" in (tmp_path / "run" / "meta.json").read_text()
+
+
+def test_url_without_userinfo_is_written_as_given(faultserver, tmp_path: Path) -> None:
+    url = faultserver("clean")
+    path = write_scenario(tmp_path, url_variant("A", url), WORKLOAD)
+    result = itlaudit("run", str(path), "--out", str(tmp_path / "run"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    records = (tmp_path / "run" / "requests.jsonl").read_text().splitlines()
+    assert all(json.loads(line)["url"] == url + "/v1/completions" for line in records)
+    assert "***" not in (tmp_path / "run" / "meta.json").read_text()

@@ -10,7 +10,16 @@ from reportkit import stream
 
 from itlaudit.analysis.derive import run_summary
 from itlaudit.model.records import STATUS_HTTP_ERROR
-from itlaudit.model.redact import MASK, is_secret_name, redact_args, redact_env, redact_text, secret_values
+from itlaudit.model.redact import (
+    MASK,
+    is_secret_name,
+    redact_args,
+    redact_env,
+    redact_json,
+    redact_text,
+    redact_url,
+    secret_values,
+)
 from itlaudit.report.writer import write_reports
 
 
@@ -92,3 +101,24 @@ def test_launch_secret_values_cover_the_inherited_env_the_launch_env_and_the_arg
     found = launch_secret_values(launch, {"OPENAI_API_KEY": "sk-inherited", "HOME": "/root"})
     assert found == {"sk-from-args", "hf_launchenv", "sk-inherited"}
     assert launch_secret_values(None, {"OPENAI_API_KEY": "sk-inherited"}) == set()
+
+
+@pytest.mark.parametrize(
+    ("given", "kept"),
+    [
+        ("http://user:sekritPW@127.0.0.1:18600/v1", "http://user:***@127.0.0.1:18600/v1"),
+        ("error from https://ghp_token123@github.com/x: 404", "error from https://***@github.com/x: 404"),
+        ("two: http://a:b@h1 and ws://c:d@h2/p", "two: http://a:***@h1 and ws://c:***@h2/p"),
+    ],
+)
+def test_url_userinfo_is_masked_in_text_args_and_json(given: str, kept: str) -> None:
+    assert redact_url(given) == redact_text(given, []) == kept
+    assert redact_args(["--url", given]) == ["--url", kept]
+    assert redact_json({"build": {"url": given}, "cmd": [given]}) == {"build": {"url": kept}, "cmd": [kept]}
+
+
+@pytest.mark.parametrize(
+    "text", ["http://127.0.0.1:8000/v1", "mail a@b.example", "http://host/path@v2?x=a@b", "user:pw@host"]
+)
+def test_text_without_url_userinfo_is_unchanged(text: str) -> None:
+    assert redact_url(text) == redact_text(text, []) == text

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from itlaudit.model.records import RequestParams, RequestRecord
+from itlaudit.model.redact import redact_url
 
 __all__ = [
     "ENDPOINT_CHAT",
@@ -83,6 +84,7 @@ class PlannedRequest:
     scheduled_ms: float | None = None  # open loop: due this long after the variant's start
     warmup: bool = False
     category: str | None = None
+    record_url: str | None = None  # the url as records keep it, userinfo masked; None: the url itself
 
     def new_record(self, **outcome: Any) -> RequestRecord:
         """The record this request's outcome fills in: who it was and what it asked for come from the
@@ -91,7 +93,7 @@ class PlannedRequest:
             request_id=self.request_id,
             variant=self.variant,
             endpoint=self.endpoint,
-            url=self.url,
+            url=self.record_url or self.url,
             model=self.model,
             params=self.params,
             scheduled_ms=self.scheduled_ms,
@@ -119,5 +121,15 @@ def plan_request(
     url = base_url.rstrip("/") + ENDPOINT_PATHS[endpoint]
     payload = json.dumps(body).encode()
     return PlannedRequest(
-        request_id, variant, endpoint, url, model, params, payload, scheduled_ms, warmup, category
+        request_id,
+        variant,
+        endpoint,
+        url,
+        model,
+        params,
+        payload,
+        scheduled_ms,
+        warmup,
+        category,
+        redact_url(url),
     )

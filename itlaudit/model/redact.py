@@ -9,6 +9,11 @@ ledgers get shared and committed; a credential in one is leaked for good.
 secret or password, or starts with auth, secret or password (HF_TOKEN, --api-key, APIKEY,
 AUTHORIZATION). A plain substring test would also mask --max-num-batched-tokens, --tokenizer and
 TOKENIZERS_PARALLELISM, which are experiment parameters a reader must see.
+
+A URL's userinfo is a credential wherever the URL appears (`http://user:pw@host`, fault row N15b): the
+password becomes `***` and the user stays (`http://user:***@host`), as for a secret-named flag; a
+userinfo without a password is taken for a token (`https://TOKEN@host`) and masked whole. Every
+string redact_text, redact_args and redact_json handle is masked so, whatever its key or flag.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ __all__ = [
     "redact_file",
     "redact_json",
     "redact_text",
+    "redact_url",
     "secret_values",
 ]
 
@@ -43,6 +49,23 @@ _ASSIGNMENT = re.compile(r"^(-{0,2}[A-Za-z_][\w.-]*)=(.*)$", re.DOTALL)
 # A value this short (`1`, `on`, `true`) is a switch, not a credential; masking it in free text would
 # mangle logs and the base64 images of report.html.
 _MIN_TEXT_SECRET = 8
+# scheme://USERINFO@ — the scheme per RFC 3986, the userinfo up to the first "@" before the host ends.
+_URL_USERINFO = re.compile(
+    r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^\s/?#@:]*)(?P<password>:[^\s/?#@]*)?@"
+)
+
+
+def redact_url(text: str) -> str:
+    """`text` with the userinfo of every URL in it masked: user:pw@ -> user:***@, token@ -> ***@."""
+    if "@" not in text:
+        return text
+    return _URL_USERINFO.sub(_masked_userinfo, text)
+
+
+def _masked_userinfo(match: re.Match[str]) -> str:
+    if match["password"] is None:
+        return f"{match['scheme']}{MASK}@"
+    return f"{match['scheme']}{match['user']}:{MASK}@"
 
 
 def is_secret_name(name: str) -> bool:
@@ -70,7 +93,7 @@ def redact_args(args: Sequence[str]) -> list[str]:
             out.append(arg)
             mask_next = True
         else:
-            out.append(arg)
+            out.append(redact_url(arg))
     return out
 
 
@@ -86,6 +109,8 @@ def redact_json(data: Any) -> Any:
         if data and all(isinstance(item, str) for item in data):
             return redact_args(data)
         return [redact_json(item) for item in data]
+    if isinstance(data, str):
+        return redact_url(data)
     return data
 
 
@@ -134,6 +159,7 @@ def redact_bytes(data: bytes, values: Iterable[bytes]) -> bytes:
 
 
 def redact_text(text: str, values: Iterable[str]) -> str:
+    text = redact_url(text)
     for value in sorted(values, key=len, reverse=True):  # longest first: one secret may contain another
         text = text.replace(value, MASK)
     return text

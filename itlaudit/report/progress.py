@@ -28,6 +28,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from itlaudit.model.redact import redact_url
+
 __all__ = ["DEFAULT_PERIOD_S", "PERIOD_ENV", "CaptureProgress", "Reporter", "duration"]
 
 DEFAULT_PERIOD_S = 10.0
@@ -113,9 +115,9 @@ class Reporter:
         self._lock = threading.Lock()
 
     def phase(self, text: str) -> None:
-        """A line in both modes (above the bar on a terminal)."""
+        """A line in both modes (above the bar on a terminal); a URL in it loses its userinfo."""
         with self._lock:
-            self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+            self.console.print(redact_url(text), markup=False, highlight=False, soft_wrap=True)
             self.console.file.flush()
             self._last = time.monotonic()
 
