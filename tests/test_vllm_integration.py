@@ -143,16 +143,23 @@ def test_compare_cpu_k0_vs_k3_shows_inflation_and_full_acceptance(tmp_path: Path
     # 2-core CI box), which the chunks_coalesced finding names. Every token is still counted.
     k0_hist = {int(k): v for k, v in k0["tokens_per_chunk_hist"].items()}
     assert sum(k * v for k, v in k0_hist.items()) == 4 * 256 and k0_hist[1] >= 0.99 * sum(k0_hist.values())
-    # 256 tokens: 1 prefill token, 63 chunks of 4, one of 3
-    assert k3["tokens_per_chunk_hist"] == {"1": 4, "3": 4, "4": 4 * 63}
-    assert 3.8 < k3["itl_inflation"]["p50"] < 4.1
+    # 256 tokens: 1 prefill token, then chunks of 4 (the model is its own draft, so at temperature 0 every
+    # draft is accepted) and one of 3 at the end. Nearly: the draft's single-token steps and the target's
+    # 4-token verification round differently in bf16, and on some CPUs (seen on an AMX host: one 2-token
+    # chunk per request, in the batch of 4) a near tie flips one draft. Every token is still counted, and
+    # the stream's acceptance must agree with the server's own /metrics counters either way.
+    k3_hist = {int(k): v for k, v in k3["tokens_per_chunk_hist"].items()}
+    assert sum(k * v for k, v in k3_hist.items()) == 4 * 256
+    assert k3_hist[1] == 4 and k3_hist[4] >= 0.95 * (sum(k3_hist.values()) - 4)
+    assert 3.7 < k3["itl_inflation"]["p50"] < 4.1
     spec = comparison["variants"]["K3"]["spec_decode"]
-    assert spec["acceptance_rate"] == 1.0
-    assert spec["acceptance_length"] == 4.0
-    assert spec["per_position_acceptance"] == [1.0, 1.0, 1.0]
+    assert spec["acceptance_rate"] >= 0.98
+    assert 3.9 <= spec["acceptance_length"] <= 4.0
+    assert all(rate >= 0.95 for rate in spec["per_position_acceptance"])  # seen: 1.0, 0.984, 0.977
     assert comparison["variants"]["K0"]["spec_decode"] is None
     assert comparison["findings"] == []
-    assert abs(comparison["variants"]["K3"]["stream_acceptance_length"] - 4.0) < 0.05
+    stream = comparison["variants"]["K3"]["stream_acceptance_length"]
+    assert abs(stream - spec["acceptance_length"]) < 0.05 and stream > 3.9
     assert not _vllm_processes_left(tmp_path / "cmp"), "compare left a vLLM server running"
 
 
