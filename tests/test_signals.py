@@ -26,7 +26,7 @@ SCRIPT = """
 {command} >"$OUT_DIR/stdout" 2>"$OUT_DIR/stderr" &
 pid=$!
 for _ in $(seq 600); do for f in "$OUT_DIR"/run/{wait}; do [ -s "$f" ] && break 2; done; sleep 0.1; done
-sleep 30 & grep SigIgn /proc/$!/status >"$OUT_DIR/sigign"; kill $!
+grep SigIgn /proc/self/status >"$OUT_DIR/sigign" & wait $!
 start=$(date +%s%N)
 kill -{signal} $pid
 wait $pid
