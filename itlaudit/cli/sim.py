@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+if TYPE_CHECKING:
+    from itlaudit.serve.sim import SimConfig
+
 __all__ = ["sim"]
+
+_SHOWN = {"model", "num_speculative_tokens", "step_ms", "ttft_ms"}  # named first, given or not
 
 
 def sim(
@@ -59,29 +65,42 @@ def sim(
     """Serve the vLLM-compatible simulator (demo and fault-injection target; not a test of vLLM)."""
     from itlaudit.serve.sim import SimConfig, serve
 
-    serve(
-        SimConfig(
-            model=model,
-            num_speculative_tokens=num_speculative_tokens,
-            acceptance_prob=acceptance_prob,
-            step_ms=step_ms,
-            ttft_ms=ttft_ms,
-            seed=seed,
-            default_max_tokens=default_max_tokens,
-            cap_tokens=cap_tokens,
-            ignore_stop_token_ids=ignore_stop_token_ids,
-            ignore_ignore_eos=drop_ignore_eos,
-            ignore_min_tokens=ignore_min_tokens,
-            drop_usage=drop_usage,
-            error_after_tokens=error_after_tokens,
-            reset_after_tokens=reset_after_tokens,
-            no_done=omit_done,
-            natural_eos_at=natural_eos_at,
-            gibberish_after_tokens=gibberish_after_tokens,
-            batch_slowdown_ms_per_stream=batch_slowdown_ms_per_stream,
-            spec_verify_ms_per_stream=spec_verify_ms_per_stream,
-        ),
-        host=host,
-        port=port,
-        send_log_path=send_log,
+    config = SimConfig(
+        model=model,
+        num_speculative_tokens=num_speculative_tokens,
+        acceptance_prob=acceptance_prob,
+        step_ms=step_ms,
+        ttft_ms=ttft_ms,
+        seed=seed,
+        default_max_tokens=default_max_tokens,
+        cap_tokens=cap_tokens,
+        ignore_stop_token_ids=ignore_stop_token_ids,
+        ignore_ignore_eos=drop_ignore_eos,
+        ignore_min_tokens=ignore_min_tokens,
+        drop_usage=drop_usage,
+        error_after_tokens=error_after_tokens,
+        reset_after_tokens=reset_after_tokens,
+        no_done=omit_done,
+        natural_eos_at=natural_eos_at,
+        gibberish_after_tokens=gibberish_after_tokens,
+        batch_slowdown_ms_per_stream=batch_slowdown_ms_per_stream,
+        spec_verify_ms_per_stream=spec_verify_ms_per_stream,
     )
+    # Said before the server is up (and flushed: a log or pipe sees it at once), so the seconds a start
+    # takes are not silent and the log names what this simulator was told to do.
+    print(f"itlaudit sim: {_settings(config)}; starting on http://{host}:{port}", flush=True)
+    serve(config, host=host, port=port, send_log_path=send_log)
+
+
+def _settings(config: SimConfig) -> str:
+    """The model, its timing, and every setting given that differs from the default (the faults)."""
+    given = [
+        f"{f.name}={getattr(config, f.name)}"
+        for f in dataclasses.fields(config)
+        if f.name not in _SHOWN and getattr(config, f.name) != f.default
+    ]
+    timing = (
+        f"model {config.model}, K={config.num_speculative_tokens}, step {config.step_ms:g} ms, "
+        f"TTFT {config.ttft_ms:g} ms"
+    )
+    return timing + (f"; {', '.join(given)}" if given else "; no faults")
