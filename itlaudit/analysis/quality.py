@@ -66,9 +66,6 @@ _TOKEN_CUT_RE = re.compile(rf"[\W{_CJK}]")  # a slice may end before one of thes
 # follows the first digit so that the search still skips ahead to digits.)
 _NUMBER_RUN_RE = re.compile(rf"(\d(?<!\d\d)\d+)(?:\W+\1(?!\d)){{{REPEATED_NUM_MIN_REPEATS - 1},}}")
 _DIGIT_RUN_RE = re.compile(r"\d+")
-# Every character str.isspace() accepts (all in the BMP): counted with str.count, a memchr-speed pass
-# each, where a regex would build a match per run of spaces.
-_SPACES = tuple(chr(code) for code in range(0x10000) if chr(code).isspace())
 _NGRAM_MIX = np.uint64(0x9E3779B97F4A7C15)  # odd: n-gram keys mix token ids like a multiplicative hash
 _NGRAM_BLOCK = 1 << 20
 _NGRAM_BUCKET = 1 << 21  # keys sorted at once: 16 MB
@@ -98,6 +95,13 @@ def _code_ranges(test: Any, first: int, end: int) -> str:
             else:
                 ranges.append((code, code))
     return "".join(f"\\U{a:08x}" if a == b else f"\\U{a:08x}-\\U{b:08x}" for a, b in ranges)
+
+
+@functools.cache
+def _spaces() -> tuple[str, ...]:
+    """Every character str.isspace() accepts (all in the BMP): counted with str.count, a memchr-speed
+    pass each, where a regex would build a match per run of spaces."""
+    return tuple(chr(code) for code in range(0x10000) if chr(code).isspace())
 
 
 def _is_run_char(ch: str) -> bool:
@@ -249,7 +253,7 @@ def compression_ratio(text: str) -> float:
 def text_quality(text: str) -> TextQuality:
     """Cached for the last few texts: derivation, the gibberish rule and the ledger each ask for the
     same record's figures, and on a 50 MB reply each pass takes seconds."""
-    chars = len(text) - sum(map(text.count, _SPACES))
+    chars = len(text) - sum(map(text.count, _spaces()))
     digits = _matched_chars(_run_patterns(text)[1], text)
     ids = _token_ids(text)
     reps = {n: rep_n(ids, n) for n in REP_NS}
