@@ -123,7 +123,12 @@ def test_a_killed_actor_leaves_worker_lost_records_and_the_run_finishes(
     assert all("lost" in line["error"] and line["chunk_t_ms"] == [] for line in by_worker[1])
     meta = json.loads((run_dir / "meta.json").read_text())
     assert meta["variants"]["truth"]["lost_workers"] == [
-        {"worker": 1, "reason": by_worker[1][0]["error"], "unfinished": 2}
+        {
+            "worker": 1,
+            "node": _workers(run_dir)[1]["node"],
+            "reason": by_worker[1][0]["error"],
+            "unfinished": 2,
+        }
     ]
     assert "capture worker 1 was lost" in capsys.readouterr().err
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -9,8 +9,9 @@ actor's clock, and pulls the JSON lines the actor's writer thread has written to
 actor, landing them in the caller's requests.jsonl exactly as a local worker's lines are landed.
 
 An actor that dies (its node went away, its process was killed) cannot report the requests it had not
-finished; the coordinator records each of them as `worker_lost`, names the actor, and the run goes on
-with what the other actors measured. Ray is imported only here, and only when `--cluster ray` asks.
+finished; the coordinator records each of them as `worker_lost`, names the actor and its Ray node (the
+node id: on a cluster of one machine every node has the same hostname), and the run goes on with what
+the other actors measured. Ray is imported only here, and only when `--cluster ray` asks.
 """
 
 from __future__ import annotations
@@ -264,7 +265,9 @@ def collect(ray: ModuleType, handles: list[ActorHandle], land: Callable[[int, by
                     "finished are kept in requests.jsonl"
                 ) from None
             except ray.exceptions.RayError as exc:  # the actor, its process or its node is gone
-                handle.lost = f"actor on {handle.where.get('hostname', '?')} lost: {_first_line(exc)}"
+                node = handle.where.get("node") or "?"
+                host = handle.where.get("hostname", "?")
+                handle.lost = f"actor on node {node} ({host}) lost: {_first_line(exc)}"
                 del running[handle.share.worker]
 
 
@@ -323,7 +326,12 @@ async def capture_on_ray(
             {
                 "workers": [h.describe() for h in handles],
                 "lost_workers": [
-                    {"worker": worker, "reason": handles[worker].lost, "unfinished": len(records)}
+                    {
+                        "worker": worker,
+                        "node": handles[worker].where.get("node"),
+                        "reason": handles[worker].lost,
+                        "unfinished": len(records),
+                    }
                     for worker, records in unfinished.items()
                 ],
             }
