@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -219,6 +220,7 @@ async def test_body_round_trips_exactly(serve: type[ScriptedServer], mode: str, 
         b"host: 127.0.0.1:%d" % server.port,
         b"content-type: application/json",
         b"accept: text/event-stream",
+        b"accept-encoding: identity",
         b"authorization: bearer k",
         b"content-length: 16",
     ):
@@ -443,6 +445,54 @@ async def test_broken_framing_is_bad_framing(serve: type[ScriptedServer], mode: 
             await read_all(stream)
         finally:
             await stream.aclose()
+
+
+def _compressed(coding: str, events: list[bytes]) -> list[bytes]:
+    """Each event compressed and flushed on its own (Z_SYNC_FLUSH), as a streaming proxy sends them."""
+    compressor = zlib.compressobj(wbits=31 if coding == "gzip" else 15)
+    pieces = [compressor.compress(event) + compressor.flush(zlib.Z_SYNC_FLUSH) for event in events]
+    return [*pieces[:-1], pieces[-1] + compressor.flush()]
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate"])
+@pytest.mark.parametrize("framing", ["chunked", "close-delimited"])
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_compressed_body_is_decoded_piece_by_piece(
+    serve: type[ScriptedServer], mode: str, framing: str, coding: str
+) -> None:
+    """Row 9 of the fault campaign: decoded as it comes, each event with the stamp of its own read."""
+    events = [b"data: one\n\n", b"data: two\n\n", b"data: three\n\n"]
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Encoding: %s\r\n" % coding.encode()
+    pieces = _compressed(coding, events)
+    if framing == "chunked":
+        script: list[Step] = [head + b"Transfer-Encoding: chunked\r\n\r\n"]
+        for piece in pieces:
+            script += [0.03, *chunked(piece)]
+        script.append(b"0\r\n\r\n")
+    else:
+        script = [head + b"Connection: close\r\n\r\n"]
+        for piece in pieces:
+            script += [0.03, piece]
+    server = serve(script)
+    stream = await open_test_stream(server.url(), mode)
+    got = await read_all(stream)
+    await stream.aclose()
+    assert stream.content_encoding == coding
+    assert [data for _, data in got] == events
+    stamps = [stamp for stamp, _ in got]
+    assert stamps == sorted(stamps) and len(set(stamps)) == 3
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_body_that_does_not_decode_is_bad_framing(serve: type[ScriptedServer], mode: str) -> None:
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Encoding: gzip\r\n\r\n"
+    server = serve([head + b"data: not gzip at all\n\n", HOLD])
+    stream = await open_test_stream(server.url(), mode)
+    try:
+        with pytest.raises(BadFraming, match="gzip body that does not decode"):
+            await read_all(stream)
+    finally:
+        await stream.aclose()
 
 
 @pytest.mark.parametrize("mode", MODES)
