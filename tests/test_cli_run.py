@@ -150,8 +150,9 @@ def test_fail_on_findings_exit_code(sim, tmp_path: Path) -> None:
 def _one_line_error(result: subprocess.CompletedProcess[str], *needles: str) -> None:
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
-    text = " ".join(result.stderr.split())
-    assert text.startswith("itlaudit: error:"), result.stderr
+    # Progress lines (report/progress) may come first, once requests were sent; the error is the last.
+    text = " ".join(result.stderr.split("\nitlaudit: error:")[-1].split())
+    assert ("\n" + result.stderr).count("\nitlaudit: error:") == 1, result.stderr
     for needle in needles:
         assert needle in text, text
 
