@@ -305,6 +305,7 @@ def run_sweep(
     sweeper = _Sweeper(scenario, config, sweep_dir, console, capture)
     chosen = [v for v in scenario.variants if v.name in config.variants]
     reporter = sweeper.reporter
+    sweep: dict[str, Any] | None = None  # rebuilt after each variant; a resume may have none left
     try:
         for variant in chosen:
             if not sweeper.pending(variant.name):
@@ -324,7 +325,7 @@ def run_sweep(
                         launch_secret_values(variant.launch, os.environ),
                     )
             with reporter.step("writing sweep.json, plots and report"):
-                write_sweep_outputs(sweep_dir, scenario.name, config)
+                sweep = write_sweep_outputs(sweep_dir, scenario.name, config)
     except KeyboardInterrupt:
         signal_name, exit_code = interruption()
         with reporter.step(f"interrupted by {signal_name}: writing sweep.json, plots and report"):
@@ -335,8 +336,9 @@ def run_sweep(
             f"interrupted by {signal_name}: finished points kept in {sweep_dir}; continue with the same "
             "command and --resume",
         ) from None
-    with reporter.step("writing sweep.json, plots and report"):
-        sweep = write_sweep_outputs(sweep_dir, scenario.name, config)
+    if sweep is None:
+        with reporter.step("writing sweep.json, plots and report"):
+            sweep = write_sweep_outputs(sweep_dir, scenario.name, config)
     return sweep_dir, sweep
 
 
