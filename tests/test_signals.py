@@ -134,3 +134,17 @@ def test_sigterm_ends_a_scripts_background_bisect_with_its_report(tmp_path: Path
     assert last.startswith("itlaudit: interrupted by SIGTERM; finished probes are in "), stderr
     assert "itlaudit bisect --resume " in last and "Traceback" not in stderr
     assert (tmp_path / "run" / "report.md").is_file()
+
+
+def test_sigterm_ends_a_scripts_background_sweep_with_its_outputs(faultserver, tmp_path: Path) -> None:
+    url = faultserver("clean", "--step-ms", "20")
+    workload = 'prompts = ["hi"]\nnum_requests = 100\nconcurrency = 1\nmax_tokens = 20\ntemperature = 0'
+    scenario = write_scenario(tmp_path, url_variant("A", url), workload)
+    args = ["sweep", str(scenario), "--concurrency", "1,2"]
+    rc, elapsed_ms, stderr = _background(tmp_path, args, "TERM", wait="A/c1-t1/requests.jsonl")
+    assert rc == 143, stderr
+    assert elapsed_ms < 5000, f"exited {elapsed_ms} ms after SIGTERM"
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("itlaudit: interrupted by SIGTERM: finished points kept in "), stderr
+    assert "--resume" in last and "Traceback" not in stderr
+    assert (tmp_path / "run" / "sweep.json").is_file() and (tmp_path / "run" / "report.md").is_file()
