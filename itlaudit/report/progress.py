@@ -72,9 +72,8 @@ class CaptureProgress:
         self.tokens = 0
         self.rate_started = time.monotonic()
 
-    def landed(self, tokens: int = 0) -> None:
+    def landed(self) -> None:
         self.done += 1
-        self.tokens += tokens
 
     def add_tokens(self, tokens: int) -> None:
         self.tokens += tokens
