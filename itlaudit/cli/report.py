@@ -159,11 +159,10 @@ def report(
     records, order = _combined(runs, labels)
     first = order[0] if order else (records[0].variant if records else "")
     imported = [load_import(spec, first) for spec in imports or []]
-    steps = Reporter(Console(stderr=True))  # a spinner, or a line in a log: drawing takes seconds
+    steps = Reporter(Console(stderr=True))  # a spinner, or lines in a log: drawing takes seconds
     if len(runs) == 1 and out_dir is None:
         run = runs[0]
-        with steps.step("deriving figures and writing the report"):
-            write_derived(run.path, run.title, run.order, imported=imported)
+        write_derived(run.path, run.title, run.order, imported=imported, reporter=steps)
         target = run.path
     else:
         target = out_dir or new_run_dir(Path("reports"), "report")

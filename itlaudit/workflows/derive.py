@@ -4,12 +4,14 @@ report). A workflow step, because it composes the store, the analysis and the re
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from itlaudit.analysis.derive import derive_request, run_summary
 from itlaudit.analysis.importers import ImportedBenchmark
 from itlaudit.model.records import RequestRecord
+from itlaudit.report.progress import Reporter
 from itlaudit.report.writer import write_reports
 from itlaudit.store.export import write_chunks
 from itlaudit.store.jsonl import load_records
@@ -61,27 +63,36 @@ def write_derived(
     variant_order: Sequence[str] | None = None,
     *,
     imported: Sequence[tuple[ImportedBenchmark, str]] = (),
+    reporter: Reporter | None = None,
 ) -> dict[str, Any]:
     """(Re)derive summary.json, derived.jsonl, requests.csv, chunks.csv, the PNGs, report.md and
-    report.html from requests.jsonl (plus compare.json's spec-decode figures when present)."""
-    records = load_records(run_dir / REQUESTS_FILE)
-    derived = [derive_request(r) for r in records]
-    summary = run_summary(records, variant_order)
-    write_json(run_dir / SUMMARY_FILE, summary)
-    write_jsonl(run_dir / DERIVED_FILE, derived)
-    _csv_frame(records, derived).to_csv(run_dir / CSV_FILE, index=False)
-    write_chunks(records, run_dir)
+    report.html from requests.jsonl (plus compare.json's spec-decode figures when present). With a
+    reporter, each of the two steps (seconds each on a long run) is named while it runs."""
+    steps = reporter.step if reporter is not None else _unnamed
+    with steps("deriving figures"):
+        records = load_records(run_dir / REQUESTS_FILE)
+        derived = [derive_request(r) for r in records]
+        summary = run_summary(records, variant_order)
+        write_json(run_dir / SUMMARY_FILE, summary)
+        write_jsonl(run_dir / DERIVED_FILE, derived)
+        _csv_frame(records, derived).to_csv(run_dir / CSV_FILE, index=False)
+        write_chunks(records, run_dir)
     findings = [f for d in derived for f in d["finding_details"]] + summary["run_findings"]
     compare = _optional_json(run_dir / COMPARE_FILE)
     meta = _optional_json(run_dir / META_FILE)
-    write_reports(
-        run_dir,
-        title,
-        records,
-        summary,
-        findings,
-        compare=compare,
-        imported=imported,
-        meta=meta if isinstance(meta, dict) else None,
-    )
+    with steps("drawing the plots and writing the report"):
+        write_reports(
+            run_dir,
+            title,
+            records,
+            summary,
+            findings,
+            compare=compare,
+            imported=imported,
+            meta=meta if isinstance(meta, dict) else None,
+        )
     return summary
+
+
+def _unnamed(name: str) -> AbstractContextManager[None]:
+    return nullcontext()

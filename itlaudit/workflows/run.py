@@ -345,8 +345,7 @@ def run_scenario(
                 _write_meta(run_dir, meta)
     except KeyboardInterrupt:
         raise _wrap_up_interrupted(run_dir, scenario, meta, reporter) from None
-    with reporter.step("deriving figures and writing the report"):
-        summary = write_derived(run_dir, scenario.name, [v.name for v in scenario.variants])
+    summary = write_derived(run_dir, scenario.name, [v.name for v in scenario.variants], reporter=reporter)
     if ledger is not None:
         ledger.record(run_dir)
     records = load_records(run_dir / REQUESTS_FILE)  # what the figures counted: no warmup, all rounds
@@ -419,10 +418,8 @@ def _wrap_up_interrupted(
     requests = run_dir / REQUESTS_FILE
     finished = sum(1 for _ in iter_jsonl(requests)) if requests.exists() else 0
     if finished:
-        with reporter.step(
-            f"interrupted by {signal_name}: writing the report for {finished} finished requests"
-        ):
-            write_derived(run_dir, scenario.name, [v.name for v in scenario.variants])
+        reporter.phase(f"interrupted by {signal_name}: keeping the {finished} finished requests")
+        write_derived(run_dir, scenario.name, [v.name for v in scenario.variants], reporter=reporter)
         where = f"summary and report for them in {run_dir / REPORT_FILE}"
     else:
         where = f"nothing to report ({run_dir})"
