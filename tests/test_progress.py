@@ -57,3 +57,24 @@ def test_a_step_without_a_terminal_is_a_line_then_heartbeats_with_the_time_spent
 def test_the_default_period_is_10_s(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(PERIOD_ENV, raising=False)
     assert Reporter(Console(file=io.StringIO())).period_s == DEFAULT_PERIOD_S == 10.0
+
+
+def test_on_a_terminal_the_capture_is_a_bar_with_tokens_per_s_and_eta_and_a_step_is_a_spinner() -> None:
+    sink = io.StringIO()
+    reporter = Reporter(Console(file=sink, force_terminal=True, width=150), period_s=0.1)
+    assert reporter.live
+    with reporter.capture("requests", 4) as counts:
+        counts.begin("K0 @ http://127.0.0.1:8000")
+        counts.landed()
+        counts.add_tokens(512)
+        deadline = time.monotonic() + 10  # the bar's refresh (every 0.5 s) reads the counters
+        while "1/4" not in sink.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with reporter.step("K3: starting its server"):
+            assert counts.description == "K3: starting its server…"  # the bar names the step
+        assert counts.description == "K0 @ http://127.0.0.1:8000"
+    with reporter.step("drawing the plots"):
+        time.sleep(0.2)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", sink.getvalue())  # the terminal's codes out
+    assert re.search(r"K0 @ http://127\.0\.0\.1:8000 \S+ 1/4 \d+ tok/s 0:00:\d\d ETA", text), text
+    assert "drawing the plots…" in text
