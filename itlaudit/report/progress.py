@@ -173,7 +173,7 @@ class Reporter:
                 yield counts
             return
         bar = Progress(
-            TextColumn("{task.description}"),
+            TextColumn("{task.description}", markup=False),
             BarColumn(),
             MofNCompleteColumn(),
             TextColumn("{task.fields[rate]}"),
@@ -206,7 +206,7 @@ class Reporter:
         bar.update(
             task,
             completed=counts.done,
-            description=counts.description,
+            description=redact_url(counts.description),
             rate=f"{counts.tokens_per_s():.0f} tok/s",
         )
 
