@@ -19,25 +19,13 @@ from itlaudit.analysis.metrics import request_metrics
 from itlaudit.model.records import ChunkSeries, RequestParams, RequestRecord, Status
 from itlaudit.report.terminal import WIDTH, result_block
 from itlaudit.serve.sim import SimConfig
-from itlaudit.store.result import result_paths
+from itlaudit.store.result import PER_REQUEST_ARRAYS, result_paths
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # Real vllm bench serve results: 0.32.0 (CPU testbed, --metric-percentiles 50,90,99, e2el, spec
 # decode) and 0.24.0 (H200, its default p99 only).
 VLLM_032 = FIXTURES / "imports" / "vllm-bench-serve-0.32.0-k3.json"
 VLLM_024 = FIXTURES / "vllm-0.24.0-cuda-h200-runs" / "parity-h200" / "batch-1" / "round-1" / "vllm.json"
-# vllm bench's per-request arrays (written with --save-detailed): requests.jsonl holds them in full.
-PER_REQUEST_ARRAYS = {
-    "input_lens",
-    "output_lens",
-    "ttfts",
-    "itls",
-    "latencies",
-    "start_times",
-    "queue_times",
-    "generated_texts",
-    "errors",
-}
 
 
 def request(

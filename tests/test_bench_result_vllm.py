@@ -11,23 +11,10 @@ import pytest
 from vllm_server import testbed_python as vllm_python  # not test_-named: pytest would collect it
 from vllm_server import tiny_model, vllm_server
 
-from itlaudit.store.result import save_result
+from itlaudit.store.result import PER_REQUEST_ARRAYS, save_result
 
 pytestmark = pytest.mark.vllm
 server_url = vllm_server()
-
-# vllm bench's per-request arrays: it writes them with --save-detailed, requests.jsonl holds them.
-PER_REQUEST_ARRAYS = {
-    "input_lens",
-    "output_lens",
-    "ttfts",
-    "itls",
-    "latencies",
-    "start_times",
-    "queue_times",
-    "generated_texts",
-    "errors",
-}
 
 
 def test_save_result_covers_a_real_vllm_bench_result(server_url: str, tmp_path: Path) -> None:

@@ -9,13 +9,21 @@ asks `server_build` how to name it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
 
 from itlaudit import __version__
 from itlaudit.model.scenario import Scenario
 
-__all__ = ["SIMULATOR", "is_simulator", "server_build", "simulator_version", "workload_meta"]
+__all__ = [
+    "SIMULATOR",
+    "VariantView",
+    "is_simulator",
+    "server_build",
+    "simulator_version",
+    "variant_view",
+    "workload_meta",
+]
 
 # The name the simulator answers with: the start of its /version, its models' owned_by, and its
 # system_fingerprint (`itlaudit-sim-<version>-<hash8>`, where vLLM's is `vllm-<version>-<hash8>`).
@@ -74,3 +82,29 @@ def workload_meta(scenario: Scenario) -> dict[str, Any]:
         "ignore_eos": workload.params.ignore_eos,
         "temperature": workload.params.temperature,
     }
+
+
+class VariantView(NamedTuple):
+    """One variant of a finished run as its result readers (the terminal block, --save-result) take it:
+    summary.json's block and its run-level figures, meta.json's workload and variant entry, and the
+    server's version string (vLLM's, the simulator's, or None)."""
+
+    block: Mapping[str, Any]
+    bench: Mapping[str, Any]
+    workload: Mapping[str, Any]
+    info: Mapping[str, Any]
+    version: str | None
+
+
+def variant_view(summary: Mapping[str, Any], meta: Mapping[str, Any], variant: str) -> VariantView:
+    """Read one variant out of summary.json's and meta.json's dicts; a part a run did not write is empty."""
+    block: Mapping[str, Any] = summary["variants"][variant]
+    info: Mapping[str, Any] = (meta.get("variants") or {}).get(variant) or {}
+    environment: Mapping[str, Any] = info.get("environment") or {}
+    return VariantView(
+        block=block,
+        bench=block.get("benchmark") or {},
+        workload=meta.get("workload") or {},
+        info=info,
+        version=environment.get("server_version") or environment.get("vllm_version"),
+    )

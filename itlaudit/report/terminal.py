@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from itlaudit.analysis.validity import variant_validity
-from itlaudit.model.run_context import server_build
+from itlaudit.model.run_context import server_build, variant_view
 
 __all__ = ["WIDTH", "Line", "result_block"]
 
@@ -46,12 +46,7 @@ def _statistics(label: str, figures: Mapping[str, Any] | None, *more: Mapping[st
 
 def result_block(summary: Mapping[str, Any], meta: Mapping[str, Any], variant: str) -> list[Line]:
     """One variant's block. `meta` is meta.json's dict (the workload and the server's /version)."""
-    block: Mapping[str, Any] = summary["variants"][variant]
-    bench: Mapping[str, Any] = block.get("benchmark") or {}
-    workload: Mapping[str, Any] = meta.get("workload") or {}
-    info: Mapping[str, Any] = (meta.get("variants") or {}).get(variant) or {}
-    environment: Mapping[str, Any] = info.get("environment") or {}
-    version = environment.get("server_version") or environment.get("vllm_version")
+    block, bench, workload, info, version = variant_view(summary, meta, variant)
     lines: list[Line] = [(f"{f' Serving Benchmark Result: {variant} ':=^{WIDTH}}", "bold")]
     validity = variant_validity(summary, variant)
     if not validity.comparable:

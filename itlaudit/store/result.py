@@ -7,8 +7,7 @@ under speculative decoding a per-chunk figure. itlaudit's own figures stand besi
 vllm bench does not use: the token-true ITL (`mean_token_itl_ms`, `p99_token_itl_ms`, ...), tokens
 per decode chunk, the findings and whether the variant may be compared at all.
 
-Left out: vllm bench's per-request arrays (`input_lens`, `output_lens`, `ttfts`, `itls`, `latencies`,
-`start_times`, `generated_texts`, `errors`, `queue_times`), which it writes only with
+Left out: vllm bench's per-request arrays (`PER_REQUEST_ARRAYS`), which it writes only with
 --save-detailed and which requests.jsonl holds in full; `request_goodput` is null as in a vllm bench
 run without --goodput. The spec-decode keys (`spec_decode_*`, from the server's /metrics around the
 variant, acceptance rate in percent as vllm bench writes it) are there when `itlaudit compare` made
@@ -29,11 +28,25 @@ from typing import Any
 from itlaudit.analysis.validity import variant_validity
 from itlaudit.errors import ItlauditError
 from itlaudit.model.codes import TRUNCATION_CODES
-from itlaudit.model.run_context import is_simulator, server_build
+from itlaudit.model.run_context import is_simulator, server_build, variant_view
 from itlaudit.store.rundir import COMPARE_FILE, META_FILE, SUMMARY_FILE, read_json, write_json
 
-__all__ = ["BACKENDS", "VLLM_STATISTICS", "result_json", "result_paths", "save_result"]
+__all__ = ["BACKENDS", "PER_REQUEST_ARRAYS", "VLLM_STATISTICS", "result_json", "result_paths", "save_result"]
 
+# vllm bench serve's per-request arrays (written with --save-detailed): left out, requests.jsonl has them.
+PER_REQUEST_ARRAYS = frozenset(
+    {
+        "input_lens",
+        "output_lens",
+        "ttfts",
+        "itls",
+        "latencies",
+        "start_times",
+        "queue_times",
+        "generated_texts",
+        "errors",
+    }
+)
 # vllm bench serve's --backend for each itlaudit endpoint (its result's `backend`/`endpoint_type`).
 BACKENDS = {"completions": "openai", "chat": "openai-chat"}
 # vllm bench's metric name → summary.json's block["benchmark"] key; `itl` is vllm bench's chunk ITL.
@@ -83,12 +96,7 @@ def result_json(
 ) -> dict[str, Any]:
     """One variant's result, in vllm bench serve's key order: setup, metadata, traffic, figures.
     `compare` is compare.json's dict, when `itlaudit compare` made the run."""
-    block: Mapping[str, Any] = summary["variants"][variant]
-    bench: Mapping[str, Any] = block.get("benchmark") or {}
-    workload: Mapping[str, Any] = meta.get("workload") or {}
-    info: Mapping[str, Any] = (meta.get("variants") or {}).get(variant) or {}
-    environment: Mapping[str, Any] = info.get("environment") or {}
-    version = environment.get("server_version") or environment.get("vllm_version")
+    block, bench, workload, info, version = variant_view(summary, meta, variant)
     started = meta.get("started_at_unix")
     backend = BACKENDS.get(str(meta.get("endpoint")), str(meta.get("endpoint")))
     rate = workload.get("request_rate")
