@@ -36,7 +36,9 @@ def test_save_result_covers_a_real_vllm_bench_result(server_url: str, tmp_path: 
             expected = (int, float) if isinstance(value, float) else type(value)
             assert isinstance(ours[key], expected), (key, ours[key], value)
     assert ours["completed"] == theirs["completed"] == workload.requests
-    assert (
-        ours["total_input_tokens"] == theirs["total_input_tokens"] == workload.requests * workload.input_len
-    )
+    # itlaudit counts input tokens from the server's usage.prompt_tokens: exactly what was sent. vllm bench
+    # counts its own tokenisation of each decoded random prompt, which may differ by a token or two (seen:
+    # 258 against the 256 the server counted), so it is held to 2%.
+    assert ours["total_input_tokens"] == workload.requests * workload.input_len
+    assert abs(theirs["total_input_tokens"] - ours["total_input_tokens"]) <= 0.02 * ours["total_input_tokens"]
     assert ours["simulated"] is False and ours["server_build"].startswith("vLLM ")
