@@ -146,7 +146,7 @@ def test_regress_and_settings_validation() -> None:
         (["--from", "abc1234", "--to", "def5678", "--regress", "fast"], "--regress 'fast'"),
         (
             ["--from", "abc1234", "--to", "def5678", "--provider", "conda"],
-            "--provider 'conda': use one of command, docker, pip, wheels",
+            "Invalid value for '--provider': 'conda' is not one of 'command', 'docker', 'pip', 'wheels'",
         ),
         (["--from", "abc1234", "--to", "def5678", "--commits-file", "/nonexistent/c.txt"], "cannot read"),
     ],

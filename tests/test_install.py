@@ -39,11 +39,11 @@ def _run(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
     ("args", "fragment"),
     [
         (["run", "x.toml", "--no-such-flag"], "No such option: --no-such-flag"),
-        (["run"], "Missing argument"),
+        (["run"], "give a SCENARIO file, or a server: --url URL, or --variant NAME=URL"),
         (["no-such-command"], "No such command"),
         (["sim", "--port", "abc"], "Invalid value for '--port'"),
     ],
-    ids=["bogus-flag", "missing-argument", "bogus-command", "bad-value"],
+    ids=["bogus-flag", "no-workload", "bogus-command", "bad-value"],
 )
 def test_usage_errors_of_the_installed_script_are_one_line_exit_2(
     installed: Path, args: list[str], fragment: str

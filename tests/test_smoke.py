@@ -265,6 +265,7 @@ def _suite_copy(tmp_path: Path, old: str, new: str) -> Path:
         ('"usage_missing",', '"usage_mising",', "names unknown codes ['usage_mising']"),
         ('scenario = "no-max-tokens"', 'scenario = "no-max-token"', "is 'no-max-token', not in the suite"),
         ("min = 3.0", 'min = "3"', "must be int or float"),
+        ("min = 2.0", 'min = 2.0\ngibberish_expected = "yes"', "`gibberish_expected` must be bool"),
         ("[servers.K0]", "[servers.K0", "not valid TOML"),
     ],
 )

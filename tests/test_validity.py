@@ -72,6 +72,18 @@ def test_gibberish_counts_only_on_most_requests() -> None:
     )
 
 
+def test_gibberish_declared_expected_is_waived_but_caps_and_failures_are_not() -> None:
+    """A random-weight model writes gibberish by construction; a caller that says so may compare its
+    speed. Only gibberish is waived: a cap or a failure still makes the variant incomparable."""
+    mostly_gibberish = summary({"gibberish_suspected": 6})["variants"]["K3"]
+    assert not block_validity(mostly_gibberish).comparable
+    assert block_validity(mostly_gibberish, gibberish_expected=True) == COMPARABLE
+    capped = summary({"gibberish_suspected": 6, "truncated_below_max_tokens": 1}, errors=1)["variants"]["K3"]
+    assert block_validity(capped, gibberish_expected=True) == Validity(
+        False, "1 of 6 requests cut short; 1 of 6 requests failed"
+    )
+
+
 def test_every_reason_is_given_together() -> None:
     found = summary({"truncated_below_max_tokens": 2, "gibberish_suspected": 4}, errors=1)
     assert variant_validity(found, "K3").reason == (

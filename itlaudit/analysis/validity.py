@@ -65,9 +65,14 @@ def _truncation_reason(cap: Mapping[str, Any] | None, cut: int, requests: int) -
     return f"{cut} of {requests} requests cut short, {at_cap} of them capped at {cap['cap']} tokens"
 
 
-def block_validity(block: Mapping[str, Any], common_cap: Mapping[str, Any] | None = None) -> Validity:
+def block_validity(
+    block: Mapping[str, Any], common_cap: Mapping[str, Any] | None = None, *, gibberish_expected: bool = False
+) -> Validity:
     """The rule on one summary.json variant block (a sweep trial has no run-level findings beside it;
     `common_cap` is the common_cap finding's evidence, when known, to name the cap in the reason).
+    `gibberish_expected` is for a model that writes gibberish by construction (the CPU testbed's
+    random-weight model), declared so by the caller: its speed can still be compared, gibberish is still
+    reported, and truncation and failures still count. Nothing sets it by default.
 
     Not comparable when any request was cut short (any of TRUNCATION_CODES), any request failed, or
     gibberish_suspected fires on most (more than half) of the requests. One gibberish request in ten
@@ -87,7 +92,7 @@ def block_validity(block: Mapping[str, Any], common_cap: Mapping[str, Any] | Non
     if errors:
         reasons.append(f"{errors} of {requests} requests failed")
     gibberish = int(counts.get(GIBBERISH_SUSPECTED, 0))
-    if gibberish * 2 > requests:
+    if gibberish * 2 > requests and not gibberish_expected:
         reasons.append(f"{gibberish} of {requests} requests look like gibberish")
     return Validity(False, "; ".join(reasons)) if reasons else COMPARABLE
 

@@ -321,6 +321,8 @@ app.add_typer(cli_audit.ledger_app, name="ledger", rich_help_panel=TOOLS)
 def _usage_line(exc: typer.TyperException) -> str:
     """A usage error as one line: typer's own rendering spans a usage block, a hint and the message."""
     message = " ".join(exc.format_message().split())  # type: ignore[attr-defined]
+    # typer 0.29 words a refused choice "Value error, 'x' is not one of ...": the prefix says nothing.
+    message = message.replace(": Value error, ", ": ")
     ctx = getattr(exc, "ctx", None)
     command = ctx.command_path if ctx is not None else "itlaudit"
     return f"itlaudit: error: {message} (see `{command} --help`)"

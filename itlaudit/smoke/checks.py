@@ -233,7 +233,12 @@ def _speedup(ctx: _Ctx) -> Outcome:
     evidence = {path: this, f"{over} {path}": base}
     # analysis.validity: a capped or failing variant's ITL is no speed, so no speedup to pass on.
     sides = (("this variant", ctx.figures), (over, ctx.others.get(over) or {}))
-    unlike = [f"{name} {v.label}" for name, figures in sides if not (v := block_validity(figures)).comparable]
+    waived = bool(ctx.spec.params.get("gibberish_expected", False))
+    unlike = [
+        f"{name} {v.label}"
+        for name, figures in sides
+        if not (v := block_validity(figures, gibberish_expected=waived)).comparable
+    ]
     if unlike:
         return FAIL, "–", threshold, None, "; ".join(unlike) + ", so no speedup", evidence
     if this is None or not base or not this:

@@ -46,7 +46,7 @@ CHECK_KEYS: dict[str, tuple[set[str], set[str]]] = {
     "finish_reason": ({"equals"}, {"equals"}),
     "no_finding": ({"codes"}, {"codes"}),
     "metric": ({"metric", "min", "max"}, {"metric"}),
-    "speedup": ({"metric", "over", "min"}, {"min"}),
+    "speedup": ({"metric", "over", "min", "gibberish_expected"}, {"min"}),
     "acceptance_length": ({"min"}, {"min"}),
     "baseline": ({"metric", "max_ratio"}, {"max_ratio"}),
 }
@@ -202,6 +202,8 @@ def _check(path: Path, index: int, src: Any, scenarios: dict[str, Scenario]) -> 
     for key in ("min", "max", "max_ratio"):
         if key in params:
             _typed(path, f"{where} `{key}`", params[key], (int, float))
+    if "gibberish_expected" in params:
+        _typed(path, f"{where} `gibberish_expected`", params["gibberish_expected"], bool)
     if "metric" in params:
         _metric(path, f"{where} `metric`", params["metric"])
     if kind == "metric" and not {"min", "max"} & set(params):
