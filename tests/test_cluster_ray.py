@@ -10,13 +10,12 @@ import os
 import signal
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from raykit import actors, on_second_actor
 
 from itlaudit import cli
 from itlaudit.capture.cluster import INSTALL_HINT, parse_cluster
@@ -57,12 +56,6 @@ def _lines(run_dir: Path) -> list[dict[str, Any]]:
     return list(iter_jsonl(run_dir / "requests.jsonl"))
 
 
-def _workers(run_dir: Path) -> list[dict[str, Any]]:
-    meta = json.loads((run_dir / "meta.json").read_text())
-    workers: list[dict[str, Any]] = meta["variants"]["truth"]["workers"]
-    return workers
-
-
 def test_two_actors_measure_as_the_truth_says(
     ray_cluster: Any, truth: LaunchedServer, tmp_path: Path
 ) -> None:
@@ -76,7 +69,7 @@ def test_two_actors_measure_as_the_truth_says(
     result = grade_run(run_dir, fetch_send_log(truth.url))
     assert result.responses == 8 and result.every_chunk_stamped, result
     assert result.worst_itl_error is not None and result.worst_itl_error <= 0.03, result
-    workers = _workers(run_dir)
+    workers = actors(run_dir)
     assert [w["worker"] for w in workers] == [0, 1]
     for worker in workers:
         assert worker["node"] and worker["hostname"] and worker["pid"] != os.getpid()
@@ -85,32 +78,22 @@ def test_two_actors_measure_as_the_truth_says(
     # Records identical in form to a local run's: the same fields, every one of them.
     local_dir = run_itlaudit(truth.url, 2, 20, tmp_path / "local", CaptureOptions.from_flags("2"))
     assert [sorted(line) for line in _lines(local_dir)] == [sorted(lines[0])] * 2
-    assert "node" not in _workers(local_dir)[0]
+    assert "node" not in actors(local_dir)[0]
 
 
 def test_a_killed_actor_leaves_worker_lost_records_and_the_run_finishes(
     ray_cluster: Any, truth: LaunchedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run_dir = tmp_path / "killed"
-    killed: list[int] = []
 
-    def kill_worker_1() -> None:
-        """Once meta.json names the actors, SIGKILL actor 1 as a dying node would take it."""
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                workers = _workers(run_dir)
-            except (OSError, KeyError, ValueError):
-                workers = []
-            if len(workers) == 2:
-                time.sleep(0.5)  # mid-run: every stream open, none finished (each takes 3 s)
-                os.kill(workers[1]["pid"], signal.SIGKILL)
-                killed.append(workers[1]["pid"])
-                return
-            time.sleep(0.05)
+    def kill(worker: dict[str, Any]) -> int:
+        """SIGKILL actor 1 as a dying node would take it."""
+        os.kill(worker["pid"], signal.SIGKILL)
+        pid: int = worker["pid"]
+        return pid
 
-    killer = threading.Thread(target=kill_worker_1, daemon=True)
-    killer.start()
+    # mid-run: every stream open, none finished (each takes 3 s)
+    killer, killed = on_second_actor(run_dir, kill, settle_s=0.5, timeout_s=60)
     run_itlaudit(truth.url, 4, 1500, run_dir, CaptureOptions.from_flags("2", cluster="ray"))
     killer.join()
     assert killed
@@ -125,7 +108,7 @@ def test_a_killed_actor_leaves_worker_lost_records_and_the_run_finishes(
     assert meta["variants"]["truth"]["lost_workers"] == [
         {
             "worker": 1,
-            "node": _workers(run_dir)[1]["node"],
+            "node": actors(run_dir)[1]["node"],
             "reason": by_worker[1][0]["error"],
             "unfinished": 2,
         }

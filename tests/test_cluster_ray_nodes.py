@@ -7,13 +7,12 @@ Ray cluster, and this one is not test_cluster_ray's single-node cluster."""
 from __future__ import annotations
 
 import json
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from raykit import actors, on_second_actor
 
 from itlaudit.capture.runner import CaptureOptions
 from itlaudit.model.records import STATUS_OK, STATUS_WORKER_LOST
@@ -46,41 +45,24 @@ def truth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LaunchedServer]:
         yield server
 
 
-def _workers(run_dir: Path) -> list[dict[str, Any]]:
-    workers: list[dict[str, Any]] = json.loads((run_dir / "meta.json").read_text())["variants"]["truth"][
-        "workers"
-    ]
-    return workers
-
-
 def test_a_removed_node_loses_only_its_open_requests(
     cluster: Any, truth: LaunchedServer, tmp_path: Path
 ) -> None:
     run_dir = tmp_path / "nodes"
-    removed: list[str] = []
 
-    def remove_worker_1s_node() -> None:
-        """Once meta.json names the actors' nodes, take actor 1's node out of the cluster mid-run."""
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                workers = _workers(run_dir)
-            except (OSError, KeyError, ValueError):
-                workers = []
-            if len(workers) == 2:
-                time.sleep(1.0)  # every stream open (each takes 3 s), none finished
-                node = next(n for n in cluster.worker_nodes if n.node_id == workers[1]["node"])
-                cluster.remove_node(node, allow_graceful=False)
-                removed.append(workers[1]["node"])
-                return
-            time.sleep(0.05)
+    def remove_node(worker: dict[str, Any]) -> str:
+        """Take actor 1's node out of the cluster."""
+        node = next(n for n in cluster.worker_nodes if n.node_id == worker["node"])
+        cluster.remove_node(node, allow_graceful=False)
+        removed_id: str = worker["node"]
+        return removed_id
 
-    remover = threading.Thread(target=remove_worker_1s_node, daemon=True)
-    remover.start()
+    # every stream open (each takes 3 s), none finished
+    remover, removed = on_second_actor(run_dir, remove_node, settle_s=1.0, timeout_s=120)
     run_itlaudit(truth.url, 4, 1500, run_dir, CaptureOptions.from_flags("2", cluster="ray"))
     remover.join()
     assert removed
-    workers = _workers(run_dir)
+    workers = actors(run_dir)
     assert len({w["node"] for w in workers}) == 2  # spread: one actor per worker node
     lines = list(iter_jsonl(run_dir / "requests.jsonl"))
     assert sorted(line["request_id"] for line in lines) == [f"truth-{i:05d}" for i in range(4)]
