@@ -133,12 +133,15 @@ def render_plot(state: State, path: Path) -> None:
             value = metrics.get(key)
             verdict_colour = _COLOURS.get(probe["verdict"], "black")
             hollow = bool(metrics) and not block_validity(metrics).comparable
+            if value is None:  # no figure: a cross at 0 (an unfilled marker takes no edge colour)
+                ax.scatter(probe["index"], 0, color=verdict_colour, marker="x", s=40, zorder=3)
+                continue
             ax.scatter(
                 probe["index"],
-                0 if value is None else value,
-                facecolors="none" if hollow and value is not None else verdict_colour,
+                value,
+                facecolors="none" if hollow else verdict_colour,
                 edgecolors=verdict_colour,
-                marker=markers[n % len(markers)] if value is not None else "x",
+                marker=markers[n % len(markers)],
                 s=40,
                 zorder=3,
             )
