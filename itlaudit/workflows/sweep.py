@@ -5,6 +5,10 @@ works on it, and a folder is finished when its `point.json` exists — which is 
 Layout: <sweep>/sweep-config.json (what was asked; --resume must ask the same), <sweep>/<variant>/
 c<load>-t<trial>/ (run folders), <sweep>/server-<variant>.log, then sweep.json, the PNGs and
 report.md/html, rebuilt from the run folders after every variant.
+
+point.json appears whole or not at all (written aside, then renamed), so a signal or SIGKILL at any
+moment leaves each trial either finished or not; a trial folder without a readable point.json is kept
+aside under a new name and the trial runs again.
 """
 
 from __future__ import annotations
@@ -124,12 +128,22 @@ def trial_dir(sweep_dir: Path, variant: str, axis: str, value: float, trial: int
     return sweep_dir / variant / f"{_label(axis, value)}-t{trial}"
 
 
+def _finished_load(folder: Path) -> float | None:
+    """The load a trial folder finished at, or None when it has not finished: no point.json, or one
+    that does not read (cut short by hand or by a disk error: the trial runs again)."""
+    try:
+        return float(read_json(folder / POINT_FILE)["load"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
 def _finished_trials(sweep_dir: Path, variant: str) -> Iterator[tuple[float, Path]]:
     folder = sweep_dir / variant
     if not folder.is_dir():
         return
     for point in sorted(folder.glob(f"*/{POINT_FILE}")):
-        yield float(read_json(point)["load"]), point.parent
+        if (load := _finished_load(point.parent)) is not None:
+            yield load, point.parent
 
 
 def variant_points(sweep_dir: Path, config: SweepConfig, variant: str) -> dict[float, dict[str, Any]]:
@@ -151,7 +165,13 @@ def open_sweep_dir(out: Path | None, scenario_name: str, config: SweepConfig, re
     if resume:
         if out is None or not (out / CONFIG_FILE).is_file():
             raise SweepError(f"--resume needs --out naming a sweep folder (one with {CONFIG_FILE})")
-        stored = read_json(out / CONFIG_FILE)
+        try:
+            stored = read_json(out / CONFIG_FILE)
+        except (OSError, ValueError) as exc:
+            raise SweepError(
+                f"--resume {out}: {CONFIG_FILE} does not read ({exc}); it is not a sweep this itlaudit "
+                "wrote: start a new --out"
+            ) from None
         if stored != config.to_json():
             differs = sorted(k for k, v in config.to_json().items() if stored.get(k) != v)
             raise SweepError(
@@ -204,7 +224,7 @@ class _Sweeper:
 
     def pending(self, variant: str) -> bool:
         grid_left = any(
-            not (trial_dir(self.sweep_dir, variant, self.config.axis, v, t) / POINT_FILE).exists()
+            _finished_load(trial_dir(self.sweep_dir, variant, self.config.axis, v, t)) is None
             for v in self.config.values
             for t in range(1, self.config.trials + 1)
         )
@@ -228,7 +248,7 @@ class _Sweeper:
         scenario = point_scenario(self.scenario, self.config.axis, value, variant)
         for number in range(1, self.config.trials + 1):
             folder = trial_dir(self.sweep_dir, variant, self.config.axis, value, number)
-            if (folder / POINT_FILE).exists():
+            if _finished_load(folder) is not None:
                 continue
             self._run_trial(_Trial(scenario, variant, value, number, folder), base_url)
 
@@ -236,7 +256,9 @@ class _Sweeper:
         """A run folder like `itlaudit run` makes; a folder left by a crash is kept aside, never
         reused or deleted, and the trial runs again in a clean one."""
         if trial.folder.exists():
-            aside = trial.folder.with_name(f"{trial.folder.name}.incomplete-{int(time.time())}")
+            n = int(time.time())
+            while (aside := trial.folder.with_name(f"{trial.folder.name}.incomplete-{n}")).exists():
+                n += 1  # set aside twice within a second
             trial.folder.rename(aside)
         trial.folder.mkdir(parents=True)
         axis = self.config.axis
@@ -281,7 +303,9 @@ class _Sweeper:
         with self.reporter.step(f"{name}: deriving its figures"):
             write_derived(trial.folder, self.scenario.name, [trial.variant])
         self.reporter.phase(f"{name}: done in {duration(time.monotonic() - started)} ({trial.folder})")
-        write_json(trial.folder / POINT_FILE, {"load": trial.load, "axis": axis, "trial": trial.trial})
+        point = trial.folder / f"{POINT_FILE}.tmp"
+        write_json(point, {"load": trial.load, "axis": axis, "trial": trial.trial})
+        os.replace(point, trial.folder / POINT_FILE)
 
 
 def run_sweep(
