@@ -31,12 +31,14 @@ from typing import Any
 import numpy as np
 
 from itlaudit.errors import DatasetError
+from itlaudit.model.scenario_toml import SEQUENCE_TOKENS, TOKEN_ID, Bound
 
 __all__ = [
     "CHARS_PER_TOKEN",
     "DATASET_KINDS",
     "DEFAULT_VOCAB_SIZE",
     "FIRST_TOKEN_ID",
+    "MAX_DRAWN_TOKENS",
     "MAX_ROUND_TRIPS",
     "Dataset",
     "DatasetEntry",
@@ -54,6 +56,11 @@ DATASET_KINDS = ("random", "jsonl", "sharegpt")
 CHARS_PER_TOKEN = 4  # the usual estimate for English text under BPE tokenizers
 FIRST_TOKEN_ID = 3  # ids 0-2 are special (unk/bos/eos) in most vocabularies
 DEFAULT_VOCAB_SIZE = 256  # every BPE vocabulary has at least its 256 byte tokens
+VOCAB_SIZE = Bound(FIRST_TOKEN_ID + 2, TOKEN_ID.hi, integer=True)
+# A random dataset's prompts are drawn up front and held as Python lists (8 bytes a token, ~36 above
+# id 256) until each is encoded: 50M tokens (1000 requests of 50K) is ~2 GB at worst, and builds in
+# seconds. Above it the scenario is refused before anything is drawn.
+MAX_DRAWN_TOKENS = 50_000_000
 
 
 @dataclass(frozen=True)
@@ -93,21 +100,33 @@ class Dataset:
         return replace(self, entries=entries)
 
 
+def _within(value: float, key: str, part: str, bound: Bound) -> None:
+    problem = bound.problem(value)
+    if problem is not None:
+        raise DatasetError(key, f"{part}{problem}")
+
+
 def _length(spec: Any, key: str, rng: np.random.Generator, count: int) -> list[int]:
-    """A fixed length, `{ min, max }` (uniform, inclusive) or `{ mean, std }` (normal)."""
+    """A fixed length, `{ min, max }` (uniform, inclusive) or `{ mean, std }` (normal), each number
+    within SEQUENCE_TOKENS (a normal draw is also cut to it)."""
     how = f"`{key}` must be a positive integer, {{ min = 8, max = 64 }} or {{ mean = 32, std = 8 }}"
     if isinstance(spec, int) and not isinstance(spec, bool) and spec > 0:
+        _within(spec, key, "", SEQUENCE_TOKENS)
         return [spec] * count
     if isinstance(spec, dict) and set(spec) == {"min", "max"}:
         low, high = spec["min"], spec["max"]
         if not (isinstance(low, int) and isinstance(high, int) and 0 < low <= high):
             raise DatasetError(key, f"{how}; got {spec!r}")
+        _within(high, key, "max ", SEQUENCE_TOKENS)
         return [int(v) for v in rng.integers(low, high + 1, size=count)]
     if isinstance(spec, dict) and set(spec) == {"mean", "std"}:
         mean, std = spec["mean"], spec["std"]
         if not (isinstance(mean, int | float) and isinstance(std, int | float) and mean > 0 and std >= 0):
             raise DatasetError(key, f"{how}; got {spec!r}")
-        return [max(1, round(v)) for v in rng.normal(mean, std, size=count)]
+        _within(mean, key, "mean ", SEQUENCE_TOKENS)
+        _within(std, key, "std ", Bound(0, SEQUENCE_TOKENS.hi))
+        drawn = np.clip(np.rint(rng.normal(mean, std, size=count)), 1, SEQUENCE_TOKENS.hi)
+        return [int(v) for v in drawn]
     raise DatasetError(key, f"{how}; got {spec!r}")
 
 
@@ -121,14 +140,24 @@ def random_dataset(table: dict[str, Any], count: int, seed: int) -> Dataset:
         if key not in table:
             raise DatasetError(key, "is missing; a random dataset needs input_len and output_len")
     vocab = table.get("vocab_size", DEFAULT_VOCAB_SIZE)
-    if not isinstance(vocab, int) or vocab <= FIRST_TOKEN_ID + 1:
-        raise DatasetError("vocab_size", f"must be an integer above {FIRST_TOKEN_ID + 1}, got {vocab!r}")
+    if not isinstance(vocab, int) or isinstance(vocab, bool):
+        raise DatasetError("vocab_size", f"must be an integer, got {vocab!r}")
+    _within(vocab, "vocab_size", "", VOCAB_SIZE)
     rng = np.random.default_rng(seed)
     inputs = _length(table["input_len"], "input_len", rng, count)
     outputs = _length(table["output_len"], "output_len", rng, count)
+    drawn = sum(inputs)
+    if drawn > MAX_DRAWN_TOKENS:
+        raise DatasetError(
+            "input_len",
+            f"draws {drawn} prompt tokens over {count} requests, above the {MAX_DRAWN_TOKENS} a run "
+            "builds up front; send fewer requests or shorter prompts",
+        )
+    # One draw per entry, turned into a list in C: linear in the tokens, and a Ctrl-C is seen between
+    # entries (a per-id Python loop took 185 s for a 1e9-token prompt, deaf to SIGINT).
     entries = [
         DatasetEntry(
-            prompt=[int(t) for t in rng.integers(FIRST_TOKEN_ID, vocab, size=n_in)],
+            prompt=rng.integers(FIRST_TOKEN_ID, vocab, size=n_in).tolist(),
             max_tokens=n_out,
             ignore_eos=True,
         )
@@ -217,6 +246,8 @@ def jsonl_dataset(path: Path, chat: bool) -> Dataset:
         max_tokens, category = obj.get("max_tokens"), obj.get("category")
         if max_tokens is not None and not _positive_int(max_tokens):
             raise DatasetError("path", f"{where}: max_tokens must be a positive integer, got {max_tokens!r}")
+        if max_tokens is not None and SEQUENCE_TOKENS.problem(max_tokens):
+            raise DatasetError("path", f"{where}: max_tokens {SEQUENCE_TOKENS.problem(max_tokens)}")
         if category is not None and not isinstance(category, str):
             raise DatasetError("path", f"{where}: category must be a string, got {category!r}")
         entries.append(

@@ -19,8 +19,17 @@ from itlaudit.errors import ScenarioError
 from itlaudit.model.access import valid_header
 from itlaudit.model.datasets import DATASET_KINDS, DatasetEntry
 from itlaudit.model.launch_kinds import STARTED_KINDS, launch_kind_problem
-from itlaudit.model.scenario_toml import Located, dump_toml, get_value, reject_unknown_keys, str_list
-from itlaudit.model.workload import Workload, parse_workload
+from itlaudit.model.scenario_toml import (
+    Bound,
+    Located,
+    dump_toml,
+    get_number,
+    get_value,
+    reject_unknown_keys,
+    str_list,
+)
+from itlaudit.model.schedule import LONGEST_SCHEDULE_S
+from itlaudit.model.workload import SECONDS, Workload, parse_workload
 
 __all__ = [
     "COMPILED",
@@ -150,7 +159,7 @@ def _launch(src: dict[str, Any], loc: Located) -> LaunchConfig:
         served_model_name=get_value(src, loc, table, "served_model_name", str, None),
         server_args=str_list(src, loc, table, "server_args"),
         env=env,
-        ready_timeout_s=float(get_value(src, loc, table, "ready_timeout_s", (int, float), 300.0)),
+        ready_timeout_s=float(get_number(src, loc, table, "ready_timeout_s", (int, float), SECONDS, 300.0)),
     )
 
 
@@ -213,6 +222,7 @@ def _execution_mode(src: dict[str, Any], loc: Located) -> str | None:
 
 
 GOODPUT_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
+GOODPUT_MS = Bound(0, LONGEST_SCHEDULE_S * 1000, open_low=True, unit="ms")
 
 
 def _goodput(raw: dict[str, Any], loc: Located) -> dict[str, float]:
@@ -223,10 +233,7 @@ def _goodput(raw: dict[str, Any], loc: Located) -> dict[str, float]:
     reject_unknown_keys(src, set(GOODPUT_KEYS), loc, "goodput")
     limits = {}
     for key in src:
-        value = get_value(src, loc, "goodput", key, (int, float))
-        if not value > 0:
-            raise loc.error("goodput", key, f"must be a positive number of milliseconds, not {value}")
-        limits[key] = float(value)
+        limits[key] = float(get_number(src, loc, "goodput", key, (int, float), GOODPUT_MS))
     return limits
 
 
@@ -449,13 +456,15 @@ def build_scenario(path: Path | None, flags: ScenarioFlags) -> tuple[Scenario, d
     """The scenario a command runs: the file's tables (with no file, vllm bench serve's defaults and the
     flags' servers) with every given flag over its key, validated by the parser a file goes through.
     Also returns the merged tables with the flags' servers in them, for --save-scenario."""
+    # A key a flag set is named by its flag: its value came from the command line, not the file.
+    by_flag = {FLAG_KEYS[name]: _flag(name) for name in flags.given()}
     if path is None:
         raw = _flags_only_tables(flags)
-        loc = Located(Path("command line"), "")
+        loc = Located(Path("command line"), "", by_flag)
     else:
         text = _read(path)
         raw = flags.apply(_toml(text, path))
-        loc = Located(path, text)
+        loc = Located(path, text, by_flag)
     scenario = scenario_from_raw(raw, loc, path)
     known = [v.name for v in scenario.variants]
     unknown = [name for name in flags.variant_urls if name not in known]

@@ -9,18 +9,23 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from itlaudit.errors import ScenarioError
 
 __all__ = [
+    "SEQUENCE_TOKENS",
+    "TOKEN_ID",
+    "Bound",
     "Located",
+    "check_bound",
     "dump_toml",
+    "get_number",
     "get_value",
     "int_list",
     "reject_unknown_keys",
-    "require_positive",
     "str_list",
 ]
 
@@ -30,9 +35,11 @@ class Located:
 
     _header = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*$")
 
-    def __init__(self, path: Path, text: str) -> None:
+    def __init__(self, path: Path, text: str, flags: dict[tuple[str, str], str] | None = None) -> None:
         self.path = path
         self.lines = text.splitlines()
+        # (table, key) -> the command-line flag that set it: its errors name the flag, not a line.
+        self.flags = flags or {}
 
     def line_of(self, table: str, key: str) -> int | None:
         current = ""
@@ -52,11 +59,14 @@ class Located:
         return _VariantLocated(self.path, self.lines, index)
 
     def error(self, table: str, key: str, problem: str) -> ScenarioError:
+        dotted = f"{table}.{key}" if table else key
+        flag = self.flags.get((table, key))
+        if flag is not None:
+            return ScenarioError(f"{flag}: `{dotted}` {problem}")
         where = f"{self.path}"
         line = self.line_of(table, key)
         if line is not None:
             where += f":{line}"
-        dotted = f"{table}.{key}" if table else key
         return ScenarioError(f"{where}: `{dotted}` {problem}")
 
 
@@ -66,6 +76,7 @@ class _VariantLocated(Located):
     def __init__(self, path: Path, lines: list[str], index: int) -> None:
         self.path = path
         self.lines = lines
+        self.flags = {}
         self.index = index
 
     def line_of(self, table: str, key: str) -> int | None:
@@ -101,16 +112,78 @@ def get_value(
     return value
 
 
-def require_positive(value: int, loc: Located, table: str, key: str) -> int:
-    if value < 1:
-        raise loc.error(table, key, f"must be at least 1, got {value}")
+def _shown(value: float) -> str:
+    """A bound as the user would type it: 1000000, 0.001, 1e+06 only when it is long."""
+    if isinstance(value, int) or float(value).is_integer():
+        return str(int(value))
+    return f"{value:g}"
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The values a numeric key takes: finite, within [lo, hi] (`(lo, hi]` where lo itself means
+    nothing, e.g. a rate or a timeout of 0). Every numeric key and flag is checked against one, so
+    nan, inf and absurd magnitudes end in one line naming the range instead of a silent default, an
+    unbounded wait or a MemoryError far from the key that caused it."""
+
+    lo: float
+    hi: float
+    open_low: bool = False
+    unit: str = ""
+    integer: bool = False  # a count: the message says "an integer"
+
+    def holds(self, value: float) -> bool:
+        if not math.isfinite(value) or value > self.hi:
+            return False
+        return value > self.lo if self.open_low else value >= self.lo
+
+    def __str__(self) -> str:
+        low = "(" if self.open_low else "["
+        unit = f" {self.unit}" if self.unit else ""
+        return f"{low}{_shown(self.lo)}, {_shown(self.hi)}]{unit}"
+
+    def problem(self, value: float) -> str | None:
+        """What is wrong with `value` (the end of a one-line error after the key's name), or None."""
+        if self.holds(value):
+            return None
+        what = "an integer" if self.integer else "a finite number"
+        return f"must be {what} in {self}, got {value!r}"
+
+
+def check_bound(value: float, bound: Bound, loc: Located, table: str, key: str) -> None:
+    """One line naming the key, the range and the value, where the value is out of it."""
+    problem = bound.problem(value)
+    if problem is not None:
+        raise loc.error(table, key, problem)
+
+
+def get_number(
+    src: dict[str, Any],
+    loc: Located,
+    table: str,
+    key: str,
+    kind: type | tuple[type, ...],
+    bound: Bound,
+    default: Any = ...,
+) -> Any:
+    """`get_value` for a number, checked against `bound` (a default is taken as it is)."""
+    value = get_value(src, loc, table, key, kind, default)
+    if key in src:
+        check_bound(value, bound, loc, table, key)
     return value
+
+
+TOKEN_ID = Bound(0, 2**31 - 1, integer=True)  # vocabularies are far smaller; ids are int32 in every engine
+# A length in tokens (a prompt, max_tokens): the longest context any served model offers (10M).
+SEQUENCE_TOKENS = Bound(1, 10_000_000, integer=True)
 
 
 def int_list(src: dict[str, Any], loc: Located, table: str, key: str) -> list[int]:
     values = get_value(src, loc, table, key, list, [])
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         raise loc.error(table, key, "must be a list of integer token ids")
+    for value in values:
+        check_bound(value, TOKEN_ID, loc, table, key)
     return values
 
 

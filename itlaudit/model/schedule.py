@@ -13,11 +13,14 @@ to end_rate by request index (vLLM's `--ramp-up-strategy linear`), without that 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Arrivals", "RampUp", "request_rates", "send_offsets_s"]
+__all__ = ["LONGEST_SCHEDULE_S", "Arrivals", "RampUp", "expected_span_s", "request_rates", "send_offsets_s"]
+
+LONGEST_SCHEDULE_S = 86_400.0  # a day: the longest schedule (or duration, or wait) a scenario may set
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,21 @@ def request_rates(count: int, arrivals: Arrivals) -> np.ndarray:
     if arrivals.request_rate is None:
         raise ValueError("a closed loop has no arrival schedule")
     return np.full(count, float(arrivals.request_rate))
+
+
+def expected_span_s(count: int, arrivals: Arrivals) -> float:
+    """When the count-th request of a schedule is due, on average (the sum of its mean intervals),
+    without drawing it: a linear ramp's mean interval over the requests is ln(end/start)/(end-start)."""
+    if count == 0:
+        return 0.0
+    if arrivals.ramp_up is None:
+        if arrivals.request_rate is None:
+            raise ValueError("a closed loop has no arrival schedule")
+        return count / arrivals.request_rate
+    start, end = arrivals.ramp_up.start_rate, arrivals.ramp_up.end_rate
+    if count == 1 or math.isclose(start, end):
+        return count / start
+    return count * math.log(end / start) / (end - start)
 
 
 def send_offsets_s(count: int, arrivals: Arrivals, seed: int) -> list[float]:

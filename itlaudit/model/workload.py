@@ -11,16 +11,66 @@ from typing import Any
 from itlaudit.model.datasets import Dataset, DatasetError, load_dataset
 from itlaudit.model.records import RequestParams, Timeouts
 from itlaudit.model.scenario_toml import (
+    SEQUENCE_TOKENS,
+    Bound,
     Located,
+    check_bound,
+    get_number,
     get_value,
     int_list,
     reject_unknown_keys,
-    require_positive,
     str_list,
 )
-from itlaudit.model.schedule import Arrivals, RampUp
+from itlaudit.model.schedule import LONGEST_SCHEDULE_S, Arrivals, RampUp, expected_span_s
 
-__all__ = ["ARRIVAL_KEYS", "TIMEOUT_KEYS", "Workload", "parse_workload"]
+__all__ = [
+    "ARRIVAL_KEYS",
+    "BOUNDS",
+    "EXTRA_BODY_BOUNDS",
+    "MAX_REQUESTS",
+    "SECONDS",
+    "TIMEOUT_KEYS",
+    "Workload",
+    "parse_workload",
+]
+
+# The range of every numeric [workload] key (docs/scenarios.md "Bounds" lists them). The ceilings are
+# far above any real benchmark and low enough that what they let through is built in seconds.
+MAX_REQUESTS = 1_000_000  # each planned request holds its encoded body in memory before the run
+REQUESTS = Bound(1, MAX_REQUESTS, integer=True)
+SECONDS = Bound(0, LONGEST_SCHEDULE_S, open_low=True, unit="s")  # 0 would cut every request at once
+RATE = Bound(0, 1_000_000, open_low=True, unit="requests/s")
+BOUNDS: dict[str, Bound] = {
+    "num_requests": REQUESTS,
+    "concurrency": REQUESTS,
+    "warmup_requests": Bound(0, MAX_REQUESTS, integer=True),
+    "max_tokens": SEQUENCE_TOKENS,
+    "min_tokens": Bound(0, SEQUENCE_TOKENS.hi, integer=True),
+    "temperature": Bound(0, 100),  # vLLM takes any temperature >= 0; above ~2 the text is noise already
+    "seed": Bound(0, 2**63 - 1, integer=True),  # numpy's generators take no negative seed; engines keep it in int64
+    "request_rate": RATE,
+    "start_rate": RATE,
+    "end_rate": RATE,
+    # A gamma shape: coefficient of variation 1/sqrt(B) from 10 to 0.03; `inf` (fixed intervals) is
+    # the one non-finite value taken, as the schedule's documented special case.
+    "burstiness": Bound(0.01, 1000),
+    "duration_s": SECONDS,
+    "connect_timeout_s": SECONDS,
+    "ttft_timeout_s": SECONDS,
+    "stall_timeout_s": SECONDS,
+    "request_timeout_s": SECONDS,
+}
+# The sampling keys `extra_body` may set that the server would otherwise take as they come: the same
+# ranges as the workload's own keys, and vLLM's for the rest.
+EXTRA_BODY_BOUNDS: dict[str, Bound] = {
+    **{key: BOUNDS[key] for key in ("max_tokens", "min_tokens", "temperature", "seed")},
+    "top_p": Bound(0, 1, open_low=True),
+    "top_k": Bound(-1, SEQUENCE_TOKENS.hi, integer=True),  # -1 (or 0): no top-k
+    "min_p": Bound(0, 1),
+    "presence_penalty": Bound(-2, 2),
+    "frequency_penalty": Bound(-2, 2),
+    "repetition_penalty": Bound(0, 100, open_low=True),
+}
 
 
 @dataclass(frozen=True)
@@ -90,43 +140,104 @@ def parse_workload(src: dict[str, Any], loc: Located, base: Path, chat: bool) ->
         prompts = str_list(src, loc, table, "prompts")
         if not prompts:
             raise loc.error(table, "prompts", "is missing or empty; give `prompts` or `prompts_file`")
-    max_tokens = get_value(src, loc, table, "max_tokens", int, None)
-    min_tokens = get_value(src, loc, table, "min_tokens", int, None)
-    if max_tokens is not None:
-        require_positive(max_tokens, loc, table, "max_tokens")
-    if min_tokens is not None and min_tokens < 0:
-        raise loc.error(table, "min_tokens", f"must be at least 0, got {min_tokens}")
+    max_tokens = get_number(src, loc, table, "max_tokens", int, BOUNDS["max_tokens"], None)
+    min_tokens = get_number(src, loc, table, "min_tokens", int, BOUNDS["min_tokens"], None)
     if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
         raise loc.error(table, "min_tokens", f"({min_tokens}) is larger than max_tokens ({max_tokens})")
-    temperature = get_value(src, loc, table, "temperature", (int, float), None)
+    temperature = get_number(src, loc, table, "temperature", (int, float), BOUNDS["temperature"], None)
     params = RequestParams(
         max_tokens=max_tokens,
         min_tokens=min_tokens,
         ignore_eos=get_value(src, loc, table, "ignore_eos", bool, False),
         stop_token_ids=int_list(src, loc, table, "stop_token_ids"),
         temperature=float(temperature) if temperature is not None else None,
-        seed=get_value(src, loc, table, "seed", int, None),
+        seed=_seed(src, loc),
     )
-    num_requests = require_positive(
-        get_value(src, loc, table, "num_requests", int, _default_count(src, arrivals, len(prompts), loc)),
-        loc,
-        table,
-        "num_requests",
-    )
+    num_requests = _num_requests(src, loc, _default_count(src, arrivals, len(prompts), loc))
+    _check_span(arrivals, num_requests, loc, table)
     # With a rate, concurrency is only a cap; absent, nothing caps the open requests.
     uncapped = num_requests + arrivals.warmup_requests if arrivals.open_loop else 1
+    extra_body = get_value(src, loc, table, "extra_body", dict, {})
+    _check_extra_body(extra_body, loc, table)
     return Workload(
         prompts=prompts,
         num_requests=num_requests,
-        concurrency=require_positive(
-            get_value(src, loc, table, "concurrency", int, uncapped), loc, table, "concurrency"
-        ),
+        concurrency=get_number(src, loc, table, "concurrency", int, BOUNDS["concurrency"], uncapped),
         params=params,
-        extra_body=_single_choice(get_value(src, loc, table, "extra_body", dict, {}), loc, table),
+        extra_body=_single_choice(extra_body, loc, table),
         timeouts=_timeouts(src, loc, table),
         arrivals=arrivals,
         dataset=dataset,
     )
+
+
+def _seed(src: dict[str, Any], loc: Located) -> int | None:
+    return get_number(src, loc, "workload", "seed", int, BOUNDS["seed"], None)
+
+
+def _num_requests(src: dict[str, Any], loc: Located, default: int) -> int:
+    """num_requests as given, else `default` (which the arrivals or the prompts set), within bounds
+    either way: a default can be as absurd as the rate and duration it came from."""
+    value = get_value(src, loc, "workload", "num_requests", int, default)
+    check_bound(value, BOUNDS["num_requests"], loc, "workload", "num_requests")
+    return value
+
+
+def _check_span(arrivals: Arrivals, num_requests: int, loc: Located, table: str) -> None:
+    """An open loop whose schedule would send (almost) nothing within duration_s, or would take more
+    than a day without one, is a rate typed wrong (1e-9 for 1e9): refused with the span, not left to
+    sit idle for years."""
+    rate = arrivals.mean_rate()
+    if rate is None:
+        return
+    key = "ramp_up" if arrivals.ramp_up is not None else "request_rate"
+    first = expected_span_s(1, arrivals)
+    if arrivals.duration_s is not None and first > arrivals.duration_s:
+        raise loc.error(
+            table,
+            key,
+            f"at {rate:g} requests/s sends its first request after ~{first:.3g} s, past duration_s "
+            f"({arrivals.duration_s:g} s): nothing would be measured; raise the rate or the duration",
+        )
+    if arrivals.duration_s is None:
+        span = expected_span_s(arrivals.warmup_requests, arrivals) + expected_span_s(num_requests, arrivals)
+        if span > LONGEST_SCHEDULE_S:
+            raise loc.error(
+                table,
+                key,
+                f"at {rate:g} requests/s spreads {arrivals.warmup_requests + num_requests} requests over "
+                f"~{span:.3g} s, more than a day ({LONGEST_SCHEDULE_S:g} s); raise the rate, send fewer "
+                "requests, or set duration_s",
+            )
+
+
+def _check_extra_body(extra_body: dict[str, Any], loc: Located, table: str) -> None:
+    """extra_body goes into every request as it is: a nan or inf in it would reach the server as JSON
+    it cannot parse, or a sampling value it would take without a word."""
+    for key, value in extra_body.items():
+        bound = EXTRA_BODY_BOUNDS.get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            if _non_finite(value):
+                raise loc.error(
+                    table, "extra_body", f"holds a nan or inf under {key!r}; give a finite number"
+                )
+            continue
+        problem = bound.problem(value) if bound is not None else None
+        if problem is None and not math.isfinite(value):
+            problem = f"must be a finite number, got {value!r}"
+        if problem is not None:
+            raise loc.error(table, "extra_body", f"sets {key}: {problem}")
+
+
+def _non_finite(value: Any) -> bool:
+    """A nan or inf anywhere inside a nested value."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_non_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_non_finite(v) for v in value)
+    return False
 
 
 def _dataset(src: dict[str, Any], loc: Located, base: Path, chat: bool, arrivals: Arrivals) -> Dataset:
@@ -137,16 +248,15 @@ def _dataset(src: dict[str, Any], loc: Located, base: Path, chat: bool, arrivals
     count = 0
     if raw.get("kind") == "random":
         if "num_requests" in src:
-            count = require_positive(
-                get_value(src, loc, "workload", "num_requests", int), loc, "workload", "num_requests"
-            )
+            count = _num_requests(src, loc, 0)
         elif arrivals.duration_s is not None and arrivals.mean_rate() is not None:
-            count = _default_count(src, arrivals, 0, loc)
+            count = _num_requests(src, loc, _default_count(src, arrivals, 0, loc))
         else:
             raise loc.error(
                 "workload", "num_requests", "is missing; a random dataset draws that many requests"
             )
-    seed = get_value(src, loc, "workload", "seed", int, None) or 0
+        _check_span(arrivals, count, loc, "workload")  # before drawing that many prompts
+    seed = _seed(src, loc) or 0
     try:
         return load_dataset(raw, base, count, seed, chat)
     except DatasetError as exc:
@@ -156,10 +266,8 @@ def _dataset(src: dict[str, Any], loc: Located, base: Path, chat: bool, arrivals
 ARRIVAL_KEYS = ("request_rate", "burstiness", "ramp_up", "duration_s", "warmup_requests")
 
 
-def _positive_number(src: dict[str, Any], loc: Located, table: str, key: str) -> float | None:
-    value = get_value(src, loc, table, key, (int, float), None)
-    if value is not None and not value > 0:
-        raise loc.error(table, key, f"must be a positive number, got {value!r}")
+def _number(src: dict[str, Any], loc: Located, table: str, key: str) -> float | None:
+    value = get_number(src, loc, table, key, (int, float), BOUNDS[key], None)
     return float(value) if value is not None else None
 
 
@@ -168,23 +276,21 @@ def _arrivals(src: dict[str, Any], loc: Located, table: str) -> Arrivals:
     if "ramp_up" in src:
         raw = get_value(src, loc, table, "ramp_up", dict)
         reject_unknown_keys(raw, {"start_rate", "end_rate"}, loc, table)
-        start = _positive_number(raw, loc, table, "start_rate")
-        end = _positive_number(raw, loc, table, "end_rate")
+        start = _number(raw, loc, table, "start_rate")
+        end = _number(raw, loc, table, "end_rate")
         if start is None or end is None:
             raise loc.error(
                 table, "ramp_up", "needs both rates: ramp_up = { start_rate = 1, end_rate = 8 } (requests/s)"
             )
         ramp = RampUp(start, end)
-    burstiness = _positive_number(src, loc, table, "burstiness")
-    warmup = get_value(src, loc, table, "warmup_requests", int, 0)
-    if warmup < 0:
-        raise loc.error(table, "warmup_requests", f"must be 0 or more, got {warmup}")
+    fixed = src.get("burstiness") == math.inf  # the documented `inf`: evenly spaced arrivals
+    burstiness = math.inf if fixed else _number(src, loc, table, "burstiness")
     arrivals = Arrivals(
-        request_rate=_positive_number(src, loc, table, "request_rate"),
+        request_rate=_number(src, loc, table, "request_rate"),
         burstiness=burstiness if burstiness is not None else 1.0,
         ramp_up=ramp,
-        duration_s=_positive_number(src, loc, table, "duration_s"),
-        warmup_requests=warmup,
+        duration_s=_number(src, loc, table, "duration_s"),
+        warmup_requests=get_number(src, loc, table, "warmup_requests", int, BOUNDS["warmup_requests"], 0),
     )
     if burstiness is not None and not arrivals.open_loop:
         raise loc.error(table, "burstiness", "shapes open-loop arrivals: set `request_rate` too")
@@ -211,13 +317,11 @@ TIMEOUT_KEYS = ("connect_timeout_s", "ttft_timeout_s", "stall_timeout_s", "reque
 
 def _timeouts(src: dict[str, Any], loc: Located, table: str) -> Timeouts:
     """Each key overrides its default; 0 is refused (it would cut every request), and a limit is
-    switched off by leaving it out where its default is none, or by a very large number."""
+    switched off by leaving it out where its default is none, or by a day (the longest taken)."""
     defaults = Timeouts()
     values: dict[str, float | None] = {}
     for key in TIMEOUT_KEYS:
-        value = get_value(src, loc, table, key, (int, float), defaults.limit(key))
-        if value is not None and value <= 0:
-            raise loc.error(table, key, f"must be a positive number of seconds, not {value}")
+        value = get_number(src, loc, table, key, (int, float), BOUNDS[key], defaults.limit(key))
         values[key] = float(value) if value is not None else None
     return Timeouts(**values)
 
