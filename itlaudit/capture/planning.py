@@ -3,23 +3,65 @@ ShareGPT reply lengths, a prefix-cache reset, and the planned requests with thei
 
 I/O only against the server's side endpoints (/v1/models, /tokenize, /reset_prefix_cache); the
 planned requests themselves are built by pure functions from the scenario.
+
+Preparation can be long (a large dataset's bodies encoded, its prompts tokenised): it reports its
+progress through an `OnPrepare` callback (the coordinator's display lives in report/, above this
+stage) and yields to the event loop as it goes, so a Ctrl-C, which asyncio delivers as a cancellation
+at the next await, ends it within a fraction of a second.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from itlaudit.capture.preflight import fetch_models, server_error_message
+from itlaudit.capture.preflight import served_models, server_error_message
 from itlaudit.capture.request_plan import PlannedRequest, plan_request
 from itlaudit.errors import ServerRejectedError
 from itlaudit.model.access import Access
 from itlaudit.model.scenario import Scenario
+from itlaudit.model.scenario_toml import Located
 from itlaudit.model.schedule import send_offsets_s
 
-__all__ = ["plan_variant", "reply_lengths", "reset_prefix_cache", "resolve_model"]
+__all__ = [
+    "OnPrepare",
+    "Pacer",
+    "check_prompts_fit",
+    "plan_variant",
+    "reply_lengths",
+    "reset_prefix_cache",
+    "resolve_model",
+]
+
+# Preparation's progress: (what is being done, how many of how many), e.g. ("encoding requests", 3, 8).
+OnPrepare = Callable[[str, int, int], None]
+_PACE_S = 0.1  # the most work done between two yields to the loop (and progress reports)
+
+
+class Pacer:
+    """Paces a long preparation loop: every `_PACE_S` of work it reports progress and yields to the
+    event loop, so the loop's SIGINT cancellation can land; cheap enough to call per item."""
+
+    def __init__(self, what: str, total: int, on_prepare: OnPrepare | None) -> None:
+        self.what = what
+        self.total = total
+        self.on_prepare = on_prepare
+        self._next = time.monotonic() + _PACE_S
+
+    async def step(self, done: int) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + _PACE_S
+        if self.on_prepare is not None:
+            self.on_prepare(self.what, done, self.total)
+        await asyncio.sleep(0)
 
 
 async def reset_prefix_cache(base_url: str, access: Access) -> dict[str, Any]:
@@ -53,7 +95,11 @@ async def reset_prefix_cache(base_url: str, access: Access) -> dict[str, Any]:
 
 
 async def reply_lengths(
-    session: aiohttp.ClientSession, base_url: str, model: str, scenario: Scenario
+    session: aiohttp.ClientSession,
+    base_url: str,
+    model: str,
+    scenario: Scenario,
+    on_prepare: OnPrepare | None = None,
 ) -> dict[int, int] | None:
     """A ShareGPT dataset's reply lengths in the served model's tokens, by entry index, from the
     server's /tokenize; None where it has none (the ~4 characters per token estimate stays)."""
@@ -62,8 +108,10 @@ async def reply_lengths(
         return None
     url = base_url.rstrip("/") + "/tokenize"
     lengths: dict[int, int] = {}
+    pacer = Pacer("counting reply tokens", len(dataset.entries), on_prepare)
     try:
         for index, entry in enumerate(dataset.entries):
+            await pacer.step(index)
             body = {"model": model, "prompt": entry.reply, "add_special_tokens": False}
             async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=30)) as resp:
                 if resp.status != 200:
@@ -79,7 +127,7 @@ async def reply_lengths(
 
 async def resolve_model(session: aiohttp.ClientSession, base_url: str, wanted: str) -> str:
     """`auto` is the first served model; a named model must be served, or nothing would be measured."""
-    served = await fetch_models(session, base_url)
+    served = list(await served_models(session, base_url))
     if not served:
         raise ServerRejectedError(f"{base_url}/v1/models lists no model; is the server fully started?")
     if wanted == "auto":
@@ -92,20 +140,52 @@ async def resolve_model(session: aiohttp.ClientSession, base_url: str, wanted: s
     return wanted
 
 
-def plan_variant(
+async def check_prompts_fit(
+    session: aiohttp.ClientSession, base_url: str, model: str, scenario: Scenario
+) -> None:
+    """A random dataset's prompts (token ids: their length is known without a tokenizer) must leave
+    the served model room for at least one output token, where /v1/models states its max_model_len:
+    otherwise every request would be refused, after a build that can take long for long prompts."""
+    dataset = scenario.workload.dataset
+    if dataset is None or dataset.kind != "random":
+        return
+    limit = (await served_models(session, base_url)).get(model)
+    longest = max(len(e.prompt) for e in dataset.entries if isinstance(e.prompt, list))
+    if limit is None or longest < limit:
+        return
+    problem = (
+        f"draws prompts of up to {longest} tokens, and {model} at {base_url} takes at most {limit} "
+        "(max_model_len in /v1/models), output included; lower input_len below it"
+    )
+    raise _scenario_located(scenario).error("workload.dataset", "input_len", problem)
+
+
+def _scenario_located(scenario: Scenario) -> Located:
+    """The scenario file's lines, so a check made against the server still names file:line."""
+    path = scenario.path
+    try:
+        text = path.read_text(encoding="utf-8") if path is not None else ""
+    except (OSError, UnicodeDecodeError):
+        text = ""
+    return Located(path if path is not None else Path("command line"), text)
+
+
+async def plan_variant(
     scenario: Scenario,
     variant: str,
     base_url: str,
     model: str,
     id_tag: str | None = None,
     reply_tokens: dict[int, int] | None = None,
+    on_prepare: OnPrepare | None = None,
 ) -> list[PlannedRequest]:
     """Every request of the variant, warmup first, each with its scheduled offset in an open loop
     (the schedule depends on the seed only, so every variant sees the same arrivals; warmup and
     measured requests each have their own, from their phase's start); a measured arrival due after
     duration_s is never planned. Warmup ids are `<variant>.warmup-<i>`, apart from the measured
     ones, which keep the prompt index that pairs requests across variants. `reply_tokens` (entry index:
-    tokens) replaces a ShareGPT entry's estimated max_tokens with the server's count."""
+    tokens) replaces a ShareGPT entry's estimated max_tokens with the server's count. Each body is
+    encoded once, here, paced (`Pacer`) so a large plan shows progress and a Ctrl-C ends it."""
     workload = scenario.workload
     arrivals = workload.arrivals
     warmup = arrivals.warmup_requests
@@ -119,7 +199,9 @@ def plan_variant(
     schedule = [(True, s) for s in offsets(warmup)] + [(False, s) for s in offsets(workload.num_requests)]
     id_prefix = f"{variant}.{id_tag}" if id_tag else variant
     plans = []
+    pacer = Pacer("encoding requests", len(schedule), on_prepare)
     for position, (is_warmup, offset_s) in enumerate(schedule):
+        await pacer.step(position)
         past_duration = arrivals.duration_s is not None and (offset_s or 0.0) > arrivals.duration_s
         if past_duration and not is_warmup:
             break

@@ -17,6 +17,7 @@ __all__ = [
     "describe_connection_failure",
     "fetch_json",
     "fetch_models",
+    "served_models",
     "server_error_message",
 ]
 
@@ -84,8 +85,9 @@ async def fetch_json(
     return obj
 
 
-async def fetch_models(session: aiohttp.ClientSession, base_url: str) -> list[str]:
-    """Served model names, so a run can fail fast on a misspelt --model instead of 404ing per request."""
+async def served_models(session: aiohttp.ClientSession, base_url: str) -> dict[str, int | None]:
+    """Served model names, each with its context length where the server states it (vLLM's
+    `max_model_len` in /v1/models), so a prompt that cannot fit is refused before it is built."""
     url_path = "/v1/models"
     listing = await fetch_json(session, base_url, url_path)
     entries = listing.get("data")
@@ -94,4 +96,14 @@ async def fetch_models(session: aiohttp.ClientSession, base_url: str) -> list[st
             f"{base_url.rstrip('/')}{url_path} did not list models as {{'data': [{{'id': ...}}]}}; "
             "is this a vLLM server?"
         )
-    return [str(e["id"]) for e in entries]
+    served: dict[str, int | None] = {}
+    for entry in entries:
+        length = entry.get("max_model_len")
+        valid = isinstance(length, int) and not isinstance(length, bool) and length > 0
+        served[str(entry["id"])] = length if valid else None
+    return served
+
+
+async def fetch_models(session: aiohttp.ClientSession, base_url: str) -> list[str]:
+    """Served model names, so a run can fail fast on a misspelt --model instead of 404ing per request."""
+    return list(await served_models(session, base_url))

@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 
 from itlaudit.capture import cluster as cluster_module
-from itlaudit.capture.planning import plan_variant, reply_lengths, resolve_model
+from itlaudit.capture.planning import OnPrepare, check_prompts_fit, plan_variant, reply_lengths, resolve_model
 from itlaudit.capture.tokenizer import random_chat_prompts
 from itlaudit.capture.transport import StampMode
 from itlaudit.capture.workers import (
@@ -34,6 +34,7 @@ from itlaudit.model.access import Access
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.redact import redact_bytes
 from itlaudit.model.scenario import Scenario
+from itlaudit.model.workload import BOUNDS as WORKLOAD_BOUNDS
 from itlaudit.store.jsonl import RecordWriter
 
 __all__ = ["CaptureOptions", "OnCapture", "OnDone", "RecordLander", "run_variant", "variant_access"]
@@ -84,10 +85,11 @@ class CaptureOptions:
             "stall_timeout_s": stall_timeout,
             "request_timeout_s": request_timeout,
         }
-        for key, value in given.items():
-            if value is not None and value <= 0:
+        for key, value in given.items():  # the bounds of the scenario keys they override
+            problem = WORKLOAD_BOUNDS[key].problem(value) if value is not None else None
+            if problem is not None:
                 option = "--" + key.removesuffix("_s").replace("_", "-")
-                raise ScenarioError(f"{option} {value:g}: give a positive number of seconds")
+                raise ScenarioError(f"{option} {value:g}: {problem}")
         return cls(
             workers=None if workers == "auto" else int(workers),
             timeouts={k: v for k, v in given.items() if v is not None},
@@ -115,6 +117,7 @@ async def run_variant(
     on_capture: OnCapture | None = None,
     on_warm: Callable[[], None] | None = None,
     id_tag: str | None = None,
+    on_prepare: OnPrepare | None = None,
 ) -> list[RequestRecord]:
     """Run the workload at the scenario's concurrency over the capture workers. Each record is handed
     to `writer` the moment its worker reports it; `on_capture` receives the workers' description
@@ -125,17 +128,20 @@ async def run_variant(
     Warmup requests are a phase of their own that finishes before the first measured request is sent:
     sent beside the measured ones, they would share (not absorb) the cold first batch. `on_warm` runs
     between the phases (blocking calls allowed: it runs off the loop), which is where a /metrics
-    window must open so that the server's counters cover exactly the requests the figures count."""
+    window must open so that the server's counters cover exactly the requests the figures count.
+    `on_prepare` hears the progress of what comes before the first request (tokenising prompts,
+    encoding the bodies), which a Ctrl-C ends."""
     options = options or CaptureOptions()
     workload = scenario.workload
     access = variant_access(scenario, variant, options)
     async with access.session() as session:
         model = await resolve_model(session, base_url, scenario.model)
-        lengths = await reply_lengths(session, base_url, model, scenario)
-        chat_prompts = await random_chat_prompts(session, base_url, model, scenario)
+        await check_prompts_fit(session, base_url, model, scenario)
+        lengths = await reply_lengths(session, base_url, model, scenario, on_prepare)
+        chat_prompts = await random_chat_prompts(session, base_url, model, scenario, on_prepare)
     if chat_prompts is not None:
         scenario = chat_prompts.scenario
-    plans = plan_variant(scenario, variant, base_url, model, id_tag, lengths)
+    plans = await plan_variant(scenario, variant, base_url, model, id_tag, lengths, on_prepare)
     loop = asyncio.get_running_loop()
     ray = None
     if options.cluster is not None:

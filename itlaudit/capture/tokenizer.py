@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 
+from itlaudit.capture.planning import OnPrepare, Pacer
 from itlaudit.capture.preflight import server_error_message
 from itlaudit.capture.request_plan import ENDPOINT_CHAT
 from itlaudit.errors import ServerRejectedError, ServerUnreachableError
@@ -135,7 +136,11 @@ async def fit_text(
 
 
 async def random_chat_prompts(
-    session: aiohttp.ClientSession, base_url: str, model: str, scenario: Scenario
+    session: aiohttp.ClientSession,
+    base_url: str,
+    model: str,
+    scenario: Scenario,
+    on_prepare: OnPrepare | None = None,
 ) -> ChatPrompts | None:
     """A random dataset on the chat endpoint, turned into messages by this server's tokenizer; None
     for any other workload (nothing to do)."""
@@ -144,11 +149,16 @@ async def random_chat_prompts(
         return None
     tokenizer = ServerTokenizer(session, base_url, model)
     gate = asyncio.Semaphore(_IN_FLIGHT)
+    pacer = Pacer("tokenizing prompts", len(dataset.entries), on_prepare)
+    done = 0
 
     async def one(index: int, ids: list[int]) -> tuple[str, int, int]:
+        nonlocal done
         async with gate:
             text, count = await fit_text(tokenizer, ids, dataset.seed, index, dataset.vocab_size)
             prompt_tokens = await tokenizer.count_chat([{"role": "user", "content": text}])
+        done += 1
+        await pacer.step(done)
         return text, count, prompt_tokens
 
     id_lists = [entry.prompt if isinstance(entry.prompt, list) else [] for entry in dataset.entries]

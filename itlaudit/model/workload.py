@@ -47,7 +47,8 @@ BOUNDS: dict[str, Bound] = {
     "max_tokens": SEQUENCE_TOKENS,
     "min_tokens": Bound(0, SEQUENCE_TOKENS.hi, integer=True),
     "temperature": Bound(0, 100),  # vLLM takes any temperature >= 0; above ~2 the text is noise already
-    "seed": Bound(0, 2**63 - 1, integer=True),  # numpy's generators take no negative seed; engines keep it in int64
+    # numpy's generators take no negative seed; engines keep it in an int64
+    "seed": Bound(0, 2**63 - 1, integer=True),
     "request_rate": RATE,
     "start_rate": RATE,
     "end_rate": RATE,

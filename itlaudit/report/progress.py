@@ -65,14 +65,24 @@ class CaptureProgress:
     tokens: int = 0
     started: float = field(default_factory=time.monotonic)
     rate_started: float = field(default_factory=time.monotonic)
+    preparing: str | None = None  # what the variant does before its first request, and how far
 
     def begin(self, description: str) -> None:
         """A new variant (or trial): its name, and its own tokens/s from now."""
         self.description = description
+        self.preparing = None
         self.tokens = 0
         self.rate_started = time.monotonic()
 
+    def prepare(self, what: str, done: int, total: int) -> None:
+        """Preparation's progress (capture's OnPrepare), shown beside the name until a record lands."""
+        self.preparing = f"{what} {done}/{total}"
+
+    def shown(self) -> str:
+        return f"{self.description} ({self.preparing})" if self.preparing else self.description
+
     def landed(self) -> None:
+        self.preparing = None
         self.done += 1
 
     def add_tokens(self, tokens: int) -> None:
@@ -92,7 +102,7 @@ class CaptureProgress:
 
     def line(self) -> str:
         return (
-            f"{self.description}: {self.done}/{self.total} requests, {self.tokens_per_s():.0f} tokens/s, "
+            f"{self.shown()}: {self.done}/{self.total} requests, {self.tokens_per_s():.0f} tokens/s, "
             f"elapsed {duration(time.monotonic() - self.started)}, ETA {self.eta()}"
         )
 
@@ -206,7 +216,7 @@ class Reporter:
         bar.update(
             task,
             completed=counts.done,
-            description=redact_url(counts.description),
+            description=redact_url(counts.shown()),
             rate=f"{counts.tokens_per_s():.0f} tok/s",
         )
 
