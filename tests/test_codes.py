@@ -11,7 +11,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from itlaudit.analysis import comparison, findings, lossless
+from itlaudit.analysis import comparison, distribution, findings, lossless
 from itlaudit.analysis.stats import Verdict
 from itlaudit.errors import RecordsError
 from itlaudit.model.codes import (
@@ -95,6 +95,7 @@ def test_rule_modules_emit_registered_codes() -> None:
     assert set(CODES) - set(findings.CODES) == {
         comparison.ACCEPTANCE_LENGTH_MISMATCH,
         lossless.SPEC_DECODE_OUTPUT_MISMATCH,
+        distribution.SPEC_DECODE_DISTRIBUTION_SHIFT,
     }
 
 

@@ -19,6 +19,7 @@ from itlaudit.model.records import RequestRecord, Status
 
 __all__ = [
     "NEAR_TIE_NATS",
+    "output_token_ids",
     "prompt_index",
     "spec_decode_mismatches",
     "with_divergence_logprobs",
@@ -38,7 +39,7 @@ def prompt_index(record: RequestRecord) -> str:
     return record.request_id.rpartition("-")[2]
 
 
-def _token_ids(record: RequestRecord) -> list[int] | None:
+def output_token_ids(record: RequestRecord) -> list[int] | None:
     """All output ids, or None if any content chunk lacked them: with gaps, positions would not line up."""
     chunks = record.chunks
     per_chunk = [ids for ids, choice in zip(chunks.token_ids, chunks.has_choice, strict=True) if choice]
@@ -59,7 +60,7 @@ def _greedy(record: RequestRecord) -> bool:
 
 
 def _mismatch(base: RequestRecord, spec: RequestRecord) -> Finding | None:
-    base_ids, spec_ids = _token_ids(base), _token_ids(spec)
+    base_ids, spec_ids = output_token_ids(base), output_token_ids(spec)
     unit = "token" if base_ids is not None and spec_ids is not None else "char"
     a: Sequence[object] = base_ids if base_ids is not None and unit == "token" else base.text
     b: Sequence[object] = spec_ids if spec_ids is not None and unit == "token" else spec.text

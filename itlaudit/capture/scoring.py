@@ -1,21 +1,27 @@
-"""Non-streaming scoring requests for the invariance and lossless audits (I/O only; figures elsewhere).
+"""Non-streaming scoring requests for the invariance, lossless and distribution audits (I/O only;
+figures elsewhere).
 
 Scoring asks for one token with `logprobs=k` at temperature 0: the logprobs of that first position are
 a pure function of the prompt and the engine step it was computed in, which is what batch invariance
 is about. A prompt *list* is the only way to force rows into one engine step over HTTP: vLLM submits
 every prompt of one request before its engine core takes the next step.
+
+The distribution audit asks something else: how likely a sampled output is under the K0 server. It
+sends prompt + output as token ids with `prompt_logprobs=0` and `max_tokens=1`, and reads each output
+position's logprob of the token that is there (vLLM's raw logprobs: temperature does not apply).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
+from itlaudit.analysis.distribution import ScoredOutput
 from itlaudit.analysis.findings import Finding
 from itlaudit.analysis.invariance import (
     DEFAULT_SWEEP_SIZES,
@@ -23,15 +29,27 @@ from itlaudit.analysis.invariance import (
     TopLogprobs,
     parse_top_logprobs,
 )
-from itlaudit.analysis.lossless import with_divergence_logprobs
+from itlaudit.analysis.lossless import output_token_ids, with_divergence_logprobs
 from itlaudit.capture.preflight import server_error_message
 from itlaudit.capture.request_plan import ENDPOINT_COMPLETIONS, ENDPOINT_PATHS
 from itlaudit.errors import ServerRejectedError, ServerUnreachableError
+from itlaudit.model.records import RequestRecord
 
-__all__ = ["DEFAULT_REPEATS", "DEFAULT_TOP_K", "Scorer", "explain_mismatch", "observe"]
+__all__ = [
+    "DEFAULT_REPEATS",
+    "DEFAULT_TOP_K",
+    "SCORING_CONCURRENCY",
+    "Scorer",
+    "explain_mismatch",
+    "observe",
+    "score_outputs",
+]
 
 DEFAULT_REPEATS = 40
 DEFAULT_TOP_K = 20
+# Scoring requests in flight at once: enough to keep a server's batch busy, few enough not to queue
+# behind each other into the timeout on a 2-core CPU testbed.
+SCORING_CONCURRENCY = 4
 _JSON_HEADERS = {"Content-Type": "application/json"}
 
 
@@ -46,7 +64,9 @@ class Scorer:
     timeout_s: float = 120.0
     extra_body: dict[str, Any] = field(default_factory=dict)
 
-    async def complete(self, prompt: str | list[str], max_tokens: int, **overrides: Any) -> dict[str, Any]:
+    async def complete(
+        self, prompt: str | list[str] | list[int], max_tokens: int, **overrides: Any
+    ) -> dict[str, Any]:
         """One greedy non-streaming completion with top-k logprobs keyed by token id."""
         body = {
             "model": self.model,
@@ -90,6 +110,62 @@ class Scorer:
                 f"the greedy continuation ended after {len(positions)} tokens, before position {position}"
             )
         return positions[position]
+
+    async def prompt_token_ids(self, prompt: str) -> list[int]:
+        """The ids the server tokenizes `prompt` into (its BOS included), as it did for the run."""
+        body = await self.complete(prompt, 1, logprobs=None, return_token_ids=True)
+        ids = _first_choice(body).get("prompt_token_ids")
+        if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+            raise ServerRejectedError(
+                f"{self.base_url} returned no prompt_token_ids for return_token_ids: true; the "
+                "distribution audit needs a vLLM that returns them (0.10.2 or later)"
+            )
+        return ids
+
+    async def output_logprobs(self, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
+        """log p of each output token given the prompt and the output before it, from the server's
+        prompt_logprobs over prompt + output."""
+        body = await self.complete([*prompt_ids, *output_ids], 1, logprobs=None, prompt_logprobs=0)
+        rows = _first_choice(body).get("prompt_logprobs")
+        ids = [*prompt_ids, *output_ids]
+        if not isinstance(rows, list) or len(rows) != len(ids):
+            raise ServerRejectedError(
+                f"{self.base_url} answered prompt_logprobs: 0 without one entry per prompt token; the "
+                "distribution audit scores outputs with it"
+            )
+        try:
+            return [float(rows[pos][str(ids[pos])]["logprob"]) for pos in range(len(prompt_ids), len(ids))]
+        except (KeyError, TypeError, ValueError):
+            raise ServerRejectedError(
+                f"{self.base_url}: a prompt_logprobs entry lacks its own token's logprob"
+            ) from None
+
+
+def _first_choice(body: dict[str, Any]) -> dict[str, Any]:
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise ServerRejectedError(f"a scoring response without choices: {str(body)[:100]}")
+    return choices[0]
+
+
+async def score_outputs(
+    scorer: Scorer, records: Sequence[RequestRecord], prompt_of: Callable[[RequestRecord], str]
+) -> list[ScoredOutput]:
+    """Each record's output scored under `scorer`'s server. A record whose prompt does not tokenize to
+    the length the run's server reported is left out: it was not sent as `prompt_of` says."""
+    prompt_ids: dict[str, list[int]] = {}
+    for prompt in dict.fromkeys(prompt_of(r) for r in records):
+        prompt_ids[prompt] = await scorer.prompt_token_ids(prompt)
+    gate = asyncio.Semaphore(SCORING_CONCURRENCY)
+
+    async def one(record: RequestRecord) -> ScoredOutput | None:
+        ids, output = prompt_ids[prompt_of(record)], output_token_ids(record)
+        if not output or (record.prompt_tokens is not None and record.prompt_tokens != len(ids)):
+            return None
+        async with gate:
+            return ScoredOutput(record, tuple(await scorer.output_logprobs(ids, output)))
+
+    return [s for s in await asyncio.gather(*(one(r) for r in records)) if s is not None]
 
 
 async def explain_mismatch(finding: Finding, prompt: str, base: Scorer, spec: Scorer) -> Finding:

@@ -236,6 +236,14 @@ def run(
 @with_options("settings", run_settings)
 def compare(
     scenario: ScenarioArgument = None,
+    distribution_audit: Annotated[
+        bool | None,
+        typer.Option(
+            "--distribution-audit/--no-distribution-audit",
+            help="Lossless at temperature > 0: score sampled outputs under the baseline's server and "
+            "compare per-token log-likelihoods. Default: for each variant that speculates.",
+        ),
+    ] = None,
     *,
     settings: RunSettings,
     flags: ScenarioFlags,
@@ -247,7 +255,10 @@ def compare(
     from itlaudit.workflows.compare import run_compare
 
     outcome, comparison = run_compare(
-        settings.scenario(scenario, flags), **settings.run_kwargs(flags), capture=capture
+        settings.scenario(scenario, flags),
+        **settings.run_kwargs(flags),
+        capture=capture,
+        distribution=distribution_audit,
     )
     _print_outcome(outcome)
     for name, row in comparison["variants"].items():
@@ -268,12 +279,32 @@ def compare(
             highlight=False,
             soft_wrap=True,
         )
+    _print_distribution(comparison.get("distribution"))
     for finding in comparison["findings"]:
         out.print(
             f"[bold red]{finding['code']}[/bold red]: {finding['message']}", highlight=False, soft_wrap=True
         )
     out.print(f"compare: {outcome.run_dir / COMPARE_FILE}")
     _save_result(settings, outcome.run_dir)
+
+
+def _print_distribution(block: dict[str, Any] | None) -> None:
+    """One line per variant the temperature > 0 distribution audit judged, or why it could not."""
+    if block is None:
+        return
+    if "skipped" in block:
+        out.print(f"distribution audit skipped: {block['skipped']}", markup=False, soft_wrap=True)
+        return
+    for name, row in block["variants"].items():
+        shift = "–" if row.get("effect_nats") is None else f"{row['effect_nats']:+.3f}"
+        p_value = "–" if row.get("p_value") is None else f"{row['p_value']:.2g}"
+        out.print(
+            f"{name}: log-likelihood under {block['scorer']} {_fmt(row['spec_mean'])} vs "
+            f"{_fmt(row['base_mean'])} nats/token (shift {shift}, p {p_value}): {row['verdict']}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def _fmt(value: float | None, unit: str = "") -> str:

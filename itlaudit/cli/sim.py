@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, TypeAlias
 
 import typer
 
+from itlaudit.cli.options import choices
+from itlaudit.serve.sim.config import DRAFT_SAMPLERS, MODEL
+
 if TYPE_CHECKING:
     from itlaudit.serve.sim import SimConfig
+
+    DraftSampler: TypeAlias = str
+else:
+    DraftSampler = choices("DraftSampler", DRAFT_SAMPLERS)
 
 __all__ = ["sim"]
 
@@ -61,6 +68,20 @@ def sim(
     spec_verify_ms_per_stream: Annotated[
         float, typer.Option(help="Load: with K>0, ms more per request beyond the first (verify cost).")
     ] = 0.0,
+    model_sharpness: Annotated[
+        float,
+        typer.Option(
+            help="Model: 0 draws tokens uniformly; above 0 from a fixed bigram model this sharp, at the "
+            "request's temperature, with prompt_logprobs answered from it."
+        ),
+    ] = 0.0,
+    draft_sampler: Annotated[
+        DraftSampler,
+        typer.Option(
+            help="Fault (K>0, --model-sharpness > 0): draw accepted drafts as argmax or flat, not from "
+            "the model: spec decode that changes the distribution at temperature > 0.",
+        ),
+    ] = MODEL,
 ) -> None:
     """Serve the vLLM-compatible simulator (demo and fault-injection target; not a test of vLLM)."""
     from itlaudit.serve.sim import SimConfig, serve
@@ -85,6 +106,8 @@ def sim(
         gibberish_after_tokens=gibberish_after_tokens,
         batch_slowdown_ms_per_stream=batch_slowdown_ms_per_stream,
         spec_verify_ms_per_stream=spec_verify_ms_per_stream,
+        model_sharpness=model_sharpness,
+        draft_sampler=str(draft_sampler),
     )
     # Said before the server is up (and flushed: a log or pipe sees it at once), so the seconds a start
     # takes are not silent and the log names what this simulator was told to do.

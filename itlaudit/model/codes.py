@@ -29,6 +29,7 @@ __all__ = [
     "NO_DONE_SENTINEL",
     "RATE_LIMITED",
     "REGISTRY",
+    "SPEC_DECODE_DISTRIBUTION_SHIFT",
     "SPEC_DECODE_OUTPUT_MISMATCH",
     "STOP_REASON_UNEXPECTED",
     "STOP_TOKEN_IDS_IGNORED",
@@ -228,6 +229,14 @@ SPEC_DECODE_OUTPUT_MISMATCH = _register(
     Scope.COMPARISON,
     "at temperature 0 the K>0 output differs from K0's (first differing position, both servers' top "
     "logprobs there); a warning at a near tie between servers of different execution modes",
+)
+SPEC_DECODE_DISTRIBUTION_SHIFT = _register(
+    "spec_decode_distribution_shift",
+    _ERROR,
+    Scope.COMPARISON,
+    "at temperature > 0 the K>0 outputs are more or less likely under the K0 server than K0's own "
+    "(per-token log-likelihood, Mann–Whitney p < 0.01 and a shift of at least 0.1 nats/token): "
+    "speculative sampling changed the output distribution",
 )
 
 CODES: tuple[str, ...] = tuple(REGISTRY)

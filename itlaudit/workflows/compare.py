@@ -14,12 +14,15 @@ import aiohttp
 from rich.console import Console
 
 from itlaudit.analysis.comparison import build_comparison
+from itlaudit.analysis.distribution import distribution_shift, sampled, speculates
 from itlaudit.analysis.findings import Finding
 from itlaudit.analysis.lossless import prompt_index, with_execution_modes
 from itlaudit.analysis.specdecode import CounterSnapshot, spec_decode_delta
+from itlaudit.capture.request_plan import ENDPOINT_COMPLETIONS
 from itlaudit.capture.runner import CaptureOptions, variant_access
-from itlaudit.capture.scoring import Scorer, explain_mismatch
+from itlaudit.capture.scoring import Scorer, explain_mismatch, score_outputs
 from itlaudit.capture.server_info import scrape_counters
+from itlaudit.errors import ItlauditError
 from itlaudit.model.codes import SPEC_DECODE_OUTPUT_MISMATCH
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.run_labels import RunLabels
@@ -29,7 +32,7 @@ from itlaudit.store.rundir import COMPARE_FILE, write_json
 from itlaudit.workflows.derive import write_derived
 from itlaudit.workflows.run import LedgerPolicy, RunOutcome, run_scenario
 
-__all__ = ["execution_mode", "explain_mismatches", "run_compare"]
+__all__ = ["audit_distribution", "execution_mode", "explain_mismatches", "run_compare"]
 
 
 def _judged_by_modes(
@@ -79,6 +82,60 @@ async def explain_mismatches(
     return out
 
 
+async def audit_distribution(
+    scenario: Scenario,
+    records: list[RequestRecord],
+    comparison: dict[str, Any],
+    live_urls: dict[str, str | None],
+    forced: bool | None = None,
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """Lossless at temperature > 0 (analysis/distribution.py): every sampled output of the baseline
+    and of each audited variant scored under the baseline's server, per-token log-likelihoods
+    compared. Audited: each variant that speculates and sampled (forced None), every variant that
+    sampled (True: a K0-vs-K0 control, two builds), none (False). Returns compare.json's distribution
+    block (None when nothing was audited) and its findings; a block that could not be scored says
+    why in `skipped`, and the run's other results stand."""
+    baseline = comparison["baseline"]
+    mine = {name: sampled([r for r in records if r.variant == name]) for name in comparison["variants"]}
+    audited = [
+        name
+        for name, row in comparison["variants"].items()
+        if name != baseline and mine[name] and (forced or (forced is None and speculates(row)))
+    ]
+    if forced is False or not audited:
+        return None, []
+    block: dict[str, Any] = {"scorer": baseline, "variants": {}}
+    url = live_urls.get(baseline)
+    if scenario.endpoint != ENDPOINT_COMPLETIONS:
+        return {**block, "skipped": "outputs are scored on /v1/completions: run the scenario there"}, []
+    if not mine[baseline]:
+        return {**block, "skipped": f"the baseline {baseline!r} has no sampled outputs to compare with"}, []
+    if url is None:
+        reason = (
+            f"the baseline {baseline!r} server was launched and has stopped; give it by URL "
+            "(--variant-url or --url) so the outputs can be scored under it"
+        )
+        return {**block, "skipped": reason}, []
+
+    def prompt_of(record: RequestRecord) -> str:
+        return scenario.prompt_for(int(prompt_index(record)))
+
+    findings = []
+    try:
+        async with aiohttp.ClientSession() as session:
+            scorer = Scorer(session, url, mine[baseline][0].model)  # the name the server answered to
+            base = await score_outputs(scorer, mine[baseline], prompt_of)
+            for name in audited:
+                spec = await score_outputs(scorer, mine[name], prompt_of)
+                figures, finding = distribution_shift(baseline, name, base, spec)
+                block["variants"][name] = figures
+                if finding is not None:
+                    findings.append(finding.to_json())
+    except ItlauditError as exc:
+        return {**block, "skipped": f"scoring under {baseline!r} failed: {exc}"}, []
+    return block, findings
+
+
 def execution_mode(variant: Variant, overridden: bool) -> str | None:
     """Declared in the scenario, else read from a server we launch (--enforce-eager or not); unknown
     for a server given by URL that the scenario says nothing about."""
@@ -100,7 +157,9 @@ def run_compare(
     append: bool = False,
     capture: CaptureOptions | None = None,
     labels: RunLabels | None = None,
+    distribution: bool | None = None,
 ) -> tuple[RunOutcome, dict[str, Any]]:
+    """`distribution`: audit_distribution's `forced` (None: automatic for speculating variants)."""
     snapshots: dict[str, dict[str, Any]] = {}
 
     def before(name: str, base_url: str) -> dict[str, Any]:
@@ -143,6 +202,10 @@ def run_compare(
     modes = {v.name: execution_mode(v, bool(url or overrides.get(v.name))) for v in scenario.variants}
     by_id = {r.request_id: r.variant for r in outcome.records}
     comparison["findings"] = [_judged_by_modes(found, modes, by_id) for found in explained]
+    block, shifts = asyncio.run(audit_distribution(scenario, outcome.records, comparison, live, distribution))
+    if block is not None:
+        comparison["distribution"] = block
+        comparison["findings"] += shifts
     write_json(outcome.run_dir / COMPARE_FILE, comparison)
     # Again, now that compare.json exists: the report's acceptance-per-position plot reads it.
     with Reporter(console).step("adding the spec-decode figures to the report"):

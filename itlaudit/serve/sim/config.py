@@ -8,7 +8,13 @@ from dataclasses import dataclass
 from itlaudit import __version__
 from itlaudit.model.run_context import SIMULATOR, simulator_version
 
-__all__ = ["SIM_VERSION", "SimConfig"]
+__all__ = ["ARGMAX", "DRAFT_SAMPLERS", "FLAT", "MODEL", "SIM_VERSION", "SimConfig"]
+
+# Where the simulator's accepted draft tokens come from (SimConfig.draft_sampler).
+MODEL = "model"  # the model: lossless, as speculative sampling must be
+ARGMAX = "argmax"  # fault: the model's argmax, a greedy drafter's token taken as is
+FLAT = "flat"  # fault: uniform over the vocabulary
+DRAFT_SAMPLERS = (MODEL, ARGMAX, FLAT)
 
 # What /version answers: the simulator by name, never a vLLM version, so a run against it is recorded
 # as simulated (meta.json, the ledger, the report) and cannot pass for a real build.
@@ -52,6 +58,19 @@ class SimConfig:
     # what `itlaudit sweep` must find. Both 0 by default: a step takes step_ms at any concurrency.
     batch_slowdown_ms_per_stream: float = 0.0
     spec_verify_ms_per_stream: float = 0.0
+    # Model: 0 draws tokens uniformly (every output equally likely); above 0 tokens follow a fixed
+    # bigram distribution this sharp (lm.BigramModel), at the request's temperature, and the
+    # completions endpoint answers prompt_logprobs from it, so output likelihood can be audited.
+    model_sharpness: float = 0.0
+    # Fault (with model_sharpness > 0 and K > 0): accepted draft tokens come from the wrong
+    # distribution (ARGMAX or FLAT of DRAFT_SAMPLERS) while the bonus token and K=0 follow the model:
+    # speculative sampling that is not lossless at temperature > 0.
+    draft_sampler: str = MODEL
+
+    def __post_init__(self) -> None:
+        if self.draft_sampler not in DRAFT_SAMPLERS:
+            choices = ", ".join(DRAFT_SAMPLERS)
+            raise ValueError(f"draft_sampler must be one of {choices}, got {self.draft_sampler!r}")
 
     @property
     def system_fingerprint(self) -> str:

@@ -103,7 +103,7 @@ class CompletionApi(EndpointApi):
             "finish_reason": last.finish_reason,
             "stop_reason": last.stop_reason,
             "token_ids": token_ids if job.return_token_ids else None,
-            "prompt_logprobs": None,
+            "prompt_logprobs": ctx.prompt_logprobs,
             "prompt_token_ids": job.prompt_token_ids if job.return_token_ids else None,
             "routed_experts": None,
         }

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import itertools
 import random
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
+from typing import Any
 
-from itlaudit.serve.sim.config import SimConfig
+from itlaudit.serve.sim.config import MODEL, SimConfig
+from itlaudit.serve.sim.lm import BigramModel
 from itlaudit.serve.sim.vocab import DIGIT_TOKEN_ID, FIRST_REGULAR_TOKEN_ID, avoid_token, token_bytes
 
 __all__ = ["Engine", "Job", "Step", "TokenLogprob"]
@@ -34,6 +37,7 @@ class Job:
     return_prompt_text: bool
     logprobs: int | None = None
     return_tokens_as_token_ids: bool = False
+    prompt_logprobs: int | None = None
 
 
 @dataclass
@@ -83,6 +87,8 @@ class Engine:
         self.generation_tokens = 0
         self.finished: dict[str, int] = {"stop": 0, "length": 0}
         self.in_flight = 0  # engine rows running now: what decides whether a step is shared
+        # Scores prompts always (uniform at sharpness 0); draws tokens only at sharpness > 0.
+        self.lm = BigramModel(config)
 
     def _request_seed(self, job: Job) -> str:
         if job.seed is not None:
@@ -107,6 +113,7 @@ class Engine:
         self.prompt_tokens += len(job.prompt_token_ids)
 
         produced = 0
+        prev = job.prompt_token_ids[-1]
         # Steps are due at absolute times (prefill + n steps after arrival), so time spent writing and
         # waking up late does not accumulate: a "5 ms" server delivers one step per 5 ms on average.
         # After a stall (the process was starved) steps catch up at half a step apart, never in a
@@ -126,17 +133,18 @@ class Engine:
                 self._observe_spec(num_drafts, accepted)
 
             step = Step(token_ids=[], text="", due_ns=due_ns)
-            for _ in range(accepted + 1):
+            for slot in range(accepted + 1):
                 index = produced
                 # One draw per position whatever happens to it, so EOS placement and masking leave
-                # the rest of the sequence unchanged.
-                drawn = avoid_token(token_rng.randrange(FIRST_REGULAR_TOKEN_ID, cfg.vocab_size), eos, cfg)
+                # the rest of the sequence unchanged. The first `accepted` tokens are accepted drafts.
+                drawn = self._draw(job, prev, token_rng, draft=slot < accepted)
                 token_id = cfg.eos_token_id if index == cfg.natural_eos_at else drawn
                 if cfg.gibberish_after_tokens is not None and index >= cfg.gibberish_after_tokens:
                     token_id = DIGIT_TOKEN_ID
                 if index < min_tokens:
                     token_id = avoid_token(token_id, masked, cfg)
                 produced += 1
+                prev = token_id
                 step.token_ids.append(token_id)
                 if job.logprobs is not None:
                     step.logprobs.append(
@@ -162,6 +170,39 @@ class Engine:
             scheduled_ns += step_ns
             due_ns = max(scheduled_ns, time.monotonic_ns() + step_ns // 2)
             await _sleep_until(due_ns)
+
+    def _draw(self, job: Job, prev: int, rng: random.Random, *, draft: bool) -> int:
+        """The next token: uniform without a model (the default, temperature ignored), else from the
+        model, an accepted draft from the configured draft sampler (a fault unless it is the model)."""
+        cfg = self.config
+        if cfg.model_sharpness <= 0:
+            return avoid_token(rng.randrange(FIRST_REGULAR_TOKEN_ID, cfg.vocab_size), {cfg.eos_token_id}, cfg)
+        return self.lm.draw(prev, job.temperature, rng, cfg.draft_sampler if draft else MODEL)
+
+    def prompt_logprobs(self, job: Job) -> list[dict[str, dict[str, Any]] | None] | None:
+        """vLLM's prompt_logprobs: None for the first prompt token, then per position the prompt token
+        and the model's top `prompt_logprobs` candidates, each {logprob, rank, decoded_token}."""
+        k = job.prompt_logprobs
+        if k is None:
+            return None
+        ids = job.prompt_token_ids
+        out: list[dict[str, dict[str, Any]] | None] = [None]
+        for prev, token in itertools.pairwise(ids):
+            ranked = [int(t) for t in (-self.lm.logits(prev)).argsort(kind="stable")[:k]]
+            out.append({str(t): self._prompt_entry(job, prev, t) for t in [token, *ranked]})
+        return out
+
+    def _prompt_entry(self, job: Job, prev: int, token: int) -> dict[str, Any]:
+        shown = (
+            f"token_id:{token}"
+            if job.return_tokens_as_token_ids
+            else token_bytes(token, self.config).decode("utf-8", errors="replace")
+        )
+        return {
+            "logprob": self.lm.logprob(prev, token),
+            "rank": self.lm.rank(prev, token),
+            "decoded_token": shown,
+        }
 
     def _step_ms(self) -> float:
         """One decode step at the engine's current batch (the rows in flight now)."""

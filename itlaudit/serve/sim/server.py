@@ -185,6 +185,7 @@ def _handler(api: EndpointApi) -> Any:
                 model=engine.config.model,
                 fingerprint=engine.config.system_fingerprint,
                 job=job,
+                prompt_logprobs=engine.prompt_logprobs(job),
             )
             for job in jobs
         ]

@@ -76,16 +76,25 @@ def parse_job(api: EndpointApi, body: dict[str, Any], config: SimConfig) -> Job:
         and not config.drop_usage,
         return_token_ids=bool(body.get("return_token_ids")),
         return_prompt_text=bool(body.get("return_prompt_text")),
-        logprobs=_logprobs_field(body),
+        logprobs=_logprobs_field(body, "logprobs", "sample"),
         return_tokens_as_token_ids=bool(body.get("return_tokens_as_token_ids")),
+        prompt_logprobs=_prompt_logprobs_field(body),
     )
 
 
-def _logprobs_field(body: dict[str, Any]) -> int | None:
-    value = _int_field(body, "logprobs", None)
+def _logprobs_field(body: dict[str, Any], name: str, kind: str) -> int | None:
+    value = _int_field(body, name, None)
     if value is not None and not 0 <= value <= MAX_LOGPROBS:
         raise bad_request(
-            f"Requested sample logprobs of {value}, which is greater than max allowed: {MAX_LOGPROBS}",
-            "logprobs",
+            f"Requested {kind} logprobs of {value}, which is greater than max allowed: {MAX_LOGPROBS}",
+            name,
         )
+    return value
+
+
+def _prompt_logprobs_field(body: dict[str, Any]) -> int | None:
+    """vLLM scores the prompt only in a non-streaming request (its streaming path has no place for it)."""
+    value = _logprobs_field(body, "prompt_logprobs", "prompt")
+    if value is not None and body.get("stream"):
+        raise bad_request("`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs")
     return value

@@ -85,6 +85,7 @@ class ResponseContext:
     model: str
     fingerprint: str
     job: Job
+    prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None  # vLLM's layout, when asked
 
 
 def completion_logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:
