@@ -317,6 +317,7 @@ def run_scenario(
                                 on_capture=on_capture,
                                 on_warm=open_window,
                                 id_tag=tag,
+                                on_prepare=counts.prepare,
                             )
                         )
                         records += done
