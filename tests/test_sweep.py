@@ -9,46 +9,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-SIM = [sys.executable, "-m", "itlaudit", "sim", "--port", "{port}", "--ttft-ms", "5"]
-
-
-def _scenario(tmp_path: Path, variants: dict[str, list[str]], workload: str = "") -> Path:
-    text = (
-        'name = "simsweep"\n[workload]\nprompts = ["hello there", "speculative"]\nnum_requests = 2\n'
-        f"max_tokens = 16\nignore_eos = true\ntemperature = 0\n{workload}\n"
-    )
-    for name, flags in variants.items():
-        text += f'[[variants]]\nname = "{name}"\n[variants.launch]\nkind = "command"\n'
-        text += f"command = {json.dumps([*SIM, *flags])}\n"
-    path = tmp_path / "sweep.toml"
-    path.write_text(text)
-    return path
-
-
-def _sweep(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "itlaudit", "sweep", *args],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-
-
-def _one_line_error(result: subprocess.CompletedProcess[str], *needles: str) -> None:
-    assert result.returncode == 2, result.stderr
-    assert "Traceback" not in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
-    text = " ".join(result.stderr.split())
-    for needle in needles:
-        assert needle in text, text
-
+from sweepkit import one_line_error as _one_line_error
+from sweepkit import run_sweep as _sweep
+from sweepkit import sweep_scenario as _scenario
+from sweepkit import wait_for as _wait_for
 
 # Step 10 ms; with spec decode on, each stream beyond the first adds 5 ms. K3 (full acceptance, 4
 # tokens a step) costs (10 + 5·(c−1))/4 ms a token against K0's 10: faster up to c = 6, slower past it.
@@ -109,13 +77,6 @@ def test_sla_search_finds_the_limit_of_a_linear_tpot(tmp_path: Path) -> None:
     assert sorted(p.name for p in (out / "K0").iterdir()) == sorted(
         f"c{c}-t1" for c in (1, 4, 10, 11, 13, 16)
     )
-
-
-def _wait_for(path: Path, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.05)
 
 
 def test_resume_after_sigkill_skips_finished_points(tmp_path: Path) -> None:

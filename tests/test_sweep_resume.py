@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_sweep import _one_line_error, _scenario, _sweep, _wait_for
+from sweepkit import one_line_error, run_sweep, sweep_scenario, wait_for
 
 ARGS = ["--concurrency", "1,2", "--trials", "2", "--goodput", "tpot_ms=40"]
 # Figures that are counts or settings, not timings: two sweeps of the same points agree on them exactly.
@@ -51,8 +51,8 @@ def _finished(out: Path) -> dict[str, bytes]:
 @pytest.mark.fault_row("N3")
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_interrupted_sweep_resumes_to_the_same_sweep(tmp_path: Path, sig: signal.Signals, code: int) -> None:
-    path = _scenario(tmp_path, {"K0": ["--step-ms", "30"]})
-    whole = _sweep(tmp_path, str(path), *ARGS, "--out", str(tmp_path / "whole"))
+    path = sweep_scenario(tmp_path, {"K0": ["--step-ms", "30"]})
+    whole = run_sweep(tmp_path, str(path), *ARGS, "--out", str(tmp_path / "whole"))
     assert whole.returncode == 0, whole.stderr
 
     out = tmp_path / "cut"
@@ -65,8 +65,8 @@ def test_interrupted_sweep_resumes_to_the_same_sweep(tmp_path: Path, sig: signal
         text=True,
     )
     try:
-        _wait_for(out / "K0" / "c1-t2" / "point.json")
-        _wait_for(out / "K0" / "c2-t1" / "requests.jsonl")  # the third trial has started
+        wait_for(out / "K0" / "c1-t2" / "point.json")
+        wait_for(out / "K0" / "c2-t1" / "requests.jsonl")  # the third trial has started
         proc.send_signal(sig)
         _, stderr = proc.communicate(timeout=30)
     finally:
@@ -79,7 +79,7 @@ def test_interrupted_sweep_resumes_to_the_same_sweep(tmp_path: Path, sig: signal
     cut = json.loads((out / "sweep.json").read_text())  # written on the way out: what had finished
     assert [(p["concurrency"], p["requests"]) for p in cut["variants"]["K0"]] == [(1, 4)]
 
-    again = _sweep(tmp_path, *args, "--resume")
+    again = run_sweep(tmp_path, *args, "--resume")
     assert again.returncode == 0, again.stderr
     final = _finished(out)
     assert len(final) == 8 and {k: final[k] for k in done} == done  # finished before: not run again
@@ -91,7 +91,7 @@ def test_interrupted_sweep_resumes_to_the_same_sweep(tmp_path: Path, sig: signal
     assert again.stdout == whole.stdout.replace(str(tmp_path / "whole"), str(out))
 
     # Done: a further --resume runs nothing and rewrites the same sweep.
-    noop = _sweep(tmp_path, *args, "--resume")
+    noop = run_sweep(tmp_path, *args, "--resume")
     assert noop.returncode == 0, noop.stderr
     assert _finished(out) == final and sorted(p.name for p in (out / "K0").iterdir()) == names
     assert "requests to" not in noop.stderr
@@ -101,13 +101,13 @@ def test_interrupted_sweep_resumes_to_the_same_sweep(tmp_path: Path, sig: signal
 def test_a_point_json_that_does_not_read_is_an_unfinished_trial(tmp_path: Path) -> None:
     """Written whole or not at all by itlaudit; cut short by other hands, its trial runs again (the
     folder kept aside) and the others are not touched."""
-    path = _scenario(tmp_path, {"K0": ["--step-ms", "30"]})
+    path = sweep_scenario(tmp_path, {"K0": ["--step-ms", "30"]})
     out = tmp_path / "sw"
     args = [str(path), "--concurrency", "1,2", "--out", str(out)]
-    assert _sweep(tmp_path, *args).returncode == 0
+    assert run_sweep(tmp_path, *args).returncode == 0
     (out / "K0" / "c1-t1" / "point.json").write_text('{"load": 1')
     kept = (out / "K0" / "c2-t1" / "requests.jsonl").read_bytes()
-    again = _sweep(tmp_path, *args, "--resume")
+    again = run_sweep(tmp_path, *args, "--resume")
     assert again.returncode == 0, again.stderr
     assert "K0 concurrency 1: 2 requests to" in again.stderr and "concurrency 2:" not in again.stderr
     assert (out / "K0" / "c2-t1" / "requests.jsonl").read_bytes() == kept
@@ -118,16 +118,16 @@ def test_a_point_json_that_does_not_read_is_an_unfinished_trial(tmp_path: Path) 
 
 @pytest.mark.fault_row("N3")
 def test_resume_of_a_folder_that_is_not_a_sweep_is_one_line(tmp_path: Path) -> None:
-    path = _scenario(tmp_path, {"K0": ["--step-ms", "30"]})
+    path = sweep_scenario(tmp_path, {"K0": ["--step-ms", "30"]})
     folder = tmp_path / "sw"
     folder.mkdir()
-    _one_line_error(
-        _sweep(tmp_path, str(path), *ARGS, "--out", str(folder), "--resume"),
+    one_line_error(
+        run_sweep(tmp_path, str(path), *ARGS, "--out", str(folder), "--resume"),
         "--resume needs --out naming a sweep folder",
     )
     (folder / "sweep-config.json").write_text('{"scenario": "simsw')
-    _one_line_error(
-        _sweep(tmp_path, str(path), *ARGS, "--out", str(folder), "--resume"),
+    one_line_error(
+        run_sweep(tmp_path, str(path), *ARGS, "--out", str(folder), "--resume"),
         "sweep-config.json does not read",
         "start a new --out",
     )
