@@ -316,6 +316,8 @@ WORKLOAD = "Workload (vllm bench serve's flags)"
 
 
 def _bench(help_text: str, metavar: str | None = None, **kwargs: Any) -> Any:
+    """No ranges here: each flag sets a scenario key, and the scenario parser checks every key against
+    its bound (model/workload.py BOUNDS), naming the flag and the range in one line, nan and inf too."""
     return typer.Option(metavar=metavar, help=help_text, rich_help_panel=WORKLOAD, **kwargs)
 
 
@@ -329,25 +331,25 @@ def workload_flags(
     dataset_name: Annotated[
         DatasetName | None, _bench("Prompts: random token ids, a JSONL file, or a ShareGPT file.")
     ] = None,
-    random_input_len: Annotated[int | None, _bench("Prompt tokens per random request.", "N", min=1)] = None,
+    random_input_len: Annotated[int | None, _bench("Prompt tokens per random request.", "N")] = None,
     random_output_len: Annotated[
-        int | None, _bench("Tokens each random request generates (ignore_eos).", "N", min=1)
+        int | None, _bench("Tokens each random request generates (ignore_eos).", "N")
     ] = None,
     dataset_path: Annotated[Path | None, _bench("The jsonl or sharegpt file.", "FILE")] = None,
-    num_prompts: Annotated[int | None, _bench("Requests to send.", "N", min=1)] = None,
-    max_concurrency: Annotated[int | None, _bench("Most requests open at once.", "N", min=1)] = None,
+    num_prompts: Annotated[int | None, _bench("Requests to send.", "N")] = None,
+    max_concurrency: Annotated[int | None, _bench("Most requests open at once.", "N")] = None,
     request_rate: Annotated[
-        float | None, _bench("Requests per second (Poisson arrivals); inf: all at once.", "RATE", min=0)
+        float | None, _bench("Requests per second (Poisson arrivals); inf: all at once.", "RATE")
     ] = None,
     burstiness: Annotated[
         float | None, _bench("Gamma shape of the arrivals: 1 is Poisson, lower is burstier.", "B")
     ] = None,
     num_warmups: Annotated[
-        int | None, _bench("Warmup requests, left out of the figures.", "N", min=0)
+        int | None, _bench("Warmup requests, left out of the figures.", "N")
     ] = None,
     ignore_eos: Annotated[bool | None, _bench("Generate max_tokens whatever the model's EOS says.")] = None,
-    temperature: Annotated[float | None, _bench("Sampling temperature (0: greedy).", "T", min=0)] = None,
-    max_tokens: Annotated[int | None, _bench("Most tokens per request.", "N", min=1)] = None,
+    temperature: Annotated[float | None, _bench("Sampling temperature (0: greedy).", "T")] = None,
+    max_tokens: Annotated[int | None, _bench("Most tokens per request.", "N")] = None,
     seed: Annotated[int | None, _bench("Seed for random prompts, arrivals and sampling.", "N")] = None,
 ) -> ScenarioFlags:
     """The servers and the workload from flags: with no scenario file they are the whole experiment,
