@@ -37,6 +37,7 @@ __all__ = [
     "reply_lengths",
     "reset_prefix_cache",
     "resolve_model",
+    "sent_prompt",
 ]
 
 # Preparation's progress: (what is being done, how many of how many), e.g. ("encoding requests", 3, 8).
@@ -170,6 +171,16 @@ def _scenario_located(scenario: Scenario) -> Located:
     return Located(path if path is not None else Path("command line"), text)
 
 
+def sent_prompt(scenario: Scenario, index: int) -> str | list[int] | list[dict[str, Any]]:
+    """What request `index` sends: its dataset line's messages or prompt, else the scenario's prompt
+    (the distribution audit scores an output after the very prompt it followed)."""
+    entry = scenario.entry_for(index)
+    prompt = scenario.prompt_for(index)
+    if entry is None:
+        return prompt
+    return entry.messages or (entry.prompt if entry.prompt is not None else prompt)
+
+
 async def plan_variant(
     scenario: Scenario,
     variant: str,
@@ -207,10 +218,9 @@ async def plan_variant(
             break
         index = position if is_warmup else position - warmup
         entry = scenario.entry_for(index)
-        prompt: str | list[int] | list[dict[str, Any]] = scenario.prompt_for(index)
+        prompt = sent_prompt(scenario, index)
         params = workload.params
         if entry is not None:
-            prompt = entry.messages or (entry.prompt if entry.prompt is not None else prompt)
             counted = (
                 (reply_tokens or {}).get(index % len(workload.dataset.entries)) if workload.dataset else None
             )

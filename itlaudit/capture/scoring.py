@@ -149,18 +149,28 @@ def _first_choice(body: dict[str, Any]) -> dict[str, Any]:
 
 
 async def score_outputs(
-    scorer: Scorer, records: Sequence[RequestRecord], prompt_of: Callable[[RequestRecord], str]
+    scorer: Scorer,
+    records: Sequence[RequestRecord],
+    prompt_of: Callable[[RequestRecord], str | list[int] | list[dict[str, Any]]],
 ) -> list[ScoredOutput]:
-    """Each record's output scored under `scorer`'s server. A record whose prompt does not tokenize to
-    the length the run's server reported is left out: it was not sent as `prompt_of` says."""
+    """Each record's output scored under `scorer`'s server, after the prompt it followed (text is
+    tokenized by that server, once per distinct prompt; token ids are taken as they are). Left out:
+    a chat prompt (messages have no token ids to score after), and a record whose prompt does not come
+    to the length the run's server reported (it was not sent as `prompt_of` says)."""
     prompt_ids: dict[str, list[int]] = {}
-    for prompt in dict.fromkeys(prompt_of(r) for r in records):
+    for prompt in dict.fromkeys(p for p in map(prompt_of, records) if isinstance(p, str)):
         prompt_ids[prompt] = await scorer.prompt_token_ids(prompt)
     gate = asyncio.Semaphore(SCORING_CONCURRENCY)
 
+    def ids_of(prompt: str | list[int] | list[dict[str, Any]]) -> list[int] | None:
+        if isinstance(prompt, str):
+            return prompt_ids[prompt]
+        ids = [t for t in prompt if isinstance(t, int)]
+        return ids if len(ids) == len(prompt) else None
+
     async def one(record: RequestRecord) -> ScoredOutput | None:
-        ids, output = prompt_ids[prompt_of(record)], output_token_ids(record)
-        if not output or (record.prompt_tokens is not None and record.prompt_tokens != len(ids)):
+        ids, output = ids_of(prompt_of(record)), output_token_ids(record)
+        if not ids or not output or (record.prompt_tokens is not None and record.prompt_tokens != len(ids)):
             return None
         async with gate:
             return ScoredOutput(record, tuple(await scorer.output_logprobs(ids, output)))

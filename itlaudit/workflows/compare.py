@@ -18,6 +18,7 @@ from itlaudit.analysis.distribution import distribution_shift, sampled, speculat
 from itlaudit.analysis.findings import Finding
 from itlaudit.analysis.lossless import prompt_index, with_execution_modes
 from itlaudit.analysis.specdecode import CounterSnapshot, spec_decode_delta
+from itlaudit.capture.planning import sent_prompt
 from itlaudit.capture.request_plan import ENDPOINT_COMPLETIONS
 from itlaudit.capture.runner import CaptureOptions, variant_access
 from itlaudit.capture.scoring import Scorer, explain_mismatch, score_outputs
@@ -117,8 +118,8 @@ async def audit_distribution(
         )
         return {**block, "skipped": reason}, []
 
-    def prompt_of(record: RequestRecord) -> str:
-        return scenario.prompt_for(int(prompt_index(record)))
+    def prompt_of(record: RequestRecord) -> str | list[int] | list[dict[str, Any]]:
+        return sent_prompt(scenario, int(prompt_index(record)))
 
     findings = []
     try:
