@@ -211,6 +211,8 @@ def chat_prompt_note(input_lens: list[int], content_tokens: list[int], prompt_to
 
 
 def _read(path: Path) -> str:
+    if path.is_dir():
+        raise DatasetError("path", f"names {path}, which is a folder; name the dataset file in it")
     if not path.is_file():
         raise DatasetError("path", f"names {path}, which does not exist")
     try:
