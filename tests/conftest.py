@@ -7,15 +7,12 @@ another test module nor this file (tests/test_layering.py checks it).
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from faultkit import FAULTSERVER
+from faultkit import launch_faultserver
 from pacedkit import Paced
-
-from itlaudit.serve.launcher import LaunchSpec, launch
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -66,10 +63,7 @@ def faultserver(tmp_path: Path) -> Iterator[Callable[..., str]]:
     servers = []
 
     def start(mode: str, *flags: str) -> str:
-        argv = [sys.executable, FAULTSERVER, "--port", "{port}", "--mode", mode, *flags]
-        server = launch(
-            LaunchSpec(kind="command", command=argv, ready_timeout_s=30), tmp_path / f"fs{len(servers)}.log"
-        )
+        server = launch_faultserver(mode, *flags, log=tmp_path / f"fs{len(servers)}.log")
         servers.append(server)
         return server.url
 

@@ -1,6 +1,7 @@
-"""Helpers of the end-to-end fault tests (test_faults_e2e, test_faults_capture): the real CLI in a fresh
-interpreter, a one-variant scenario file, and the one-error-line check. The faultserver fixture that
-launches tests/faultserver.py is in conftest.py."""
+"""Helpers of the end-to-end fault tests (test_faults_e2e, test_faults_capture, test_fault_campaign): the
+real CLI in a fresh interpreter, a one-variant scenario file, the one-error-line check, a faultserver
+launched as a user's server would be (the faultserver fixture in conftest.py starts one per test), and
+the processes a run left behind."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+from itlaudit.serve.launcher import LaunchedServer, LaunchSpec, launch
+from itlaudit.workflows.run import RUN_DIR_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 FAULTSERVER = str(ROOT / "tests" / "faultserver.py")
@@ -41,3 +45,27 @@ def one_error_line(result: subprocess.CompletedProcess[str], code: int = 2) -> s
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     return lines[0]
+
+
+def launch_faultserver(mode: str, *flags: str, log: Path) -> LaunchedServer:
+    """tests/faultserver.py in MODE (extra flags after it), launched and waited for; stop() it after."""
+    argv = [sys.executable, FAULTSERVER, "--port", "{port}", "--mode", mode, *flags]
+    return launch(LaunchSpec(kind="command", command=argv, ready_timeout_s=30), log)
+
+
+def processes_tagged(run_dir: Path) -> list[int]:
+    """Live (non-zombie) processes whose environment carries this run's tag (RUN_DIR_ENV): a server
+    the run launched, its capture workers."""
+    tag = f"{RUN_DIR_ENV}={run_dir.resolve()}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if tag in (entry / "environ").read_bytes().split(b"\0"):
+                stat = (entry / "stat").read_text()
+                if stat.rpartition(")")[2].split()[0] != "Z":
+                    found.append(int(entry.name))
+        except OSError:
+            continue
+    return found

@@ -13,6 +13,22 @@ Modes (one per fault; add new ones to FAULTS):
   proxy does; br only labelled, since nothing may decode it).
 - interleaved: a streamed completion interleaves choices[].index 0 and 1, as n=2 forced server-side.
 - plain_sse: the same hand-written stream with one choice and no coding (the clean neighbour of both).
+- auth_echo: a 401 quoting every header value it got, for the identity ping and every second stream
+  (row N15).
+
+The fault campaign's stream and framing modes (docs/faults.md; completions endpoint, every streamed
+completion; other requests go to the simulator):
+- stall_headers: 200 and the event-stream headers, then silence (row 2).
+- not_json / event_error: two good events, then a data line that is not JSON / an `event: error` whose
+  data is vLLM's `{"error": {...}}` (rows 6, 14).
+- usage_backwards / usage_partial: completion_tokens goes 1 2 3 2 3 …, or rides on the first two
+  events only (row 10).
+- unavailable: HTTP 503 with Retry-After: 1; html_500: HTTP 500 with an HTML page (row 7).
+- redirect_307 / redirect_loop: 307 to another path / to the same one (rows 8, N17).
+- drip: one byte of the first event every 200 ms, forever (N18).
+- event_5mb: the whole reply in one event of 5 MB of text (row 4).
+- close_delimited: an HTTP/1.0 response whose body ends when the connection closes (N21).
+- bad_chunk: chunked framing whose third chunk size is not hex (N22).
 
 Arguments it does not know are accepted and logged the way vLLM logs its CLI at startup
 (`non-default args: {...}`), so a launched server's log holds whatever it was given: that is how a
@@ -23,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import sys
 import time
@@ -122,8 +139,145 @@ async def _clean(request: web.Request, handler: Handler) -> web.StreamResponse:
     return await handler(request)
 
 
+async def _streamed_completion(request: web.Request) -> bool:
+    """Whether the request is a streamed completion, the only kind the campaign's modes answer."""
+    return request.path in COMPLETION_PATHS and bool((await request.json()).get("stream"))
+
+
+def _event(text: str, tokens: int | None, finish: str | None = None) -> bytes:
+    """One completions event carrying `text`, with usage when `tokens` is given."""
+    body: dict[str, object] = {
+        "id": "cmpl-fault",
+        "choices": [{"index": 0, "text": text, "finish_reason": finish}],
+    }
+    if tokens is not None:
+        body["usage"] = {"prompt_tokens": 1, "completion_tokens": tokens}
+    return f"data: {json.dumps(body)}\n\n".encode()
+
+
+def _events(
+    pieces: Callable[[int], list[bytes]], gap_s: float = 0.005
+) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    """A fault whose streamed completion is exactly `pieces(max_tokens)` (event-stream bytes), `gap_s`
+    apart (5 ms: at 2 ms a loaded 2-core box merges events into one read, chunks_coalesced)."""
+
+    async def fault(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not await _streamed_completion(request):
+            return await handler(request)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for piece in pieces(int((await request.json()).get("max_tokens") or 16)):
+            await response.write(piece)
+            await asyncio.sleep(gap_s)
+        await response.write_eof()
+        return response
+
+    return fault
+
+
+def _words(usage: list[int | None]) -> list[bytes]:
+    """len(usage) events " a1", " a2", … with those completion_tokens, the last with finish_reason,
+    then [DONE]."""
+    last = len(usage) - 1
+    events = [_event(f" a{i + 1}", n, "length" if i == last else None) for i, n in enumerate(usage)]
+    return [*events, b"data: [DONE]\n\n"]
+
+
+def _broken(tail: bytes) -> Callable[[int], list[bytes]]:
+    """Two good events (kept: the text before a fault is the record's), then `tail`."""
+    return lambda _: [_event(" a1", 1), _event(" a2", 2), tail, b"data: [DONE]\n\n"]
+
+
+def _one_event(size: int) -> Callable[[int], list[bytes]]:
+    """The whole reply as one event of `size` bytes of words, then a finish event at max_tokens and
+    [DONE]."""
+
+    def pieces(max_tokens: int) -> list[bytes]:
+        text = (" lorem ipsum dolor sit amet" * (size // 27 + 1))[:size]
+        return [_event(text, max_tokens - 1), _event("", max_tokens, "length"), b"data: [DONE]\n\n"]
+
+    return pieces
+
+
+async def _stall_headers(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if not await _streamed_completion(request):
+        return await handler(request)
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    await asyncio.sleep(3600)  # until the client gives up and the connection is dropped
+    return response
+
+
+async def _drip(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Never silent for long, never done: a stall limit cannot see it, only a total limit can."""
+    if not await _streamed_completion(request):
+        return await handler(request)
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    for byte in _event(" a1", 1) * 1000:
+        await response.write(bytes([byte]))
+        await asyncio.sleep(0.2)
+    return response
+
+
+def _status(
+    status: int, headers: Callable[[web.Request], dict[str, str]], body: str, content_type: str
+) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    """Every completion answered with `status`, `headers(request)` and `body`."""
+
+    async def fault(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path not in COMPLETION_PATHS:
+            return await handler(request)
+        return web.Response(status=status, headers=headers(request), text=body, content_type=content_type)
+
+    return fault
+
+
+def _raw(
+    head: bytes, body: Callable[[], list[bytes]]
+) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    """A streamed completion written as raw bytes on the socket (framing aiohttp will not produce:
+    HTTP/1.0 close-delimited, broken chunk sizes), then the connection closed."""
+
+    async def fault(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not await _streamed_completion(request) or request.transport is None:
+            return await handler(request)
+        transport = request.transport
+        transport.write(head)
+        for piece in body():
+            transport.write(piece)
+            await asyncio.sleep(0.002)
+        transport.close()
+        return web.Response()  # never sent: the connection is closed
+
+    return fault
+
+
+def _chunked(pieces: list[bytes]) -> list[bytes]:
+    return [f"{len(piece):x}\r\n".encode() + piece + b"\r\n" for piece in pieces]
+
+
+_AUTH_ECHO_STREAMS = itertools.count(1)
+
+
+async def _auth_echo(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A 401 that quotes every header value it was sent (as gateways quote the key they refuse), for a
+    non-streaming completion (the identity ping) and for every second streamed one; the rest is
+    served, so a run goes on with the echoes in its records and on its terminal (fault row N15)."""
+    if request.path not in COMPLETION_PATHS:
+        return await handler(request)
+    if (await request.json()).get("stream") and next(_AUTH_ECHO_STREAMS) % 2:
+        return await handler(request)
+    quoted = "; ".join(f"{name}={value}" for name, value in request.headers.items())
+    return _error(401, f"Unauthorized: rejected {quoted}")
+
+
+SSE_HEAD = "HTTP/{}\r\nContent-Type: text/event-stream\r\n{}\r\n"
+
+
 FAULTS: dict[str, Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]] = {
     "clean": _clean,
+    "auth_echo": _auth_echo,
     "no_version": _no_version,
     "stream_only": _stream_only,
     "markup_error": _markup_error,
@@ -132,6 +286,32 @@ FAULTS: dict[str, Callable[[web.Request, Handler], Awaitable[web.StreamResponse]
     "br_sse": _streamed("br"),
     "interleaved": _streamed(None, (0, 1)),
     "plain_sse": _streamed(None),
+    "stall_headers": _stall_headers,
+    "not_json": _events(_broken(b"data: this is not json at all\n\n")),
+    "event_error": _events(
+        _broken(
+            b'event: error\ndata: {"error": {"message": "engine died", "type": "InternalServerError"}}\n\n'
+        )
+    ),
+    "usage_backwards": _events(lambda _: _words([1, 2, 3, 2, 3, 4, 5, 6])),
+    "usage_partial": _events(lambda _: _words([1, 2, None, None, None, None, None, None])),
+    "unavailable": _status(
+        503, lambda _: {"Retry-After": "1"}, '{"error": {"message": "overloaded"}}', "application/json"
+    ),
+    "html_500": _status(
+        500, lambda _: {}, "<html><body><h1>500 Internal Server Error</h1></body></html>", "text/html"
+    ),
+    "redirect_307": _status(307, lambda _: {"Location": "/v2/completions"}, "", "text/plain"),
+    "redirect_loop": _status(307, lambda request: {"Location": request.path}, "", "text/plain"),
+    "drip": _drip,
+    "event_5mb": _events(_one_event(5_000_000)),
+    "close_delimited": _raw(
+        SSE_HEAD.format("1.0 200 OK", "").encode(), lambda: _words([1, 2, 3, 4, 5, 6, 7, 8])
+    ),
+    "bad_chunk": _raw(
+        SSE_HEAD.format("1.1 200 OK", "Transfer-Encoding: chunked\r\n").encode(),
+        lambda: [*_chunked(_words([1, 2, 3, 4])[:2]), b"zz\r\n"],
+    ),
 }
 
 

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from faultkit import FAULTSERVER, itlaudit, one_error_line, url_variant, write_scenario
+from faultkit import FAULTSERVER, itlaudit, one_error_line, processes_tagged, url_variant, write_scenario
 
 from itlaudit.serve.sim import SIM_VERSION
 
@@ -200,23 +200,6 @@ def test_signal_keeps_finished_requests_and_writes_the_report(
     assert not (tmp_path / "reports" / "ledger.jsonl").exists()  # a partial run is no experiment
 
 
-def _processes_tagged(run_dir: Path) -> list[int]:
-    """Live processes whose environment carries this run's tag (workflows.run.RUN_DIR_ENV)."""
-    tag = f"ITLAUDIT_RUN_DIR={run_dir.resolve()}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if tag in (entry / "environ").read_bytes().split(b"\0"):
-                stat = (entry / "stat").read_text()
-                if stat.rpartition(")")[2].split()[0] != "Z":
-                    found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
-
-
 def test_sigkill_of_compare_leaves_no_launched_server(tmp_path: Path) -> None:
     sim = json.dumps([sys.executable, "-m", "itlaudit", "sim", "--port", "{port}", "--step-ms", "50"])
     variants = f'[[variants]]\nname = "K0"\n\n[variants.launch]\nkind = "command"\ncommand = {sim}\n'
@@ -237,13 +220,13 @@ def test_sigkill_of_compare_leaves_no_launched_server(tmp_path: Path) -> None:
         stderr=subprocess.DEVNULL,
     )
     _wait_for_lines(out / "requests.jsonl", 1)
-    assert _processes_tagged(out), "the launched server should be running mid-run"
+    assert processes_tagged(out), "the launched server should be running mid-run"
     proc.kill()
     proc.wait(timeout=10)
     deadline = time.monotonic() + 10
-    while _processes_tagged(out) and time.monotonic() < deadline:
+    while processes_tagged(out) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _processes_tagged(out) == []
+    assert processes_tagged(out) == []
 
 
 def test_orphan_left_by_a_dead_itlaudit_is_reaped_on_the_next_launch(tmp_path: Path) -> None:
