@@ -1,6 +1,8 @@
 """`itlaudit report`, `diff` and `export`: the commands that read finished run folders.
 
 File reading and argument checks live here; the figures, verdicts and rendering are the pure modules'.
+A folder a run is still writing (store.lock) is refused with one line unless `--live`, which reads
+what has finished so far and writes it apart from the run's own files, marked partial.
 """
 
 from __future__ import annotations
@@ -19,16 +21,36 @@ from itlaudit.analysis.importers import ImportedBenchmark, parse_import
 from itlaudit.analysis.run_diff import diff_runs, workload_differences, workload_of
 from itlaudit.analysis.stats import Verdict
 from itlaudit.cli.options import choices
-from itlaudit.errors import RecordsError
+from itlaudit.errors import RecordsError, RunDirError
 from itlaudit.model.records import RequestRecord
 from itlaudit.report.diff import render_diff
+from itlaudit.report.markdown import PARTIAL_HEADING
 from itlaudit.report.progress import Reporter
 from itlaudit.store.export import CHUNK_FORMATS, write_chunks
 from itlaudit.store.jsonl import load_records
-from itlaudit.store.rundir import META_FILE, REQUESTS_FILE, new_run_dir, read_json
+from itlaudit.store.lock import Holder, live_holder, refuse_if_live
+from itlaudit.store.rundir import (
+    META_FILE,
+    PARTIAL_DIR,
+    REQUESTS_FILE,
+    new_run_dir,
+    read_json,
+    remove_partial,
+)
 from itlaudit.workflows.derive import write_derived
 
-__all__ = ["FAIL_ON", "Run", "diff", "export", "load_import", "load_run", "out", "report"]
+__all__ = [
+    "FAIL_ON",
+    "LiveOption",
+    "Run",
+    "diff",
+    "export",
+    "load_import",
+    "load_run",
+    "out",
+    "report",
+    "still_written",
+]
 
 out = Console()
 FAIL_ON = (Verdict.WORSE, Verdict.UNKNOWN, "findings")
@@ -47,6 +69,25 @@ class Run:
     order: list[str]
     records: list[RequestRecord]
     meta: dict[str, Any]
+
+
+LiveOption = Annotated[
+    bool,
+    typer.Option(
+        "--live",
+        help="Read a folder a run is still writing: what has finished so far, marked partial, written "
+        "apart from the run's own files (DIR/partial/).",
+    ),
+]
+
+
+def still_written(path: Path, live: bool) -> Holder | None:
+    """The run writing `path` now, if any. Without --live that is one line, not a partial reading
+    taken for a finished one: the run rewrites its summary when it ends."""
+    holder = live_holder(path)
+    if holder is not None and not live:
+        raise RunDirError(f"{holder.describe()} is still writing {path}; wait, or pass --live")
+    return holder
 
 
 def load_run(path: Path) -> Run:
@@ -152,8 +193,12 @@ def report(
             "else the folder's name). Repeatable.",
         ),
     ] = None,
+    live: LiveOption = False,
 ) -> None:
     """Re-derive a run's files and write report.md, report.html and PNGs (several runs: one comparison)."""
+    holders = [h for h in (still_written(p, live) for p in run_dirs) if h is not None]
+    if out_dir is not None:
+        refuse_if_live(out_dir, f"--out {out_dir}")
     runs = [load_run(p) for p in run_dirs]
     labels = _run_labels(label_specs or [], runs)
     records, order = _combined(runs, labels)
@@ -162,8 +207,14 @@ def report(
     steps = Reporter(Console(stderr=True))  # a spinner, or lines in a log: drawing takes seconds
     if len(runs) == 1 and out_dir is None:
         run = runs[0]
-        write_derived(run.path, run.title, run.order, imported=imported, reporter=steps)
-        target = run.path
+        holder = holders[0] if holders else None
+        write_derived(run.path, run.title, run.order, imported=imported, reporter=steps, live=holder)
+        target = run.path / PARTIAL_DIR if holder is not None else run.path
+        if holder is None or live_holder(run.path) is None:
+            remove_partial(
+                run.path
+            )  # this reading is whole, or the run ended (and rewrote its own) meanwhile
+            target = run.path
     else:
         target = out_dir or new_run_dir(Path("reports"), "report")
         summary = run_summary(records, order)
@@ -171,6 +222,9 @@ def report(
         findings = derived + summary["run_findings"]
         titles = [run.title for run in runs]
         title = " vs ".join(titles if len(set(titles)) == len(titles) else [labels[run.path] for run in runs])
+        if holders:
+            title = f"{PARTIAL_HEADING}: {title}"
+            summary["partial"] = {"pid": holders[0].pid, "host": holders[0].host}
         from itlaudit.report.writer import write_reports  # matplotlib: only when drawing
 
         with steps.step("writing the report"):
@@ -194,11 +248,13 @@ def diff(
     force: Annotated[
         bool, typer.Option("--force", help="Compare even when the two runs' workloads differ.")
     ] = False,
+    live: LiveOption = False,
 ) -> None:
     """Compare two runs metric by metric: values, ratio, p-value, verdict; Markdown for a PR comment."""
     unknown = set(fail_on or []) - set(FAIL_ON)
     if unknown:
         raise RecordsError(f"--fail-on {', '.join(sorted(unknown))}: expected {', '.join(FAIL_ON)}")
+    partial = [f"{p} ({h.describe()})" for p in (base_dir, new_dir) if (h := still_written(p, live))]
     base, new = load_run(base_dir), load_run(new_dir)
     for run in (base, new):
         if not run.records:
@@ -213,6 +269,9 @@ def diff(
         )
     result = diff_runs(base.records, new.records, threshold=threshold, alpha=alpha)
     text = render_diff(result, str(base_dir), str(new_dir))
+    if partial:
+        still = "; ".join(partial)
+        text = f"> **{PARTIAL_HEADING}**: {still}, so these are its finished requests only.\n\n{text}"
     if out_file is not None:
         out_file.write_text(text, encoding="utf-8")
     typer.echo(text, nl=False)
@@ -226,8 +285,12 @@ def diff(
 def export(
     run_dir: Annotated[Path, typer.Argument(help="A run folder.")],
     fmt: Annotated[ChunkFormat, typer.Option("--format", help="chunks file format.")] = "csv",
+    live: LiveOption = False,
 ) -> None:
     """Write chunks.csv / chunks.parquet (one row per SSE chunk) beside requests.csv, for notebooks."""
+    holder = still_written(run_dir, live)
     run = load_run(run_dir)
-    path = write_chunks(run.records, run.path, fmt)
-    out.print(f"chunks: {path}  requests: {run.path / 'requests.csv'}")
+    target = run.path / PARTIAL_DIR if holder is not None else run.path
+    target.mkdir(exist_ok=True)
+    path = write_chunks(run.records, target, fmt)
+    out.print(f"chunks: {path}  requests: {target / 'requests.csv'}")

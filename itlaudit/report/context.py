@@ -117,4 +117,6 @@ def context_facts(meta: Mapping[str, Any], summary: Mapping[str, Any]) -> list[F
     facts.append(("capture", _capture_text(summary, meta)))
     if meta.get("interrupted"):
         facts.append(("interrupted", f"by {meta['interrupted'].get('signal')}: only finished requests count"))
+    if meta.get("failed"):
+        facts.append(("failed", f"{meta['failed'].get('error')}: only finished requests count"))
     return facts

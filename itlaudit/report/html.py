@@ -27,6 +27,7 @@ from itlaudit.report.markdown import (
     finding_groups,
     headline,
     import_rows,
+    partial_warning,
     result_rows,
     saturation_warning,
     summary_rows,
@@ -129,7 +130,7 @@ def render_html(
         facts = "".join(f"<li><strong>{html.escape(k)}</strong>: {html.escape(v)}</li>" for k, v in context)
         parts.append(f'<ul class="context">{facts}</ul>')
     parts.append(f'<div class="headline"><ul>{sentences}</ul></div>')
-    for warning in (usage_warning(summary), saturation_warning(summary)):
+    for warning in (partial_warning(summary), usage_warning(summary), saturation_warning(summary)):
         if warning:
             parts.append(f'<p class="warning">{inline_markdown(warning)}</p>')
     figures = [figure_html(caption, png) for caption, png in images]

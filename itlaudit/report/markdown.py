@@ -22,6 +22,7 @@ __all__ = [
     "FINDING_EXAMPLES",
     "IMPORT_ROWS",
     "NO_FINDINGS",
+    "PARTIAL_HEADING",
     "RESULT_NOTE",
     "RESULT_ROWS",
     "SUMMARY_ROWS",
@@ -38,6 +39,7 @@ __all__ = [
     "import_rows",
     "imported_section",
     "not_comparable_sentence",
+    "partial_warning",
     "render_report",
     "result_rows",
     "saturation_warning",
@@ -288,6 +290,25 @@ def usage_warning(summary: dict[str, Any]) -> str | None:
     )
 
 
+PARTIAL_HEADING = "partial: run still in progress"
+
+
+def partial_warning(summary: dict[str, Any]) -> str | None:
+    """A report derived while its run was still writing (`report --live`): how much it covers, and
+    that the run's own summary, written when it ends, is the one to read."""
+    partial = summary.get("partial")
+    if not isinstance(partial, dict):
+        return None
+    lines = (summary.get("records") or {}).get("lines")
+    who = f"pid {partial['pid']}" if partial.get("pid") else "another process"
+    count = f" {lines}" if isinstance(lines, int) else ""
+    return (
+        f"**{escape(PARTIAL_HEADING)}.** The run ({who}) was still writing its folder: these figures "
+        f"cover the{count} requests that had finished by then. When the run ends it writes its own "
+        "summary.json and report.md from all of its records, and removes this partial/ folder."
+    )
+
+
 def saturation_warning(summary: dict[str, Any]) -> str | None:
     """The client's own loop lagged by a visible share of the ITL: the figures partly measure itlaudit."""
     variants: dict[str, Any] = summary["variants"]
@@ -320,7 +341,7 @@ def render_report(
     if context:
         lines += [*context_section(context), ""]
     lines += [f"- {line}" for line in headline(summary)] + [""]
-    for warning in (usage_warning(summary), saturation_warning(summary)):
+    for warning in (partial_warning(summary), usage_warning(summary), saturation_warning(summary)):
         if warning:
             lines += [f"> {warning}", ""]
     lines += ["## Result", "", RESULT_NOTE, ""]

@@ -11,6 +11,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import msgspec
 from itlaudit.errors import RecordsError
 from itlaudit.model.records import RequestRecord
 
-__all__ = ["RecordWriter", "iter_jsonl", "load_records"]
+__all__ = ["RecordFile", "RecordWriter", "iter_jsonl", "load_records", "read_records"]
 
 
 class RecordWriter:
@@ -167,17 +168,34 @@ def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
             raise RecordsError(f"{path}:{lineno}: not valid JSON ({exc.msg}); the file is damaged") from None
 
 
-def load_records(path: Path) -> list[RequestRecord]:
+@dataclass(frozen=True)
+class RecordFile:
+    """A requests.jsonl as read: its measured records, and how many whole lines (records, warmup ones
+    included) it held, which summary.json repeats so a reader can check the one against the other."""
+
+    records: list[RequestRecord]
+    lines: int
+    warmup: int
+
+
+def read_records(path: Path) -> RecordFile:
     """Load raw records from a requests.jsonl; derived keys on each line are ignored.
 
     Warmup requests stay in requests.jsonl but are dropped here: this is the one door every
     figure, count, finding and report goes through, so excluding them here excludes them everywhere."""
     out = []
+    lines = 0
     for obj in iter_jsonl(path):
         try:
             record = RequestRecord.from_json(obj)
         except (TypeError, ValueError) as exc:  # wrong keys, or a status Status does not know
             raise RecordsError(f"{path}: a line is not an itlaudit request record ({exc})") from None
+        lines += 1
         if not record.warmup:
             out.append(record)
-    return out
+    return RecordFile(records=out, lines=lines, warmup=lines - len(out))
+
+
+def load_records(path: Path) -> list[RequestRecord]:
+    """The measured records of a requests.jsonl (read_records without the counts)."""
+    return read_records(path).records

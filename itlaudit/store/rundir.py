@@ -2,12 +2,15 @@
 
 Layout: requests.jsonl (append-only, one raw line per finished request), derived.jsonl (the figures
 and findings derived from each line, rewritten by every derivation), summary.json, requests.csv,
-report.md, meta.json (what was run, against what). Only this module and the JSONL writer touch it.
+report.md, meta.json (what was run, against what); run.lock while a run writes (store.lock), and
+partial/ for what `report --live` derived meanwhile, removed when the run ends. Only this module, the
+lock and the JSONL writer touch it.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,11 +21,13 @@ __all__ = [
     "CSV_FILE",
     "DERIVED_FILE",
     "META_FILE",
+    "PARTIAL_DIR",
     "REPORT_FILE",
     "REQUESTS_FILE",
     "SUMMARY_FILE",
     "new_run_dir",
     "read_json",
+    "remove_partial",
     "write_json",
     "write_jsonl",
 ]
@@ -34,6 +39,7 @@ CSV_FILE = "requests.csv"
 REPORT_FILE = "report.md"
 META_FILE = "meta.json"
 COMPARE_FILE = "compare.json"
+PARTIAL_DIR = "partial"  # `report --live`'s files, apart from the run's own
 
 
 def new_run_dir(base: Path, scenario_name: str) -> Path:
@@ -64,3 +70,8 @@ def write_jsonl(path: Path, lines: Sequence[dict[str, Any]]) -> None:
         encoding="utf-8",
     )
     tmp.replace(path)
+
+
+def remove_partial(run_dir: Path) -> None:
+    """Drop what `report --live` wrote while the run was going: the run's own files now say more."""
+    shutil.rmtree(run_dir / PARTIAL_DIR, ignore_errors=True)

@@ -11,15 +11,18 @@ from typing import TYPE_CHECKING, Any
 from itlaudit.analysis.derive import derive_request, run_summary
 from itlaudit.analysis.importers import ImportedBenchmark
 from itlaudit.model.records import RequestRecord
+from itlaudit.report.markdown import PARTIAL_HEADING
 from itlaudit.report.progress import Reporter
 from itlaudit.report.writer import write_reports
 from itlaudit.store.export import write_chunks
-from itlaudit.store.jsonl import load_records
+from itlaudit.store.jsonl import read_records
+from itlaudit.store.lock import Holder
 from itlaudit.store.rundir import (
     COMPARE_FILE,
     CSV_FILE,
     DERIVED_FILE,
     META_FILE,
+    PARTIAL_DIR,
     REQUESTS_FILE,
     SUMMARY_FILE,
     read_json,
@@ -64,25 +67,38 @@ def write_derived(
     *,
     imported: Sequence[tuple[ImportedBenchmark, str]] = (),
     reporter: Reporter | None = None,
+    live: Holder | None = None,
 ) -> dict[str, Any]:
     """(Re)derive summary.json, derived.jsonl, requests.csv, chunks.csv, the PNGs, report.md and
     report.html from requests.jsonl (plus compare.json's spec-decode figures when present). With a
-    reporter, each of the two steps (seconds each on a long run) is named while it runs."""
+    reporter, each of the two steps (seconds each on a long run) is named while it runs.
+
+    summary.json carries how many lines requests.jsonl held when it was derived (`records`), so a
+    reader can tell a summary that covers the whole file from one that does not. With `live` (the run
+    still writing the folder: `report --live`), every file goes to DIR/partial/ instead, titled and
+    marked partial: the run's own files are the run's, and it rewrites them when it ends."""
     steps = reporter.step if reporter is not None else _unnamed
+    out = run_dir / PARTIAL_DIR if live is not None else run_dir
     with steps("deriving figures"):
-        records = load_records(run_dir / REQUESTS_FILE)
+        loaded = read_records(run_dir / REQUESTS_FILE)
+        records = loaded.records
         derived = [derive_request(r) for r in records]
         summary = run_summary(records, variant_order)
-        write_json(run_dir / SUMMARY_FILE, summary)
-        write_jsonl(run_dir / DERIVED_FILE, derived)
-        _csv_frame(records, derived).to_csv(run_dir / CSV_FILE, index=False)
-        write_chunks(records, run_dir)
+        summary["records"] = {"file": REQUESTS_FILE, "lines": loaded.lines, "warmup": loaded.warmup}
+        if live is not None:
+            title = f"{PARTIAL_HEADING}: {title}"
+            summary["partial"] = {"pid": live.pid, "host": live.host}
+        out.mkdir(exist_ok=True)
+        write_json(out / SUMMARY_FILE, summary)
+        write_jsonl(out / DERIVED_FILE, derived)
+        _csv_frame(records, derived).to_csv(out / CSV_FILE, index=False)
+        write_chunks(records, out)
     findings = [f for d in derived for f in d["finding_details"]] + summary["run_findings"]
     compare = _optional_json(run_dir / COMPARE_FILE)
     meta = _optional_json(run_dir / META_FILE)
     with steps("drawing the plots and writing the report"):
         write_reports(
-            run_dir,
+            out,
             title,
             records,
             summary,

@@ -4,6 +4,7 @@ then derive the run's files. Shared by `run` and `compare`; it holds no figures 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -23,7 +24,7 @@ from itlaudit.capture.cluster import lost_worker_warnings
 from itlaudit.capture.planning import reset_prefix_cache, resolve_model
 from itlaudit.capture.runner import CaptureOptions, run_variant, variant_access
 from itlaudit.capture.server_info import server_environment
-from itlaudit.errors import RunDirError, RunInterrupted, ScenarioError
+from itlaudit.errors import ItlauditError, RunDirError, RunInterrupted, ScenarioError
 from itlaudit.model.access import NO_ACCESS, Access
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.redact import launch_secret_values, redact_file, redact_json
@@ -34,7 +35,16 @@ from itlaudit.report.progress import CaptureProgress, Reporter, duration
 from itlaudit.serve.environment import gpus as host_gpus
 from itlaudit.serve.environment import host_environment
 from itlaudit.store.jsonl import RecordWriter, iter_jsonl, load_records
-from itlaudit.store.rundir import META_FILE, REPORT_FILE, REQUESTS_FILE, new_run_dir, read_json, write_json
+from itlaudit.store.lock import hold_run_lock, refuse_if_live
+from itlaudit.store.rundir import (
+    META_FILE,
+    REPORT_FILE,
+    REQUESTS_FILE,
+    new_run_dir,
+    read_json,
+    remove_partial,
+    write_json,
+)
 from itlaudit.workflows.derive import write_derived
 
 __all__ = [
@@ -159,6 +169,8 @@ def _open_run_dir(run_dir: Path | None, scenario_name: str, append: bool) -> Pat
     try:
         if run_dir is None:
             return new_run_dir(DEFAULT_REPORTS, scenario_name)
+        # A folder another run is writing is refused first, whether or not it has records yet.
+        refuse_if_live(run_dir, f"--out {run_dir}")
         # Records make a run; a folder left by a refused or failed start (meta.json only) is reusable.
         requests = run_dir / REQUESTS_FILE
         if requests.is_file() and requests.stat().st_size > 0 and not append:
@@ -217,14 +229,52 @@ def run_scenario(
     A variant's /metrics window (before_variant → after_variant) holds its measured requests and nothing
     else: warmup requests finish before it opens, the identity ping comes before it and the /version read
     of the environment record after it.
-    SIGINT/SIGTERM still writes meta, summary and report for what finished, then raises
-    RunInterrupted."""
+
+    The run holds its folder's lock (store.lock) from the start until its summary is written, so
+    `report` and a second run can tell it is still going. However it ends (finished, SIGINT/SIGTERM,
+    a capture worker lost, any error after requests were sent), summary.json and the report are
+    rewritten from every record in requests.jsonl, and `report --live`'s partial/ folder is removed;
+    an interrupt then raises RunInterrupted, an error is re-raised."""
     variant_urls = variant_urls or {}
     unknown = set(variant_urls) - {v.name for v in scenario.variants}
     if unknown:
         names = ", ".join(v.name for v in scenario.variants)
         raise ScenarioError(f"--variant names {', '.join(sorted(unknown))}, not in the scenario ({names})")
-    run_dir = _open_run_dir(run_dir, scenario.folder_name, append)
+    folder = _open_run_dir(run_dir, scenario.folder_name, append)
+    try:
+        with hold_run_lock(folder, f"--out {folder}"):
+            return _run_in_folder(
+                scenario,
+                folder,
+                url=url,
+                variant_urls=variant_urls,
+                console=console,
+                before_variant=before_variant,
+                after_variant=after_variant,
+                ledger=ledger,
+                append=append,
+                capture=capture,
+                labels=labels,
+            )
+    finally:
+        remove_partial(folder)  # after the lock is let go: a `report --live` then sees the run over
+
+
+def _run_in_folder(
+    scenario: Scenario,
+    run_dir: Path,
+    *,
+    url: str | None,
+    variant_urls: dict[str, str],
+    console: Console | None,
+    before_variant: VariantHook | None,
+    after_variant: VariantHook | None,
+    ledger: LedgerPolicy | None,
+    append: bool,
+    capture: CaptureOptions | None,
+    labels: RunLabels | None,
+) -> RunOutcome:
+    """run_scenario's work, in a folder it holds."""
     started = time.time()
     meta: dict[str, Any] = {
         "itlaudit_version": __version__,
@@ -346,6 +396,9 @@ def run_scenario(
                 _write_meta(run_dir, meta)
     except KeyboardInterrupt:
         raise _wrap_up_interrupted(run_dir, scenario, meta, reporter) from None
+    except Exception as exc:
+        _wrap_up_failed(run_dir, scenario, meta, reporter, exc)
+        raise
     summary = write_derived(run_dir, scenario.name, [v.name for v in scenario.variants], reporter=reporter)
     if ledger is not None:
         ledger.record(run_dir)
@@ -408,6 +461,27 @@ def interruption() -> tuple[str, int]:
     return ("SIGTERM", 143) if _SIGTERM_SEEN.is_set() else ("SIGINT", 130)
 
 
+def _finished_requests(run_dir: Path) -> int:
+    requests = run_dir / REQUESTS_FILE
+    return sum(1 for _ in iter_jsonl(requests)) if requests.exists() else 0
+
+
+def _wrap_up_failed(
+    run_dir: Path, scenario: Scenario, meta: dict[str, Any], reporter: Reporter, error: Exception
+) -> None:
+    """An error ended the run after it began (a capture worker died, the server refused, the disk
+    filled): as after an interrupt, meta says so and summary and report are rewritten from what
+    finished, so they never disagree with requests.jsonl; nothing goes to the ledger. If that fails
+    too (the disk is still full), the original error is the one reported."""
+    meta["failed"] = {"error": str(error), "at_unix": time.time()}  # _write_meta redacts it
+    with contextlib.suppress(OSError, ItlauditError):
+        _write_meta(run_dir, meta)
+        finished = _finished_requests(run_dir)
+        if finished:
+            reporter.phase(f"run failed: keeping the {finished} finished requests")
+            write_derived(run_dir, scenario.name, [v.name for v in scenario.variants], reporter=reporter)
+
+
 def _wrap_up_interrupted(
     run_dir: Path, scenario: Scenario, meta: dict[str, Any], reporter: Reporter
 ) -> RunInterrupted:
@@ -416,8 +490,7 @@ def _wrap_up_interrupted(
     signal_name, exit_code = interruption()
     meta["interrupted"] = {"signal": signal_name, "at_unix": time.time()}
     _write_meta(run_dir, meta)
-    requests = run_dir / REQUESTS_FILE
-    finished = sum(1 for _ in iter_jsonl(requests)) if requests.exists() else 0
+    finished = _finished_requests(run_dir)
     if finished:
         reporter.phase(f"interrupted by {signal_name}: keeping the {finished} finished requests")
         write_derived(run_dir, scenario.name, [v.name for v in scenario.variants], reporter=reporter)
