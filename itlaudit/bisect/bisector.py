@@ -112,15 +112,8 @@ class Bisection:
             )
 
     # -- roles ---------------------------------------------------------------------------------
-    @property
-    def _yes(self) -> str:
-        """The verdict that moves the search's upper bound: bad normally, good when hunting the fix."""
-        return GOOD if self.state.settings.find_fix else BAD
-
     def _answer(self, verdict: str) -> Answer:
-        if verdict not in (GOOD, BAD):
-            return Answer.UNKNOWN
-        return Answer.YES if verdict == self._yes else Answer.NO
+        return state_mod.answer(verdict, self.state.settings.find_fix)
 
     @property
     def _reference(self) -> int:

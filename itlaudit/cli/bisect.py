@@ -175,6 +175,12 @@ def bisect(
     if resume is not None:
         state = state_mod.load(resume)
         bisect_dir = resume
+        for flag, given, stored in (("--from", good, state.settings.good), ("--to", bad, state.settings.bad)):
+            if given is not None and not state_mod.same_build(given, stored):
+                raise BisectError(
+                    f"--resume {resume} bisects {state.settings.good}..{state.settings.bad}, not {flag} "
+                    f"{given}; drop --from/--to to continue it, or start the other range with a new --out"
+                )
     else:
         if not good or not bad:
             raise BisectError("give --from GOOD --to BAD (or --resume DIR)")
