@@ -27,7 +27,7 @@ from itlaudit.serve.sim import SimConfig, run_sim
 from itlaudit.serve.sim.config import ARGMAX, FLAT
 from itlaudit.serve.sim.lm import BigramModel
 from itlaudit.store.rundir import COMPARE_FILE, read_json
-from itlaudit.workflows.compare import audit_distribution, run_compare
+from itlaudit.workflows.compare import run_compare
 from tests.simkit import itlaudit, sim_server
 
 SHARP = 2.0
@@ -50,8 +50,11 @@ def _sim(seed: int, k: int = 0, sampler: str = "model") -> SimConfig:
     )
 
 
-def _scenario(tmp_path: Path, urls: dict[str, str], requests: int = 24, tokens: int = 32) -> Any:
-    variants = "".join(f'\n[[variants]]\nname = "{name}"\nurl = "{url}"\n' for name, url in urls.items())
+def _scenario(
+    tmp_path: Path, urls: dict[str, str], requests: int = 24, tokens: int = 32, variants: str = ""
+) -> Any:
+    """Sampled completions (temperature 0.8) of a few prompts; variants given by URL or as TOML."""
+    variants += "".join(f'\n[[variants]]\nname = "{name}"\nurl = "{url}"\n' for name, url in urls.items())
     text = f"""
 name = "dist"
 endpoint = "completions"
@@ -217,14 +220,24 @@ def test_no_speculation_means_no_audit_unless_asked(tmp_path: Path) -> None:
     assert "distribution" not in comparison
 
 
-def test_a_stopped_baseline_server_is_named_not_a_crash(tmp_path: Path) -> None:
-    with sim_server(_sim(seed=1)) as first, sim_server(_sim(seed=2, k=3)) as second:
-        scenario = _scenario(tmp_path, {"K0": first, "K3": second}, requests=4, tokens=8)
-        outcome, comparison = run_compare(scenario, run_dir=tmp_path / "run", distribution=False)
-    block, findings = asyncio.run(
-        audit_distribution(scenario, outcome.records, comparison, {"K0": None, "K3": None})
-    )
-    assert block is not None and "has stopped" in block["skipped"] and findings == []
+def test_a_launched_baseline_is_started_again_to_score(tmp_path: Path) -> None:
+    """A baseline the run launched has stopped when the audit runs: it is launched once more (its own
+    log beside the run's), scores, and stops; the broken K3 fires as with servers given by URL."""
+
+    def launched(name: str, *flags: str) -> str:
+        command = ["{python}", "-m", "itlaudit", "sim", "--port", "{port}", "--step-ms", "0"]
+        command += ["--ttft-ms", "0", "--model-sharpness", str(SHARP), *flags]
+        return (
+            f'\n[[variants]]\nname = "{name}"\n[variants.launch]\nkind = "command"\ncommand = {command!r}\n'
+        )
+
+    variants = launched("K0", "--seed", "1")
+    variants += launched("K3", "--seed", "2", "--num-speculative-tokens", "3", "--draft-sampler", ARGMAX)
+    scenario = _scenario(tmp_path, {}, requests=12, tokens=24, variants=variants)
+    _, comparison = run_compare(scenario, run_dir=tmp_path / "run")
+    assert SPEC_DECODE_DISTRIBUTION_SHIFT in _codes(comparison), comparison.get("distribution")
+    assert (tmp_path / "run" / "server-K0-scoring.log").is_file()
+    assert (tmp_path / "run" / "server-K0.log").is_file()
 
 
 def test_cli_prints_the_audit_line(tmp_path: Path) -> None:

@@ -7,6 +7,8 @@ disturb the timing it sits beside.
 from __future__ import annotations
 
 import asyncio
+from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from itlaudit.capture.runner import CaptureOptions, variant_access
 from itlaudit.capture.scoring import Scorer, explain_mismatch, score_outputs
 from itlaudit.capture.server_info import scrape_counters
 from itlaudit.errors import ItlauditError
+from itlaudit.model.access import Access
 from itlaudit.model.codes import SPEC_DECODE_OUTPUT_MISMATCH
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.run_labels import RunLabels
@@ -31,7 +34,7 @@ from itlaudit.model.scenario import COMPILED, EAGER, Scenario, Variant
 from itlaudit.report.progress import Reporter
 from itlaudit.store.rundir import COMPARE_FILE, write_json
 from itlaudit.workflows.derive import write_derived
-from itlaudit.workflows.run import LedgerPolicy, RunOutcome, run_scenario
+from itlaudit.workflows.run import LedgerPolicy, RunOutcome, run_scenario, variant_target
 
 __all__ = ["audit_distribution", "execution_mode", "explain_mismatches", "run_compare"]
 
@@ -83,58 +86,80 @@ async def explain_mismatches(
     return out
 
 
-async def audit_distribution(
+async def _score_distribution(
     scenario: Scenario,
-    records: list[RequestRecord],
-    comparison: dict[str, Any],
-    live_urls: dict[str, str | None],
-    forced: bool | None = None,
-) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-    """Lossless at temperature > 0 (analysis/distribution.py): every sampled output of the baseline
-    and of each audited variant scored under the baseline's server, per-token log-likelihoods
-    compared. Audited: each variant that speculates and sampled (forced None), every variant that
-    sampled (True: a K0-vs-K0 control, two builds), none (False). Returns compare.json's distribution
-    block (None when nothing was audited) and its findings; a block that could not be scored says
-    why in `skipped`, and the run's other results stand."""
-    baseline = comparison["baseline"]
-    mine = {name: sampled([r for r in records if r.variant == name]) for name in comparison["variants"]}
-    audited = [
-        name
-        for name, row in comparison["variants"].items()
-        if name != baseline and mine[name] and (forced or (forced is None and speculates(row)))
-    ]
-    if forced is False or not audited:
-        return None, []
-    block: dict[str, Any] = {"scorer": baseline, "variants": {}}
-    url = live_urls.get(baseline)
-    if scenario.endpoint != ENDPOINT_COMPLETIONS:
-        return {**block, "skipped": "outputs are scored on /v1/completions: run the scenario there"}, []
-    if not mine[baseline]:
-        return {**block, "skipped": f"the baseline {baseline!r} has no sampled outputs to compare with"}, []
-    if url is None:
-        reason = (
-            f"the baseline {baseline!r} server was launched and has stopped; give it by URL "
-            "(--variant-url or --url) so the outputs can be scored under it"
-        )
-        return {**block, "skipped": reason}, []
+    sampled_by_variant: dict[str, list[RequestRecord]],
+    audited: list[str],
+    url: str,
+    access: Access,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    baseline = scenario.variants[0].name
+    figures_by_variant: dict[str, Any] = {}
+    findings = []
 
     def prompt_of(record: RequestRecord) -> str | list[int] | list[dict[str, Any]]:
         return sent_prompt(scenario, int(prompt_index(record)))
 
-    findings = []
+    ssl = access.ssl_context()
+    connector = aiohttp.TCPConnector(ssl=ssl) if ssl is not None else None
+    async with aiohttp.ClientSession(headers=access.header_map(), connector=connector) as session:
+        # The model name the baseline's server answered to (a scenario may say "auto").
+        scorer = Scorer(session, url, sampled_by_variant[baseline][0].model)
+        base = await score_outputs(scorer, sampled_by_variant[baseline], prompt_of)
+        for name in audited:
+            spec = await score_outputs(scorer, sampled_by_variant[name], prompt_of)
+            figures_by_variant[name], finding = distribution_shift(baseline, name, base, spec)
+            if finding is not None:
+                findings.append(finding.to_json())
+    return figures_by_variant, findings
+
+
+def audit_distribution(
+    scenario: Scenario,
+    outcome: RunOutcome,
+    comparison: dict[str, Any],
+    live_urls: dict[str, str | None],
+    forced: bool | None = None,
+    capture: CaptureOptions | None = None,
+    console: Console | None = None,
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """Lossless at temperature > 0 (analysis/distribution.py): every sampled output of the baseline
+    and of each audited variant scored under the baseline's server, per-token log-likelihoods
+    compared. Audited: each variant that speculates and sampled (forced None), every variant that
+    sampled (True: a K0-vs-K0 control, two builds), none (False). A baseline server the run launched
+    has stopped by now, so it is launched once more for the scoring (its log: server-<name>-scoring.log)
+    and stopped after. Returns compare.json's distribution block (None when nothing was audited) and
+    its findings; a block that could not be scored says why in `skipped`, and the run's other results
+    stand."""
+    baseline = scenario.variants[0]
+    records = outcome.records
+    mine = {name: sampled([r for r in records if r.variant == name]) for name in comparison["variants"]}
+    audited = [
+        name
+        for name, row in comparison["variants"].items()
+        if name != baseline.name and mine[name] and (forced or (forced is None and speculates(row)))
+    ]
+    if forced is False or not audited:
+        return None, []
+    block: dict[str, Any] = {"scorer": baseline.name, "variants": {}}
+    if scenario.endpoint != ENDPOINT_COMPLETIONS:
+        return {**block, "skipped": "outputs are scored on /v1/completions: run the scenario there"}, []
+    if not mine.get(baseline.name):
+        return {**block, "skipped": f"the baseline {baseline.name!r} has no sampled outputs to compare"}, []
+    access = variant_access(scenario, baseline.name, capture)
+    reporter = Reporter(console)
     try:
-        async with aiohttp.ClientSession() as session:
-            scorer = Scorer(session, url, mine[baseline][0].model)  # the name the server answered to
-            base = await score_outputs(scorer, mine[baseline], prompt_of)
-            for name in audited:
-                spec = await score_outputs(scorer, mine[name], prompt_of)
-                figures, finding = distribution_shift(baseline, name, base, spec)
-                block["variants"][name] = figures
-                if finding is not None:
-                    findings.append(finding.to_json())
+        with ExitStack() as stack:
+            url = live_urls.get(baseline.name)
+            if url is None:
+                with reporter.step(f"{baseline.name}: starting its server again to score sampled outputs"):
+                    again = replace(baseline, name=f"{baseline.name}-scoring")  # its own server log
+                    url = stack.enter_context(variant_target(again, None, outcome.run_dir, access))
+            with reporter.step(f"scoring sampled outputs under {baseline.name}"):
+                figures, findings = asyncio.run(_score_distribution(scenario, mine, audited, url, access))
     except ItlauditError as exc:
-        return {**block, "skipped": f"scoring under {baseline!r} failed: {exc}"}, []
-    return block, findings
+        return {**block, "skipped": f"scoring under {baseline.name!r} failed: {exc}"}, []
+    return {**block, "variants": figures}, findings
 
 
 def execution_mode(variant: Variant, overridden: bool) -> str | None:
@@ -203,7 +228,7 @@ def run_compare(
     modes = {v.name: execution_mode(v, bool(url or overrides.get(v.name))) for v in scenario.variants}
     by_id = {r.request_id: r.variant for r in outcome.records}
     comparison["findings"] = [_judged_by_modes(found, modes, by_id) for found in explained]
-    block, shifts = asyncio.run(audit_distribution(scenario, outcome.records, comparison, live, distribution))
+    block, shifts = audit_distribution(scenario, outcome, comparison, live, distribution, capture, console)
     if block is not None:
         comparison["distribution"] = block
         comparison["findings"] += shifts
