@@ -65,6 +65,8 @@ def test_workers_merge_into_one_run_with_unique_ids_and_exact_counts(tmp_path: P
 # --- the records writer -------------------------------------------------------------------------------
 
 
+@pytest.mark.fault_row("16")
+@pytest.mark.fault_row("N31")
 def test_sigkill_loses_at_most_the_requests_of_the_last_100_ms(tmp_path: Path, paced) -> None:
     server = paced(interval_ms=1.0)
     path = scenario(tmp_path, f"{prompts(4)}\nnum_requests = 2000\nconcurrency = 4\nmax_tokens = 5")
@@ -112,6 +114,7 @@ def _zombie(pid: int) -> bool:
         return True
 
 
+@pytest.mark.fault_row("18")
 def test_a_full_disk_mid_run_is_one_line_exit_2_and_the_records_stay_whole(tmp_path: Path, paced) -> None:
     server = paced(interval_ms=0.5)
     path = scenario(tmp_path, f"{prompts(2)}\nnum_requests = 40\nconcurrency = 2\nmax_tokens = 60")
@@ -165,6 +168,7 @@ def summary_findings(tmp_path: Path) -> dict[str, int]:
     return json.loads((tmp_path / "run" / "summary.json").read_text())["variants"]["A"]["findings"]
 
 
+@pytest.mark.fault_row("3")
 def test_a_stall_is_cut_by_stall_timeout_and_kept(tmp_path: Path, paced) -> None:
     result, _ = run_fault(tmp_path, paced, "stall", "--stall-timeout", "0.5")
     assert result.returncode == 0, result.stderr
@@ -181,6 +185,7 @@ def test_a_stall_is_cut_by_stall_timeout_and_kept(tmp_path: Path, paced) -> None
     assert stalled[0]["evidence"]["gap_ms"] >= 500
 
 
+@pytest.mark.fault_row("6b")
 def test_wrong_shape_json_is_a_stream_error_with_an_excerpt(tmp_path: Path, paced) -> None:
     result, _ = run_fault(tmp_path, paced, "wrong_shape")
     assert result.returncode == 0, result.stderr
@@ -192,6 +197,7 @@ def test_wrong_shape_json_is_a_stream_error_with_an_excerpt(tmp_path: Path, pace
     assert summary_findings(tmp_path)["stream_error"] == 2
 
 
+@pytest.mark.fault_row("5")
 def test_invalid_utf8_is_a_finding_and_the_text_is_kept(tmp_path: Path, paced) -> None:
     result, _ = run_fault(tmp_path, paced, "invalid_utf8")
     assert result.returncode == 0, result.stderr
@@ -202,6 +208,7 @@ def test_invalid_utf8_is_a_finding_and_the_text_is_kept(tmp_path: Path, paced) -
     assert summary_findings(tmp_path)["invalid_utf8"] == 2
 
 
+@pytest.mark.fault_row("13")
 def test_a_200_that_is_not_an_event_stream_names_its_content_type(tmp_path: Path, paced) -> None:
     result, _ = run_fault(tmp_path, paced, "not_sse")
     assert result.returncode == 0, result.stderr
@@ -211,6 +218,7 @@ def test_a_200_that_is_not_an_event_stream_names_its_content_type(tmp_path: Path
     assert summary_findings(tmp_path)["stream_error"] == 2
 
 
+@pytest.mark.fault_row("7")
 def test_a_429_is_a_finding_the_workload_goes_on_and_retry_after_is_honoured(tmp_path: Path, paced) -> None:
     workload = f"{prompts(1)}\nnum_requests = 3\nconcurrency = 1\nmax_tokens = 5"
     result, server = run_fault(tmp_path, paced, "rate_limit", workload=workload)
@@ -223,6 +231,8 @@ def test_a_429_is_a_finding_the_workload_goes_on_and_retry_after_is_honoured(tmp
     assert arrivals[1] - arrivals[0] >= 1.0  # the slot waited out Retry-After before its next request
 
 
+@pytest.mark.fault_row("8")
+@pytest.mark.fault_row("N32")
 def test_a_redirect_is_named_with_its_location_in_one_line(tmp_path: Path, paced) -> None:
     result, _ = run_fault(tmp_path, paced, "redirect")
     assert result.returncode == 2
@@ -231,6 +241,7 @@ def test_a_redirect_is_named_with_its_location_in_one_line(tmp_path: Path, paced
     assert [r["status"] for r in lines(tmp_path)] != []
 
 
+@pytest.mark.fault_row("12")
 def test_n_above_1_is_refused_at_scenario_load(tmp_path: Path) -> None:
     path = scenario(tmp_path, f"{prompts(1)}\nextra_body = {{ n = 2 }}")
     result = itlaudit("run", str(path), "--url", "http://127.0.0.1:9", cwd=tmp_path)

@@ -88,6 +88,8 @@ FORCED = (
 )
 
 
+@pytest.mark.fault_row("1")
+@pytest.mark.fault_row("11")
 @pytest.mark.parametrize(
     ("flags", "workload", "expected"),
     [

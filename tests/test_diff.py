@@ -6,6 +6,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from reportkit import stream
 from typer.testing import CliRunner
 
@@ -82,6 +83,7 @@ def _meta(folder: Path, scenario: str) -> None:
     (folder / "meta.json").write_text(json.dumps({"scenario": scenario, "variants": {"K0": {}}}))
 
 
+@pytest.mark.fault_row("27")
 def test_diff_of_different_workloads_is_refused_unless_forced(tmp_path: Path) -> None:
     base = _write(tmp_path / "base", run("K0", 12))
     _meta(base, "short-decode")

@@ -41,6 +41,7 @@ def codes(line: dict[str, Any]) -> set[str]:
 # --- row 9: a compressed event stream ------------------------------------------------------------
 
 
+@pytest.mark.fault_row("9")
 @pytest.mark.parametrize("mode", ["gzip_sse", "deflate_sse", "plain_sse"])
 def test_compressed_stream_is_decoded_with_a_stamp_per_read(faultserver, tmp_path: Path, mode: str) -> None:
     result, lines = run_one(faultserver, mode, tmp_path)
@@ -54,6 +55,7 @@ def test_compressed_stream_is_decoded_with_a_stamp_per_read(faultserver, tmp_pat
         assert codes(line) == set(), line["findings"]
 
 
+@pytest.mark.fault_row("9")
 def test_undecodable_coding_is_a_stream_error_naming_it(faultserver, tmp_path: Path) -> None:
     result, lines = run_one(faultserver, "br_sse", tmp_path)
     assert result.returncode == 0, result.stderr
@@ -64,6 +66,7 @@ def test_undecodable_coding_is_a_stream_error_naming_it(faultserver, tmp_path: P
 # --- row 12: a server that interleaves choices[].index -------------------------------------------
 
 
+@pytest.mark.fault_row("12")
 def test_interleaved_choices_are_a_finding_and_not_one_reply(faultserver, tmp_path: Path) -> None:
     result, lines = run_one(faultserver, "interleaved", tmp_path)
     assert result.returncode == 0, result.stderr
@@ -94,6 +97,7 @@ def _wait_for_lines(path: Path, count: int, proc: subprocess.Popen[str], timeout
     raise AssertionError(f"{path} did not reach {count} lines: {proc.communicate()}")
 
 
+@pytest.mark.fault_row("N2")
 def test_workers_send_nothing_after_the_coordinator_is_killed(faultserver, tmp_path: Path) -> None:
     arrivals = tmp_path / "arrivals.jsonl"
     url = faultserver("clean", "--step-ms", "10", "--arrival-log", str(arrivals))

@@ -20,6 +20,7 @@ from itlaudit.serve.sim import SIM_VERSION
 # --- item 2: identity is best effort -------------------------------------------------------------
 
 
+@pytest.mark.fault_row("G2")
 @pytest.mark.parametrize("mode", ["no_version", "stream_only"])
 def test_server_without_version_or_non_streaming_answer_is_run_with_build_unknown(
     faultserver, tmp_path: Path, mode: str
@@ -118,6 +119,8 @@ def test_no_planted_secret_reaches_any_file_a_run_writes(tmp_path: Path) -> None
 # --- item 8: the run folder -----------------------------------------------------------------------
 
 
+@pytest.mark.fault_row("20")
+@pytest.mark.fault_row("N5")
 def test_existing_run_folder_is_refused_and_append_keeps_ids_unique(faultserver, tmp_path: Path) -> None:
     path = write_scenario(tmp_path, url_variant("A", faultserver("clean")))
     out = tmp_path / "run"
@@ -138,6 +141,7 @@ def test_existing_run_folder_is_refused_and_append_keeps_ids_unique(faultserver,
     assert json.loads((out / "summary.json").read_text())["variants"]["A"]["requests"] == 8
 
 
+@pytest.mark.fault_row("19")
 def test_unwritable_out_is_one_line(faultserver, tmp_path: Path) -> None:
     if os.geteuid() == 0:
         pytest.skip("root writes through permissions; covered by the read-only bind below when available")
@@ -148,6 +152,7 @@ def test_unwritable_out_is_one_line(faultserver, tmp_path: Path) -> None:
     assert "cannot write the run folder" in line and "Permission denied" in line
 
 
+@pytest.mark.fault_row("19")
 def test_out_under_a_file_is_one_line(tmp_path: Path) -> None:
     """What root hits too: --out below something that is not a folder."""
     (tmp_path / "afile").write_text("x")
@@ -168,6 +173,7 @@ def _wait_for_lines(path: Path, count: int, timeout_s: float = 60) -> None:
     raise AssertionError(f"{path} never reached {count} lines")
 
 
+@pytest.mark.fault_row("17")
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["INT", "TERM"])
 def test_signal_keeps_finished_requests_and_writes_the_report(
     faultserver, tmp_path: Path, sig: signal.Signals, code: int
@@ -200,6 +206,7 @@ def test_signal_keeps_finished_requests_and_writes_the_report(
     assert not (tmp_path / "reports" / "ledger.jsonl").exists()  # a partial run is no experiment
 
 
+@pytest.mark.fault_row("24")
 def test_sigkill_of_compare_leaves_no_launched_server(tmp_path: Path) -> None:
     sim = json.dumps([sys.executable, "-m", "itlaudit", "sim", "--port", "{port}", "--step-ms", "50"])
     variants = f'[[variants]]\nname = "K0"\n\n[variants.launch]\nkind = "command"\ncommand = {sim}\n'
@@ -254,6 +261,7 @@ def test_orphan_left_by_a_dead_itlaudit_is_reaped_on_the_next_launch(tmp_path: P
 # --- item 11: report.md escapes server strings --------------------------------------------------
 
 
+@pytest.mark.fault_row("31")
 def test_markup_in_a_server_error_is_escaped_in_report_md(faultserver, tmp_path: Path) -> None:
     path = write_scenario(tmp_path, url_variant("A", faultserver("markup_error")))
     result = itlaudit("run", str(path), "--out", str(tmp_path / "run"), cwd=tmp_path)

@@ -69,6 +69,7 @@ def test_version_flag_and_command() -> None:
     assert itlaudit("version").stdout.strip() == __version__
 
 
+@pytest.mark.fault_row("G1")
 @pytest.mark.parametrize(
     ("args", "needle"),
     [

@@ -92,6 +92,7 @@ def _kept(run: Path, stderr: str, signal: str) -> None:
     assert json.loads((run / "meta.json").read_text())["interrupted"]["signal"] == f"SIG{signal}"
 
 
+@pytest.mark.fault_row("N4")
 @pytest.mark.parametrize(("signal", "code"), [("TERM", 143), ("INT", 130)])
 def test_signal_ends_a_scripts_background_run(faultserver, tmp_path: Path, signal: str, code: int) -> None:
     url = faultserver("clean", "--step-ms", "20")
@@ -103,6 +104,7 @@ def test_signal_ends_a_scripts_background_run(faultserver, tmp_path: Path, signa
     _kept(tmp_path / "run", stderr, signal)
 
 
+@pytest.mark.fault_row("24")
 def test_sigterm_ends_a_scripts_background_compare_and_its_launched_servers(tmp_path: Path) -> None:
     sim = json.dumps([sys.executable, "-m", "itlaudit", "sim", "--port", "{port}", "--step-ms", "30"])
     variants = "".join(
