@@ -21,8 +21,8 @@ completion; other requests go to the simulator):
 - stall_headers: 200 and the event-stream headers, then silence (row 2).
 - not_json / event_error: two good events, then a data line that is not JSON / an `event: error` whose
   data is vLLM's `{"error": {...}}` (rows 6, 14).
-- usage_backwards / usage_partial: completion_tokens goes 1 2 3 2 3 …, or rides on the first two
-  events only (row 10).
+- usage_backwards / usage_partial: completion_tokens goes 1 2 3 2 5 …, or rides on the first two
+  events and the last only (row 10).
 - unavailable: HTTP 503 with Retry-After: 1; html_500: HTTP 500 with an HTML page (row 7).
 - redirect_307 / redirect_loop: 307 to another path / to the same one (rows 8, N17).
 - drip: one byte of the first event every 200 ms, forever (N18).
@@ -293,8 +293,8 @@ FAULTS: dict[str, Callable[[web.Request, Handler], Awaitable[web.StreamResponse]
             b'event: error\ndata: {"error": {"message": "engine died", "type": "InternalServerError"}}\n\n'
         )
     ),
-    "usage_backwards": _events(lambda _: _words([1, 2, 3, 2, 3, 4, 5, 6])),
-    "usage_partial": _events(lambda _: _words([1, 2, None, None, None, None, None, None])),
+    "usage_backwards": _events(lambda _: _words([1, 2, 3, 2, 5, 6, 7, 8])),
+    "usage_partial": _events(lambda _: _words([1, 2, None, None, None, None, None, 8])),
     "unavailable": _status(
         503, lambda _: {"Retry-After": "1"}, '{"error": {"message": "overloaded"}}', "application/json"
     ),

@@ -291,7 +291,7 @@ def test_report_skips_a_half_cut_last_line_and_refuses_a_damaged_one(
     requests.write_text(whole + '{"request_id": "A-000')  # a crash mid-write
     result = itlaudit("report", str(here / "run"))
     assert result.returncode == 0, result.stderr
-    assert run_records(here / "run")[1]["requests"] == 2
+    assert json.loads((here / "run" / "summary.json").read_text())["variants"]["A"]["requests"] == 2
     first, second = whole.splitlines()
     requests.write_text(f'{first}\n{{"request_id": oops\n{second}\n')
     line = error_line(itlaudit("report", str(here / "run")))
@@ -302,8 +302,8 @@ def test_report_skips_a_half_cut_last_line_and_refuses_a_damaged_one(
 def test_diff_ignores_a_corrupted_summary_or_meta(server: Callable[..., str], here: Path) -> None:
     """diff derives from requests.jsonl, so a damaged summary.json or meta.json changes nothing."""
     url = server("plain_sse")
+    path = write_scenario(here, url_variant("A", url), WORKLOAD)
     for name in ("base", "new"):
-        path = write_scenario(here, url_variant("A", url), WORKLOAD, name=name)
         assert itlaudit("run", str(path), "--out", str(here / name)).returncode == 0
     clean = itlaudit("diff", str(here / "base"), str(here / "new"))
     assert clean.returncode == 0, clean.stderr
@@ -509,12 +509,14 @@ def test_a_launched_server_that_never_serves_is_an_error_with_its_tail(
         "never_ready": [sys.executable, "-c", "import time; time.sleep(60)"],
         "port_in_use": [*SIM, "--port", str(busy_port)],
     }[case]
-    path = write_scenario(here, _launch_variant(command, ready_timeout_s=3), WORKLOAD)
+    # A server that exits or fails to bind is seen whatever the limit: only never_ready waits it out.
+    ready_timeout_s = 3 if case == "never_ready" else 60
+    path = write_scenario(here, _launch_variant(command, ready_timeout_s), WORKLOAD)
     result = itlaudit("compare", str(path), "--out", str(here / "run"))
     assert result.returncode == 2, result.stderr
     message = " ".join(result.stderr.split())
     assert all(needle in message for needle in needles), result.stderr
-    assert not (here / "run" / "requests.jsonl").exists()
+    assert not (here / "run" / "requests.jsonl").read_text()  # nothing was sent
     deadline = time.monotonic() + 5
     while processes_tagged(here / "run") and time.monotonic() < deadline:
         time.sleep(0.1)
