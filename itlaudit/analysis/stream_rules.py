@@ -14,6 +14,7 @@ from itlaudit.model.codes import (
     CHUNKS_COALESCED,
     CLIENT_SATURATED,
     CONNECTION_ERROR,
+    CUT_BY_DURATION,
     HTTP_ERROR,
     INVALID_UTF8,
     NO_DONE_SENTINEL,
@@ -25,7 +26,7 @@ from itlaudit.model.codes import (
     Finding,
     Severity,
 )
-from itlaudit.model.records import RequestRecord, Status
+from itlaudit.model.records import DURATION_CUT, RequestRecord, Status
 
 __all__ = [
     "CLIENT_SATURATED_SHARE",
@@ -154,7 +155,7 @@ def transport_findings(record: RequestRecord, metrics: RequestMetrics) -> list[F
         message = f"The connection failed after {before} tokens: {record.error}"
         out.append(Finding.of(CONNECTION_ERROR, message, {"message": record.error, **seen}, rid))
     elif record.status == Status.TIMEOUT:
-        out.append(_stalled(record, seen))
+        out.append(_cut(record, seen) if record.timeout_limit == DURATION_CUT else _stalled(record, seen))
     elif record.status == Status.RATE_LIMITED:
         retry = record.retry_after_s
         message = (
@@ -185,6 +186,16 @@ def transport_findings(record: RequestRecord, metrics: RequestMetrics) -> list[F
         )
         out.append(Finding.of(NO_DONE_SENTINEL, message, {"status": record.status, **seen}, rid))
     return out
+
+
+def _cut(record: RequestRecord, seen: dict[str, Any]) -> Finding:
+    """The run's end cut the request: not a silence of the server's, so not a stall."""
+    message = (
+        f"Still streaming after {tokens_text(record.completion_tokens)} tokens when the run's duration_s "
+        f"and its grace ran out: {record.error}. Not measured; everything received is kept."
+    )
+    evidence = {"e2e_ms": record.e2e_ms, "sent_offset_ms": record.sent_offset_ms, **seen}
+    return Finding.of(CUT_BY_DURATION, message, evidence, record.request_id)
 
 
 def _stalled(record: RequestRecord, seen: dict[str, Any]) -> Finding:

@@ -32,6 +32,7 @@ from itlaudit.capture.transport import StampMode, Stream, TransportOptions, open
 from itlaudit.errors import ConnectTimeout
 from itlaudit.model.access import NO_ACCESS, Access
 from itlaudit.model.records import (
+    DURATION_CUT,
     STATUS_CONNECTION_ERROR,
     STATUS_HTTP_ERROR,
     STATUS_OK,
@@ -301,9 +302,14 @@ def _timed_out(
     record.e2e_ms = (now - t0) / 1e6
     silent_ms = (now - (last_ns if last_ns is not None else t0)) / 1e6
     received = len(record.chunks)
+    chunks = f"{received} chunk{'s' if received != 1 else ''}"
+    if limit == DURATION_CUT:  # the run's end, not the server's silence
+        record.error = (
+            f"cut at the run's end ({seconds:g} s after its start: duration_s and its grace) after {chunks}"
+        )
+        return
     record.error = (
-        f"cut by {limit} = {seconds:g} s: nothing arrived for {silent_ms / 1000:.3g} s "
-        f"after {received} chunk{'s' if received != 1 else ''}"
+        f"cut by {limit} = {seconds:g} s: nothing arrived for {silent_ms / 1000:.3g} s after {chunks}"
     )
 
 

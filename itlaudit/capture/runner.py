@@ -148,6 +148,9 @@ async def run_variant(
         ray = await loop.run_in_executor(None, cluster_module.connect, options.cluster)
     cores = cluster_module.usable_cpus(ray, options.workers) if ray is not None else None
     timeouts = dataclasses.replace(workload.timeouts, **options.timeouts)
+    # duration_s ends the measured phase: nothing is sent after it, and a stream still open when its
+    # grace is over too is cut (a timeout record, limit duration_cut_s), whenever it began.
+    measured_timeouts = dataclasses.replace(timeouts, duration_cut_s=workload.arrivals.cut_after_s)
     described: dict[str, Any] = {}
     if workload.dataset is not None and workload.dataset.kind == "sharegpt":
         described["reply_lengths"] = "tokenize" if lengths is not None else "estimated"
@@ -166,7 +169,7 @@ async def run_variant(
         shares = split_shares(
             phase,
             workload.concurrency,
-            timeouts,
+            measured_timeouts if phase is measured else timeouts,
             count,
             options.stamp,
             duration_s=workload.arrivals.duration_s if phase is measured else None,

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import dataclasses
 import gc
 import math
 import multiprocessing
@@ -141,9 +142,12 @@ async def capture_share(share: WorkerShare, probe: LagProbe, keep: Any, start_ns
     """Stream the share from `start_ns` (this worker's clock: the coordinator's start instant shifted
     by this worker's measured offset, so every worker's schedule shares one zero; None is now).
     Planned offsets make it an open loop; without them it is the closed loop at the share's
-    concurrency."""
+    concurrency. The share's duration cut (Timeouts.duration_cut_s) counts from the same zero."""
     if start_ns is None:
         start_ns = time.monotonic_ns()
+    if share.timeouts.duration_cut_s is not None:
+        timeouts = dataclasses.replace(share.timeouts, start_s=start_ns / 1e9)
+        share = dataclasses.replace(share, timeouts=timeouts)
     probe.start()
     try:
         delay_s = (start_ns - time.monotonic_ns()) / 1e9

@@ -21,6 +21,7 @@ __all__ = [
     "CODES",
     "COMMON_CAP",
     "CONNECTION_ERROR",
+    "CUT_BY_DURATION",
     "GIBBERISH_SUSPECTED",
     "HTTP_ERROR",
     "IGNORE_EOS_VIOLATED",
@@ -189,6 +190,13 @@ STREAM_STALLED = _register(
     _ERROR,
     Scope.REQUEST,
     "a timeout cut the request: the silence, and after how many tokens",
+)
+CUT_BY_DURATION = _register(
+    "cut_by_duration",
+    _WARNING,
+    Scope.REQUEST,
+    "the run's duration_s and its grace (duration_grace_s) ran out while the stream was open: itlaudit "
+    "cut it, so it is not measured, and the variant's measured requests are its shorter ones",
 )
 RATE_LIMITED = _register(
     "rate_limited",

@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import Any
 
 __all__ = [
+    "DURATION_CUT",
     "STATUS_CONNECTION_ERROR",
     "STATUS_HTTP_ERROR",
     "STATUS_OK",
@@ -51,6 +52,10 @@ STATUS_RATE_LIMITED = Status.RATE_LIMITED
 STATUS_WORKER_LOST = Status.WORKER_LOST
 
 
+# The timeout_limit of a stream cut because the run's duration_s and its grace were over.
+DURATION_CUT = "duration_cut_s"
+
+
 @dataclass
 class RequestParams:
     """The sampling/limit parameters that findings judge the output against."""
@@ -71,12 +76,19 @@ class Timeouts:
     server that goes quiet after its headers is cut too; `ttft_timeout_s`, when set, replaces it
     until the first chunk (long queues at high concurrency); `request_timeout_s` bounds the whole
     request. None means no limit.
+
+    `duration_cut_s` is not a [workload] key but the end of a duration_s run: duration_s plus its
+    grace, counted from `start_s` (the measured phase's start, monotonic seconds on the capturing
+    process's clock, set by the worker when it knows it); a stream still open then is cut, whenever it
+    began.
     """
 
     connect_timeout_s: float | None = 30.0
     ttft_timeout_s: float | None = None
     stall_timeout_s: float | None = 60.0
     request_timeout_s: float | None = None
+    duration_cut_s: float | None = None
+    start_s: float | None = None
 
     def limit(self, name: str) -> float | None:
         value: float | None = getattr(self, name)
@@ -94,6 +106,10 @@ class Timeouts:
             left_s = self.request_timeout_s - elapsed_s
             if wait_s is None or left_s < wait_s:
                 wait_s, limit = left_s, "request_timeout_s"
+        if self.duration_cut_s is not None and self.start_s is not None:
+            left_s = self.duration_cut_s - (now_ns / 1e9 - self.start_s)
+            if wait_s is None or left_s < wait_s:
+                wait_s, limit = left_s, DURATION_CUT
         return wait_s, limit
 
 
@@ -148,7 +164,7 @@ class RequestRecord:
     worker: int = 0  # which capture process; its clock offset is in meta.json
     stamp: str | None = None  # how chunk times were taken: "kernel" (socket receive time) or "loop"
     timeout_limit: str | None = (
-        None  # connect_timeout_s / ttft_timeout_s / stall_timeout_s / request_timeout_s
+        None  # connect_timeout_s / ttft_timeout_s / stall_timeout_s / request_timeout_s / duration_cut_s
     )
     retry_after_s: float | None = None  # a 429/503's Retry-After, in seconds
     invalid_utf8_chunks: int = 0  # data events that were not valid UTF-8 (decoded with U+FFFD)

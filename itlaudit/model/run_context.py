@@ -77,6 +77,7 @@ def workload_meta(scenario: Scenario) -> dict[str, Any]:
         "request_rate": arrivals.request_rate,
         "burstiness": arrivals.burstiness,
         "duration_s": arrivals.duration_s,
+        "duration_grace_s": arrivals.duration_grace_s if arrivals.duration_s is not None else None,
         "num_warmups": arrivals.warmup_requests,
         "max_tokens": max_tokens,
         "ignore_eos": workload.params.ignore_eos,

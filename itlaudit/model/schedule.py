@@ -18,9 +18,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["LONGEST_SCHEDULE_S", "Arrivals", "RampUp", "expected_span_s", "request_rates", "send_offsets_s"]
+__all__ = [
+    "DURATION_GRACE_S",
+    "LONGEST_SCHEDULE_S",
+    "Arrivals",
+    "RampUp",
+    "expected_span_s",
+    "request_rates",
+    "send_offsets_s",
+]
 
 LONGEST_SCHEDULE_S = 86_400.0  # a day: the longest schedule (or duration, or wait) a scenario may set
+# How long streams still open at duration_s may go on before they are cut (status timeout, limit
+# duration_cut_s): AIPerf's default --benchmark-grace-period, the same rule under the same name.
+DURATION_GRACE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -37,11 +48,17 @@ class Arrivals:
     burstiness: float = 1.0
     ramp_up: RampUp | None = None
     duration_s: float | None = None
+    duration_grace_s: float = DURATION_GRACE_S
     warmup_requests: int = 0
 
     @property
     def open_loop(self) -> bool:
         return self.request_rate is not None or self.ramp_up is not None
+
+    @property
+    def cut_after_s(self) -> float | None:
+        """When, from the measured phase's start, a stream still open is cut: duration_s + its grace."""
+        return self.duration_s + self.duration_grace_s if self.duration_s is not None else None
 
     def mean_rate(self) -> float | None:
         if self.ramp_up is not None:

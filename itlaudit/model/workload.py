@@ -21,7 +21,7 @@ from itlaudit.model.scenario_toml import (
     reject_unknown_keys,
     str_list,
 )
-from itlaudit.model.schedule import LONGEST_SCHEDULE_S, Arrivals, RampUp, expected_span_s
+from itlaudit.model.schedule import DURATION_GRACE_S, LONGEST_SCHEDULE_S, Arrivals, RampUp, expected_span_s
 
 __all__ = [
     "ARRIVAL_KEYS",
@@ -56,6 +56,7 @@ BOUNDS: dict[str, Bound] = {
     # the one non-finite value taken, as the schedule's documented special case.
     "burstiness": Bound(0.01, 1000),
     "duration_s": SECONDS,
+    "duration_grace_s": Bound(0, LONGEST_SCHEDULE_S, unit="s"),  # 0: cut open streams at duration_s
     "connect_timeout_s": SECONDS,
     "ttft_timeout_s": SECONDS,
     "stall_timeout_s": SECONDS,
@@ -264,7 +265,7 @@ def _dataset(src: dict[str, Any], loc: Located, base: Path, chat: bool, arrivals
         raise loc.error(table, exc.key, str(exc)) from None
 
 
-ARRIVAL_KEYS = ("request_rate", "burstiness", "ramp_up", "duration_s", "warmup_requests")
+ARRIVAL_KEYS = ("request_rate", "burstiness", "ramp_up", "duration_s", "duration_grace_s", "warmup_requests")
 
 
 def _number(src: dict[str, Any], loc: Located, table: str, key: str) -> float | None:
@@ -291,8 +292,21 @@ def _arrivals(src: dict[str, Any], loc: Located, table: str) -> Arrivals:
         burstiness=burstiness if burstiness is not None else 1.0,
         ramp_up=ramp,
         duration_s=_number(src, loc, table, "duration_s"),
+        duration_grace_s=float(
+            get_number(
+                src,
+                loc,
+                table,
+                "duration_grace_s",
+                (int, float),
+                BOUNDS["duration_grace_s"],
+                DURATION_GRACE_S,
+            )
+        ),
         warmup_requests=get_number(src, loc, table, "warmup_requests", int, BOUNDS["warmup_requests"], 0),
     )
+    if "duration_grace_s" in src and arrivals.duration_s is None:
+        raise loc.error(table, "duration_grace_s", "is the grace after duration_s: set duration_s too")
     if burstiness is not None and not arrivals.open_loop:
         raise loc.error(table, "burstiness", "shapes open-loop arrivals: set `request_rate` too")
     return arrivals
@@ -301,8 +315,8 @@ def _arrivals(src: dict[str, Any], loc: Located, table: str) -> Arrivals:
 def _default_count(src: dict[str, Any], arrivals: Arrivals, prompts: int, loc: Located) -> int:
     """num_requests when left out: enough arrivals to fill duration_s at the rate, else one per prompt."""
     rate = arrivals.mean_rate()
-    if arrivals.duration_s is None:
-        return prompts
+    if arrivals.duration_s is None or "num_requests" in src:
+        return prompts  # (a num_requests given overrides whatever default this is)
     if rate is None:
         raise loc.error(
             "workload",

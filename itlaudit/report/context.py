@@ -66,7 +66,9 @@ def workload_text(workload: Mapping[str, Any]) -> str:
     if workload.get("temperature") is not None:
         parts.append(f"temperature {workload['temperature']}")
     if workload.get("duration_s") is not None:
-        parts.append(f"stops after {workload['duration_s']} s")
+        grace = workload.get("duration_grace_s")
+        cut = f" (streams still open are cut {grace} s later)" if grace is not None else ""
+        parts.append(f"stops sending after {workload['duration_s']} s{cut}")
     return f"{', '.join(parts)}; /v1/{workload.get('endpoint')}"
 
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from itlaudit.analysis.validity import variant_validity
+from itlaudit.model.codes import CUT_BY_DURATION
 from itlaudit.model.run_context import server_build, variant_view
 
 __all__ = ["WIDTH", "Line", "result_block"]
@@ -44,6 +45,12 @@ def _statistics(label: str, figures: Mapping[str, Any] | None, *more: Mapping[st
     ]
 
 
+def _cut_rows(block: Mapping[str, Any]) -> list[str]:
+    """A duration_s run whose grace ran out with streams open: how many it cut (among the failed)."""
+    cut = (block.get("findings") or {}).get(CUT_BY_DURATION)
+    return [_row("Cut at the run's end (duration_s):", cut)] if cut else []
+
+
 def result_block(summary: Mapping[str, Any], meta: Mapping[str, Any], variant: str) -> list[Line]:
     """One variant's block. `meta` is meta.json's dict (the workload and the server's /version)."""
     block, bench, workload, info, version = variant_view(summary, meta, variant)
@@ -55,6 +62,7 @@ def result_block(summary: Mapping[str, Any], meta: Mapping[str, Any], variant: s
         _row("Server:", f"{info.get('url') or _NONE}, {server_build(version)}"),
         _row("Successful requests:", bench.get("completed")),
         _row("Failed requests:", bench.get("failed")),
+        *_cut_rows(block),
         _row("Maximum request concurrency:", workload.get("max_concurrency")),
     ]
     if workload.get("request_rate") is not None:
