@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from faultkit import launch_faultserver
+from gemmakit import gemma  # noqa: F401  (registered here: one Gemma server per variant per session)
 from pacedkit import Paced
 
 
