@@ -1,8 +1,8 @@
 """Shared pytest setup: real-vLLM tests opt-in, and the fixtures more than one test module uses.
 
 Where shared test code lives: fixtures here; plain helpers in helper modules that are not test modules
-(reportkit, simkit, pacedkit, faultkit, vllm_server, fixtures/bisect/helpers). A test module imports neither
-another test module nor this file (tests/test_layering.py checks it).
+(reportkit, simkit, pacedkit, faultkit, vllm_server, gemmakit, fixtures/bisect/helpers). A test module imports
+neither another test module nor this file (tests/test_layering.py checks it).
 """
 
 from __future__ import annotations
