@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from rich.console import Console
 
 from itlaudit.bisect import state as state_mod
 from itlaudit.bisect.build_range import Build
-from itlaudit.bisect.cluster import run_probe_on_ray
+from itlaudit.bisect.cluster import require_gpus, run_probe_on_ray
 from itlaudit.bisect.figures import Figures, read_probe
 from itlaudit.bisect.prefetch import Prefetcher
 from itlaudit.bisect.probe import OnServer, ProbeConfig, ProbeResult, run_probe
@@ -105,11 +106,8 @@ class Bisection:
         self.started = time.monotonic()
         self._lock = threading.Lock()  # a parallel round's probes share the state and its file
         self.cluster = connect(settings.cluster) if settings.cluster is not None else None
-        if self.cluster is not None and not self.cluster.cluster_resources().get("GPU"):
-            raise BisectError(
-                "--cluster: the Ray cluster has no GPUs, and each probe is a task holding one; add GPU "
-                "nodes, or drop --cluster to probe on this host"
-            )
+        if self.cluster is not None:
+            require_gpus(self.cluster)
 
     # -- roles ---------------------------------------------------------------------------------
     def _answer(self, verdict: str) -> Answer:
@@ -169,8 +167,21 @@ class Bisection:
                     pending.update(server_pgid=pgid, server_argv=state_mod.cmdline(pgid))
                     self._save()
 
+        def on_node(node: str) -> None:
+            """A Ray probe started on `node`; a second start means the first node died under it."""
+            with self._lock:
+                if "node" in pending:
+                    self.console.print(
+                        f"  probe {number} ({build.label}): its Ray node {pending['node']} was lost; "
+                        f"running it again on node {node}",
+                        highlight=False,
+                        soft_wrap=True,
+                    )
+                pending["node"] = node
+                self._save()
+
         baseline = None if index == self._reference else self._baseline()
-        result, device = self._run_probe(build, probe_dir, baseline, on_server, gpu)
+        result, device, lost = self._run_probe(build, probe_dir, baseline, on_server, on_node, gpu)
         record = {
             "index": index,
             "build": build.ref,
@@ -187,6 +198,8 @@ class Bisection:
             "gpu": device,
             "finished_at_unix": time.time(),
         }
+        if self.cluster is not None:
+            record.update(node=pending.get("node"), lost_nodes=lost)
         with self._lock:
             self.state.probes.append(record)
             self.state.in_progress.remove(pending)
@@ -199,13 +212,14 @@ class Bisection:
         probe_dir: Path,
         baseline: dict[str, Figures] | None,
         on_server: OnServer,
+        on_node: Callable[[str], None],
         gpu: int | None,
-    ) -> tuple[ProbeResult, str | None]:
+    ) -> tuple[ProbeResult, str | None, list[str]]:
         """Here (the slot's GPU through CUDA_VISIBLE_DEVICES, none for a lone probe), or as a Ray task
-        holding one GPU: the result and the GPU the probe had."""
+        holding one GPU: the result, the GPU the probe had, and the Ray nodes lost under it."""
         if self.cluster is not None:
             return run_probe_on_ray(
-                self.cluster, self.state.settings, self.config, build, probe_dir, baseline
+                self.cluster, self.state.settings, self.config, build, probe_dir, baseline, on_node
             )
         config = self.config
         if gpu is not None:
@@ -215,7 +229,7 @@ class Bisection:
                 specs={n: dataclasses.replace(s, env={**s.env, **device}) for n, s in config.specs.items()},
             )
         result = run_probe(config, self.prefetcher, build, probe_dir, baseline, on_server)
-        return result, None if gpu is None else str(gpu)
+        return result, None if gpu is None else str(gpu), []
 
     def _probe_round(self, indices: list[int]) -> list[dict[str, Any]]:
         """The round's probes at once, one thread each (daemon: an interrupt ends the run, and the
@@ -251,7 +265,9 @@ class Bisection:
         self._print_probe(record)
         if verdict == expected:
             return
-        if verdict == SKIP:
+        if verdict == SKIP and record.get("lost_nodes"):
+            problem = "could not be probed"
+        elif verdict == SKIP:
             problem = "could not be built or installed"
         elif verdict in (GOOD, BAD):
             problem = f"is {verdict}, not {expected}"

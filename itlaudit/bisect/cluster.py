@@ -5,6 +5,12 @@ task's CUDA_VISIBLE_DEVICES), in a scratch folder of its own, and hands back the
 folder as a gzipped tar, which lands where a local probe's folder would: the caller's disk holds every
 probe's files whether or not the nodes share a file system. The build is prepared on the node (its own
 build cache, at the path the bisection's settings name), so each node pays for the builds it probes.
+
+A node can die mid-probe (preempted, removed, crashed). The task is a streaming generator that names its
+node first, so the caller knows which one it lost; the probe then runs again from the start on another
+node, once, and if that is lost too the probe is a skip naming both nodes: a probe that did not finish
+says nothing about its build, and is never judged good or bad. A failure inside the probe's own code is
+not a lost node and is raised as it is.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import os
 import shutil
 import tarfile
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -21,9 +28,14 @@ from itlaudit.bisect.build_range import Build
 from itlaudit.bisect.prefetch import Prefetcher
 from itlaudit.bisect.probe import ProbeConfig, ProbeResult, run_probe
 from itlaudit.bisect.settings import Settings, make_provider
-from itlaudit.bisect.verdict import Figures
+from itlaudit.bisect.verdict import SKIP, Figures
+from itlaudit.errors import BisectError
 
-__all__ = ["probe_task", "run_probe_on_ray"]
+__all__ = ["LOST_NODE_RETRIES", "probe_task", "require_gpus", "run_probe_on_ray"]
+
+LOST_NODE_RETRIES = 1  # reruns of a probe whose node died under it, before it counts as a skip
+
+Packed = tuple[ProbeResult, bytes, str | None]
 
 
 def probe_task(
@@ -32,8 +44,12 @@ def probe_task(
     build: Build,
     probe_name: str,
     reference: dict[str, Figures] | None,
-) -> tuple[ProbeResult, bytes, str | None]:
-    """Runs on the node: the probe in a scratch folder, returned packed with the GPU it had."""
+) -> Iterator[str | Packed]:
+    """Runs on the node: yields the node's id at once, then the probe (run in a scratch folder)
+    packed with the GPU it had."""
+    import ray
+
+    yield ray.get_runtime_context().get_node_id()
     scratch = Path(tempfile.mkdtemp(prefix="itlaudit-probe-"))
     try:
         provider, _ = make_provider(settings, scratch)
@@ -46,9 +62,23 @@ def probe_task(
         with tarfile.open(fileobj=packed, mode="w:gz") as tar:
             if (scratch / probe_name).exists():
                 tar.add(scratch / probe_name, arcname=probe_name)
-        return result, packed.getvalue(), os.environ.get("CUDA_VISIBLE_DEVICES")
+        yield result, packed.getvalue(), os.environ.get("CUDA_VISIBLE_DEVICES")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def require_gpus(ray: ModuleType) -> None:
+    """Each probe is a task holding one GPU: on a cluster without any it would wait forever."""
+    if not ray.cluster_resources().get("GPU"):
+        raise BisectError(
+            "--cluster: the Ray cluster has no GPUs (now), and each probe is a task holding one; add GPU "
+            "nodes and continue with --resume, or drop --cluster to probe on this host"
+        )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def run_probe_on_ray(
@@ -58,10 +88,29 @@ def run_probe_on_ray(
     build: Build,
     probe_dir: Path,
     reference: dict[str, Figures] | None,
-) -> tuple[ProbeResult, str | None]:
-    """One probe as a task with one GPU; its folder unpacked into `probe_dir`. Blocks until done."""
-    task = ray.remote(num_gpus=1, max_retries=0)(probe_task)
-    result, packed, gpu = ray.get(task.remote(settings, config, build, probe_dir.name, reference))
-    with tarfile.open(fileobj=io.BytesIO(packed), mode="r:gz") as tar:
-        tar.extractall(probe_dir.parent, filter="data")
-    return result, gpu
+    on_node: Callable[[str], None],
+) -> tuple[ProbeResult, str | None, list[str]]:
+    """One probe as a task with one GPU, its folder unpacked into `probe_dir`; `on_node` hears each node
+    it starts on. Blocks until done. Returns the result, the GPU it had, and the nodes lost under it."""
+    task = ray.remote(num_gpus=1, max_retries=0, num_returns="streaming")(probe_task)
+    lost: list[str] = []
+    while True:
+        require_gpus(ray)
+        node = "unknown"  # lost before it said where it ran
+        try:
+            stream = task.remote(settings, config, build, probe_dir.name, reference)
+            node = ray.get(next(stream))
+            on_node(node)
+            result, packed, gpu = ray.get(next(stream))
+        except ray.exceptions.RayTaskError:
+            raise  # the probe's own code failed: a bug to see, not a node to blame
+        except ray.exceptions.RayError as exc:
+            lost.append(node)
+            if len(lost) > LOST_NODE_RETRIES:
+                nodes = ", ".join(lost)
+                reason = f"lost with its Ray node each time it ran (nodes {nodes}; {_first_line(exc)})"
+                return ProbeResult(SKIP, reason), None, lost
+            continue
+        with tarfile.open(fileobj=io.BytesIO(packed), mode="r:gz") as tar:
+            tar.extractall(probe_dir.parent, filter="data")
+        return result, gpu, lost
