@@ -51,7 +51,7 @@ def _finished(out: Path) -> dict[str, bytes]:
 @pytest.mark.fault_row("N3")
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_interrupted_sweep_resumes_to_the_same_sweep(tmp_path: Path, sig: signal.Signals, code: int) -> None:
-    path = sweep_scenario(tmp_path, {"K0": ["--step-ms", "30"]})
+    path = sweep_scenario(tmp_path, {"K0": ["--step-ms", "60"]})
     whole = run_sweep(tmp_path, str(path), *ARGS, "--out", str(tmp_path / "whole"))
     assert whole.returncode == 0, whole.stderr
 
