@@ -243,3 +243,36 @@ def test_a_run_whose_capture_worker_dies_still_writes_its_summary(faultserver, t
     assert meta["failed"]["error"].startswith("capture worker 0 exited with code -9")
     assert "**failed**: capture worker 0 exited" in (out / "report.md").read_text()
     assert not (tmp_path / "reports" / "ledger.jsonl").exists()  # a failed run is no experiment
+
+
+@pytest.mark.fault_row("N26")
+def test_an_interrupted_run_rewrites_its_summary_and_drops_the_partial_report(
+    faultserver, tmp_path: Path
+) -> None:
+    url = faultserver("clean", "--step-ms", "20")
+    workload = 'prompts = ["hi"]\nnum_requests = 400\nconcurrency = 1\nmax_tokens = 10\ntemperature = 0'
+    scenario = write_scenario(tmp_path, url_variant("A", url), workload)
+    out = tmp_path / "run"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "itlaudit", "run", str(scenario), "--out", str(out)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_for_lines(out / "requests.jsonl", 2)
+        assert itlaudit("report", str(out), "--live", cwd=tmp_path).returncode == 0
+        assert (out / "partial" / "summary.json").is_file()  # 400 requests take far longer than this
+        run.send_signal(signal.SIGTERM)
+        _, stderr = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 143, stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert (
+        summary["records"]["lines"] == _lines(out / "requests.jsonl") == summary["variants"]["A"]["requests"]
+    )
+    assert "partial" not in summary
+    assert not (out / "partial").exists() and not (out / LOCK_FILE).exists()

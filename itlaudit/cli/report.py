@@ -211,9 +211,9 @@ def report(
         write_derived(run.path, run.title, run.order, imported=imported, reporter=steps, live=holder)
         target = run.path / PARTIAL_DIR if holder is not None else run.path
         if holder is None or live_holder(run.path) is None:
-            remove_partial(
-                run.path
-            )  # this reading is whole, or the run ended (and rewrote its own) meanwhile
+            # This reading is whole, or the run ended meanwhile and rewrote its own files: either
+            # way a partial/ left beside them would only disagree with them.
+            remove_partial(run.path)
             target = run.path
     else:
         target = out_dir or new_run_dir(Path("reports"), "report")

@@ -104,6 +104,12 @@ def _busy(what: str, holder: Holder) -> RunDirError:
     )
 
 
+def _unwritable(what: str, path: Path, exc: OSError) -> RunDirError:
+    return RunDirError(
+        f"{what}: cannot write {path}: {exc.strerror or exc}; free space or choose another folder"
+    )
+
+
 def refuse_if_live(run_dir: Path, what: str) -> None:
     """One line, before anything is written, when a run is writing `run_dir` now."""
     holder = live_holder(run_dir)
@@ -118,7 +124,10 @@ def hold_run_lock(run_dir: Path, what: str) -> Iterator[None]:
     path = run_dir / LOCK_FILE
     deadline = time.monotonic() + ACQUIRE_WAIT_S
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise _unwritable(what, path, exc) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -144,8 +153,11 @@ def hold_run_lock(run_dir: Path, what: str) -> Iterator[None]:
         os.close(fd)  # the file was removed by its last holder after we opened it: start over
     try:
         record = {"pid": os.getpid(), "host": socket.gethostname(), "started_at_unix": time.time()}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        except OSError as exc:
+            raise _unwritable(what, path, exc) from None
         yield
     finally:
         with contextlib.suppress(FileNotFoundError):
