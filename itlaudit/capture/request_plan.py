@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from itlaudit.model.records import RequestParams, RequestRecord
 from itlaudit.model.redact import redact_url
@@ -119,7 +120,8 @@ def plan_request(
 ) -> PlannedRequest:
     body = build_body(endpoint, model, prompt, params, extra_body)
     url = base_url.rstrip("/") + ENDPOINT_PATHS[endpoint]
-    payload = json.dumps(body).encode()
+    # msgspec: a long token-id prompt encodes ~4x faster than with json (and in UTF-8, not \u escapes)
+    payload = msgspec.json.encode(body)
     return PlannedRequest(
         request_id,
         variant,
