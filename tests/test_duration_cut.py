@@ -18,6 +18,7 @@ from itlaudit.model.records import DURATION_CUT, ChunkSeries, RequestParams, Req
 from itlaudit.model.run_context import workload_meta
 from itlaudit.model.scenario import parse_scenario
 from itlaudit.model.schedule import DURATION_GRACE_S
+from itlaudit.store.ledger import variant_fingerprint
 
 
 def _scenario(workload: str) -> str:
@@ -53,6 +54,17 @@ def test_the_grace_defaults_to_aiperfs_and_is_bounded() -> None:
         ScenarioError, match="duration_grace_s` is the grace after duration_s: set duration_s"
     ):
         parse_scenario(_scenario("num_requests = 6\nduration_grace_s = 1"), Path("s.toml"))
+
+
+def test_the_default_grace_leaves_a_runs_ledger_fingerprint_as_it_was() -> None:
+    """A repeat of a duration_s run recorded before the key existed is still named a repeat."""
+    default, longer = (
+        parse_scenario(_scenario(f"num_requests = 6\nduration_s = 5{extra}"), Path("s.toml"))
+        for extra in ("", "\nduration_grace_s = 60")
+    )
+    arrivals = [variant_fingerprint(s, "A", {}).workload["arrivals"] for s in (default, longer)]
+    assert "duration_grace_s" not in arrivals[0] and arrivals[0]["duration_s"] == 5.0
+    assert arrivals[1]["duration_grace_s"] == 60.0  # another grace is another experiment
 
 
 def _timed_out(limit: str) -> RequestRecord:

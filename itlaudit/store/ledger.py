@@ -30,7 +30,7 @@ from itlaudit.model.records import RequestRecord
 from itlaudit.model.redact import redact_args, redact_env, redact_json
 from itlaudit.model.run_context import SIMULATOR, server_build
 from itlaudit.model.scenario import Scenario, load_scenario
-from itlaudit.model.schedule import Arrivals
+from itlaudit.model.schedule import DURATION_GRACE_S, Arrivals
 from itlaudit.store.jsonl import RecordWriter, iter_jsonl, load_records
 from itlaudit.store.rundir import META_FILE, REQUESTS_FILE
 
@@ -172,7 +172,10 @@ def variant_fingerprint(
     }
     # Only where set, so a closed-loop prompt-list run keeps the fingerprint it always had.
     if workload.arrivals != Arrivals():
-        workload_print["arrivals"] = asdict(workload.arrivals)
+        arrivals = asdict(workload.arrivals)
+        if arrivals["duration_grace_s"] == DURATION_GRACE_S:  # the default: as before the key existed
+            del arrivals["duration_grace_s"]
+        workload_print["arrivals"] = arrivals
     if workload.dataset is not None:
         # Each entry's fields as they are (asdict's deep copy of every prompt's ids took 24 s for 200K
         # random prompts); the JSON, and so the fingerprint, is the same.
