@@ -210,6 +210,12 @@ WORKLOAD_CASES = [
         "request_rate = 1\nwarmup_requests = 86399\nnum_requests = 1",
         "spreads 86401 requests over ~8.64e+04 s",
     ),
+    (
+        "warmups over a day beside a duration",  # duration_s bounds the measured phase, not the warmup
+        "request_rate = 1\nwarmup_requests = 86400\nduration_s = 60",
+        "request_rate = 1\nwarmup_requests = 86000\nduration_s = 60",
+        "spreads 86460 requests over ~8.65e+04 s, more than a day",
+    ),
 ]
 
 

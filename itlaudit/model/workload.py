@@ -186,9 +186,9 @@ def _num_requests(src: dict[str, Any], loc: Located, default: int) -> int:
 
 
 def _check_span(arrivals: Arrivals, num_requests: int, loc: Located, table: str) -> None:
-    """An open loop whose schedule would send (almost) nothing within duration_s, or would take more
-    than a day without one, is a rate typed wrong (1e-9 for 1e9): refused with the span, not left to
-    sit idle for years."""
+    """An open loop whose schedule would send nothing within duration_s, or whose warmup and measured
+    phases would take more than a day, is a rate typed wrong (1e-9 for 1e9): refused with the span,
+    not left to sit idle for years."""
     rate = arrivals.mean_rate()
     if rate is None:
         return
@@ -201,16 +201,18 @@ def _check_span(arrivals: Arrivals, num_requests: int, loc: Located, table: str)
             f"at {rate:g} requests/s sends its first request after ~{first:.3g} s, past duration_s "
             f"({arrivals.duration_s:g} s): nothing would be measured; raise the rate or the duration",
         )
-    if arrivals.duration_s is None:
-        span = expected_span_s(arrivals.warmup_requests, arrivals) + expected_span_s(num_requests, arrivals)
-        if span > LONGEST_SCHEDULE_S:
-            raise loc.error(
-                table,
-                key,
-                f"at {rate:g} requests/s spreads {arrivals.warmup_requests + num_requests} requests over "
-                f"~{span:.3g} s, more than a day ({LONGEST_SCHEDULE_S:g} s); raise the rate, send fewer "
-                "requests, or set duration_s",
-            )
+    measured = expected_span_s(num_requests, arrivals)
+    if arrivals.duration_s is not None:  # the measured phase stops sending at duration_s
+        measured = min(measured, arrivals.duration_s)
+    span = expected_span_s(arrivals.warmup_requests, arrivals) + measured  # warmup comes first
+    if span > LONGEST_SCHEDULE_S:
+        raise loc.error(
+            table,
+            key,
+            f"at {rate:g} requests/s spreads {arrivals.warmup_requests + num_requests} requests over "
+            f"~{span:.3g} s, more than a day ({LONGEST_SCHEDULE_S:g} s); raise the rate, send fewer "
+            "requests, or set duration_s",
+        )
 
 
 def _check_extra_body(extra_body: dict[str, Any], loc: Located, table: str) -> None:
