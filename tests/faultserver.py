@@ -204,7 +204,10 @@ async def _stall_headers(request: web.Request, handler: Handler) -> web.StreamRe
         return await handler(request)
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
-    await asyncio.sleep(3600)  # until the client gives up and the connection is dropped
+    # Silent until the client gives up (aiohttp does not cancel a handler whose client left, and a
+    # handler still sleeping would hold the server's shutdown).
+    while request.transport is not None and not request.transport.is_closing():
+        await asyncio.sleep(0.05)
     return response
 
 
