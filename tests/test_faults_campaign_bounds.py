@@ -142,3 +142,34 @@ def test_sigint_during_a_long_prompt_build_exits_130_within_a_second_or_two(
     assert "SIGINT" in stderr.strip().splitlines()[-1]
     requests = tmp_path / "run" / "requests.jsonl"
     assert not requests.exists() or requests.stat().st_size == 0
+
+
+# The CLI's own entry point, with a Ctrl-C half a second after it starts (imports take seconds on a
+# loaded box, so the delay counts from main(), not from the process start).
+_INTERRUPTED_MAIN = """
+import os, signal, sys, threading, time
+from itlaudit.cli.app import main
+threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+sys.argv = ["itlaudit", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.mark.fault_row("N11")
+def test_sigint_while_a_large_random_dataset_is_drawn_is_one_line_130_and_no_folder(tmp_path: Path) -> None:
+    """The largest legal random dataset (20M prompt tokens) takes seconds to draw: a Ctrl-C then ends
+    the command at once with one line, before any run folder exists."""
+    workload = 'num_requests = 1000\n\n[workload.dataset]\nkind = "random"\ninput_len = 20000\noutput_len = 8'
+    path = write_scenario(tmp_path, url_variant("v", UNREACHABLE), workload)
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED_MAIN, "run", str(path), "--out", str(tmp_path / "run")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 130, result.stderr
+    assert result.stderr.strip().splitlines() == ["itlaudit: interrupted by SIGINT"], result.stderr
+    assert not (tmp_path / "run").exists()
+    assert time.monotonic() - started < 60

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -359,6 +359,13 @@ def _usage_line(exc: typer.TyperException) -> str:
     return f"itlaudit: error: {message} (see `{command} --help`)"
 
 
+def _exit_interrupted() -> NoReturn:
+    """A Ctrl-C (or SIGTERM) outside a run, e.g. while a large dataset is read: one line, 130 or 143."""
+    signal_name, exit_code = interruption()
+    err.print(f"itlaudit: interrupted by {signal_name}", markup=False)
+    sys.exit(exit_code)
+
+
 def main() -> None:
     """Entry point: any ItlauditError or usage error becomes one line on stderr and its exit code,
     never a traceback."""
@@ -366,6 +373,8 @@ def main() -> None:
     try:
         # Non-standalone mode returns a command's exit code (typer.Exit) instead of exiting.
         code = app(prog_name="itlaudit", standalone_mode=False)
+        if code == 130:  # typer answers a Ctrl-C inside a command (no run yet) with a silent 130
+            _exit_interrupted()
     except RunInterrupted as exc:
         err.print(f"itlaudit: {exc}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
@@ -374,9 +383,7 @@ def main() -> None:
         err.print(f"itlaudit: error: {message}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
     except (KeyboardInterrupt, typer.Abort):  # outside a run (typer turns Ctrl-C into Abort)
-        signal_name, exit_code = interruption()
-        err.print(f"itlaudit: interrupted by {signal_name}", markup=False)
-        sys.exit(exit_code)
+        _exit_interrupted()
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.TyperException as exc:  # typer's (vendored click's) usage errors
