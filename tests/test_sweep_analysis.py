@@ -33,9 +33,12 @@ def _point(load: float, itl: float, tpot: float | None = None, ttft: float = 10.
 
 def test_points_parse_sorted_and_bad_ones_are_named() -> None:
     assert parse_points("4,1,2", CONCURRENCY) == [1, 2, 4]
-    for bad, needle in (("1,x", "'x' is not a number"), ("0,2", "must be above 0"), ("2,2", "twice")):
+    for bad, needle in (("1,x", "'x' is not a number"), ("0,2", "an integer in .1,"), ("2,2", "twice")):
         with pytest.raises(SweepError, match=needle):
             parse_points(bad, CONCURRENCY)
+    for bad in ("nan", "inf", "1e9"):  # a rate point has the request_rate key's bound
+        with pytest.raises(SweepError, match=r"must be a finite number in \(0, 1000000\] requests/s"):
+            parse_points(f"1,{bad}", "rate")
     with pytest.raises(SweepError, match="is not a number"):
         parse_points("1.5", CONCURRENCY)
 

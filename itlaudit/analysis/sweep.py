@@ -19,6 +19,7 @@ from itlaudit.analysis.validity import block_validity
 from itlaudit.errors import SweepError
 from itlaudit.model.records import RequestRecord, Status
 from itlaudit.model.scenario import GOODPUT_KEYS
+from itlaudit.model.workload import BOUNDS as WORKLOAD_BOUNDS
 
 __all__ = [
     "AXES",
@@ -66,8 +67,10 @@ def parse_points(text: str, axis: str) -> list[float]:
             raise SweepError(
                 f"--{axis} {text!r}: {part!r} is not a number; give {kind} like 1,2,4,8"
             ) from None
-        if not value > 0 or not math.isfinite(value):
-            raise SweepError(f"--{axis} {text!r}: {part} must be above 0")
+        # A point is the scenario's concurrency or request_rate: the same bound as that key.
+        problem = WORKLOAD_BOUNDS["concurrency" if axis == CONCURRENCY else "request_rate"].problem(value)
+        if problem is not None:
+            raise SweepError(f"--{axis} {text!r}: {part} {problem}")
         values.append(value)
     if len(set(values)) != len(values):
         raise SweepError(f"--{axis} {text!r}: a point is given twice; list each once")
