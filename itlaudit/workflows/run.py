@@ -27,7 +27,7 @@ from itlaudit.capture.server_info import server_environment
 from itlaudit.errors import ItlauditError, RunDirError, RunInterrupted, ScenarioError
 from itlaudit.model.access import NO_ACCESS, Access
 from itlaudit.model.records import RequestRecord
-from itlaudit.model.redact import launch_secret_values, redact_file, redact_json
+from itlaudit.model.redact import launch_secret_values, redact_file, redact_json, redact_text, secret_values
 from itlaudit.model.run_context import workload_meta
 from itlaudit.model.run_labels import RunLabels
 from itlaudit.model.scenario import Scenario, Variant
@@ -397,7 +397,7 @@ def _run_in_folder(
     except KeyboardInterrupt:
         raise _wrap_up_interrupted(run_dir, scenario, meta, reporter) from None
     except Exception as exc:
-        _wrap_up_failed(run_dir, scenario, meta, reporter, exc)
+        _wrap_up_failed(run_dir, scenario, meta, reporter, exc, _sent_secrets(scenario, capture))
         raise
     summary = write_derived(run_dir, scenario.name, [v.name for v in scenario.variants], reporter=reporter)
     if ledger is not None:
@@ -466,14 +466,30 @@ def _finished_requests(run_dir: Path) -> int:
     return sum(1 for _ in iter_jsonl(requests)) if requests.exists() else 0
 
 
+def _sent_secrets(scenario: Scenario, capture: CaptureOptions | None) -> set[str]:
+    """The credentials the run sent (--api-key, --header, each variant's headers), which a server's
+    error may echo (a 401 quoting the key), and those in the environment."""
+    sent = {
+        v
+        for variant in scenario.variants
+        for v in variant_access(scenario, variant.name, capture).secret_values()
+    }
+    return sent | secret_values(os.environ, [])
+
+
 def _wrap_up_failed(
-    run_dir: Path, scenario: Scenario, meta: dict[str, Any], reporter: Reporter, error: Exception
+    run_dir: Path,
+    scenario: Scenario,
+    meta: dict[str, Any],
+    reporter: Reporter,
+    error: Exception,
+    secrets: set[str],
 ) -> None:
     """An error ended the run after it began (a capture worker died, the server refused, the disk
     filled): as after an interrupt, meta says so and summary and report are rewritten from what
     finished, so they never disagree with requests.jsonl; nothing goes to the ledger. If that fails
     too (the disk is still full), the original error is the one reported."""
-    meta["failed"] = {"error": str(error), "at_unix": time.time()}  # _write_meta redacts it
+    meta["failed"] = {"error": redact_text(str(error), secrets), "at_unix": time.time()}
     with contextlib.suppress(OSError, ItlauditError):
         _write_meta(run_dir, meta)
         finished = _finished_requests(run_dir)
