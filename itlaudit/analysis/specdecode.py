@@ -11,8 +11,6 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from itlaudit.errors import MetricsParseError
 
 __all__ = [
@@ -55,6 +53,9 @@ class CounterSnapshot:
 
 
 def parse_counters(text: str) -> CounterSnapshot:
+    # prometheus_client costs a tenth of a second to import: only when a /metrics page is parsed.
+    from prometheus_client.parser import text_string_to_metric_families
+
     totals: dict[str, float] = defaultdict(float)
     per_pos: dict[int, float] = defaultdict(float)
     try:

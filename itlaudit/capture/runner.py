@@ -13,22 +13,11 @@ import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from itlaudit.capture import cluster as cluster_module
-from itlaudit.capture.planning import OnPrepare, check_prompts_fit, plan_variant, reply_lengths, resolve_model
-from itlaudit.capture.tokenizer import random_chat_prompts
 from itlaudit.capture.transport import StampMode
-from itlaudit.capture.workers import (
-    WorkerHandle,
-    WorkerShare,
-    rejected,
-    split_shares,
-    start_workers,
-    worker_count,
-)
 from itlaudit.errors import CaptureWorkerError, ScenarioError, ServerRejectedError
 from itlaudit.model.access import Access
 from itlaudit.model.records import RequestRecord
@@ -36,6 +25,10 @@ from itlaudit.model.redact import redact_bytes
 from itlaudit.model.scenario import Scenario
 from itlaudit.model.workload import BOUNDS as WORKLOAD_BOUNDS
 from itlaudit.store.jsonl import RecordWriter
+
+if TYPE_CHECKING:
+    from itlaudit.capture.planning import OnPrepare
+    from itlaudit.capture.workers import WorkerHandle, WorkerShare
 
 __all__ = ["CaptureOptions", "OnCapture", "OnDone", "RecordLander", "run_variant", "variant_access"]
 
@@ -72,6 +65,9 @@ class CaptureOptions:
         """The command line's spelling (`--workers auto|N`, `--stamp`, `--*-timeout`, `--cluster`),
         checked: one place for run, compare, demo, sweep and selfcheck. Ray is imported only when
         `--cluster` asks for it, here, so a missing Ray is one line before any server starts."""
+        # Not at the top: the capture stack (numpy, the workers) stays off `itlaudit --help`'s path.
+        from itlaudit.capture import cluster as cluster_module
+
         if workers != "auto" and not (workers.isdigit() and int(workers) > 0):
             raise ScenarioError(f"--workers {workers!r}: give a positive number of processes, or auto")
         if stamp not in ("kernel", "loop"):
@@ -131,6 +127,11 @@ async def run_variant(
     window must open so that the server's counters cover exactly the requests the figures count.
     `on_prepare` hears the progress of what comes before the first request (tokenising prompts,
     encoding the bodies), which a Ctrl-C ends."""
+    from itlaudit.capture import cluster as cluster_module
+    from itlaudit.capture.planning import check_prompts_fit, plan_variant, reply_lengths, resolve_model
+    from itlaudit.capture.tokenizer import random_chat_prompts
+    from itlaudit.capture.workers import rejected, split_shares, worker_count
+
     options = options or CaptureOptions()
     workload = scenario.workload
     access = variant_access(scenario, variant, options)
@@ -262,6 +263,8 @@ async def _capture_locally(
 ) -> None:
     """One process per share on this machine; a worker that dies stops the run (its finished records
     are kept)."""
+    from itlaudit.capture.workers import start_workers
+
     loop = asyncio.get_running_loop()
     handles = await loop.run_in_executor(None, start_workers, shares)
     if on_capture is not None:

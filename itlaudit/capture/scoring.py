@@ -17,9 +17,7 @@ import asyncio
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-import aiohttp
+from typing import TYPE_CHECKING, Any
 
 from itlaudit.analysis.distribution import ScoredOutput
 from itlaudit.analysis.findings import Finding
@@ -30,10 +28,12 @@ from itlaudit.analysis.invariance import (
     parse_top_logprobs,
 )
 from itlaudit.analysis.lossless import output_token_ids, with_divergence_logprobs
-from itlaudit.capture.preflight import server_error_message
 from itlaudit.capture.request_plan import ENDPOINT_COMPLETIONS, ENDPOINT_PATHS
 from itlaudit.errors import ServerRejectedError, ServerUnreachableError
 from itlaudit.model.records import RequestRecord
+
+if TYPE_CHECKING:
+    import aiohttp
 
 __all__ = [
     "DEFAULT_REPEATS",
@@ -78,6 +78,10 @@ class Scorer:
             **self.extra_body,
             **overrides,
         }
+        import aiohttp  # here, not at the top: the CLI reads this module's defaults at start-up
+
+        from itlaudit.capture.preflight import server_error_message
+
         url = self.base_url.rstrip("/") + ENDPOINT_PATHS[ENDPOINT_COMPLETIONS]
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
         try:

@@ -11,9 +11,7 @@ import json
 import urllib.error
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
-
-import aiohttp
+from typing import TYPE_CHECKING, Any
 
 from itlaudit.analysis.specdecode import parse_counters
 from itlaudit.capture.preflight import fetch_json
@@ -22,6 +20,9 @@ from itlaudit.errors import ItlauditError
 from itlaudit.model.access import NO_ACCESS, Access
 from itlaudit.model.run_context import is_simulator
 from itlaudit.serve.environment import commit_of, non_default_args, server_env
+
+if TYPE_CHECKING:
+    import aiohttp
 
 __all__ = ["fetch_version", "scrape_counters", "server_environment", "server_identity"]
 

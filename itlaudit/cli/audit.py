@@ -9,7 +9,6 @@ import os
 from pathlib import Path
 from typing import Annotated, Any
 
-import aiohttp
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -22,9 +21,7 @@ from itlaudit.analysis.invariance import (
     summarize,
 )
 from itlaudit.analysis.quality import DEFAULT_THRESHOLDS, GibberishThresholds, gibberish_reasons, text_quality
-from itlaudit.capture.planning import resolve_model
-from itlaudit.capture.scoring import DEFAULT_REPEATS, DEFAULT_TOP_K, Scorer, observe
-from itlaudit.capture.server_info import server_identity
+from itlaudit.capture.scoring import DEFAULT_REPEATS, DEFAULT_TOP_K
 from itlaudit.errors import ScenarioError
 from itlaudit.model.scenario import Variant, load_scenario
 from itlaudit.store import ledger as ledger_mod
@@ -83,6 +80,12 @@ async def _audit(
     concurrent: bool,
     sweep: list[int],
 ) -> tuple[str, dict[str, Any], list[PromptObservations]]:
+    import aiohttp  # the capture stack: only when a command talks to a server
+
+    from itlaudit.capture.planning import resolve_model
+    from itlaudit.capture.scoring import Scorer, observe
+    from itlaudit.capture.server_info import server_identity
+
     async with aiohttp.ClientSession() as session:
         model = await resolve_model(session, base_url, wanted_model)
         identity = await server_identity(session, base_url, model)

@@ -17,16 +17,6 @@ from rich.console import Console
 from itlaudit.analysis.fidelity import LAG_BUDGET_MS, Fidelity, send_lag
 from itlaudit.cli.options import ClusterOption, StampOption, WorkersOption
 from itlaudit.errors import ScenarioError
-from itlaudit.serve.truth import TruthConfig
-from itlaudit.workflows.selfcheck import (
-    capture_options,
-    fetch_send_log,
-    grade_run,
-    reset_send_log,
-    run_itlaudit,
-    truth_server,
-    verdict,
-)
 
 __all__ = ["BUDGET", "MAX_SEARCH_STREAMS", "Trial", "describe", "out", "search_streams", "selfcheck"]
 
@@ -104,6 +94,17 @@ def selfcheck(
     ] = None,
 ) -> None:
     """Run the real capture path against a built-in ground-truth SSE server; print its added lag."""
+    from itlaudit.serve.truth import TruthConfig  # the truth server and the capture stack: only to run
+    from itlaudit.workflows.selfcheck import (
+        capture_options,
+        fetch_send_log,
+        grade_run,
+        reset_send_log,
+        run_itlaudit,
+        truth_server,
+        verdict,
+    )
+
     capture = capture_options(workers, stamp, cluster)
     config = TruthConfig(chunks_per_s=chunks_per_s, tokens_per_chunk=tokens_per_chunk)
     with tempfile.TemporaryDirectory(prefix="itlaudit-selfcheck-") as scratch:

@@ -13,7 +13,6 @@ from itlaudit.capture.runner import CaptureOptions
 from itlaudit.cli.options import ScenarioArgument, capture_options, with_options, workload_flags
 from itlaudit.errors import SweepError
 from itlaudit.model.scenario import ScenarioFlags, build_scenario
-from itlaudit.workflows.sweep import SweepConfig, run_sweep, selected_variants
 
 __all__ = ["err", "out", "sweep"]
 
@@ -65,6 +64,8 @@ def sweep(
 ) -> None:
     """Run the workload at each load for each variant (one server per variant) and draw where
     speculative decoding stops paying off per token."""
+    from itlaudit.workflows.sweep import SweepConfig, run_sweep, selected_variants  # only to run
+
     if (concurrency is None) == (rate is None):
         raise SweepError("give exactly one of --concurrency 1,2,4,... or --rate 1,2,4,...")
     axis = CONCURRENCY if concurrency is not None else RATE

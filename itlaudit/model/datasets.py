@@ -26,13 +26,15 @@ import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
-import numpy as np
 
 from itlaudit.errors import DatasetError
 from itlaudit.model.scenario_toml import SEQUENCE_TOKENS, TOKEN_ID, Bound
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "CHARS_PER_TOKEN",
@@ -129,6 +131,8 @@ def _length(spec: Any, key: str, rng: np.random.Generator, count: int) -> list[i
             raise DatasetError(key, f"{how}; got {spec!r}")
         _within(mean, key, "mean ", SEQUENCE_TOKENS)
         _within(std, key, "std ", Bound(0, SEQUENCE_TOKENS.hi))
+        import numpy as np
+
         drawn = np.clip(np.rint(rng.normal(mean, std, size=count)), 1, SEQUENCE_TOKENS.hi)
         return [int(v) for v in drawn]
     raise DatasetError(key, f"{how}; got {spec!r}")
@@ -147,6 +151,8 @@ def random_dataset(table: dict[str, Any], count: int, seed: int) -> Dataset:
     if not isinstance(vocab, int) or isinstance(vocab, bool):
         raise DatasetError("vocab_size", f"must be an integer, got {vocab!r}")
     _within(vocab, "vocab_size", "", VOCAB_SIZE)
+    import numpy as np  # numpy loads when a dataset is drawn, not when the CLI starts
+
     rng = np.random.default_rng(seed)
     inputs = _length(table["input_len"], "input_len", rng, count)
     outputs = _length(table["output_len"], "output_len", rng, count)
@@ -193,6 +199,8 @@ def usable_text(decoded: str) -> str:
 def refit_rng(seed: int, index: int) -> np.random.Generator:
     """Entry `index`'s own generator for the ids a round trip adds, so the texts depend on the seed
     and the server's tokenizer only, not on the order the round trips finish in."""
+    import numpy as np
+
     return np.random.default_rng([seed, index])
 
 

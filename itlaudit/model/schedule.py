@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "DURATION_GRACE_S",
@@ -68,6 +70,8 @@ class Arrivals:
 
 def request_rates(count: int, arrivals: Arrivals) -> np.ndarray:
     """The rate each request's interval is drawn at (requests/s)."""
+    import numpy as np  # numpy loads when a schedule is drawn, not when the CLI starts
+
     if arrivals.ramp_up is not None:
         progress = np.arange(count) / max(count - 1, 1)
         ramp = arrivals.ramp_up
@@ -96,6 +100,8 @@ def send_offsets_s(count: int, arrivals: Arrivals, seed: int) -> list[float]:
     """Seconds from the run's start at which request i (warmup first) is due."""
     if count == 0:
         return []
+    import numpy as np
+
     rates = request_rates(count, arrivals)
     shape = arrivals.burstiness
     rng = np.random.default_rng(seed)

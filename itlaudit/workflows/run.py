@@ -20,10 +20,7 @@ from typing import Any
 from rich.console import Console
 
 from itlaudit import __version__
-from itlaudit.capture.cluster import lost_worker_warnings
-from itlaudit.capture.planning import reset_prefix_cache, resolve_model
 from itlaudit.capture.runner import CaptureOptions, run_variant, variant_access
-from itlaudit.capture.server_info import server_environment
 from itlaudit.errors import ItlauditError, RunDirError, RunInterrupted, ScenarioError
 from itlaudit.model.access import NO_ACCESS, Access
 from itlaudit.model.records import RequestRecord
@@ -45,7 +42,6 @@ from itlaudit.store.rundir import (
     remove_partial,
     write_json,
 )
-from itlaudit.workflows.derive import write_derived
 
 __all__ = [
     "DEFAULT_REPORTS",
@@ -87,6 +83,7 @@ class LedgerPolicy:
     ) -> dict[str, Any]:
         """Fingerprint the variant's server. Called before its /metrics window opens: the identity
         ping is a request of itlaudit's own and must not count in the server's figures."""
+        from itlaudit.capture.planning import resolve_model
         from itlaudit.capture.server_info import server_identity
         from itlaudit.store import ledger
 
@@ -275,6 +272,12 @@ def _run_in_folder(
     labels: RunLabels | None,
 ) -> RunOutcome:
     """run_scenario's work, in a folder it holds."""
+    # The capture and report stacks load here, not at the top: the CLI imports this module to start.
+    from itlaudit.capture.cluster import lost_worker_warnings
+    from itlaudit.capture.planning import reset_prefix_cache
+    from itlaudit.capture.server_info import server_environment
+    from itlaudit.workflows.derive import write_derived
+
     started = time.time()
     meta: dict[str, Any] = {
         "itlaudit_version": __version__,
@@ -489,6 +492,8 @@ def _wrap_up_failed(
     filled): as after an interrupt, meta says so and summary and report are rewritten from what
     finished, so they never disagree with requests.jsonl; nothing goes to the ledger. If that fails
     too (the disk is still full), the original error is the one reported."""
+    from itlaudit.workflows.derive import write_derived
+
     meta["failed"] = {"error": redact_text(str(error), secrets), "at_unix": time.time()}
     with contextlib.suppress(OSError, ItlauditError):
         _write_meta(run_dir, meta)
@@ -503,6 +508,8 @@ def _wrap_up_interrupted(
 ) -> RunInterrupted:
     """Keep what finished: meta (marked interrupted), summary and report; nothing goes to the ledger,
     since a partial run is not the experiment its fingerprint names."""
+    from itlaudit.workflows.derive import write_derived
+
     signal_name, exit_code = interruption()
     meta["interrupted"] = {"signal": signal_name, "at_unix": time.time()}
     _write_meta(run_dir, meta)

@@ -19,8 +19,24 @@ The package, by role: `config` (settings and the fault catalogue), `vocab` (toke
 chat), `validation` (request parsing), `metrics` (/metrics) and `server` (the aiohttp handlers).
 """
 
+from typing import TYPE_CHECKING, Any
+
 from itlaudit.serve.sim.config import SIM_VERSION, SimConfig
-from itlaudit.serve.sim.server import make_app, run_sim, serve
-from itlaudit.serve.sim.wire import model_list
+
+if TYPE_CHECKING:
+    from itlaudit.serve.sim.server import make_app, run_sim, serve
+    from itlaudit.serve.sim.wire import model_list
 
 __all__ = ["SIM_VERSION", "SimConfig", "make_app", "model_list", "run_sim", "serve"]
+
+_LAZY = {"make_app": "server", "run_sim": "server", "serve": "server", "model_list": "wire"}
+
+
+def __getattr__(name: str) -> Any:
+    """The server (aiohttp, prometheus_client, numpy) loads when first named: the CLI reads the
+    config (`itlaudit sim --help`'s choices) at start-up and must not pay for it."""
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
