@@ -21,7 +21,7 @@ from itlaudit.capture.transport import StampMode
 from itlaudit.errors import CaptureWorkerError, ScenarioError, ServerRejectedError
 from itlaudit.model.access import Access
 from itlaudit.model.records import RequestRecord
-from itlaudit.model.redact import redact_bytes
+from itlaudit.model.redact import known_secrets, redact_bytes
 from itlaudit.model.scenario import Scenario
 from itlaudit.model.workload import BOUNDS as WORKLOAD_BOUNDS
 from itlaudit.store.jsonl import RecordWriter
@@ -157,7 +157,7 @@ async def run_variant(
         described["reply_lengths"] = "tokenize" if lengths is not None else "estimated"
     if chat_prompts is not None:
         described["random_chat"] = chat_prompts.describe()
-    secrets = tuple(value.encode() for value in access.secret_values())
+    secrets = tuple(value.encode() for value in known_secrets())  # a server may echo any of them
     lander = RecordLander(writer, on_done, secrets)
     warmup = [plan for plan in plans if plan.warmup]
     measured = [plan for plan in plans if not plan.warmup]

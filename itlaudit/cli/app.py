@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -21,15 +22,15 @@ from itlaudit.cli import smoke as cli_smoke
 from itlaudit.cli import sweep as cli_sweep
 from itlaudit.cli import testbed as cli_testbed
 from itlaudit.cli.options import (
-    SENT_SECRETS,
     HelpStyle,
+    PlotsOption,
     ScenarioArgument,
     capture_options,
     with_options,
     workload_flags,
 )
 from itlaudit.errors import ItlauditError, RunInterrupted
-from itlaudit.model.redact import redact_text
+from itlaudit.model.redact import redact_terminal
 from itlaudit.model.run_labels import RunLabels, parse_metadata
 from itlaudit.model.scenario import Scenario, ScenarioFlags, build_scenario, parse_scenario, scenario_toml
 from itlaudit.store.rundir import COMPARE_FILE, META_FILE, read_json
@@ -96,6 +97,7 @@ class RunSettings:
     save_scenario: Path | None
     save_result: Path | None
     labels: RunLabels
+    plots: bool
 
     def scenario(self, path: Path | None, flags: ScenarioFlags) -> Scenario:
         """The scenario with the flags over it; --save-scenario writes it before anything is sent."""
@@ -114,6 +116,12 @@ class RunSettings:
                 raise ItlauditError(f"--save-scenario {self.save_scenario}: {exc.strerror or exc}") from None
             err.print(f"scenario: {self.save_scenario}", markup=False, highlight=False, soft_wrap=True)
         return scenario
+
+    def reporting(self) -> AbstractContextManager[None]:
+        """Where the run is captured and derived: its reports drawn, or written without plots."""
+        from itlaudit.report.writer import plots_skipped
+
+        return plots_skipped(not self.plots)
 
     def run_kwargs(self, flags: ScenarioFlags) -> dict[str, Any]:
         return {
@@ -162,6 +170,7 @@ def run_settings(
         list[str] | None,
         typer.Option(metavar="KEY=VALUE", help="Carried into every result file (repeatable)."),
     ] = None,
+    plots: PlotsOption = True,
 ) -> RunSettings:
     """The options `run` and `compare` share, declared once and checked once."""
     if append and out_dir is None:
@@ -172,8 +181,9 @@ def run_settings(
         append=append,
         save_scenario=save_scenario,
         save_result=save_result,
+        plots=plots,
         labels=RunLabels.from_argv(
-            ["itlaudit", *sys.argv[1:]], SENT_SECRETS, label, parse_metadata(metadata or [])
+            ["itlaudit", *sys.argv[1:]], label=label, metadata=parse_metadata(metadata or [])
         ),
     )
 
@@ -223,7 +233,10 @@ def run(
     """Stream a workload to each server and audit it: token-true ITL from the server's token counts,
     and truncation findings. The workload is a SCENARIO file, vllm bench serve's flags, or both (a flag
     replaces the key it names)."""
-    outcome = run_scenario(settings.scenario(scenario, flags), **settings.run_kwargs(flags), capture=capture)
+    with settings.reporting():
+        outcome = run_scenario(
+            settings.scenario(scenario, flags), **settings.run_kwargs(flags), capture=capture
+        )
     _print_outcome(outcome)
     _save_result(settings, outcome.run_dir)
     if fail_on_findings and outcome.finding_count:
@@ -254,12 +267,13 @@ def compare(
     baseline (K0)."""
     from itlaudit.workflows.compare import run_compare
 
-    outcome, comparison = run_compare(
-        settings.scenario(scenario, flags),
-        **settings.run_kwargs(flags),
-        capture=capture,
-        distribution=distribution_audit,
-    )
+    with settings.reporting():
+        outcome, comparison = run_compare(
+            settings.scenario(scenario, flags),
+            **settings.run_kwargs(flags),
+            capture=capture,
+            distribution=distribution_audit,
+        )
     _print_outcome(outcome)
     for name, row in comparison["variants"].items():
         spec = row["spec_decode"] or {}
@@ -321,7 +335,7 @@ def demo(
 ) -> None:
     """K0 vs K3 vs a 128-token-capped K3, on the built-in simulator: the seed case in ~20 seconds."""
     scenario = parse_scenario(DEMO_SCENARIO.read_text(encoding="utf-8"), DEMO_SCENARIO)
-    labels = RunLabels.from_argv(["itlaudit", *sys.argv[1:]], SENT_SECRETS)
+    labels = RunLabels.from_argv(["itlaudit", *sys.argv[1:]])
     outcome = run_scenario(scenario, run_dir=out_dir, console=err, capture=capture, labels=labels)
     _print_outcome(outcome)
 
@@ -368,7 +382,9 @@ def _exit_interrupted() -> NoReturn:
 
 def main() -> None:
     """Entry point: any ItlauditError or usage error becomes one line on stderr and its exit code,
-    never a traceback."""
+    never a traceback. Everything printed from here on, by any command, is masked (URL userinfo, every
+    credential the process knows of: redact.RedactedStream), whatever server text it quotes."""
+    redact_terminal()
     handle_signals()
     try:
         # Non-standalone mode returns a command's exit code (typer.Exit) instead of exiting.
@@ -379,8 +395,7 @@ def main() -> None:
         err.print(f"itlaudit: {exc}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
     except ItlauditError as exc:
-        message = redact_text(str(exc), SENT_SECRETS)
-        err.print(f"itlaudit: error: {message}", markup=False, highlight=False, soft_wrap=True)
+        err.print(f"itlaudit: error: {exc}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
     except (KeyboardInterrupt, typer.Abort):  # outside a run (typer turns Ctrl-C into Abort)
         _exit_interrupted()

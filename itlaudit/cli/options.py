@@ -23,14 +23,12 @@ from typer.core import TyperArgument, TyperGroup, TyperOption
 from itlaudit.capture.runner import CaptureOptions
 from itlaudit.capture.stamping import StampMode
 from itlaudit.errors import ScenarioError
-from itlaudit.model.access import Access, api_key_header, valid_header
+from itlaudit.model.access import Access, api_key_header, header_problem, tls_problem
 from itlaudit.model.datasets import DATASET_KINDS
-from itlaudit.model.redact import header_secret_values
 from itlaudit.model.scenario import ENDPOINTS, ScenarioFlags
 
 __all__ = [
     "CAPTURE",
-    "SENT_SECRETS",
     "WORKLOAD",
     "ApiKeyOption",
     "CaCertOption",
@@ -38,6 +36,7 @@ __all__ = [
     "HeaderOption",
     "HelpStyle",
     "InsecureOption",
+    "PlotsOption",
     "ScenarioArgument",
     "StampOption",
     "UrlOption",
@@ -53,10 +52,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-# Header values this process sends (the API key among them): an error line quoting a server's answer is
-# masked with them, since a 401's message may echo the key it got.
-SENT_SECRETS: set[str] = set()
 
 
 # --- Help style ------------------------------------------------------------------------------------
@@ -190,6 +185,18 @@ VariantOption = Annotated[
 ]
 
 
+# --- Output ----------------------------------------------------------------------------------------
+
+PlotsOption = Annotated[
+    bool,
+    typer.Option(
+        "--plots/--no-plots",
+        help="--no-plots: write report.md and report.html without their PNG plots (the report says so): "
+        "the seconds of loading matplotlib and drawing are not spent.",
+    ),
+]
+
+
 # --- Capture and access ----------------------------------------------------------------------------
 
 WorkersOption = Annotated[
@@ -255,7 +262,9 @@ def _timeout(what: str, key: str) -> Any:
 
 
 def access(api_key: str | None, headers: list[str] | None, insecure: bool, ca_cert: Path | None) -> Access:
-    """What every request carries: the API key as Authorization, then each --header as given."""
+    """What every request carries: the API key as Authorization, then each --header as given. Every
+    header and the TLS material are checked here, so a bad one is one line before anything is sent or
+    any run folder is made."""
     pairs: list[tuple[str, str]] = []
     bearer = api_key_header(api_key, os.environ)
     if bearer is not None:
@@ -263,15 +272,18 @@ def access(api_key: str | None, headers: list[str] | None, insecure: bool, ca_ce
     for text in headers or []:
         name, sep, value = text.partition(":")
         name, value = name.strip(), value.strip()
-        if not sep or not valid_header(name, value):
-            shown = name or text.partition(":")[0]
+        if not sep or not name:
             raise ScenarioError(
-                f"--header {shown!r}...: expected 'Name: value' (a header name, a colon, a value)"
+                f"--header {name!r}...: expected 'Name: value' (a header name, a colon, a value)"
             )
+        problem = header_problem(name, value)
+        if problem is not None:
+            raise ScenarioError(f"--header {name!r}: {problem}")
         pairs.append((name, value))
-    SENT_SECRETS.update(header_secret_values(pairs))  # a server's error may echo one: mask it there
-    if ca_cert is not None and not ca_cert.is_file():
-        raise ScenarioError(f"--ca-cert {ca_cert}: no such file; give a PEM bundle of CA certificates")
+    if ca_cert is not None:
+        problem = tls_problem(str(ca_cert))
+        if problem is not None:
+            raise ScenarioError(f"--ca-cert {ca_cert}: {problem}")
     return Access(headers=(), insecure=insecure, ca_cert=str(ca_cert) if ca_cert else None).with_headers(
         dict(pairs)
     )

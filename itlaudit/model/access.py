@@ -3,13 +3,19 @@ them) and how https is verified. One object, used by the streaming POSTs and by 
 around them (/v1/models, /metrics, /version, launcher readiness, /tokenize), so a gated server is
 reached the same way everywhere.
 
-Held in memory only: no record, meta.json, ledger line or report gets a value from here, and
-`secret_values` lists the values the writers must mask if a server echoes one back.
+Held in memory only: no record, meta.json, ledger line or report gets a value from here, and every
+credential among its headers is remembered (redact.remember_secrets) as it is built, so a server that
+echoes one back is masked in every file and terminal line.
+
+What it sends is checked where it is given (header_problem, tls_problem): a header that would break
+the request's framing, and TLS material that does not load, are one line before anything is sent or
+any run folder is made (fault rows N16, N23).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import re
 import ssl
 import urllib.request
@@ -17,9 +23,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from itlaudit.model.redact import header_secret_values
+from itlaudit.errors import ScenarioError
+from itlaudit.model.redact import header_secret_values, remember_secrets
 
-__all__ = ["API_KEY_ENV", "HEADER_NAME", "NO_ACCESS", "Access", "api_key_header", "valid_header"]
+__all__ = [
+    "API_KEY_ENV",
+    "FRAMING_HEADERS",
+    "HEADER_NAME",
+    "NO_ACCESS",
+    "Access",
+    "api_key_header",
+    "header_problem",
+    "tls_problem",
+]
 
 if TYPE_CHECKING:
     import aiohttp
@@ -28,9 +44,59 @@ API_KEY_ENV = ("OPENAI_API_KEY", "VLLM_API_KEY")
 HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an RFC 9110 token
 
 
-def valid_header(name: str, value: object) -> bool:
-    """A header h11 will send as given: a token name and a one-line string value."""
-    return bool(HEADER_NAME.match(name)) and isinstance(value, str) and not any(c in value for c in "\r\n")
+# Headers that say how the request is framed or routed on its connection: itlaudit writes them itself
+# (Content-Length per body, one Host, keep-alive), and a second copy from a user desyncs the connection
+# (the server reads the next request as this one's body) or smuggles a request through a proxy.
+FRAMING_HEADERS = frozenset(
+    {
+        "content-length",
+        "transfer-encoding",
+        "host",
+        "connection",
+        "upgrade",
+        "expect",
+        "te",
+        "keep-alive",
+        "proxy-connection",
+    }
+)
+# Control characters other than tab end a header line (CR, LF) or a C string (NUL) somewhere on the way.
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def header_problem(name: str, value: object) -> str | None:
+    """Why a header cannot be sent as given, or None: the one check for --header, a variant's
+    `headers` and the API key. The reason never quotes the value (it may be a credential)."""
+    if not isinstance(value, str):
+        return "its value must be a string"
+    if _CONTROL.search(name) or _CONTROL.search(value):
+        return "a control character (CR, LF, NUL, ...) in it would end the header line; give one line"
+    if not HEADER_NAME.match(name):
+        return "the name must be a token: letters, digits and !#$%&'*+-.^_`|~, no spaces or colons"
+    if name.lower() in FRAMING_HEADERS:
+        return f"{name} frames the HTTP request and itlaudit sets it itself; remove it"
+    return None
+
+
+def tls_problem(ca_cert: str) -> str | None:
+    """Why `ca_cert` cannot verify a server, or None: it is loaded now, once (the context is cached),
+    so a bad file is one line at parse time, not a traceback after the run folder exists."""
+    if os.path.isdir(ca_cert):
+        return "is a directory; give a PEM file of CA certificates (a bundle, or the server's own cert)"
+    if not os.path.exists(ca_cert):
+        return "no such file; give a PEM file of CA certificates"
+    try:
+        with open(ca_cert, "rb"):
+            pass
+        _ssl_context(False, ca_cert)
+    except OSError as exc:
+        if isinstance(exc, ssl.SSLError):
+            return (
+                f"holds no PEM certificate ({exc.reason or exc}); give a PEM file of CA certificates "
+                "(-----BEGIN CERTIFICATE----- blocks)"
+            )
+        return f"cannot be read ({exc.strerror or exc}); give a readable PEM file of CA certificates"
+    return None
 
 
 @dataclass(frozen=True)
@@ -38,6 +104,9 @@ class Access:
     headers: tuple[tuple[str, str], ...] = ()
     insecure: bool = False  # https without certificate or host name checks (--insecure)
     ca_cert: str | None = None  # a PEM bundle to verify the server's certificate with (--ca-cert)
+
+    def __post_init__(self) -> None:
+        remember_secrets(self.secret_values())
 
     def header_map(self) -> dict[str, str]:
         return dict(self.headers)
@@ -88,6 +157,15 @@ NO_ACCESS = Access()
 
 def api_key_header(api_key: str | None, environ: Mapping[str, str]) -> tuple[str, str] | None:
     """--api-key, else OPENAI_API_KEY, else VLLM_API_KEY (the order vllm bench serve and the OpenAI
-    client read them in), as `Authorization: Bearer`."""
-    key = api_key or next((environ[name] for name in API_KEY_ENV if environ.get(name)), None)
-    return ("Authorization", f"Bearer {key}") if key else None
+    client read them in), as `Authorization: Bearer`; a key that cannot be sent is one line naming
+    where it came from."""
+    source, key = "--api-key", api_key
+    if not key:
+        source, key = next(((name, environ[name]) for name in API_KEY_ENV if environ.get(name)), ("", None))
+    if not key:
+        return None
+    header = ("Authorization", f"Bearer {key}")
+    problem = header_problem(*header)
+    if problem is not None:
+        raise ScenarioError(f"{source}: {problem}")
+    return header

@@ -14,27 +14,39 @@ A URL's userinfo is a credential wherever the URL appears (`http://user:pw@host`
 password becomes `***` and the user stays (`http://user:***@host`), as for a secret-named flag; a
 userinfo without a password is taken for a token (`https://TOKEN@host`) and masked whole. Every
 string redact_text, redact_args and redact_json handle is masked so, whatever its key or flag.
+
+Free text is masked by value: redact_text, redact_json, redact_file and every line on the terminal
+(RedactedStream, installed over stdout and stderr by the command line) mask each credential this
+process knows of (known_secrets): the values it sends (remember_secrets: --api-key, --header, variant
+headers, as Access is built), a launched server's (its env and arguments), and the secret-named
+variables of its own environment. A server that quotes a key back (a 401's message) is quoted masked,
+whichever file or line its text lands in (fault rows 30, N15).
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 __all__ = [
     "MASK",
+    "RedactedStream",
     "header_secret_values",
     "is_secret_name",
+    "known_secrets",
     "launch_secret_values",
     "redact_args",
     "redact_bytes",
     "redact_env",
     "redact_file",
     "redact_json",
+    "redact_terminal",
     "redact_text",
     "redact_url",
+    "remember_secrets",
     "secret_values",
 ]
 
@@ -53,6 +65,18 @@ _MIN_TEXT_SECRET = 8
 _URL_USERINFO = re.compile(
     r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^\s/?#@:]*)(?P<password>:[^\s/?#@]*)?@"
 )
+_REMEMBERED: set[str] = set()  # the credentials this process sends or hands to a server it launched
+
+
+def remember_secrets(values: Iterable[str]) -> None:
+    """Add credentials to the ones every file and terminal line is masked with, from now on."""
+    _REMEMBERED.update(value for value in values if len(value) >= _MIN_TEXT_SECRET)
+
+
+def known_secrets() -> set[str]:
+    """Every credential this process knows of: the remembered ones and the secret-named variables of
+    its environment (HF_TOKEN, OPENAI_API_KEY, ...), read now, since a launched server inherits them."""
+    return _REMEMBERED | secret_values(os.environ, [])
 
 
 def redact_url(text: str) -> str:
@@ -98,19 +122,23 @@ def redact_args(args: Sequence[str]) -> list[str]:
 
 
 def redact_json(data: Any) -> Any:
-    """A JSON-like value with every secret-named key's scalar value masked and every list of strings
-    treated as a command line."""
+    """A JSON-like value with every secret-named key's scalar value masked, every list of strings
+    treated as a command line, and every string masked as free text (redact_text)."""
+    return _redact_json(data, _longest_first(known_secrets()))
+
+
+def _redact_json(data: Any, values: list[str]) -> Any:
     if isinstance(data, Mapping):
         return {
-            key: (MASK if is_secret_name(str(key)) and _is_scalar(value) else redact_json(value))
+            key: (MASK if is_secret_name(str(key)) and _is_scalar(value) else _redact_json(value, values))
             for key, value in data.items()
         }
     if isinstance(data, list | tuple):
         if data and all(isinstance(item, str) for item in data):
-            return redact_args(data)
-        return [redact_json(item) for item in data]
+            return [_mask(item, values) for item in redact_args(data)]
+        return [_redact_json(item, values) for item in data]
     if isinstance(data, str):
-        return redact_url(data)
+        return _mask(data, values)
     return data
 
 
@@ -158,22 +186,61 @@ def redact_bytes(data: bytes, values: Iterable[bytes]) -> bytes:
     return data
 
 
-def redact_text(text: str, values: Iterable[str]) -> str:
+def redact_text(text: str, values: Iterable[str] = ()) -> str:
+    """`text` with URL userinfo masked and every credential known to this process (known_secrets),
+    and any in `values`, replaced by MASK."""
+    return _mask(text, _longest_first(known_secrets().union(values)))
+
+
+def _longest_first(values: set[str]) -> list[str]:
+    """The order to mask in: one secret may contain another."""
+    return sorted(values, key=len, reverse=True)
+
+
+def _mask(text: str, ordered: list[str]) -> str:
     text = redact_url(text)
-    for value in sorted(values, key=len, reverse=True):  # longest first: one secret may contain another
+    for value in ordered:
         text = text.replace(value, MASK)
     return text
 
 
-def redact_file(path: Path, values: Iterable[str]) -> None:
-    """Mask known secret values in a file written by someone else (a server's log); best effort."""
-    wanted = set(values)
-    if not wanted:
-        return
+def redact_file(path: Path, values: Iterable[str] = ()) -> None:
+    """Mask credentials in a file written by someone else (a server's log); best effort."""
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
-        redacted = redact_text(text, wanted)
+        redacted = redact_text(text, values)
         if redacted != text:
             path.write_text(redacted, encoding="utf-8")
     except OSError:
         return
+
+
+class RedactedStream:
+    """A text stream that passes every write through redact_text before `stream` sees it: over
+    sys.stdout and sys.stderr, it is the one place every line the tool prints is masked (progress,
+    phase lines, a server's message quoted in an error, a traceback). Everything else (isatty,
+    fileno, flush, encoding) is the stream's own, so rich still sees a terminal where there is one."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        self.stream.write(redact_text(text))
+        return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+def redact_terminal() -> None:
+    """Mask everything this process prints from now on (idempotent)."""
+    import sys
+
+    if not isinstance(sys.stdout, RedactedStream):
+        sys.stdout = RedactedStream(sys.stdout)  # type: ignore[assignment]
+    if not isinstance(sys.stderr, RedactedStream):
+        sys.stderr = RedactedStream(sys.stderr)  # type: ignore[assignment]

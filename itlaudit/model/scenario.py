@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from itlaudit.errors import ScenarioError
-from itlaudit.model.access import valid_header
+from itlaudit.model.access import header_problem
 from itlaudit.model.datasets import DATASET_KINDS, DatasetEntry
 from itlaudit.model.launch_kinds import STARTED_KINDS, launch_kind_problem
 from itlaudit.model.scenario_toml import (
@@ -205,10 +205,10 @@ def _variants(raw: Any, loc: Located) -> list[Variant]:
 
 def _headers(src: dict[str, Any], loc: Located) -> dict[str, str]:
     headers = get_value(src, loc, "variants", "headers", dict, {})
-    if not all(valid_header(name, value) for name, value in headers.items()):
-        raise loc.error(
-            "variants", "headers", 'must map header names to one-line strings: headers = { "X-Team" = "a" }'
-        )
+    for name, value in headers.items():
+        problem = header_problem(name, value)
+        if problem is not None:
+            raise loc.error("variants", "headers", f"{name!r}: {problem}")
     return headers
 
 

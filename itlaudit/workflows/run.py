@@ -24,7 +24,14 @@ from itlaudit.capture.runner import CaptureOptions, run_variant, variant_access
 from itlaudit.errors import ItlauditError, RunDirError, RunInterrupted, ScenarioError
 from itlaudit.model.access import NO_ACCESS, Access
 from itlaudit.model.records import RequestRecord
-from itlaudit.model.redact import launch_secret_values, redact_file, redact_json, redact_text, secret_values
+from itlaudit.model.redact import (
+    launch_secret_values,
+    redact_file,
+    redact_json,
+    redact_text,
+    remember_secrets,
+    secret_values,
+)
 from itlaudit.model.run_context import workload_meta
 from itlaudit.model.run_labels import RunLabels
 from itlaudit.model.scenario import Scenario, Variant
@@ -146,6 +153,8 @@ def variant_target(
         from itlaudit.serve.launcher import launch
 
         spec = launch_spec(variant.launch)
+        # Its credentials (env, arguments) are masked wherever its text lands: its log, an error line.
+        remember_secrets(launch_secret_values(variant.launch, os.environ))
         # Tags the server's processes with the run that owns them, so a leftover is traceable.
         spec.env[RUN_DIR_ENV] = str(run_dir.resolve())
         with launch(spec, run_dir / server_log_name(variant.name), access) as server:

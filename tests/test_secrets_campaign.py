@@ -1,0 +1,124 @@
+"""Secrets, end to end (fault rows 30, N14, N15, N15b): credentials planted everywhere a user puts
+them (URL userinfo, --api-key, --header, a variant's headers, OPENAI_API_KEY / VLLM_API_KEY / HF_TOKEN
+in the shell, a launched server's env and arguments), a server that quotes every header it got back
+in a 401, then `compare`/`run` and `report`: no planted value is in any file under the test's folder
+(run folder, ledger, server logs, the server pid folder) or on either terminal stream."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from faultkit import FAULTSERVER, itlaudit, one_error_line, write_scenario
+
+PLANTED = "sekrit"  # every planted value carries it, so one grep finds any of them
+
+
+def leaks(root: Path, *streams: subprocess.CompletedProcess[str], skip: tuple[Path, ...] = ()) -> list[str]:
+    """Where a planted value is: each file under root (but `skip`), and each command's stdout/stderr."""
+    hits = [
+        str(path)
+        for path in root.rglob("*")
+        if path.is_file() and path not in skip and PLANTED.encode() in path.read_bytes()
+    ]
+    for result in streams:
+        hits += [
+            f"{result.args[3:5]} {name}" for name in ("stdout", "stderr") if PLANTED in getattr(result, name)
+        ]
+    return hits
+
+
+def launched(name: str, headers: str, *server_args: str) -> str:
+    """A variant whose server is a faultserver in auth_echo mode, launched by itlaudit with credentials
+    in its env and on its command line (the faultserver logs its arguments as vLLM does)."""
+    command = json.dumps(
+        [sys.executable, FAULTSERVER, "--port", "{port}", "--mode", "auth_echo", *server_args]
+    )
+    env = (
+        f'{{ VLLM_API_KEY = "{PLANTED}LaunchEnv1", MY_PASSWORD = "{PLANTED}LaunchPw1", '
+        f'AUTH_HEADER = "{PLANTED}LaunchAuth1", HF_TOKEN = "{PLANTED}LaunchHf1", '
+        'VLLM_LOGGING_LEVEL = "INFO" }'
+    )
+    return (
+        f'[[variants]]\nname = "{name}"\nheaders = {headers}\n\n[variants.launch]\nkind = "command"\n'
+        f"command = {command}\nenv = {env}\n\n"
+    )
+
+
+@pytest.mark.fault_row("30")
+@pytest.mark.fault_row("N15")
+def test_no_planted_secret_reaches_a_file_or_a_terminal_stream(tmp_path: Path) -> None:
+    variants = launched(
+        "K0", f'{{ "X-Api-Token" = "{PLANTED}VariantToken1" }}', "--api-key", f"{PLANTED}ServerArg1"
+    ) + launched(
+        "K1", f'{{ "Authorization" = "Bearer {PLANTED}VariantAuth1" }}', f"--api-key={PLANTED}ServerArg2"
+    )
+    scenario = write_scenario(tmp_path, variants)
+    (tmp_path / "tmp").mkdir()
+    env = {
+        "OPENAI_API_KEY": f"{PLANTED}OpenAiEnv1",
+        "VLLM_API_KEY": f"{PLANTED}VllmEnv1",
+        "HF_TOKEN": f"{PLANTED}ShellHf1",
+        "TMPDIR": str(tmp_path / "tmp"),  # the launched servers' pid folder, grepped with the rest
+    }
+    out = tmp_path / "run"
+    compared = itlaudit(
+        "compare", str(scenario), "--out", str(out), "--api-key", f"{PLANTED}CliKey1",
+        "--header", f"X-Secret-Token: {PLANTED}Header1", cwd=tmp_path, env=env, timeout=300,
+    )  # fmt: skip
+    assert compared.returncode == 0, compared.stderr
+    reported = itlaudit("report", str(out), cwd=tmp_path, env=env)
+    assert reported.returncode == 0, reported.stderr
+    # The server did quote them: the identity ping's 401 is on the terminal and half the streams' 401s
+    # are records, all with the values masked (row N15: that terminal line was in clear).
+    assert "server build unknown" in compared.stderr and "Authorization=***" in compared.stderr
+    records = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    echoed = [r["error"] for r in records if r.get("http_status") == 401]
+    assert echoed and all("X-Secret-Token=***" in e and "Authorization=***" in e for e in echoed)
+    written = {p.name for p in tmp_path.rglob("*") if p.is_file()}
+    assert written >= {"meta.json", "requests.jsonl", "requests.csv", "ledger.jsonl", "server-K0.log"}
+    assert leaks(tmp_path, compared, reported, skip=(scenario,)) == []
+
+
+@pytest.mark.fault_row("N15b")
+def test_a_password_in_the_url_is_masked_in_every_file_and_line(faultserver, tmp_path: Path) -> None:
+    port = faultserver("auth_echo").rpartition(":")[2]
+    scenario = write_scenario(
+        tmp_path, f'[[variants]]\nname = "A"\nurl = "http://user:{PLANTED}Pw1@127.0.0.1:{port}"\n'
+    )
+    env = {"OPENAI_API_KEY": "", "VLLM_API_KEY": ""}  # no Authorization beside the URL's userinfo
+    result = itlaudit("run", str(scenario), "--out", str(tmp_path / "run"), cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    reported = itlaudit("report", str(tmp_path / "run"), cwd=tmp_path)
+    assert reported.returncode == 0, reported.stderr
+    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    assert f"http://user:***@127.0.0.1:{port}" in json.dumps(meta)  # the user stays, the password goes
+    assert leaks(tmp_path, result, reported, skip=(scenario,)) == []
+
+
+KEY = f"{PLANTED}-right-key-0001"
+
+
+def keyed_run(tmp_path: Path, url: str, env: dict[str, str], out: str) -> subprocess.CompletedProcess[str]:
+    scenario = write_scenario(tmp_path, f'[[variants]]\nname = "A"\nurl = "{url}"\n')
+    return itlaudit("run", str(scenario), "--out", str(tmp_path / out), cwd=tmp_path, env=env)
+
+
+@pytest.mark.fault_row("N14")
+def test_api_key_from_the_environment_in_vllm_bench_order_and_never_written(tmp_path: Path, paced) -> None:
+    """VLLM_API_KEY alone is sent; OPENAI_API_KEY wins over it; a wrong key is one line quoting the
+    server's 401 with the key masked; no key anywhere on disk or on the terminal."""
+    server = paced(interval_ms=1.0, extra=("--api-key", KEY))  # 401 echoing the header it got
+    wrong = f"{PLANTED}-wrong-key-0002"
+    alone = keyed_run(tmp_path, server.url, {"OPENAI_API_KEY": "", "VLLM_API_KEY": KEY}, "alone")
+    assert alone.returncode == 0, alone.stderr
+    both = keyed_run(tmp_path, server.url, {"OPENAI_API_KEY": KEY, "VLLM_API_KEY": wrong}, "both")
+    assert both.returncode == 0, both.stderr
+    refused = keyed_run(tmp_path, server.url, {"OPENAI_API_KEY": wrong, "VLLM_API_KEY": ""}, "refused")
+    line = one_error_line(refused)
+    assert "401" in line and "***" in line
+    paced_logs = tuple(tmp_path.glob("paced-*"))
+    assert leaks(tmp_path, alone, both, refused, skip=(*paced_logs,)) == []
