@@ -8,9 +8,11 @@ several runs into a folder that is not itself a run.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from itlaudit.analysis.findings import truncated_requests
 from itlaudit.analysis.importers import ImportedBenchmark
@@ -20,12 +22,32 @@ from itlaudit.model.redact import redact_text, secret_values
 from itlaudit.report.context import context_facts
 from itlaudit.report.html import render_html
 from itlaudit.report.markdown import render_report
-from itlaudit.report.plots import VariantView, write_plots
 
-__all__ = ["REPORT_HTML", "REPORT_MD", "variant_views", "write_reports"]
+if TYPE_CHECKING:
+    from itlaudit.report.plots import VariantView
+
+__all__ = ["PLOTS_SKIPPED", "REPORT_HTML", "REPORT_MD", "plots_skipped", "variant_views", "write_reports"]
 
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
+# The context fact a report carries when its plots were not drawn, so a reader knows why none show.
+PLOTS_SKIPPED = ("plots", "skipped (--no-plots)")
+
+# Whether reports written now draw their PNGs. A context variable, not a parameter: the setting is the
+# command's (`run --no-plots`), while the workflows derive a run's files at several points (its end,
+# a signal, a failure) that all write the same report.
+_DRAW_PLOTS: ContextVar[bool] = ContextVar("draw_plots", default=True)
+
+
+@contextmanager
+def plots_skipped(skip: bool = True) -> Iterator[None]:
+    """Within this block, reports are written without PNGs (and say so): matplotlib is not imported
+    and the seconds of drawing are not spent."""
+    token = _DRAW_PLOTS.set(not skip)
+    try:
+        yield
+    finally:
+        _DRAW_PLOTS.reset(token)
 
 
 def variant_views(
@@ -38,6 +60,8 @@ def variant_views(
     itlaudit: anything but a dict where spec-decode figures should be is treated as absent. The
     findings (JSON form) say which requests were cut short; the summary, by analysis.validity,
     which variants are not comparable."""
+    from itlaudit.report.plots import VariantView  # beside matplotlib: only when plots are drawn
+
     compared = (compare or {}).get("variants") if isinstance(compare, dict) else None
     truncated = truncated_requests(findings)
     views = []
@@ -69,12 +93,19 @@ def write_reports(
     meta: dict[str, Any] | None = None,
 ) -> Path:
     """PNGs, report.md (linking them) and report.html (embedding them); returns report.html's path.
-    `meta` is the run's meta.json, for the context block (none for a comparison of several runs)."""
+    `meta` is the run's meta.json, for the context block (none for a comparison of several runs).
+    Inside `plots_skipped()` no PNG is drawn and the context block says so."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    plots = write_plots(variant_views(records, summary, compare, findings), out_dir)
+    context = context_facts(meta, summary) if meta is not None else []
+    plots: list[tuple[str, Path]] = []
+    if _DRAW_PLOTS.get():
+        from itlaudit.report.plots import write_plots  # matplotlib: a second to import, only to draw
+
+        plots = write_plots(variant_views(records, summary, compare, findings), out_dir)
+    else:
+        context.append(PLOTS_SKIPPED)
     # A server's error message can echo a credential it was sent (an API key in a 401): mask ours.
     secrets = secret_values(os.environ, [])
-    context = context_facts(meta, summary) if meta is not None else []
     md = render_report(
         title, summary, findings, images=[(c, p.name) for c, p in plots], imported=imported, context=context
     )
