@@ -210,7 +210,8 @@ def test_broken_speculative_sampling_fires(tmp_path: Path, sampler: str, directi
     evidence = found[0]["evidence"]
     assert evidence["p_value"] < ALPHA and direction * evidence["effect_nats"] > MIN_EFFECT_NATS
     assert evidence["spec_mean"] - evidence["base_mean"] == pytest.approx(evidence["effect_nats"])
-    assert len(evidence["worst"]) == 3 and all(w["text"] for w in evidence["worst"])
+    assert evidence["variant"] == "K3" and len(evidence["worst"]) == 3
+    assert all(w["text"] for w in evidence["worst"])
     assert {"gibberish_share", "rep_3_mean"} <= set(evidence["spec_quality"])
     assert read_json(tmp_path / "run" / COMPARE_FILE)["distribution"]["variants"]["K3"]["verdict"] == "shift"
 

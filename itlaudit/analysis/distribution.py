@@ -190,4 +190,5 @@ def distribution_shift(
         f"{s.size} vs {b.size} requests): speculative sampling changed the output distribution, which "
         "rejection sampling must leave as it is."
     )
-    return figures, Finding.of(SPEC_DECODE_DISTRIBUTION_SHIFT, message, {**figures, "worst": worst})
+    evidence = {**figures, "variant": variant, "worst": worst}
+    return figures, Finding.of(SPEC_DECODE_DISTRIBUTION_SHIFT, message, evidence)
