@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -16,7 +18,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from itlaudit.errors import SimError
+from itlaudit.errors import LaunchError, SimError
 from itlaudit.model.sendlog import SendLog
 from itlaudit.serve.sim.config import SIM_VERSION, SimConfig
 from itlaudit.serve.sim.endpoints import ChatApi, CompletionApi, EndpointApi
@@ -259,8 +261,21 @@ async def run_sim(
 def serve(
     config: SimConfig, host: str = "127.0.0.1", port: int = 8000, send_log_path: Path | None = None
 ) -> None:
-    """Blocking entry point for ``itlaudit sim``; returns when interrupted, then writes the send log."""
+    """Blocking entry point for ``itlaudit sim``; returns when interrupted, then writes the send log.
+    The port is bound here, before aiohttp starts, so a busy or forbidden one is one line (LaunchError)
+    rather than a traceback out of the event loop."""
     send_log = None if send_log_path is None else SendLog(server={"kind": "sim", **asdict(config)})
-    web.run_app(make_app(config, send_log), host=host, port=port, access_log=None)
+    try:
+        sock = socket.create_server((host, port), family=_family(host))
+    except OSError as exc:
+        raise LaunchError(
+            f"sim cannot listen on {host}:{port}: {os.strerror(exc.errno) if exc.errno else exc}; "
+            "give a free --port (or another --host)"
+        ) from None
+    web.run_app(make_app(config, send_log), sock=sock, access_log=None)
     if send_log is not None and send_log_path is not None:
         send_log.write(send_log_path)
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
