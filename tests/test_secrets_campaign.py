@@ -122,3 +122,15 @@ def test_api_key_from_the_environment_in_vllm_bench_order_and_never_written(tmp_
     assert "401" in line and "***" in line
     paced_logs = tuple(tmp_path.glob("paced-*"))
     assert leaks(tmp_path, alone, both, refused, skip=(*paced_logs,)) == []
+
+
+@pytest.mark.fault_row("N15b")
+def test_a_url_with_credentials_and_an_api_key_is_one_line(tmp_path: Path) -> None:
+    """Two answers to one question: refused before any folder, the password masked in the line (aiohttp
+    raised a ValueError traceback on the pair)."""
+    url = f"http://user:{PLANTED}Pw2@127.0.0.1:9"
+    scenario = write_scenario(tmp_path, f'[[variants]]\nname = "A"\nurl = "{url}"\n')
+    result = itlaudit("run", str(scenario), "--api-key", f"{PLANTED}Key2", cwd=tmp_path)
+    line = one_error_line(result)
+    assert line.startswith("itlaudit: error: variant A: http://user:***@127.0.0.1:9 carries credentials")
+    assert leaks(tmp_path, result, skip=(scenario,)) == [] and not (tmp_path / "reports").exists()

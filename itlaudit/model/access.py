@@ -22,9 +22,10 @@ import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from itlaudit.errors import ScenarioError
-from itlaudit.model.redact import header_secret_values, remember_secrets
+from itlaudit.model.redact import header_secret_values, redact_url, remember_secrets
 
 __all__ = [
     "API_KEY_ENV",
@@ -35,6 +36,7 @@ __all__ = [
     "api_key_header",
     "header_problem",
     "tls_problem",
+    "url_credentials_problem",
 ]
 
 if TYPE_CHECKING:
@@ -75,6 +77,19 @@ def header_problem(name: str, value: object) -> str | None:
         return "the name must be a token: letters, digits and !#$%&'*+-.^_`|~, no spaces or colons"
     if name.lower() in FRAMING_HEADERS:
         return f"{name} frames the HTTP request and itlaudit sets it itself; remove it"
+    return None
+
+
+def url_credentials_problem(url: str, access: Access) -> str | None:
+    """Why `url` cannot be reached with `access`, or None: credentials in its userinfo
+    (http://user:pw@host) and an Authorization header (--api-key, OPENAI_API_KEY, a header) are two
+    answers to one question, and aiohttp refuses the pair with a traceback."""
+    has_userinfo = "@" in urlsplit(url).netloc
+    if has_userinfo and any(name.lower() == "authorization" for name, _ in access.headers):
+        return (
+            f"{redact_url(url)} carries credentials and an Authorization header is set too (--api-key, "
+            "OPENAI_API_KEY, VLLM_API_KEY or a header); give the credentials one way"
+        )
     return None
 
 

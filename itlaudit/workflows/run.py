@@ -22,7 +22,7 @@ from rich.console import Console
 from itlaudit import __version__
 from itlaudit.capture.runner import CaptureOptions, run_variant, variant_access
 from itlaudit.errors import ItlauditError, RunDirError, RunInterrupted, ScenarioError
-from itlaudit.model.access import NO_ACCESS, Access
+from itlaudit.model.access import NO_ACCESS, Access, url_credentials_problem
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.redact import (
     launch_secret_values,
@@ -246,6 +246,11 @@ def run_scenario(
     if unknown:
         names = ", ".join(v.name for v in scenario.variants)
         raise ScenarioError(f"--variant names {', '.join(sorted(unknown))}, not in the scenario ({names})")
+    for variant in scenario.variants:
+        target = url or variant_urls.get(variant.name) or variant.url
+        problem = target and url_credentials_problem(target, variant_access(scenario, variant.name, capture))
+        if problem:
+            raise ScenarioError(f"variant {variant.name}: {problem}")
     folder = _open_run_dir(run_dir, scenario.folder_name, append)
     try:
         with hold_run_lock(folder, f"--out {folder}"):
