@@ -6,6 +6,7 @@ in a 401, then `compare`/`run` and `report`: no planted value is in any file und
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -13,6 +14,9 @@ from pathlib import Path
 
 import pytest
 from faultkit import FAULTSERVER, itlaudit, one_error_line, write_scenario
+
+from itlaudit.model.access import Access
+from itlaudit.model.redact import MASK, RedactedStream, known_secrets, redact_json, redact_text
 
 PLANTED = "sekrit"  # every planted value carries it, so one grep finds any of them
 
@@ -134,3 +138,24 @@ def test_a_url_with_credentials_and_an_api_key_is_one_line(tmp_path: Path) -> No
     line = one_error_line(result)
     assert line.startswith("itlaudit: error: variant A: http://user:***@127.0.0.1:9 carries credentials")
     assert leaks(tmp_path, result, skip=(scenario,)) == [] and not (tmp_path / "reports").exists()
+
+
+def test_an_access_remembers_its_credentials_for_every_writer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Built once, known everywhere: an Access's secret headers, and the environment's secret names."""
+    Access(headers=(("X-Team-Token", f"{PLANTED}Unit1"), ("X-Tenant", "tenant-a-public")))
+    monkeypatch.setenv("MY_SERVICE_PASSWORD", f"{PLANTED}Unit2")
+    assert {f"{PLANTED}Unit1", f"{PLANTED}Unit2"} <= known_secrets()
+    assert "tenant-a-public" not in known_secrets()  # not a secret name: an experiment label
+    echoed = f"401: got {PLANTED}Unit1 and {PLANTED}Unit2 for tenant-a-public"
+    assert redact_text(echoed) == f"401: got {MASK} and {MASK} for tenant-a-public"
+    assert redact_json({"error": [echoed], "n": 1}) == {"error": [redact_text(echoed)], "n": 1}
+
+
+def test_the_terminal_stream_masks_every_write_and_is_otherwise_the_stream() -> None:
+    Access(headers=(("Authorization", f"Bearer {PLANTED}Unit3"),))
+    target = io.StringIO()
+    stream = RedactedStream(target)
+    assert stream.write(f"server said: key {PLANTED}Unit3 via http://u:pw-{PLANTED}@h:1/x\n") > 0
+    stream.writelines(["plain\n"])
+    assert target.getvalue() == f"server said: key {MASK} via http://u:{MASK}@h:1/x\nplain\n"
+    assert stream.isatty() is False and stream.getvalue() == target.getvalue()  # delegated
