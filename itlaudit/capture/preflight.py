@@ -11,6 +11,7 @@ from typing import Any
 import aiohttp
 
 from itlaudit.errors import ServerRejectedError, ServerUnreachableError, TransportError
+from itlaudit.model.access import TLS_ADVICE
 
 __all__ = [
     "CONNECTION_FAILURES",
@@ -66,9 +67,14 @@ async def fetch_json(
             body = await resp.read()
             http_status = resp.status
     except CONNECTION_FAILURES as exc:
+        # A certificate that does not verify is not a server that is down (fault row N16).
+        advice = (
+            TLS_ADVICE
+            if isinstance(exc, aiohttp.ClientConnectorCertificateError)
+            else "check that the server is running and that the URL is right"
+        )
         raise ServerUnreachableError(
-            f"cannot reach {url} ({describe_connection_failure(exc, timeout_s)}); "
-            "check that the server is running and that the URL is right"
+            f"cannot reach {url} ({describe_connection_failure(exc, timeout_s)}); {advice}"
         ) from None
     if not 200 <= http_status < 300:
         raise ServerRejectedError(

@@ -32,6 +32,7 @@ __all__ = [
     "FRAMING_HEADERS",
     "HEADER_NAME",
     "NO_ACCESS",
+    "TLS_ADVICE",
     "Access",
     "api_key_header",
     "header_problem",
@@ -62,6 +63,8 @@ FRAMING_HEADERS = frozenset(
         "proxy-connection",
     }
 )
+# What a user does about a certificate that does not verify.
+TLS_ADVICE = "trust its CA with --ca-cert, or pass --insecure"
 # Control characters other than tab end a header line (CR, LF) or a C string (NUL) somewhere on the way.
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
