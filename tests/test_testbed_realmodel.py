@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -86,3 +88,17 @@ def test_a_failed_conversion_names_step_and_log_and_leaves_no_marker(fake: Fake,
     assert "convert Gemma 3 270M" in str(err.value) and str(log) in str(err.value)
     assert "converter exploded" in log.read_text()
     assert not (out / MODEL_MARKER).exists()
+
+
+def test_a_folder_without_only_tiny_is_a_usage_error(tmp_path: Path) -> None:
+    """A folder names where the tiny model goes; the real one has one place, so asking for both with a
+    folder is ambiguous: one line, exit 2, nothing installed or built."""
+    done = subprocess.run(
+        [sys.executable, "-m", "itlaudit", "testbed", "build-model", str(tmp_path / "m")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "--only tiny" in done.stderr and "OUT_DIR" in done.stderr
+    assert not (tmp_path / "m").exists()

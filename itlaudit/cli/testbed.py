@@ -8,13 +8,19 @@ from typing import Annotated
 
 import typer
 
-from itlaudit.serve.testbed import DEFAULT_VERSION, build_model, build_real_model, default_cache_dir, install
+from itlaudit.serve.testbed import (
+    DEFAULT_VERSION,
+    build_model,
+    build_real_model,
+    default_cache_dir,
+    default_real_model_dir,
+    install,
+)
 
 __all__ = [
     "Which",
     "build_model_command",
     "default_model_dir",
-    "default_real_model_dir",
     "install_command",
     "testbed_app",
 ]
@@ -34,11 +40,6 @@ def default_model_dir(seed: int = 0, draft_noise: float | None = None) -> Path:
     """The shared cache location that shipped scenarios name as `{cache}/models/tiny-llama-s0`."""
     suffix = f"-noise{draft_noise:g}" if draft_noise is not None else ""
     return default_cache_dir() / "models" / f"tiny-llama-s{seed}{suffix}"
-
-
-def default_real_model_dir() -> Path:
-    """The shared cache location that the Gemma scenarios name as `{cache}/models/gemma3-270m`."""
-    return default_cache_dir() / "models" / "gemma3-270m"
 
 
 def _size_mb(folder: Path) -> float:
@@ -74,7 +75,8 @@ def build_model_command(
     """
     if out_dir is not None and only is not Which.tiny:
         raise typer.BadParameter(
-            "a folder names the tiny model's place: add --only tiny", param_hint="OUT_DIR"
+            "is for the tiny model only (the real one lives in the shared cache): add --only tiny",
+            param_hint="OUT_DIR",
         )
     python = install(version)
     if only is not Which.real:
