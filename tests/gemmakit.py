@@ -70,13 +70,20 @@ class GemmaServers:
             self._live.popitem()[1].stop()
 
 
+_SHARED: list[GemmaServers] = []  # the one instance of this process
+
+
 @pytest.fixture(scope="session")
 def gemma(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GemmaServers]:
-    servers = GemmaServers(tmp_path_factory.mktemp("gemma"))
+    """The session's servers. conftest registers this fixture; a module that imports it as well gets a
+    fixture definition of its own, so the instance is kept here: one per process however many
+    definitions ask, never a second set of servers."""
+    if not _SHARED:
+        _SHARED.append(GemmaServers(tmp_path_factory.mktemp("gemma")))
     try:
-        yield servers
+        yield _SHARED[0]
     finally:
-        servers.close()
+        _SHARED[0].close()
 
 
 def capture(
