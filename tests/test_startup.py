@@ -58,6 +58,14 @@ def test_help_of_every_command_loads_no_heavy_library() -> None:
     assert _loaded_after(code, HEAVY) == []
 
 
+def test_the_console_script_module_level_loads_no_cli() -> None:
+    """The `itlaudit` script imports `itlaudit.cli.main` at module level, and a capture worker
+    (forkserver) re-runs that before its target: the CLI must load only when main() runs, so a worker
+    starts in milliseconds instead of importing typer, rich and every command."""
+    names = ("itlaudit.cli.app", "typer", "rich", *HEAVY)
+    assert _loaded_after("from itlaudit.cli import main", names) == []
+
+
 def test_the_probe_sees_a_heavy_import() -> None:
     """The check can fail: a command line that does load pandas is seen doing so."""
     assert _loaded_after("import itlaudit.cli.app\nimport pandas", HEAVY) == ["pandas"]
