@@ -26,13 +26,12 @@ class RunLabels:
     def from_argv(
         cls,
         argv: Sequence[str],
-        secrets: Iterable[str] = (),
         label: str | None = None,
         metadata: dict[str, str] | None = None,
     ) -> RunLabels:
         """`--api-key X` loses its value by name; a value sent in a header (`--header 'Authorization:
-        Bearer X'`) is masked wherever it appears."""
-        line = redact_text(shlex.join(redact_args(list(argv))), secrets)
+        Bearer X'`) is masked wherever it appears (redact_text knows every credential sent)."""
+        line = redact_text(shlex.join(redact_args(list(argv))))
         return cls(command_line=line, label=label, metadata=dict(metadata or {}))
 
     def to_meta(self) -> dict[str, Any]:

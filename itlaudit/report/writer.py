@@ -7,7 +7,6 @@ several runs into a folder that is not itself a run.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -18,7 +17,7 @@ from itlaudit.analysis.findings import truncated_requests
 from itlaudit.analysis.importers import ImportedBenchmark
 from itlaudit.analysis.validity import variant_validity
 from itlaudit.model.records import RequestRecord
-from itlaudit.model.redact import redact_text, secret_values
+from itlaudit.model.redact import redact_text
 from itlaudit.report.context import context_facts
 from itlaudit.report.html import render_html
 from itlaudit.report.markdown import render_report
@@ -104,12 +103,12 @@ def write_reports(
         plots = write_plots(variant_views(records, summary, compare, findings), out_dir)
     else:
         context.append(PLOTS_SKIPPED)
-    # A server's error message can echo a credential it was sent (an API key in a 401): mask ours.
-    secrets = secret_values(os.environ, [])
+    # A server's error message can echo a credential it was sent (an API key in a 401): redact_text
+    # masks every one this process knows of.
     md = render_report(
         title, summary, findings, images=[(c, p.name) for c, p in plots], imported=imported, context=context
     )
-    (out_dir / REPORT_MD).write_text(redact_text(md, secrets), encoding="utf-8")
+    (out_dir / REPORT_MD).write_text(redact_text(md), encoding="utf-8")
     page = render_html(
         title,
         summary,
@@ -119,5 +118,5 @@ def write_reports(
         context=context,
     )
     target = out_dir / REPORT_HTML
-    target.write_text(redact_text(page, secrets), encoding="utf-8")
+    target.write_text(redact_text(page), encoding="utf-8")
     return target

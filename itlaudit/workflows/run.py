@@ -24,14 +24,7 @@ from itlaudit.capture.runner import CaptureOptions, run_variant, variant_access
 from itlaudit.errors import ItlauditError, RunDirError, RunInterrupted, ScenarioError
 from itlaudit.model.access import NO_ACCESS, Access, url_credentials_problem
 from itlaudit.model.records import RequestRecord
-from itlaudit.model.redact import (
-    launch_secret_values,
-    redact_file,
-    redact_json,
-    redact_text,
-    remember_secrets,
-    secret_values,
-)
+from itlaudit.model.redact import launch_secret_values, redact_file, redact_json, remember_secrets
 from itlaudit.model.run_context import workload_meta
 from itlaudit.model.run_labels import RunLabels
 from itlaudit.model.scenario import Scenario, Variant
@@ -414,7 +407,7 @@ def _run_in_folder(
     except KeyboardInterrupt:
         raise _wrap_up_interrupted(run_dir, scenario, meta, reporter) from None
     except Exception as exc:
-        _wrap_up_failed(run_dir, scenario, meta, reporter, exc, _sent_secrets(scenario, capture))
+        _wrap_up_failed(run_dir, scenario, meta, reporter, exc)
         raise
     summary = write_derived(run_dir, scenario.name, [v.name for v in scenario.variants], reporter=reporter)
     if ledger is not None:
@@ -483,24 +476,12 @@ def _finished_requests(run_dir: Path) -> int:
     return sum(1 for _ in iter_jsonl(requests)) if requests.exists() else 0
 
 
-def _sent_secrets(scenario: Scenario, capture: CaptureOptions | None) -> set[str]:
-    """The credentials the run sent (--api-key, --header, each variant's headers), which a server's
-    error may echo (a 401 quoting the key), and those in the environment."""
-    sent = {
-        v
-        for variant in scenario.variants
-        for v in variant_access(scenario, variant.name, capture).secret_values()
-    }
-    return sent | secret_values(os.environ, [])
-
-
 def _wrap_up_failed(
     run_dir: Path,
     scenario: Scenario,
     meta: dict[str, Any],
     reporter: Reporter,
     error: Exception,
-    secrets: set[str],
 ) -> None:
     """An error ended the run after it began (a capture worker died, the server refused, the disk
     filled): as after an interrupt, meta says so and summary and report are rewritten from what
@@ -508,7 +489,8 @@ def _wrap_up_failed(
     too (the disk is still full), the original error is the one reported."""
     from itlaudit.workflows.derive import write_derived
 
-    meta["failed"] = {"error": redact_text(str(error), secrets), "at_unix": time.time()}
+    # _write_meta masks it: a server's message in it may quote a key the run sent (a 401).
+    meta["failed"] = {"error": str(error), "at_unix": time.time()}
     with contextlib.suppress(OSError, ItlauditError):
         _write_meta(run_dir, meta)
         finished = _finished_requests(run_dir)
