@@ -105,6 +105,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.naive:
         chunks = asyncio.run(_naive(args.naive, args.streams, args.tokens))
+        if chunks < args.streams * args.tokens:  # a short answer would make the naive client look fast
+            raise SystemExit(f"naive client: {chunks} chunks for {args.streams} x {args.tokens} tokens")
         print(chunks)
         return
 
