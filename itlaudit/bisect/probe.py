@@ -28,7 +28,7 @@ from itlaudit.errors import BuildUnavailable, LaunchError, ServerRejectedError, 
 from itlaudit.model.scenario import Scenario
 from itlaudit.serve.launcher import LaunchSpec, launch
 from itlaudit.store.jsonl import RecordWriter, load_records
-from itlaudit.store.rundir import REQUESTS_FILE, SUMMARY_FILE, write_json
+from itlaudit.store.rundir import REQUESTS_FILE, SUMMARY_FILE, write_versioned
 from itlaudit.workflows.run import server_log_name
 
 __all__ = ["OnServer", "ProbeConfig", "ProbeResult", "run_probe", "run_trial"]
@@ -87,7 +87,7 @@ def run_trial(scenario: Scenario, variant: str, url: str, run_dir: Path) -> Path
     with RecordWriter(run_dir / REQUESTS_FILE) as writer:
         asyncio.run(run_variant(scenario, variant, url, writer))
     records = load_records(run_dir / REQUESTS_FILE)
-    write_json(run_dir / SUMMARY_FILE, run_summary(records, [v.name for v in scenario.variants]))
+    write_versioned(run_dir / SUMMARY_FILE, run_summary(records, [v.name for v in scenario.variants]))
     return run_dir
 
 

@@ -26,7 +26,7 @@ from itlaudit.errors import ScenarioError
 from itlaudit.model.scenario import Variant, load_scenario
 from itlaudit.store import ledger as ledger_mod
 from itlaudit.store.jsonl import load_records
-from itlaudit.store.rundir import REQUESTS_FILE, new_run_dir, write_json
+from itlaudit.store.rundir import REQUESTS_FILE, new_run_dir, write_versioned
 
 __all__ = [
     "DEFAULT_PROMPTS",
@@ -195,7 +195,7 @@ def invariance(
             "prompts": figures_json(figures),
             "observations": [o.to_json() for o in observations],
         }
-        write_json(run_dir / INVARIANCE_FILE, results)
+        write_versioned(run_dir / INVARIANCE_FILE, results)
     out.print(f"figures and raw scorings: {run_dir / INVARIANCE_FILE}")
 
 

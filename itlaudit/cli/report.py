@@ -34,7 +34,7 @@ from itlaudit.store.rundir import (
     PARTIAL_DIR,
     REQUESTS_FILE,
     new_run_dir,
-    read_json,
+    read_versioned,
     remove_partial,
 )
 from itlaudit.workflows.derive import write_derived
@@ -101,7 +101,7 @@ def load_run(path: Path) -> Run:
     meta: dict[str, Any] = {}
     if (path / META_FILE).is_file():
         try:
-            loaded = read_json(path / META_FILE)
+            loaded = read_versioned(path / META_FILE)
         except ValueError:
             loaded = {}
         meta = loaded if isinstance(loaded, dict) else {}

@@ -25,7 +25,7 @@ from itlaudit.smoke.checks import CheckResult, Results, evaluate, exit_code, var
 from itlaudit.smoke.junit import write_junit
 from itlaudit.smoke.output import render_markdown
 from itlaudit.smoke.suite import Suite, server_launch
-from itlaudit.store.rundir import new_run_dir, read_json, write_json
+from itlaudit.store.rundir import new_run_dir, read_versioned, write_versioned
 from itlaudit.workflows.compare import run_compare
 from itlaudit.workflows.run import DEFAULT_REPORTS, server_log_name, variant_target
 
@@ -50,7 +50,7 @@ class SmokeOutcome:
 def load_baseline(path: Path) -> Results:
     """A previous smoke.json's figures; only its `results` are compared against."""
     try:
-        data = read_json(path)
+        data = read_versioned(path)
     except (OSError, ValueError) as exc:
         raise RecordsError(f"--baseline {path}: cannot read a smoke.json ({exc})") from None
     if not isinstance(data, dict) or not isinstance(data.get("results"), dict):
@@ -159,7 +159,7 @@ def run_smoke(
         "environment": {"host": host_environment(), "servers": servers_env},
         "results": results,
     }
-    write_json(out_dir / SMOKE_FILE, smoke)
+    write_versioned(out_dir / SMOKE_FILE, smoke)
     (out_dir / REPORT_FILE).write_text(render_markdown(smoke, checks), encoding="utf-8")
     properties = {"verdict": verdict, "suite_path": str(suite.path)}
     for name, env in servers_env.items():

@@ -19,6 +19,7 @@ import msgspec
 
 from itlaudit.errors import RecordsError
 from itlaudit.model.records import RequestRecord
+from itlaudit.store.rundir import check_records_format
 
 __all__ = ["RecordFile", "RecordWriter", "iter_jsonl", "load_records", "read_records"]
 
@@ -182,7 +183,9 @@ def read_records(path: Path) -> RecordFile:
     """Load raw records from a requests.jsonl; derived keys on each line are ignored.
 
     Warmup requests stay in requests.jsonl but are dropped here: this is the one door every
-    figure, count, finding and report goes through, so excluding them here excludes them everywhere."""
+    figure, count, finding and report goes through, so excluding them here excludes them everywhere.
+    Records of a format this itlaudit does not read (meta.json says which) are refused first."""
+    check_records_format(path.parent)
     out = []
     lines = 0
     for obj in iter_jsonl(path):

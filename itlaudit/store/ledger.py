@@ -26,6 +26,7 @@ from typing import Any
 from itlaudit.analysis.derive import run_summary
 from itlaudit.analysis.quality import text_quality
 from itlaudit.errors import DuplicateRunError, ItlauditError, RecordsError
+from itlaudit.model.formats import check_format, stamped
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.redact import redact_args, redact_env, redact_json
 from itlaudit.model.run_context import SIMULATOR, server_build
@@ -192,13 +193,17 @@ def variant_fingerprint(
 
 
 def load_ledger(path: Path) -> list[dict[str, Any]]:
-    """Every ledger line in order; a ledger that does not exist yet is empty."""
+    """Every ledger line in order; a ledger that does not exist yet is empty. A line in a format this
+    itlaudit does not read (model/formats.py) is refused in one line naming it."""
     if not path.exists():
         return []
     try:
-        return list(iter_jsonl(path))
+        lines = list(iter_jsonl(path))
     except RecordsError as exc:
         raise RecordsError(f"ledger {exc}") from None
+    for number, line in enumerate(lines, 1):
+        check_format(f"ledger {path}:{number}", line)
+    return lines
 
 
 def _runs(lines: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -264,27 +269,31 @@ def run_line(
     result: Mapping[str, Any],
     repeat_of: str | None = None,
 ) -> dict[str, Any]:
-    return {
-        "kind": KIND_RUN,
-        "run_id": run_id,
-        "run_dir": str(run_dir),
-        "variant": fingerprint.variant,
-        "fingerprint": fingerprint.digest,
-        "fingerprint_parts": fingerprint.to_json(),
-        "result": dict(result),
-        "repeat_of": repeat_of,
-        "recorded_at_unix": time.time(),
-    }
+    return stamped(
+        {
+            "kind": KIND_RUN,
+            "run_id": run_id,
+            "run_dir": str(run_dir),
+            "variant": fingerprint.variant,
+            "fingerprint": fingerprint.digest,
+            "fingerprint_parts": fingerprint.to_json(),
+            "result": dict(result),
+            "repeat_of": repeat_of,
+            "recorded_at_unix": time.time(),
+        }
+    )
 
 
 def conclusion_line(run_id: str, variant: str, text: str) -> dict[str, Any]:
-    return {
-        "kind": KIND_CONCLUSION,
-        "run_id": run_id,
-        "variant": variant,
-        "text": text,
-        "recorded_at_unix": time.time(),
-    }
+    return stamped(
+        {
+            "kind": KIND_CONCLUSION,
+            "run_id": run_id,
+            "variant": variant,
+            "text": text,
+            "recorded_at_unix": time.time(),
+        }
+    )
 
 
 def append(ledger_path: Path, lines: Sequence[Mapping[str, Any]]) -> None:
@@ -362,6 +371,7 @@ def run_fingerprints(
     """Each variant's fingerprint for a finished run folder: the one `run` stored in meta.json when it
     did, else rebuilt from the scenario file and the records (the environment is then today's)."""
     meta = _read_meta(run_dir / META_FILE)
+    check_format(run_dir / META_FILE, meta)
     variants: Mapping[str, Any] = meta.get("variants") or {}
     out: dict[str, Fingerprint] = {}
     scenario = None

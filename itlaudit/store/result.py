@@ -28,8 +28,9 @@ from typing import Any
 from itlaudit.analysis.validity import variant_validity
 from itlaudit.errors import ItlauditError
 from itlaudit.model.codes import TRUNCATION_CODES
+from itlaudit.model.formats import FORMAT, FORMAT_KEY
 from itlaudit.model.run_context import is_simulator, server_build, variant_view
-from itlaudit.store.rundir import COMPARE_FILE, META_FILE, SUMMARY_FILE, read_json, write_json
+from itlaudit.store.rundir import COMPARE_FILE, META_FILE, SUMMARY_FILE, read_versioned, write_json
 
 __all__ = ["BACKENDS", "PER_REQUEST_ARRAYS", "VLLM_STATISTICS", "result_json", "result_paths", "save_result"]
 
@@ -144,6 +145,7 @@ def result_json(
             "stamp": block.get("stamp"),
             "itlaudit_version": meta.get("itlaudit_version"),
             "command_line": meta.get("command_line"),
+            FORMAT_KEY: FORMAT,  # vllm bench writes no `format`; after --metadata, so it wins a clash
         }
     )
     return result
@@ -162,9 +164,9 @@ def result_paths(path: Path, variants: list[str]) -> dict[str, Path]:
 def save_result(path: Path, run_dir: Path) -> list[Path]:
     """Write the vllm bench style result file(s) of a finished run folder; returns what was written."""
     try:
-        summary = read_json(run_dir / SUMMARY_FILE)
-        meta = read_json(run_dir / META_FILE)
-        compare = read_json(run_dir / COMPARE_FILE) if (run_dir / COMPARE_FILE).is_file() else None
+        summary = read_versioned(run_dir / SUMMARY_FILE)
+        meta = read_versioned(run_dir / META_FILE)
+        compare = read_versioned(run_dir / COMPARE_FILE) if (run_dir / COMPARE_FILE).is_file() else None
     except (OSError, ValueError) as exc:
         raise ItlauditError(f"--save-result: cannot read the run folder {run_dir} ({exc})") from None
     names = list(summary.get("variants") or {})

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from itlaudit.model.formats import RECORDS_FORMAT, RECORDS_FORMAT_KEY, check_format, stamped
+
 __all__ = [
     "COMPARE_FILE",
     "CSV_FILE",
@@ -25,11 +27,15 @@ __all__ = [
     "REPORT_FILE",
     "REQUESTS_FILE",
     "SUMMARY_FILE",
+    "check_records_format",
     "new_run_dir",
     "read_json",
+    "read_versioned",
     "remove_partial",
     "write_json",
     "write_jsonl",
+    "write_meta",
+    "write_versioned",
 ]
 
 REQUESTS_FILE = "requests.jsonl"
@@ -60,6 +66,41 @@ def write_json(path: Path, data: Any) -> None:
 
 def read_json(path: Path) -> Any:
     return json.loads(path.read_text(encoding="utf-8"))
+
+
+def write_versioned(path: Path, data: Any) -> None:
+    """A run-folder file (summary.json, compare.json, ...) with the current format version in it."""
+    write_json(path, stamped(data))
+
+
+def read_versioned(path: Path) -> Any:
+    """A run-folder file, refused in one line when it is in a format this itlaudit does not read (the
+    previous, unversioned one is read as it is). OSError and ValueError are the caller's, as read_json's."""
+    data = read_json(path)
+    check_format(path, data)
+    return data
+
+
+def write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
+    """meta.json, saying also which record format requests.jsonl holds (see model/formats.py)."""
+    write_versioned(run_dir / META_FILE, {**meta, RECORDS_FORMAT_KEY: RECORDS_FORMAT})
+
+
+def check_records_format(run_dir: Path) -> None:
+    """Refuse records of a format this itlaudit does not read, as meta.json states it; a folder
+    without a readable meta.json (records alone, or a run that died first) is read as it is."""
+    try:
+        meta = read_json(run_dir / META_FILE)
+    except (OSError, ValueError):
+        return
+    check_format(run_dir / META_FILE, meta)
+    check_format(
+        run_dir / META_FILE,
+        meta,
+        key=RECORDS_FORMAT_KEY,
+        current=RECORDS_FORMAT,
+        readable=(RECORDS_FORMAT,),
+    )
 
 
 def write_jsonl(path: Path, lines: Sequence[dict[str, Any]]) -> None:

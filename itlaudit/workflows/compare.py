@@ -32,7 +32,7 @@ from itlaudit.model.records import RequestRecord
 from itlaudit.model.run_labels import RunLabels
 from itlaudit.model.scenario import COMPILED, EAGER, Scenario, Variant
 from itlaudit.report.progress import Reporter
-from itlaudit.store.rundir import COMPARE_FILE, write_json
+from itlaudit.store.rundir import COMPARE_FILE, write_versioned
 from itlaudit.workflows.derive import write_derived
 from itlaudit.workflows.run import LedgerPolicy, RunOutcome, run_scenario, variant_target
 
@@ -232,7 +232,7 @@ def run_compare(
     if block is not None:
         comparison["distribution"] = block
         comparison["findings"] += shifts
-    write_json(outcome.run_dir / COMPARE_FILE, comparison)
+    write_versioned(outcome.run_dir / COMPARE_FILE, comparison)
     # Again, now that compare.json exists: the report's acceptance-per-position plot reads it.
     with Reporter(console).step("adding the spec-decode figures to the report"):
         write_derived(outcome.run_dir, scenario.name, [v.name for v in scenario.variants])

@@ -25,9 +25,9 @@ from itlaudit.store.rundir import (
     PARTIAL_DIR,
     REQUESTS_FILE,
     SUMMARY_FILE,
-    read_json,
-    write_json,
+    read_versioned,
     write_jsonl,
+    write_versioned,
 )
 
 __all__ = ["write_derived"]
@@ -53,9 +53,10 @@ def _csv_frame(records: Sequence[RequestRecord], derived: Sequence[dict[str, Any
 
 
 def _optional_json(path: Path) -> Any:
-    """A file another command writes (compare.json) may be missing or half-written: then it is absent."""
+    """A file another command writes (compare.json) may be missing or half-written: then it is absent.
+    One in a format this itlaudit does not read is refused in one line (RecordsError), not skipped."""
     try:
-        return read_json(path)
+        return read_versioned(path)
     except (OSError, ValueError):
         return None
 
@@ -89,7 +90,7 @@ def write_derived(
             title = f"{PARTIAL_HEADING}: {title}"
             summary["partial"] = {"pid": live.pid, "host": live.host}
         out.mkdir(exist_ok=True)
-        write_json(out / SUMMARY_FILE, summary)
+        write_versioned(out / SUMMARY_FILE, summary)
         write_jsonl(out / DERIVED_FILE, derived)
         _csv_frame(records, derived).to_csv(out / CSV_FILE, index=False)
         write_chunks(records, out)

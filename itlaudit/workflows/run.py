@@ -38,9 +38,9 @@ from itlaudit.store.rundir import (
     REPORT_FILE,
     REQUESTS_FILE,
     new_run_dir,
-    read_json,
+    read_versioned,
     remove_partial,
-    write_json,
+    write_meta,
 )
 
 __all__ = [
@@ -205,7 +205,7 @@ def _append_tag(requests: Path) -> str | None:
 
 
 def _write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
-    write_json(run_dir / META_FILE, redact_json(meta))
+    write_meta(run_dir, redact_json(meta))
 
 
 def run_scenario(
@@ -299,7 +299,7 @@ def _run_in_folder(
     }
     tag = _append_tag(run_dir / REQUESTS_FILE) if append else None
     if tag is not None and (run_dir / META_FILE).exists():
-        meta = {**read_json(run_dir / META_FILE), "appended_at_unix": started, "append_tag": tag}
+        meta = {**read_versioned(run_dir / META_FILE), "appended_at_unix": started, "append_tag": tag}
         meta.setdefault("variants", {})
     _write_meta(run_dir, meta)
     records: list[RequestRecord] = []

@@ -39,18 +39,19 @@ from itlaudit.analysis.sweep import (
 from itlaudit.capture.cluster import lost_worker_warnings
 from itlaudit.capture.runner import CaptureOptions, run_variant
 from itlaudit.errors import RunInterrupted, ScenarioError, SweepError
+from itlaudit.model.formats import FORMAT_KEY
 from itlaudit.model.redact import launch_secret_values, redact_file, redact_json
 from itlaudit.model.scenario import Scenario, Variant
 from itlaudit.report.progress import Reporter, duration
 from itlaudit.store.jsonl import iter_jsonl, load_records
 from itlaudit.store.rundir import (
     DERIVED_FILE,
-    META_FILE,
     REQUESTS_FILE,
     SUMMARY_FILE,
     new_run_dir,
-    read_json,
-    write_json,
+    read_versioned,
+    write_meta,
+    write_versioned,
 )
 from itlaudit.workflows.derive import write_derived
 from itlaudit.workflows.run import (
@@ -132,7 +133,7 @@ def _finished_load(folder: Path) -> float | None:
     """The load a trial folder finished at, or None when it has not finished: no point.json, or one
     that does not read (cut short by hand or by a disk error: the trial runs again)."""
     try:
-        return float(read_json(folder / POINT_FILE)["load"])
+        return float(read_versioned(folder / POINT_FILE)["load"])
     except (OSError, ValueError, TypeError, KeyError):
         return None
 
@@ -152,7 +153,7 @@ def variant_points(sweep_dir: Path, config: SweepConfig, variant: str) -> dict[f
     for load, folder in _finished_trials(sweep_dir, variant):
         records = load_records(folder / REQUESTS_FILE)
         derived = {line["request_id"]: line for line in iter_jsonl(folder / DERIVED_FILE)}
-        block = read_json(folder / SUMMARY_FILE)["variants"].get(variant)
+        block = read_versioned(folder / SUMMARY_FILE)["variants"].get(variant)
         if block is None:
             continue
         requests = [request_figures(r, derived.get(r.request_id, {})) for r in records]
@@ -166,7 +167,8 @@ def open_sweep_dir(out: Path | None, scenario_name: str, config: SweepConfig, re
         if out is None or not (out / CONFIG_FILE).is_file():
             raise SweepError(f"--resume needs --out naming a sweep folder (one with {CONFIG_FILE})")
         try:
-            stored = read_json(out / CONFIG_FILE)
+            stored = read_versioned(out / CONFIG_FILE)
+            stored.pop(FORMAT_KEY, None)
         except (OSError, ValueError) as exc:
             raise SweepError(
                 f"--resume {out}: {CONFIG_FILE} does not read ({exc}); it is not a sweep this itlaudit "
@@ -187,7 +189,7 @@ def open_sweep_dir(out: Path | None, scenario_name: str, config: SweepConfig, re
                 f"--out {out} already holds a sweep; pass --resume to continue it, or choose a new folder"
             )
         out.mkdir(parents=True, exist_ok=True)
-        write_json(out / CONFIG_FILE, config.to_json())
+        write_versioned(out / CONFIG_FILE, config.to_json())
     except OSError as exc:
         raise SweepError(
             f"cannot write the sweep folder {out}: {exc.strerror or exc}; choose another --out"
@@ -271,11 +273,11 @@ class _Sweeper:
             "sweep": {"folder": str(self.sweep_dir), axis: trial.load, "trial": trial.trial},
             "variants": {trial.variant: {"url": base_url}},
         }
-        write_json(trial.folder / META_FILE, redact_json(meta))
+        write_meta(trial.folder, redact_json(meta))
 
         def on_capture(workers: dict[str, Any]) -> None:
             meta["variants"][trial.variant].update(workers)
-            write_json(trial.folder / META_FILE, redact_json(meta))
+            write_meta(trial.folder, redact_json(meta))
             for warning in lost_worker_warnings(workers):
                 self.reporter.phase(warning)
 
@@ -304,7 +306,7 @@ class _Sweeper:
             write_derived(trial.folder, self.scenario.name, [trial.variant])
         self.reporter.phase(f"{name}: done in {duration(time.monotonic() - started)} ({trial.folder})")
         point = trial.folder / f"{POINT_FILE}.tmp"
-        write_json(point, {"load": trial.load, "axis": axis, "trial": trial.trial})
+        write_versioned(point, {"load": trial.load, "axis": axis, "trial": trial.trial})
         os.replace(point, trial.folder / POINT_FILE)
 
 
@@ -403,7 +405,7 @@ def write_sweep_outputs(sweep_dir: Path, scenario_name: str, config: SweepConfig
     from itlaudit.report.sweep_report import write_sweep_report
 
     sweep = build_sweep(sweep_dir, scenario_name, config)
-    write_json(sweep_dir / SWEEP_FILE, sweep)
+    write_versioned(sweep_dir / SWEEP_FILE, sweep)
     write_sweep_report(sweep_dir, sweep)
     return sweep
 
