@@ -59,6 +59,7 @@ __all__ = [
     "SweepError",
     "TLSFailure",
     "TestbedError",
+    "TrackError",
     "TransportError",
 ]
 
@@ -141,6 +142,10 @@ class SweepError(ItlauditError):
 
 class BisectError(ItlauditError):
     """Bad input (range, commit, option) or an end of the range that does not behave as claimed."""
+
+
+class TrackError(ItlauditError):
+    """A history (--db) that cannot be opened or read, or a run folder it cannot record."""
 
 
 class BuildUnavailable(ItlauditError):

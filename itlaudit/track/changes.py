@@ -1,0 +1,534 @@
+"""Series and change points over a history of builds: pure functions, no storage.
+
+A point is one variant measured on one build (K0 of last night's nightly); its series is every point
+with the same fingerprint but the build (platform, model, variant name, workload, client settings);
+its family is the series without the variant's name, so that K0 and K3 of one experiment sit side by
+side and their K3/K0 token-ITL speedup is a series of its own (a lost MTP speedup is a regression even
+when K0 got faster).
+
+Validity comes first (analysis/validity.py's rule): a point whose outputs were cut short, whose
+requests failed or whose text is gibberish, or whose client was saturated, is never a speed point. Its
+change is the change of validity itself ("output length changed: capped at 128 tokens from build X"),
+and the speed series run over the valid points only, so a cap is never read as a speedup.
+
+On each speed series, the search for change points is ruptures' KernelCPD (linear kernel: the
+least-squares segmentation, PELT in C) on the log of the per-build values in units of the series' own
+noise, run over overlapping windows of builds so that 10,000 builds cost what 40 short series cost.
+A candidate is kept only when the raw per-request samples of the builds either side (up to
+`window` valid builds, not crossing another candidate) differ by Mann–Whitney U (analysis/stats.py's
+compare_samples, the test `diff` uses) and by at least the minimum effect; every other candidate is
+noise. Candidates from every series of a family at one build are one change, classified by what moved.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from itlaudit.analysis.stats import Verdict, compare_samples
+
+__all__ = [
+    "BASE_VARIANT",
+    "SAMPLE_FIELDS",
+    "SERIES",
+    "SPEEDUP",
+    "Change",
+    "CheckSettings",
+    "Evidence",
+    "Point",
+    "SeriesSpec",
+    "find_changes",
+    "open_changes",
+    "point_values",
+]
+
+# The per-request raw figures a point keeps (RequestMetrics' names): token ITL, TPOT, TTFT, decode
+# throughput, output length, and acceptance as the stream shows it (decode tokens per chunk).
+SAMPLE_FIELDS = (
+    "itl_ms",
+    "tpot_ms",
+    "ttft_ms",
+    "decode_tokens_per_s",
+    "completion_tokens",
+    "decode_tokens_per_chunk",
+)
+Samples = Mapping[str, Sequence[float | None]]
+
+# Validity kinds (a point's `validity`; "" is a valid point) and the change class each one gives.
+VALID = ""
+LENGTH, CORRECTNESS, CLIENT = "length", "correctness", "client"
+# Change classes.
+LENGTH_CAP, SPEED, SPEEDUP_CLASS, METHOD, NOISE = "length/cap", "speed", "speedup", "method", "noise"
+LENGTH_CHANGED = "length"
+_VALIDITY_CLASS = {LENGTH: LENGTH_CAP, CORRECTNESS: CORRECTNESS, CLIENT: CLIENT}
+# A family holding several classes at one build is named by the most telling one: a cap or broken
+# output explains every figure beside it, a changed method explains a speed, a lost speedup is more
+# specific than the slower ITL it is made of.
+_CLASS_ORDER = (LENGTH_CAP, CORRECTNESS, CLIENT, METHOD, SPEEDUP_CLASS, SPEED, LENGTH_CHANGED, NOISE)
+REGRESSION, IMPROVEMENT, FIX = "regression", "improvement", "fix"
+SUSPECTED, CONFIRMED, EXPLAINED = "suspected", "confirmed", "explained"
+BASE_VARIANT = "K0"
+
+
+@dataclass(frozen=True)
+class SeriesSpec:
+    """One tracked series: the statistic of a raw figure over a point's requests."""
+
+    name: str
+    sample: str
+    quantile: float
+    lower_is_better: bool
+    label: str
+    change_class: str = SPEED
+
+
+SERIES = (
+    SeriesSpec("itl_p50", "itl_ms", 0.5, True, "token ITL p50"),
+    SeriesSpec("itl_p90", "itl_ms", 0.9, True, "token ITL p90"),
+    SeriesSpec("tpot", "tpot_ms", 0.5, True, "TPOT p50"),
+    SeriesSpec("ttft", "ttft_ms", 0.5, True, "TTFT p50"),
+    SeriesSpec("throughput", "decode_tokens_per_s", 0.5, False, "decode tokens/s p50"),
+    SeriesSpec("output_len", "completion_tokens", 0.5, False, "output length p50", LENGTH_CHANGED),
+    SeriesSpec("acceptance", "decode_tokens_per_chunk", 0.5, False, "acceptance (tokens/chunk) p50"),
+)
+# The eighth series, derived across a family: base token ITL p50 / variant token ITL p50.
+SPEEDUP = SeriesSpec("speedup", "itl_ms", 0.5, False, "token-ITL speedup over K0", SPEEDUP_CLASS)
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    """numpy's default (linear) quantile of a short list, without numpy's per-call cost: a point is
+    recorded once per series and a history holds 200,000 of them."""
+    ordered = sorted(values)
+    position = q * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def point_values(samples: Samples) -> dict[str, float | None]:
+    """Each series' value for one point, from its raw samples (None where no request defines it)."""
+    values: dict[str, float | None] = {}
+    for spec in SERIES:
+        finite = [float(v) for v in samples.get(spec.sample, ()) if v is not None and math.isfinite(v)]
+        values[spec.name] = _quantile(finite, spec.quantile) if finite else None
+    return values
+
+
+@dataclass(frozen=True)
+class Point:
+    """One variant on one build, as the series need it; its raw samples are fetched on demand."""
+
+    id: int
+    family: str
+    variant: str
+    order: int  # the build's position in first-parent order; gaps are missing nightlies
+    build: str  # what a person calls the build: version and commit
+    method: str  # digest of server args, environment and build flavour: a change here is a method change
+    validity: str  # VALID, LENGTH, CORRECTNESS or CLIENT
+    reason: str | None
+    cap: int | None
+    values: Mapping[str, float | None]
+
+
+@dataclass(frozen=True)
+class CheckSettings:
+    """min_effect: the smallest relative move worth an alarm (0.1 = 10 %); alpha: Mann–Whitney's
+    level; window: valid builds either side whose samples are pooled for the test; penalty: ruptures'
+    penalty per change point, times log(builds), in units of the series' noise."""
+
+    min_effect: float = 0.10
+    alpha: float = 0.01
+    window: int = 5
+    penalty: float = 4.0
+    base_variant: str = BASE_VARIANT
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One series that moved at a change: the medians either side of it and the test."""
+
+    variant: str
+    series: str
+    before: float | None
+    after: float | None
+    ratio: float | None
+    p_value: float | None
+    verdict: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+@dataclass
+class Change:
+    """A change point of one family: the first build that shows it, the last one before it, what moved
+    and why it is classed as it is. `kind`: regression, improvement or fix (validity restored)."""
+
+    family: str
+    order: int
+    build: str
+    last_good_order: int | None
+    last_good_build: str | None
+    change_class: str
+    kind: str
+    summary: str
+    state: str = CONFIRMED
+    evidence: list[Evidence] = field(default_factory=list)
+    signals: dict[str, Any] = field(default_factory=dict)
+    closed_by: str | None = None
+
+    @property
+    def id(self) -> str:
+        """Stable across checks, so a note (`track explain`) stays on it."""
+        text = f"{self.family}@{self.order}:{self.change_class}:{self.kind}"
+        return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "family": self.family,
+            "order": self.order,
+            "build": self.build,
+            "last_good_order": self.last_good_order,
+            "last_good_build": self.last_good_build,
+            "class": self.change_class,
+            "kind": self.kind,
+            "state": self.state,
+            "summary": self.summary,
+            "closed_by": self.closed_by,
+            "evidence": [e.to_json() for e in self.evidence],
+            "signals": self.signals,
+        }
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    variant: str
+    spec: SeriesSpec
+    order: int
+    last_good: int | None
+    kind: str
+    evidence: Evidence | None
+    suspected: bool = False
+    reason: str | None = None
+    method_changed: bool = False
+
+
+SampleLoader = Callable[[Sequence[int]], Mapping[int, Samples]]
+
+
+def _pooled(point_ids: Iterable[int], samples: Mapping[int, Samples], sample: str) -> list[float]:
+    return [float(v) for pid in point_ids for v in samples[pid].get(sample, ()) if v is not None]
+
+
+def _breakpoints(logs: np.ndarray, penalty: float, span: int = 128, overlap: int = 32) -> list[int]:
+    """Indices where a new segment starts, found by KernelCPD over overlapping windows; a window holds
+    `span` builds, so the search costs O(n · span) rather than O(n²) on a long history."""
+    import ruptures  # type: ignore[import-untyped]
+
+    n = logs.size
+    if n < 4:
+        return []
+    diffs = np.abs(np.diff(logs))
+    # The series' noise from successive differences (a step moves one of them, not the median).
+    sigma = max(1.4826 * float(np.median(diffs)) / math.sqrt(2), 1e-3)
+    z = ((logs - np.median(logs)) / sigma).reshape(-1, 1)
+    found: set[int] = set()
+    start = 0
+    while True:
+        stop = min(n, start + span)
+        chunk = z[start:stop]
+        if chunk.shape[0] >= 4:
+            pen = penalty * math.log(n)
+            ends = ruptures.KernelCPD(kernel="linear", min_size=2).fit(chunk).predict(pen=pen)
+            found.update(start + int(e) for e in ends[:-1])
+        if stop == n:
+            break
+        start = stop - overlap
+    # Two windows may place one step a build apart: keep the first of a close pair.
+    merged: list[int] = []
+    for index in sorted(found):
+        if not merged or index - merged[-1] > 1:
+            merged.append(index)
+    return merged
+
+
+def _tail_candidate(logs: np.ndarray, min_effect: float) -> list[int]:
+    """The newest build alone off its series by more than the minimum effect: too new for the search
+    (a segment needs two builds), worth a suspected change and another trial."""
+    if logs.size < 4:
+        return []
+    before = float(np.median(logs[-6:-1]))
+    return [logs.size - 1] if abs(logs[-1] - before) > math.log1p(min_effect) else []
+
+
+def _per_build(points: Sequence[Point]) -> list[tuple[int, list[Point]]]:
+    by_order: dict[int, list[Point]] = defaultdict(list)
+    for point in points:
+        by_order[point.order].append(point)
+    return sorted(by_order.items())
+
+
+def _series_candidates(
+    variant: str,
+    spec: SeriesSpec,
+    builds: Sequence[tuple[int, Sequence[Point]]],
+    values: Sequence[float],
+    samples_of: Callable[[Sequence[Point]], list[float]],
+    settings: CheckSettings,
+) -> list[_Candidate]:
+    """Change points of one series over its valid builds, each tested on raw samples."""
+    logs = np.log(np.asarray(values, dtype=float))
+    cuts = _breakpoints(logs, settings.penalty)
+    tail = [i for i in _tail_candidate(logs, settings.min_effect) if not cuts or i - cuts[-1] > 1]
+    bounds = [0, *cuts, *tail, len(builds)]
+    found = []
+    for k in range(1, len(bounds) - 1):
+        cut = bounds[k]
+        left = builds[max(bounds[k - 1], cut - settings.window) : cut]
+        right = builds[cut : min(bounds[k + 1], cut + settings.window)]
+        comparison = compare_samples(
+            samples_of([p for _, pts in left for p in pts]),
+            samples_of([p for _, pts in right for p in pts]),
+            lower_is_better=spec.lower_is_better,
+            threshold=1 + settings.min_effect,
+            alpha=settings.alpha,
+        )
+        verdict = comparison.verdict
+        suspected = cut in tail and verdict != Verdict.SAME
+        if verdict in (Verdict.SAME, Verdict.UNKNOWN) and not suspected:
+            continue
+        if verdict == Verdict.UNKNOWN:  # a suspected change: its direction is the medians'
+            moved = comparison.ratio or 1.0
+            got_worse = moved > 1 if spec.lower_is_better else moved < 1
+            kind = REGRESSION if got_worse else IMPROVEMENT
+        else:
+            kind = REGRESSION if verdict == Verdict.WORSE else IMPROVEMENT
+        if spec.change_class == LENGTH_CHANGED:
+            kind = REGRESSION  # an output length moved without a cap: a change either way
+        evidence = Evidence(
+            variant,
+            spec.name,
+            comparison.base_median,
+            comparison.new_median,
+            comparison.ratio,
+            comparison.p_value,
+            verdict.value,
+        )
+        methods_before = {p.method for p in left[-1][1]}
+        methods_after = {p.method for p in right[0][1]}
+        found.append(
+            _Candidate(
+                variant,
+                spec,
+                builds[cut][0],
+                builds[cut - 1][0],
+                kind,
+                evidence,
+                suspected=suspected or verdict == Verdict.UNKNOWN,
+                method_changed=methods_before != methods_after,
+            )
+        )
+    return found
+
+
+def _validity_candidates(variant: str, builds: Sequence[tuple[int, Sequence[Point]]]) -> list[_Candidate]:
+    """Every change of validity along a series: valid → invalid is a regression of that kind,
+    invalid → valid a fix. A build is invalid when any of its points is."""
+    found = []
+    previous: tuple[int, str] | None = None
+    for order, points in builds:
+        bad = next((p for p in points if p.validity != VALID), None)
+        state = bad.validity if bad else VALID
+        if previous is not None and state != previous[1]:
+            before_state = previous[1]
+            kind = FIX if state == VALID else REGRESSION
+            reason = _validity_line(bad) if bad else _restored_line(before_state)
+            cls = _VALIDITY_CLASS[bad.validity if bad else before_state]
+            spec = SeriesSpec("validity", "completion_tokens", 0.5, False, "validity", cls)
+            found.append(_Candidate(variant, spec, order, previous[0], kind, None, reason=reason))
+        previous = (order, state)
+    return found
+
+
+def _validity_line(point: Point) -> str:
+    if point.validity == LENGTH:
+        return f"capped at {point.cap} tokens" if point.cap else f"cut short ({point.reason})"
+    return point.reason or point.validity
+
+
+def _restored_line(kind: str) -> str:
+    return {LENGTH: "output length restored", CORRECTNESS: "outputs valid again"}.get(
+        kind, "client no longer saturated"
+    )
+
+
+def _speedup_candidates(
+    variant: str,
+    base: Sequence[tuple[int, Sequence[Point]]],
+    mine: Sequence[tuple[int, Sequence[Point]]],
+    samples: SampleLoader,
+    settings: CheckSettings,
+) -> list[_Candidate]:
+    """The base/variant token-ITL speedup over builds where both are valid: per build, base p50 over
+    the variant's; its samples, base p50 over each of the variant's requests."""
+    base_p50 = {
+        order: float(statistics.median([p.values["itl_p50"] or 0 for p in pts if p.values.get("itl_p50")]))
+        for order, pts in base
+        if any(p.values.get("itl_p50") for p in pts)
+    }
+    builds = [(o, pts) for o, pts in mine if o in base_p50 and all(p.values.get("itl_p50") for p in pts)]
+    if len(builds) < 4:
+        return []
+    order_of = {p.id: o for o, pts in builds for p in pts}
+    values = [base_p50[o] / statistics.median([p.values["itl_p50"] or 0 for p in pts]) for o, pts in builds]
+
+    def samples_of(points: Sequence[Point]) -> list[float]:
+        loaded = samples([p.id for p in points])
+        return [
+            base_p50[order_of[p.id]] / v for p in points for v in _pooled([p.id], loaded, "itl_ms") if v > 0
+        ]
+
+    return _series_candidates(variant, SPEEDUP, builds, values, samples_of, settings)
+
+
+def _family_candidates(
+    points: Sequence[Point], samples: SampleLoader, settings: CheckSettings
+) -> list[_Candidate]:
+    by_variant: dict[str, list[Point]] = defaultdict(list)
+    for point in points:
+        by_variant[point.variant].append(point)
+    found: list[_Candidate] = []
+    valid_builds: dict[str, list[tuple[int, list[Point]]]] = {}
+    for variant, points_of_variant in sorted(by_variant.items()):
+        found += _validity_candidates(variant, _per_build(points_of_variant))
+        valid = _per_build([p for p in points_of_variant if p.validity == VALID])
+        valid_builds[variant] = valid
+        for spec in SERIES:
+            usable = [(o, pts) for o, pts in valid if all(p.values.get(spec.name) for p in pts)]
+            if len(usable) < 4:
+                continue
+            values = [statistics.median([p.values[spec.name] or 0 for p in pts]) for _, pts in usable]
+
+            def samples_of(pts: Sequence[Point], sample: str = spec.sample) -> list[float]:
+                return _pooled([p.id for p in pts], samples([p.id for p in pts]), sample)
+
+            found += _series_candidates(variant, spec, usable, values, samples_of, settings)
+    base = valid_builds.get(settings.base_variant)
+    if base:
+        for variant, mine in valid_builds.items():
+            if variant != settings.base_variant:
+                found += _speedup_candidates(variant, base, mine, samples, settings)
+    return found
+
+
+def _describe(cls: str, kind: str, build: str, members: Sequence[_Candidate]) -> str:
+    """The one line a person reads first."""
+    variants = ", ".join(sorted({c.variant for c in members}))
+    if cls in (LENGTH_CAP, CORRECTNESS, CLIENT):
+        reason = next(c.reason for c in members if c.reason)
+        head = {LENGTH_CAP: "output length changed", CORRECTNESS: "outputs changed", CLIENT: "client"}[cls]
+        if kind == FIX:
+            return f"{reason} from build {build} ({variants})"
+        return f"{head}: {reason} from build {build} ({variants})"
+    # The headline is the first tracked series that moved (token ITL before its consequences), the
+    # base variant's before the others'.
+    rank = {spec.name: i for i, spec in enumerate((*SERIES, SPEEDUP))}
+    tested = [c for c in members if c.evidence is not None]
+    of_class = [c for c in tested if c.spec.change_class == cls] or tested
+    best = min(of_class, key=lambda c: (rank.get(c.spec.name, 99), c.variant != BASE_VARIANT, c.variant))
+    ev = best.evidence
+    assert ev is not None  # a statistical member always has its evidence
+    move = f"{ev.before:.4g} → {ev.after:.4g}" if ev.before is not None and ev.after is not None else "moved"
+    factor = f" ({ev.ratio:.2f}×)" if ev.ratio else ""
+    what = {REGRESSION: "worse", IMPROVEMENT: "better"}.get(kind, "changed")
+    if cls == METHOD:
+        what += " with a changed method (server args, environment or build flavour)"
+    return f"{best.spec.label} of {ev.variant} {what} from build {build}: {move}{factor} ({variants})"
+
+
+def _group(family: str, members: Sequence[_Candidate], build_names: Mapping[int, str]) -> Change:
+    classes = {c.spec.change_class for c in members}
+    if any(c.method_changed for c in members) and classes & {SPEED, SPEEDUP_CLASS, LENGTH_CHANGED}:
+        classes.add(METHOD)
+    cls = next(c for c in _CLASS_ORDER if c in classes)
+    tied = [c for c in members if c.spec.change_class == cls] or list(members)
+    kinds = {c.kind for c in tied}
+    kind = FIX if FIX in kinds else REGRESSION if REGRESSION in kinds else IMPROVEMENT
+    if cls == SPEEDUP_CLASS:
+        kind = next(c.kind for c in tied)
+    order = members[0].order
+    last_good = max((c.last_good for c in members if c.last_good is not None), default=None)
+    build = build_names.get(order, str(order))
+    signals: dict[str, Any] = {
+        f"{c.variant}.{c.spec.name}": c.evidence.ratio for c in members if c.evidence is not None
+    }
+    if any(c.method_changed for c in members):
+        signals["method_changed"] = True
+    return Change(
+        family=family,
+        order=order,
+        build=build,
+        last_good_order=last_good,
+        last_good_build=build_names.get(last_good) if last_good is not None else None,
+        change_class=cls,
+        kind=kind,
+        summary=_describe(cls, kind, build, members),
+        state=SUSPECTED if all(c.suspected for c in members) else CONFIRMED,
+        evidence=[c.evidence for c in members if c.evidence is not None],
+        signals=signals,
+    )
+
+
+def find_changes(
+    points: Sequence[Point],
+    samples: SampleLoader,
+    settings: CheckSettings | None = None,
+    explained: Mapping[str, str] | None = None,
+) -> list[Change]:
+    """Every change point in the history, oldest first per family: validity changes, then tested
+    statistical ones, grouped per family and build. `samples` fetches raw samples by point id (only
+    around candidates); `explained` maps a change id to the note that explains it."""
+    settings = settings or CheckSettings()
+    explained = explained or {}
+    by_family: dict[str, list[Point]] = defaultdict(list)
+    for point in points:
+        by_family[point.family].append(point)
+    changes: list[Change] = []
+    for family, members in sorted(by_family.items()):
+        build_names = {p.order: p.build for p in members}
+        grouped: dict[int, list[_Candidate]] = defaultdict(list)
+        for candidate in _family_candidates(members, samples, settings):
+            grouped[candidate.order].append(candidate)
+        family_changes = [_group(family, grouped[o], build_names) for o in sorted(grouped)]
+        _close(family_changes)
+        for change in family_changes:
+            if change.id in explained:
+                change.state = EXPLAINED
+                change.signals["explained"] = explained[change.id]
+        changes += family_changes
+    return changes
+
+
+def _close(changes: Sequence[Change]) -> None:
+    """A regression is closed by a later change of its class the other way (a fix, an improvement)."""
+    for i, change in enumerate(changes):
+        if change.kind != REGRESSION:
+            continue
+        for later in changes[i + 1 :]:
+            if later.change_class == change.change_class and later.kind in (FIX, IMPROVEMENT):
+                change.closed_by = later.build
+                break
+
+
+def open_changes(changes: Iterable[Change]) -> list[Change]:
+    """The confirmed regressions nobody has dealt with: neither reversed by a later build nor explained
+    (a suspected one waits for another trial; `check` lists it apart)."""
+    return [c for c in changes if c.kind == REGRESSION and c.closed_by is None and c.state == CONFIRMED]

@@ -1,0 +1,332 @@
+"""The history store: one schema through SQLAlchemy Core, on a SQLite file or a PostgreSQL server.
+
+SQLite is the default (nothing to install, one file); PostgreSQL, by URL, is a history several
+machines share. The schema is created and upgraded by MIGRATIONS, numbered steps applied in order
+and recorded in `track_schema`, so a history written by an older itlaudit is upgraded in place and a
+newer one is refused rather than misread. A point keeps its series values as columns (what `check`
+scans) and its per-request raw figures as one JSON text (fetched only around a change point).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from itlaudit.errors import TrackError
+from itlaudit.track.changes import SERIES, Point, Samples, point_values
+
+__all__ = [
+    "DEFAULT_DB",
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "History",
+    "NewPoint",
+    "open_history",
+]
+
+DEFAULT_DB = Path("~/.cache/itlaudit/history.sqlite")
+_meta = sa.MetaData()
+schema_table = sa.Table("track_schema", _meta, sa.Column("version", sa.Integer, nullable=False))
+series_table = sa.Table(
+    "track_series",
+    _meta,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("key", sa.String(64), nullable=False, unique=True),
+    sa.Column("family", sa.String(64), nullable=False, index=True),
+    sa.Column("variant", sa.Text, nullable=False),
+    sa.Column("fingerprint", sa.Text, nullable=False),  # JSON: what the key was made of
+)
+points_table = sa.Table(
+    "track_points",
+    _meta,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("series_id", sa.Integer, sa.ForeignKey("track_series.id"), nullable=False, index=True),
+    sa.Column("run_id", sa.Text, nullable=False),
+    sa.Column("run_dir", sa.Text),
+    sa.Column("recorded_at", sa.Float, nullable=False),
+    sa.Column("build_order", sa.BigInteger, nullable=False),
+    sa.Column("build_version", sa.Text),
+    sa.Column("build_commit", sa.Text),
+    sa.Column("build_flavour", sa.Text),
+    sa.Column("method", sa.String(16), nullable=False),
+    sa.Column("validity", sa.String(16), nullable=False),
+    sa.Column("reason", sa.Text),
+    sa.Column("cap", sa.Integer),
+    sa.Column("requests", sa.Integer, nullable=False),
+    sa.Column("errors", sa.Integer, nullable=False),
+    *(sa.Column(spec.name, sa.Float) for spec in SERIES),
+    sa.Column("samples", sa.Text, nullable=False),  # JSON: {figure: [per-request value, ...]}
+    sa.UniqueConstraint("series_id", "run_id", name="track_points_series_run"),
+)
+notes_table = sa.Table(
+    "track_notes",
+    _meta,
+    sa.Column("change_id", sa.String(16), primary_key=True),
+    sa.Column("note", sa.Text, nullable=False),
+    sa.Column("at", sa.Float, nullable=False),
+)
+
+
+def _v1(conn: sa.Connection) -> None:
+    """The first schema: series, points (values and raw samples), notes on changes."""
+    _meta.create_all(conn, tables=[series_table, points_table, notes_table])
+
+
+# Append a step to change the schema (ALTER TABLE through conn); never edit one that has shipped.
+MIGRATIONS: Sequence[Callable[[sa.Connection], None]] = (_v1,)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def _digest(data: Any) -> str:
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class NewPoint:
+    """A point to record: its fingerprint, build, validity and raw per-request figures.
+
+    `series_fingerprint` is everything but the build and the method (platform, model, variant,
+    workload, client settings); `method` is what may change between builds and is then a method
+    change (server args, environment, build flavour)."""
+
+    series_fingerprint: Mapping[str, Any]
+    variant: str
+    run_id: str
+    run_dir: str | None
+    build_order: int
+    build_version: str | None
+    build_commit: str | None
+    build_flavour: str | None
+    method: Mapping[str, Any]
+    validity: str
+    reason: str | None
+    cap: int | None
+    errors: int
+    samples: Samples
+
+    @property
+    def series_key(self) -> str:
+        return _digest({**self.series_fingerprint, "variant": self.variant})
+
+    @property
+    def family(self) -> str:
+        return _digest(dict(self.series_fingerprint))
+
+
+def _build_label(version: str | None, commit: str | None, order: int) -> str:
+    parts = [p for p in (version, (commit or "")[:12] or None) if p]
+    return " ".join(parts) if parts else f"#{order}"
+
+
+class History:
+    """A connection to one history; every read and write goes through here."""
+
+    def __init__(self, engine: sa.Engine, where: str) -> None:
+        self.engine = engine
+        self.where = where
+
+    def migrate(self) -> None:
+        """Create or upgrade the schema; refuse a history written by a newer itlaudit."""
+        with self.engine.begin() as conn:
+            _meta.create_all(conn, tables=[schema_table])
+            current = conn.execute(sa.select(sa.func.max(schema_table.c.version))).scalar() or 0
+            if current > SCHEMA_VERSION:
+                raise TrackError(
+                    f"{self.where}: history schema {current} is newer than this itlaudit's "
+                    f"({SCHEMA_VERSION}); upgrade itlaudit"
+                )
+            for version in range(current + 1, SCHEMA_VERSION + 1):
+                MIGRATIONS[version - 1](conn)
+                conn.execute(sa.insert(schema_table).values(version=version))
+
+    def schema_version(self) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.execute(sa.select(sa.func.max(schema_table.c.version))).scalar() or 0)
+
+    def add(self, points: Iterable[NewPoint]) -> int:
+        """Record points; a point already recorded (same series, same run) is replaced, so adding a
+        folder twice does not count it twice. Returns how many were written."""
+        written = 0
+        with self.engine.begin() as conn:
+            series_ids: dict[str, int] = {}
+            for point in points:
+                key = point.series_key
+                if key not in series_ids:
+                    series_ids[key] = self._series_id(conn, point)
+                sid = series_ids[key]
+                conn.execute(
+                    sa.delete(points_table).where(
+                        points_table.c.series_id == sid, points_table.c.run_id == point.run_id
+                    )
+                )
+                conn.execute(sa.insert(points_table).values(**self._row(point, sid)))
+                written += 1
+        return written
+
+    def add_rows(self, points: Sequence[NewPoint]) -> None:
+        """Bulk insert of new points (no replacement): for generated histories and the benchmark."""
+        with self.engine.begin() as conn:
+            ids: dict[str, int] = {}
+            rows = []
+            for point in points:
+                key = point.series_key
+                if key not in ids:
+                    ids[key] = self._series_id(conn, point)
+                rows.append(self._row(point, ids[key]))
+            if rows:
+                conn.execute(sa.insert(points_table), rows)
+
+    @staticmethod
+    def _series_id(conn: sa.Connection, point: NewPoint) -> int:
+        key = point.series_key
+        found = conn.execute(sa.select(series_table.c.id).where(series_table.c.key == key)).scalar()
+        if found is not None:
+            return int(found)
+        result = conn.execute(
+            sa.insert(series_table).values(
+                key=key,
+                family=point.family,
+                variant=point.variant,
+                fingerprint=json.dumps(dict(point.series_fingerprint), sort_keys=True),
+            )
+        )
+        inserted = result.inserted_primary_key
+        assert inserted is not None  # an insert of one row always has its key
+        return int(inserted[0])
+
+    @staticmethod
+    def _row(point: NewPoint, series_id: int) -> dict[str, Any]:
+        samples = {k: [None if v is None else float(v) for v in vs] for k, vs in point.samples.items()}
+        return {
+            "series_id": series_id,
+            "run_id": point.run_id,
+            "run_dir": point.run_dir,
+            "recorded_at": time.time(),
+            "build_order": point.build_order,
+            "build_version": point.build_version,
+            "build_commit": point.build_commit,
+            "build_flavour": point.build_flavour,
+            "method": _digest(dict(point.method)),
+            "validity": point.validity,
+            "reason": point.reason,
+            "cap": point.cap,
+            "requests": max((len(v) for v in samples.values()), default=0),
+            "errors": point.errors,
+            **point_values(samples),
+            "samples": json.dumps(samples, separators=(",", ":")),
+        }
+
+    def points(self) -> list[Point]:
+        """Every point, without its samples, in build order."""
+        p, s = points_table, series_table
+        columns = [
+            p.c.id,
+            s.c.family,
+            s.c.variant,
+            p.c.build_order,
+            p.c.build_version,
+            p.c.build_commit,
+            p.c.method,
+            p.c.validity,
+            p.c.reason,
+            p.c.cap,
+            *(p.c[spec.name] for spec in SERIES),
+        ]
+        query = sa.select(*columns).join(s, s.c.id == p.c.series_id).order_by(p.c.build_order, p.c.id)
+        out = []
+        with self.engine.connect() as conn:
+            for row in conn.execute(query):
+                out.append(
+                    Point(
+                        id=row[0],
+                        family=row[1],
+                        variant=row[2],
+                        order=int(row[3]),
+                        build=_build_label(row[4], row[5], int(row[3])),
+                        method=row[6],
+                        validity=row[7],
+                        reason=row[8],
+                        cap=row[9],
+                        values={spec.name: row[10 + i] for i, spec in enumerate(SERIES)},
+                    )
+                )
+        return out
+
+    def samples(self, ids: Sequence[int]) -> dict[int, Samples]:
+        """Raw per-request figures of the given points."""
+        if not ids:
+            return {}
+        query = sa.select(points_table.c.id, points_table.c.samples).where(points_table.c.id.in_(list(ids)))
+        with self.engine.connect() as conn:
+            return {int(row[0]): json.loads(row[1]) for row in conn.execute(query)}
+
+    def families(self) -> dict[str, dict[str, Any]]:
+        """Each family's fingerprint (without the variant) and its variants, for the report."""
+        out: dict[str, dict[str, Any]] = {}
+        with self.engine.connect() as conn:
+            for family, variant, fingerprint in conn.execute(
+                sa.select(series_table.c.family, series_table.c.variant, series_table.c.fingerprint)
+            ):
+                entry = out.setdefault(family, {"fingerprint": json.loads(fingerprint), "variants": []})
+                entry["variants"].append(variant)
+        return out
+
+    def notes(self) -> dict[str, str]:
+        with self.engine.connect() as conn:
+            return {
+                row[0]: row[1] for row in conn.execute(sa.select(notes_table.c.change_id, notes_table.c.note))
+            }
+
+    def explain(self, change_id: str, note: str) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(sa.delete(notes_table).where(notes_table.c.change_id == change_id))
+            conn.execute(sa.insert(notes_table).values(change_id=change_id, note=note, at=time.time()))
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def _url(db: str) -> tuple[str, str]:
+    """The SQLAlchemy URL for --db and how to name it in a message (a password never shown)."""
+    if "://" in db:
+        url = sa.engine.make_url(db)
+        if url.get_backend_name() not in ("postgresql", "sqlite"):
+            raise TrackError(f"--db {url.render_as_string()}: give a file path or a postgresql:// URL")
+        if url.get_backend_name() == "postgresql" and url.drivername == "postgresql":
+            url = url.set(drivername="postgresql+psycopg")
+        return url.render_as_string(hide_password=False), url.render_as_string(hide_password=True)
+    path = Path(db).expanduser()
+    if path.is_dir():
+        raise TrackError(
+            f"--db {db}: is a directory; give the history's file, e.g. {path / 'history.sqlite'}"
+        )
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TrackError(f"--db {db}: cannot create its folder ({exc.strerror})") from None
+    return f"sqlite:///{path}", str(path)
+
+
+def open_history(db: str | None) -> History:
+    """Open (creating or upgrading) the history at a path or postgresql:// URL; None is DEFAULT_DB."""
+    raw, shown = _url(db or str(DEFAULT_DB))
+    try:
+        engine = sa.create_engine(raw)
+        history = History(engine, shown)
+        history.migrate()
+    except ModuleNotFoundError as exc:
+        raise TrackError(
+            f"--db {shown}: the PostgreSQL driver is missing ({exc.name}); pip install 'itlaudit[track-pg]'"
+        ) from None
+    except sa.exc.SQLAlchemyError as exc:
+        first = str(exc.orig if isinstance(exc, sa.exc.DBAPIError) else exc).strip().splitlines()[0]
+        raise TrackError(f"--db {shown}: cannot open the history ({first})") from None
+    return history

@@ -1,0 +1,160 @@
+"""A finished run folder as history points: one per variant, its fingerprint, validity and raw figures.
+
+`run`, `compare` and each sweep trial leave the same folder (requests.jsonl, meta.json); the ledger's
+fingerprint (store/ledger.py) is split here into what names a series (platform, model, variant,
+workload, client settings) and what may change from one build to the next (the build itself, and the
+method: server args, environment, build flavour). The build's position in first-parent order comes
+from the caller (`--order`) or the run's `--metadata build_order=N`; without either, the run's start
+time orders it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from itlaudit.analysis.derive import run_summary
+from itlaudit.analysis.metrics import request_metrics
+from itlaudit.analysis.validity import variant_validity
+from itlaudit.errors import ItlauditError, TrackError
+from itlaudit.model.codes import CLIENT_SATURATED, COMMON_CAP, TRUNCATION_CODES
+from itlaudit.model.records import RequestRecord
+from itlaudit.store.jsonl import load_records
+from itlaudit.store.ledger import run_fingerprints
+from itlaudit.store.rundir import META_FILE, REQUESTS_FILE, read_json
+from itlaudit.track.changes import CLIENT, CORRECTNESS, LENGTH, SAMPLE_FIELDS, VALID
+from itlaudit.track.db import NewPoint
+
+__all__ = ["BuildInfo", "find_run_dirs", "run_points"]
+
+
+@dataclass(frozen=True)
+class BuildInfo:
+    """What the caller knows about the build beyond the run folder (each None: read from the run)."""
+
+    order: int | None = None
+    version: str | None = None
+    commit: str | None = None
+    flavour: str | None = None
+
+
+def find_run_dirs(path: Path) -> list[Path]:
+    """The run folders at or under `path` (a sweep holds one per variant, load and trial)."""
+    if (path / REQUESTS_FILE).is_file() and (path / META_FILE).is_file():
+        return [path]
+    if not path.is_dir():
+        raise TrackError(f"{path}: no such run folder; give a folder written by run, compare or sweep")
+    found = sorted(p.parent for p in path.rglob(META_FILE) if (p.parent / REQUESTS_FILE).is_file())
+    if not found:
+        raise TrackError(f"{path}: holds no run folder (requests.jsonl and meta.json); nothing to record")
+    return found
+
+
+def _cap(summary: Mapping[str, Any], variant: str) -> int | None:
+    for finding in summary.get("run_findings") or []:
+        evidence = finding.get("evidence") or {}
+        if finding.get("code") == COMMON_CAP and evidence.get("variant") == variant:
+            return int(evidence["cap"])
+    return None
+
+
+def _validity(summary: Mapping[str, Any], variant: str) -> tuple[str, str | None]:
+    """analysis/validity.py's rule, its reason kept, and the kind that names the change class; a
+    saturated client is a fourth way for a point not to be a speed."""
+    block: Mapping[str, Any] = (summary.get("variants") or {}).get(variant) or {}
+    counts: Mapping[str, int] = block.get("findings") or {}
+    rule = variant_validity(summary, variant)
+    if not rule.comparable:
+        if any(counts.get(code) for code in TRUNCATION_CODES):
+            return LENGTH, rule.reason
+        return CORRECTNESS, rule.reason
+    saturated = int(counts.get(CLIENT_SATURATED, 0))
+    if saturated:
+        return CLIENT, f"{saturated} of {block.get('requests')} requests timed by a saturated client"
+    return VALID, None
+
+
+def _samples(records: Sequence[RequestRecord]) -> dict[str, list[float | None]]:
+    metrics = [asdict(request_metrics(r)) for r in records]
+    return {name: [m[name] for m in metrics] for name in SAMPLE_FIELDS}
+
+
+def _platform(meta: Mapping[str, Any]) -> dict[str, Any]:
+    environment = meta.get("environment") or {}
+    gpus = environment.get("gpus") or []
+    return {
+        "gpus": [f"{g.get('name')} (sm {g.get('compute_capability')})" for g in gpus] or None,
+        "arch": environment.get("cpu_architecture"),
+    }
+
+
+def _most_common(values: Sequence[str | None]) -> str | None:
+    counted = Counter(v for v in values if v)
+    return counted.most_common(1)[0][0] if counted else None
+
+
+def run_points(run_dir: Path, build: BuildInfo | None = None) -> list[NewPoint]:
+    """One point per variant of a finished run folder."""
+    build = build or BuildInfo()
+    try:
+        meta = read_json(run_dir / META_FILE)
+        all_records = [r for r in load_records(run_dir / REQUESTS_FILE) if not r.warmup]
+        fingerprints = run_fingerprints(run_dir, all_records, {})
+    except (ItlauditError, OSError, ValueError) as exc:
+        raise TrackError(f"{run_dir}: cannot be recorded ({exc})") from None
+    if meta.get("interrupted") or meta.get("failed"):
+        raise TrackError(f"{run_dir}: the run did not finish; record a finished run")
+    summary = run_summary(all_records, list(fingerprints))
+    metadata: Mapping[str, Any] = meta.get("metadata") or {}
+    order = build.order
+    if order is None and metadata.get("build_order") is not None:
+        try:
+            order = int(metadata["build_order"])
+        except ValueError:
+            raise TrackError(
+                f"{run_dir}: metadata build_order={metadata['build_order']!r} is not an integer"
+            ) from None
+    if order is None:
+        order = int(meta.get("started_at_unix") or 0)
+    points = []
+    for variant, fingerprint in fingerprints.items():
+        records = [r for r in all_records if r.variant == variant]
+        info: Mapping[str, Any] = (meta.get("variants") or {}).get(variant) or {}
+        venv: Mapping[str, Any] = info.get("environment") or {}
+        kind, reason = _validity(summary, variant)
+        workload = json.dumps(fingerprint.workload, sort_keys=True).encode()
+        series = {
+            "platform": _platform(meta),
+            "model": _most_common([r.model for r in records]) or fingerprint.workload.get("model"),
+            "workload": hashlib.sha256(workload).hexdigest()[:16],
+            "client": {
+                "stamp": _most_common([r.stamp for r in records]),
+                "workers": len(info.get("workers") or []) or None,
+            },
+            "url": fingerprint.build.get("url"),  # a server we only connect to: its address is the server
+        }
+        flavour = build.flavour or metadata.get("build_variant")
+        points.append(
+            NewPoint(
+                series_fingerprint=series,
+                variant=variant,
+                run_id=f"{run_dir.resolve()}",
+                run_dir=str(run_dir),
+                build_order=order,
+                build_version=build.version or fingerprint.build.get("version"),
+                build_commit=build.commit or metadata.get("commit") or venv.get("vllm_commit"),
+                build_flavour=flavour,
+                method={"args": fingerprint.server_args, "env": fingerprint.env, "flavour": flavour},
+                validity=kind,
+                reason=reason,
+                cap=_cap(summary, variant) if kind == LENGTH else None,
+                errors=int(((summary.get("variants") or {}).get(variant) or {}).get("errors") or 0),
+                samples=_samples(records),
+            )
+        )
+    return points
