@@ -21,6 +21,7 @@ from itlaudit.cli import sim as cli_sim
 from itlaudit.cli import smoke as cli_smoke
 from itlaudit.cli import sweep as cli_sweep
 from itlaudit.cli import testbed as cli_testbed
+from itlaudit.cli import track as cli_track
 from itlaudit.cli.options import (
     HelpStyle,
     PlotsOption,
@@ -361,6 +362,7 @@ app.command(name="demo", rich_help_panel=TOOLS)(demo)
 app.command(name="version", rich_help_panel=TOOLS)(version)
 app.add_typer(cli_testbed.testbed_app, name="testbed", rich_help_panel=TOOLS)
 app.add_typer(cli_audit.ledger_app, name="ledger", rich_help_panel=TOOLS)
+app.add_typer(cli_track.track_app, name="track", rich_help_panel=READ)
 
 
 def _usage_line(exc: typer.TyperException) -> str:

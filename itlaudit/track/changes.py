@@ -287,13 +287,21 @@ def _series_candidates(
     """Change points of one series over its valid builds, each tested on raw samples."""
     logs = np.log(np.asarray(values, dtype=float))
     cuts = _breakpoints(logs, settings.penalty)
-    tail = [i for i in _tail_candidate(logs, settings.min_effect) if not cuts or i - cuts[-1] > 1]
-    bounds = [0, *cuts, *tail, len(builds)]
+    tail = _tail_candidate(logs, settings.min_effect)
+    bounds = [0, *sorted({*cuts, *tail}), len(builds)]
+    step = math.log1p(settings.min_effect)
     found = []
     for k in range(1, len(bounds) - 1):
         cut = bounds[k]
         left = builds[max(bounds[k - 1], cut - settings.window) : cut]
         right = builds[cut : min(bounds[k + 1], cut + settings.window)]
+        if cut not in tail:
+            # A change holds: each of the first two builds after it is off the builds before it by
+            # half the minimum effect at least, the same way (one slow nightly is noise).
+            before = float(np.median(logs[max(bounds[k - 1], cut - settings.window) : cut]))
+            moves = logs[cut : min(bounds[k + 1], cut + 2)] - before
+            if moves.size < 2 or not (np.all(moves > step / 2) or np.all(moves < -step / 2)):
+                continue
         comparison = compare_samples(
             samples_of([p for _, pts in left for p in pts]),
             samples_of([p for _, pts in right for p in pts]),

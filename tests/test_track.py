@@ -1,0 +1,255 @@
+"""itlaudit track: the history store on SQLite and on a real PostgreSQL server, and the change points of
+a generated 60-nightly history (a 128-token cap on builds 25–32, a 30 % token-ITL slowdown from 40,
+K3's speedup lost from 50 with K0 unchanged, noise, missing nightlies): exactly those, no false alarm.
+
+The PostgreSQL server is the machine's own binaries (initdb, pg_ctl), a throwaway cluster in a tmp
+folder on a free port, started once per session; as root it runs as the postgres user.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from track_scale import synthetic_point
+from typer.testing import CliRunner
+
+from itlaudit.cli.app import app
+from itlaudit.track.db import SCHEMA_VERSION, open_history, schema_table
+
+FIXTURE_RUN = Path(__file__).parent / "fixtures" / "runfolder-v1"
+MISSING = {7, 18, 37, 45, 56}
+FAMILY = {"platform": "cpu", "model": "tiny", "workload": "w", "client": "wire"}
+
+
+def _pg_bin() -> Path | None:
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))
+    return found[-1].parent if found else None
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[str]:
+    """A real PostgreSQL server for the session: its base URL (add a database name)."""
+    bin_dir = _pg_bin()
+    if bin_dir is None:
+        pytest.skip("no PostgreSQL binaries in /usr/lib/postgresql (scripts/test installs them)")
+    # Not under pytest's tmp folder: the postgres user must reach it, and pytest's root is private.
+    root = Path(tempfile.mkdtemp(prefix="itlaudit-pg-"))
+    as_user: list[str] = []
+    if os.geteuid() == 0:  # initdb refuses root
+        shutil.chown(root, "postgres")
+        as_user = ["runuser", "-u", "postgres", "--"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data = root / "data"
+    subprocess.run(
+        [*as_user, str(bin_dir / "initdb"), "-D", str(data), "-U", "track", "--auth=trust"],
+        check=True,
+        capture_output=True,
+    )
+    options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off"
+    subprocess.run(
+        [
+            *as_user,
+            str(bin_dir / "pg_ctl"),
+            "-D",
+            str(data),
+            "-o",
+            options,
+            "-l",
+            str(root / "log"),
+            "-w",
+            "start",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    try:
+        yield f"postgresql://track@127.0.0.1:{port}"
+    finally:
+        subprocess.run(
+            [*as_user, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
+            check=False,
+            capture_output=True,
+        )
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty history: a SQLite file, or a new database on the session's PostgreSQL server."""
+    if request.param == "sqlite":
+        return str(tmp_path / "history.sqlite")
+    import psycopg
+
+    base = request.getfixturevalue("pg_server")
+    name = f"h{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return f"{base}/{name}"
+
+
+def _sixty_nightlies(seed: int, *, planted: bool = True) -> list:
+    rng = np.random.default_rng(seed)
+    points = []
+    for build in range(1, 61):
+        if build in MISSING:
+            continue
+        cap = 128 if planted and 25 <= build <= 32 else None
+        slow = 1.3 if planted and build >= 40 else 1.0
+        lost = planted and build >= 50
+        # A capped build looks faster (shorter outputs, emptier batches): it must not read as a speedup.
+        looks = 0.6 if cap else 1.0
+        for trial in range(2 if build % 10 == 3 else 1):
+            points.append(
+                synthetic_point(
+                    FAMILY,
+                    "K0",
+                    build,
+                    rng,
+                    itl_ms=20 * slow * looks,
+                    acceptance=1.0,
+                    output_len=256,
+                    cap=cap,
+                    trial=trial,
+                )
+            )
+            points.append(
+                synthetic_point(
+                    FAMILY,
+                    "K3",
+                    build,
+                    rng,
+                    itl_ms=(20 if lost else 9) * slow * looks,
+                    acceptance=1.0 if lost else 2.6,
+                    output_len=256,
+                    cap=cap,
+                    trial=trial,
+                )
+            )
+    return points
+
+
+def _check(db: str, *extra: str) -> tuple[int, list[dict]]:
+    result = CliRunner().invoke(app, ["track", "check", "--db", db, "--json", *extra])
+    return result.exit_code, json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_sixty_nightlies_find_exactly_the_planted_changes(db: str, seed: int) -> None:
+    history = open_history(db)
+    history.add_rows(_sixty_nightlies(seed))
+    history.close()
+    code, changes = _check(db)
+    found = [(c["order"], c["class"], c["kind"], c["state"]) for c in changes]
+    assert found == [
+        (25, "length/cap", "regression", "confirmed"),
+        (33, "length/cap", "fix", "confirmed"),
+        (40, "speed", "regression", "confirmed"),
+        (50, "speedup", "regression", "confirmed"),
+    ]
+    cap, fix, slow, speedup = changes
+    assert cap["summary"].startswith("output length changed: capped at 128 tokens from build")
+    assert cap["closed_by"] == fix["build"] and cap["last_good_order"] == 24
+    assert "token ITL p50 of K0 worse" in slow["summary"]
+    assert slow["last_good_order"] == 39
+    ratios = {e["variant"]: e["ratio"] for e in slow["evidence"] if e["series"] == "itl_p50"}
+    assert set(ratios) == {"K0", "K3"} and all(1.2 < r < 1.4 for r in ratios.values())
+    # K3's speedup is lost while K0 does not move: no K0 evidence at build 50.
+    assert {e["variant"] for e in speedup["evidence"]} == {"K3"}
+    assert speedup["last_good_order"] == 49
+    assert code == 1  # the slowdown and the lost speedup are open
+
+
+def test_noise_and_missing_nightlies_raise_no_alarm(db: str) -> None:
+    history = open_history(db)
+    history.add_rows(_sixty_nightlies(3, planted=False))
+    history.close()
+    code, changes = _check(db, "--all")
+    assert (code, changes) == (0, [])
+
+
+def test_explained_changes_stop_counting_as_open(tmp_path: Path) -> None:
+    db = str(tmp_path / "h.sqlite")
+    history = open_history(db)
+    history.add_rows(_sixty_nightlies(0))
+    history.close()
+    _, changes = _check(db)
+    for change in changes:
+        if change["kind"] == "regression" and not change["closed_by"]:
+            result = CliRunner().invoke(app, ["track", "explain", change["id"], "intended", "--db", db])
+            assert result.exit_code == 0
+    code, after = _check(db)
+    assert code == 0
+    assert [c["state"] for c in after if c["order"] in (40, 50)] == ["explained", "explained"]
+
+
+def test_a_newest_build_off_its_series_is_suspected_not_an_alarm(tmp_path: Path) -> None:
+    db = str(tmp_path / "h.sqlite")
+    rng = np.random.default_rng(5)
+    points = [
+        synthetic_point(
+            FAMILY, "K0", b, rng, itl_ms=20 * (1.5 if b == 30 else 1), acceptance=1, output_len=64
+        )
+        for b in range(1, 31)
+    ]
+    history = open_history(db)
+    history.add_rows(points)
+    history.close()
+    code, changes = _check(db)
+    assert code == 0
+    assert [(c["order"], c["state"], c["kind"]) for c in changes] == [(30, "suspected", "regression")]
+
+
+def test_track_add_records_a_run_folder_with_its_raw_samples(db: str) -> None:
+    runner = CliRunner()
+    for _ in range(2):  # the same folder twice is one set of points, not two
+        result = runner.invoke(app, ["track", "add", str(FIXTURE_RUN), "--db", db, "--order", "7"])
+        assert result.exit_code == 0, result.output
+        assert "recorded 2 points from 1 run folder(s)" in result.stdout
+    history = open_history(db)
+    points = history.points()
+    assert sorted(p.variant for p in points) == ["K0", "K3"]
+    assert {p.order for p in points} == {7}
+    # The fixture's K3 stopped at 8 of 16 tokens: analysis/validity.py's rule, kept with its cap.
+    assert {p.variant: (p.validity, p.cap) for p in points} == {"K0": ("", None), "K3": ("length", 8)}
+    samples = history.samples([p.id for p in points])
+    assert all(len(s["itl_ms"]) == 3 and len(s["completion_tokens"]) == 3 for s in samples.values())
+    assert history.schema_version() == SCHEMA_VERSION
+    history.close()
+
+
+def test_a_history_from_a_newer_itlaudit_is_refused(tmp_path: Path) -> None:
+    db = str(tmp_path / "h.sqlite")
+    history = open_history(db)
+    with history.engine.begin() as conn:
+        conn.execute(schema_table.insert().values(version=SCHEMA_VERSION + 1))
+    history.close()
+    result = CliRunner().invoke(app, ["track", "check", "--db", db])
+    assert result.exit_code == 2
+    assert "is newer than this itlaudit's" in result.stderr and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["track", "check", "--db", "{tmp}"], "is a directory"),
+        (["track", "add", "{tmp}/none", "--db", "{tmp}/h.sqlite"], "no such run folder"),
+        (["track", "add", "{tmp}", "--db", "{tmp}/h.sqlite"], "holds no run folder"),
+        (["track", "check", "--db", "postgresql://u:hunter2@127.0.0.1:1/x"], "cannot open the history"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(tmp_path: Path, args: list[str], says: str) -> None:
+    result = CliRunner().invoke(app, [a.replace("{tmp}", str(tmp_path)) for a in args])
+    assert result.exit_code == 2
+    assert says in result.stderr and "hunter2" not in result.output and "Traceback" not in result.output
