@@ -11,8 +11,6 @@ tests/fixtures/vllm-0.24.0-cuda-h200-prev/ holds an earlier session's runs (ngra
 from __future__ import annotations
 
 import hashlib
-import importlib.machinery
-import importlib.util
 import io
 import json
 import random
@@ -21,41 +19,17 @@ import subprocess
 import tarfile
 import zipfile
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+from gpukit import gpu_script, rederive
 
-from itlaudit.analysis.comparison import build_comparison
-from itlaudit.analysis.derive import run_summary
 from itlaudit.analysis.metrics import request_metrics
-from itlaudit.analysis.specdecode import CounterSnapshot, spec_decode_delta
 from itlaudit.model.scenario import load_scenario
 from itlaudit.store.jsonl import load_records
 
 RUNS = Path(__file__).parent / "fixtures" / "vllm-0.24.0-cuda-h200-runs"
 PREV = Path(__file__).parent / "fixtures" / "vllm-0.24.0-cuda-h200-prev"
-TPOT_SCRIPT = Path(__file__).parents[1] / "scripts" / "gpu" / "tpot.py"
-
-
-def _tpot() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_tpot", TPOT_SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _rederive(run: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """summary and comparison from requests.jsonl and meta.json's counters, as `itlaudit report` does."""
-    meta = json.loads((run / "meta.json").read_text())
-    records = load_records(run / "requests.jsonl")
-    summary = run_summary(records, list(meta["variants"]))
-    stats = {
-        name: spec_decode_delta(CounterSnapshot.from_json(v["before"]), CounterSnapshot.from_json(v["after"]))
-        for name, v in meta["variants"].items()
-    }
-    return summary, build_comparison(summary, records, stats)
 
 
 RUN_NAMES = [
@@ -72,7 +46,7 @@ RUN_NAMES = [
 
 @pytest.mark.parametrize("name", RUN_NAMES)
 def test_rederived_summary_matches_what_the_device_wrote(name: str) -> None:
-    summary, comparison = _rederive(RUNS / name)
+    summary, comparison = rederive(RUNS / name)
     written = json.loads((RUNS / name / "summary.json").read_text())
     for variant, block in written["variants"].items():
         for metric in ("itl_ms", "chunk_itl_ms", "tpot_ms", "ttft_ms", "completion_tokens"):
@@ -93,7 +67,7 @@ def _row(comparison: dict[str, Any], variant: str) -> dict[str, Any]:
 
 
 def test_k0_vs_k3_self_draft_c1_figures_quoted_in_the_readme() -> None:
-    summary, comparison = _rederive(RUNS / "k0k3-c1")
+    summary, comparison = rederive(RUNS / "k0k3-c1")
     k0, k3 = _row(comparison, "K0"), _row(comparison, "K3")
     assert (round(k0["itl_ms_p50"], 2), round(k0["chunk_itl_ms_p50"], 2)) == (4.29, 4.29)
     assert (round(k3["itl_ms_p50"], 2), round(k3["chunk_itl_ms_p50"], 2)) == (3.09, 12.34)
@@ -106,7 +80,7 @@ def test_k0_vs_k3_self_draft_c1_figures_quoted_in_the_readme() -> None:
 
 
 def test_k0_vs_k3_c16_figures_and_the_cold_first_batch() -> None:
-    summary, comparison = _rederive(RUNS / "k0k3-c16")
+    summary, comparison = rederive(RUNS / "k0k3-c16")
     k0, k3 = _row(comparison, "K0"), _row(comparison, "K3")
     assert (round(k0["itl_ms_p50"], 2), round(k3["itl_ms_p50"], 2)) == (4.86, 3.54)
     assert round(k3["chunk_itl_ms_p50"], 2) == 14.13
@@ -116,7 +90,7 @@ def test_k0_vs_k3_c16_figures_and_the_cold_first_batch() -> None:
 
 
 def test_real_mtp_head_partial_acceptance_stream_equals_metrics() -> None:
-    summary, comparison = _rederive(RUNS / "mtp-c1")
+    summary, comparison = rederive(RUNS / "mtp-c1")
     m0, mtp = _row(comparison, "M0"), _row(comparison, "MTP")
     assert (round(m0["itl_ms_p50"], 2), round(mtp["itl_ms_p50"], 2)) == (3.44, 4.53)
     assert round(mtp["chunk_itl_ms_p50"], 2) == 10.54
@@ -149,7 +123,7 @@ def test_itlaudit_tpot_against_vllm_request_time_per_output_token(name: str, exp
     """scripts/gpu/tpot.py: mean TPOT vs vLLM's histogram sum/count delta over the same requests. Within
     0.05% at concurrency 1; 0.4-3.1% high at 16 (itlaudit's own client timing under load) before the
     capture rebuild, within 0.5% at 1, 16 and 64 after it."""
-    rows = {r["variant"]: r for r in _tpot().compare(RUNS / name, RUNS / name / "metrics")}
+    rows = {r["variant"]: r for r in gpu_script("tpot.py").compare(RUNS / name, RUNS / name / "metrics")}
     assert {v: round(r["diff_pct"], 2) for v, r in rows.items()} == expected
     for row in rows.values():
         assert row["extra"] == 1  # the identity request before each variant, counted by vLLM with TPOT 0
@@ -160,7 +134,7 @@ def test_tpot_reads_the_histogram_from_meta_json_when_the_capture_records_it(tmp
     run = tmp_path / "run"
     run.mkdir()
     meta = json.loads((RUNS / "tpot-c1" / "meta.json").read_text())
-    tpot = _tpot()
+    tpot = gpu_script("tpot.py")
     for name, variant in meta["variants"].items():
         for side in ("before", "after"):
             text = (RUNS / "tpot-c1" / "metrics" / f"{name}-{side}.txt").read_text()
@@ -201,7 +175,7 @@ def test_prev_ngram_run_stream_and_metrics_agree_on_accepted_tokens() -> None:
     """ngram drafts only when an n-gram matches, so /metrics' tokens per *drafting* step (3.09) exceeds the
     stream's tokens per decode chunk (2.75); the accepted-token totals agree (0.3%)."""
     run = PREV / "partial-c1"
-    _, comparison = _rederive(run)
+    _, comparison = rederive(run)
     ng = _row(comparison, "NG")["spec_decode"]
     records = [r for r in load_records(run / "requests.jsonl") if r.variant == "NG"]
     measured = [request_metrics(r) for r in records]
@@ -210,16 +184,6 @@ def test_prev_ngram_run_stream_and_metrics_agree_on_accepted_tokens() -> None:
     assert decode_chunks == 1484 and ng["num_drafts"] == 1252
     stream_accepted = decode_tokens - decode_chunks
     assert abs(stream_accepted - ng["num_accepted_tokens"]) / ng["num_accepted_tokens"] < 0.005
-
-
-def _script(name: str) -> ModuleType:
-    path = Path(__file__).parents[1] / "scripts" / "gpu" / name
-    loader = importlib.machinery.SourceFileLoader(f"gpu_{name}", str(path))
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
 
 
 def _wheel(path: Path, members: dict[str, bytes], requires: list[str]) -> Path:
@@ -233,7 +197,7 @@ def _wheel(path: Path, members: dict[str, bytes], requires: list[str]) -> Path:
 
 
 def test_prepare_packs_a_site_tree_without_the_stripped_members_and_parts_join_back(tmp_path: Path) -> None:
-    prepare = _script("prepare")
+    prepare = gpu_script("prepare")
     kernel = random.Random(0).randbytes(20_000)  # incompressible, so the tarball needs several parts
     vllm = _wheel(
         tmp_path / "vllm-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl",

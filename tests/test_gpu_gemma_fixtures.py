@@ -9,37 +9,50 @@ the spec-decode, TPOT and token counters. Its README says what the run
 could not show: the tokenizer the box converted was character-level (one token per character), so the
 weights were real but the text was not, and the tests below pin that too, so nobody reads these
 figures as real-text ones.
+
+tests/fixtures/gpu/gemma-h200-sound/ holds the rerun with the testbed's tokenizer laid over the box's
+(`prepare --gemma` packs it, `lane gemmamodel` installs it): the `gemmaup` stage's greedy completions
+from G0, GNG and GDM, checked against the testbed's own tokenization and greedy text. Its compares were
+not rerun (device time), as its README says.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import tarfile
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_gpu_fixtures import _rederive, _tpot
+from gpukit import gpu_script, rederive
 
 from itlaudit.model.scenario import load_scenario
 from itlaudit.store.jsonl import load_records
 
 GEMMA = Path(__file__).parent / "fixtures" / "gpu" / "gemma-h200"
+SOUND = Path(__file__).parent / "fixtures" / "gpu" / "gemma-h200-sound"
 SCENARIOS = Path(__file__).parents[1] / "scripts" / "gpu" / "scenarios"
 
 
 def _rows(run: str) -> dict[str, Any]:
-    return _rederive(GEMMA / run)[1]["variants"]
+    return rederive(GEMMA / run)[1]["variants"]
 
 
 @pytest.mark.parametrize("run", ["t0", "t08"])
 def test_gemma_runs_rederive_to_what_the_device_wrote(run: str) -> None:
-    summary, comparison = _rederive(GEMMA / run)
+    summary, comparison = rederive(GEMMA / run)
     written = json.loads((GEMMA / run / "summary.json").read_text())
     for variant, block in written["variants"].items():
         for metric in ("itl_ms", "chunk_itl_ms", "tpot_ms", "ttft_ms", "completion_tokens"):
             for stat in ("count", "mean", "p50", "p99"):
                 assert summary["variants"][variant][metric][stat] == pytest.approx(block[metric][stat])
-        assert summary["variants"][variant]["findings"] == block["findings"], variant
+        # gibberish_suspected was recalibrated on real text (826f295) after this run was written (GDM at
+        # 0.8 had one); the letter-spaced text of this run is no evidence about it either way.
+        rederived = summary["variants"][variant]["findings"]
+        assert {k: n for k, n in rederived.items() if k != "gibberish_suspected"} == {
+            k: n for k, n in block["findings"].items() if k != "gibberish_suspected"
+        }, variant
     written_cmp = json.loads((GEMMA / run / "compare.json").read_text())
     for variant, row in written_cmp["variants"].items():
         assert comparison["variants"][variant]["speedup_token_itl"] == pytest.approx(row["speedup_token_itl"])
@@ -115,7 +128,7 @@ def test_sampled_gemma_distribution_audit_stayed_quiet() -> None:
     ],
 )
 def test_gemma_tpot_matches_vllms_histogram(run: str, expected: dict, extra: dict) -> None:
-    rows = {r["variant"]: r for r in _tpot().compare(GEMMA / run, GEMMA / run / "metrics")}
+    rows = {r["variant"]: r for r in gpu_script("tpot.py").compare(GEMMA / run, GEMMA / run / "metrics")}
     assert {v: round(r["diff_pct"], 2) for v, r in rows.items()} == expected
     assert {v: r["extra"] for v, r in rows.items()} == extra
 
@@ -123,8 +136,62 @@ def test_gemma_tpot_matches_vllms_histogram(run: str, expected: dict, extra: dic
 def test_the_box_converted_tokenizer_was_character_level() -> None:
     """Every prompt cost one token per character plus <bos> (the testbed's conversion: 14 tokens for the
     72-character first prompt), so these runs measured real weights on character-split text. The lane's
-    gemmamodel stage now refuses such a tokenizer."""
+    gemmamodel stage now lays the testbed's tokenizer over the box's and refuses a merge-less one."""
     prompts = load_scenario(SCENARIOS / "gemma-t0.toml").workload.prompts
     for run in ("t0", "t08"):
         counts = {r.prompt_tokens for r in load_records(GEMMA / run / "requests.jsonl")}
         assert counts == {len(p) + 1 for p in prompts}
+
+
+# The testbed's conversion (transformers 5.19): "The capital of France is" is <bos> + 5 tokens, and its
+# greedy continuation (CPU, bf16, 32 tokens); tests/fixtures/gpu/gemma-h200-sound/README.md says how.
+TESTBED_PROMPT_TOKENS = 6
+TESTBED_GREEDY = (
+    " the capital of the country of France. It is the capital of the country of France. It is the"
+    " capital of the country of France. It is the capital"
+)
+
+
+def test_with_the_testbeds_tokenizer_the_h200_writes_the_testbeds_text() -> None:
+    """Rerun with the testbed's tokenizer files: every server counts the prompt as the testbed does (6
+    tokens, not 25 characters + <bos>) and G0, ngram K3 and the self-draft K3 all write, greedily, the
+    text the testbed's own CPU generation writes: real weights on real tokens, and lossless spec decode
+    on real text."""
+    replies = sorted(SOUND.glob("warm-*.json"))
+    assert {p.stem.split("-")[1] for p in replies} == {"G0", "GNG", "GDM"} and len(replies) == 12
+    for path in replies:
+        reply = json.loads(path.read_text())
+        assert reply["usage"]["prompt_tokens"] == TESTBED_PROMPT_TOKENS, path.name
+        assert reply["usage"]["completion_tokens"] == 32, path.name
+        assert reply["choices"][0]["text"] == TESTBED_GREEDY, path.name
+
+
+def test_prepare_packs_the_tokenizer_files_and_names_a_folder_without_them(tmp_path: Path) -> None:
+    prepare = gpu_script("prepare")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "tokenizer.json").write_text('{"model": {"merges": ["a b"]}}')
+    with pytest.raises(SystemExit, match=r"lacks tokenizer_config\.json.*--gemma-tokenizer"):
+        prepare.pack_tokenizer(model, tmp_path / "tok.tar.xz")
+    (model / "tokenizer_config.json").write_text('{"add_bos_token": true}')
+    entry = prepare.pack_tokenizer(model, tmp_path / "tok.tar.xz")
+    packed = (tmp_path / "tok.tar.xz").read_bytes()
+    assert entry == {"file": "tok.tar.xz", "sha256": hashlib.sha256(packed).hexdigest(), "from": str(model)}
+    with tarfile.open(tmp_path / "tok.tar.xz", mode="r:xz") as tar:
+        assert sorted(tar.getnames()) == ["tokenizer.json", "tokenizer_config.json"]
+        member = tar.extractfile("tokenizer.json")
+        assert member is not None and member.read() == (model / "tokenizer.json").read_bytes()
+
+
+def test_prepare_splits_into_even_parts_that_fit_beside_the_checkout(tmp_path: Path) -> None:
+    """Parts of equal size (the last at most as large), the fewest under the limit: 408 MB of vLLM and
+    Gemma split at 50 MiB gives 8 parts of 48.7 MiB, which leave 15 MiB of a 64 MiB transfer to the
+    checkout and the tokenizer."""
+    prepare = gpu_script("prepare")
+    blob = tmp_path / "site.tar.xz"
+    blob.write_bytes(bytes(range(256)) * 41)  # 10496 bytes
+    parts = prepare.split(blob, 4096)
+    assert [p.stat().st_size for p in parts] == [3499, 3499, 3498]
+    assert b"".join(p.read_bytes() for p in parts) == blob.read_bytes()
+    # even a full part leaves room for the 8.4 MiB checkout and the 3.2 MiB tokenizer in one transfer
+    assert prepare.PART_BYTES + 12 * 2**20 <= 64 * 2**20
