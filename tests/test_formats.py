@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from simkit import itlaudit, sim_server
 
+from itlaudit.analysis.derive import summarize_run
 from itlaudit.errors import RecordsError
 from itlaudit.model.formats import FORMAT, PREVIOUS_FORMAT, RECORDS_FORMAT, check_format
 from itlaudit.serve.sim import SimConfig
@@ -118,7 +119,11 @@ def test_a_newer_ledger_line_names_its_line(old_folder: Path) -> None:
 @pytest.mark.parametrize(
     ("found", "says"),
     [
-        (0, "x.json is format 0, older than this itlaudit reads (1, 2); read it with the itlaudit that wrote it"),
+        (
+            0,
+            "x.json is format 0, older than this itlaudit reads (1, 2); "
+            "read it with the itlaudit that wrote it",
+        ),
         ("2", "x.json: format '2' is not a format version; it was not written by itlaudit"),
         (True, "x.json: format True is not a format version; it was not written by itlaudit"),
     ],
@@ -152,3 +157,14 @@ def test_result_json_of_a_summary_in_memory_says_its_format() -> None:
     summary = read_json(FIXTURE / "summary.json")
     meta = read_json(FIXTURE / "meta.json")
     assert result_json(summary, meta, "K3")["format"] == FORMAT
+
+
+def test_the_typed_summary_encodes_to_the_file_it_replaced() -> None:
+    """summarize_run's struct is summary.json key for key and in order: the fixture's summary.json,
+    written by the dict-building code from the same records, is what it encodes to (bar `records`,
+    which write_derived adds)."""
+    written = read_json(FIXTURE / "summary.json")
+    del written["records"]
+    typed = summarize_run(load_records(FIXTURE / "requests.jsonl"), ["K0", "K3"])
+    assert json.dumps(typed.to_json()) == json.dumps(written)
+    assert typed.variants["K3"].findings == written["variants"]["K3"]["findings"]

@@ -21,9 +21,17 @@ from itlaudit.analysis.metrics import (
     variant_summary,
 )
 from itlaudit.analysis.quality import text_quality
+from itlaudit.analysis.summary import LoopLag, RunSummary, VariantSummary
 from itlaudit.model.records import RequestRecord, Status
 
-__all__ = ["CATEGORY_METRICS", "by_category", "derive_request", "run_summary", "schedule_lag_ms"]
+__all__ = [
+    "CATEGORY_METRICS",
+    "by_category",
+    "derive_request",
+    "run_summary",
+    "schedule_lag_ms",
+    "summarize_run",
+]
 
 
 def derive_request(record: RequestRecord) -> dict[str, Any]:
@@ -43,7 +51,7 @@ def derive_request(record: RequestRecord) -> dict[str, Any]:
     return line
 
 
-def _variant_block(records: Sequence[RequestRecord], metrics: Sequence[RequestMetrics]) -> dict[str, Any]:
+def _variant_block(records: Sequence[RequestRecord], metrics: Sequence[RequestMetrics]) -> VariantSummary:
     """summary.json's block for one variant: per-request distributions (p50/p90/p99 over requests),
     the run-level figures vllm bench reports (`benchmark`: totals, throughputs, pooled ITL), how the
     chunks were stamped, and finding counts."""
@@ -53,23 +61,20 @@ def _variant_block(records: Sequence[RequestRecord], metrics: Sequence[RequestMe
     for record in records:
         hist.update(tokens_per_chunk_hist(record))
     sources = Counter(m.token_source for m in metrics)
-    block: dict[str, Any] = {
-        "requests": len(records),
-        "errors": sum(1 for r in records if r.status != Status.OK),
-        "model": ", ".join(sorted({r.model for r in records})) or None,  # as sent (the served name)
-        "token_source": dict(sources),
-        "tokens_per_chunk_hist": {str(k): v for k, v in sorted(hist.items())},
-        "client_loop_lag_ms": _loop_lag(records),
-        "schedule_lag_ms": summarize([schedule_lag_ms(r) for r in records]),
-    }
-    block.update(variant_summary(metrics))
-    block["benchmark"] = benchmark_figures(records, metrics)
-    block["stamp"] = dict(Counter(r.stamp or "unknown" for r in records))
-    block["findings"] = dict(sorted(codes.items()))
-    categories = by_category(records, metrics)
-    if categories:
-        block["categories"] = categories
-    return block
+    return VariantSummary(
+        requests=len(records),
+        errors=sum(1 for r in records if r.status != Status.OK),
+        model=", ".join(sorted({r.model for r in records})) or None,  # as sent (the served name)
+        token_source=dict(sources),
+        tokens_per_chunk_hist={str(k): v for k, v in sorted(hist.items())},
+        client_loop_lag_ms=_loop_lag(records),
+        schedule_lag_ms=summarize([schedule_lag_ms(r) for r in records]),
+        **variant_summary(metrics),
+        benchmark=benchmark_figures(records, metrics),
+        stamp=dict(Counter(r.stamp or "unknown" for r in records)),
+        findings=dict(sorted(codes.items())),
+        categories=by_category(records, metrics),
+    )
 
 
 CATEGORY_METRICS = ("itl_ms", "tpot_ms", "decode_tokens_per_chunk")
@@ -100,20 +105,18 @@ def schedule_lag_ms(record: RequestRecord) -> float | None:
     return record.sent_offset_ms - record.scheduled_ms
 
 
-def _loop_lag(records: Sequence[RequestRecord]) -> dict[str, float | None]:
+def _loop_lag(records: Sequence[RequestRecord]) -> LoopLag:
     """The capture loops' lag over the variant: the worst request's p99 and the worst single stall."""
     p99s = [r.loop_lag_p99_ms for r in records if r.loop_lag_p99_ms is not None]
     maxes = [r.loop_lag_max_ms for r in records if r.loop_lag_max_ms is not None]
-    return {"worst_p99": max(p99s) if p99s else None, "max": max(maxes) if maxes else None}
+    return LoopLag(worst_p99=max(p99s) if p99s else None, max=max(maxes) if maxes else None)
 
 
-def run_summary(
-    records: Sequence[RequestRecord], variant_order: Sequence[str] | None = None
-) -> dict[str, Any]:
+def summarize_run(records: Sequence[RequestRecord], variant_order: Sequence[str] | None = None) -> RunSummary:
     """summary.json: per-variant blocks in scenario order, then run-level findings."""
     names = list(variant_order or [])
     names += [r.variant for r in records if r.variant not in names]
-    variants: dict[str, Any] = {}
+    variants: dict[str, VariantSummary] = {}
     for name in dict.fromkeys(names):
         mine = [r for r in records if r.variant == name]
         variants[name] = _variant_block(mine, [request_metrics(r) for r in mine])
@@ -121,5 +124,12 @@ def run_summary(
     for finding in run_level:
         block = variants.get(str(finding.evidence.get("variant")))
         if block is not None:
-            block["findings"][finding.code] = block["findings"].get(finding.code, 0) + 1
-    return {"variants": variants, "run_findings": [f.to_json() for f in run_level]}
+            block.findings[finding.code] = block.findings.get(finding.code, 0) + 1
+    return RunSummary(variants=variants, run_findings=[f.to_json() for f in run_level])
+
+
+def run_summary(
+    records: Sequence[RequestRecord], variant_order: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """summarize_run as summary.json's dict, for readers not yet moved to the struct (track/)."""
+    return summarize_run(records, variant_order).to_json()

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from itlaudit.analysis import findings
-from itlaudit.analysis.derive import run_summary
+from itlaudit.analysis.derive import summarize_run
 from itlaudit.analysis.metrics import request_metrics
 from itlaudit.analysis.validity import Validity, block_validity
 from itlaudit.store.jsonl import load_records
@@ -89,16 +89,16 @@ def read_trial(run_dir: Path) -> dict[str, Figures]:
     """Every variant's figures in a trial folder, derived from its requests.jsonl by the functions
     that write summary.json (so the verdict and the report cannot disagree)."""
     records = load_records(run_dir / REQUESTS_FILE)
-    summary = run_summary(records)
+    summary = summarize_run(records)
     trials: dict[str, Figures] = {}
-    for name, block in summary["variants"].items():
+    for name, block in summary.variants.items():
         derived = [request_metrics(r) for r in records if r.variant == name]
         trials[name] = Figures(
             itl_ms=[m.itl_ms for m in derived if m.itl_ms is not None],
             completion_tokens=[m.completion_tokens for m in derived if m.completion_tokens is not None],
-            requests=int(block["requests"]),
-            errors=int(block["errors"]),
-            findings=Counter(block["findings"]),
+            requests=block.requests,
+            errors=block.errors,
+            findings=Counter(block.findings),
             chunk_itl_ms=[m.chunk_itl_ms for m in derived if m.chunk_itl_ms is not None],
             tokens_per_chunk=[
                 m.decode_tokens_per_chunk for m in derived if m.decode_tokens_per_chunk is not None

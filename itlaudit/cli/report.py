@@ -13,13 +13,15 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeAlias
 
+import msgspec
 import typer
 from rich.console import Console
 
-from itlaudit.analysis.derive import derive_request, run_summary
+from itlaudit.analysis.derive import derive_request, summarize_run
 from itlaudit.analysis.importers import ImportedBenchmark, parse_import
 from itlaudit.analysis.run_diff import diff_runs, workload_differences, workload_of
 from itlaudit.analysis.stats import Verdict
+from itlaudit.analysis.summary import PartialBy
 from itlaudit.cli.options import choices
 from itlaudit.errors import RecordsError, RunDirError
 from itlaudit.model.records import RequestRecord
@@ -217,18 +219,20 @@ def report(
             target = run.path
     else:
         target = out_dir or new_run_dir(Path("reports"), "report")
-        summary = run_summary(records, order)
+        summary = summarize_run(records, order)
         derived = [f for r in records for f in derive_request(r)["finding_details"]]
-        findings = derived + summary["run_findings"]
+        findings = derived + summary.run_findings
         titles = [run.title for run in runs]
         title = " vs ".join(titles if len(set(titles)) == len(titles) else [labels[run.path] for run in runs])
         if holders:
             title = f"{PARTIAL_HEADING}: {title}"
-            summary["partial"] = {"pid": holders[0].pid, "host": holders[0].host}
+            summary = msgspec.structs.replace(
+                summary, partial=PartialBy(pid=holders[0].pid, host=holders[0].host)
+            )
         from itlaudit.report.writer import write_reports  # matplotlib: only when drawing
 
         with steps.step("writing the report"):
-            write_reports(target, title, records, summary, findings, imported=imported)
+            write_reports(target, title, records, summary.to_json(), findings, imported=imported)
     for name in ("report.md", "report.html"):  # both, absolute: as `run` prints them
         out.print(f"report: {(target / name).resolve()}", markup=False, highlight=False, soft_wrap=True)
 

@@ -23,8 +23,9 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from itlaudit.analysis.derive import run_summary
+from itlaudit.analysis.derive import summarize_run
 from itlaudit.analysis.quality import text_quality
+from itlaudit.analysis.summary import RunSummary, VariantSummary
 from itlaudit.errors import DuplicateRunError, ItlauditError, RecordsError
 from itlaudit.model.formats import check_format, stamped
 from itlaudit.model.records import RequestRecord
@@ -247,17 +248,18 @@ def outputs_sha256(records: Sequence[RequestRecord]) -> str:
     return hashlib.sha256(joined.encode()).hexdigest()
 
 
-def variant_result(block: Mapping[str, Any], records: Sequence[RequestRecord]) -> dict[str, Any]:
-    """The matrix's result cell: what a reader needs to recall the outcome (seed 003's columns)."""
+def variant_result(block: VariantSummary | None, records: Sequence[RequestRecord]) -> dict[str, Any]:
+    """The matrix's result cell: what a reader needs to recall the outcome (seed 003's columns).
+    `block` is None for a variant that recorded no request."""
     qualities = [text_quality(r.text) for r in records]
     return {
-        "requests": block.get("requests"),
-        "errors": block.get("errors"),
-        "completion_tokens_p50": (block.get("completion_tokens") or {}).get("p50"),
-        "itl_ms_p50": (block.get("itl_ms") or {}).get("p50"),
+        "requests": None if block is None else block.requests,
+        "errors": None if block is None else block.errors,
+        "completion_tokens_p50": None if block is None else block.completion_tokens.get("p50"),
+        "itl_ms_p50": None if block is None else block.itl_ms.get("p50"),
         "max_digit_ratio": max((q.digit_ratio for q in qualities), default=None),
         "weird_runs": sum(q.weird_runs for q in qualities),
-        "findings": dict(block.get("findings") or {}),
+        "findings": {} if block is None else dict(block.findings),
         "outputs_sha256": outputs_sha256(records),
     }
 
@@ -394,23 +396,30 @@ def run_fingerprints(
 
 
 def record_run(
-    run_dir: Path, ledger_path: Path, *, no_repeat: bool = False, environ: Mapping[str, str] | None = None
+    run_dir: Path,
+    ledger_path: Path,
+    *,
+    no_repeat: bool = False,
+    environ: Mapping[str, str] | None = None,
+    summary: RunSummary | None = None,
 ) -> list[dict[str, Any]]:
     """Add a finished run's variants to the ledger, each repeat marked with the run it repeats; with
-    `no_repeat` a repeat is refused and nothing is written."""
+    `no_repeat` a repeat is refused and nothing is written. `summary` is the run's, as its derivation
+    returned it; without one (`itlaudit ledger add` of a past folder) it is derived here."""
     records = load_records(run_dir / REQUESTS_FILE)
     fingerprints = run_fingerprints(run_dir, records, environ or {})
     earlier = {
         name: check_new_run(fingerprint, ledger_path, no_repeat=no_repeat)
         for name, fingerprint in fingerprints.items()
     }
-    summary = run_summary(records, list(fingerprints))
+    if summary is None:
+        summary = summarize_run(records, list(fingerprints))
     lines = [
         run_line(
             run_dir.name,
             run_dir,
             fingerprint,
-            variant_result(summary["variants"].get(name, {}), [r for r in records if r.variant == name]),
+            variant_result(summary.variants.get(name), [r for r in records if r.variant == name]),
             (earlier[name] or {}).get("run_id"),
         )
         for name, fingerprint in fingerprints.items()

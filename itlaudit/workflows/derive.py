@@ -8,8 +8,11 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from itlaudit.analysis.derive import derive_request, run_summary
+import msgspec
+
+from itlaudit.analysis.derive import derive_request, summarize_run
 from itlaudit.analysis.importers import ImportedBenchmark
+from itlaudit.analysis.summary import PartialBy, RecordsSeen, RunSummary
 from itlaudit.model.records import RequestRecord
 from itlaudit.report.markdown import PARTIAL_HEADING
 from itlaudit.report.progress import Reporter
@@ -69,7 +72,7 @@ def write_derived(
     imported: Sequence[tuple[ImportedBenchmark, str]] = (),
     reporter: Reporter | None = None,
     live: Holder | None = None,
-) -> dict[str, Any]:
+) -> RunSummary:
     """(Re)derive summary.json, derived.jsonl, requests.csv, chunks.csv, the PNGs, report.md and
     report.html from requests.jsonl (plus compare.json's spec-decode figures when present). With a
     reporter, each of the two steps (seconds each on a long run) is named while it runs.
@@ -84,17 +87,20 @@ def write_derived(
         loaded = read_records(run_dir / REQUESTS_FILE)
         records = loaded.records
         derived = [derive_request(r) for r in records]
-        summary = run_summary(records, variant_order)
-        summary["records"] = {"file": REQUESTS_FILE, "lines": loaded.lines, "warmup": loaded.warmup}
+        summary = msgspec.structs.replace(
+            summarize_run(records, variant_order),
+            records=RecordsSeen(file=REQUESTS_FILE, lines=loaded.lines, warmup=loaded.warmup),
+            partial=None if live is None else PartialBy(pid=live.pid, host=live.host),
+        )
         if live is not None:
             title = f"{PARTIAL_HEADING}: {title}"
-            summary["partial"] = {"pid": live.pid, "host": live.host}
+        content = summary.to_json()  # the file's form, which the report reads as any past summary.json
         out.mkdir(exist_ok=True)
-        write_versioned(out / SUMMARY_FILE, summary)
+        write_versioned(out / SUMMARY_FILE, content)
         write_jsonl(out / DERIVED_FILE, derived)
         _csv_frame(records, derived).to_csv(out / CSV_FILE, index=False)
         write_chunks(records, out)
-    findings = [f for d in derived for f in d["finding_details"]] + summary["run_findings"]
+    findings = [f for d in derived for f in d["finding_details"]] + summary.run_findings
     compare = _optional_json(run_dir / COMPARE_FILE)
     meta = _optional_json(run_dir / META_FILE)
     with steps("drawing the plots and writing the report"):
@@ -102,7 +108,7 @@ def write_derived(
             out,
             title,
             records,
-            summary,
+            content,
             findings,
             compare=compare,
             imported=imported,

@@ -20,6 +20,7 @@ from typing import Any
 from rich.console import Console
 
 from itlaudit import __version__
+from itlaudit.analysis.summary import RunSummary
 from itlaudit.capture.runner import CaptureOptions, run_variant, variant_access
 from itlaudit.errors import ItlauditError, RunDirError, RunInterrupted, ScenarioError
 from itlaudit.model.access import NO_ACCESS, Access, url_credentials_problem
@@ -111,10 +112,10 @@ class LedgerPolicy:
             )
         return fingerprint.to_json()
 
-    def record(self, run_dir: Path) -> None:
+    def record(self, run_dir: Path, summary: RunSummary) -> None:
         from itlaudit.store import ledger
 
-        ledger.record_run(run_dir, self.path, environ=os.environ)
+        ledger.record_run(run_dir, self.path, environ=os.environ, summary=summary)
 
 
 @dataclass
@@ -411,9 +412,10 @@ def _run_in_folder(
         raise
     summary = write_derived(run_dir, scenario.name, [v.name for v in scenario.variants], reporter=reporter)
     if ledger is not None:
-        ledger.record(run_dir)
+        ledger.record(run_dir, summary)
     records = load_records(run_dir / REQUESTS_FILE)  # what the figures counted: no warmup, all rounds
-    return RunOutcome(run_dir=run_dir, summary=summary, records=records)
+    # compare, smoke and the terminal block read summary.json's form (as for a past folder)
+    return RunOutcome(run_dir=run_dir, summary=summary.to_json(), records=records)
 
 
 # A landed record's token count, found in the line the lander hands over: the coordinator never decodes

@@ -1,0 +1,85 @@
+"""summary.json as types: the run summary and each variant's block, built by the derivation
+(analysis/derive.py) and handed to the writers as these structs rather than as string-keyed dicts.
+
+The JSON a struct encodes to is summary.json's content key for key, in the same order (field order is
+the file's order; `categories`, `records` and `partial` are left out when empty, as before), so the
+file and its readers did not change with the types. `format` is not a field: the writer stamps the
+file (store/rundir.write_versioned) and the reader checks it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+__all__ = ["Figures", "LoopLag", "PartialBy", "RecordsSeen", "RunSummary", "VariantSummary"]
+
+# summarize()'s count/mean/p50/p90/p99 of one per-request figure (None where no request had it).
+Figures = dict[str, float | int | None]
+
+
+class LoopLag(msgspec.Struct, frozen=True):
+    """The capture loops' lag over a variant: the worst request's p99 and the worst single stall."""
+
+    worst_p99: float | None
+    max: float | None
+
+
+class VariantSummary(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One variant's block: per-request distributions (p50/p90/p99 over requests) of each
+    SUMMARY_METRICS figure, vllm bench's run-level figures (`benchmark`), how the chunks were stamped,
+    and finding counts (a run-level finding is counted in its variant's block too)."""
+
+    requests: int
+    errors: int
+    model: str | None  # as sent (the served name); several joined by ", "
+    token_source: dict[str, int]
+    tokens_per_chunk_hist: dict[str, int]
+    client_loop_lag_ms: LoopLag
+    schedule_lag_ms: Figures
+    # SUMMARY_METRICS (analysis/metrics.py), in its order
+    itl_ms: Figures
+    chunk_itl_ms: Figures
+    itl_inflation: Figures
+    ttft_ms: Figures
+    tpot_ms: Figures
+    e2e_ms: Figures
+    tokens_per_chunk: Figures
+    decode_tokens_per_chunk: Figures
+    decode_tokens_per_s: Figures
+    completion_tokens: Figures
+    benchmark: dict[str, Any]  # analysis/benchmark.benchmark_figures: result files read it by vllm's names
+    stamp: dict[str, int]
+    findings: dict[str, int]
+    categories: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
+
+
+class RecordsSeen(msgspec.Struct, frozen=True):
+    """How many lines requests.jsonl held when the summary was derived: a reader can tell a summary
+    of the whole file from one of part of it."""
+
+    file: str
+    lines: int
+    warmup: int
+
+
+class PartialBy(msgspec.Struct, frozen=True):
+    """The run still writing the folder when `report --live` derived this partial summary."""
+
+    pid: int | None  # None while the holder had taken the lock but not yet written its name
+    host: str | None
+
+
+class RunSummary(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """summary.json: per-variant blocks in scenario order, then run-level findings."""
+
+    variants: dict[str, VariantSummary]
+    run_findings: list[dict[str, Any]]
+    records: RecordsSeen | None = None
+    partial: PartialBy | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """summary.json's content (without `format`, which the writer stamps)."""
+        data: dict[str, Any] = msgspec.to_builtins(self)
+        return data
