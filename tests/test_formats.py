@@ -12,10 +12,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from simkit import itlaudit, sim_server
 
 from itlaudit.analysis.derive import summarize_run
+from itlaudit.analysis.summary import RunSummary
 from itlaudit.errors import RecordsError
 from itlaudit.model.formats import FORMAT, PREVIOUS_FORMAT, RECORDS_FORMAT, check_format
 from itlaudit.serve.sim import SimConfig
@@ -168,3 +170,5 @@ def test_the_typed_summary_encodes_to_the_file_it_replaced() -> None:
     typed = summarize_run(load_records(FIXTURE / "requests.jsonl"), ["K0", "K3"])
     assert json.dumps(typed.to_json()) == json.dumps(written)
     assert typed.variants["K3"].findings == written["variants"]["K3"]["findings"]
+    # and the file's values fit the declared types (to_builtins alone would not check them)
+    assert msgspec.convert(written, RunSummary) == typed

@@ -49,10 +49,11 @@ class VariantSummary(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     decode_tokens_per_chunk: Figures
     decode_tokens_per_s: Figures
     completion_tokens: Figures
-    benchmark: dict[str, Any]  # analysis/benchmark.benchmark_figures: result files read it by vllm's names
+    # analysis/benchmark.benchmark_figures: totals and throughputs, and distributions by vllm's names
+    benchmark: dict[str, float | int | dict[str, float | int | None] | None]
     stamp: dict[str, int]
     findings: dict[str, int]
-    categories: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
+    categories: dict[str, dict[str, int | Figures]] = msgspec.field(default_factory=dict)  # by_category
 
 
 class RecordsSeen(msgspec.Struct, frozen=True):

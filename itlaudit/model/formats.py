@@ -43,7 +43,7 @@ RECORDS_FORMAT_KEY = "records_format"
 RECORDS_FORMAT = 1
 
 
-def stamped(data: Mapping[str, Any]) -> dict[str, Any]:
+def stamped(data: Mapping[str, object]) -> dict[str, object]:
     """`data` with the current format first (a format a reader left in it is replaced)."""
     return {FORMAT_KEY: FORMAT, **{k: v for k, v in data.items() if k != FORMAT_KEY}}
 

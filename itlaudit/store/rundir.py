@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +81,7 @@ def read_versioned(path: Path) -> Any:
     return data
 
 
-def write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
+def write_meta(run_dir: Path, meta: Mapping[str, object]) -> None:
     """meta.json, saying also which record format requests.jsonl holds (see model/formats.py)."""
     write_versioned(run_dir / META_FILE, {**meta, RECORDS_FORMAT_KEY: RECORDS_FORMAT})
 
