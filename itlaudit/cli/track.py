@@ -79,16 +79,14 @@ def check(
     ] = 0.10,
 ) -> None:
     """Print the open changes of the history; exit 1 when a confirmed regression is open."""
-    from itlaudit.track.changes import SUSPECTED, CheckSettings, find_changes, open_changes
+    from itlaudit.track.changes import SUSPECTED, CheckSettings, open_changes
     from itlaudit.track.db import open_history
 
     if not 0 < min_effect < 10:
         raise _fail(ItlauditError(f"--min-effect {min_effect}: give a fraction such as 0.1 (10 %)"))
     try:
         history = open_history(db)
-        changes = find_changes(
-            history.points(), history.samples, CheckSettings(min_effect=min_effect), history.notes()
-        )
+        changes = history.check(CheckSettings(min_effect=min_effect))
         history.close()
     except ItlauditError as exc:
         raise _fail(exc) from None

@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import hashlib
 import math
-import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from itertools import groupby
+from operator import attrgetter
+from typing import Any, overload
 
 import numpy as np
 
@@ -221,6 +222,7 @@ class _Candidate:
     method_changed: bool = False
 
 
+_ORDER = attrgetter("order")
 SampleLoader = Callable[[Sequence[int]], Mapping[int, Samples]]
 
 
@@ -270,17 +272,16 @@ def _tail_candidate(logs: np.ndarray, min_effect: float) -> list[int]:
 
 
 def _per_build(points: Sequence[Point]) -> list[tuple[int, list[Point]]]:
-    by_order: dict[int, list[Point]] = defaultdict(list)
-    for point in points:
-        by_order[point.order].append(point)
-    return sorted(by_order.items())
+    """(order, the build's points) in build order (a history reads sorted, so the sort is one pass)."""
+    ordered = sorted(points, key=_ORDER)
+    return [(order, list(group)) for order, group in groupby(ordered, key=_ORDER)]
 
 
 def _series_candidates(
     variant: str,
     spec: SeriesSpec,
     builds: Sequence[tuple[int, Sequence[Point]]],
-    values: Sequence[float],
+    values: Sequence[float] | np.ndarray,
     samples_of: Callable[[Sequence[Point]], list[float]],
     settings: CheckSettings,
 ) -> list[_Candidate]:
@@ -378,25 +379,78 @@ def _restored_line(kind: str) -> str:
     )
 
 
+@dataclass(frozen=True)
+class _BuildTable:
+    """A variant's builds as arrays: orders, their points, and each series' per-build value (the median
+    over the build's trials; NaN where a point lacks it), so 10,000 builds are scanned by numpy."""
+
+    orders: np.ndarray
+    groups: list[list[Point]]
+    values: np.ndarray  # (builds, len(SERIES))
+
+    @classmethod
+    def of(cls, builds: Sequence[tuple[int, list[Point]]]) -> _BuildTable:
+        names = [spec.name for spec in SERIES]
+        groups = [pts for _, pts in builds]
+        orders = np.fromiter((o for o, _ in builds), dtype=np.int64, count=len(builds))
+        rows = np.array([[g[0].values.get(n) for n in names] for g in groups], dtype=float)
+        for i, group in enumerate(groups):
+            if len(group) > 1:  # several trials: their median (NaN when any lacks the figure)
+                trials = np.array([[p.values.get(n) for n in names] for p in group], dtype=float)
+                rows[i] = np.median(trials, axis=0)
+        return cls(orders, groups, rows.reshape(len(groups), len(names)))
+
+    def usable(self, column: int) -> np.ndarray:
+        values = self.values[:, column]
+        return np.flatnonzero(np.isfinite(values) & (values > 0))
+
+    def builds(self, index: np.ndarray) -> _BuildView:
+        return _BuildView(self, index)
+
+
+class _BuildView(Sequence[tuple[int, list[Point]]]):
+    """(order, points) of some of a table's builds, made only for the few a test looks at: building
+    the list for every series of a long history cost more than the search."""
+
+    def __init__(self, table: _BuildTable, index: np.ndarray) -> None:
+        self._table, self._index = table, index
+
+    def __len__(self) -> int:
+        return int(self._index.size)
+
+    def _at(self, i: int) -> tuple[int, list[Point]]:
+        row = int(self._index[i])
+        return int(self._table.orders[row]), self._table.groups[row]
+
+    @overload
+    def __getitem__(self, key: int) -> tuple[int, list[Point]]: ...
+    @overload
+    def __getitem__(self, key: slice) -> list[tuple[int, list[Point]]]: ...
+    def __getitem__(self, key: int | slice) -> tuple[int, list[Point]] | list[tuple[int, list[Point]]]:
+        if isinstance(key, slice):
+            return [self._at(i) for i in range(*key.indices(len(self)))]
+        return self._at(key if key >= 0 else len(self) + key)
+
+
+_ITL = next(i for i, spec in enumerate(SERIES) if spec.name == "itl_p50")
+
+
 def _speedup_candidates(
-    variant: str,
-    base: Sequence[tuple[int, Sequence[Point]]],
-    mine: Sequence[tuple[int, Sequence[Point]]],
-    samples: SampleLoader,
-    settings: CheckSettings,
+    variant: str, base: _BuildTable, mine: _BuildTable, samples: SampleLoader, settings: CheckSettings
 ) -> list[_Candidate]:
     """The base/variant token-ITL speedup over builds where both are valid: per build, base p50 over
     the variant's; its samples, base p50 over each of the variant's requests."""
-    base_p50 = {
-        order: float(statistics.median([p.values["itl_p50"] or 0 for p in pts if p.values.get("itl_p50")]))
-        for order, pts in base
-        if any(p.values.get("itl_p50") for p in pts)
-    }
-    builds = [(o, pts) for o, pts in mine if o in base_p50 and all(p.values.get("itl_p50") for p in pts)]
-    if len(builds) < 4:
+    base_index, mine_index = base.usable(_ITL), mine.usable(_ITL)
+    _, in_base, in_mine = np.intersect1d(
+        base.orders[base_index], mine.orders[mine_index], assume_unique=True, return_indices=True
+    )
+    if in_mine.size < 4:
         return []
-    order_of = {p.id: o for o, pts in builds for p in pts}
-    values = [base_p50[o] / statistics.median([p.values["itl_p50"] or 0 for p in pts]) for o, pts in builds]
+    base_itl = base.values[base_index[in_base], _ITL]
+    chosen = mine_index[in_mine]
+    values = base_itl / mine.values[chosen, _ITL]
+    base_p50 = dict(zip(mine.orders[chosen].tolist(), base_itl.tolist(), strict=True))
+    order_of = {p.id: p.order for i in chosen for p in mine.groups[i]}
 
     def samples_of(points: Sequence[Point]) -> list[float]:
         loaded = samples([p.id for p in points])
@@ -404,7 +458,7 @@ def _speedup_candidates(
             base_p50[order_of[p.id]] / v for p in points for v in _pooled([p.id], loaded, "itl_ms") if v > 0
         ]
 
-    return _series_candidates(variant, SPEEDUP, builds, values, samples_of, settings)
+    return _series_candidates(variant, SPEEDUP, mine.builds(chosen), values, samples_of, settings)
 
 
 def _family_candidates(
@@ -414,24 +468,24 @@ def _family_candidates(
     for point in points:
         by_variant[point.variant].append(point)
     found: list[_Candidate] = []
-    valid_builds: dict[str, list[tuple[int, list[Point]]]] = {}
+    tables: dict[str, _BuildTable] = {}
     for variant, points_of_variant in sorted(by_variant.items()):
         found += _validity_candidates(variant, _per_build(points_of_variant))
-        valid = _per_build([p for p in points_of_variant if p.validity == VALID])
-        valid_builds[variant] = valid
-        for spec in SERIES:
-            usable = [(o, pts) for o, pts in valid if all(p.values.get(spec.name) for p in pts)]
-            if len(usable) < 4:
+        table = _BuildTable.of(_per_build([p for p in points_of_variant if p.validity == VALID]))
+        tables[variant] = table
+        for column, spec in enumerate(SERIES):
+            index = table.usable(column)
+            if index.size < 4:
                 continue
-            values = [statistics.median([p.values[spec.name] or 0 for p in pts]) for _, pts in usable]
 
             def samples_of(pts: Sequence[Point], sample: str = spec.sample) -> list[float]:
                 return _pooled([p.id for p in pts], samples([p.id for p in pts]), sample)
 
-            found += _series_candidates(variant, spec, usable, values, samples_of, settings)
-    base = valid_builds.get(settings.base_variant)
-    if base:
-        for variant, mine in valid_builds.items():
+            values = table.values[index, column]
+            found += _series_candidates(variant, spec, table.builds(index), values, samples_of, settings)
+    base = tables.get(settings.base_variant)
+    if base is not None:
+        for variant, mine in tables.items():
             if variant != settings.base_variant:
                 found += _speedup_candidates(variant, base, mine, samples, settings)
     return found

@@ -9,6 +9,7 @@ scans) and its per-request raw figures as one JSON text (fetched only around a c
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import time
@@ -20,7 +21,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from itlaudit.errors import TrackError
-from itlaudit.track.changes import SERIES, Point, Samples, point_values
+from itlaudit.track.changes import SERIES, Change, CheckSettings, Point, Samples, find_changes, point_values
 
 __all__ = [
     "DEFAULT_DB",
@@ -278,6 +279,19 @@ class History:
                 entry = out.setdefault(family, {"fingerprint": json.loads(fingerprint), "variants": []})
                 entry["variants"].append(variant)
         return out
+
+    def check(self, settings: CheckSettings | None = None) -> list[Change]:
+        """Every change in the history (changes.find_changes over all points, notes applied). The
+        cyclic garbage collector is paused meanwhile: a long history is 200,000 point objects without
+        cycles, and the collector re-walked them on every burst of allocation (7.4 s → 4.2 s at
+        10,000 builds × 20 fingerprints)."""
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return find_changes(self.points(), self.samples, settings, self.notes())
+        finally:
+            if enabled:
+                gc.enable()
 
     def notes(self) -> dict[str, str]:
         with self.engine.connect() as conn:
