@@ -20,10 +20,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from simkit import itlaudit, sim_server
 from track_scale import synthetic_point
 from typer.testing import CliRunner
 
 from itlaudit.cli.app import app
+from itlaudit.serve.sim import SimConfig
 from itlaudit.track.db import SCHEMA_VERSION, open_history, schema_table
 
 FIXTURE_RUN = Path(__file__).parent / "fixtures" / "runfolder-v1"
@@ -253,3 +255,27 @@ def test_bad_input_is_one_line_exit_2(tmp_path: Path, args: list[str], says: str
     result = CliRunner().invoke(app, [a.replace("{tmp}", str(tmp_path)) for a in args])
     assert result.exit_code == 2
     assert says in result.stderr and "hunter2" not in result.output and "Traceback" not in result.output
+
+
+def test_run_with_track_records_each_nightly_and_check_names_the_cap(tmp_path: Path) -> None:
+    """Six nightlies of the simulator, `run --track`: builds 4-6 stop at 12 of 24 tokens. The cap is
+    one change, named with its cap and its first build; the capped builds are no speed points."""
+    db = str(tmp_path / "h.sqlite")
+    for build in range(1, 7):
+        config = SimConfig(ttft_ms=1, step_ms=1, cap_tokens=12 if build >= 4 else None, seed=build)
+        with sim_server(config) as url:
+            done = itlaudit(
+                *("run", "--url", url, "--dataset-name", "random", "--random-input-len", "16"),
+                *("--random-output-len", "24", "--num-prompts", "6", "--max-concurrency", "2"),
+                *("--out", str(tmp_path / f"b{build}"), "--ledger", str(tmp_path / "ledger.jsonl")),
+                *("--no-plots", "--metadata", f"build_order={build}", "--track", db),
+            )
+        assert done.returncode == 0, done.stderr
+        assert "track: 1 points recorded in" in done.stdout
+    checked = itlaudit("track", "check", "--db", db, "--json")
+    # On the loaded 2-core box a build's client may be saturated (client_saturated fires): that point
+    # is a "client" change, not a speed one, and says nothing about the cap.
+    changes = [c for c in json.loads(checked.stdout) if c["class"] != "client"]
+    assert [(c["order"], c["class"], c["kind"]) for c in changes] == [(4, "length/cap", "regression")]
+    assert changes[0]["summary"].startswith("output length changed: capped at 12 tokens from build")
+    assert checked.returncode == 1  # the cap is open: builds 4-6 are all capped

@@ -99,6 +99,7 @@ class RunSettings:
     save_result: Path | None
     labels: RunLabels
     plots: bool
+    track: str | None = None  # --track DB: record the finished run in that history (itlaudit track)
 
     def scenario(self, path: Path | None, flags: ScenarioFlags) -> Scenario:
         """The scenario with the flags over it; --save-scenario writes it before anything is sent."""
@@ -172,6 +173,10 @@ def run_settings(
         typer.Option(metavar="KEY=VALUE", help="Carried into every result file (repeatable)."),
     ] = None,
     plots: PlotsOption = True,
+    track: Annotated[
+        str | None,
+        typer.Option(metavar="DB", help="Also record the run in a track history (file or postgresql://)."),
+    ] = None,
 ) -> RunSettings:
     """The options `run` and `compare` share, declared once and checked once."""
     if append and out_dir is None:
@@ -186,6 +191,7 @@ def run_settings(
         labels=RunLabels.from_argv(
             ["itlaudit", *sys.argv[1:]], label=label, metadata=parse_metadata(metadata or [])
         ),
+        track=track,
     )
 
 
@@ -217,6 +223,16 @@ def _save_result(settings: RunSettings, run_dir: Path) -> None:
         out.print(f"result: {path}", markup=False, highlight=False, soft_wrap=True)
 
 
+def _track(settings: RunSettings, run_dir: Path) -> None:
+    """--track DB: the finished folder into the history, as `itlaudit track add` would."""
+    if settings.track is None:
+        return
+    from itlaudit.track.record import record
+
+    written, _, where = record(settings.track, [run_dir])
+    out.print(f"track: {written} points recorded in {where}", markup=False, highlight=False, soft_wrap=True)
+
+
 @app.command(rich_help_panel=MEASURE)
 @with_options("capture", capture_options)
 @with_options("flags", workload_flags)
@@ -240,6 +256,7 @@ def run(
         )
     _print_outcome(outcome)
     _save_result(settings, outcome.run_dir)
+    _track(settings, outcome.run_dir)
     if fail_on_findings and outcome.finding_count:
         raise typer.Exit(1)
 
@@ -301,6 +318,7 @@ def compare(
         )
     out.print(f"compare: {outcome.run_dir / COMPARE_FILE}")
     _save_result(settings, outcome.run_dir)
+    _track(settings, outcome.run_dir)
 
 
 def _print_distribution(block: dict[str, Any] | None) -> None:

@@ -54,19 +54,14 @@ def add(
     flavour: Annotated[str | None, typer.Option(metavar="NAME", help="Build variant: cu130, cpu.")] = None,
 ) -> None:
     """Record finished run folders (run, compare, sweep trials) as points, one per variant."""
-    from itlaudit.track.db import open_history
-    from itlaudit.track.record import BuildInfo, find_run_dirs, run_points
+    from itlaudit.track.record import BuildInfo, record
 
     try:
-        folders = [found for path in run_dirs for found in find_run_dirs(path)]
         build = BuildInfo(order=order, version=version, commit=commit, flavour=flavour)
-        points = [p for folder in folders for p in run_points(folder, build)]
-        history = open_history(db)
-        written = history.add(points)
-        history.close()
+        written, folders, where = record(db, run_dirs, build)
     except ItlauditError as exc:
         raise _fail(exc) from None
-    out.print(f"recorded {written} points from {len(folders)} run folder(s) in {history.where}")
+    out.print(f"recorded {written} points from {folders} run folder(s) in {where}")
 
 
 @track_app.command("check")

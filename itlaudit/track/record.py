@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from itlaudit.analysis.derive import run_summary
 from itlaudit.analysis.metrics import request_metrics
@@ -28,9 +29,9 @@ from itlaudit.store.jsonl import load_records
 from itlaudit.store.ledger import run_fingerprints
 from itlaudit.store.rundir import META_FILE, REQUESTS_FILE, read_json
 from itlaudit.track.changes import CLIENT, CORRECTNESS, LENGTH, SAMPLE_FIELDS, VALID
-from itlaudit.track.db import NewPoint
+from itlaudit.track.db import NewPoint, open_history
 
-__all__ = ["BuildInfo", "find_run_dirs", "run_points"]
+__all__ = ["BuildInfo", "find_run_dirs", "record", "run_points"]
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ def _cap(summary: Mapping[str, Any], variant: str) -> int | None:
 
 def _validity(summary: Mapping[str, Any], variant: str) -> tuple[str, str | None]:
     """analysis/validity.py's rule, its reason kept, and the kind that names the change class; a
-    saturated client is a fourth way for a point not to be a speed."""
+    client saturated on most requests is a fourth way for a point not to be a speed."""
     block: Mapping[str, Any] = (summary.get("variants") or {}).get(variant) or {}
     counts: Mapping[str, int] = block.get("findings") or {}
     rule = variant_validity(summary, variant)
@@ -74,7 +75,8 @@ def _validity(summary: Mapping[str, Any], variant: str) -> tuple[str, str | None
             return LENGTH, rule.reason
         return CORRECTNESS, rule.reason
     saturated = int(counts.get(CLIENT_SATURATED, 0))
-    if saturated:
+    # As gibberish: most requests, so one stall on a loaded machine does not split the series.
+    if saturated * 2 > int(block.get("requests") or 0):
         return CLIENT, f"{saturated} of {block.get('requests')} requests timed by a saturated client"
     return VALID, None
 
@@ -136,7 +138,8 @@ def run_points(run_dir: Path, build: BuildInfo | None = None) -> list[NewPoint]:
                 "stamp": _most_common([r.stamp for r in records]),
                 "workers": len(info.get("workers") or []) or None,
             },
-            "url": fingerprint.build.get("url"),  # a server we only connect to: its address is the server
+            # A server we only connect to is told apart by its host; the port is where it listens today.
+            "host": urlsplit(fingerprint.build["url"]).hostname if fingerprint.build.get("url") else None,
         }
         flavour = build.flavour or metadata.get("build_variant")
         points.append(
@@ -158,3 +161,16 @@ def run_points(run_dir: Path, build: BuildInfo | None = None) -> list[NewPoint]:
             )
         )
     return points
+
+
+def record(db: str | None, paths: Sequence[Path], build: BuildInfo | None = None) -> tuple[int, int, str]:
+    """Record the run folders at or under `paths` in the history at `db`: (points written, folders,
+    the history's name). Every folder is read before the history is touched, so a bad one adds none."""
+    folders = [found for path in paths for found in find_run_dirs(path)]
+    points = [p for folder in folders for p in run_points(folder, build)]
+    history = open_history(db)
+    try:
+        written = history.add(points)
+    finally:
+        history.close()
+    return written, len(folders), history.where
