@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -279,3 +280,56 @@ def test_run_with_track_records_each_nightly_and_check_names_the_cap(tmp_path: P
     assert [(c["order"], c["class"], c["kind"]) for c in changes] == [(4, "length/cap", "regression")]
     assert changes[0]["summary"].startswith("output length changed: capped at 12 tokens from build")
     assert checked.returncode == 1  # the cap is open: builds 4-6 are all capped
+
+
+def _steady(builds: range, seed: int) -> list:
+    rng = np.random.default_rng(seed)
+    return [synthetic_point(FAMILY, "K0", b, rng, itl_ms=20, acceptance=1, output_len=64) for b in builds]
+
+
+def test_a_speed_change_with_changed_server_args_is_a_method_change(tmp_path: Path) -> None:
+    rng = np.random.default_rng(11)
+    points = [
+        synthetic_point(
+            FAMILY,
+            "K0",
+            b,
+            rng,
+            itl_ms=20 * (0.7 if b >= 20 else 1),
+            acceptance=1,
+            output_len=64,
+            method={"args": ["--max-num-seqs", "64" if b >= 20 else "256"]},
+        )
+        for b in range(1, 41)
+    ]
+    db = str(tmp_path / "h.sqlite")
+    history = open_history(db)
+    history.add_rows(points)
+    history.close()
+    code, changes = _check(db, "--all")
+    assert [(c["order"], c["class"], c["kind"]) for c in changes] == [(20, "method", "improvement")]
+    assert changes[0]["signals"]["method_changed"] is True
+    assert code == 0
+
+
+def test_failed_requests_are_a_correctness_change_never_a_speed_point(tmp_path: Path) -> None:
+    points = _steady(range(1, 41), 12)
+    # Builds 20-40 fail half their requests and look 40 % faster for it.
+    broken = [
+        replace(p, validity="correctness", reason="8 of 16 requests failed", samples={
+            k: [v * 0.6 for v in vs] if k == "itl_ms" else vs for k, vs in p.samples.items()
+        })
+        if p.build_order >= 20 else p
+        for p in points
+    ]  # fmt: skip
+    db = str(tmp_path / "h.sqlite")
+    history = open_history(db)
+    history.add_rows(broken)
+    history.close()
+    code, changes = _check(db, "--all")
+    assert [(c["order"], c["class"], c["kind"]) for c in changes] == [(20, "correctness", "regression")]
+    assert (
+        changes[0]["summary"]
+        == "outputs changed: 8 of 16 requests failed from build 0.32.0.dev 0020cccccccc (K0)"
+    )
+    assert code == 1
