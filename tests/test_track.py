@@ -333,3 +333,18 @@ def test_failed_requests_are_a_correctness_change_never_a_speed_point(tmp_path: 
         == "outputs changed: 8 of 16 requests failed from build 0.32.0.dev 0020cccccccc (K0)"
     )
     assert code == 1
+
+
+def test_check_prints_the_open_changes_one_line_each(tmp_path: Path) -> None:
+    db = str(tmp_path / "h.sqlite")
+    history = open_history(db)
+    history.add_rows(_sixty_nightlies(0))
+    history.close()
+    result = CliRunner().invoke(app, ["track", "check", "--db", db])
+    lines = result.stdout.splitlines()
+    assert result.exit_code == 1
+    assert [line.split("] ")[0].split(" [")[1] for line in lines[:-1]] == [
+        "confirmed, speed, regression",
+        "confirmed, speedup, regression",
+    ]
+    assert lines[-1] == f"2 open regression(s), 0 suspected, 4 change(s) in {db}"

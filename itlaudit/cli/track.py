@@ -96,7 +96,8 @@ def check(
             closed = f", closed by {change.closed_by}" if change.closed_by else ""
             out.print(
                 f"{change.id} [{change.state}, {change.change_class}, {change.kind}{closed}] "
-                f"{escape(change.summary)}{escape(where)}"
+                f"{change.summary}{where}",
+                markup=False,
             )
         out.print(
             f"{len(still_open)} open regression(s), {len(suspected)} suspected, "
