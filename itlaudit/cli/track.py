@@ -67,7 +67,7 @@ def add(
 @track_app.command("check")
 def check(
     db: DbOption = None,
-    show_all: Annotated[bool, typer.Option("--all", help="Every change, closed ones and noise too.")] = False,
+    show_all: Annotated[bool, typer.Option("--all", help="Closed and explained changes too.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="The changes as JSON on stdout.")] = False,
     min_effect: Annotated[
         float, typer.Option(metavar="F", help="Smallest relative move that counts (0.1 = 10 %).")

@@ -66,13 +66,13 @@ Samples = Mapping[str, Sequence[float | None]]
 VALID = ""
 LENGTH, CORRECTNESS, CLIENT = "length", "correctness", "client"
 # Change classes.
-LENGTH_CAP, SPEED, SPEEDUP_CLASS, METHOD, NOISE = "length/cap", "speed", "speedup", "method", "noise"
+LENGTH_CAP, SPEED, SPEEDUP_CLASS, METHOD = "length/cap", "speed", "speedup", "method"
 LENGTH_CHANGED = "length"
 _VALIDITY_CLASS = {LENGTH: LENGTH_CAP, CORRECTNESS: CORRECTNESS, CLIENT: CLIENT}
 # A family holding several classes at one build is named by the most telling one: a cap or broken
 # output explains every figure beside it, a changed method explains a speed, a lost speedup is more
 # specific than the slower ITL it is made of.
-_CLASS_ORDER = (LENGTH_CAP, CORRECTNESS, CLIENT, METHOD, SPEEDUP_CLASS, SPEED, LENGTH_CHANGED, NOISE)
+_CLASS_ORDER = (LENGTH_CAP, CORRECTNESS, CLIENT, METHOD, SPEEDUP_CLASS, SPEED, LENGTH_CHANGED)
 REGRESSION, IMPROVEMENT, FIX = "regression", "improvement", "fix"
 SUSPECTED, CONFIRMED, EXPLAINED = "suspected", "confirmed", "explained"
 BASE_VARIANT = "K0"

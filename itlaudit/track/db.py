@@ -269,17 +269,6 @@ class History:
         with self.engine.connect() as conn:
             return {int(row[0]): json.loads(row[1]) for row in conn.execute(query)}
 
-    def families(self) -> dict[str, dict[str, Any]]:
-        """Each family's fingerprint (without the variant) and its variants, for the report."""
-        out: dict[str, dict[str, Any]] = {}
-        with self.engine.connect() as conn:
-            for family, variant, fingerprint in conn.execute(
-                sa.select(series_table.c.family, series_table.c.variant, series_table.c.fingerprint)
-            ):
-                entry = out.setdefault(family, {"fingerprint": json.loads(fingerprint), "variants": []})
-                entry["variants"].append(variant)
-        return out
-
     def check(self, settings: CheckSettings | None = None) -> list[Change]:
         """Every change in the history (changes.find_changes over all points, notes applied). The
         cyclic garbage collector is paused meanwhile: a long history is 200,000 point objects without
