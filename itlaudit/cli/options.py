@@ -356,9 +356,7 @@ def workload_flags(
     burstiness: Annotated[
         float | None, _bench("Gamma shape of the arrivals: 1 is Poisson, lower is burstier.", "B")
     ] = None,
-    num_warmups: Annotated[
-        int | None, _bench("Warmup requests, left out of the figures.", "N")
-    ] = None,
+    num_warmups: Annotated[int | None, _bench("Warmup requests, left out of the figures.", "N")] = None,
     ignore_eos: Annotated[bool | None, _bench("Generate max_tokens whatever the model's EOS says.")] = None,
     temperature: Annotated[float | None, _bench("Sampling temperature (0: greedy).", "T")] = None,
     max_tokens: Annotated[int | None, _bench("Most tokens per request.", "N")] = None,
