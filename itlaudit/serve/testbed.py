@@ -28,6 +28,7 @@ __all__ = [
     "build_model",
     "build_real_model",
     "default_cache_dir",
+    "default_real_model_dir",
     "install",
     "venv_dir",
 ]
@@ -51,6 +52,11 @@ def default_cache_dir() -> Path:
     """$ITLAUDIT_CACHE, else ~/.cache/itlaudit: venvs and models are too big to live in the repo."""
     env = os.environ.get("ITLAUDIT_CACHE")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "itlaudit"
+
+
+def default_real_model_dir() -> Path:
+    """The shared cache location that the Gemma scenarios name as `{cache}/models/gemma3-270m`."""
+    return default_cache_dir() / "models" / "gemma3-270m"
 
 
 def _progress(message: str) -> None:
