@@ -21,12 +21,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from aiohttp import ClientSession, ClientTimeout, web
+from simkit import app_on_thread
 
 from itlaudit.capture.client import stream_request
 from itlaudit.capture.request_plan import plan_request
@@ -136,18 +136,5 @@ def dropping_proxy(upstream: str, fields: tuple[str, ...]) -> Iterator[str]:
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", forward)
-    loop = asyncio.new_event_loop()
-    runner = web.AppRunner(app)
-    loop.run_until_complete(runner.setup())
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    loop.run_until_complete(site.start())
-    port = runner.addresses[0][1]
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=30)
-        loop.close()
+    with app_on_thread(app) as url:
+        yield url

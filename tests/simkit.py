@@ -23,8 +23,16 @@ from itlaudit.serve.sim import SimConfig, make_app
 def sim_server(config: SimConfig, send_log: SendLog | None = None) -> Iterator[str]:
     """The simulator on its own thread and loop, for code under test that runs asyncio.run itself;
     `send_log` receives when each chunk was due and written (read it after the block)."""
+    with app_on_thread(make_app(config, send_log)) as url:
+        yield url
+
+
+@contextmanager
+def app_on_thread(app: web.Application) -> Iterator[str]:
+    """Any aiohttp app (the simulator, a test proxy) on its own thread and loop, on a free port. It is
+    cleaned up while its loop still runs, so a stream still open at the end is closed, not left hanging."""
     loop = asyncio.new_event_loop()
-    runner = web.AppRunner(make_app(config, send_log), access_log=None)
+    runner = web.AppRunner(app, access_log=None)
     loop.run_until_complete(runner.setup())
     loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", 0).start())
     port = runner.addresses[0][1]
@@ -33,9 +41,9 @@ def sim_server(config: SimConfig, send_log: SendLog | None = None) -> Iterator[s
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=30)
         loop.call_soon_threadsafe(loop.stop)
-        thread.join()
-        loop.run_until_complete(runner.cleanup())
+        thread.join(timeout=30)
         loop.close()
 
 
