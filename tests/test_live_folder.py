@@ -41,6 +41,18 @@ def _kill(proc: subprocess.Popen[str]) -> None:
     proc.wait(timeout=10)
 
 
+def _start_run(folder: Path, url: str, workload: str, out: Path, *args: str) -> subprocess.Popen[str]:
+    """`itlaudit run` of one variant at `url` in the background, writing into `out`."""
+    scenario = write_scenario(folder, url_variant("A", url), workload)
+    return subprocess.Popen(
+        [sys.executable, "-m", "itlaudit", "run", str(scenario), "--out", str(out), *args],
+        cwd=folder,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def _wait_for_lines(path: Path, count: int, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -180,15 +192,8 @@ def test_report_on_a_folder_a_run_is_writing(faultserver, tmp_path: Path) -> Non
     summary from all of its records and removes partial/."""
     url = faultserver("clean", "--step-ms", "20")
     workload = 'prompts = ["hi"]\nnum_requests = 40\nconcurrency = 1\nmax_tokens = 10\ntemperature = 0'
-    scenario = write_scenario(tmp_path, url_variant("A", url), workload)
     out = tmp_path / "run"
-    run = subprocess.Popen(
-        [sys.executable, "-m", "itlaudit", "run", str(scenario), "--out", str(out)],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    run = _start_run(tmp_path, url, workload, out)
     try:
         _wait_for_lines(out / "requests.jsonl", 2)
         line = _message(one_error_line(itlaudit("report", str(out), cwd=tmp_path)))
@@ -214,15 +219,8 @@ def test_report_on_a_folder_a_run_is_writing(faultserver, tmp_path: Path) -> Non
 def test_a_run_whose_capture_worker_dies_still_writes_its_summary(faultserver, tmp_path: Path) -> None:
     url = faultserver("clean", "--step-ms", "10")
     workload = 'prompts = ["hi"]\nnum_requests = 200\nconcurrency = 4\nmax_tokens = 10\ntemperature = 0'
-    scenario = write_scenario(tmp_path, url_variant("A", url), workload)
     out = tmp_path / "run"
-    run = subprocess.Popen(
-        [sys.executable, "-m", "itlaudit", "run", str(scenario), "--out", str(out), "--workers", "2"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    run = _start_run(tmp_path, url, workload, out, "--workers", "2")
     try:
         _wait_for_lines(out / "requests.jsonl", 8)
         workers = json.loads((out / "meta.json").read_text())["variants"]["A"]["workers"]
@@ -251,15 +249,8 @@ def test_an_interrupted_run_rewrites_its_summary_and_drops_the_partial_report(
 ) -> None:
     url = faultserver("clean", "--step-ms", "20")
     workload = 'prompts = ["hi"]\nnum_requests = 400\nconcurrency = 1\nmax_tokens = 10\ntemperature = 0'
-    scenario = write_scenario(tmp_path, url_variant("A", url), workload)
     out = tmp_path / "run"
-    run = subprocess.Popen(
-        [sys.executable, "-m", "itlaudit", "run", str(scenario), "--out", str(out)],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    run = _start_run(tmp_path, url, workload, out)
     try:
         _wait_for_lines(out / "requests.jsonl", 2)
         assert itlaudit("report", str(out), "--live", cwd=tmp_path).returncode == 0
