@@ -19,6 +19,7 @@ and the CLI can turn any of them into one line and an exit code instead of a tra
     ├── SweepError                a sweep option or sweep folder is unusable
     ├── BisectError               bad bisect input, or an end that does not behave as claimed
     ├── BuildUnavailable          a build cannot be had: the bisect probe is a skip, never a bad
+    ├── TrackError                a history (--db) that cannot be opened or read, or a folder it cannot record
     ├── SimError                  the simulator refused a request (rendered as vLLM's error body)
     ├── ClusterError              --cluster: Ray missing, no cluster there, or an actor would not start
     └── TransportError            the streaming HTTP connection failed
