@@ -49,9 +49,26 @@ def _rederive_sweep(tmp_path: Path) -> dict[str, Any]:
     return build_sweep(copy, "gpu-sweep", config)
 
 
+# gibberish_suspected was recalibrated on real text (826f295: 210 Gemma 3 270M outputs, false positives
+# 18.6% -> 0.5%) after these runs; the tiny random-weight model's word soup no longer fires it, so the
+# device's counts of that one code are taken out before comparing. Every other finding must still match.
+RECALIBRATED = "gibberish_suspected"
+
+
+def _without_recalibrated(summary: dict[str, Any]) -> dict[str, Any]:
+    for block in summary["variants"].values():
+        block["findings"].pop(RECALIBRATED, None)
+    return summary
+
+
 def test_sweep_figures_recomputed_from_the_records_match_sweep_json(tmp_path: Path) -> None:
     rebuilt = _rederive_sweep(tmp_path)
     written = json.loads((SWEEP / "sweep.json").read_text())
+    for variant, points in written["variants"].items():
+        for point in points:
+            folder = SWEEP / variant / f"c{point['concurrency']:g}-t1"
+            device = json.loads((folder / SUMMARY_FILE).read_text())
+            point["findings"] -= device["variants"][variant]["findings"].get(RECALIBRATED, 0)
     assert _same(rebuilt, written)
     points = {v: {p["concurrency"]: p for p in rebuilt["variants"][v]} for v in ("K0", "K3")}
     itl = {v: [round(points[v][c]["itl_ms"]["p50"], 2) for c in (1, 16, 64)] for v in points}
@@ -247,4 +264,5 @@ def test_parity_round_figures_recomputed_from_the_records() -> None:
     records = load_records(folder / "requests.jsonl")
     assert len(records) == 100
     assert {r.prompt_tokens for r in records} == {256} and {r.completion_tokens for r in records} == {128}
-    assert _same(run_summary(records, ["A"]), json.loads((folder / "summary.json").read_text()))
+    device = _without_recalibrated(json.loads((folder / "summary.json").read_text()))
+    assert _same(run_summary(records, ["A"]), device)
