@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from faultkit import launch_faultserver
-from gemmakit import gemma  # noqa: F401  (registered here: one Gemma server per variant per session)
+from gemmakit import gemma, release_gemma  # noqa: F401  (gemma registered here: one server per variant)
 from pacedkit import Paced
 
 
@@ -31,12 +31,24 @@ def _vllm_selected(config: pytest.Config) -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    users = [item for item in items if "gemma" in getattr(item, "fixturenames", ())]
+    config.stash[_LAST_GEMMA_USER] = users[-1].nodeid if users else None
     if _vllm_selected(config):
         return
     skip = pytest.mark.skip(reason="real vLLM test: run with --vllm or -m vllm")
     for item in items:
         if "vllm" in item.keywords:
             item.add_marker(skip)
+
+
+_LAST_GEMMA_USER = pytest.StashKey[str | None]()
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """The Gemma servers (~7 GB each) stop after the last test that uses them, not at the session's end:
+    the vLLM tests after it need that memory on a 24 GB machine."""
+    if item.nodeid == item.config.stash.get(_LAST_GEMMA_USER, None):
+        release_gemma()
 
 
 @pytest.fixture()

@@ -86,6 +86,13 @@ def gemma(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GemmaServers]:
         _SHARED[0].close()
 
 
+def release_gemma() -> None:
+    """Stop the session's servers now (conftest calls it after the last test that uses them); a later
+    `url()` would start them again."""
+    for servers in _SHARED:
+        servers.close()
+
+
 def capture(
     url: str, prompt: str, params: RequestParams, *, request_id: str = "r0", extra_body: dict | None = None
 ) -> RequestRecord:
