@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from gemmakit import SAMPLED_SCENARIO, GemmaServers, gemma  # noqa: F401  (gemma: the session fixture)
-from vllm_server import testbed_python
+from vllm_server import testbed_python as _testbed_python  # not collected as a test
 
 from itlaudit.analysis.distribution import ALPHA, MIN_EFFECT_NATS
 from itlaudit.model.codes import SPEC_DECODE_DISTRIBUTION_SHIFT as SHIFT
@@ -56,7 +56,7 @@ def test_vllm_cpu_rejection_sampler_gets_no_temperature_or_top_p() -> None:
     Temperature 0 is exact: all-greedy batches return before the expansion. When a testbed vLLM fixes
     the shim this fails: then re-measure ngram, which should become a quiet case."""
     result = subprocess.run(
-        [str(testbed_python()), "-c", _EXPAND_PROBE], capture_output=True, text=True, timeout=300
+        [str(_testbed_python()), "-c", _EXPAND_PROBE], capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stderr[-2000:]
     got = json.loads(result.stdout.strip().splitlines()[-1])
