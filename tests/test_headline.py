@@ -163,3 +163,15 @@ def test_cdf_and_timeline_name_the_capped_variant_not_comparable(drawn: dict[str
         ax.get_title() for fig in drawn.values() for ax in fig.axes if ax.get_title().startswith(CAPPED)
     ]
     assert timeline == ["K3-capped: 6 requests, 6 cut short\nnot comparable"]
+
+
+def test_a_zero_p50_makes_no_factor_and_no_crash() -> None:
+    """A variant whose token or chunk ITL p50 came out 0 ms (seen once in CI on an overloaded box) gets
+    no "faster/slower" factor from it: before, 1 / 0 was a ZeroDivisionError traceback out of compare."""
+    from itlaudit.report.markdown import comparison_sentence
+
+    base = {"itl_ms": {"p50": 2.0}, "chunk_itl_ms": {"p50": 2.0}}
+    zero_token = {"itl_ms": {"p50": 0.0}, "chunk_itl_ms": {"p50": 8.0}}
+    assert comparison_sentence("K3", "K0", base, zero_token) is None
+    sentence = comparison_sentence("K3", "K0", base, {"itl_ms": {"p50": 1.0}, "chunk_itl_ms": {"p50": 0.0}})
+    assert sentence == "**K3 is 2.00× faster per token than K0**."

@@ -218,7 +218,7 @@ def comparison_sentence(name: str, base_name: str, base: dict[str, Any], block: 
     that contrast is exactly the trap chunk-counting benchmarks fall into. Only for a comparable pair
     (headline checks the validity rule first)."""
     token = ratio(p50(block, "itl_ms"), p50(base, "itl_ms"))
-    if token is None:
+    if token is None or token <= 0:  # a p50 of 0 ms is no timing to compare (and no factor to print)
         return None
     if abs(token - 1) < SAME_BAND:
         sentence = f"**{escape(name)} is about as fast per token as {escape(base_name)}**"
@@ -227,7 +227,7 @@ def comparison_sentence(name: str, base_name: str, base: dict[str, Any], block: 
             f"**{escape(name)} is {_factor(token, 'faster', 'slower')} per token than {escape(base_name)}**"
         )
     chunk = ratio(p50(block, "chunk_itl_ms"), p50(base, "chunk_itl_ms"))
-    if chunk is not None and abs(chunk - 1) >= 0.05:
+    if chunk is not None and chunk > 0 and abs(chunk - 1) >= 0.05:
         contrast = (chunk > 1) != (token > 1)
         joiner = "though" if contrast else "and"
         sentence += f", {joiner} its chunk ITL is {_factor(chunk, 'smaller', 'larger')}"
