@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from itlaudit.bisect.settings import DEFAULT_SCENARIO
-from itlaudit.cli.app import DEMO_SCENARIO
+from itlaudit.cli.run import DEMO_SCENARIO
 from itlaudit.model.scenario import load_scenario
 from itlaudit.serve.launcher import LaunchSpec, launch
 

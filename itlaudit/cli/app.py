@@ -1,68 +1,138 @@
-"""The `itlaudit` command line: thin wrappers that parse arguments and turn errors into one line."""
+"""The `itlaudit` command line: the table of commands and the entry point, which turns errors into one
+line. Each command lives in its own module (cli/run.py, cli/report.py, ...), parses and prints, and
+calls a workflow; this module imports none of them (cli/style.py's LazyRoot loads the one that runs),
+so `itlaudit --help` costs typer and this table."""
 
 from __future__ import annotations
 
 import sys
-from contextlib import AbstractContextManager
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Annotated, Any, NoReturn
+import threading
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
 
 from itlaudit import __version__
-from itlaudit.capture.runner import CaptureOptions
-from itlaudit.cli import audit as cli_audit
-from itlaudit.cli import bisect as cli_bisect
-from itlaudit.cli import report as cli_report
-from itlaudit.cli import selfcheck as cli_selfcheck
-from itlaudit.cli import sim as cli_sim
-from itlaudit.cli import smoke as cli_smoke
-from itlaudit.cli import sweep as cli_sweep
-from itlaudit.cli import testbed as cli_testbed
-from itlaudit.cli import track as cli_track
-from itlaudit.cli.options import (
-    HelpStyle,
-    PlotsOption,
-    ScenarioArgument,
-    capture_options,
-    with_options,
-    workload_flags,
-)
+from itlaudit.cli.style import Entry, LazyRoot
 from itlaudit.errors import ItlauditError, RunInterrupted
 from itlaudit.model.redact import redact_terminal
-from itlaudit.model.run_labels import RunLabels, parse_metadata
-from itlaudit.model.scenario import Scenario, ScenarioFlags, build_scenario, parse_scenario, scenario_toml
-from itlaudit.store.rundir import COMPARE_FILE, META_FILE, read_json
-from itlaudit.workflows.run import LedgerPolicy, RunOutcome, handle_signals, interruption, run_scenario
 
-__all__ = [
-    "DEMO_SCENARIO",
-    "GATE",
-    "LEDGER",
-    "MEASURE",
-    "READ",
-    "TOOLS",
-    "RunSettings",
-    "app",
-    "compare",
-    "demo",
-    "err",
-    "main",
-    "out",
-    "run",
-    "run_settings",
-    "version",
-]
+__all__ = ["COMMANDS", "GATE", "MEASURE", "READ", "TOOLS", "app", "main", "version"]
 
-DEMO_SCENARIO = Path(__file__).resolve().parent.parent / "data" / "demo.toml"
-LEDGER = Path("reports") / "ledger.jsonl"
 # The command list's panels, in the order a newcomer needs them.
 MEASURE, READ, GATE, TOOLS = "Measure", "Read results", "Gate a release", "Tools"
 
+# Every command: its name, where it lives, its panel and its line in `itlaudit --help` (its docstring is
+# its own --help). Within a panel, --help lists them in this order.
+COMMANDS = (
+    Entry(
+        "run",
+        "itlaudit.cli.run:run",
+        MEASURE,
+        "Stream a workload to each server and audit it: token-true ITL and truncation findings.",
+    ),
+    Entry(
+        "compare",
+        "itlaudit.cli.run:compare",
+        MEASURE,
+        "`run` plus each server's /metrics around its variant: spec-decode acceptance, mismatches "
+        "explained, compare.json. The first variant is the baseline (K0).",
+    ),
+    Entry(
+        "sweep",
+        "itlaudit.cli.sweep:sweep",
+        MEASURE,
+        "Run the workload at each load for each variant and draw where speculative decoding stops "
+        "paying off per token.",
+    ),
+    Entry(
+        "invariance",
+        "itlaudit.cli.audit:invariance",
+        MEASURE,
+        "Do a prompt's top-k logprobs depend on what shares its engine step? Alone, repeated, batched.",
+    ),
+    Entry(
+        "report",
+        "itlaudit.cli.report:report",
+        READ,
+        "Re-derive a run's files and write report.md, report.html and PNGs (several runs: one comparison).",
+    ),
+    Entry(
+        "diff",
+        "itlaudit.cli.report:diff",
+        READ,
+        "Compare two runs metric by metric: values, ratio, p-value, verdict; Markdown for a PR comment.",
+    ),
+    Entry(
+        "export",
+        "itlaudit.cli.report:export",
+        READ,
+        "Write chunks.csv / chunks.parquet (one row per SSE chunk) beside requests.csv, for notebooks.",
+    ),
+    Entry(
+        "quality",
+        "itlaudit.cli.audit:quality",
+        READ,
+        "Output-quality figures per request and which ones look like gibberish under these thresholds.",
+    ),
+    Entry(
+        "track",
+        "itlaudit.cli.track:track_app",
+        READ,
+        "A history of builds: record run folders, find and classify change points.",
+    ),
+    Entry(
+        "smoke",
+        "itlaudit.cli.smoke:smoke",
+        GATE,
+        "Pre-release go/no-go: full-length K0/K3 decode, stop tokens, caps, ITL vs thresholds and baseline.",
+    ),
+    Entry(
+        "bisect",
+        "itlaudit.cli.bisect:bisect",
+        GATE,
+        "Find the vLLM build that introduced (or, with --find-fix, fixed) a serving regression.",
+    ),
+    Entry(
+        "sim",
+        "itlaudit.cli.sim:sim",
+        TOOLS,
+        "Serve the vLLM-compatible simulator (demo and fault-injection target; not a test of vLLM).",
+    ),
+    Entry(
+        "selfcheck",
+        "itlaudit.cli.selfcheck:selfcheck",
+        TOOLS,
+        "Run the real capture path against a built-in ground-truth SSE server; print its added lag.",
+    ),
+    Entry(
+        "demo",
+        "itlaudit.cli.run:demo",
+        TOOLS,
+        "K0 vs K3 vs a 128-token-capped K3, on the built-in simulator: the seed case in ~20 seconds.",
+    ),
+    Entry("version", "itlaudit.cli.app:version", TOOLS, "Print itlaudit's version (also --version)."),
+    Entry(
+        "testbed",
+        "itlaudit.cli.testbed:testbed_app",
+        TOOLS,
+        "Install the vLLM CPU testbed and build its models.",
+    ),
+    Entry(
+        "ledger",
+        "itlaudit.cli.audit:ledger_app",
+        TOOLS,
+        "Experiment ledger: the matrix of fingerprinted runs, and refusal of repeats.",
+    ),
+)
+
+
+class _Root(LazyRoot):
+    entries = COMMANDS
+
+
 app = typer.Typer(
-    cls=HelpStyle,
+    cls=_Root,
     add_completion=False,
     no_args_is_help=True,
     help="Audit vLLM serving benchmarks: token-true ITL under speculative decoding, truncation findings.",
@@ -84,303 +154,19 @@ def _root(
         typer.Option("--version", is_eager=True, callback=_print_version, help="Print the version and exit."),
     ] = False,
 ) -> None:
-    """Audit vLLM serving benchmarks: token-true ITL under speculative decoding, truncation findings."""
+    """Audit vLLM serving benchmarks: token-true ITL under speculative decoding, truncation findings.
 
+    Runs when a command is about to (never for --help): the signal handlers go in here, so that only
+    a command that runs imports the run workflow that defines them."""
+    if threading.current_thread() is threading.main_thread():  # signal.signal works only there
+        from itlaudit.workflows.run import handle_signals
 
-@dataclass(frozen=True)
-class RunSettings:
-    """What `run` and `compare` take the same way besides the workload and the capture: where the run
-    goes, the ledger, and the files written beside it."""
-
-    run_dir: Path | None
-    ledger: LedgerPolicy
-    append: bool
-    save_scenario: Path | None
-    save_result: Path | None
-    labels: RunLabels
-    plots: bool
-    track: str | None = None  # --track DB: record the finished run in that history (itlaudit track)
-
-    def scenario(self, path: Path | None, flags: ScenarioFlags) -> Scenario:
-        """The scenario with the flags over it; --save-scenario writes it before anything is sent."""
-        scenario, raw = build_scenario(path, flags)
-        if self.save_scenario is not None:
-            header = [
-                "Written by itlaudit --save-scenario from:",
-                f"  {self.labels.command_line}",
-                f"Run it again with: itlaudit run {self.save_scenario}",
-                "Each commented key is the flag that sets it; a flag given with a scenario replaces its key.",
-            ]
-            base = path.parent if path is not None else Path.cwd()
-            try:
-                self.save_scenario.write_text(scenario_toml(raw, base, self.save_scenario, header), "utf-8")
-            except OSError as exc:
-                raise ItlauditError(f"--save-scenario {self.save_scenario}: {exc.strerror or exc}") from None
-            err.print(f"scenario: {self.save_scenario}", markup=False, highlight=False, soft_wrap=True)
-        return scenario
-
-    def reporting(self) -> AbstractContextManager[None]:
-        """Where the run is captured and derived: its reports drawn, or written without plots."""
-        from itlaudit.report.writer import plots_skipped
-
-        return plots_skipped(not self.plots)
-
-    def run_kwargs(self, flags: ScenarioFlags) -> dict[str, Any]:
-        return {
-            "url": flags.url,
-            "variant_urls": flags.variant_urls,
-            "run_dir": self.run_dir,
-            "console": err,
-            "ledger": self.ledger,
-            "append": self.append,
-            "labels": self.labels,
-        }
-
-
-def run_settings(
-    out_dir: Annotated[
-        Path | None,
-        typer.Option("--out", metavar="DIR", help="Run folder (default reports/<scenario>-<time>/)."),
-    ] = None,
-    ledger: Annotated[
-        Path, typer.Option(metavar="FILE", help="Experiment ledger: a repeat of a recorded run is named.")
-    ] = LEDGER,
-    repeat: Annotated[
-        bool,
-        typer.Option("--repeat/--no-repeat", help="--no-repeat: refuse a run the ledger already holds."),
-    ] = True,
-    force: Annotated[
-        bool, typer.Option("--force", help="Run even when --no-repeat would refuse it.")
-    ] = False,
-    append: Annotated[
-        bool, typer.Option("--append", help="Add to the existing run folder given as --out.")
-    ] = False,
-    save_scenario: Annotated[
-        Path | None,
-        typer.Option(
-            metavar="FILE", help="Also write the scenario as run (file and flags) as commented TOML."
-        ),
-    ] = None,
-    save_result: Annotated[
-        Path | None,
-        typer.Option(metavar="FILE", help="Also write a vllm bench serve style result JSON (its key names)."),
-    ] = None,
-    label: Annotated[
-        str | None, typer.Option(metavar="TEXT", help="A label carried into every result file.")
-    ] = None,
-    metadata: Annotated[
-        list[str] | None,
-        typer.Option(metavar="KEY=VALUE", help="Carried into every result file (repeatable)."),
-    ] = None,
-    plots: PlotsOption = True,
-    track: Annotated[
-        str | None,
-        typer.Option(metavar="DB", help="Also record the run in a track history (file or postgresql://)."),
-    ] = None,
-) -> RunSettings:
-    """The options `run` and `compare` share, declared once and checked once."""
-    if append and out_dir is None:
-        raise ItlauditError("--append needs --out: the run folder to add to")
-    return RunSettings(
-        run_dir=out_dir,
-        ledger=LedgerPolicy(ledger, no_repeat=not repeat and not force),
-        append=append,
-        save_scenario=save_scenario,
-        save_result=save_result,
-        plots=plots,
-        labels=RunLabels.from_argv(
-            ["itlaudit", *sys.argv[1:]], label=label, metadata=parse_metadata(metadata or [])
-        ),
-        track=track,
-    )
-
-
-def _print_outcome(outcome: RunOutcome) -> None:
-    """Per variant, vllm bench serve's result block with the token ITL beside its chunk ITL
-    (report.terminal), then where both reports are. Lines are never wrapped: a label stays with its
-    value in a CI log or a narrow terminal."""
-    from itlaudit.report.terminal import result_block
-    from itlaudit.report.writer import REPORT_HTML, REPORT_MD
-
-    try:
-        meta = read_json(outcome.run_dir / META_FILE)
-    except (OSError, ValueError):
-        meta = {}
-    for name in outcome.summary["variants"]:
-        for line, style in result_block(outcome.summary, meta, name):
-            out.print(line, style=style, markup=False, highlight=False, soft_wrap=True)
-    for report in (REPORT_MD, REPORT_HTML):
-        where = (outcome.run_dir / report).resolve()
-        out.print(f"report: {where}", markup=False, highlight=False, soft_wrap=True)
-
-
-def _save_result(settings: RunSettings, run_dir: Path) -> None:
-    if settings.save_result is None:
-        return
-    from itlaudit.store.result import save_result
-
-    for path in save_result(settings.save_result, run_dir):
-        out.print(f"result: {path}", markup=False, highlight=False, soft_wrap=True)
-
-
-def _track(settings: RunSettings, run_dir: Path) -> None:
-    """--track DB: the finished folder into the history, as `itlaudit track add` would."""
-    if settings.track is None:
-        return
-    from itlaudit.track.record import record
-
-    written, _, where = record(settings.track, [run_dir])
-    out.print(f"track: {written} points recorded in {where}", markup=False, highlight=False, soft_wrap=True)
-
-
-@app.command(rich_help_panel=MEASURE)
-@with_options("capture", capture_options)
-@with_options("flags", workload_flags)
-@with_options("settings", run_settings)
-def run(
-    scenario: ScenarioArgument = None,
-    fail_on_findings: Annotated[
-        bool, typer.Option("--fail-on-findings", help="Exit 1 when any finding fires.")
-    ] = False,
-    *,
-    settings: RunSettings,
-    flags: ScenarioFlags,
-    capture: CaptureOptions,
-) -> None:
-    """Stream a workload to each server and audit it: token-true ITL from the server's token counts,
-    and truncation findings. The workload is a SCENARIO file, vllm bench serve's flags, or both (a flag
-    replaces the key it names)."""
-    with settings.reporting():
-        outcome = run_scenario(
-            settings.scenario(scenario, flags), **settings.run_kwargs(flags), capture=capture
-        )
-    _print_outcome(outcome)
-    _save_result(settings, outcome.run_dir)
-    _track(settings, outcome.run_dir)
-    if fail_on_findings and outcome.finding_count:
-        raise typer.Exit(1)
-
-
-@app.command(rich_help_panel=MEASURE)
-@with_options("capture", capture_options)
-@with_options("flags", workload_flags)
-@with_options("settings", run_settings)
-def compare(
-    scenario: ScenarioArgument = None,
-    distribution_audit: Annotated[
-        bool | None,
-        typer.Option(
-            "--distribution-audit/--no-distribution-audit",
-            help="Lossless at temperature > 0: score sampled outputs under the baseline's server and "
-            "compare per-token log-likelihoods. Default: for each variant that speculates.",
-        ),
-    ] = None,
-    *,
-    settings: RunSettings,
-    flags: ScenarioFlags,
-    capture: CaptureOptions,
-) -> None:
-    """`run` plus each server's /metrics scraped around its variant: spec-decode acceptance from the
-    server beside the stream's, output mismatches explained, compare.json. The first variant is the
-    baseline (K0)."""
-    from itlaudit.workflows.compare import run_compare
-
-    with settings.reporting():
-        outcome, comparison = run_compare(
-            settings.scenario(scenario, flags),
-            **settings.run_kwargs(flags),
-            capture=capture,
-            distribution=distribution_audit,
-        )
-    _print_outcome(outcome)
-    for name, row in comparison["variants"].items():
-        spec = row["spec_decode"] or {}
-        # analysis.validity: a capped or failing variant's speedup is not printed as one.
-        speed = (
-            f"not comparable: {row['not_comparable']}"
-            if row.get("not_comparable")
-            else f"token-ITL speedup {_fmt(row['speedup_token_itl'], '×')}, decode tok/s speedup "
-            f"{_fmt(row['speedup_decode_tokens_per_s'], '×')}"
-        )
-        out.print(
-            f"{name}: {speed}, "
-            f"acceptance rate {_fmt(spec.get('acceptance_rate'))}, "
-            f"acceptance length /metrics {_fmt(spec.get('acceptance_length'))} vs stream "
-            f"{_fmt(row['stream_acceptance_length'])}",
-            markup=False,
-            highlight=False,
-            soft_wrap=True,
-        )
-    _print_distribution(comparison.get("distribution"))
-    for finding in comparison["findings"]:
-        out.print(
-            f"[bold red]{finding['code']}[/bold red]: {finding['message']}", highlight=False, soft_wrap=True
-        )
-    out.print(f"compare: {outcome.run_dir / COMPARE_FILE}")
-    _save_result(settings, outcome.run_dir)
-    _track(settings, outcome.run_dir)
-
-
-def _print_distribution(block: dict[str, Any] | None) -> None:
-    """One line per variant the temperature > 0 distribution audit judged, or why it could not."""
-    if block is None:
-        return
-    if "skipped" in block:
-        out.print(f"distribution audit skipped: {block['skipped']}", markup=False, soft_wrap=True)
-        return
-    for name, row in block["variants"].items():
-        shift = "–" if row.get("effect_nats") is None else f"{row['effect_nats']:+.3f}"
-        p_value = "–" if row.get("p_value") is None else f"{row['p_value']:.2g}"
-        out.print(
-            f"{name}: log-likelihood under {block['scorer']} {_fmt(row['spec_mean'])} vs "
-            f"{_fmt(row['base_mean'])} nats/token (shift {shift}, p {p_value}): {row['verdict']}",
-            markup=False,
-            highlight=False,
-            soft_wrap=True,
-        )
-
-
-def _fmt(value: float | None, unit: str = "") -> str:
-    return "–" if value is None else f"{value:.2f}{unit}"
-
-
-@with_options("capture", capture_options)
-def demo(
-    out_dir: Annotated[
-        Path | None, typer.Option("--out", metavar="DIR", help="Run folder (default reports/demo-<time>/).")
-    ] = None,
-    *,
-    capture: CaptureOptions,
-) -> None:
-    """K0 vs K3 vs a 128-token-capped K3, on the built-in simulator: the seed case in ~20 seconds."""
-    scenario = parse_scenario(DEMO_SCENARIO.read_text(encoding="utf-8"), DEMO_SCENARIO)
-    labels = RunLabels.from_argv(["itlaudit", *sys.argv[1:]])
-    outcome = run_scenario(scenario, run_dir=out_dir, console=err, capture=capture, labels=labels)
-    _print_outcome(outcome)
+        handle_signals()
 
 
 def version() -> None:
     """Print itlaudit's version (also `itlaudit --version`)."""
     out.print(__version__)
-
-
-# Commands that live in their own modules register here, one line each (keep this file thin); within a
-# panel, `--help` lists them in this order.
-app.command(name="sweep", rich_help_panel=MEASURE)(cli_sweep.sweep)
-app.command(name="invariance", rich_help_panel=MEASURE)(cli_audit.invariance)
-app.command(name="report", rich_help_panel=READ)(cli_report.report)
-app.command(name="diff", rich_help_panel=READ)(cli_report.diff)
-app.command(name="export", rich_help_panel=READ)(cli_report.export)
-app.command(name="quality", rich_help_panel=READ)(cli_audit.quality)
-app.command(name="smoke", rich_help_panel=GATE)(cli_smoke.smoke)
-app.command(name="bisect", rich_help_panel=GATE)(cli_bisect.bisect)
-app.command(name="sim", rich_help_panel=TOOLS)(cli_sim.sim)
-app.command(name="selfcheck", rich_help_panel=TOOLS)(cli_selfcheck.selfcheck)
-app.command(name="demo", rich_help_panel=TOOLS)(demo)
-app.command(name="version", rich_help_panel=TOOLS)(version)
-app.add_typer(cli_testbed.testbed_app, name="testbed", rich_help_panel=TOOLS)
-app.add_typer(cli_audit.ledger_app, name="ledger", rich_help_panel=TOOLS)
-app.add_typer(cli_track.track_app, name="track", rich_help_panel=READ)
 
 
 def _usage_line(exc: typer.TyperException) -> str:
@@ -395,6 +181,8 @@ def _usage_line(exc: typer.TyperException) -> str:
 
 def _exit_interrupted() -> NoReturn:
     """A Ctrl-C (or SIGTERM) outside a run, e.g. while a large dataset is read: one line, 130 or 143."""
+    from itlaudit.workflows.run import interruption
+
     signal_name, exit_code = interruption()
     err.print(f"itlaudit: interrupted by {signal_name}", markup=False)
     sys.exit(exit_code)
@@ -405,7 +193,6 @@ def main() -> None:
     never a traceback. Everything printed from here on, by any command, is masked (URL userinfo, every
     credential the process knows of: redact.RedactedStream), whatever server text it quotes."""
     redact_terminal()
-    handle_signals()
     try:
         # Non-standalone mode returns a command's exit code (typer.Exit) instead of exiting.
         code = app(prog_name="itlaudit", standalone_mode=False)

@@ -17,8 +17,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeAlias, TypeVar, get_args
 
 import typer
-from rich.markup import escape
-from typer.core import TyperArgument, TyperGroup, TyperOption
 
 from itlaudit.capture.runner import CaptureOptions
 from itlaudit.capture.stamping import StampMode
@@ -34,7 +32,6 @@ __all__ = [
     "CaCertOption",
     "ClusterOption",
     "HeaderOption",
-    "HelpStyle",
     "InsecureOption",
     "PlotsOption",
     "ScenarioArgument",
@@ -52,76 +49,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-
-# --- Help style ------------------------------------------------------------------------------------
-# typer (>= 0.29) labels every parameter with its Python annotation (`<bool>`, `<list[str]>`, `<path>`)
-# and writes a required argument as `{name}` in the usage line; a metavar replaces the label of an
-# option only. HelpStyle gives each parameter the spelling a Unix tool uses instead: the metavar where
-# one is declared, else TEXT, INTEGER, FLOAT, PATH or the choices as [a|b]; nothing for an on/off flag;
-# arguments as NAME / [NAME] / NAME... in the usage line.
-
-
-def _label(param: TyperOption) -> str | None:
-    if param.metavar is not None:
-        return param.metavar or None
-    if param.is_flag or param.count:
-        return None
-    desc = param.type_descriptor
-    if desc.choices is not None:
-        return "[" + "|".join(str(getattr(c, "value", c)) for c in desc.choices) + "]"
-    if desc.is_path:
-        return "PATH"
-    annotation = get_args(desc.annotation)[0] if desc.is_list else desc.annotation
-    return {int: "INTEGER", float: "FLOAT"}.get(annotation, "TEXT")
-
-
-class _Option(TyperOption):
-    def display_type_rich(self, ctx: Any) -> str | None:
-        return _label(self)
-
-
-class _Argument(TyperArgument):
-    def display_type_rich(self, ctx: Any) -> str | None:
-        return None  # the name column already shows it in capitals
-
-    def get_usage_pieces(self, ctx: Any) -> list[str]:
-        name = self.metavar or (self.name or "").upper()
-        name = name if self.required else f"[{name}]"
-        return [name + ("..." if self.nargs != 1 else "")]
-
-
-class HelpStyle(TyperGroup):
-    """The root group (`typer.Typer(cls=HelpStyle)`): restyles every command below it once, when typer
-    has built them."""
-
-    def __init__(self, **attrs: Any) -> None:
-        super().__init__(**attrs)
-        _restyle(self)
-
-
-def _one_line_paragraphs(text: str | None) -> str | None:
-    """A docstring's paragraphs without their hard line breaks (the help wraps to the terminal), and
-    with brackets shown as typed (`[workload]`), not read as Rich markup."""
-    if text is None:
-        return None
-    paragraphs = inspect.cleandoc(text).split("\n\n")
-    return escape("\n\n".join(" ".join(p.split()) for p in paragraphs))
-
-
-def _restyle(command: Any) -> None:
-    command.help = _one_line_paragraphs(command.help)
-    help_option = command.get_help_option(typer.Context(command))
-    for param in [*command.params, *([help_option] if help_option is not None else [])]:
-        param.help = _one_line_paragraphs(param.help)
-        if type(param) is TyperOption:
-            param.__class__ = _Option
-        elif type(param) is TyperArgument:
-            if param.metavar is None:
-                param.metavar = (param.name or "").upper()
-            param.__class__ = _Argument
-    for sub in getattr(command, "commands", {}).values():
-        _restyle(sub)
 
 
 # --- Choices ---------------------------------------------------------------------------------------

@@ -1,0 +1,298 @@
+"""`itlaudit run`, `compare` and `demo`: parse the workload, the capture and where the run goes, call
+the run workflow, print each variant's result block and where the reports are."""
+
+from __future__ import annotations
+
+import sys
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from itlaudit.capture.runner import CaptureOptions
+from itlaudit.cli.options import PlotsOption, ScenarioArgument, capture_options, with_options, workload_flags
+from itlaudit.errors import ItlauditError
+from itlaudit.model.run_labels import RunLabels, parse_metadata
+from itlaudit.model.scenario import Scenario, ScenarioFlags, build_scenario, parse_scenario, scenario_toml
+from itlaudit.store.rundir import COMPARE_FILE, META_FILE, read_json
+from itlaudit.workflows.run import LedgerPolicy, RunOutcome, run_scenario
+
+__all__ = ["DEMO_SCENARIO", "LEDGER", "RunSettings", "compare", "demo", "run", "run_settings"]
+
+DEMO_SCENARIO = Path(__file__).resolve().parent.parent / "data" / "demo.toml"
+LEDGER = Path("reports") / "ledger.jsonl"
+err = Console(stderr=True)
+out = Console()
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What `run` and `compare` take the same way besides the workload and the capture: where the run
+    goes, the ledger, and the files written beside it."""
+
+    run_dir: Path | None
+    ledger: LedgerPolicy
+    append: bool
+    save_scenario: Path | None
+    save_result: Path | None
+    labels: RunLabels
+    plots: bool
+    track: str | None = None  # --track DB: record the finished run in that history (itlaudit track)
+
+    def scenario(self, path: Path | None, flags: ScenarioFlags) -> Scenario:
+        """The scenario with the flags over it; --save-scenario writes it before anything is sent."""
+        scenario, raw = build_scenario(path, flags)
+        if self.save_scenario is not None:
+            header = [
+                "Written by itlaudit --save-scenario from:",
+                f"  {self.labels.command_line}",
+                f"Run it again with: itlaudit run {self.save_scenario}",
+                "Each commented key is the flag that sets it; a flag given with a scenario replaces its key.",
+            ]
+            base = path.parent if path is not None else Path.cwd()
+            try:
+                self.save_scenario.write_text(scenario_toml(raw, base, self.save_scenario, header), "utf-8")
+            except OSError as exc:
+                raise ItlauditError(f"--save-scenario {self.save_scenario}: {exc.strerror or exc}") from None
+            err.print(f"scenario: {self.save_scenario}", markup=False, highlight=False, soft_wrap=True)
+        return scenario
+
+    def reporting(self) -> AbstractContextManager[None]:
+        """Where the run is captured and derived: its reports drawn, or written without plots."""
+        from itlaudit.report.writer import plots_skipped
+
+        return plots_skipped(not self.plots)
+
+    def run_kwargs(self, flags: ScenarioFlags) -> dict[str, Any]:
+        return {
+            "url": flags.url,
+            "variant_urls": flags.variant_urls,
+            "run_dir": self.run_dir,
+            "console": err,
+            "ledger": self.ledger,
+            "append": self.append,
+            "labels": self.labels,
+        }
+
+
+def run_settings(
+    out_dir: Annotated[
+        Path | None,
+        typer.Option("--out", metavar="DIR", help="Run folder (default reports/<scenario>-<time>/)."),
+    ] = None,
+    ledger: Annotated[
+        Path, typer.Option(metavar="FILE", help="Experiment ledger: a repeat of a recorded run is named.")
+    ] = LEDGER,
+    repeat: Annotated[
+        bool,
+        typer.Option("--repeat/--no-repeat", help="--no-repeat: refuse a run the ledger already holds."),
+    ] = True,
+    force: Annotated[
+        bool, typer.Option("--force", help="Run even when --no-repeat would refuse it.")
+    ] = False,
+    append: Annotated[
+        bool, typer.Option("--append", help="Add to the existing run folder given as --out.")
+    ] = False,
+    save_scenario: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="FILE", help="Also write the scenario as run (file and flags) as commented TOML."
+        ),
+    ] = None,
+    save_result: Annotated[
+        Path | None,
+        typer.Option(metavar="FILE", help="Also write a vllm bench serve style result JSON (its key names)."),
+    ] = None,
+    label: Annotated[
+        str | None, typer.Option(metavar="TEXT", help="A label carried into every result file.")
+    ] = None,
+    metadata: Annotated[
+        list[str] | None,
+        typer.Option(metavar="KEY=VALUE", help="Carried into every result file (repeatable)."),
+    ] = None,
+    plots: PlotsOption = True,
+    track: Annotated[
+        str | None,
+        typer.Option(metavar="DB", help="Also record the run in a track history (file or postgresql://)."),
+    ] = None,
+) -> RunSettings:
+    """The options `run` and `compare` share, declared once and checked once."""
+    if append and out_dir is None:
+        raise ItlauditError("--append needs --out: the run folder to add to")
+    return RunSettings(
+        run_dir=out_dir,
+        ledger=LedgerPolicy(ledger, no_repeat=not repeat and not force),
+        append=append,
+        save_scenario=save_scenario,
+        save_result=save_result,
+        plots=plots,
+        labels=RunLabels.from_argv(
+            ["itlaudit", *sys.argv[1:]], label=label, metadata=parse_metadata(metadata or [])
+        ),
+        track=track,
+    )
+
+
+def _print_outcome(outcome: RunOutcome) -> None:
+    """Per variant, vllm bench serve's result block with the token ITL beside its chunk ITL
+    (report.terminal), then where both reports are. Lines are never wrapped: a label stays with its
+    value in a CI log or a narrow terminal."""
+    from itlaudit.report.terminal import result_block
+    from itlaudit.report.writer import REPORT_HTML, REPORT_MD
+
+    try:
+        meta = read_json(outcome.run_dir / META_FILE)
+    except (OSError, ValueError):
+        meta = {}
+    for name in outcome.summary["variants"]:
+        for line, style in result_block(outcome.summary, meta, name):
+            out.print(line, style=style, markup=False, highlight=False, soft_wrap=True)
+    for report in (REPORT_MD, REPORT_HTML):
+        where = (outcome.run_dir / report).resolve()
+        out.print(f"report: {where}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _save_result(settings: RunSettings, run_dir: Path) -> None:
+    if settings.save_result is None:
+        return
+    from itlaudit.store.result import save_result
+
+    for path in save_result(settings.save_result, run_dir):
+        out.print(f"result: {path}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _track(settings: RunSettings, run_dir: Path) -> None:
+    """--track DB: the finished folder into the history, as `itlaudit track add` would."""
+    if settings.track is None:
+        return
+    from itlaudit.track.record import record
+
+    written, _, where = record(settings.track, [run_dir])
+    out.print(f"track: {written} points recorded in {where}", markup=False, highlight=False, soft_wrap=True)
+
+
+@with_options("capture", capture_options)
+@with_options("flags", workload_flags)
+@with_options("settings", run_settings)
+def run(
+    scenario: ScenarioArgument = None,
+    fail_on_findings: Annotated[
+        bool, typer.Option("--fail-on-findings", help="Exit 1 when any finding fires.")
+    ] = False,
+    *,
+    settings: RunSettings,
+    flags: ScenarioFlags,
+    capture: CaptureOptions,
+) -> None:
+    """Stream a workload to each server and audit it: token-true ITL from the server's token counts,
+    and truncation findings. The workload is a SCENARIO file, vllm bench serve's flags, or both (a flag
+    replaces the key it names)."""
+    with settings.reporting():
+        outcome = run_scenario(
+            settings.scenario(scenario, flags), **settings.run_kwargs(flags), capture=capture
+        )
+    _print_outcome(outcome)
+    _save_result(settings, outcome.run_dir)
+    _track(settings, outcome.run_dir)
+    if fail_on_findings and outcome.finding_count:
+        raise typer.Exit(1)
+
+
+@with_options("capture", capture_options)
+@with_options("flags", workload_flags)
+@with_options("settings", run_settings)
+def compare(
+    scenario: ScenarioArgument = None,
+    distribution_audit: Annotated[
+        bool | None,
+        typer.Option(
+            "--distribution-audit/--no-distribution-audit",
+            help="Lossless at temperature > 0: score sampled outputs under the baseline's server and "
+            "compare per-token log-likelihoods. Default: for each variant that speculates.",
+        ),
+    ] = None,
+    *,
+    settings: RunSettings,
+    flags: ScenarioFlags,
+    capture: CaptureOptions,
+) -> None:
+    """`run` plus each server's /metrics scraped around its variant: spec-decode acceptance from the
+    server beside the stream's, output mismatches explained, compare.json. The first variant is the
+    baseline (K0)."""
+    from itlaudit.workflows.compare import run_compare
+
+    with settings.reporting():
+        outcome, comparison = run_compare(
+            settings.scenario(scenario, flags),
+            **settings.run_kwargs(flags),
+            capture=capture,
+            distribution=distribution_audit,
+        )
+    _print_outcome(outcome)
+    for name, row in comparison["variants"].items():
+        spec = row["spec_decode"] or {}
+        # analysis.validity: a capped or failing variant's speedup is not printed as one.
+        speed = (
+            f"not comparable: {row['not_comparable']}"
+            if row.get("not_comparable")
+            else f"token-ITL speedup {_fmt(row['speedup_token_itl'], '×')}, decode tok/s speedup "
+            f"{_fmt(row['speedup_decode_tokens_per_s'], '×')}"
+        )
+        out.print(
+            f"{name}: {speed}, "
+            f"acceptance rate {_fmt(spec.get('acceptance_rate'))}, "
+            f"acceptance length /metrics {_fmt(spec.get('acceptance_length'))} vs stream "
+            f"{_fmt(row['stream_acceptance_length'])}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+    _print_distribution(comparison.get("distribution"))
+    for finding in comparison["findings"]:
+        out.print(
+            f"[bold red]{finding['code']}[/bold red]: {finding['message']}", highlight=False, soft_wrap=True
+        )
+    out.print(f"compare: {outcome.run_dir / COMPARE_FILE}")
+    _save_result(settings, outcome.run_dir)
+    _track(settings, outcome.run_dir)
+
+
+def _print_distribution(block: dict[str, Any] | None) -> None:
+    """One line per variant the temperature > 0 distribution audit judged, or why it could not."""
+    if block is None:
+        return
+    if "skipped" in block:
+        out.print(f"distribution audit skipped: {block['skipped']}", markup=False, soft_wrap=True)
+        return
+    for name, row in block["variants"].items():
+        shift = "–" if row.get("effect_nats") is None else f"{row['effect_nats']:+.3f}"
+        p_value = "–" if row.get("p_value") is None else f"{row['p_value']:.2g}"
+        out.print(
+            f"{name}: log-likelihood under {block['scorer']} {_fmt(row['spec_mean'])} vs "
+            f"{_fmt(row['base_mean'])} nats/token (shift {shift}, p {p_value}): {row['verdict']}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
+def _fmt(value: float | None, unit: str = "") -> str:
+    return "–" if value is None else f"{value:.2f}{unit}"
+
+
+@with_options("capture", capture_options)
+def demo(
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", metavar="DIR", help="Run folder (default reports/demo-<time>/).")
+    ] = None,
+    *,
+    capture: CaptureOptions,
+) -> None:
+    """K0 vs K3 vs a 128-token-capped K3, on the built-in simulator: the seed case in ~20 seconds."""
+    scenario = parse_scenario(DEMO_SCENARIO.read_text(encoding="utf-8"), DEMO_SCENARIO)
+    labels = RunLabels.from_argv(["itlaudit", *sys.argv[1:]])
+    outcome = run_scenario(scenario, run_dir=out_dir, console=err, capture=capture, labels=labels)
+    _print_outcome(outcome)
