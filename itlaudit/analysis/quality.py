@@ -23,9 +23,10 @@ import zlib
 from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported where a figure is computed: the CLI shows these defaults
+    import numpy as np
 
 __all__ = [
     "DEFAULT_THRESHOLDS",
@@ -69,7 +70,7 @@ _TOKEN_CUT_RE = re.compile(rf"[\W{_CJK}]")  # a slice may end before one of thes
 # follows the first digit so that the search still skips ahead to digits.)
 _NUMBER_RUN_RE = re.compile(rf"(\d(?<!\d\d)\d+)(?:\W+\1(?!\d)){{{REPEATED_NUM_MIN_REPEATS - 1},}}")
 _DIGIT_RUN_RE = re.compile(r"\d+")
-_NGRAM_MIX = np.uint64(0x9E3779B97F4A7C15)  # odd: n-gram keys mix token ids like a multiplicative hash
+_NGRAM_MIX = 0x9E3779B97F4A7C15  # odd, 64-bit: n-gram keys mix token ids like a multiplicative hash
 _NGRAM_BLOCK = 1 << 20
 _NGRAM_BUCKET = 1 << 21  # keys sorted at once: 16 MB
 # Code points past the BMP: a class holding any of them is matched range by range, not by table, so
@@ -188,6 +189,8 @@ def weird_runs(text: str) -> int:
 def _token_ids(text: str) -> np.ndarray[Any, np.dtype[np.uint32]]:
     """The text's tokens as ids (equal tokens, equal ids), 4 bytes a token: tokenised a slice at a
     time, each slice ending where no token is cut."""
+    import numpy as np
+
     ids: array[int] = array("I")
     vocabulary: dict[str, int] = {}
     first_seen = itertools.count()  # a new token's id: unique, since the count never goes back
@@ -207,6 +210,8 @@ def rep_n(tokens: Sequence[str] | np.ndarray[Any, Any], n: int) -> float:
     distinct by sorting (two n-grams sharing a key by chance: about 1 in 10^5 for 10^7 of them). Many
     n-grams are counted a share of the key space at a time (keys split by their top bits, which are
     distinct apart), so no more than _NGRAM_BUCKET keys are held at once."""
+    import numpy as np
+
     ids = tokens if isinstance(tokens, np.ndarray) else _token_ids_of(tokens)
     grams = len(ids) - n + 1
     if grams <= 0:
@@ -227,17 +232,22 @@ def rep_n(tokens: Sequence[str] | np.ndarray[Any, Any], n: int) -> float:
 def _ngram_keys(ids: np.ndarray[Any, Any], n: int, grams: int) -> Iterator[np.ndarray[Any, Any]]:
     """The n-grams' 64-bit keys in blocks of _NGRAM_BLOCK (all of them in one block when they fit a
     bucket)."""
+    import numpy as np
+
+    mix = np.uint64(_NGRAM_MIX)
     step = _NGRAM_BLOCK if grams > _NGRAM_BUCKET else grams
     for start in range(0, grams, step):
         end = min(start + step, grams)
         block = ids[start:end].astype(np.uint64)
         for offset in range(1, n):
-            block *= _NGRAM_MIX
+            block *= mix
             block ^= ids[start + offset : end + offset]
         yield block
 
 
 def _token_ids_of(tokens: Sequence[str]) -> np.ndarray[Any, np.dtype[np.uint32]]:
+    import numpy as np
+
     vocabulary: dict[str, int] = {}
     return np.fromiter(
         map(vocabulary.setdefault, tokens, itertools.count()), dtype=np.uint32, count=len(tokens)
