@@ -144,11 +144,12 @@ async def resolve_model(session: aiohttp.ClientSession, base_url: str, wanted: s
 async def check_prompts_fit(
     session: aiohttp.ClientSession, base_url: str, model: str, scenario: Scenario
 ) -> None:
-    """A random dataset's prompts (token ids: their length is known without a tokenizer) must leave
-    the served model room for at least one output token, where /v1/models states its max_model_len:
-    otherwise every request would be refused, after a build that can take long for long prompts."""
+    """A token-id dataset's prompts (random, trace, prefix_repetition: their length is known without a
+    tokenizer) must leave the served model room for at least one output token, where /v1/models
+    states its max_model_len: otherwise every request would be refused, after a build that can take
+    long for long prompts."""
     dataset = scenario.workload.dataset
-    if dataset is None or dataset.kind != "random":
+    if dataset is None or not dataset.token_prompts:
         return
     limit = (await served_models(session, base_url)).get(model)
     longest = max(len(e.prompt) for e in dataset.entries if isinstance(e.prompt, list))

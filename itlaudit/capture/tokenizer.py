@@ -21,7 +21,6 @@ import aiohttp
 
 from itlaudit.capture.planning import OnPrepare, Pacer
 from itlaudit.capture.preflight import server_error_message
-from itlaudit.capture.request_plan import ENDPOINT_CHAT
 from itlaudit.errors import ServerRejectedError, ServerUnreachableError
 from itlaudit.model.datasets import (
     MAX_ROUND_TRIPS,
@@ -31,6 +30,7 @@ from itlaudit.model.datasets import (
     usable_text,
 )
 from itlaudit.model.scenario import Scenario
+from itlaudit.model.vocabulary import Endpoint
 
 __all__ = ["ChatPrompts", "ServerTokenizer", "fit_text", "random_chat_prompts"]
 
@@ -142,10 +142,10 @@ async def random_chat_prompts(
     scenario: Scenario,
     on_prepare: OnPrepare | None = None,
 ) -> ChatPrompts | None:
-    """A random dataset on the chat endpoint, turned into messages by this server's tokenizer; None
-    for any other workload (nothing to do)."""
+    """A token-id dataset (random, trace, prefix_repetition) on the chat endpoint, turned into
+    messages by this server's tokenizer; None for any other workload (nothing to do)."""
     dataset = scenario.workload.dataset
-    if dataset is None or dataset.kind != "random" or scenario.endpoint != ENDPOINT_CHAT:
+    if dataset is None or not dataset.token_prompts or scenario.endpoint != Endpoint.CHAT:
         return None
     tokenizer = ServerTokenizer(session, base_url, model)
     gate = asyncio.Semaphore(_IN_FLIGHT)

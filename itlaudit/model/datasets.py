@@ -17,6 +17,20 @@ Three kinds, after vllm bench serve's datasets:
   /tokenize when the run starts (`itlaudit.capture.runner`), else estimated at ~4 characters per token with a
   warning (the estimate is what the entry holds until then).
 
+- `trace`: a timed trace, one JSON object per line, read as it is in the mooncake format (`timestamp`
+  in ms, `input_length`, `output_length`, `hash_ids`: one id per 512-token block) or vLLM's
+  `timed_trace` (the same keys, `timestamp` in seconds, 16-token blocks); a line may hold a `text`
+  (or `prompt`) instead of `input_length`. Each hash id stands for one block of token ids drawn from
+  the seed and that id, so lines that share leading hash ids share that prompt prefix, as the
+  recorded requests did; a prompt longer than its blocks is topped up with ids of its own. Each
+  entry keeps its due time (the schedule is the trace's: `itlaudit.model.schedule`).
+- `prefix_repetition`: vLLM's dataset of that name, `num_prefixes` prefixes of `prefix_len` token ids,
+  each followed by `num_requests // num_prefixes` suffixes of `suffix_len`, shuffled from the seed.
+- `spec_bench`: SpecBench's question.jsonl (`category`, `turns`: the first turn is the prompt).
+- `speed_bench`: SPEED-Bench's folder as NeMo-Skills' prepare script writes it, one `<subset>.jsonl`
+  per subset (`category`, `messages`: the first message's content is the prompt).
+  Both take `category` (one name or a list) to keep only those, and `output_len` as max_tokens.
+
 `num_requests` draws entries in order, cycling.
 """
 
@@ -55,11 +69,31 @@ __all__ = [
     "usable_text",
 ]
 
-DATASET_KINDS = ("random", "jsonl", "sharegpt")
+DATASET_KINDS = ("random", "jsonl", "sharegpt", "trace", "prefix_repetition", "spec_bench", "speed_bench")
+TOKEN_ID_KINDS = ("random", "trace", "prefix_repetition")  # kinds whose prompts may be token-id lists
+# A trace's formats: (seconds per timestamp unit, tokens per hash id block), as each source writes them.
+TRACE_FORMATS = {"mooncake": (0.001, 512), "timed_trace": (1.0, 16)}
+SPEED_BENCH_SUBSETS = (
+    "qualitative",
+    "throughput_1k",
+    "throughput_2k",
+    "throughput_8k",
+    "throughput_16k",
+    "throughput_32k",
+)
 CHARS_PER_TOKEN = 4  # the usual estimate for English text under BPE tokenizers
 FIRST_TOKEN_ID = 3  # ids 0-2 are special (unk/bos/eos) in most vocabularies
 DEFAULT_VOCAB_SIZE = 256  # every BPE vocabulary has at least its 256 byte tokens
 VOCAB_SIZE = Bound(FIRST_TOKEN_ID + 2, TOKEN_ID.hi, integer=True)
+# The range of each numeric [workload.dataset] key past the lengths above (docs/scenarios.md "Bounds").
+DATASET_BOUNDS: dict[str, Bound] = {
+    "vocab_size": VOCAB_SIZE,
+    "prefix_len": SEQUENCE_TOKENS,
+    "suffix_len": SEQUENCE_TOKENS,
+    "output_len": SEQUENCE_TOKENS,
+    "num_prefixes": Bound(1, 1_000_000, integer=True),
+    "block_tokens": Bound(1, 1_000_000, integer=True),
+}
 # A random dataset's prompts are drawn up front and held as Python lists (8 bytes a token, ~36 above
 # id 256) until each is encoded: 20M tokens (1000 requests of 20K) is ~1 GB at worst, and takes about
 # 0.5 us a token from the draw to the encoded bodies. Above it the scenario is refused before
@@ -77,6 +111,7 @@ class DatasetEntry:
     ignore_eos: bool | None = None  # None: the workload's setting
     category: str | None = None
     reply: str | None = None  # sharegpt: the reply whose token count becomes max_tokens
+    timestamp_s: float | None = None  # trace: when it is due, in seconds from the trace's first line
 
     def text(self) -> str:
         """A readable form (the prompt text, the last message, or the ids) for where a string is needed.
@@ -96,6 +131,17 @@ class Dataset:
     warning: str | None = None
     seed: int = 0  # random: what the ids were drawn from, and the ids a chat round trip adds
     vocab_size: int = DEFAULT_VOCAB_SIZE  # random: ids are drawn from [FIRST_TOKEN_ID, vocab_size)
+
+    @property
+    def token_prompts(self) -> bool:
+        """Every prompt is a token-id list: on chat the server's tokenizer turns them into text first."""
+        return self.kind in TOKEN_ID_KINDS and all(isinstance(e.prompt, list) for e in self.entries)
+
+    def trace_s(self) -> tuple[float, ...] | None:
+        """A trace's due times in seconds from its first line; None for any other dataset."""
+        if self.kind != "trace":
+            return None
+        return tuple(e.timestamp_s or 0.0 for e in self.entries)
 
     def with_chat_texts(self, texts: list[str]) -> Dataset:
         """A random dataset's entries as one user message each (the text of its ids), for chat."""
@@ -237,18 +283,14 @@ def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
+def _token_count(value: Any) -> int | None:
+    """A length in tokens as a dataset line gives it, or None where it is not one within SEQUENCE_TOKENS."""
+    return value if _positive_int(value) and SEQUENCE_TOKENS.problem(value) is None else None
+
+
 def jsonl_dataset(path: Path, chat: bool) -> Dataset:
     entries = []
-    for number, line in enumerate(_read(path).splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        try:
-            obj = json.loads(line)
-        except ValueError as exc:
-            raise DatasetError("path", f"{where} is not JSON ({exc})") from None
-        if not isinstance(obj, dict):
-            raise DatasetError("path", f"{where} is not a JSON object")
+    for where, obj in _json_lines(path):
         prompt, messages = obj.get("prompt"), obj.get("messages")
         if isinstance(messages, list) and all(isinstance(m, dict) for m in messages) and messages:
             if not chat:
@@ -272,8 +314,6 @@ def jsonl_dataset(path: Path, chat: bool) -> Dataset:
                 category=category,
             )
         )
-    if not entries:
-        raise DatasetError("path", f"names {path}, which holds no request")
     return Dataset("jsonl", entries)
 
 
@@ -315,6 +355,204 @@ def sharegpt_dataset(path: Path) -> Dataset:
     )
 
 
+def _dataset_number(table: dict[str, Any], key: str, default: int | None = None) -> int:
+    """A whole-number [workload.dataset] key within DATASET_BOUNDS, or `default` where it is left out."""
+    value = table.get(key, default)
+    if value is None:
+        raise DatasetError(key, "is missing")
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise DatasetError(key, f"must be an integer, got {value!r}")
+    _within(value, key, "", DATASET_BOUNDS[key])
+    return value
+
+
+def _reject_unknown(table: dict[str, Any], kind: str, keys: tuple[str, ...]) -> None:
+    unknown = set(table) - {"kind", *keys}
+    if unknown:
+        raise DatasetError(sorted(unknown)[0], f"is not a key of a {kind} dataset ({', '.join(keys)})")
+
+
+def _check_drawn(drawn: int, key: str, count: int) -> None:
+    if drawn > MAX_DRAWN_TOKENS:
+        raise DatasetError(
+            key,
+            f"draws {drawn} prompt tokens over {count} requests, above the {MAX_DRAWN_TOKENS} a run "
+            "builds up front; send fewer requests or shorter prompts",
+        )
+
+
+def _json_lines(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """A JSONL file's objects, each with its `file:line` for the error that names it."""
+    rows = []
+    for number, line in enumerate(_read(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            raise DatasetError("path", f"{where} is not JSON ({exc})") from None
+        if not isinstance(obj, dict):
+            raise DatasetError("path", f"{where} is not a JSON object")
+        rows.append((where, obj))
+    if not rows:
+        raise DatasetError("path", f"names {path}, which holds no request")
+    return rows
+
+
+def trace_dataset(table: dict[str, Any], base: Path, seed: int) -> Dataset:
+    """A timed trace, entries in timestamp order (a trace is a schedule: a line out of order would
+    otherwise be sent late), each due at its timestamp less the first line's."""
+    _reject_unknown(table, "trace", ("path", "format", "block_tokens", "vocab_size"))
+    fmt = table.get("format", "mooncake")
+    if fmt not in TRACE_FORMATS:
+        raise DatasetError("format", f"must be one of {', '.join(TRACE_FORMATS)}, got {fmt!r}")
+    unit_s, default_block = TRACE_FORMATS[fmt]
+    block = _dataset_number(table, "block_tokens", default_block)
+    vocab = _dataset_number(table, "vocab_size", DEFAULT_VOCAB_SIZE)
+    import numpy as np
+
+    blocks: dict[int, list[int]] = {}
+
+    def block_ids(hash_id: int) -> list[int]:
+        if hash_id not in blocks:
+            rng = np.random.default_rng([seed, 0, hash_id])
+            blocks[hash_id] = rng.integers(FIRST_TOKEN_ID, vocab, size=block).tolist()
+        return blocks[hash_id]
+
+    rows = []
+    drawn = 0
+    for index, (where, obj) in enumerate(_json_lines(_path(table, base, "trace"))):
+        stamp, out = obj.get("timestamp"), _token_count(obj.get("output_length"))
+        if isinstance(stamp, bool) or not isinstance(stamp, int | float) or not math.isfinite(stamp):
+            raise DatasetError("path", f"{where} needs a numeric `timestamp`, got {stamp!r}")
+        if out is None:
+            raise DatasetError(
+                "path", f"{where}: output_length must be an integer in [1, {SEQUENCE_TOKENS.hi}]"
+            )
+        text = obj.get("text", obj.get("prompt"))
+        prompt: str | list[int]
+        if isinstance(text, str) and text:
+            prompt = text
+        else:
+            length, hashes = _token_count(obj.get("input_length")), obj.get("hash_ids", [])
+            if length is None:
+                raise DatasetError(
+                    "path", f"{where} needs an `input_length` in [1, {SEQUENCE_TOKENS.hi}] or a `text`"
+                )
+            if not isinstance(hashes, list) or not all(_positive_int(h) or h == 0 for h in hashes):
+                raise DatasetError("path", f"{where}: hash_ids must be a list of non-negative integers")
+            drawn += length
+            _check_drawn(drawn, "path", index + 1)
+            ids = [t for h in hashes[: math.ceil(length / block)] for t in block_ids(h)][:length]
+            if len(ids) < length:  # past its blocks the prompt is this line's own
+                rng = np.random.default_rng([seed, 1, index])
+                ids += rng.integers(FIRST_TOKEN_ID, vocab, size=length - len(ids)).tolist()
+            prompt = ids
+        rows.append((float(stamp) * unit_s, DatasetEntry(prompt=prompt, max_tokens=out, ignore_eos=True)))
+    rows.sort(key=lambda row: row[0])
+    first = rows[0][0]
+    entries = [replace(entry, timestamp_s=stamp - first) for stamp, entry in rows]
+    return Dataset("trace", entries, seed=seed, vocab_size=vocab)
+
+
+def prefix_repetition_dataset(table: dict[str, Any], count: int, seed: int) -> Dataset:
+    """vLLM's prefix_repetition: `count // num_prefixes` requests per prefix, each prefix followed by
+    a suffix of its own, shuffled from the seed (as vLLM shuffles) so a prefix's requests are spread
+    over the run rather than sent back to back."""
+    keys = ("prefix_len", "suffix_len", "num_prefixes", "output_len", "vocab_size")
+    _reject_unknown(table, "prefix_repetition", keys)
+    prefix_len, suffix_len = _dataset_number(table, "prefix_len"), _dataset_number(table, "suffix_len")
+    num_prefixes, output_len = _dataset_number(table, "num_prefixes"), _dataset_number(table, "output_len")
+    vocab = _dataset_number(table, "vocab_size", DEFAULT_VOCAB_SIZE)
+    per_prefix = count // num_prefixes
+    if per_prefix == 0:
+        raise DatasetError(
+            "num_prefixes",
+            f"({num_prefixes}) is more than num_requests ({count}): every prefix needs a request",
+        )
+    _check_drawn(per_prefix * num_prefixes * (prefix_len + suffix_len), "prefix_len", count)
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    entries = []
+    for _ in range(num_prefixes):
+        prefix = rng.integers(FIRST_TOKEN_ID, vocab, size=prefix_len).tolist()
+        for _ in range(per_prefix):
+            suffix = rng.integers(FIRST_TOKEN_ID, vocab, size=suffix_len).tolist()
+            entries.append(DatasetEntry(prompt=prefix + suffix, max_tokens=output_len, ignore_eos=True))
+    order = rng.permutation(len(entries))
+    return Dataset("prefix_repetition", [entries[i] for i in order], seed=seed, vocab_size=vocab)
+
+
+def _categories(table: dict[str, Any]) -> set[str] | None:
+    wanted = table.get("category")
+    if wanted is None:
+        return None
+    names = [wanted] if isinstance(wanted, str) else wanted
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
+        raise DatasetError(
+            "category", f'must be a name or a list of names, e.g. ["coding", "math"]; got {wanted!r}'
+        )
+    return set(names)
+
+
+def _question_dataset(kind: str, table: dict[str, Any], path: Path, prompt_of: Any) -> Dataset:
+    """SpecBench and SPEED-Bench: one JSON object per line with a `category`, the prompt found by
+    `prompt_of` (None where the line has none), only the categories asked for."""
+    wanted = _categories(table)
+    output_len = _dataset_number(table, "output_len") if "output_len" in table else None
+    entries, seen = [], set()
+    for where, obj in _json_lines(path):
+        category, prompt = obj.get("category"), prompt_of(obj)
+        if not isinstance(category, str):
+            raise DatasetError("path", f"{where} needs a `category` string")
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise DatasetError("path", f"{where} holds no prompt (the {kind} layout: see docs/scenarios.md)")
+        seen.add(category)
+        if wanted is None or category in wanted:
+            entries.append(DatasetEntry(prompt=prompt, max_tokens=output_len, category=category))
+    if wanted is not None and wanted - seen:
+        missing = ", ".join(sorted(wanted - seen))
+        raise DatasetError("category", f"names {missing}, not in {path} (it has {', '.join(sorted(seen))})")
+    return Dataset(kind, entries)
+
+
+def _first_turn(obj: dict[str, Any]) -> Any:
+    turns = obj.get("turns")
+    return turns[0] if isinstance(turns, list) and turns else None
+
+
+def _first_message(obj: dict[str, Any]) -> Any:
+    messages = obj.get("messages")
+    first = messages[0] if isinstance(messages, list) and messages else None
+    return first.get("content") if isinstance(first, dict) else None
+
+
+def spec_bench_dataset(table: dict[str, Any], base: Path) -> Dataset:
+    _reject_unknown(table, "spec_bench", ("path", "category", "output_len"))
+    return _question_dataset("spec_bench", table, _path(table, base, "spec_bench"), _first_turn)
+
+
+def speed_bench_dataset(table: dict[str, Any], base: Path) -> Dataset:
+    """`path` is the folder (vLLM's `--dataset-path` for speed_bench); `subset` picks its file."""
+    _reject_unknown(table, "speed_bench", ("path", "subset", "category", "output_len"))
+    subset = table.get("subset", "qualitative")
+    if subset not in SPEED_BENCH_SUBSETS:
+        raise DatasetError("subset", f"must be one of {', '.join(SPEED_BENCH_SUBSETS)}, got {subset!r}")
+    folder = _path(table, base, "speed_bench")
+    if not folder.is_dir():
+        raise DatasetError("path", f"names {folder}, which is not a folder; name the SPEED-Bench folder")
+    return _question_dataset("speed_bench", table, folder / f"{subset}.jsonl", _first_message)
+
+
+def _path(table: dict[str, Any], base: Path, kind: str) -> Path:
+    name = table.get("path")
+    if not isinstance(name, str):
+        raise DatasetError("path", f"is missing; a {kind} dataset reads its requests from a file")
+    return (base / name).resolve()
+
+
 def load_dataset(table: dict[str, Any], base: Path, count: int, seed: int, chat: bool) -> Dataset:
     """Read [workload.dataset]; `count` is how many requests a random dataset draws."""
     kind = table.get("kind")
@@ -322,11 +560,14 @@ def load_dataset(table: dict[str, Any], base: Path, count: int, seed: int, chat:
         raise DatasetError("kind", f"must be one of {', '.join(DATASET_KINDS)}, got {kind!r}")
     if kind == "random":
         return random_dataset(table, count, seed)
-    unknown = set(table) - {"kind", "path"}
-    if unknown:
-        raise DatasetError(sorted(unknown)[0], f"is not a key of a {kind} dataset (kind, path)")
-    name = table.get("path")
-    if not isinstance(name, str):
-        raise DatasetError("path", f"is missing; a {kind} dataset reads its requests from a file")
-    path = (base / name).resolve()
+    if kind == "prefix_repetition":
+        return prefix_repetition_dataset(table, count, seed)
+    if kind == "trace":
+        return trace_dataset(table, base, seed)
+    if kind == "spec_bench":
+        return spec_bench_dataset(table, base)
+    if kind == "speed_bench":
+        return speed_bench_dataset(table, base)
+    _reject_unknown(table, kind, ("path",))
+    path = _path(table, base, kind)
     return jsonl_dataset(path, chat) if kind == "jsonl" else sharegpt_dataset(path)

@@ -9,6 +9,10 @@ reproduce its `--request-rate R --burstiness B`: interval i ~ Gamma(shape=B, sca
 interval too. Without a ramp the cumulative offsets are rescaled so the last one is exactly n/R, as
 vLLM does, so the run's mean rate does not depend on the seed. A linear ramp sets r_i from start_rate
 to end_rate by request index (vLLM's `--ramp-up-strategy linear`), without that rescaling.
+
+A timed trace (`[workload.dataset] kind = "trace"`) brings its own schedule instead: request i is due
+at its timestamp less the first one, times `trace_scale` (vllm bench serve's `--self-timed` replay of
+`timed_trace`, whose `--timed-trace-sec-multiplier` is the same factor), and no seed enters it.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ __all__ = [
     "expected_span_s",
     "request_rates",
     "send_offsets_s",
+    "trace_offsets_s",
 ]
 
 LONGEST_SCHEDULE_S = 86_400.0  # a day: the longest schedule (or duration, or wait) a scenario may set
@@ -52,10 +57,12 @@ class Arrivals:
     duration_s: float | None = None
     duration_grace_s: float = DURATION_GRACE_S
     warmup_requests: int = 0
+    trace_s: tuple[float, ...] | None = None  # a timed trace: each entry's due time, from the first's
+    trace_scale: float = 1.0  # the trace's intervals times this: 0.5 replays it twice as fast
 
     @property
     def open_loop(self) -> bool:
-        return self.request_rate is not None or self.ramp_up is not None
+        return self.request_rate is not None or self.ramp_up is not None or self.trace_s is not None
 
     @property
     def cut_after_s(self) -> float | None:
@@ -63,6 +70,9 @@ class Arrivals:
         return self.duration_s + self.duration_grace_s if self.duration_s is not None else None
 
     def mean_rate(self) -> float | None:
+        if self.trace_s is not None:
+            span = self.trace_s[-1] * self.trace_scale
+            return len(self.trace_s) / span if span > 0 else None
         if self.ramp_up is not None:
             return (self.ramp_up.start_rate + self.ramp_up.end_rate) / 2
         return self.request_rate
@@ -86,6 +96,8 @@ def expected_span_s(count: int, arrivals: Arrivals) -> float:
     without drawing it: a linear ramp's mean interval over the requests is ln(end/start)/(end-start)."""
     if count == 0:
         return 0.0
+    if arrivals.trace_s is not None:
+        return trace_offsets_s(count, arrivals)[-1]
     if arrivals.ramp_up is None:
         if arrivals.request_rate is None:
             raise ValueError("a closed loop has no arrival schedule")
@@ -100,6 +112,8 @@ def send_offsets_s(count: int, arrivals: Arrivals, seed: int) -> list[float]:
     """Seconds from the run's start at which request i (warmup first) is due."""
     if count == 0:
         return []
+    if arrivals.trace_s is not None:
+        return trace_offsets_s(count, arrivals)
     import numpy as np
 
     rates = request_rates(count, arrivals)
@@ -110,3 +124,11 @@ def send_offsets_s(count: int, arrivals: Arrivals, seed: int) -> list[float]:
     if arrivals.ramp_up is None and offsets[-1] > 0:
         offsets *= (count / float(arrivals.request_rate or 1.0)) / offsets[-1]
     return [float(v) for v in offsets]
+
+
+def trace_offsets_s(count: int, arrivals: Arrivals) -> list[float]:
+    """A timed trace's first `count` due times, scaled; a count past the trace's end is refused when
+    the scenario is read (`parse_workload`), so this never has to invent arrivals."""
+    if arrivals.trace_s is None or count > len(arrivals.trace_s):
+        raise ValueError("a trace schedule covers at most the trace's own requests")
+    return [t * arrivals.trace_scale for t in arrivals.trace_s[:count]]

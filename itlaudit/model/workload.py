@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
@@ -61,6 +62,8 @@ BOUNDS: dict[str, Bound] = {
     "ttft_timeout_s": SECONDS,
     "stall_timeout_s": SECONDS,
     "request_timeout_s": SECONDS,
+    # A trace's intervals times this: 0.001 replays a day's trace in ~90 s, 1000 slows a burst down.
+    "trace_scale": Bound(0.001, 1000),
 }
 # The sampling keys `extra_body` may set that the server would otherwise take as they come: the same
 # ranges as the workload's own keys, and vLLM's for the rest.
@@ -142,6 +145,7 @@ def parse_workload(src: dict[str, Any], loc: Located, base: Path, chat: bool) ->
         prompts = str_list(src, loc, table, "prompts")
         if not prompts:
             raise loc.error(table, "prompts", "is missing or empty; give `prompts` or `prompts_file`")
+    arrivals = _trace_arrivals(src, loc, arrivals, dataset)
     max_tokens = get_number(src, loc, table, "max_tokens", int, BOUNDS["max_tokens"], None)
     min_tokens = get_number(src, loc, table, "min_tokens", int, BOUNDS["min_tokens"], None)
     if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
@@ -156,6 +160,13 @@ def parse_workload(src: dict[str, Any], loc: Located, base: Path, chat: bool) ->
         seed=_seed(src, loc),
     )
     num_requests = _num_requests(src, loc, _default_count(src, arrivals, len(prompts), loc))
+    if arrivals.trace_s is not None and num_requests + arrivals.warmup_requests > len(arrivals.trace_s):
+        raise loc.error(
+            table,
+            "num_requests",
+            f"({num_requests}, plus {arrivals.warmup_requests} warmup) is more than the trace's "
+            f"{len(arrivals.trace_s)} lines: a trace is replayed once, on its own schedule; send fewer",
+        )
     _check_span(arrivals, num_requests, loc, table)
     # With a rate, concurrency is only a cap; absent, nothing caps the open requests.
     uncapped = num_requests + arrivals.warmup_requests if arrivals.open_loop else 1
@@ -193,6 +204,8 @@ def _check_span(arrivals: Arrivals, num_requests: int, loc: Located, table: str)
     if rate is None:
         return
     key = "ramp_up" if arrivals.ramp_up is not None else "request_rate"
+    if arrivals.trace_s is not None:
+        key = "trace_scale"
     first = expected_span_s(1, arrivals)
     if arrivals.duration_s is not None and first > arrivals.duration_s:
         raise loc.error(
@@ -250,14 +263,14 @@ def _dataset(src: dict[str, Any], loc: Located, base: Path, chat: bool, arrivals
     table = "workload.dataset"
     raw = get_value(src, loc, "workload", "dataset", dict)
     count = 0
-    if raw.get("kind") == "random":
+    if raw.get("kind") in ("random", "prefix_repetition"):
         if "num_requests" in src:
             count = _num_requests(src, loc, 0)
         elif arrivals.duration_s is not None and arrivals.mean_rate() is not None:
             count = _num_requests(src, loc, _default_count(src, arrivals, 0, loc))
         else:
             raise loc.error(
-                "workload", "num_requests", "is missing; a random dataset draws that many requests"
+                "workload", "num_requests", f"is missing; a {raw['kind']} dataset draws that many requests"
             )
         _check_span(arrivals, count, loc, "workload")  # before drawing that many prompts
     seed = _seed(src, loc) or 0
@@ -267,7 +280,34 @@ def _dataset(src: dict[str, Any], loc: Located, base: Path, chat: bool, arrivals
         raise loc.error(table, exc.key, str(exc)) from None
 
 
-ARRIVAL_KEYS = ("request_rate", "burstiness", "ramp_up", "duration_s", "duration_grace_s", "warmup_requests")
+ARRIVAL_KEYS = (
+    "request_rate",
+    "burstiness",
+    "ramp_up",
+    "duration_s",
+    "duration_grace_s",
+    "warmup_requests",
+    "trace_scale",
+)
+
+
+def _trace_arrivals(
+    src: dict[str, Any], loc: Located, arrivals: Arrivals, dataset: Dataset | None
+) -> Arrivals:
+    """A trace brings its own schedule, so a rate or ramp beside it is refused, and `trace_scale`
+    (default 1) stretches it; any other workload leaves the arrivals as they are."""
+    trace_s = dataset.trace_s() if dataset is not None else None
+    if trace_s is None:
+        if "trace_scale" in src:
+            raise loc.error(
+                "workload", "trace_scale", 'scales a timed trace: it needs [workload.dataset] kind = "trace"'
+            )
+        return arrivals
+    for key in ("request_rate", "ramp_up"):
+        if key in src:
+            raise loc.error("workload", key, "cannot be set with a trace, which brings its own schedule")
+    scale = get_number(src, loc, "workload", "trace_scale", (int, float), BOUNDS["trace_scale"], 1.0)
+    return dataclasses.replace(arrivals, trace_s=trace_s, trace_scale=float(scale))
 
 
 def _number(src: dict[str, Any], loc: Located, table: str, key: str) -> float | None:
@@ -317,7 +357,7 @@ def _arrivals(src: dict[str, Any], loc: Located, table: str) -> Arrivals:
 def _default_count(src: dict[str, Any], arrivals: Arrivals, prompts: int, loc: Located) -> int:
     """num_requests when left out: enough arrivals to fill duration_s at the rate, else one per prompt."""
     rate = arrivals.mean_rate()
-    if arrivals.duration_s is None or "num_requests" in src:
+    if arrivals.duration_s is None or "num_requests" in src or arrivals.trace_s is not None:
         return prompts  # (a num_requests given overrides whatever default this is)
     if rate is None:
         raise loc.error(
