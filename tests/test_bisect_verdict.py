@@ -10,8 +10,9 @@ import pytest
 
 from itlaudit.analysis.findings import TRUNCATION_CODES
 from itlaudit.bisect.figures import Figures
-from itlaudit.bisect.verdict import JUDGES, Judge, ScriptJudge, Verdict, parse_regress
+from itlaudit.bisect.verdict import JUDGES, Judge, ScriptJudge, parse_regress
 from itlaudit.errors import BisectError
+from itlaudit.model.vocabulary import Verdict
 
 T, A = 1.5, 0.05
 

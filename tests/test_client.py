@@ -28,13 +28,9 @@ from itlaudit.capture.preflight import fetch_json, fetch_models, server_error_me
 from itlaudit.capture.request_plan import build_body, plan_request
 from itlaudit.errors import ServerRejectedError, ServerUnreachableError
 from itlaudit.model.records import (
-    STATUS_CONNECTION_ERROR,
-    STATUS_HTTP_ERROR,
-    STATUS_OK,
-    STATUS_STREAM_ERROR,
-    STATUS_TIMEOUT,
     RequestParams,
     RequestRecord,
+    Status,
     Timeouts,
 )
 
@@ -176,7 +172,7 @@ async def test_replayed_capture_gives_exact_record(capture_name: str) -> None:
         endpoint,
         "tiny",
     )
-    assert record.status == STATUS_OK
+    assert record.status == Status.OK
     assert record.error is None
     assert record.http_status == 200
     assert record.done_sentinel is True
@@ -252,7 +248,7 @@ async def test_error_frame_mid_stream_is_a_stream_error_and_reading_continues() 
     replay = [*events[:2], f"data: {json.dumps(error_frame)}\n\n".encode(), b"data: [DONE]\n\n"]
     async with serve(both_endpoints(replay_handler(replay, [], gap_s=0))) as base_url:
         record = await run_request(base_url, "completions")
-    assert record.status == STATUS_STREAM_ERROR
+    assert record.status == Status.STREAM_ERROR
     assert record.error == ENGINE_DEAD
     assert record.done_sentinel is True
     assert record.chunks.completion_tokens == [1, 2]
@@ -265,7 +261,7 @@ async def test_non_json_data_event_is_a_stream_error() -> None:
     replay = [b"data: not json\n\n", b"data: [DONE]\n\n"]
     async with serve(both_endpoints(replay_handler(replay, [], gap_s=0))) as base_url:
         record = await run_request(base_url, "completions")
-    assert record.status == STATUS_STREAM_ERROR
+    assert record.status == Status.STREAM_ERROR
     assert record.error == "server sent a data event that is not JSON: 'not json'"
     assert len(record.chunks) == 0
     assert record.done_sentinel is True
@@ -280,7 +276,7 @@ async def test_http_400_records_vllm_message() -> None:
 
     async with serve(both_endpoints(handler)) as base_url:
         record = await run_request(base_url, "chat")
-    assert record.status == STATUS_HTTP_ERROR
+    assert record.status == Status.HTTP_ERROR
     assert record.http_status == 400
     assert record.error == message
     assert len(record.chunks) == 0
@@ -352,7 +348,7 @@ async def test_connection_closed_mid_stream_keeps_chunks_received_so_far() -> No
 
     async with raw_http_server(send_three_then_close) as base_url:
         record = await run_request(base_url, "completions")
-    assert record.status == STATUS_CONNECTION_ERROR
+    assert record.status == Status.CONNECTION_ERROR
     assert record.error is not None and "\n" not in record.error
     assert record.http_status == 200
     assert record.chunks.completion_tokens == [1, 2, 3]
@@ -376,7 +372,7 @@ async def test_stalled_stream_is_cut_by_the_stall_timeout_with_chunks_kept() -> 
             record = await run_request(base_url, "chat", timeouts=Timeouts(stall_timeout_s=0.3))
         finally:
             release.set()
-    assert record.status == STATUS_TIMEOUT
+    assert record.status == Status.TIMEOUT
     assert record.timeout_limit == "stall_timeout_s"
     assert record.error is not None and "\n" not in record.error
     assert "stall_timeout_s = 0.3 s" in record.error and "after 2 chunks" in record.error
@@ -399,7 +395,7 @@ async def test_silence_after_the_head_is_cut_by_ttft_timeout() -> None:
             record = await run_request(base_url, "chat", timeouts=timeouts)
         finally:
             release.set()
-    assert (record.status, record.timeout_limit) == (STATUS_TIMEOUT, "ttft_timeout_s")
+    assert (record.status, record.timeout_limit) == (Status.TIMEOUT, "ttft_timeout_s")
     assert record.http_status == 200 and len(record.chunks) == 0
     assert 200 <= record.e2e_ms < 5000
 
@@ -415,7 +411,7 @@ async def test_a_server_that_never_answers_is_cut_before_its_head() -> None:
             record = await run_request(base_url, "chat", timeouts=Timeouts(stall_timeout_s=0.2))
         finally:
             release.set()
-    assert (record.status, record.timeout_limit) == (STATUS_TIMEOUT, "stall_timeout_s")
+    assert (record.status, record.timeout_limit) == (Status.TIMEOUT, "stall_timeout_s")
     assert record.http_status is None and record.e2e_ms >= 200
 
 
@@ -432,7 +428,7 @@ async def test_request_timeout_bounds_a_stream_that_keeps_sending() -> None:
     async with raw_http_server(slow_but_steady) as base_url:
         timeouts = Timeouts(stall_timeout_s=1.0, request_timeout_s=0.3)
         record = await run_request(base_url, "completions", timeouts=timeouts)
-    assert (record.status, record.timeout_limit) == (STATUS_TIMEOUT, "request_timeout_s")
+    assert (record.status, record.timeout_limit) == (Status.TIMEOUT, "request_timeout_s")
     assert 3 <= len(record.chunks) < len(events)
     assert record.e2e_ms == pytest.approx(300, abs=100)
 
@@ -447,7 +443,7 @@ def test_retry_after_delay_seconds_or_http_date(header: str | None, seconds: flo
 
 async def test_connection_refused_is_recorded() -> None:
     record = await run_request(f"http://127.0.0.1:{unused_port()}", "completions")
-    assert record.status == STATUS_CONNECTION_ERROR
+    assert record.status == Status.CONNECTION_ERROR
     assert record.error is not None and "\n" not in record.error
     assert record.http_status is None
     assert len(record.chunks) == 0

@@ -21,7 +21,7 @@ from itlaudit import cli
 from itlaudit.capture.cluster import INSTALL_HINT, parse_cluster
 from itlaudit.capture.runner import CaptureOptions
 from itlaudit.errors import ClusterError
-from itlaudit.model.records import STATUS_OK, STATUS_WORKER_LOST
+from itlaudit.model.records import Status
 from itlaudit.serve.launcher import LaunchedServer
 from itlaudit.serve.truth import TruthConfig
 from itlaudit.store.jsonl import iter_jsonl
@@ -64,7 +64,7 @@ def test_two_actors_measure_as_the_truth_says(
     lines = _lines(run_dir)
     ids = [line["request_id"] for line in lines]
     assert len(ids) == 8 and len(set(ids)) == 8
-    assert {line["status"] for line in lines} == {STATUS_OK}
+    assert {line["status"] for line in lines} == {Status.OK}
     assert sorted({line["worker"] for line in lines}) == [0, 1]
     result = grade_run(run_dir, fetch_send_log(truth.url))
     assert result.responses == 8 and result.every_chunk_stamped, result
@@ -100,9 +100,9 @@ def test_a_killed_actor_leaves_worker_lost_records_and_the_run_finishes(
     lines = _lines(run_dir)
     assert sorted(line["request_id"] for line in lines) == [f"truth-{i:05d}" for i in range(4)]
     by_worker = {w: [line for line in lines if line["worker"] == w] for w in (0, 1)}
-    assert [line["status"] for line in by_worker[0]] == [STATUS_OK] * 2
+    assert [line["status"] for line in by_worker[0]] == [Status.OK] * 2
     assert all(line["completion_tokens"] == 1500 for line in by_worker[0])
-    assert [line["status"] for line in by_worker[1]] == [STATUS_WORKER_LOST] * 2
+    assert [line["status"] for line in by_worker[1]] == [Status.WORKER_LOST] * 2
     assert all("lost" in line["error"] and line["chunk_t_ms"] == [] for line in by_worker[1])
     meta = json.loads((run_dir / "meta.json").read_text())
     assert meta["variants"]["truth"]["lost_workers"] == [

@@ -15,7 +15,7 @@ import pytest
 from raykit import actors, on_second_actor
 
 from itlaudit.capture.runner import CaptureOptions
-from itlaudit.model.records import STATUS_OK, STATUS_WORKER_LOST
+from itlaudit.model.records import Status
 from itlaudit.serve.launcher import LaunchedServer
 from itlaudit.serve.truth import TruthConfig
 from itlaudit.store.jsonl import iter_jsonl
@@ -67,9 +67,9 @@ def test_a_removed_node_loses_only_its_open_requests(
     lines = list(iter_jsonl(run_dir / "requests.jsonl"))
     assert sorted(line["request_id"] for line in lines) == [f"truth-{i:05d}" for i in range(4)]
     by_worker = {w: [line for line in lines if line["worker"] == w] for w in (0, 1)}
-    assert [line["status"] for line in by_worker[0]] == [STATUS_OK] * 2
+    assert [line["status"] for line in by_worker[0]] == [Status.OK] * 2
     assert all(line["completion_tokens"] == 1500 for line in by_worker[0])
-    assert [line["status"] for line in by_worker[1]] == [STATUS_WORKER_LOST] * 2
+    assert [line["status"] for line in by_worker[1]] == [Status.WORKER_LOST] * 2
     assert all(removed[0] in line["error"] and line["chunk_t_ms"] == [] for line in by_worker[1])
     (lost,) = json.loads((run_dir / "meta.json").read_text())["variants"]["truth"]["lost_workers"]
     assert lost["worker"] == 1 and lost["node"] == removed[0] and lost["unfinished"] == 2

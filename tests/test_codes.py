@@ -12,7 +12,6 @@ import msgspec
 import pytest
 
 from itlaudit.analysis import comparison, distribution, findings, lossless
-from itlaudit.analysis.stats import Verdict
 from itlaudit.errors import RecordsError
 from itlaudit.model.codes import (
     CODES,
@@ -24,6 +23,7 @@ from itlaudit.model.codes import (
     codes_in,
 )
 from itlaudit.model.records import RequestParams, RequestRecord, Status
+from itlaudit.model.vocabulary import Shift
 from itlaudit.store.jsonl import load_records
 
 TABLE_PAGE = Path(__file__).resolve().parents[1] / "docs" / "audits.md"
@@ -136,4 +136,4 @@ def test_an_unknown_status_on_disk_is_one_clear_error(tmp_path: Path) -> None:
 
 
 def test_verdicts_keep_their_strings() -> None:
-    assert [str(v) for v in Verdict] == ["better", "worse", "same", "unknown"]
+    assert [str(v) for v in Shift] == ["better", "worse", "same", "unknown"]

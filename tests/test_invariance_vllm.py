@@ -14,7 +14,7 @@ from itlaudit.analysis.lossless import spec_decode_mismatches
 from itlaudit.capture.client import stream_request
 from itlaudit.capture.request_plan import plan_request
 from itlaudit.capture.scoring import Scorer, explain_mismatch, observe
-from itlaudit.model.records import STATUS_OK, RequestParams, RequestRecord
+from itlaudit.model.records import RequestParams, RequestRecord, Status
 
 pytestmark = pytest.mark.vllm
 k0_url = vllm_server()
@@ -70,7 +70,7 @@ async def _greedy_records(url: str, variant: str) -> list[RequestRecord]:
 async def test_real_k3_self_draft_is_lossless_at_temperature_0(k0_url: str, k3_url: str) -> None:
     base = await _greedy_records(k0_url, "K0")
     spec = await _greedy_records(k3_url, "K3")
-    assert all(r.status == STATUS_OK and r.completion_tokens == 48 for r in base + spec)
+    assert all(r.status == Status.OK and r.completion_tokens == 48 for r in base + spec)
     found = spec_decode_mismatches(base, spec)
     if found:  # show both servers' candidates at the divergence, so a failure explains itself
         async with aiohttp.ClientSession() as session:

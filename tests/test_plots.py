@@ -20,7 +20,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 from reportkit import k0_k3, stream, views
 
-from itlaudit.model.records import STATUS_HTTP_ERROR
+from itlaudit.model.records import Status
 from itlaudit.report import plots
 from itlaudit.report.plot_style import DPI, NEUTRAL_GREY, WIDE
 from itlaudit.report.plots import (
@@ -196,7 +196,7 @@ def test_one_request_and_a_thousand_both_draw(tmp_path: Path, n: int, drawn: lis
 
 def test_nothing_to_draw_gives_none_not_an_empty_panel(tmp_path: Path, drawn: list[Figure]) -> None:
     failed = stream("K0")
-    failed.status = STATUS_HTTP_ERROR
+    failed.status = Status.HTTP_ERROR
     assert plot_timeline(views([failed]), tmp_path / "t.png") is None
     assert plot_acceptance(views(k0_k3()), tmp_path / "a.png") is None  # no compare.json
     assert not (tmp_path / "a.png").exists() and drawn == []

@@ -9,7 +9,7 @@ import pytest
 from reportkit import stream
 
 from itlaudit.analysis.derive import run_summary
-from itlaudit.model.records import STATUS_HTTP_ERROR
+from itlaudit.model.records import Status
 from itlaudit.model.redact import (
     MASK,
     is_secret_name,
@@ -62,7 +62,7 @@ def test_a_server_message_echoing_our_credential_is_masked_in_the_reports(
 ) -> None:
     monkeypatch.setenv("VLLM_API_KEY", "sk-echoed-by-the-server")
     failed = replace(
-        stream("K0"), status=STATUS_HTTP_ERROR, http_status=401, error="bad key sk-echoed-by-the-server"
+        stream("K0"), status=Status.HTTP_ERROR, http_status=401, error="bad key sk-echoed-by-the-server"
     )
     records = [failed, stream("K0", 1)]
     finding = {

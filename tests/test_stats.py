@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from itlaudit.analysis.stats import Verdict, compare_samples, min_achievable_p
+from itlaudit.analysis.stats import compare_samples, min_achievable_p
+from itlaudit.model.vocabulary import Shift
 
 
 def _latencies(median: float, n: int = 60, seed: int = 0) -> list[float]:
@@ -15,20 +16,20 @@ def _latencies(median: float, n: int = 60, seed: int = 0) -> list[float]:
 
 def test_two_x_slowdown_is_worse() -> None:
     result = compare_samples(_latencies(10), _latencies(20, seed=1), lower_is_better=True)
-    assert result.verdict == Verdict.WORSE
+    assert result.verdict == Shift.WORSE
     assert result.ratio == pytest.approx(2.0, rel=0.1)
     assert result.p_value is not None and result.p_value < 1e-6
 
 
 def test_two_x_faster_throughput_is_better() -> None:
     result = compare_samples(_latencies(100), _latencies(200, seed=1), lower_is_better=False)
-    assert result.verdict == Verdict.BETTER
+    assert result.verdict == Shift.BETTER
 
 
 def test_identical_is_same() -> None:
     data = _latencies(10)
     result = compare_samples(data, list(data), lower_is_better=True)
-    assert result.verdict == Verdict.SAME
+    assert result.verdict == Shift.SAME
     assert result.ratio == 1.0
 
 
@@ -36,7 +37,7 @@ def test_small_real_shift_is_same_not_worse() -> None:
     """Significant but below the threshold: a CI gate must not fail on a 3 % drift."""
     result = compare_samples(_latencies(10, 2000), _latencies(10.3, 2000, seed=1), lower_is_better=True)
     assert result.p_value is not None and result.p_value < 0.05
-    assert result.verdict == Verdict.SAME
+    assert result.verdict == Shift.SAME
 
 
 @pytest.mark.parametrize(
@@ -45,7 +46,7 @@ def test_small_real_shift_is_same_not_worse() -> None:
     ids=["overlapping", "separated"],
 )
 def test_three_vs_three_is_unknown(base: list[float], new: list[float]) -> None:
-    assert compare_samples(base, new, lower_is_better=True).verdict == Verdict.UNKNOWN
+    assert compare_samples(base, new, lower_is_better=True).verdict == Shift.UNKNOWN
 
 
 def test_noisy_large_difference_is_unknown() -> None:
@@ -53,12 +54,12 @@ def test_noisy_large_difference_is_unknown() -> None:
     new = [2.0, 60.0, 4.0, 45.0, 6.0, 35.0]
     result = compare_samples(base, new, lower_is_better=True)
     assert result.p_value is not None and result.p_value > 0.05
-    assert result.verdict == Verdict.UNKNOWN
+    assert result.verdict == Shift.UNKNOWN
 
 
 def test_missing_values_are_dropped_and_too_few_is_unknown() -> None:
     result = compare_samples([1.0, None, float("nan")], [1.0, 2.0, 3.0], lower_is_better=True)
-    assert result.verdict == Verdict.UNKNOWN
+    assert result.verdict == Shift.UNKNOWN
     assert result.n_base == 1
     assert result.p_value is None
 
@@ -66,7 +67,7 @@ def test_missing_values_are_dropped_and_too_few_is_unknown() -> None:
 def test_rise_from_zero_is_worse() -> None:
     result = compare_samples([0.0] * 20, [5.0] * 20, lower_is_better=True)
     assert result.ratio is None
-    assert result.verdict == Verdict.WORSE
+    assert result.verdict == Shift.WORSE
 
 
 def test_min_achievable_p() -> None:

@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 
 from itlaudit.analysis.sweep import (
-    CONCURRENCY,
     crossover,
     goodput,
     parse_goodput,
@@ -19,12 +18,13 @@ from itlaudit.analysis.sweep import (
 )
 from itlaudit.errors import ScenarioError, SweepError
 from itlaudit.model.scenario import parse_scenario
+from itlaudit.model.vocabulary import LoadAxis
 
 
 def _point(load: float, itl: float, tpot: float | None = None, ttft: float = 10.0) -> dict[str, Any]:
     figures = {p: itl for p in ("p50", "p90", "p99")}
     return {
-        CONCURRENCY: load,
+        LoadAxis.CONCURRENCY: load,
         "itl_ms": figures,
         "tpot_ms": {p: tpot if tpot is not None else itl for p in ("p50", "p90", "p99")},
         "ttft_ms": {p: ttft for p in ("p50", "p90", "p99")},
@@ -32,15 +32,15 @@ def _point(load: float, itl: float, tpot: float | None = None, ttft: float = 10.
 
 
 def test_points_parse_sorted_and_bad_ones_are_named() -> None:
-    assert parse_points("4,1,2", CONCURRENCY) == [1, 2, 4]
+    assert parse_points("4,1,2", LoadAxis.CONCURRENCY) == [1, 2, 4]
     for bad, needle in (("1,x", "'x' is not a number"), ("0,2", "an integer in .1,"), ("2,2", "twice")):
         with pytest.raises(SweepError, match=needle):
-            parse_points(bad, CONCURRENCY)
+            parse_points(bad, LoadAxis.CONCURRENCY)
     for bad in ("nan", "inf", "1e9"):  # a rate point has the request_rate key's bound
         with pytest.raises(SweepError, match=r"must be a finite number in \(0, 1000000\] requests/s"):
             parse_points(f"1,{bad}", "rate")
     with pytest.raises(SweepError, match="is not a number"):
-        parse_points("1.5", CONCURRENCY)
+        parse_points("1.5", LoadAxis.CONCURRENCY)
 
 
 def test_sla_and_goodput_parse_and_refuse_unknown_figures() -> None:
@@ -85,17 +85,17 @@ def test_crossover_named_at_the_first_load_where_the_baseline_wins() -> None:
         "K0": [_point(c, 10.0) for c in (1, 4, 16, 32)],
         "K3": [_point(1, 4.0), _point(4, 6.0), _point(16, 9.0), _point(32, 12.0)],
     }
-    found = crossover(CONCURRENCY, "K0", "K3", series)
+    found = crossover(LoadAxis.CONCURRENCY, "K0", "K3", series)
     assert (found.last_faster, found.first_slower) == (16, 32)
     assert found.headline == "K3 is faster per token up to concurrency 16 (1.11×); at 32, K0 is 1.20× faster."
 
 
 def test_no_crossover_in_range_either_way() -> None:
     faster = {"K0": [_point(c, 10.0) for c in (1, 4)], "K3": [_point(1, 4.0), _point(4, 5.0)]}
-    assert "no crossover in range" in crossover(CONCURRENCY, "K0", "K3", faster).headline
-    assert crossover(CONCURRENCY, "K0", "K3", faster).first_slower is None
+    assert "no crossover in range" in crossover(LoadAxis.CONCURRENCY, "K0", "K3", faster).headline
+    assert crossover(LoadAxis.CONCURRENCY, "K0", "K3", faster).first_slower is None
     slower = {"K0": [_point(c, 1.0) for c in (1, 4)], "K3": [_point(1, 4.0), _point(4, 5.0)]}
-    words = crossover(CONCURRENCY, "K0", "K3", slower).headline
+    words = crossover(LoadAxis.CONCURRENCY, "K0", "K3", slower).headline
     assert "not faster per token than K0 at any concurrency" in words and "no crossover in range" in words
 
 
@@ -122,10 +122,10 @@ def test_trials_pool_to_medians_with_their_spread() -> None:
             base[name] = {"p50": itl, "p90": itl, "p99": itl}
         return base
 
-    point = pool_trials(CONCURRENCY, 4, [trial(1.0, 100.0), trial(3.0, 90.0), trial(2.0, 80.0)])
+    point = pool_trials(LoadAxis.CONCURRENCY, 4, [trial(1.0, 100.0), trial(3.0, 90.0), trial(2.0, 80.0)])
     assert point["itl_ms"]["p50"] == 2.0 and point["output_tokens_per_s"] == 90.0
     assert point["spread"]["itl_ms.p50"] == [1.0, 3.0] and point["requests"] == 12 and point["findings"] == 3
-    assert "spread" not in pool_trials(CONCURRENCY, 4, [trial(1.0, 1.0)])
+    assert "spread" not in pool_trials(LoadAxis.CONCURRENCY, 4, [trial(1.0, 1.0)])
 
 
 BASE = """name = "s"

@@ -120,21 +120,22 @@ def _point(load: int, itl: float, not_comparable: str | None = None) -> dict[str
 def test_a_sweep_never_ranks_a_point_that_breaks_the_rule() -> None:
     """K3 capped at concurrency 4 looks 2.5× faster there; the crossover leaves that load out and
     says why, and the speedup figure draws no ratio for it."""
-    from itlaudit.analysis.sweep import CONCURRENCY, crossover, trial_figures
+    from itlaudit.analysis.sweep import crossover, trial_figures
+    from itlaudit.model.vocabulary import LoadAxis
 
     capped = "6 of 6 requests cut short"
     series = {
         "K0": [_point(c, 10.0) for c in (1, 4, 16)],
         "K3": [_point(1, 5.0), _point(4, 4.0, capped), _point(16, 12.0)],
     }
-    found = crossover(CONCURRENCY, "K0", "K3", series)
+    found = crossover(LoadAxis.CONCURRENCY, "K0", "K3", series)
     assert (found.last_faster, found.first_slower) == (1, 16)
     assert found.headline == (
         "K3 is faster per token up to concurrency 1 (2.00×); at 16, K0 is 1.20× faster. "
         "Not comparable at concurrency 4 (K3: 6 of 6 requests cut short): left out."
     )
     base_capped = {"K0": [_point(4, 10.0, "1 of 6 requests failed")], "K3": [_point(4, 5.0)]}
-    words = crossover(CONCURRENCY, "K0", "K3", base_capped).headline
+    words = crossover(LoadAxis.CONCURRENCY, "K0", "K3", base_capped).headline
     assert "faster" not in words and "no load measured by both is comparable" in words
     block = {"requests": 6, "errors": 0, "findings": {"truncated_below_max_tokens": 6}}
     assert trial_figures(block, [], [], {})["not_comparable"] == capped
@@ -143,15 +144,21 @@ def test_a_sweep_never_ranks_a_point_that_breaks_the_rule() -> None:
 def test_the_sweep_speedup_figure_draws_a_grey_cross_not_a_ratio_where_a_point_is_not_comparable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from itlaudit.analysis.sweep import CONCURRENCY, crossover
+    from itlaudit.analysis.sweep import crossover
+    from itlaudit.model.vocabulary import LoadAxis
     from itlaudit.report import sweep_plots
 
     series = {
         "K0": [_point(c, 10.0) for c in (1, 4, 16)],
         "K3": [_point(1, 5.0), _point(4, 4.0, "6 of 6 requests cut short"), _point(16, 12.0)],
     }
-    found = crossover(CONCURRENCY, "K0", "K3", series)
-    sweep = {"axis": CONCURRENCY, "grid": [1, 4, 16], "variants": series, "crossovers": [asdict(found)]}
+    found = crossover(LoadAxis.CONCURRENCY, "K0", "K3", series)
+    sweep = {
+        "axis": LoadAxis.CONCURRENCY,
+        "grid": [1, 4, 16],
+        "variants": series,
+        "crossovers": [asdict(found)],
+    }
     drawn: list[Figure] = []
     monkeypatch.setattr(sweep_plots, "save_figure", lambda fig, path: drawn.append(fig) or path)
     sweep_plots.plot_speedup_vs_load(sweep, tmp_path / "s.png")

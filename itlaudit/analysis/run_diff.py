@@ -15,9 +15,10 @@ from typing import Any
 
 from itlaudit.analysis.derive import run_summary
 from itlaudit.analysis.metrics import RequestMetrics, request_metrics
-from itlaudit.analysis.stats import Comparison, Verdict, compare_samples
+from itlaudit.analysis.stats import Comparison, compare_samples
 from itlaudit.analysis.validity import Validity, variant_validity
 from itlaudit.model.records import RequestRecord, Status
+from itlaudit.model.vocabulary import Shift
 
 __all__ = [
     "DIFF_METRICS",
@@ -89,7 +90,7 @@ def error_rate_comparison(base: Sequence[RequestRecord], new: Sequence[RequestRe
     n_failed = sum(r.status != Status.OK for r in new)
     b_rate, n_rate = b_failed / len(base), n_failed / len(new)
     ratio = n_rate / b_rate if b_rate > 0 else None
-    verdict = Verdict.WORSE if n_rate > b_rate else Verdict.BETTER if n_rate < b_rate else Verdict.SAME
+    verdict = Shift.WORSE if n_rate > b_rate else Shift.BETTER if n_rate < b_rate else Shift.SAME
     reason = f"{n_failed} of {len(new)} requests failed vs {b_failed} of {len(base)}"
     return Comparison(verdict, ratio, None, b_rate, n_rate, len(base), len(new), reason)
 

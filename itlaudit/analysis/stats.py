@@ -13,45 +13,25 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 import numpy as np
 
 from itlaudit.analysis import metrics
+from itlaudit.model.vocabulary import Shift
 
 __all__ = [
-    "BETTER",
     "EXACT_SPLITS",
-    "SAME",
     "SAME_BAND",
-    "UNKNOWN",
-    "WORSE",
     "Comparison",
-    "Verdict",
     "compare_samples",
     "min_achievable_p",
 ]
 
 
-class Verdict(StrEnum):
-    """NEW against BASE for one metric (strings in diff's output and bisect.json)."""
-
-    BETTER = "better"
-    WORSE = "worse"
-    SAME = "same"
-    UNKNOWN = "unknown"
-
-
 # A ratio within ±2 % of 1 is worded "≈ same" wherever itlaudit words a factor without a test (the
 # report's headline, the plots): "1.00× slower" would suggest a difference that is not there.
 SAME_BAND = 0.02
-
-# bisect/verdict.py reads these names; new code uses Verdict.
-BETTER = Verdict.BETTER
-WORSE = Verdict.WORSE
-SAME = Verdict.SAME
-UNKNOWN = Verdict.UNKNOWN
 
 
 @dataclass(frozen=True)
@@ -63,7 +43,7 @@ class Comparison:
     was not run (too few samples). `reason` is one human sentence explaining the verdict.
     """
 
-    verdict: Verdict
+    verdict: Shift
     ratio: float | None
     p_value: float | None
     base_median: float | None
@@ -136,12 +116,12 @@ def compare_samples(
     # Two zero medians are the same figure (ratio 1); a rise from zero has no ratio.
     ratio = 1.0 if base_median == new_median == 0 else metrics.ratio(new_median, base_median)
 
-    def result(verdict: Verdict, p_value: float | None, reason: str) -> Comparison:
+    def result(verdict: Shift, p_value: float | None, reason: str) -> Comparison:
         return Comparison(verdict, ratio, p_value, base_median, new_median, int(b.size), int(n.size), reason)
 
     if min(b.size, n.size) < min_samples:
         return result(
-            Verdict.UNKNOWN,
+            Shift.UNKNOWN,
             None,
             f"too few samples ({b.size} vs {n.size}; need {min_samples} each)",
         )
@@ -150,12 +130,12 @@ def compare_samples(
 
     p_value = _p_value(b, n, mannwhitneyu)
     if min_achievable_p(b.size, n.size) > alpha:
-        return result(Verdict.UNKNOWN, p_value, f"{b.size} vs {n.size} samples cannot reach p < {alpha:g}")
+        return result(Shift.UNKNOWN, p_value, f"{b.size} vs {n.size} samples cannot reach p < {alpha:g}")
     if ratio is not None and 1 / threshold < ratio < threshold:
-        return result(Verdict.SAME, p_value, f"medians within {threshold:g}× of each other")
+        return result(Shift.SAME, p_value, f"medians within {threshold:g}× of each other")
     if p_value >= alpha:
-        return result(Verdict.UNKNOWN, p_value, f"difference not significant (p = {p_value:.3g} ≥ {alpha:g})")
+        return result(Shift.UNKNOWN, p_value, f"difference not significant (p = {p_value:.3g} ≥ {alpha:g})")
     # ratio is None only when base median is 0 and new is not: new went up from nothing.
     went_up = ratio is None or ratio > 1
-    verdict = Verdict.WORSE if went_up == lower_is_better else Verdict.BETTER
+    verdict = Shift.WORSE if went_up == lower_is_better else Shift.BETTER
     return result(verdict, p_value, f"significant (p = {p_value:.3g}) and beyond {threshold:g}×")

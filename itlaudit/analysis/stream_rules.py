@@ -27,6 +27,7 @@ from itlaudit.model.codes import (
     Severity,
 )
 from itlaudit.model.records import DURATION_CUT, RequestRecord, Status
+from itlaudit.model.vocabulary import StampMode
 
 __all__ = [
     "CLIENT_SATURATED_SHARE",
@@ -214,7 +215,7 @@ def _stalled(record: RequestRecord, seen: dict[str, Any]) -> Finding:
 def client_saturated_finding(record: RequestRecord, metrics: RequestMetrics) -> Finding | None:
     lag = record.loop_lag_p99_ms
     itl = metrics.itl_ms
-    share = CLIENT_SATURATED_SHARE_KERNEL if record.stamp == "kernel" else CLIENT_SATURATED_SHARE
+    share = CLIENT_SATURATED_SHARE_KERNEL if record.stamp == StampMode.KERNEL else CLIENT_SATURATED_SHARE
     if lag is None or itl is None or itl <= 0 or lag <= share * itl:
         return None
     message = (

@@ -19,14 +19,12 @@ from itlaudit.analysis.validity import block_validity
 from itlaudit.errors import SweepError
 from itlaudit.model.records import RequestRecord, Status
 from itlaudit.model.scenario import GOODPUT_KEYS
+from itlaudit.model.vocabulary import LoadAxis
 from itlaudit.model.workload import BOUNDS as WORKLOAD_BOUNDS
 
 __all__ = [
-    "AXES",
-    "CONCURRENCY",
     "LATENCY_FIGURES",
     "PERCENTILES",
-    "RATE",
     "SCALARS",
     "Crossover",
     "SlaSearch",
@@ -47,28 +45,27 @@ __all__ = [
     "trial_figures",
 ]
 
-CONCURRENCY = "concurrency"
-RATE = "rate"
-AXES = (CONCURRENCY, RATE)
 PERCENTILES = ("p50", "p90", "p99")
 # The latency figures a point reports and an SLA may name, each as {p50, p90, p99}.
 LATENCY_FIGURES = ("itl_ms", "chunk_itl_ms", "ttft_ms", "tpot_ms", "e2e_ms")
 
 
-def parse_points(text: str, axis: str) -> list[float]:
+def parse_points(text: str, axis: LoadAxis) -> list[float]:
     """`1,2,4,8`: distinct, positive, ascending after sorting; integers for concurrency."""
     values: list[float] = []
     for part in text.split(","):
         part = part.strip()
         try:
-            value = int(part) if axis == CONCURRENCY else float(part)
+            value = int(part) if axis == LoadAxis.CONCURRENCY else float(part)
         except ValueError:
-            kind = "integers" if axis == CONCURRENCY else "numbers (requests/s)"
+            kind = "integers" if axis == LoadAxis.CONCURRENCY else "numbers (requests/s)"
             raise SweepError(
                 f"--{axis} {text!r}: {part!r} is not a number; give {kind} like 1,2,4,8"
             ) from None
         # A point is the scenario's concurrency or request_rate: the same bound as that key.
-        problem = WORKLOAD_BOUNDS["concurrency" if axis == CONCURRENCY else "request_rate"].problem(value)
+        problem = WORKLOAD_BOUNDS["concurrency" if axis == LoadAxis.CONCURRENCY else "request_rate"].problem(
+            value
+        )
         if problem is not None:
             raise SweepError(f"--{axis} {text!r}: {part} {problem}")
         values.append(value)
@@ -228,12 +225,12 @@ SCALARS = (
 )
 
 
-def pool_trials(axis: str, value: float, trials: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def pool_trials(axis: LoadAxis, value: float, trials: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """A point over its trials: the median of each figure, its [min, max] under `spread` when there
     were several trials (the plots' error bars), requests and findings summed, and `not_comparable`
     when any trial broke analysis.validity's rule."""
     point: dict[str, Any] = {
-        axis: int(value) if axis == CONCURRENCY else value,
+        axis: int(value) if axis == LoadAxis.CONCURRENCY else value,
         "trials": len(trials),
         "requests": sum(t["requests"] for t in trials),
         "errors": sum(t["errors"] for t in trials),
@@ -322,12 +319,12 @@ def per_token_speedup(base: Mapping[str, Any], other: Mapping[str, Any]) -> floa
     return speedup(p50(base, "itl_ms"), p50(other, "itl_ms"), lower_is_better=True)
 
 
-def _load_words(axis: str, value: float) -> str:
-    return f"concurrency {int(value)}" if axis == CONCURRENCY else f"{value:g} requests/s"
+def _load_words(axis: LoadAxis, value: float) -> str:
+    return f"concurrency {int(value)}" if axis == LoadAxis.CONCURRENCY else f"{value:g} requests/s"
 
 
-def _at(axis: str, value: float) -> str:
-    return f"{int(value)}" if axis == CONCURRENCY else f"{value:g} requests/s"
+def _at(axis: LoadAxis, value: float) -> str:
+    return f"{int(value)}" if axis == LoadAxis.CONCURRENCY else f"{value:g} requests/s"
 
 
 @dataclass(frozen=True)
@@ -344,7 +341,7 @@ class Crossover:
 
 
 def crossover(
-    axis: str, base: str, variant: str, series: Mapping[str, Sequence[Mapping[str, Any]]]
+    axis: LoadAxis, base: str, variant: str, series: Mapping[str, Sequence[Mapping[str, Any]]]
 ) -> Crossover:
     """The load at which `variant` stops being faster per token than `base`, over the loads both
     measured where both are comparable (analysis.validity: a point cut short or failing is left out,
@@ -371,7 +368,7 @@ def _unlike(base: str, base_point: Mapping[str, Any], variant: str, point: Mappi
     return "; ".join(f"{name}: {why}" for name, why in reasons if why)
 
 
-def _crossover(axis: str, base: str, variant: str, pairs: Sequence[tuple[float, float]]) -> Crossover:
+def _crossover(axis: LoadAxis, base: str, variant: str, pairs: Sequence[tuple[float, float]]) -> Crossover:
     """crossover over (load, per-token speedup) pairs of comparable points, sorted by load."""
     span = f"{_at(axis, pairs[0][0])}–{_at(axis, pairs[-1][0])}" if len(pairs) > 1 else _at(axis, pairs[0][0])
     if pairs[0][1] <= 1:
@@ -399,7 +396,7 @@ def _crossover(axis: str, base: str, variant: str, pairs: Sequence[tuple[float, 
 
 
 def sla_words(
-    axis: str, variant: str, search: SlaSearch, sla: Sequence[SlaTerm], point: Mapping[str, Any] | None
+    axis: LoadAxis, variant: str, search: SlaSearch, sla: Sequence[SlaTerm], point: Mapping[str, Any] | None
 ) -> str:
     terms = ", ".join(str(t) for t in sla)
     if search.limit is None:

@@ -30,10 +30,10 @@ from itlaudit.bisect.report import compare_url, write_report
 from itlaudit.bisect.search import Answer, Search
 from itlaudit.bisect.settings import Settings, make_provider
 from itlaudit.bisect.state import State
-from itlaudit.bisect.verdict import BAD, GOOD, SKIP
 from itlaudit.capture.cluster import connect
 from itlaudit.errors import BisectError
 from itlaudit.model.scenario import Scenario, load_scenario
+from itlaudit.model.vocabulary import Verdict
 from itlaudit.report.progress import Reporter, duration
 from itlaudit.serve.launch_config import launch_spec
 from itlaudit.serve.launcher import LaunchSpec
@@ -265,11 +265,11 @@ class Bisection:
         self._print_probe(record)
         if verdict == expected:
             return
-        if verdict == SKIP and record.get("lost_nodes"):
+        if verdict == Verdict.SKIP and record.get("lost_nodes"):
             problem = "could not be probed"
-        elif verdict == SKIP:
+        elif verdict == Verdict.SKIP:
             problem = "could not be built or installed"
-        elif verdict in (GOOD, BAD):
+        elif verdict in (Verdict.GOOD, Verdict.BAD):
             problem = f"is {verdict}, not {expected}"
         else:
             problem = f"is not clearly {expected}"
@@ -286,7 +286,7 @@ class Bisection:
         return f"{self.search.remaining_estimate(k)} round(s) of {k} to go"
 
     def _print_probe(self, record: dict[str, Any]) -> None:
-        colour = {GOOD: "green", BAD: "red"}.get(record["verdict"], "yellow")
+        colour = {Verdict.GOOD: "green", Verdict.BAD: "red"}.get(record["verdict"], "yellow")
         lo, hi = self.search.bounds
         left = hi - lo - 1
         reason = _first_line(record["reason"])
@@ -323,8 +323,8 @@ class Bisection:
             if record["index"] not in (0, last):
                 self.search.record(record["index"], self._answer(record["verdict"]))
         good_index, bad_index = (last, 0) if settings.find_fix else (0, last)
-        ends = [(good_index, GOOD, "GOOD", settings.bad if settings.find_fix else settings.good)]
-        ends.append((bad_index, BAD, "BAD", settings.good if settings.find_fix else settings.bad))
+        ends = [(good_index, Verdict.GOOD, "GOOD", settings.bad if settings.find_fix else settings.good)]
+        ends.append((bad_index, Verdict.BAD, "BAD", settings.good if settings.find_fix else settings.bad))
         self.prefetcher.want([self.state.builds[i] for i, *_ in ends])
         for index, expected, role, given in ends:
             self._check_end(index, expected, role, given)

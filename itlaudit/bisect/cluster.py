@@ -28,8 +28,9 @@ from itlaudit.bisect.build_range import Build
 from itlaudit.bisect.prefetch import Prefetcher
 from itlaudit.bisect.probe import ProbeConfig, ProbeResult, run_probe
 from itlaudit.bisect.settings import Settings, make_provider
-from itlaudit.bisect.verdict import SKIP, Figures
+from itlaudit.bisect.verdict import Figures
 from itlaudit.errors import BisectError
+from itlaudit.model.vocabulary import Verdict
 
 __all__ = ["LOST_NODE_RETRIES", "probe_task", "require_gpus", "run_probe_on_ray"]
 
@@ -109,7 +110,7 @@ def run_probe_on_ray(
             if len(lost) > LOST_NODE_RETRIES:
                 nodes = ", ".join(lost)
                 reason = f"lost with its Ray node each time it ran (nodes {nodes}; {_first_line(exc)})"
-                return ProbeResult(SKIP, reason), None, lost
+                return ProbeResult(Verdict.SKIP, reason), None, lost
             continue
         with tarfile.open(fileobj=io.BytesIO(packed), mode="r:gz") as tar:
             tar.extractall(probe_dir.parent, filter="data")

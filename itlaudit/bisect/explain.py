@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from itlaudit.analysis import stats
 from itlaudit.bisect.figures import ERROR_CODES, Figures, median
+from itlaudit.model.vocabulary import Shift
 
 __all__ = ["MIN_SAMPLES", "explain", "itl_comparison", "itl_text", "ms"]
 
@@ -34,11 +35,11 @@ def itl_text(cmp: stats.Comparison) -> str:
     figures = f"{ms(cmp.base_median)} → {ms(cmp.new_median)} ms/token"
     if cmp.base_median is None or cmp.new_median is None:
         return "no token ITL to compare"
-    if cmp.verdict == stats.WORSE:
+    if cmp.verdict == Shift.WORSE:
         return f"token ITL up {cmp.ratio:.2f}× ({figures}, p = {cmp.p_value:.2g})"
-    if cmp.verdict == stats.BETTER:
+    if cmp.verdict == Shift.BETTER:
         return f"token ITL down ({figures}, p = {cmp.p_value:.2g})"
-    if cmp.verdict == stats.SAME:
+    if cmp.verdict == Shift.SAME:
         return f"token ITL unchanged ({figures})"
     return f"token ITL unclear ({figures}: {cmp.reason})"
 
@@ -63,7 +64,7 @@ def explain(variant: str, probe: Figures, ref: Figures, *, threshold: float, alp
     parts.append(itl_text(cmp))
     chunk, token = median(probe.chunk_itl_ms), median(probe.itl_ms)
     ref_chunk = median(ref.chunk_itl_ms)
-    if chunk is not None and token and cmp.verdict != stats.WORSE:
+    if chunk is not None and token and cmp.verdict != Shift.WORSE:
         causes = []
         if capped and ref_chunk and chunk / ref_chunk >= threshold:
             causes.append("the cap's")

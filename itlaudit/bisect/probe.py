@@ -22,10 +22,11 @@ from itlaudit.analysis.derive import run_summary
 from itlaudit.bisect.build_range import Build
 from itlaudit.bisect.figures import Figures, read_trial
 from itlaudit.bisect.prefetch import Prefetcher
-from itlaudit.bisect.verdict import Judge, Judgement, ScriptJudge, Verdict
+from itlaudit.bisect.verdict import Judge, Judgement, ScriptJudge
 from itlaudit.capture.runner import run_variant
 from itlaudit.errors import BuildUnavailable, LaunchError, ServerRejectedError, ServerUnreachableError
 from itlaudit.model.scenario import Scenario
+from itlaudit.model.vocabulary import Verdict
 from itlaudit.serve.launcher import LaunchSpec, launch
 from itlaudit.store.jsonl import RecordWriter, load_records
 from itlaudit.store.rundir import REQUESTS_FILE, SUMMARY_FILE, write_versioned

@@ -27,8 +27,8 @@ from typing import Any
 from itlaudit.bisect.build_range import Build
 from itlaudit.bisect.search import Answer, Search
 from itlaudit.bisect.settings import Settings
-from itlaudit.bisect.verdict import BAD, GOOD, Verdict
 from itlaudit.errors import BisectError
+from itlaudit.model.vocabulary import Verdict
 
 __all__ = [
     "FORMAT",
@@ -56,9 +56,9 @@ _PENDING_KEYS = {"index": int, "ref": str, "dir": str}
 def answer(verdict: str, find_fix: bool) -> Answer:
     """What a verdict tells the search: bad is the regression's yes, good its no (the other way round
     when hunting the fix); skip and unknown tell it nothing."""
-    if verdict not in (GOOD, BAD):
+    if verdict not in (Verdict.GOOD, Verdict.BAD):
         return Answer.UNKNOWN
-    return Answer.YES if (verdict == GOOD) == find_fix else Answer.NO
+    return Answer.YES if (verdict == Verdict.GOOD) == find_fix else Answer.NO
 
 
 @dataclass
@@ -198,7 +198,9 @@ def _replay(state: State, path: Path) -> None:
         lo, hi = search.bounds
         for probe in probes:
             if not lo < probe["index"] < hi:
-                no, yes = (BAD, GOOD) if state.settings.find_fix else (GOOD, BAD)
+                no, yes = (
+                    (Verdict.BAD, Verdict.GOOD) if state.settings.find_fix else (Verdict.GOOD, Verdict.BAD)
+                )
                 raise _broken(
                     path,
                     f"contradicts itself: probe of {probe['label']} ({probe['verdict']}) lies outside "

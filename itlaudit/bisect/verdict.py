@@ -16,7 +16,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any, ClassVar
 
 import numpy as np
@@ -26,37 +25,17 @@ from itlaudit.bisect.explain import MIN_SAMPLES, explain, itl_comparison, itl_te
 from itlaudit.bisect.figures import Figures, median
 from itlaudit.errors import BisectError
 from itlaudit.model.registry import Registry
+from itlaudit.model.vocabulary import Shift, Verdict
 
 __all__ = [
-    "BAD",
-    "GOOD",
     "JUDGES",
-    "SKIP",
-    "UNKNOWN",
     "Judge",
     "Judgement",
     "ScriptJudge",
-    "Verdict",
     "parse_regress",
 ]
 
 SCRIPT_SKIP = 125
-
-
-class Verdict(StrEnum):
-    """A probe's answer, as bisect.json and the report spell it."""
-
-    GOOD = "good"
-    BAD = "bad"
-    SKIP = "skip"  # the build could not be had
-    UNKNOWN = "unknown"  # it ran, but the rule could not tell
-
-    @classmethod
-    def of(cls, present: bool | None) -> Verdict:
-        return cls.UNKNOWN if present is None else cls.BAD if present else cls.GOOD
-
-
-GOOD, BAD, SKIP, UNKNOWN = Verdict.GOOD, Verdict.BAD, Verdict.SKIP, Verdict.UNKNOWN
 
 
 @dataclass(frozen=True)
@@ -185,7 +164,7 @@ class AutoJudge(Judge, name="auto"):
             return Judgement(False, _reference_text(probe))
         cmp = itl_comparison(ref, probe, threshold=threshold, alpha=alpha)
         flipped = _signals(probe, ref, cmp)
-        present = True if flipped else {stats.SAME: False, stats.BETTER: False}.get(cmp.verdict)
+        present = True if flipped else cmp.verdict.regressed
         reason = f"{', '.join(flipped) or 'no signal'} flipped; {itl_text(cmp)}"
         detail = {
             "signals": flipped,
@@ -209,7 +188,7 @@ class ItlJudge(Judge, name="itl"):
         detail = {"ratio": cmp.ratio, "p_value": cmp.p_value, "stats_verdict": cmp.verdict}
         ratio = "n/a" if cmp.ratio is None else f"{cmp.ratio:.2f}×"
         reason = f"token ITL p50 {np.median(probe.itl_ms):.2f} ms, {ratio} the good end: {cmp.reason}"
-        present = {stats.WORSE: True, stats.SAME: False, stats.BETTER: False}.get(cmp.verdict)
+        present = cmp.verdict.regressed
         return Judgement(present, reason, detail)
 
 
@@ -259,7 +238,7 @@ class SpeedupJudge(Judge, name="speedup"):
             f"{spec}/{base} token ITL {ref_ratio:.2f} → {ratio:.2f} (speedup {1 / ref_ratio:.2f}× → "
             f"{1 / ratio:.2f}×): {cmp.reason}"
         )
-        present = {stats.WORSE: True, stats.SAME: False, stats.BETTER: False}.get(cmp.verdict)
+        present = cmp.verdict.regressed
         detail = {
             "ratio": cmp.ratio,
             "p_value": cmp.p_value,
@@ -351,7 +330,7 @@ def _signals(probe: Figures, ref: Figures, cmp: stats.Comparison) -> list[str]:
         flipped.append("errors")
     if probe.truncated and not ref.truncated:
         flipped.append("truncation")
-    if cmp.verdict == stats.WORSE:
+    if cmp.verdict == Shift.WORSE:
         flipped.append("itl")
     return flipped
 

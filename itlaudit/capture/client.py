@@ -26,22 +26,18 @@ from itlaudit.capture.preflight import (
     describe_connection_failure,
     server_error_message,
 )
-from itlaudit.capture.request_plan import ENDPOINT_CHAT, PlannedRequest
+from itlaudit.capture.request_plan import PlannedRequest
 from itlaudit.capture.sse import SSEFramer
-from itlaudit.capture.transport import StampMode, Stream, TransportOptions, open_stream
+from itlaudit.capture.transport import Stream, TransportOptions, open_stream
 from itlaudit.errors import ConnectTimeout
 from itlaudit.model.access import NO_ACCESS, Access
 from itlaudit.model.records import (
     DURATION_CUT,
-    STATUS_CONNECTION_ERROR,
-    STATUS_HTTP_ERROR,
-    STATUS_OK,
-    STATUS_RATE_LIMITED,
-    STATUS_STREAM_ERROR,
-    STATUS_TIMEOUT,
     RequestRecord,
+    Status,
     Timeouts,
 )
+from itlaudit.model.vocabulary import Endpoint, StampMode
 
 __all__ = ["DEFAULT_TIMEOUTS", "parse_retry_after", "stream_request"]
 
@@ -62,7 +58,7 @@ async def stream_request(
     plan: PlannedRequest,
     timeouts: Timeouts = DEFAULT_TIMEOUTS,
     probe: LagProbe | None = None,
-    stamp: StampMode = "kernel",
+    stamp: StampMode = StampMode.KERNEL,
     access: Access | None = None,
 ) -> RequestRecord:
     """Send one streaming request and return its raw record; network and server failures are
@@ -95,7 +91,7 @@ async def stream_request(
         _timed_out(record, head_limit, timeouts.limit(head_limit), t0, time.monotonic_ns())
         return _closed(record, probe)
     except CONNECTION_FAILURES as exc:
-        record.status = STATUS_CONNECTION_ERROR
+        record.status = Status.CONNECTION_ERROR
         record.error = describe_connection_failure(exc)
         record.e2e_ms = (time.monotonic_ns() - t0) / 1e6
         return _closed(record, probe)
@@ -111,13 +107,13 @@ async def stream_request(
         elif not stream.content_type.lower().startswith(_EVENT_STREAM):
             await _read_refusal(stream, record, t0)
             shown = stream.content_type or "none"
-            record.status = STATUS_STREAM_ERROR
+            record.status = Status.STREAM_ERROR
             record.error = (
                 f"HTTP 200 with content type {shown}, not {_EVENT_STREAM}: the server did not stream "
                 f"({record.error}); check that it supports stream=true"
             )
         elif stream.content_encoding and stream.content_encoding not in DECODED_CODINGS:
-            record.status = STATUS_STREAM_ERROR
+            record.status = Status.STREAM_ERROR
             record.e2e_ms = (time.monotonic_ns() - t0) / 1e6
             record.error = (
                 f"the server compressed the event stream with Content-Encoding {stream.content_encoding} "
@@ -125,7 +121,7 @@ async def stream_request(
                 f"{', '.join(DECODED_CODINGS)}: turn the compression off for this endpoint"
             )
         else:
-            await _read_stream(stream, record, t0, plan.endpoint == ENDPOINT_CHAT, timeouts)
+            await _read_stream(stream, record, t0, plan.endpoint == Endpoint.CHAT, timeouts)
     finally:
         await stream.aclose()
     return _closed(record, probe)
@@ -154,12 +150,12 @@ async def _read_refusal(stream: Stream, record: RequestRecord, t0: int) -> None:
     if http_status == 200:
         return
     if http_status in _RATE_LIMIT_STATUSES:
-        record.status = STATUS_RATE_LIMITED
+        record.status = Status.RATE_LIMITED
         record.retry_after_s = parse_retry_after(headers.get("retry-after"))
         if record.retry_after_s is not None:
             record.error = f"{record.error} (Retry-After: {record.retry_after_s:g} s)"
         return
-    record.status = STATUS_HTTP_ERROR
+    record.status = Status.HTTP_ERROR
     if http_status in _REDIRECT_STATUSES:
         location = headers.get("location") or "no Location header"
         record.error = (
@@ -215,7 +211,7 @@ async def _read_stream(
                         continue
                     chunk = recovered
                 if chunk.error is not None:
-                    record.status = STATUS_STREAM_ERROR
+                    record.status = Status.STREAM_ERROR
                     record.error = _error_frame_message(chunk.error)
                     continue
                 usage = chunk.usage
@@ -257,13 +253,13 @@ async def _read_stream(
                     record.system_fingerprint = chunk.system_fingerprint
         record.e2e_ms = (last_ns - t0) / 1e6
     except CONNECTION_FAILURES as exc:
-        record.status = STATUS_CONNECTION_ERROR
+        record.status = Status.CONNECTION_ERROR
         record.error = describe_connection_failure(exc)
         record.e2e_ms = (last_ns - t0) / 1e6
     finally:
         record.text = "".join(text_parts)
-        if record.other_index_chunks and record.status == STATUS_OK:
-            record.status = STATUS_STREAM_ERROR
+        if record.other_index_chunks and record.status == Status.OK:
+            record.status = Status.STREAM_ERROR
             record.error = (
                 f"the server interleaved several replies ({record.other_index_chunks} chunks with a "
                 "choices[].index other than 0, as n > 1 streams them): not one reply, so not measured; "
@@ -284,7 +280,7 @@ def _undecodable(record: RequestRecord, payload: bytes, exc: Exception) -> Chunk
         except CHUNK_DECODE_ERRORS as again:
             exc = again
     excerpt = payload[:_EXCERPT_BYTES].decode("utf-8", "replace")
-    record.status = STATUS_STREAM_ERROR
+    record.status = Status.STREAM_ERROR
     if payload[:1] in (b"{", b"["):
         record.error = f"server sent a chunk of an unexpected shape ({exc}): {excerpt!r}"
     else:
@@ -297,7 +293,7 @@ def _timed_out(
 ) -> None:
     """The request was cut by one of the workload's timeouts: e2e is the real elapsed time, and the
     error says how long the silence was and after how much."""
-    record.status = STATUS_TIMEOUT
+    record.status = Status.TIMEOUT
     record.timeout_limit = limit
     record.e2e_ms = (now - t0) / 1e6
     silent_ms = (now - (last_ns if last_ns is not None else t0)) / 1e6

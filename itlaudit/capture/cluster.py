@@ -30,15 +30,15 @@ import numpy as np
 
 from itlaudit.capture.lagprobe import new_capture_loop
 from itlaudit.capture.transport import kernel_stamps_supported
-from itlaudit.capture.workers import CLOCK_PINGS, WorkerShare, capture_share
+from itlaudit.capture.workers import CLOCK_PINGS, START_MARGIN_NS, WorkerShare, capture_share
 from itlaudit.errors import ClusterError
-from itlaudit.model.records import STATUS_WORKER_LOST, RequestRecord
+from itlaudit.model.records import RequestRecord, Status
+from itlaudit.model.vocabulary import StampMode
 from itlaudit.store.jsonl import RecordWriter
 
 __all__ = [
     "INSTALL_HINT",
     "POLL_S",
-    "START_MARGIN_NS",
     "ActorHandle",
     "CaptureActor",
     "Lander",
@@ -55,8 +55,9 @@ __all__ = [
 ]
 
 INSTALL_HINT = "--cluster ray needs Ray on this machine: pip install 'itlaudit[ray]'"
-# Dispatching `run` to every actor takes a Ray call each; the start instant leaves room for them.
-START_MARGIN_NS = 500_000_000
+# Dispatching `run` to every actor takes a Ray call each: on top of the workers' own start margin
+# (capture/workers.py's START_MARGIN_NS, the one start margin), the start instant leaves room for them.
+_RAY_DISPATCH_NS = 400_000_000
 POLL_S = 0.05  # how often the coordinator pulls finished records from the actors
 _READ_SIZE = 1 << 20
 
@@ -130,7 +131,7 @@ class CaptureActor:
         self.share = share
         self._read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._read_fd, False)
-        if share.stamp == "kernel":
+        if share.stamp == StampMode.KERNEL:
             kernel_stamps_supported()  # its one-time probe runs before the start, not mid-run
 
     def where(self) -> dict[str, Any]:
@@ -233,7 +234,7 @@ def start_actors(ray: ModuleType, shares: list[WorkerShare]) -> list[ActorHandle
     except ray.exceptions.RayError as exc:
         stop_actors(ray, handles)
         raise ClusterError(f"--cluster: a capture actor failed to start ({_first_line(exc)})") from None
-    start_ns = time.monotonic_ns() + START_MARGIN_NS
+    start_ns = time.monotonic_ns() + START_MARGIN_NS + _RAY_DISPATCH_NS
     for handle in handles:
         handle.start_ns = start_ns + handle.clock_offset_ns
         handle.run_ref = handle.actor.run.remote(handle.start_ns)
@@ -291,7 +292,7 @@ def lost_records(handle: ActorHandle, finished: set[str]) -> list[RequestRecord]
     stay exact and the report says which requests were not measured and why."""
     return [
         plan.new_record(
-            status=STATUS_WORKER_LOST, error=handle.lost or "capture actor lost", worker=handle.share.worker
+            status=Status.WORKER_LOST, error=handle.lost or "capture actor lost", worker=handle.share.worker
         )
         for plan in handle.share.plans
         if plan.request_id not in finished

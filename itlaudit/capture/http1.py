@@ -26,8 +26,9 @@ from dataclasses import dataclass
 import h11
 
 from itlaudit.capture.chunked import Dechunker, FramingError
-from itlaudit.capture.stamping import READ_SIZE, Inbox, StampMode
+from itlaudit.capture.stamping import READ_SIZE, Inbox
 from itlaudit.errors import BadFraming, ConnectionDropped, TLSFailure, TransportError
+from itlaudit.model.vocabulary import StampMode
 
 __all__ = ["DECODED_CODINGS", "Stream", "Target", "one_line", "tls_failure"]
 

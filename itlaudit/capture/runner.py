@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from itlaudit.capture.transport import StampMode
 from itlaudit.errors import CaptureWorkerError, ScenarioError, ServerRejectedError
 from itlaudit.model.access import Access
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.redact import known_secrets, redact_bytes
 from itlaudit.model.scenario import Scenario
+from itlaudit.model.vocabulary import StampMode
 from itlaudit.model.workload import BOUNDS as WORKLOAD_BOUNDS
 from itlaudit.store.jsonl import RecordWriter
 
@@ -45,7 +45,7 @@ class CaptureOptions:
 
     workers: int | None = None
     timeouts: dict[str, float | None] = field(default_factory=dict)
-    stamp: StampMode = "kernel"
+    stamp: StampMode = StampMode.KERNEL
     access: Access = field(default_factory=Access)
     cluster: str | None = None  # None: local processes; "auto" or "ray://HOST:PORT": Ray actors
 
@@ -53,7 +53,7 @@ class CaptureOptions:
     def from_flags(
         cls,
         workers: str = "auto",
-        stamp: str = "kernel",
+        stamp: str = StampMode.KERNEL,
         connect_timeout: float | None = None,
         ttft_timeout: float | None = None,
         stall_timeout: float | None = None,
@@ -70,8 +70,8 @@ class CaptureOptions:
 
         if workers != "auto" and not (workers.isdigit() and int(workers) > 0):
             raise ScenarioError(f"--workers {workers!r}: give a positive number of processes, or auto")
-        if stamp not in ("kernel", "loop"):
-            raise ScenarioError(f"--stamp {stamp!r}: use kernel or loop")
+        if stamp not in tuple(StampMode):
+            raise ScenarioError(f"--stamp {stamp!r}: use {' or '.join(StampMode)}")
         cluster_address = cluster_module.parse_cluster(cluster)
         if cluster_address is not None:
             cluster_module.import_ray()
@@ -89,7 +89,7 @@ class CaptureOptions:
         return cls(
             workers=None if workers == "auto" else int(workers),
             timeouts={k: v for k, v in given.items() if v is not None},
-            stamp="kernel" if stamp == "kernel" else "loop",
+            stamp=StampMode(stamp),
             access=access or Access(),
             cluster=cluster_address,
         )

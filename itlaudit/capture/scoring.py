@@ -28,9 +28,9 @@ from itlaudit.analysis.invariance import (
     parse_top_logprobs,
 )
 from itlaudit.analysis.lossless import output_token_ids, with_divergence_logprobs
-from itlaudit.capture.request_plan import ENDPOINT_COMPLETIONS, ENDPOINT_PATHS
 from itlaudit.errors import ServerRejectedError, ServerUnreachableError
 from itlaudit.model.records import RequestRecord
+from itlaudit.model.vocabulary import Endpoint
 
 if TYPE_CHECKING:
     import aiohttp
@@ -82,7 +82,7 @@ class Scorer:
 
         from itlaudit.capture.preflight import server_error_message
 
-        url = self.base_url.rstrip("/") + ENDPOINT_PATHS[ENDPOINT_COMPLETIONS]
+        url = self.base_url.rstrip("/") + Endpoint.COMPLETIONS.path
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
         try:
             async with self.session.post(

@@ -35,19 +35,15 @@ import struct
 import sys
 import time
 from collections.abc import Callable
-from typing import Literal
 
 __all__ = [
     "READ_SIZE",
     "SO_TIMESTAMPNS",
     "Inbox",
     "KernelReader",
-    "StampMode",
     "StampingProtocol",
     "kernel_stamps_supported",
 ]
-
-StampMode = Literal["kernel", "loop"]
 
 # asm-generic value of SO_TIMESTAMPNS (= SCM_TIMESTAMPNS); the Python socket module does not export it.
 # Alpha, MIPS, PA-RISC and SPARC number their socket options differently, hence the machine list.

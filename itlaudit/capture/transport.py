@@ -23,12 +23,12 @@ from itlaudit.capture.stamping import (
     Inbox,
     KernelReader,
     StampingProtocol,
-    StampMode,
     kernel_stamps_supported,
 )
 from itlaudit.errors import ConnectFailed, ConnectTimeout, TransportError
+from itlaudit.model.vocabulary import StampMode
 
-__all__ = ["StampMode", "Stream", "TransportOptions", "kernel_stamps_supported", "open_stream"]
+__all__ = ["Stream", "TransportOptions", "kernel_stamps_supported", "open_stream"]
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -37,13 +37,14 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 class TransportOptions:
     """How to connect; extra headers such as Authorization are passed per request, never stored."""
 
-    stamp: StampMode = "kernel"  # falls back to "loop" where unsupported (Stream.stamp says which ran)
+    # Falls back to loop stamps where unsupported (Stream.stamp says which ran).
+    stamp: StampMode = StampMode.KERNEL
     connect_timeout_s: float | None = 10.0
     ssl_context: ssl.SSLContext | None = None  # https: verified by default; the caller builds it
 
     def __post_init__(self) -> None:
-        if self.stamp not in ("kernel", "loop"):
-            raise ValueError(f"stamp must be 'kernel' or 'loop', not {self.stamp!r}")
+        if self.stamp not in tuple(StampMode):
+            raise ValueError(f"stamp must be {' or '.join(map(repr, StampMode))}, not {self.stamp!r}")
 
 
 def _parse_url(url: str) -> Target:
@@ -98,7 +99,7 @@ async def _open_loop(target: Target, context: ssl.SSLContext | None) -> Stream:
         transport.abort()
         await lost
 
-    return Stream(target, "loop", inbox, send_raw, close)
+    return Stream(target, StampMode.LOOP, inbox, send_raw, close)
 
 
 async def _connect_socket(target: Target) -> socket.socket:
@@ -140,7 +141,7 @@ async def _open_kernel(target: Target, context: ssl.SSLContext | None) -> Stream
         reader.stop()
         sock.close()
 
-    stream = Stream(target, "kernel", inbox, send_raw, close)
+    stream = Stream(target, StampMode.KERNEL, inbox, send_raw, close)
     if context is not None:
         try:
             await stream._handshake(context)
@@ -159,7 +160,7 @@ async def open_stream(url: str, body: bytes, headers: Mapping[str, str], options
     call (asyncio.timeout) to give up, which closes the socket."""
     target = _parse_url(url)
     context = (options.ssl_context or ssl.create_default_context()) if target.tls else None
-    opener = _open_kernel if options.stamp == "kernel" and kernel_stamps_supported() else _open_loop
+    opener = _open_kernel if options.stamp == StampMode.KERNEL and kernel_stamps_supported() else _open_loop
     try:
         async with asyncio.timeout(options.connect_timeout_s) as connect_timer:
             stream = await opener(target, context)

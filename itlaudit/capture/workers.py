@@ -40,10 +40,11 @@ from typing import Any
 from itlaudit.capture.client import stream_request
 from itlaudit.capture.lagprobe import LagProbe, new_capture_loop
 from itlaudit.capture.request_plan import PlannedRequest
-from itlaudit.capture.transport import StampMode, kernel_stamps_supported
+from itlaudit.capture.transport import kernel_stamps_supported
 from itlaudit.errors import RecordsError
 from itlaudit.model.access import Access
-from itlaudit.model.records import STATUS_HTTP_ERROR, STATUS_RATE_LIMITED, RequestRecord, Timeouts
+from itlaudit.model.records import RequestRecord, Status, Timeouts
+from itlaudit.model.vocabulary import StampMode
 from itlaudit.store.jsonl import RecordWriter
 
 __all__ = [
@@ -85,7 +86,7 @@ class WorkerShare:
     plans: list[PlannedRequest]
     concurrency: int
     timeouts: Timeouts
-    stamp: StampMode = "kernel"
+    stamp: StampMode = StampMode.KERNEL
     duration_s: float | None = None  # stop dispatching this long after the start
     access: Access | None = None  # headers and TLS settings for every request
 
@@ -135,7 +136,7 @@ def split_shares(
 def rejected(record: RequestRecord) -> bool:
     """A redirect or a 4xx other than 429 refuses every request of the workload alike: stop early."""
     status = record.http_status or 0
-    return record.status == STATUS_HTTP_ERROR and 300 <= status < 500
+    return record.status == Status.HTTP_ERROR and 300 <= status < 500
 
 
 async def capture_share(share: WorkerShare, probe: LagProbe, keep: Any, start_ns: int | None = None) -> None:
@@ -183,7 +184,7 @@ async def _closed_loop(share: WorkerShare, probe: LagProbe, keep: Any, start_ns:
             keep(record)
             if rejected(record):
                 stop = True
-            elif record.status == STATUS_RATE_LIMITED and record.retry_after_s:
+            elif record.status == Status.RATE_LIMITED and record.retry_after_s:
                 await asyncio.sleep(min(record.retry_after_s, RETRY_AFTER_CAP_S))
 
     await asyncio.gather(*(slot() for _ in range(share.concurrency)))
@@ -247,7 +248,7 @@ def worker_main(share: WorkerShare, records_out: Connection, control: Connection
     """Entry point of a worker process (see the module docstring)."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the coordinator decides what an interrupt ends
-    if share.stamp == "kernel":
+    if share.stamp == StampMode.KERNEL:
         kernel_stamps_supported()  # its one-time probe (up to ~0.1 s) runs before the start, not mid-run
     try:
         while control.recv() is not None:

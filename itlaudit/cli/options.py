@@ -14,16 +14,16 @@ import os
 from collections.abc import Callable, Iterable
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeAlias, TypeVar, get_args
+from typing import TYPE_CHECKING, Annotated, Any, TypeAlias, TypeVar
 
 import typer
 
 from itlaudit.capture.runner import CaptureOptions
-from itlaudit.capture.stamping import StampMode
 from itlaudit.errors import ScenarioError
+from itlaudit.model import vocabulary
 from itlaudit.model.access import Access, api_key_header, header_problem, tls_problem
 from itlaudit.model.datasets import DATASET_KINDS
-from itlaudit.model.scenario import ENDPOINTS, ScenarioFlags
+from itlaudit.model.scenario import ScenarioFlags
 
 __all__ = [
     "CAPTURE",
@@ -65,8 +65,8 @@ if TYPE_CHECKING:  # members are str at run time too
     Endpoint: TypeAlias = str
     DatasetName: TypeAlias = str
 else:
-    Stamp = choices("Stamp", get_args(StampMode))
-    Endpoint = choices("Endpoint", ENDPOINTS)
+    Stamp = choices("Stamp", vocabulary.StampMode)
+    Endpoint = choices("Endpoint", vocabulary.Endpoint)
     DatasetName = choices("DatasetName", DATASET_KINDS)
 
 

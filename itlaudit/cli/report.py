@@ -20,11 +20,11 @@ from rich.console import Console
 from itlaudit.analysis.derive import derive_request, summarize_run
 from itlaudit.analysis.importers import ImportedBenchmark, parse_import
 from itlaudit.analysis.run_diff import diff_runs, workload_differences, workload_of
-from itlaudit.analysis.stats import Verdict
 from itlaudit.analysis.summary import PartialBy
 from itlaudit.cli.options import choices
 from itlaudit.errors import RecordsError, RunDirError
 from itlaudit.model.records import RequestRecord
+from itlaudit.model.vocabulary import Shift
 from itlaudit.report.diff import render_diff
 from itlaudit.report.markdown import PARTIAL_HEADING
 from itlaudit.report.progress import Reporter
@@ -55,7 +55,7 @@ __all__ = [
 ]
 
 out = Console()
-FAIL_ON = (Verdict.WORSE, Verdict.UNKNOWN, "findings")
+FAIL_ON = (Shift.WORSE, Shift.UNKNOWN, "findings")
 if TYPE_CHECKING:
     FailOn: TypeAlias = str
     ChunkFormat: TypeAlias = str
@@ -279,7 +279,7 @@ def diff(
     if out_file is not None:
         out_file.write_text(text, encoding="utf-8")
     typer.echo(text, nl=False)
-    failing = {v for v in (Verdict.WORSE, Verdict.UNKNOWN) if result.has(v)} | (
+    failing = {v for v in (Shift.WORSE, Shift.UNKNOWN) if result.has(v)} | (
         {"findings"} if result.appeared else set()
     )
     if failing & set(fail_on or []):

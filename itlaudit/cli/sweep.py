@@ -8,11 +8,12 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from itlaudit.analysis.sweep import CONCURRENCY, RATE, parse_goodput, parse_points, parse_sla
+from itlaudit.analysis.sweep import parse_goodput, parse_points, parse_sla
 from itlaudit.capture.runner import CaptureOptions
 from itlaudit.cli.options import ScenarioArgument, capture_options, with_options, workload_flags
 from itlaudit.errors import SweepError
 from itlaudit.model.scenario import ScenarioFlags, build_scenario
+from itlaudit.model.vocabulary import LoadAxis
 
 __all__ = ["err", "out", "sweep"]
 
@@ -68,16 +69,18 @@ def sweep(
 
     if (concurrency is None) == (rate is None):
         raise SweepError("give exactly one of --concurrency 1,2,4,... or --rate 1,2,4,...")
-    axis = CONCURRENCY if concurrency is not None else RATE
+    axis = LoadAxis.CONCURRENCY if concurrency is not None else LoadAxis.RATE
     values = parse_points(concurrency or rate or "", axis)
     if trials < 1:
         raise SweepError(f"--trials {trials}: must be at least 1")
     if sla is not None:
         parse_sla(sla)
     precision = (
-        sla_precision if sla_precision is not None else (1.0 if axis == CONCURRENCY else values[0] / 10)
+        sla_precision
+        if sla_precision is not None
+        else (1.0 if axis == LoadAxis.CONCURRENCY else values[0] / 10)
     )
-    if (axis == CONCURRENCY and precision < 1) or not precision > 0:
+    if (axis == LoadAxis.CONCURRENCY and precision < 1) or not precision > 0:
         raise SweepError(f"--sla-precision {precision:g}: must be above 0 (at least 1 for concurrency)")
     scenario, _ = build_scenario(scenario_path, flags)
     slo = parse_goodput(goodput) if goodput else scenario.goodput

@@ -12,15 +12,10 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
+from itlaudit.model.vocabulary import Endpoint, StampMode
+
 __all__ = [
     "DURATION_CUT",
-    "STATUS_CONNECTION_ERROR",
-    "STATUS_HTTP_ERROR",
-    "STATUS_OK",
-    "STATUS_RATE_LIMITED",
-    "STATUS_STREAM_ERROR",
-    "STATUS_TIMEOUT",
-    "STATUS_WORKER_LOST",
     "ChunkSeries",
     "RequestParams",
     "RequestRecord",
@@ -40,16 +35,6 @@ class Status(StrEnum):
     TIMEOUT = "timeout"  # cut by one of the workload's timeouts (`timeout_limit` says which)
     RATE_LIMITED = "rate_limited"  # HTTP 429 or 503: the server asked to come back later
     WORKER_LOST = "worker_lost"  # its capture worker (a Ray actor) died before reporting it
-
-
-# The names capture/client.py and capture/workers.py still use; new code uses Status.
-STATUS_OK = Status.OK
-STATUS_HTTP_ERROR = Status.HTTP_ERROR
-STATUS_STREAM_ERROR = Status.STREAM_ERROR
-STATUS_CONNECTION_ERROR = Status.CONNECTION_ERROR
-STATUS_TIMEOUT = Status.TIMEOUT
-STATUS_RATE_LIMITED = Status.RATE_LIMITED
-STATUS_WORKER_LOST = Status.WORKER_LOST
 
 
 # The timeout_limit of a stream cut because the run's duration_s and its grace were over.
@@ -139,7 +124,7 @@ class RequestRecord:
 
     request_id: str
     variant: str
-    endpoint: str
+    endpoint: Endpoint
     url: str
     model: str
     params: RequestParams
@@ -162,7 +147,7 @@ class RequestRecord:
     loop_lag_p99_ms: float | None = None
     loop_lag_max_ms: float | None = None
     worker: int = 0  # which capture process; its clock offset is in meta.json
-    stamp: str | None = None  # how chunk times were taken: "kernel" (socket receive time) or "loop"
+    stamp: StampMode | None = None  # how chunk times were taken: socket receive time, or the loop's
     timeout_limit: str | None = (
         None  # connect_timeout_s / ttft_timeout_s / stall_timeout_s / request_timeout_s / duration_cut_s
     )
@@ -200,6 +185,10 @@ class RequestRecord:
         kwargs["params"] = RequestParams(**data.get("params", {}))
         if "status" in kwargs:
             kwargs["status"] = Status(kwargs["status"])
+        if kwargs.get("stamp") is not None:
+            kwargs["stamp"] = StampMode(kwargs["stamp"])
+        if "endpoint" in kwargs:
+            kwargs["endpoint"] = Endpoint(kwargs["endpoint"])
         t_ms = list(data.get("chunk_t_ms", []))
         # Counts and ids are what a server may not send: a line written without them (an older
         # itlaudit, a trimmed fixture, an importer) has none for any chunk, not an empty array.

@@ -29,12 +29,12 @@ from itlaudit.model.scenario_toml import (
     str_list,
 )
 from itlaudit.model.schedule import LONGEST_SCHEDULE_S
+from itlaudit.model.vocabulary import Endpoint
 from itlaudit.model.workload import SECONDS, Workload, parse_workload
 
 __all__ = [
     "COMPILED",
     "EAGER",
-    "ENDPOINTS",
     "EXECUTION_MODES",
     "FLAG_KEYS",
     "GOODPUT_KEYS",
@@ -49,7 +49,6 @@ __all__ = [
     "scenario_toml",
 ]
 
-ENDPOINTS = ("completions", "chat")
 # Scenario and variant names become file and folder names (reports/<name>-<time>/, server-<variant>.log)
 # and plot labels: no path separators, no leading dot, nothing matplotlib reads as markup (`$`).
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._+=@,-]{0,63}$")
@@ -92,7 +91,7 @@ class Variant:
 @dataclass(frozen=True)
 class Scenario:
     name: str
-    endpoint: str
+    endpoint: Endpoint
     model: str
     workload: Workload
     variants: list[Variant]
@@ -247,9 +246,10 @@ def scenario_from_raw(raw: dict[str, Any], loc: Located, path: Path | None) -> S
     Relative paths resolve against the file's folder (the working directory when there is none)."""
     top_keys = {"name", "endpoint", "model", "workload", "variants", "description", "goodput"}
     reject_unknown_keys(raw, top_keys, loc, "")
-    endpoint = get_value(raw, loc, "", "endpoint", str, "completions")
-    if endpoint not in ENDPOINTS:
-        raise loc.error("", "endpoint", f"must be one of {', '.join(ENDPOINTS)}, got {endpoint!r}")
+    name = get_value(raw, loc, "", "endpoint", str, Endpoint.COMPLETIONS)
+    if name not in tuple(Endpoint):
+        raise loc.error("", "endpoint", f"must be one of {', '.join(Endpoint)}, got {name!r}")
+    endpoint = Endpoint(name)
     if "workload" not in raw:
         raise loc.error("", "workload", "is missing; add a [workload] table with prompts and max_tokens")
     workload = _table(raw, "workload", loc, "write a [workload] table with prompts and max_tokens")
@@ -258,7 +258,7 @@ def scenario_from_raw(raw: dict[str, Any], loc: Located, path: Path | None) -> S
         name=_safe_name(get_value(raw, loc, "", "name", str), loc, ""),
         endpoint=endpoint,
         model=get_value(raw, loc, "", "model", str, "auto"),
-        workload=parse_workload(workload, loc, base, endpoint == "chat"),
+        workload=parse_workload(workload, loc, base, endpoint is Endpoint.CHAT),
         variants=_variants(raw.get("variants"), loc),
         path=path,
         goodput=_goodput(raw, loc),

@@ -4,17 +4,17 @@ table, every row with the reason for its verdict."""
 from __future__ import annotations
 
 from itlaudit.analysis.run_diff import MetricDiff, RunDiff
-from itlaudit.analysis.stats import Verdict
 from itlaudit.analysis.validity import NOT_COMPARABLE
+from itlaudit.model.vocabulary import Shift
 from itlaudit.report.markdown import escape, table_cell
 
 __all__ = ["render_diff"]
 
 _ICON = {
-    Verdict.BETTER: "✅ better",
-    Verdict.WORSE: "❌ worse",
-    Verdict.SAME: "same",
-    Verdict.UNKNOWN: "❔ unknown",
+    Shift.BETTER: "✅ better",
+    Shift.WORSE: "❌ worse",
+    Shift.SAME: "same",
+    Shift.UNKNOWN: "❔ unknown",
 }
 _NOT_COMPARABLE = f"⚠ {NOT_COMPARABLE}"
 
@@ -40,15 +40,15 @@ def _verdict_cell(m: MetricDiff, comparable: bool) -> tuple[str, str]:
     stays (a regression still fails CI); the reason shown is the test's for unknown verdicts, whose
     cause (too few requests, no significance) the reader otherwise has to guess."""
     c = m.comparison
-    if not comparable and c.verdict != Verdict.WORSE:
+    if not comparable and c.verdict != Shift.WORSE:
         return _NOT_COMPARABLE, "see above"
-    return _ICON.get(c.verdict, c.verdict), c.reason if c.verdict == Verdict.UNKNOWN else ""
+    return _ICON.get(c.verdict, c.verdict), c.reason if c.verdict == Shift.UNKNOWN else ""
 
 
 def render_diff(diff: RunDiff, base_label: str, new_label: str) -> str:
     """Markdown for a PR comment: which variants are not comparable, the verdict line, what changed
     in findings, then the table. Labels in argument order: base, then new."""
-    worse = [m for m in diff.metrics if m.comparison.verdict == Verdict.WORSE]
+    worse = [m for m in diff.metrics if m.comparison.verdict == Shift.WORSE]
     lines = [f"## itlaudit diff: `{escape(base_label)}` (base) → `{escape(new_label)}` (new)", ""]
     unlike = _not_comparable_lines(diff)
     lines += [*unlike, ""] if unlike else []

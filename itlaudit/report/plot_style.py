@@ -17,8 +17,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
-from itlaudit.analysis.stats import SAME_BAND, Comparison, Verdict
+from itlaudit.analysis.stats import SAME_BAND, Comparison
 from itlaudit.analysis.validity import Validity
+from itlaudit.model.vocabulary import Shift
 
 __all__ = [
     "BETTER_GREEN",
@@ -127,10 +128,10 @@ def verdict_words(
     rule diff uses) calls it significant and beyond its threshold; "≈ same" when it calls it the same;
     otherwise "no verdict" with the sample sizes and p, in grey. A 1.11× TTFT over 6 requests on a busy
     host is noise, and a figure must not print it as a verdict."""
-    if comparison.verdict in (Verdict.BETTER, Verdict.WORSE) and factor is not None:
+    if comparison.verdict in (Shift.BETTER, Shift.WORSE) and factor is not None:
         words = speedup_words(factor, better, worse)
-        return words, BETTER_GREEN if comparison.verdict == Verdict.BETTER else TRUNCATION_RED
-    if comparison.verdict == Verdict.SAME:
+        return words, BETTER_GREEN if comparison.verdict == Shift.BETTER else TRUNCATION_RED
+    if comparison.verdict == Shift.SAME:
         return "≈ same", NEUTRAL_GREY
     sizes = f"{comparison.n_base}\u00a0vs\u00a0{comparison.n_new}"  # no-break spaces: kept on one line
     if comparison.p_value is None:

@@ -12,15 +12,15 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
-from itlaudit.analysis.sweep import CONCURRENCY
 from itlaudit.analysis.validity import NOT_COMPARABLE
+from itlaudit.model.vocabulary import LoadAxis
 from itlaudit.report.plot_style import DPI, LOG_SPAN, NEUTRAL_GREY, WIDE, colour, plt, save_figure
 
 __all__ = ["plot_itl_vs_throughput", "plot_speedup_vs_load", "plot_ttft_vs_load", "write_sweep_plots"]
 
 
-def _load_label(axis: str) -> str:
-    return "concurrency (streams)" if axis == CONCURRENCY else "request rate (requests/s)"
+def _load_label(axis: LoadAxis) -> str:
+    return "concurrency (streams)" if axis == LoadAxis.CONCURRENCY else "request rate (requests/s)"
 
 
 def _values(points: Sequence[Mapping[str, Any]], key: str, pct: str | None = None) -> np.ndarray:

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from itlaudit.analysis.sweep import CONCURRENCY
+from itlaudit.model.vocabulary import LoadAxis
 from itlaudit.report.html import figure_html, inline_markdown, page_html, table_html
 from itlaudit.report.sweep_plots import write_sweep_plots
 
@@ -44,7 +44,7 @@ def table_rows(sweep: Mapping[str, Any]) -> list[list[str]]:
     rows = []
     for name, points in sweep["variants"].items():
         for p in points:
-            load = f"{int(p[axis])}" if axis == CONCURRENCY else f"{p[axis]:g}/s"
+            load = f"{int(p[axis])}" if axis == LoadAxis.CONCURRENCY else f"{p[axis]:g}/s"
             good = (
                 "–" if p["goodput_rps"] is None else f"{p['goodput_rps']:.2f} / {p['goodput_chunk_rps']:.2f}"
             )

@@ -33,7 +33,8 @@ from typing import Any, overload
 
 import numpy as np
 
-from itlaudit.analysis.stats import Verdict, compare_samples
+from itlaudit.analysis.stats import compare_samples
+from itlaudit.model.vocabulary import Shift
 
 __all__ = [
     "BASE_VARIANT",
@@ -311,15 +312,15 @@ def _series_candidates(
             alpha=settings.alpha,
         )
         verdict = comparison.verdict
-        suspected = cut in tail and verdict != Verdict.SAME
-        if verdict in (Verdict.SAME, Verdict.UNKNOWN) and not suspected:
+        suspected = cut in tail and verdict != Shift.SAME
+        if verdict in (Shift.SAME, Shift.UNKNOWN) and not suspected:
             continue
-        if verdict == Verdict.UNKNOWN:  # a suspected change: its direction is the medians'
+        if verdict == Shift.UNKNOWN:  # a suspected change: its direction is the medians'
             moved = comparison.ratio or 1.0
             got_worse = moved > 1 if spec.lower_is_better else moved < 1
             kind = REGRESSION if got_worse else IMPROVEMENT
         else:
-            kind = REGRESSION if verdict == Verdict.WORSE else IMPROVEMENT
+            kind = REGRESSION if verdict == Shift.WORSE else IMPROVEMENT
         if spec.change_class == LENGTH_CHANGED:
             kind = REGRESSION  # an output length moved without a cap: a change either way
         evidence = Evidence(
@@ -341,7 +342,7 @@ def _series_candidates(
                 builds[cut - 1][0],
                 kind,
                 evidence,
-                suspected=suspected or verdict == Verdict.UNKNOWN,
+                suspected=suspected or verdict == Shift.UNKNOWN,
                 method_changed=methods_before != methods_after,
             )
         )

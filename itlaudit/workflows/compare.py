@@ -21,7 +21,6 @@ from itlaudit.analysis.findings import Finding
 from itlaudit.analysis.lossless import prompt_index, with_execution_modes
 from itlaudit.analysis.specdecode import CounterSnapshot, spec_decode_delta
 from itlaudit.capture.planning import sent_prompt
-from itlaudit.capture.request_plan import ENDPOINT_COMPLETIONS
 from itlaudit.capture.runner import CaptureOptions, variant_access
 from itlaudit.capture.scoring import Scorer, explain_mismatch, score_outputs
 from itlaudit.capture.server_info import scrape_counters
@@ -31,6 +30,7 @@ from itlaudit.model.codes import SPEC_DECODE_OUTPUT_MISMATCH
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.run_labels import RunLabels
 from itlaudit.model.scenario import COMPILED, EAGER, Scenario, Variant
+from itlaudit.model.vocabulary import Endpoint
 from itlaudit.report.progress import Reporter
 from itlaudit.store.rundir import COMPARE_FILE, write_versioned
 from itlaudit.workflows.derive import write_derived
@@ -142,7 +142,7 @@ def audit_distribution(
     if forced is False or not audited:
         return None, []
     block: dict[str, Any] = {"scorer": baseline.name, "variants": {}}
-    if scenario.endpoint != ENDPOINT_COMPLETIONS:
+    if scenario.endpoint != Endpoint.COMPLETIONS:
         return {**block, "skipped": "outputs are scored on /v1/completions: run the scenario there"}, []
     if not mine.get(baseline.name):
         return {**block, "skipped": f"the baseline {baseline.name!r} has no sampled outputs to compare"}, []

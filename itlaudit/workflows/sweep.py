@@ -27,7 +27,6 @@ from rich.console import Console
 
 from itlaudit import __version__
 from itlaudit.analysis.sweep import (
-    CONCURRENCY,
     crossover,
     parse_sla,
     pool_trials,
@@ -42,6 +41,7 @@ from itlaudit.errors import RunInterrupted, ScenarioError, SweepError
 from itlaudit.model.formats import FORMAT_KEY
 from itlaudit.model.redact import launch_secret_values, redact_file, redact_json
 from itlaudit.model.scenario import Scenario, Variant
+from itlaudit.model.vocabulary import LoadAxis
 from itlaudit.report.progress import Reporter, duration
 from itlaudit.store.jsonl import iter_jsonl, load_records
 from itlaudit.store.rundir import (
@@ -88,7 +88,7 @@ class SweepConfig:
     points would mix two experiments."""
 
     scenario: str
-    axis: str
+    axis: LoadAxis
     values: list[float]
     variants: list[str]
     trials: int = 1
@@ -100,11 +100,11 @@ class SweepConfig:
         return dataclasses.asdict(self)
 
 
-def point_scenario(scenario: Scenario, axis: str, value: float, variant: str) -> Scenario:
+def point_scenario(scenario: Scenario, axis: LoadAxis, value: float, variant: str) -> Scenario:
     """The scenario as one point runs it: one variant, the load set. At a concurrency above the
     scenario's num_requests the point sends `concurrency` requests, so the load is actually reached."""
     workload = scenario.workload
-    if axis == CONCURRENCY:
+    if axis == LoadAxis.CONCURRENCY:
         load = int(value)
         workload = dataclasses.replace(
             workload, concurrency=load, num_requests=max(workload.num_requests, load)
@@ -121,11 +121,11 @@ def point_scenario(scenario: Scenario, axis: str, value: float, variant: str) ->
     )
 
 
-def _label(axis: str, value: float) -> str:
-    return f"c{int(value)}" if axis == CONCURRENCY else f"r{value:g}"
+def _label(axis: LoadAxis, value: float) -> str:
+    return f"c{int(value)}" if axis == LoadAxis.CONCURRENCY else f"r{value:g}"
 
 
-def trial_dir(sweep_dir: Path, variant: str, axis: str, value: float, trial: int) -> Path:
+def trial_dir(sweep_dir: Path, variant: str, axis: LoadAxis, value: float, trial: int) -> Path:
     return sweep_dir / variant / f"{_label(axis, value)}-t{trial}"
 
 
@@ -281,7 +281,7 @@ class _Sweeper:
             for warning in lost_worker_warnings(workers):
                 self.reporter.phase(warning)
 
-        load = f"{axis} {int(trial.load)}" if axis == CONCURRENCY else f"rate {trial.load:g}/s"
+        load = f"{axis} {int(trial.load)}" if axis == LoadAxis.CONCURRENCY else f"rate {trial.load:g}/s"
         trials = f" trial {trial.trial}/{self.config.trials}" if self.config.trials > 1 else ""
         workload = trial.scenario.workload
         name = f"{trial.variant} {load}{trials}"

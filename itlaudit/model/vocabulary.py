@@ -1,0 +1,78 @@
+"""The shared vocabulary: the closed sets of names every stage speaks, each one enum defined once.
+
+They live in model/ because every stage may import model/ and none may import upward: the scenario
+parser, the capture, the analysis and bisect all name the same endpoint, stamp mode, load axis and
+verdicts. Each is a StrEnum, so a member *is* its string: run-folder files (meta.json, requests.jsonl,
+compare.json, sweep.json, bisect.json) keep the plain strings they always held, old folders read back
+into the same members, and a comparison with a literal still holds while callers migrate.
+
+The other two closed sets sit beside the data they describe: a request's outcome is
+`model.records.Status`, a launch kind is `model.launch_kinds.LaunchKind`.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+__all__ = ["Endpoint", "LoadAxis", "Shift", "StampMode", "Verdict"]
+
+
+class Endpoint(StrEnum):
+    """The OpenAI-style API a scenario streams from (its `endpoint` key)."""
+
+    COMPLETIONS = "completions"
+    CHAT = "chat"
+
+    @property
+    def path(self) -> str:
+        """The URL path the request is posted to."""
+        return _ENDPOINT_PATHS[self]
+
+
+_ENDPOINT_PATHS = {Endpoint.COMPLETIONS: "/v1/completions", Endpoint.CHAT: "/v1/chat/completions"}
+
+
+class StampMode(StrEnum):
+    """How chunk arrival times are taken: the socket's kernel receive time, or the event loop's clock
+    when the read returns (the fallback wherever kernel stamps are unsupported)."""
+
+    KERNEL = "kernel"
+    LOOP = "loop"
+
+
+class LoadAxis(StrEnum):
+    """What a sweep varies between points: streams in flight, or requests started per second."""
+
+    CONCURRENCY = "concurrency"
+    RATE = "rate"
+
+
+class Shift(StrEnum):
+    """How one metric moved from BASE to NEW (analysis.stats.compare_samples): diff's words and the
+    `stats_verdict` a bisect probe records. Not a Verdict: a shift is about one metric, a verdict
+    about one build; `regressed` is the one mapping between them."""
+
+    BETTER = "better"
+    WORSE = "worse"
+    SAME = "same"
+    UNKNOWN = "unknown"
+
+    @property
+    def regressed(self) -> bool | None:
+        """The one reading of a change as a bisect judge's answer: worse is the problem present,
+        same or better is absent, unknown cannot tell."""
+        return None if self is Shift.UNKNOWN else self is Shift.WORSE
+
+
+class Verdict(StrEnum):
+    """A bisect probe's answer, as bisect.json and the report spell it."""
+
+    GOOD = "good"
+    BAD = "bad"
+    SKIP = "skip"  # the build could not be had
+    UNKNOWN = "unknown"  # it ran, but the rule could not tell
+
+    @classmethod
+    def of(cls, present: bool | None) -> Verdict:
+        """A judge's answer (is the problem present?) as a verdict."""
+        return cls.UNKNOWN if present is None else cls.BAD if present else cls.GOOD
