@@ -123,3 +123,40 @@ def explain(
     except ItlauditError as exc:
         raise _fail(exc) from None
     out.print(f"{change_id}: explained")
+
+
+@track_app.command("publish")
+def publish(
+    out_dir: Annotated[
+        Path, typer.Argument(metavar="OUT", help="The site's folder (new, empty, or an earlier publish).")
+    ],
+    db: DbOption = None,
+    github_repo: Annotated[
+        str,
+        typer.Option(metavar="OWNER/NAME", help="Where the commit links point, as bisect's --github-repo."),
+    ] = "vllm-project/vllm",
+    sample_builds: Annotated[
+        int,
+        typer.Option(
+            metavar="N",
+            help="Newest builds whose per-request samples the pages carry (and those around each change).",
+        ),
+    ] = 500,
+) -> None:
+    """Write a static dashboard (index, one page per fingerprint) that opens from disk, no network."""
+    from itlaudit.track.db import open_history
+    from itlaudit.track.publish import publish as write_site
+
+    if sample_builds < 0:
+        raise _fail(ItlauditError(f"--sample-builds {sample_builds}: give 0 or more builds"))
+    try:
+        history = open_history(db)
+        try:
+            done = write_site(history, out_dir, github_repo=github_repo, sample_builds=sample_builds)
+        finally:
+            history.close()
+    except ItlauditError as exc:
+        raise _fail(exc) from None
+    out.print(
+        f"published {done.pages} fingerprint page(s), {done.changes} change(s): {done.index}", markup=False
+    )

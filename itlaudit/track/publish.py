@@ -1,0 +1,744 @@
+"""`itlaudit track publish OUT/`: the history as a static site a person opens from disk.
+
+Why a site rather than `check`'s lines: a person believes a change when they see the series move, see
+which builds were not measurements at all (a cap, failed requests) and can open the requests of the
+build it names. The site is plain files: index.html (one row per fingerprint: sparkline, latest
+build, status, and every open change), one page per fingerprint family (K0 and K3 of one experiment
+side by side, since their speedup is one of the series), plotly.min.js copied from the plotly
+package (no network: nothing is fetched when a page opens, from disk or from any web server) and
+itlaudit's dashboard.js/.css (itlaudit/data/).
+
+The figures are plotly.js figures written here as plain data; dashboard.js draws them and opens a
+panel on a click: a point's build, commit link and per-request distribution (its raw samples beside
+the previous point's), or a change's evidence and bisect result. Invalid points are never drawn as
+values: the series break there, the builds are shaded in their class's colour, and the validity lane
+at the top marks each one with its reason.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import re
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+import sqlalchemy as sa
+
+from itlaudit.errors import TrackError
+from itlaudit.track.changes import (
+    BASE_VARIANT,
+    CLIENT,
+    CORRECTNESS,
+    LENGTH,
+    LENGTH_CAP,
+    LENGTH_CHANGED,
+    METHOD,
+    SERIES,
+    SPEED,
+    SPEEDUP,
+    SPEEDUP_CLASS,
+    SUSPECTED,
+    VALID,
+    Change,
+    Point,
+    Samples,
+    SeriesSpec,
+    open_changes,
+)
+from itlaudit.track.db import History, points_table, series_table
+
+__all__ = ["CLASS_COLOURS", "DEFAULT_GITHUB_REPO", "MANIFEST", "Published", "publish"]
+
+ASSETS = Path(__file__).resolve().parent.parent / "data"
+MANIFEST = "dashboard.json"  # what a publish wrote: a later publish into the same folder replaces it
+DEFAULT_GITHUB_REPO = "vllm-project/vllm"  # as `itlaudit bisect --github-repo`
+# One colour per change class, used for the change lines, their markers and the invalid builds' shading.
+CLASS_COLOURS = {
+    LENGTH_CAP: "#f57c00",
+    CORRECTNESS: "#6d4c41",
+    CLIENT: "#607d8b",
+    METHOD: "#1e88e5",
+    SPEEDUP_CLASS: "#8e24aa",
+    SPEED: "#e53935",
+    LENGTH_CHANGED: "#c0a000",
+}
+_INVALID_CLASS = {LENGTH: LENGTH_CAP, CORRECTNESS: CORRECTNESS, CLIENT: CLIENT}
+_UNITS = {
+    "itl_p50": "ms",
+    "itl_p90": "ms",
+    "tpot": "ms",
+    "ttft": "ms",
+    "throughput": "tokens/s",
+    "output_len": "tokens",
+    "acceptance": "tokens/chunk",
+    "speedup": "×",
+}
+_VARIANT_COLOURS = ("#1f77b4", "#2ca02c", "#ff7f0e", "#17becf", "#9467bd", "#bcbd22", "#e377c2")
+_SVG_LIMIT = 3000  # points a trace draws as SVG; past it WebGL (a 10,000-build series stays responsive)
+_SHA = re.compile(r"[0-9a-fA-F]{7,40}")
+
+
+@dataclass(frozen=True)
+class Published:
+    """What a publish wrote: the index and how many fingerprint pages."""
+
+    index: Path
+    pages: int
+    changes: int
+
+
+@dataclass(frozen=True)
+class _Build:
+    """A point's build beyond what `History.points()` carries: for the hover, the panel, the link."""
+
+    version: str | None
+    commit: str | None
+    flavour: str | None
+    run_dir: str | None
+    requests: int
+    errors: int
+
+
+def _builds(history: History) -> dict[int, _Build]:
+    p = points_table
+    query = sa.select(
+        p.c.id, p.c.build_version, p.c.build_commit, p.c.build_flavour, p.c.run_dir, p.c.requests, p.c.errors
+    )
+    with history.engine.connect() as conn:
+        return {int(r[0]): _Build(r[1], r[2], r[3], r[4], int(r[5]), int(r[6])) for r in conn.execute(query)}
+
+
+def _fingerprints(history: History) -> dict[str, dict[str, Any]]:
+    """Each family's fingerprint (its series' fingerprint less the variant's name)."""
+    query = sa.select(series_table.c.family, series_table.c.fingerprint)
+    with history.engine.connect() as conn:
+        return {str(r[0]): json.loads(r[1]) for r in conn.execute(query)}
+
+
+def _title(fingerprint: Mapping[str, Any], family: str) -> str:
+    """What a person calls the experiment: model, platform, and the host when it was a remote server."""
+    platform = fingerprint.get("platform")
+    if isinstance(platform, Mapping):
+        platform = ", ".join(platform.get("gpus") or []) or platform.get("arch")
+    parts = [str(v) for v in (fingerprint.get("model"), platform, fingerprint.get("host")) if v]
+    return " · ".join(parts) or family
+
+
+def _culprit(change: Change) -> str | None:
+    """The bisect's answer written onto the change, as `track bisect` leaves it."""
+    found = change.signals.get("culprit")
+    return str(found) if found else None
+
+
+def _round(value: float | None) -> float | None:
+    """Four significant digits: the page carries thousands of samples, and no chart shows more."""
+    if value is None or not math.isfinite(value):
+        return None
+    return float(f"{value:.4g}")
+
+
+def _commit_url(commit: str | None, github_repo: str) -> str | None:
+    return f"https://github.com/{github_repo}/commit/{commit}" if commit and _SHA.fullmatch(commit) else None
+
+
+def _speedups(points: Sequence[Point], base: str) -> dict[str, list[tuple[int, float, int]]]:
+    """changes.SPEEDUP per build, as `check` tests it: the base variant's token-ITL p50 over the
+    variant's (each the median over the build's valid trials), where both are valid; with the id of
+    the variant's first point there, whose samples the panel shows."""
+    itl: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    first: dict[tuple[str, int], int] = {}
+    invalid: set[tuple[str, int]] = set()
+    for p in points:
+        if p.validity != VALID:
+            invalid.add((p.variant, p.order))
+        elif (value := p.values.get("itl_p50")) is not None and value > 0:
+            itl[p.variant][p.order].append(value)
+            first.setdefault((p.variant, p.order), p.id)
+    out: dict[str, list[tuple[int, float, int]]] = {}
+    base_itl = itl.get(base, {})
+    for variant, by_order in sorted(itl.items()):
+        if variant == base:
+            continue
+        out[variant] = [
+            (order, median(base_itl[order]) / median(values), first[(variant, order)])
+            for order, values in sorted(by_order.items())
+            if order in base_itl and (base, order) not in invalid and (variant, order) not in invalid
+        ]
+    return out
+
+
+def _gapped(rows: Iterable[tuple[int, float | None, int]], breaks: set[int]) -> tuple[list, list, list]:
+    """x, y, ids of a line that breaks (a None) across every build in `breaks`: an invalid build is a
+    hole in the series, never a value."""
+    xs: list[int | None] = []
+    ys: list[float | None] = []
+    ids: list[int | None] = []
+    last: int | None = None
+    for order, value, pid in rows:
+        if value is None:
+            continue
+        if last is not None and any(last < b < order for b in breaks):
+            xs.append(None)
+            ys.append(None)
+            ids.append(None)
+        xs.append(order)
+        ys.append(_round(value))
+        ids.append(pid)
+        last = order
+    return xs, ys, ids
+
+
+def _scatter(count: int) -> str:
+    return "scatter" if count <= _SVG_LIMIT else "scattergl"
+
+
+class _Page:
+    """One family's figure, panels' data and change list."""
+
+    def __init__(
+        self,
+        family: str,
+        points: Sequence[Point],
+        changes: Sequence[Change],
+        builds: Mapping[int, _Build],
+        samples: Mapping[int, Samples],
+        base: str,
+        github_repo: str,
+    ) -> None:
+        self.family = family
+        self.points = sorted(points, key=lambda p: (p.order, p.id))
+        self.changes = changes
+        self.builds = builds
+        self.samples = samples
+        self.base = base
+        self.github_repo = github_repo
+        variants = sorted({p.variant for p in points}, key=lambda v: (v != base, v))
+        self.variants = variants
+        self.colour = {v: _VARIANT_COLOURS[i % len(_VARIANT_COLOURS)] for i, v in enumerate(variants)}
+        self.invalid_orders = {v: {p.order for p in self.points if p.variant == v and p.validity != VALID}
+                               for v in variants}  # fmt: skip
+
+    def point_json(self, p: Point) -> dict[str, Any]:
+        b = self.builds.get(p.id)
+        commit = b.commit if b else None
+        return {
+            "id": p.id,
+            "variant": p.variant,
+            "order": p.order,
+            "build": p.build,
+            "commit": commit,
+            "commit_url": _commit_url(commit, self.github_repo),
+            "flavour": b.flavour if b else None,
+            "run_dir": b.run_dir if b else None,
+            "requests": b.requests if b else None,
+            "errors": b.errors if b else None,
+            "validity": p.validity,
+            "reason": p.reason,
+            "values": {k: _round(v) for k, v in p.values.items()},
+        }
+
+    def change_json(self, change: Change) -> dict[str, Any]:
+        return {
+            **change.to_json(),
+            "culprit": _culprit(change),
+            "colour": CLASS_COLOURS.get(change.change_class, "#444"),
+            "open": change in self.open,
+        }
+
+    @property
+    def open(self) -> list[Change]:
+        return open_changes(self.changes)
+
+    def _series_traces(self, spec: SeriesSpec, axis: str) -> list[dict[str, Any]]:
+        traces = []
+        for variant in self.variants:
+            rows = [
+                (p.order, p.values.get(spec.name), p.id)
+                for p in self.points
+                if p.variant == variant and p.validity == VALID
+            ]
+            xs, ys, ids = _gapped(rows, self.invalid_orders[variant])
+            traces.append(self._trace(spec, variant, axis, xs, ys, ids))
+        return traces
+
+    def _speedup_traces(self, axis: str) -> list[dict[str, Any]]:
+        traces = []
+        for variant, rows in _speedups(self.points, self.base).items():
+            breaks = self.invalid_orders[variant] | self.invalid_orders.get(self.base, set())
+            xs, ys, ids = _gapped(rows, breaks)
+            trace = self._trace(SPEEDUP, variant, axis, xs, ys, ids)
+            trace["name"] = f"{variant}/{self.base}"
+            traces.append(trace)
+        return traces
+
+    def _trace(
+        self, spec: SeriesSpec, variant: str, axis: str, xs: list, ys: list, ids: list
+    ) -> dict[str, Any]:
+        unit = _UNITS.get(spec.name, "")
+        by_id = {p.id: p for p in self.points}
+        text = [by_id[i].build if i is not None else None for i in ids]
+        return {
+            "type": _scatter(len(xs)),
+            "mode": "lines+markers",
+            "x": xs,
+            "y": ys,
+            "yaxis": axis,
+            "name": variant,
+            "legendgroup": variant,
+            "showlegend": spec.name == "itl_p50",
+            "line": {"color": self.colour.get(variant, "#444"), "width": 1.5},
+            "marker": {"size": 6},
+            "customdata": ids,
+            "text": text,
+            "hovertemplate": (
+                f"<b>{html.escape(variant)}</b> build %{{x}}: %{{text}}<br>"
+                f"{html.escape(spec.label)}: %{{y:.4g}} {unit}<extra>click: commit, requests</extra>"
+            ),
+            "meta": {"kind": "point", "series": spec.name, "variant": variant, "sample": spec.sample},
+        }
+
+    def _lane_traces(self) -> list[dict[str, Any]]:
+        """The validity lane: every point as a dot on its variant's line, an invalid one as a large
+        cross in its class's colour, and the change markers on a line of their own."""
+        traces = []
+        for variant in self.variants:
+            mine = [p for p in self.points if p.variant == variant]
+            for valid in (True, False):
+                chosen = [p for p in mine if (p.validity == VALID) == valid]
+                colours = [CLASS_COLOURS[_INVALID_CLASS.get(p.validity, CORRECTNESS)] for p in chosen]
+                traces.append(
+                    {
+                        "type": _scatter(len(chosen)),
+                        "mode": "markers",
+                        "x": [p.order for p in chosen],
+                        "y": [variant] * len(chosen),
+                        "yaxis": "y",
+                        "showlegend": False,
+                        "name": f"{variant} {'valid' if valid else 'invalid'}",
+                        "marker": (
+                            {"size": 5, "color": "#9e9e9e"}
+                            if valid
+                            else {"size": 11, "symbol": "x", "color": colours}
+                        ),
+                        "customdata": [p.id for p in chosen],
+                        "text": [
+                            p.build if valid else f"{p.build}: {p.reason or p.validity}" for p in chosen
+                        ],
+                        "hovertemplate": (
+                            f"{html.escape(variant)} build %{{x}}: %{{text}}"
+                            f"<extra>{'valid' if valid else 'not a measurement'}</extra>"
+                        ),
+                        "meta": {
+                            "kind": "point" if valid else "invalid",
+                            "series": "validity",
+                            "variant": variant,
+                            "sample": "itl_ms",
+                        },
+                    }
+                )
+        marks = [self.change_json(c) for c in self.changes]
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "markers",
+                "x": [c["order"] for c in marks],
+                "y": ["changes"] * len(marks),
+                "yaxis": "y",
+                "showlegend": False,
+                "name": "changes",
+                "marker": {
+                    "size": 16,
+                    "symbol": [
+                        "triangle-down" if c["kind"] == "regression" else "triangle-up" for c in marks
+                    ],
+                    "color": [c["colour"] for c in marks],
+                    "line": {"width": 1, "color": "#222"},
+                },
+                "customdata": list(range(len(marks))),
+                "text": [
+                    f"{html.escape(c['summary'])}<br>[{c['state']}, {c['class']}, {c['kind']}]"
+                    f"<br>bisect: {html.escape(c['culprit'] or 'not bisected')}"
+                    for c in marks
+                ],
+                "hovertemplate": "%{text}<extra>change</extra>",
+                "meta": {"kind": "change"},
+            }
+        )
+        return traces
+
+    def _shapes(self) -> list[dict[str, Any]]:
+        """A line at each change (dashed for a fix or improvement) and a shaded band over each run of
+        invalid builds, across every row."""
+        shapes: list[dict[str, Any]] = []
+        for change in self.changes:
+            colour = CLASS_COLOURS.get(change.change_class, "#444")
+            at = change.order - 0.5
+            shapes.append(
+                {
+                    "type": "line",
+                    "xref": "x",
+                    "yref": "paper",
+                    "x0": at,
+                    "x1": at,
+                    "y0": 0,
+                    "y1": 1,
+                    "line": {
+                        "color": colour,
+                        "width": 2,
+                        "dash": "solid" if change.kind == "regression" else "dot",
+                    },
+                }
+            )
+        invalid: dict[int, str] = {}
+        for p in self.points:
+            if p.validity != VALID:
+                invalid.setdefault(p.order, _INVALID_CLASS.get(p.validity, CORRECTNESS))
+        orders = sorted({p.order for p in self.points})
+        run: list[int] = []
+        for order in [*orders, None]:
+            if order is not None and order in invalid and (not run or invalid[run[0]] == invalid[order]):
+                run.append(order)
+                continue
+            if run:
+                shapes.append(
+                    {
+                        "type": "rect",
+                        "xref": "x",
+                        "yref": "paper",
+                        "x0": run[0] - 0.5,
+                        "x1": run[-1] + 0.5,
+                        "y0": 0,
+                        "y1": 1,
+                        "fillcolor": CLASS_COLOURS[invalid[run[0]]],
+                        "opacity": 0.12,
+                        "line": {"width": 0},
+                        "layer": "below",
+                    }
+                )
+            run = [order] if order is not None and order in invalid else []
+        return shapes
+
+    def figure(self) -> dict[str, Any]:
+        rows: list[tuple[str, str, list[dict[str, Any]]]] = []
+        for spec in SERIES[:2]:
+            rows.append((spec.name, f"{spec.label} ({_UNITS[spec.name]})", []))
+        if len(self.variants) > 1 and self.base in self.variants:
+            rows.append((SPEEDUP.name, f"speedup over {self.base} (×)", []))
+        for spec in SERIES[2:]:
+            rows.append((spec.name, f"{spec.label} ({_UNITS[spec.name]})", []))
+        lane_height = 0.025 * (len(self.variants) + 1)
+        row_height = (1 - lane_height) / len(rows)
+        layout: dict[str, Any] = {
+            "height": 120 + 40 * (len(self.variants) + 1) + 170 * len(rows),
+            "margin": {"l": 70, "r": 20, "t": 30, "b": 40},
+            "hovermode": "closest",
+            "dragmode": "zoom",
+            "legend": {"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 0},
+            "xaxis": {
+                "title": {"text": "build (first-parent order)"},
+                "anchor": f"y{len(rows) + 1}",
+                "showspikes": True,
+            },
+            "yaxis": {
+                "domain": [1 - lane_height, 1],
+                "type": "category",
+                "categoryorder": "array",
+                "categoryarray": [*reversed(self.variants), "changes"],
+                "fixedrange": True,
+            },
+            "shapes": self._shapes(),
+        }
+        traces = self._lane_traces()
+        for i, (name, title, _) in enumerate(rows):
+            axis = f"y{i + 2}"
+            top = 1 - lane_height - i * row_height - 0.02
+            layout[f"yaxis{i + 2}"] = {
+                "domain": [max(top - row_height + 0.03, 0), top],
+                "title": {"text": title, "font": {"size": 11}},
+                "anchor": "x",
+            }
+            if name == SPEEDUP.name:
+                traces += self._speedup_traces(axis)
+            else:
+                traces += self._series_traces(next(s for s in SERIES if s.name == name), axis)
+        return {"data": traces, "layout": layout, "config": {"responsive": True, "displaylogo": False}}
+
+    def data(self) -> dict[str, Any]:
+        """What the panels read: every point, the embedded raw samples, every change."""
+        return {
+            "family": self.family,
+            "base": self.base,
+            "points": {p.id: self.point_json(p) for p in self.points},
+            "samples": {
+                pid: {k: [_round(v) for v in vs] for k, vs in s.items()} for pid, s in self.samples.items()
+            },
+            "changes": [self.change_json(c) for c in self.changes],
+            "labels": {spec.sample: spec.label.replace(" p50", "") for spec in SERIES},
+        }
+
+    def sparkline(self) -> dict[str, Any]:
+        """Token-ITL p50 per variant, invalid builds as holes: the index's one-glance history."""
+        spec = SERIES[0]
+        traces = []
+        for variant in self.variants:
+            rows = [
+                (p.order, p.values.get(spec.name), p.id)
+                for p in self.points
+                if p.variant == variant and p.validity == VALID
+            ]
+            xs, ys, _ = _gapped(rows, self.invalid_orders[variant])
+            traces.append(
+                {
+                    "type": _scatter(len(xs)),
+                    "mode": "lines",
+                    "x": xs,
+                    "y": ys,
+                    "name": variant,
+                    "line": {"color": self.colour[variant], "width": 1.2},
+                    "meta": {"kind": "spark", "variant": variant},
+                }
+            )
+        layout = {
+            "height": 44,
+            "width": 220,
+            "margin": {"l": 0, "r": 0, "t": 2, "b": 2},
+            "showlegend": False,
+            "xaxis": {"visible": False},
+            "yaxis": {"visible": False},
+            "shapes": [s for s in self._shapes() if s["type"] == "rect"],
+        }
+        return {"data": traces, "layout": layout, "config": {"staticPlot": True}}
+
+    def status(self) -> tuple[str, str]:
+        """(css class, text): open regressions first, then suspected ones, then the newest build."""
+        still_open = self.open
+        if still_open:
+            return "bad", f"{len(still_open)} open regression(s)"
+        suspected = [c for c in self.changes if c.state == SUSPECTED]
+        if suspected:
+            return "warn", f"{len(suspected)} suspected: run another trial"
+        newest = max(p.order for p in self.points)
+        bad = [p for p in self.points if p.order == newest and p.validity != VALID]
+        if bad:
+            return "bad", f"newest build not a measurement: {bad[0].reason or bad[0].validity}"
+        return "ok", "ok"
+
+
+def _page_html(title: str, body: str, data: Mapping[str, Any], figures: Mapping[str, Any]) -> str:
+    blob = json.dumps({"page": data, "figures": figures}, separators=(",", ":"), allow_nan=False)
+    blob = blob.replace("</", "<\\/")  # the JSON sits in a <script>: no "</script>" can end it early
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="generator" content="itlaudit track publish">
+<title>{html.escape(title)}</title>
+<link rel="stylesheet" href="dashboard.css">
+<script src="plotly.min.js"></script>
+</head><body>
+{body}
+<script id="dashboard-data" type="application/json">{blob}</script>
+<script src="dashboard.js"></script>
+</body></html>
+"""
+
+
+def _change_rows(changes: Sequence[Mapping[str, Any]], pages: Mapping[str, str] | None = None) -> str:
+    """The change table: first bad and last good build, class, state, the summary and the bisect's
+    culprit. With `pages` (change id → the fingerprint page's title, on the index) a first column
+    links each change to its fingerprint's page."""
+    if not changes:
+        return '<p class="none">none</p>'
+    rows = []
+    for c in changes:
+        cells = []
+        if pages is not None:
+            href = f"{c['family']}.html#change-{c['id']}"
+            cells.append(f'<td><a href="{href}">{html.escape(pages[c["id"]])}</a></td>')
+        closed = f", closed by {c['closed_by']}" if c["closed_by"] else ""
+        cells += [
+            f"<td>{html.escape(c['build'])}</td>",
+            f"<td>{html.escape(c['last_good_build'] or '–')}</td>",
+            f"<td>{html.escape(c['class'])}</td>",
+            f"<td>{html.escape(c['kind'])}</td>",
+            f"<td>{html.escape(c['state'] + closed)}</td>",
+            f"<td>{html.escape(c['summary'])}</td>",
+            f'<td class="culprit">{html.escape(c["culprit"] or "not bisected")}</td>',
+        ]
+        rows.append(
+            f'<tr class="change" data-change="{c["id"]}" style="border-left:6px solid {c["colour"]}">'
+            f"{''.join(cells)}</tr>"
+        )
+    names = ["first bad", "last good", "class", "kind", "state", "what", "bisect"]
+    if pages is not None:
+        names.insert(0, "fingerprint")
+    head = "".join(f"<th>{n}</th>" for n in names)
+    return f'<table class="changes"><tr>{head}</tr>{"".join(rows)}</table>'
+
+
+_LEGEND_TAIL = "▼ regression, ▲ fix or improvement; shaded: builds that are not measurements."
+_HINT = (
+    "Click a point for its build, commit and requests; a ▼/▲ marker for its change and bisect result. "
+    "Drag to zoom, double-click to reset."
+)
+
+
+def _legend() -> str:
+    items = "".join(
+        f'<span class="swatch" style="background:{colour}"></span>{html.escape(cls)} '
+        for cls, colour in CLASS_COLOURS.items()
+    )
+    return f'<p class="legend">Change classes: {items} — {_LEGEND_TAIL}</p>'
+
+
+def _family_page(page: _Page, title: str, fingerprint: Mapping[str, Any], where: str) -> str:
+    data = page.data()
+    listed_ids = {c.id for c in page.open} | {c.id for c in page.changes if c.state == SUSPECTED}
+    listed = [c for c in data["changes"] if c["id"] in listed_ids]
+    builds = len({p.order for p in page.points})
+    shown = json.dumps(fingerprint, indent=2, sort_keys=True)
+    body = (
+        f'<header><a href="index.html">← all fingerprints</a><h1>{html.escape(title)}</h1>\n'
+        f'<p class="where">{builds} builds, variants {html.escape(", ".join(page.variants))}; '
+        f"history {html.escape(where)}</p>\n"
+        f"<details><summary>fingerprint {page.family}</summary><pre>{html.escape(shown)}</pre></details>"
+        f"</header>\n{_legend()}\n"
+        '<div class="layout"><div id="chart" class="chart"></div>\n'
+        f'<aside id="detail" class="detail"><p class="hint">{_HINT}</p></aside></div>\n'
+        f"<h2>Open and suspected changes</h2>{_change_rows(listed)}\n"
+        f"<h2>Every change</h2>{_change_rows(data['changes'])}\n"
+    )
+    return _page_html(title, body, data, {"chart": page.figure()})
+
+
+def _index_page(pages: Sequence[tuple[_Page, str]], where: str) -> str:
+    rows = []
+    figures = {}
+    still_open: list[dict[str, Any]] = []
+    titles: dict[str, str] = {}
+    for page, title in pages:
+        css, status = page.status()
+        newest = max(page.points, key=lambda p: (p.order, p.id))
+        spark = f"spark-{page.family}"
+        figures[spark] = page.sparkline()
+        rows.append(
+            f'<tr class="fingerprint" data-family="{page.family}">'
+            f'<td><a href="{page.family}.html">{html.escape(title)}</a></td>'
+            f"<td>{html.escape(', '.join(page.variants))}</td>"
+            f'<td><div id="{spark}" class="spark"></div></td>'
+            f"<td>{html.escape(newest.build)}</td>"
+            f'<td class="status {css}">{html.escape(status)}</td></tr>'
+        )
+        for change in page.open:
+            still_open.append(page.change_json(change))
+            titles[change.id] = title
+    head = "".join(
+        f"<th>{n}</th>" for n in ("fingerprint", "variants", "token ITL p50", "newest build", "status")
+    )
+    published = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    body = (
+        f'<header><h1>itlaudit track</h1><p class="where">{len(pages)} fingerprint(s); history '
+        f"{html.escape(where)}; published {published}</p></header>\n"
+        f'<table class="fingerprints"><tr>{head}</tr>{"".join(rows)}</table>\n'
+        f"<h2>Open regressions</h2>{_change_rows(still_open, titles)}"
+    )
+    return _page_html("itlaudit track", body, {"index": True}, figures)
+
+
+def _prepare(out: Path) -> dict[str, Any]:
+    """Make OUT ready: new, empty, or written by an earlier publish (whose pages are then replaced);
+    any other folder is refused, so a publish never mixes its pages into someone's files."""
+    if out.exists() and not out.is_dir():
+        raise TrackError(f"{out}: is a file; give a folder for the site, e.g. {out}-site/")
+    manifest = out / MANIFEST
+    if out.is_dir() and any(out.iterdir()) and not manifest.is_file():
+        raise TrackError(
+            f"{out}: holds other files and no {MANIFEST}; give a new or empty folder, or one that "
+            "`itlaudit track publish` wrote"
+        )
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        earlier = json.loads(manifest.read_text()) if manifest.is_file() else {}
+    except (OSError, ValueError) as exc:
+        raise TrackError(f"{out}: cannot write the site there ({exc})") from None
+    for name in earlier.get("pages") or []:
+        if re.fullmatch(r"[0-9a-f]{16}\.html", str(name)):
+            (out / name).unlink(missing_ok=True)
+    return earlier
+
+
+def _sampled_orders(orders: Sequence[int], changes: Sequence[Change], newest: int, around: int) -> set[int]:
+    """The builds whose raw samples a page carries: the newest `newest` and `around` either side of
+    each change (a 10,000-build history would otherwise weigh hundreds of megabytes)."""
+    chosen = set(orders[-newest:]) if newest > 0 else set()
+    position = {o: i for i, o in enumerate(orders)}
+    for change in changes:
+        first = position.get(change.order, 0)
+        start = position.get(change.last_good_order, first) if change.last_good_order is not None else first
+        chosen.update(orders[max(start - around, 0) : first + around + 1])
+    return chosen
+
+
+def publish(
+    history: History,
+    out: Path,
+    *,
+    github_repo: str = DEFAULT_GITHUB_REPO,
+    sample_builds: int = 500,
+    base: str = BASE_VARIANT,
+) -> Published:
+    """Write the site for every family of the history into `out`."""
+    try:
+        from plotly.offline import get_plotlyjs  # type: ignore[import-untyped]
+    except ModuleNotFoundError:
+        raise TrackError("track publish needs plotly: pip install 'itlaudit[dashboard]'") from None
+    if not re.fullmatch(r"[\w.-]+/[\w.-]+", github_repo):
+        raise TrackError(f"--github-repo {github_repo}: give OWNER/NAME, e.g. {DEFAULT_GITHUB_REPO}")
+    points = history.points()
+    if not points:
+        raise TrackError(
+            f"{history.where}: the history holds no points; record runs with `itlaudit track add`"
+        )
+    _prepare(out)
+    changes = history.check()
+    builds = _builds(history)
+    fingerprints = _fingerprints(history)
+    by_family: dict[str, list[Point]] = defaultdict(list)
+    for point in points:
+        by_family[point.family].append(point)
+    changes_of: dict[str, list[Change]] = defaultdict(list)
+    for change in changes:
+        changes_of[change.family].append(change)
+    pages: list[tuple[_Page, str]] = []
+    for family, members in sorted(by_family.items()):
+        orders = sorted({p.order for p in members})
+        keep = _sampled_orders(orders, changes_of[family], sample_builds, around=5)
+        samples = history.samples([p.id for p in members if p.order in keep])
+        page = _Page(family, members, changes_of[family], builds, samples, base, github_repo)
+        title = _title(fingerprints.get(family, {}), family)
+        pages.append((page, title))
+    pages.sort(key=lambda pt: pt[1])
+    try:
+        (out / "plotly.min.js").write_text(get_plotlyjs(), encoding="utf-8")
+        for name in ("dashboard.js", "dashboard.css"):
+            (out / name).write_text((ASSETS / name).read_text(encoding="utf-8"), encoding="utf-8")
+        for page, title in pages:
+            text = _family_page(page, title, fingerprints.get(page.family, {}), history.where)
+            (out / f"{page.family}.html").write_text(text, encoding="utf-8")
+        index = out / "index.html"
+        index.write_text(_index_page(pages, history.where), encoding="utf-8")
+        manifest = {
+            "generator": "itlaudit track publish",
+            "published_at": time.time(),
+            "history": history.where,
+            "pages": [f"{page.family}.html" for page, _ in pages],
+        }
+        (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise TrackError(f"{out}: cannot write the site there ({exc.strerror or exc})") from None
+    return Published(index, len(pages), len(changes))
