@@ -19,7 +19,7 @@ from itlaudit.report.writer import PLOTS_SKIPPED, REPORT_HTML, REPORT_MD
 from itlaudit.serve.sim import SimConfig
 
 # Each costs a tenth of a second to seconds to import; none is needed to parse a command line.
-HEAVY = ("pandas", "matplotlib", "scipy", "ray", "prometheus_client", "aiohttp")
+HEAVY = ("pandas", "matplotlib", "scipy", "ray", "prometheus_client", "aiohttp", "plotly")
 # What a command line must not load even when the command runs, as long as it does not draw.
 DRAWING = ("matplotlib",)
 
