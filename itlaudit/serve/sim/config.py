@@ -66,6 +66,14 @@ class SimConfig:
     # distribution (ARGMAX or FLAT of DRAFT_SAMPLERS) while the bonus token and K=0 follow the model:
     # speculative sampling that is not lossless at temperature > 0.
     draft_sampler: str = MODEL
+    # Scheduler (serve/sim/load.py): rows beyond max_num_seqs wait for a seat (None: no limit), and
+    # /metrics shows KV usage against kv_cache_tokens, as vLLM's gauges do.
+    max_num_seqs: int | None = None
+    kv_cache_tokens: int = 65536
+    # vLLM's --per-request-spec-decode-metrics (summary): with K > 0, the final usage chunk carries
+    # metrics.speculative_decoding. Fault: spec_metrics_lie reports every draft accepted.
+    per_request_spec_metrics: bool = False
+    spec_metrics_lie: bool = False
 
     def __post_init__(self) -> None:
         if self.draft_sampler not in DRAFT_SAMPLERS:

@@ -13,6 +13,7 @@ from typing import Any
 
 from itlaudit.serve.sim.config import MODEL, SimConfig
 from itlaudit.serve.sim.lm import BigramModel
+from itlaudit.serve.sim.load import Load, RequestSpecMetrics
 from itlaudit.serve.sim.vocab import DIGIT_TOKEN_ID, FIRST_REGULAR_TOKEN_ID, avoid_token, token_bytes
 
 __all__ = ["Engine", "Job", "Step", "TokenLogprob"]
@@ -59,6 +60,7 @@ class Step:
     stop_reason: int | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
     due_ns: int = 0  # when the schedule says this step's chunk leaves (CLOCK_MONOTONIC)
+    spec_decode: RequestSpecMetrics | None = None  # on the final step, with K > 0
 
 
 @dataclass
@@ -87,6 +89,7 @@ class Engine:
         self.generation_tokens = 0
         self.finished: dict[str, int] = {"stop": 0, "length": 0}
         self.in_flight = 0  # engine rows running now: what decides whether a step is shared
+        self.load = Load(config.max_num_seqs, config.kv_cache_tokens)
         # Scores prompts always (uniform at sharpness 0); draws tokens only at sharpness > 0.
         self.lm = BigramModel(config)
 
@@ -114,6 +117,7 @@ class Engine:
 
         produced = 0
         prev = job.prompt_token_ids[-1]
+        request_spec = RequestSpecMetrics(cfg.num_speculative_tokens)
         # Steps are due at absolute times (prefill + n steps after arrival), so time spent writing and
         # waking up late does not accumulate: a "5 ms" server delivers one step per 5 ms on average.
         # After a stall (the process was starved) steps catch up at half a step apart, never in a
@@ -131,6 +135,7 @@ class Engine:
                 accepted += 1
             if num_drafts:
                 self._observe_spec(num_drafts, accepted)
+                request_spec.observe(num_drafts, accepted)
 
             step = Step(token_ids=[], text="", due_ns=due_ns)
             for slot in range(accepted + 1):
@@ -161,8 +166,10 @@ class Engine:
                 if step.finish_reason:
                     break
             self.generation_tokens += len(step.token_ids)
+            self.load.grow(job, len(step.token_ids))
             if step.finish_reason:
                 self.finished[step.finish_reason] += 1
+                step.spec_decode = request_spec if cfg.num_speculative_tokens else None
             yield step
             if step.finish_reason:
                 return

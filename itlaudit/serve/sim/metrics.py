@@ -1,13 +1,16 @@
-"""The simulator's /metrics: vLLM's Prometheus counter names, labels and spec-decode counters."""
+"""The simulator's /metrics: vLLM's Prometheus names and labels, its token, request and spec-decode
+counters, and the scheduler's gauges (running, waiting, KV usage), preemptions, prefix-cache counters
+and queue-time histogram, which move with the load (serve/sim/load.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from itlaudit.serve.sim.engine import Engine
+from itlaudit.serve.sim.load import QUEUE_BUCKETS_S
 
 __all__ = ["MetricsCollector"]
 
@@ -18,7 +21,7 @@ class MetricsCollector(Collector):
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    def collect(self) -> Iterable[CounterMetricFamily]:
+    def collect(self) -> Iterable[Metric]:
         engine, cfg = self.engine, self.engine.config
         base = {"engine": "0", "model_name": cfg.model}
 
@@ -37,6 +40,38 @@ class MetricsCollector(Collector):
             "Number of generation tokens processed.",
             [(base, engine.generation_tokens)],
         )
+        load = engine.load
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(name, doc, labels=sorted(base))
+            family.add_metric([base[k] for k in sorted(base)], value)
+            return family
+
+        yield gauge("vllm:num_requests_running", "Requests in model execution batches.", load.running)
+        yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", load.waiting)
+        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", load.kv_usage)
+        yield counter("vllm:num_preemptions", "Cumulative number of preemption.", [(base, load.preemptions)])
+        yield counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            [(base, load.prefix_queries)],
+        )
+        yield counter(
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            [(base, load.prefix_hits)],
+        )
+        queue = HistogramMetricFamily(
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            labels=sorted(base),
+        )
+        cumulative, buckets = 0, []
+        for bound, count in zip([*map(str, QUEUE_BUCKETS_S), "+Inf"], load.queue_counts, strict=True):
+            cumulative += count
+            buckets.append((bound, float(cumulative)))
+        queue.add_metric([base[k] for k in sorted(base)], buckets, load.queue_sum_s)
+        yield queue
         yield counter(
             "vllm:request_success",
             "Count of successfully processed requests.",

@@ -99,10 +99,20 @@ async def _write_stream(
         else:
             if job.include_usage:
                 usage = usage_info(len(job.prompt_token_ids), emitted)
-                await resp.write(sse_frame(chunk_envelope(ctx, api.chunk_object, [], usage, ctx.fingerprint)))
+                tail = _per_request_metrics(cfg, step if emitted else None)
+                await resp.write(
+                    sse_frame(chunk_envelope(ctx, api.chunk_object, [], usage, ctx.fingerprint, **tail))
+                )
     if not cfg.no_done:
         await resp.write(DONE_FRAME)
     await resp.write_eof()
+
+
+def _per_request_metrics(cfg: SimConfig, last: Step | None) -> dict[str, Any]:
+    """The usage chunk's `metrics` (vLLM's --per-request-spec-decode-metrics summary), when on."""
+    if not cfg.per_request_spec_metrics or last is None or last.spec_decode is None:
+        return {}
+    return {"metrics": {"speculative_decoding": last.spec_decode.to_dict(lie=cfg.spec_metrics_lie)}}
 
 
 async def _complete_row(
@@ -191,6 +201,7 @@ def _handler(api: EndpointApi) -> Any:
             )
             for job in jobs
         ]
+        await engine.load.admit(jobs)
         engine.in_flight += len(ctxs)
         try:
             if jobs[0].stream:
@@ -198,6 +209,7 @@ def _handler(api: EndpointApi) -> Any:
             return await _complete(request, api, ctxs, engine)
         finally:
             engine.in_flight -= len(ctxs)
+            await engine.load.release(jobs)
 
     return handle
 

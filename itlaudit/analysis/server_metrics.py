@@ -1,0 +1,176 @@
+"""A server's /metrics as a time series (pure: page text in, tidy rows and per-run figures out).
+
+The sampler (capture/metrics_sampler.py) scrapes /metrics on a fixed period while a variant's measured
+requests stream and writes one row per scrape to the run folder's server_metrics.jsonl: gauges as
+values, counters as deltas since the scrape before, histograms as bucket deltas. Deltas make a row
+readable on its own (what happened in that second) and make a counter reset (a restarted server) a
+small dip, not a huge negative spike. Rows carry the capture's clock (time.monotonic_ns, the clock of
+`sent_monotonic_ns` in every record) so they line up with the stream's chunks.
+
+What a reader asks of a run is derived here: KV-cache usage p50 and max, preemptions, time in the
+waiting queue, prefix-cache hit rate, and spec-decode acceptance per draft position over time.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from itlaudit.analysis.specdecode import ACCEPTED_PER_POS, DRAFTS
+from itlaudit.errors import MetricsParseError
+
+__all__ = [
+    "KV_USAGE",
+    "QUEUE_TIME",
+    "RUNNING",
+    "SERVER_METRICS_FILE",
+    "WAITING",
+    "Scrape",
+    "delta_row",
+    "parse_scrape",
+    "per_position_series",
+    "summarize_series",
+]
+
+SERVER_METRICS_FILE = "server_metrics.jsonl"
+
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+PREEMPTIONS = "vllm:num_preemptions_total"
+PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
+QUEUE_TIME = "vllm:request_queue_time_seconds"
+# Labels every vLLM series carries that say nothing about what was measured: summed (or averaged) over.
+_IDENTITY_LABELS = frozenset({"engine", "model_name"})
+
+
+@dataclass
+class Scrape:
+    """One /metrics page, summed over engines (data-parallel ranks): counters and gauges by series key
+    (`name` or `name{label=value,...}`), histograms by name as cumulative bucket counts plus sum and
+    count. A `_perc` gauge is a fraction per engine, so it is averaged, not summed."""
+
+    gauges: dict[str, float] = field(default_factory=dict)
+    counters: dict[str, float] = field(default_factory=dict)
+    histograms: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+def _key(name: str, labels: dict[str, str]) -> str:
+    kept = sorted((k, v) for k, v in labels.items() if k not in _IDENTITY_LABELS)
+    return name + ("{" + ",".join(f"{k}={v}" for k, v in kept) + "}" if kept else "")
+
+
+def parse_scrape(text: str) -> Scrape:
+    """A Prometheus text page into a Scrape; not Prometheus text is one MetricsParseError line."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    scrape = Scrape()
+    engines: dict[str, int] = defaultdict(int)
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                # A counter whose TYPE line lacks `_total` parses as `unknown`: its samples still end so.
+                if family.type in ("counter", "unknown") and sample.name.endswith("_total"):
+                    key = _key(sample.name, sample.labels)
+                    scrape.counters[key] = scrape.counters.get(key, 0.0) + sample.value
+                elif family.type == "gauge":
+                    key = _key(sample.name, sample.labels)
+                    scrape.gauges[key] = scrape.gauges.get(key, 0.0) + sample.value
+                    engines[key] += 1
+                elif family.type == "histogram" and not sample.name.endswith("_created"):
+                    labels = {k: v for k, v in sample.labels.items() if k != "le"}
+                    parts = scrape.histograms.setdefault(_key(family.name, labels), {})
+                    suffix = sample.name[len(family.name) :]  # _bucket (by `le`), _sum or _count
+                    part = sample.labels["le"] if suffix == "_bucket" else suffix.lstrip("_")
+                    parts[part] = parts.get(part, 0.0) + sample.value
+    except ValueError as exc:
+        raise MetricsParseError(f"/metrics is not Prometheus text ({exc}); is this a vLLM server?") from None
+    for key, count in engines.items():
+        if key.split("{")[0].endswith("_perc") and count > 1:
+            scrape.gauges[key] /= count
+    return scrape
+
+
+def _delta(now: float, before: float) -> float:
+    """A counter's change (a series new since the scrape before started from 0); a counter that went
+    down was reset (the server restarted): what it holds now is what happened since."""
+    return now - before if now >= before else now
+
+
+def delta_row(t_ns: int, variant: str, now: Scrape, before: Scrape | None) -> dict[str, Any]:
+    """One server_metrics.jsonl row. The first scrape of a variant (before None) is its baseline: its
+    gauges, and zero deltas."""
+    if before is None:
+        counters = dict.fromkeys(now.counters, 0.0)
+        histograms = {name: dict.fromkeys(parts, 0.0) for name, parts in now.histograms.items()}
+    else:
+        counters = {k: _delta(v, before.counters.get(k, 0.0)) for k, v in now.counters.items()}
+        histograms = {
+            name: {
+                part: _delta(v, before.histograms.get(name, {}).get(part, 0.0)) for part, v in parts.items()
+            }
+            for name, parts in now.histograms.items()
+        }
+    return {
+        "t_ns": t_ns,
+        "variant": variant,
+        "gauges": now.gauges,
+        "counters": counters,
+        "histograms": histograms,
+    }
+
+
+def _gauge_values(rows: list[dict[str, Any]], name: str) -> list[float]:
+    return [float(r["gauges"][name]) for r in rows if name in r.get("gauges", {})]
+
+
+def _counter_total(rows: list[dict[str, Any]], name: str) -> float | None:
+    seen = [float(r["counters"][name]) for r in rows if name in r.get("counters", {})]
+    return sum(seen) if seen else None
+
+
+def per_position_series(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Spec-decode acceptance per draft position in each interval that had drafts: accepted at
+    position p over drafts (vLLM's definition), with the interval's end time."""
+    out = []
+    prefix = ACCEPTED_PER_POS + "{position="
+    for row in rows:
+        counters = row.get("counters", {})
+        drafts = counters.get(DRAFTS)
+        if not drafts:
+            continue
+        positions = sorted(
+            (int(key[len(prefix) : -1]), value) for key, value in counters.items() if key.startswith(prefix)
+        )
+        out.append({"t_ns": row["t_ns"], "drafts": drafts, "acceptance": [v / drafts for _, v in positions]})
+    return out
+
+
+def summarize_series(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One variant's figures from its rows (error rows left out). A figure the server does not export
+    is None: absent is not zero."""
+    rows = [r for r in rows if "t_ns" in r and "error" not in r]
+    kv = _gauge_values(rows, KV_USAGE)
+    running, waiting = _gauge_values(rows, RUNNING), _gauge_values(rows, WAITING)
+    queries, hits = _counter_total(rows, PREFIX_QUERIES), _counter_total(rows, PREFIX_HITS)
+    queue: dict[str, float] = defaultdict(float)
+    for row in rows:
+        for part, value in row.get("histograms", {}).get(QUEUE_TIME, {}).items():
+            queue[part] += value
+    spans = [r["t_ns"] for r in rows]
+    return {
+        "samples": len(rows),
+        "span_s": (max(spans) - min(spans)) / 1e9 if spans else 0.0,
+        "kv_usage_p50": statistics.median(kv) if kv else None,
+        "kv_usage_max": max(kv) if kv else None,
+        "running_max": max(running) if running else None,
+        "waiting_max": max(waiting) if waiting else None,
+        "preemptions": _counter_total(rows, PREEMPTIONS),
+        "queue_time_mean_s": queue["sum"] / queue["count"] if queue.get("count") else None,
+        "queued_requests": queue.get("count"),
+        "prefix_hit_rate": hits / queries if queries and hits is not None else None,
+        "acceptance_per_position": per_position_series(rows),
+    }

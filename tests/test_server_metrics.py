@@ -1,0 +1,127 @@
+"""The /metrics sampler and its series: against the simulator's moving gauges, and the pure parts."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from aiohttp import web
+from simkit import app_on_thread, sim_server
+
+from itlaudit.analysis.server_metrics import (
+    KV_USAGE,
+    QUEUE_TIME,
+    delta_row,
+    parse_scrape,
+    summarize_series,
+)
+from itlaudit.capture.metrics_sampler import MetricsSampler
+from itlaudit.serve.sim import SimConfig
+from itlaudit.store.server_metrics import read_server_metrics
+
+PAGE = """# HELP vllm:num_requests_running Running.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{{engine="0",model_name="m"}} {running}
+vllm:num_requests_running{{engine="1",model_name="m"}} 1
+# HELP vllm:kv_cache_usage_perc KV.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{{engine="0",model_name="m"}} 0.2
+vllm:kv_cache_usage_perc{{engine="1",model_name="m"}} 0.4
+# HELP vllm:num_preemptions_total Preemptions.
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{{engine="0",model_name="m"}} {preempted}
+# HELP vllm:request_queue_time_seconds Queue.
+# TYPE vllm:request_queue_time_seconds histogram
+vllm:request_queue_time_seconds_bucket{{engine="0",le="0.5",model_name="m"}} {fast}
+vllm:request_queue_time_seconds_bucket{{engine="0",le="+Inf",model_name="m"}} {queued}
+vllm:request_queue_time_seconds_sum{{engine="0",model_name="m"}} {queued_s}
+vllm:request_queue_time_seconds_count{{engine="0",model_name="m"}} {queued}
+"""
+
+
+def _page(running: int = 2, preempted: int = 0, fast: int = 0, queued: int = 0, queued_s: float = 0.0) -> str:
+    return PAGE.format(running=running, preempted=preempted, fast=fast, queued=queued, queued_s=queued_s)
+
+
+def test_scrape_sums_engines_and_averages_a_fraction() -> None:
+    scrape = parse_scrape(_page(running=3))
+    assert scrape.gauges["vllm:num_requests_running"] == 4
+    assert abs(scrape.gauges[KV_USAGE] - 0.3) < 1e-9  # a per-engine fraction: averaged, not 0.6
+    assert scrape.histograms[QUEUE_TIME] == {"0.5": 0.0, "+Inf": 0.0, "sum": 0.0, "count": 0.0}
+
+
+def test_rows_hold_deltas_and_a_reset_counts_from_zero() -> None:
+    first = parse_scrape(_page(preempted=5, fast=1, queued=2, queued_s=1.5))
+    second = parse_scrape(_page(preempted=7, fast=1, queued=4, queued_s=3.5))
+    restarted = parse_scrape(_page(preempted=1))
+    base = delta_row(0, "v", first, None)
+    assert base["counters"]["vllm:num_preemptions_total"] == 0.0  # the baseline: nothing happened yet
+    row = delta_row(1_000_000_000, "v", second, first)
+    assert row["counters"]["vllm:num_preemptions_total"] == 2.0
+    assert row["histograms"][QUEUE_TIME] == {"0.5": 0.0, "+Inf": 2.0, "sum": 2.0, "count": 2.0}
+    after_reset = delta_row(2_000_000_000, "v", restarted, second)
+    assert after_reset["counters"]["vllm:num_preemptions_total"] == 1.0
+    figures = summarize_series([base, row, after_reset])
+    assert figures["preemptions"] == 3.0
+    assert figures["queue_time_mean_s"] == 1.0
+    assert figures["prefix_hit_rate"] is None  # not exported: absent, not zero
+    assert figures["span_s"] == 2.0
+
+
+def _stream(url: str, prompt: str, tokens: int) -> None:
+    body = {
+        "model": "sim-tiny",
+        "prompt": prompt,
+        "max_tokens": tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    request = urllib.request.Request(
+        f"{url}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        resp.read()
+
+
+def test_sampler_sees_the_simulator_move_with_load(tmp_path: Path) -> None:
+    """Six requests on a 2-seat server: the series shows 2 running, some waiting, KV in use, time
+    in the queue, prefix hits for the shared prompt, and acceptance per position with K=3."""
+    config = SimConfig(num_speculative_tokens=3, acceptance_prob=0.7, max_num_seqs=2, step_ms=4)
+    path = tmp_path / "server_metrics.jsonl"
+    with sim_server(config) as url:
+        sampler = MetricsSampler(url, path, "k3", period_s=0.05)
+        sampler.start()
+        prompt = "The same long opening sentence is shared by every request here. " * 4
+        with ThreadPoolExecutor(6) as pool:
+            list(pool.map(lambda i: _stream(url, prompt, 60), range(6)))
+        info = sampler.stop()
+    assert info["rows"] >= 5 and info["gave_up"] is None
+    rows = read_server_metrics(tmp_path)["k3"]
+    figures = summarize_series(rows)
+    assert figures["running_max"] == 2
+    assert figures["waiting_max"] and figures["waiting_max"] >= 1
+    assert figures["kv_usage_max"] and figures["kv_usage_max"] > 0
+    assert figures["queued_requests"] == 6 and figures["queue_time_mean_s"] > 0
+    assert 0 < figures["prefix_hit_rate"] < 1  # the first request fills the cache, the other five hit
+    generated = sum(r["counters"]["vllm:generation_tokens_total"] for r in rows)
+    assert generated == 6 * 60  # deltas add up to the window's tokens
+    per_pos = figures["acceptance_per_position"]
+    assert per_pos and all(len(p["acceptance"]) == 3 for p in per_pos)
+    assert per_pos[0]["acceptance"][0] >= per_pos[0]["acceptance"][2]  # a prefix: earlier accepts more
+
+
+def test_sampler_gives_up_on_a_server_without_metrics(tmp_path: Path) -> None:
+    app = web.Application()
+    with app_on_thread(app) as url:
+        sampler = MetricsSampler(url, tmp_path / "server_metrics.jsonl", "v", period_s=0.01)
+        sampler.start()
+        deadline = time.monotonic() + 10
+        while sampler.gave_up is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        info = sampler.stop()
+    assert info["rows"] == 0
+    assert info["gave_up"] and "404" in info["gave_up"]
+    assert read_server_metrics(tmp_path)["v"][-1]["error"] == info["gave_up"]
