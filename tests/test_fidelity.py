@@ -10,10 +10,9 @@ import pytest
 
 from itlaudit.analysis.fidelity import Fidelity, added_lag_ms, grade, join_chunks, send_lag, token_itl_ms
 from itlaudit.capture.runner import CaptureOptions
-from itlaudit.cli.selfcheck import search_streams
 from itlaudit.errors import RecordsError, ScenarioError
 from itlaudit.model.sendlog import ResponseSends, SendLog
-from itlaudit.workflows.selfcheck import capture_options
+from itlaudit.workflows.selfcheck import capture_options, search_streams
 
 PERIOD_NS = 2_000_000
 

@@ -9,8 +9,11 @@ tests/ rule: a test module never imports another test module.
 from __future__ import annotations
 
 import ast
+import importlib
 import re
-from collections.abc import Sequence
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -22,6 +25,10 @@ MAP_PAGE = ROOT / "docs" / "development.md"  # its "## The map" section holds th
 TOP_LEVEL_ALLOWED = {"__init__", "__main__", "errors"}
 # Where an import was seen: (module importing, imported module, line).
 Edge = tuple[str, str, int]
+# A name taken by `from ... import`: (module importing, module it is taken from, name, line).
+NameImport = tuple[str, str, str, int]
+# What a stage package offers other stages: {name: the submodule it lives in}, submodules offered whole.
+StageSurface = tuple[Mapping[str, str], Sequence[str]]
 
 
 def stage_table(page: str) -> list[tuple[str, list[str]]]:
@@ -42,27 +49,87 @@ def module_name(path: Path, root: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _from_base(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    """The module a `from ... import` takes its names from, relative ones resolved."""
+    if not node.level:
+        return node.module or ""
+    package = module.split(".")
+    package = package if is_package else package[:-1]
+    return ".".join(package[: len(package) - (node.level - 1)] + ([node.module] if node.module else []))
+
+
 def imports_of(path: Path, module: str) -> list[tuple[str, int]]:
     """Every itlaudit module `path` imports, at any depth (inside functions too), relative ones resolved."""
-    is_package = path.name == "__init__.py"
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
         if isinstance(node, ast.Import):
             found += [(alias.name, node.lineno) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                package = module.split(".")
-                package = package if is_package else package[:-1]
-                base = ".".join(
-                    package[: len(package) - (node.level - 1)] + ([node.module] if node.module else [])
-                )
-            else:
-                base = node.module or ""
-            # `from itlaudit import errors` imports the module itlaudit.errors, not the package.
+            base = _from_base(node, module, path.name == "__init__.py")
+            # `from itlaudit import errors` imports the module itlaudit.errors, not the package; a
+            # dunder or CapWords name (`__version__`, `Surface`) is the package's own attribute.
             found += [
-                (f"{base}.{alias.name}" if base == "itlaudit" else base, node.lineno) for alias in node.names
+                (
+                    f"{base}.{alias.name}" if base == "itlaudit" and _is_module_name(alias.name) else base,
+                    node.lineno,
+                )
+                for alias in node.names
             ]
     return [(name, line) for name, line in found if name == "itlaudit" or name.startswith("itlaudit.")]
+
+
+def _is_module_name(name: str) -> bool:
+    return not name.startswith("__") and name == name.lower()
+
+
+def imported_names(root: Path) -> list[NameImport]:
+    """Every `from itlaudit.x import name` in the package, at any depth: who, from where, which name."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        module = module_name(path, root)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.ImportFrom):
+                base = _from_base(node, module, path.name == "__init__.py")
+                if base.startswith("itlaudit."):
+                    found += [(module, base, alias.name, node.lineno) for alias in node.names]
+    return found
+
+
+def surface_violations(imports: Sequence[NameImport], surfaces: Mapping[str, StageSurface]) -> list[str]:
+    """One line per name a module takes from another stage's package that the package's surface does
+    not offer, or offers from another submodule (its home). A stage without a surface (`errors`, a
+    module whose whole tree is its API; `cli`, the top) is not checked, nor is the entry point."""
+    found = []
+    for source, target, name, line in imports:
+        parts, source_parts = target.split("."), source.split(".")
+        stage = parts[1]
+        if stage not in surfaces or source_parts[1:2] in ([stage], ["__main__"]):
+            continue
+        homes, modules = surfaces[stage]
+        home = ".".join(parts[2:])
+        where = f"{source} (line {line}) imports {name} from {target}"
+        # through the package itself any surface name or module will do; from a submodule, its home
+        if (homes.get(name) == home) if home else (name in homes or name in modules):
+            continue
+        if name in homes:
+            found.append(f"{where}: itlaudit.{stage} offers it from itlaudit.{stage}.{homes[name]}")
+        else:
+            found.append(
+                f"{where}: not in itlaudit.{stage}'s surface (add it to itlaudit/{stage}/__init__.py's "
+                "SURFACE if other stages may use it)"
+            )
+    return found
+
+
+def stage_surfaces(order: Sequence[str]) -> dict[str, StageSurface]:
+    """Each stage package's surface, as its `SURFACE` declares it (cli, the top, and errors have none)."""
+    surfaces = {}
+    for stage in order:
+        if stage in ("errors", "cli"):
+            continue
+        surface = importlib.import_module(f"itlaudit.{stage}").SURFACE
+        surfaces[stage] = (surface.homes, surface.modules)
+    return surfaces
 
 
 def import_graph(root: Path) -> list[Edge]:
@@ -130,6 +197,40 @@ def test_no_module_imports_from_a_higher_stage(order: list[str]) -> None:
     assert violations(edges, order) == []
 
 
+def test_other_stages_import_only_what_a_package_offers(order: list[str]) -> None:
+    imports = imported_names(PACKAGE)
+    assert len(imports) > 300  # the parser sees the package's names, so an empty result is not a pass
+    assert surface_violations(imports, stage_surfaces(order)) == []
+
+
+def test_each_surface_name_lives_in_its_home_and_resolves_through_the_package(order: list[str]) -> None:
+    """A surface cannot name what its package does not have: each name is in the submodule it names,
+    `__all__` is the surface, and the package hands out the same object (loaded on first use)."""
+    for stage, (homes, modules) in stage_surfaces(order).items():
+        package = importlib.import_module(f"itlaudit.{stage}")
+        assert package.__all__ == [*homes, *modules], stage
+        for name, home in homes.items():
+            value = getattr(importlib.import_module(f"itlaudit.{stage}.{home}"), name)
+            # a name that is also a submodule's (track.record.record) is that submodule once it loads
+            if name not in {p.stem for p in (PACKAGE / stage).iterdir()}:
+                assert getattr(package, name) is value, f"itlaudit.{stage}.{name}"
+        for name in modules:
+            assert getattr(package, name) is importlib.import_module(f"itlaudit.{stage}.{name}")
+        with pytest.raises(AttributeError, match="has no attribute 'not_offered'"):
+            package.not_offered  # noqa: B018
+
+
+def test_importing_a_stage_package_loads_none_of_its_modules(order: list[str]) -> None:
+    """The surfaces are lazy: `import itlaudit.analysis` costs its __init__, not the stage."""
+    stages = [stage for stage in order if stage != "errors"]
+    code = (
+        f"import importlib, sys\nfor s in {stages!r}:\n    importlib.import_module('itlaudit.' + s)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('itlaudit.') and m.count('.') > 1))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
 def test_nothing_at_the_top_of_the_package_but_init_main_and_errors() -> None:
     assert stray_top_level(PACKAGE) == []
 
@@ -154,6 +255,31 @@ def test_checker_names_the_module_and_the_import_that_goes_up(order: list[str]) 
         "itlaudit.plugins.x (line 7) imports itlaudit.errors: itlaudit.plugins.x is in no stage of "
         "the map in docs/development.md",
         "itlaudit.cli.app (line 9) imports itlaudit.__main__: itlaudit/__main__ is above cli",
+    ]
+
+
+def test_surface_checker_names_the_import_and_where_the_name_is_offered() -> None:
+    surfaces: dict[str, StageSurface] = {"analysis": ({"RunSummary": "summary"}, ("stats",))}
+    imports = [
+        ("itlaudit.report.markdown", "itlaudit.analysis.summary", "RunSummary", 3),  # offered, its home
+        ("itlaudit.report.markdown", "itlaudit.analysis.summary", "_figures", 4),  # not offered
+        ("itlaudit.report.markdown", "itlaudit.analysis.derive", "RunSummary", 5),  # offered elsewhere
+        ("itlaudit.report.markdown", "itlaudit.analysis", "stats", 6),  # a module offered whole
+        ("itlaudit.report.markdown", "itlaudit.analysis", "RunSummary", 7),  # through the package
+        ("itlaudit.report.markdown", "itlaudit.analysis", "metrics", 8),  # a module not offered
+        ("itlaudit.analysis.derive", "itlaudit.analysis.metrics", "p50", 9),  # its own stage: free
+        ("itlaudit.report.markdown", "itlaudit.errors", "ItlauditError", 10),  # no surface: the tree
+        ("itlaudit.__main__", "itlaudit.analysis.x", "main", 11),  # the entry point
+    ]
+    assert surface_violations(imports, surfaces) == [
+        "itlaudit.report.markdown (line 4) imports _figures from itlaudit.analysis.summary: not in "
+        "itlaudit.analysis's surface (add it to itlaudit/analysis/__init__.py's SURFACE if other stages "
+        "may use it)",
+        "itlaudit.report.markdown (line 5) imports RunSummary from itlaudit.analysis.derive: "
+        "itlaudit.analysis offers it from itlaudit.analysis.summary",
+        "itlaudit.report.markdown (line 8) imports metrics from itlaudit.analysis: not in "
+        "itlaudit.analysis's surface (add it to itlaudit/analysis/__init__.py's SURFACE if other stages "
+        "may use it)",
     ]
 
 

@@ -1,1 +1,128 @@
 """Pure figures and rules: metrics, derived records, findings, comparisons, statistics."""
+
+from itlaudit import Surface
+
+# What other stages may use, by the module it lives in: they import each name from there, and
+# nothing left out (tests/test_layering.py checks every import against this).
+SURFACE = Surface(
+    __name__,
+    {
+        "comparison": ("build_comparison",),
+        "derive": (
+            "derive_request",
+            "run_summary",
+            "summarize_run",
+        ),
+        "distribution": (
+            "ScoredOutput",
+            "distribution_shift",
+            "sampled",
+            "speculates",
+        ),
+        "fidelity": (
+            "LAG_BUDGET_MS",
+            "ChunkJoin",
+            "Fidelity",
+            "SendLag",
+            "grade",
+            "join_chunks",
+            "send_lag",
+        ),
+        "findings": (
+            "CODES",
+            "Finding",
+            "truncated_requests",
+        ),
+        "importers": (
+            "ImportedBenchmark",
+            "parse_import",
+        ),
+        "invariance": (
+            "DEFAULT_SWEEP_SIZES",
+            "PromptObservations",
+            "TopLogprobs",
+            "figures_json",
+            "parse_top_logprobs",
+            "prompt_figures",
+            "summarize",
+        ),
+        "lossless": (
+            "output_token_ids",
+            "prompt_index",
+            "with_divergence_logprobs",
+            "with_execution_modes",
+        ),
+        "metrics": (
+            "SUMMARY_METRICS",
+            "content_chunk_mask",
+            "p50",
+            "per_chunk_itl_ms",
+            "ratio",
+            "request_metrics",
+            "speedup",
+            "token_counts",
+        ),
+        "quality": (
+            "DEFAULT_THRESHOLDS",
+            "GibberishThresholds",
+            "gibberish_reasons",
+            "text_quality",
+        ),
+        "run_diff": (
+            "MetricDiff",
+            "RunDiff",
+            "diff_runs",
+            "workload_differences",
+            "workload_of",
+        ),
+        "server_metrics": (
+            "SERVER_METRICS_FILE",
+            "Scrape",
+            "delta_row",
+            "parse_scrape",
+        ),
+        "specdecode": (
+            "CounterSnapshot",
+            "parse_counters",
+            "spec_decode_delta",
+        ),
+        "stats": (
+            "SAME_BAND",
+            "Comparison",
+            "compare_samples",
+        ),
+        "summary": (
+            "PartialBy",
+            "RecordsSeen",
+            "RunSummary",
+            "VariantSummary",
+        ),
+        "sweep": (
+            "crossover",
+            "parse_goodput",
+            "parse_points",
+            "parse_sla",
+            "pool_trials",
+            "request_figures",
+            "sla_search",
+            "sla_words",
+            "trial_figures",
+        ),
+        "validity": (
+            "COMPARABLE",
+            "NOT_COMPARABLE",
+            "Validity",
+            "block_validity",
+            "comparison_validity",
+            "variant_validity",
+        ),
+        "workloads": ("prefix_cache_delta",),
+    },
+    modules=(
+        "findings",
+        "stats",
+    ),
+)
+__all__ = SURFACE.names
+__getattr__ = SURFACE.getattr
+__dir__ = SURFACE.dir

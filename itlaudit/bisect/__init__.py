@@ -5,3 +5,41 @@ into a launchable server, build_cache keeps installs under a size limit, search 
 binary search, verdict judges a probe, probe runs one, state persists the bisection so it can resume,
 report writes the answer, bisector drives the loop.
 """
+
+from itlaudit import Surface
+
+# What other stages may use, by the module it lives in: they import each name from there, and
+# nothing left out (tests/test_layering.py checks every import against this).
+SURFACE = Surface(
+    __name__,
+    {
+        "bisector": (
+            "Bisection",
+            "probe_scenario",
+        ),
+        "dryrun": ("dry_run_report",),
+        "github": ("DEFAULT_API",),
+        "providers": ("PROVIDERS",),
+        "providers.docker": ("DEFAULT_IMAGES",),
+        "providers.wheels": (
+            "DEFAULT_URL",
+            "DEFAULT_VARIANTS",
+        ),
+        "report": (
+            "REPORT_FILE",
+            "write_report",
+        ),
+        "search": ("Search",),
+        "settings": (
+            "DEFAULT_SCENARIO",
+            "Settings",
+            "list_builds",
+        ),
+        "state": ("State",),
+        "verdict": ("JUDGES",),
+    },
+    modules=("state",),
+)
+__all__ = SURFACE.names
+__getattr__ = SURFACE.getattr
+__dir__ = SURFACE.dir

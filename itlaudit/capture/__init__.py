@@ -1,1 +1,42 @@
 """Capture: the I/O side of a run — connect, stream, stamp every read at the socket, keep the raw bytes."""
+
+from itlaudit import Surface
+
+# What other stages may use, by the module it lives in: they import each name from there, and
+# nothing left out (tests/test_layering.py checks every import against this).
+SURFACE = Surface(
+    __name__,
+    {
+        "cluster": (
+            "connect",
+            "lost_worker_warnings",
+            "parse_cluster",
+        ),
+        "planning": (
+            "reset_prefix_cache",
+            "resolve_model",
+            "sent_prompt",
+        ),
+        "runner": (
+            "CaptureOptions",
+            "run_variant",
+            "variant_access",
+        ),
+        "scoring": (
+            "DEFAULT_REPEATS",
+            "DEFAULT_TOP_K",
+            "Scorer",
+            "explain_mismatch",
+            "observe",
+            "score_outputs",
+        ),
+        "server_info": (
+            "scrape_counters",
+            "server_environment",
+            "server_identity",
+        ),
+    },
+)
+__all__ = SURFACE.names
+__getattr__ = SURFACE.getattr
+__dir__ = SURFACE.dir

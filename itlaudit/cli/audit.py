@@ -1,10 +1,9 @@
 """`itlaudit invariance`, `itlaudit quality` and `itlaudit ledger`: thin wrappers over the correctness
-audits, registered in cli.py. Figures come from invariance/quality/ledger; this module only gathers
-arguments, drives the I/O and prints."""
+audits, listed in cli/app.py. The invariance audit runs in workflows/audit.py, figures come from
+analysis/ and the ledger from store/; this module parses arguments and prints."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 from pathlib import Path
 from typing import Annotated, Any
@@ -13,24 +12,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from itlaudit.analysis.invariance import (
-    DEFAULT_SWEEP_SIZES,
-    PromptObservations,
-    figures_json,
-    prompt_figures,
-    summarize,
-)
+from itlaudit.analysis.invariance import DEFAULT_SWEEP_SIZES
 from itlaudit.analysis.quality import DEFAULT_THRESHOLDS, GibberishThresholds, gibberish_reasons, text_quality
 from itlaudit.capture.scoring import DEFAULT_REPEATS, DEFAULT_TOP_K
 from itlaudit.errors import ScenarioError
-from itlaudit.model.scenario import Variant, load_scenario
 from itlaudit.store import ledger as ledger_mod
 from itlaudit.store.jsonl import load_records
-from itlaudit.store.rundir import REQUESTS_FILE, new_run_dir, write_versioned
+from itlaudit.store.rundir import REQUESTS_FILE, new_run_dir
 
 __all__ = [
-    "DEFAULT_PROMPTS",
-    "INVARIANCE_FILE",
     "MATRIX_WIDTH",
     "LedgerOpt",
     "invariance",
@@ -42,12 +32,7 @@ __all__ = [
     "quality",
 ]
 
-INVARIANCE_FILE = "invariance.json"
 MATRIX_WIDTH = 200
-DEFAULT_PROMPTS = (
-    "The quick brown fox jumps over the lazy dog. Answer A or B:",
-    "Speculative decoding proposes draft tokens and verifies them in one forward pass.",
-)
 out = Console(soft_wrap=True)
 
 
@@ -59,42 +44,6 @@ def _int_list(text: str, option: str) -> list[int]:
     if any(v < 0 for v in values):
         raise ScenarioError(f"{option} {text!r}: values must not be negative")
     return values
-
-
-def _targets(scenario_path: Path | None, url: str | None) -> tuple[list[Variant], list[str], str | None]:
-    """The servers to score (a --url is a variant of its own), the scenario's prompts and model."""
-    if url:
-        return [Variant(name="url", url=url.rstrip("/"))], [], None
-    if scenario_path is None:
-        raise ScenarioError("give a SCENARIO file or --url URL to score against")
-    scenario = load_scenario(scenario_path)
-    return list(scenario.variants), list(scenario.workload.prompts), scenario.model
-
-
-async def _audit(
-    base_url: str,
-    wanted_model: str,
-    prompts: list[str],
-    repeats: int,
-    top_k: int,
-    concurrent: bool,
-    sweep: list[int],
-) -> tuple[str, dict[str, Any], list[PromptObservations]]:
-    import aiohttp  # the capture stack: only when a command talks to a server
-
-    from itlaudit.capture.planning import resolve_model
-    from itlaudit.capture.scoring import Scorer, observe
-    from itlaudit.capture.server_info import server_identity
-
-    async with aiohttp.ClientSession() as session:
-        model = await resolve_model(session, base_url, wanted_model)
-        identity = await server_identity(session, base_url, model)
-        scorer = Scorer(session, base_url, model, top_k=top_k)
-        observations = [
-            await observe(scorer, prompt, repeats, concurrent=concurrent, sweep_sizes=sweep)
-            for prompt in prompts
-        ]
-    return model, identity, observations
 
 
 def _print_invariance(
@@ -163,39 +112,32 @@ def invariance(
 ) -> None:
     """Score prompts alone, alone repeated, as a batch of 2 in one engine step and that batch repeated:
     does a prompt's top-k logprobs depend on what shares its step?"""
-    from itlaudit.workflows.run import DEFAULT_REPORTS, variant_target
+    from itlaudit.workflows.audit import (
+        DEFAULT_PROMPTS,
+        INVARIANCE_FILE,
+        InvarianceSettings,
+        invariance_audit,
+        invariance_targets,
+    )
+    from itlaudit.workflows.run import DEFAULT_REPORTS
 
     choice_ids = _int_list(choices, "--choices") if choices else None
     sizes = sorted(set(_int_list(sweep, "--sweep")) | ({1} if sweep else set()))
     if 0 in sizes:
         raise ScenarioError("--sweep sizes must be at least 1")
-    variants, scenario_prompts, scenario_model = _targets(scenario, url)
-    prompts = list(dict.fromkeys(prompt or scenario_prompts or DEFAULT_PROMPTS))
+    variants, scenario_prompts, scenario_model = invariance_targets(scenario, url)
+    settings = InvarianceSettings(
+        prompts=list(dict.fromkeys(prompt or scenario_prompts or DEFAULT_PROMPTS)),
+        model=model or scenario_model or "auto",
+        repeats=repeats,
+        top_k=top_k,
+        choices=choice_ids,
+        concurrent=concurrent,
+        sweep_sizes=sizes,
+    )
     run_dir = out_dir or new_run_dir(DEFAULT_REPORTS, "invariance")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Any] = {}
-    for variant in variants:  # one server at a time: two would share the cores and the timing
-        with variant_target(variant, None, run_dir) as base_url:
-            served, identity, observations = asyncio.run(
-                _audit(
-                    base_url, model or scenario_model or "auto", prompts, repeats, top_k, concurrent, sizes
-                )
-            )
-        figures = [prompt_figures(o, choice_ids) for o in observations]
-        summary = summarize(figures)
-        _print_invariance(variant.name, base_url, identity, summary, top_k)
-        results[variant.name] = {
-            "url": base_url,
-            "model": served,
-            "server": identity,
-            "repeats": repeats,
-            "top_k": top_k,
-            "choices": choice_ids,
-            "summary": summary,
-            "prompts": figures_json(figures),
-            "observations": [o.to_json() for o in observations],
-        }
-        write_versioned(run_dir / INVARIANCE_FILE, results)
+    for result in invariance_audit(variants, settings, run_dir):
+        _print_invariance(result.name, result.url, result.identity, result.summary, top_k)
     out.print(f"figures and raw scorings: {run_dir / INVARIANCE_FILE}")
 
 

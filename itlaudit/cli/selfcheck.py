@@ -7,25 +7,22 @@ this command is that proof, run on the user's machine, with the same code path `
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from itlaudit.analysis.fidelity import LAG_BUDGET_MS, Fidelity, send_lag
+from itlaudit.analysis.fidelity import LAG_BUDGET_MS, Fidelity
 from itlaudit.cli.options import ClusterOption, StampOption, WorkersOption
 from itlaudit.errors import ScenarioError
 
-__all__ = ["BUDGET", "MAX_SEARCH_STREAMS", "Trial", "describe", "out", "search_streams", "selfcheck"]
+__all__ = ["BUDGET", "describe", "out", "selfcheck"]
 
 out = Console(soft_wrap=True)
 
-MAX_SEARCH_STREAMS = 1024
 BUDGET = f"{LAG_BUDGET_MS:g} ms p99 added lag, min ≥ -{LAG_BUDGET_MS:g} ms, every chunk stamped"
 
-Trial = Callable[[int], Fidelity]
 _STYLES = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red"}
 
 
@@ -48,36 +45,6 @@ def describe(fidelity: Fidelity) -> str:
     )
 
 
-def search_streams(
-    trial: Trial, start: int = 1, limit: int = MAX_SEARCH_STREAMS
-) -> tuple[int, Fidelity | None]:
-    """Highest stream count whose trial stays within budget: doubling until one fails, then bisecting.
-
-    Returns (0, None) when even `start` streams fail. Loads are assumed monotone (more streams never
-    help), which a noisy machine can violate; the answer is then a lower bound of what it can do.
-    """
-    good, good_result = 0, None
-    n = start
-    bad = None
-    while n <= limit:
-        result = trial(n)
-        if not result.within_budget:
-            bad = n
-            break
-        good, good_result = n, result
-        n *= 2
-    if bad is None:
-        return good, good_result
-    while bad - good > max(1, good // 8):
-        mid = (good + bad) // 2
-        result = trial(mid)
-        if result.within_budget:
-            good, good_result = mid, result
-        else:
-            bad = mid
-    return good, good_result
-
-
 def selfcheck(
     streams: Annotated[int, typer.Option(help="Concurrent streams.", min=1)] = 8,
     chunks_per_s: Annotated[float, typer.Option(help="Chunks per second, per stream.", min=0.001)] = 500.0,
@@ -95,15 +62,7 @@ def selfcheck(
 ) -> None:
     """Run the real capture path against a built-in ground-truth SSE server; print its added lag."""
     from itlaudit.serve.truth import TruthConfig  # the truth server and the capture stack: only to run
-    from itlaudit.workflows.selfcheck import (
-        capture_options,
-        fetch_send_log,
-        grade_run,
-        reset_send_log,
-        run_itlaudit,
-        truth_server,
-        verdict,
-    )
+    from itlaudit.workflows.selfcheck import capture_options, run_trial, search_streams, truth_server, verdict
 
     capture = capture_options(workers, stamp, cluster)
     config = TruthConfig(chunks_per_s=chunks_per_s, tokens_per_chunk=tokens_per_chunk)
@@ -116,11 +75,7 @@ def selfcheck(
             def trial(n: int) -> Fidelity:
                 nonlocal count
                 count += 1
-                reset_send_log(server.url)
-                run_dir = run_itlaudit(server.url, n, tokens, root / f"run-{count:02d}-{n}streams", capture)
-                sent = fetch_send_log(server.url)
-                result = grade_run(run_dir, sent)
-                lag = send_lag(sent)
+                result, lag = run_trial(server.url, n, tokens, root / f"run-{count:02d}-{n}streams", capture)
                 out.print(
                     f"{n} streams × {chunks_per_s:g} chunks/s × {tokens_per_chunk} "
                     f"token{'s' if tokens_per_chunk != 1 else ''}/chunk: "

@@ -1,1 +1,53 @@
 """Servers whose send times are known: the measuring stick for itlaudit's own capture fidelity."""
+
+from itlaudit import Surface
+
+# What other stages may use, by the module it lives in: they import each name from there, and
+# nothing left out (tests/test_layering.py checks every import against this).
+SURFACE = Surface(
+    __name__,
+    {
+        "environment": (
+            "commit_of",
+            "gpus",
+            "host_environment",
+            "non_default_args",
+            "server_env",
+        ),
+        "launch_config": ("launch_spec",),
+        "launcher": (
+            "LaunchedServer",
+            "fill_placeholders",
+            "launch",
+        ),
+        "logged": ("run_logged",),
+        "side_client": (
+            "BlockingSideClient",
+            "SideAnswer",
+            "SideClient",
+            "describe_connection_failure",
+            "server_error_message",
+        ),
+        "sim": (
+            "SimConfig",
+            "serve",
+        ),
+        "sim.config": (
+            "DRAFT_SAMPLERS",
+            "MODEL",
+        ),
+        "testbed": (
+            "DEFAULT_VERSION",
+            "UNWANTED",
+            "build_model",
+            "build_real_model",
+            "default_cache_dir",
+            "default_real_model_dir",
+            "install",
+        ),
+        "truth": ("TruthConfig",),
+    },
+)
+__all__ = SURFACE.names
+__getattr__ = SURFACE.getattr
+__dir__ = SURFACE.dir

@@ -1,1 +1,50 @@
 """Run folders on disk: paths, the append-only JSONL writer and reader, the ledger, exports."""
+
+from itlaudit import Surface
+
+# What other stages may use, by the module it lives in: they import each name from there, and
+# nothing left out (tests/test_layering.py checks every import against this).
+SURFACE = Surface(
+    __name__,
+    {
+        "export": (
+            "CHUNK_FORMATS",
+            "write_chunks",
+        ),
+        "jsonl": (
+            "RecordWriter",
+            "iter_jsonl",
+            "load_records",
+            "read_records",
+        ),
+        "ledger": ("run_fingerprints",),
+        "lock": (
+            "Holder",
+            "hold_run_lock",
+            "live_holder",
+            "refuse_if_live",
+        ),
+        "result": ("save_result",),
+        "rundir": (
+            "COMPARE_FILE",
+            "CSV_FILE",
+            "DERIVED_FILE",
+            "META_FILE",
+            "PARTIAL_DIR",
+            "REPORT_FILE",
+            "REQUESTS_FILE",
+            "SUMMARY_FILE",
+            "new_run_dir",
+            "read_json",
+            "read_versioned",
+            "remove_partial",
+            "write_jsonl",
+            "write_meta",
+            "write_versioned",
+        ),
+    },
+    modules=("ledger",),
+)
+__all__ = SURFACE.names
+__getattr__ = SURFACE.getattr
+__dir__ = SURFACE.dir

@@ -6,24 +6,36 @@ from __future__ import annotations
 import json
 import sys
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from itlaudit.analysis.fidelity import LAG_BUDGET_MS, ChunkJoin, Fidelity, grade, join_chunks
+from itlaudit.analysis.fidelity import (
+    LAG_BUDGET_MS,
+    ChunkJoin,
+    Fidelity,
+    SendLag,
+    grade,
+    join_chunks,
+    send_lag,
+)
 from itlaudit.model.sendlog import SendLog
 from itlaudit.serve.launcher import LaunchedServer, LaunchSpec, launch
 from itlaudit.serve.truth import TruthConfig
 
 __all__ = [
+    "MAX_SEARCH_STREAMS",
+    "Trial",
     "capture_options",
     "fetch_send_log",
     "grade_run",
     "reset_send_log",
     "run_itlaudit",
+    "run_trial",
+    "search_streams",
     "selfcheck_scenario_toml",
     "truth_server",
     "verdict",
@@ -36,6 +48,9 @@ _HTTP_TIMEOUT_S = 30.0
 # WARN rather than FAIL: the tail is over the bar but each request's token ITL (a mean over its gaps)
 # is still this close to the truth, so means and medians stand while tail percentiles carry client lag.
 MEAN_ERROR_TOLERANCE = 0.01
+MAX_SEARCH_STREAMS = 1024
+
+Trial = Callable[[int], Fidelity]
 
 
 @contextmanager
@@ -110,6 +125,47 @@ def run_itlaudit(
     console = Console(stderr=True)
     run_scenario(scenario, url=base_url, run_dir=run_dir, console=console, capture=capture)
     return run_dir
+
+
+def run_trial(
+    base_url: str, streams: int, tokens: int, run_dir: Path, capture: CaptureOptions | None = None
+) -> tuple[Fidelity, SendLag]:
+    """One trial against a running truth server: its log cleared, one run of `streams` requests, graded
+    against what the server sent; with the server's own send lag beside it."""
+    reset_send_log(base_url)
+    run_itlaudit(base_url, streams, tokens, run_dir, capture)
+    sent = fetch_send_log(base_url)
+    return grade_run(run_dir, sent), send_lag(sent)
+
+
+def search_streams(
+    trial: Trial, start: int = 1, limit: int = MAX_SEARCH_STREAMS
+) -> tuple[int, Fidelity | None]:
+    """Highest stream count whose trial stays within budget: doubling until one fails, then bisecting.
+
+    Returns (0, None) when even `start` streams fail. Loads are assumed monotone (more streams never
+    help), which a noisy machine can violate; the answer is then a lower bound of what it can do.
+    """
+    good, good_result = 0, None
+    n = start
+    bad = None
+    while n <= limit:
+        result = trial(n)
+        if not result.within_budget:
+            bad = n
+            break
+        good, good_result = n, result
+        n *= 2
+    if bad is None:
+        return good, good_result
+    while bad - good > max(1, good // 8):
+        mid = (good + bad) // 2
+        result = trial(mid)
+        if result.within_budget:
+            good, good_result = mid, result
+        else:
+            bad = mid
+    return good, good_result
 
 
 def grade_run(run_dir: Path, sent: SendLog) -> Fidelity:
