@@ -6,8 +6,11 @@ and the CLI can turn any of them into one line and an exit code instead of a tra
     │   ├── DatasetError          a [workload.dataset] key or file is wrong (carries the key)
     │   └── SuiteError            a smoke suite is missing, unparsable or names what does not exist
     ├── ServerUnreachableError    no answer at all from the server
+    │   ├── ServerTimeout         a side request got no complete answer within its timeout
     │   └── ConnectFailed ─┐      (also a TransportError)
     ├── ServerRejectedError       the server answered a request with 4xx/5xx
+    │   ├── ServerStatusError     a side request's answer is not 2xx (status, headers, body kept)
+    │   └── ServerAnswerError     a side request's 2xx answer is not the JSON asked for
     ├── LaunchError               a server we started died or never became ready
     │   └── TestbedError          installing the CPU testbed or its tiny model failed
     ├── RecordsError              a run-folder file is missing or malformed
@@ -35,6 +38,8 @@ error carries, so a subclass that needs another code sets the attribute and noth
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 __all__ = [
     "BadFraming",
     "BisectError",
@@ -53,7 +58,10 @@ __all__ = [
     "RunDirError",
     "RunInterrupted",
     "ScenarioError",
+    "ServerAnswerError",
     "ServerRejectedError",
+    "ServerStatusError",
+    "ServerTimeout",
     "ServerUnreachableError",
     "SimError",
     "SuiteError",
@@ -94,6 +102,29 @@ class ServerUnreachableError(ItlauditError):
 
 class ServerRejectedError(ItlauditError):
     """The server answered a preflight request with a 4xx/5xx (message is vLLM's own)."""
+
+
+class ServerTimeout(ServerUnreachableError):
+    """A side request (serve/side_client.py) got no complete answer within its timeout."""
+
+
+class ServerStatusError(ServerRejectedError):
+    """A side request was answered with a status that is not 2xx. The answer is kept, so a caller
+    with its own reading of a status (GitHub's rate limit, an index's missing page) can give it.
+    (Every argument but the message has a default so that pickle, which rebuilds an exception from
+    its message and then restores its attributes, can copy it across processes.)"""
+
+    def __init__(
+        self, message: str, *, status: int = 0, headers: Mapping[str, str] | None = None, body: bytes = b""
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.headers: Mapping[str, str] = headers or {}
+        self.body = body
+
+
+class ServerAnswerError(ServerRejectedError):
+    """A side request was answered 2xx with a body that is not the JSON (or the shape) asked for."""
 
 
 class LaunchError(ItlauditError):

@@ -21,15 +21,10 @@ from typing import TYPE_CHECKING
 
 from itlaudit.capture.chunk import CHUNK_DECODE_ERRORS, Chunk, decode_chunk
 from itlaudit.capture.http1 import DECODED_CODINGS
-from itlaudit.capture.preflight import (
-    CONNECTION_FAILURES,
-    describe_connection_failure,
-    server_error_message,
-)
 from itlaudit.capture.request_plan import PlannedRequest
 from itlaudit.capture.sse import SSEFramer
 from itlaudit.capture.transport import Stream, TransportOptions, open_stream
-from itlaudit.errors import ConnectTimeout
+from itlaudit.errors import ConnectTimeout, TransportError
 from itlaudit.model.access import NO_ACCESS, Access
 from itlaudit.model.records import (
     DURATION_CUT,
@@ -38,12 +33,16 @@ from itlaudit.model.records import (
     Timeouts,
 )
 from itlaudit.model.vocabulary import Endpoint, StampMode
+from itlaudit.serve.side_client import describe_connection_failure, server_error_message
 
 __all__ = ["DEFAULT_TIMEOUTS", "parse_retry_after", "stream_request"]
 
 if TYPE_CHECKING:
     from itlaudit.capture.lagprobe import LagProbe
 
+# What the h11 transport raises when the network or the server goes away mid-request, as opposed to
+# a bug here: its own errors, the OS's, and a read that ran out of time.
+_STREAM_FAILURES = (TransportError, TimeoutError, OSError)
 _DONE = b"[DONE]"
 _EXCERPT_BYTES = 120
 _EVENT_STREAM = "text/event-stream"
@@ -90,7 +89,7 @@ async def stream_request(
     except TimeoutError:
         _timed_out(record, head_limit, timeouts.limit(head_limit), t0, time.monotonic_ns())
         return _closed(record, probe)
-    except CONNECTION_FAILURES as exc:
+    except _STREAM_FAILURES as exc:
         record.status = Status.CONNECTION_ERROR
         record.error = describe_connection_failure(exc)
         record.e2e_ms = (time.monotonic_ns() - t0) / 1e6
@@ -137,7 +136,7 @@ async def _read_refusal(stream: Stream, record: RequestRecord, t0: int) -> None:
     """A response that is not a stream: keep the server's explanation, name a redirect's target and
     a rate limit's Retry-After, since those tell the user what to do next."""
     body = b""
-    with contextlib.suppress(TimeoutError, *CONNECTION_FAILURES):
+    with contextlib.suppress(TimeoutError, *_STREAM_FAILURES):
         while len(body) < _REFUSAL_BODY_LIMIT:
             piece = await stream.read(_REFUSAL_READ_TIMEOUT_S)
             if piece is None:
@@ -220,6 +219,8 @@ async def _read_stream(
                     completion_tokens = usage.completion_tokens
                     record.completion_tokens = completion_tokens
                     record.prompt_tokens = usage.prompt_tokens
+                    if chunk.metrics is not None:  # rides on the usage chunk: no cost on the others
+                        record.spec_decode = chunk.metrics.speculative_decoding
                 choices = chunk.choices
                 text = None
                 token_ids = None
@@ -252,7 +253,7 @@ async def _read_stream(
                 if chunk.system_fingerprint is not None:
                     record.system_fingerprint = chunk.system_fingerprint
         record.e2e_ms = (last_ns - t0) / 1e6
-    except CONNECTION_FAILURES as exc:
+    except _STREAM_FAILURES as exc:
         record.status = Status.CONNECTION_ERROR
         record.error = describe_connection_failure(exc)
         record.e2e_ms = (last_ns - t0) / 1e6
