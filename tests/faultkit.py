@@ -10,7 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from itlaudit.serve.launcher import LaunchedServer, LaunchSpec, launch
+from itlaudit.model.launch import LaunchSpec
+from itlaudit.serve.launcher import LaunchedServer, launch
 from itlaudit.workflows.run import RUN_DIR_ENV
 
 ROOT = Path(__file__).resolve().parents[1]

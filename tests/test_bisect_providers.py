@@ -22,7 +22,8 @@ from itlaudit.bisect.providers.pip import PipProvider
 from itlaudit.bisect.providers.wheels import WheelsProvider, commit_of_version, metadata_url
 from itlaudit.bisect.settings import Settings, make_provider
 from itlaudit.errors import BuildUnavailable
-from itlaudit.serve.launcher import LaunchSpec, docker_argv
+from itlaudit.model.launch import LaunchSpec
+from itlaudit.serve.launcher import docker_argv
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "bisect"))
 from helpers import make_wheel, serve_dir, wheel_entry, write_metadata

@@ -13,8 +13,9 @@ import pytest
 
 from itlaudit.bisect.settings import DEFAULT_SCENARIO
 from itlaudit.cli.run import DEMO_SCENARIO
+from itlaudit.model.launch import LaunchSpec
 from itlaudit.model.scenario import load_scenario
-from itlaudit.serve.launcher import LaunchSpec, launch
+from itlaudit.serve.launcher import launch
 
 CLEAN_WORKLOAD = 'prompts = ["hi"]\nnum_requests = 3\nconcurrency = 2\nmax_tokens = 40\ntemperature = 0'
 

@@ -10,15 +10,14 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from itlaudit.errors import LaunchError
-from itlaudit.model.launch_kinds import LAUNCH_KINDS, STARTED_KINDS, launch_kind_problem
+from itlaudit.model.launch import LaunchKind, LaunchSpec, launch_kind_problem
 from itlaudit.serve.launcher import (
-    LAUNCHERS,
-    LaunchSpec,
     command_argv,
     docker_argv,
     free_port,
@@ -222,9 +221,8 @@ def test_free_port_is_bindable() -> None:
 
 
 def test_launch_ready_then_stop_leaves_no_process(fake_spec: LaunchSpec, tmp_path: Path) -> None:
-    fake_spec.model = "/models/with space/tiny"
-    fake_spec.command.append("{model}")
-    server = launch(fake_spec, tmp_path / "server.log")
+    spec = replace(fake_spec, model="/models/with space/tiny", command=[*fake_spec.command, "{model}"])
+    server = launch(spec, tmp_path / "server.log")
     info = _read_info(tmp_path / "info.json")
     assert server.url.startswith("http://127.0.0.1:")
     assert info["argv"][1] == server.url.rsplit(":", 1)[1]
@@ -302,7 +300,8 @@ def test_sigint_inside_with_block_leaves_no_process(fake_spec: LaunchSpec, tmp_p
             f"""
             import sys, time
             from pathlib import Path
-            from itlaudit.serve.launcher import LaunchSpec, launch
+            from itlaudit.model.launch import LaunchSpec
+            from itlaudit.serve.launcher import launch
             spec = LaunchSpec(kind="command", command={fake_spec.command!r}, ready_timeout_s=20)
             with launch(spec, Path({str(tmp_path / "server.log")!r})) as server:
                 print(server.pid, flush=True)
@@ -332,19 +331,13 @@ def test_sigint_inside_with_block_leaves_no_process(fake_spec: LaunchSpec, tmp_p
     assert _gone_soon(server_pid) and _gone_soon(child)
 
 
-def test_every_scenario_launch_kind_has_a_launcher() -> None:
-    """model/launch_kinds.py (what a scenario may name) and LAUNCHERS (what the launcher can do) are
-    two tables because model/ may not import serve/: they must hold the same kinds."""
-    assert set(LAUNCHERS) == set(LAUNCH_KINDS)
-
-
 def test_unknown_launch_kind_is_one_line_naming_the_known_ones(tmp_path: Path) -> None:
     with pytest.raises(LaunchError) as caught:
         launch(LaunchSpec(kind="podman"), tmp_path / "server.log")
-    assert str(caught.value) == "launch kind 'podman': use one of url, python, docker, command"
+    assert str(caught.value) == "launch kind 'podman': use one of python, docker, command, url"
 
 
 def test_a_launch_table_names_a_kind_that_starts_a_server() -> None:
-    assert all(launch_kind_problem(kind) is None for kind in STARTED_KINDS)
+    assert all(launch_kind_problem(kind) is None for kind in LaunchKind if kind is not LaunchKind.URL)
     assert "give the variant a `url`" in (launch_kind_problem("url") or "")
     assert launch_kind_problem("k8s") == "must be one of python, docker, command, got 'k8s'"

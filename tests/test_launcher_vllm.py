@@ -12,7 +12,8 @@ import pytest
 from vllm_server import server_spec
 
 from itlaudit.errors import LaunchError
-from itlaudit.serve.launcher import LaunchSpec, launch
+from itlaudit.model.launch import LaunchSpec
+from itlaudit.serve.launcher import launch
 
 pytestmark = pytest.mark.vllm
 

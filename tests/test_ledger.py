@@ -10,7 +10,8 @@ import pytest
 from simkit import itlaudit, sim_server
 
 from itlaudit.errors import DuplicateRunError
-from itlaudit.model.scenario import LaunchConfig, Variant, parse_scenario
+from itlaudit.model.launch import LaunchSpec
+from itlaudit.model.scenario import Variant, parse_scenario
 from itlaudit.serve.sim import SimConfig
 from itlaudit.store import ledger
 from itlaudit.workflows.run import run_scenario
@@ -41,7 +42,7 @@ def _scenario(tmp_path: Path, url: str = "http://127.0.0.1:1") -> Path:
 
 def _launched(tmp_path: Path, server_args: list[str], env: dict[str, str] | None = None):
     scenario = parse_scenario(SCENARIO.format(url="http://x"), tmp_path / "s.toml")
-    launch = LaunchConfig(kind="python", python="/venv/bin/python", model="/m", server_args=server_args)
+    launch = LaunchSpec(kind="python", python="/venv/bin/python", model="/m", server_args=server_args)
     variant = Variant(name="K0", launch=replace(launch, env=env or {}))
     return replace(scenario, variants=[variant])
 

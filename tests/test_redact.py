@@ -92,10 +92,10 @@ def test_header_secrets_are_the_credential_headers_and_their_bare_tokens() -> No
 
 
 def test_launch_secret_values_cover_the_inherited_env_the_launch_env_and_the_args() -> None:
+    from itlaudit.model.launch import LaunchSpec
     from itlaudit.model.redact import launch_secret_values
-    from itlaudit.model.scenario import LaunchConfig
 
-    launch = LaunchConfig(
+    launch = LaunchSpec(
         "command", command=["vllm", "serve", "--api-key", "sk-from-args"], env={"HF_TOKEN": "hf_launchenv"}
     )
     found = launch_secret_values(launch, {"OPENAI_API_KEY": "sk-inherited", "HOME": "/root"})

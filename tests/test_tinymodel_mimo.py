@@ -197,7 +197,8 @@ def test_built_checkpoint_matches_the_fixture_and_the_head_reads_only_the_embedd
 def test_vllm_serves_the_mtp_head_with_partial_acceptance(built_mimo, tmp_path: Path) -> None:
     from vllm_server import BASE_ARGS, ENV, READY_TIMEOUT_S, SERVED_MODEL
 
-    from itlaudit.serve.launcher import LaunchSpec, launch
+    from itlaudit.model.launch import LaunchSpec
+    from itlaudit.serve.launcher import launch
 
     python, out = built_mimo
     spec = LaunchSpec(

@@ -18,9 +18,10 @@ import pytest
 
 from itlaudit.analysis.fidelity import send_lag
 from itlaudit.analysis.metrics import request_metrics
+from itlaudit.model.launch import LaunchSpec
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.sendlog import SendLog
-from itlaudit.serve.launcher import LaunchedServer, LaunchSpec, launch
+from itlaudit.serve.launcher import LaunchedServer, launch
 from itlaudit.serve.truth import TruthConfig
 from itlaudit.store.jsonl import iter_jsonl
 from itlaudit.workflows.selfcheck import fetch_send_log, grade_run, reset_send_log, run_itlaudit, truth_server

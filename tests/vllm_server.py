@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from itlaudit.serve.launcher import LaunchSpec, launch
+from itlaudit.model.launch import LaunchSpec
+from itlaudit.serve.launcher import launch
 from itlaudit.serve.testbed import DEFAULT_VERSION, build_model, default_cache_dir, install
 
 SERVED_MODEL = "tiny"

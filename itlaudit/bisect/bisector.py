@@ -32,11 +32,11 @@ from itlaudit.bisect.settings import Settings, make_provider
 from itlaudit.bisect.state import State
 from itlaudit.capture.cluster import connect
 from itlaudit.errors import BisectError
+from itlaudit.model.launch import LaunchKind, LaunchSpec
 from itlaudit.model.scenario import Scenario, load_scenario
 from itlaudit.model.vocabulary import Verdict
 from itlaudit.report.progress import Reporter, duration
 from itlaudit.serve.launch_config import launch_spec
-from itlaudit.serve.launcher import LaunchSpec
 
 __all__ = ["Bisection", "probe_scenario"]
 
@@ -60,7 +60,7 @@ def probe_scenario(settings: Settings) -> tuple[Scenario, dict[str, LaunchSpec]]
     variants = [next(v for v in scenario.variants if v.name == name) for name in wanted]
     specs: dict[str, LaunchSpec] = {}
     for variant in variants:
-        spec = launch_spec(variant.launch) if variant.launch is not None else LaunchSpec(kind="url")
+        spec = launch_spec(variant.launch) if variant.launch is not None else LaunchSpec(kind=LaunchKind.URL)
         spec = dataclasses.replace(
             spec,
             model=settings.model or spec.model,

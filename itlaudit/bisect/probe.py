@@ -25,9 +25,10 @@ from itlaudit.bisect.prefetch import Prefetcher
 from itlaudit.bisect.verdict import Judge, Judgement, ScriptJudge
 from itlaudit.capture.runner import run_variant
 from itlaudit.errors import BuildUnavailable, LaunchError, ServerRejectedError, ServerUnreachableError
+from itlaudit.model.launch import LaunchSpec
 from itlaudit.model.scenario import Scenario
 from itlaudit.model.vocabulary import Verdict
-from itlaudit.serve.launcher import LaunchSpec, launch
+from itlaudit.serve.launcher import launch
 from itlaudit.store.jsonl import RecordWriter, load_records
 from itlaudit.store.rundir import REQUESTS_FILE, SUMMARY_FILE, write_versioned
 from itlaudit.workflows.run import server_log_name

@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # scenario imports access, which imports this module
-    from itlaudit.model.scenario import LaunchConfig
+    from itlaudit.model.launch import LaunchSpec
 
 MASK = "***"
 _SECRET_WORD = re.compile(r"^(.*(key|token|secret|password)|(auth|secret|password).*)$", re.IGNORECASE)
@@ -157,7 +157,7 @@ def secret_values(env: Mapping[str, str], args: Sequence[str]) -> set[str]:
     return {v for v in values if len(v) >= _MIN_TEXT_SECRET}
 
 
-def launch_secret_values(launch: LaunchConfig | None, environ: Mapping[str, str]) -> set[str]:
+def launch_secret_values(launch: LaunchSpec | None, environ: Mapping[str, str]) -> set[str]:
     """The credentials a launched server saw (the environment it inherited from `environ`, its launch
     env, its command line), to mask in its log; none for a server itlaudit did not launch."""
     if launch is None:

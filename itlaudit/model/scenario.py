@@ -18,7 +18,7 @@ from typing import Any
 from itlaudit.errors import ScenarioError
 from itlaudit.model.access import header_problem
 from itlaudit.model.datasets import DATASET_KINDS, DatasetEntry
-from itlaudit.model.launch_kinds import STARTED_KINDS, launch_kind_problem
+from itlaudit.model.launch import READY_TIMEOUT_S, LaunchKind, LaunchSpec, launch_kind_problem
 from itlaudit.model.scenario_toml import (
     Bound,
     Located,
@@ -38,7 +38,6 @@ __all__ = [
     "EXECUTION_MODES",
     "FLAG_KEYS",
     "GOODPUT_KEYS",
-    "LaunchConfig",
     "Scenario",
     "ScenarioFlags",
     "Variant",
@@ -60,25 +59,10 @@ EXECUTION_MODES = (EAGER, COMPILED)
 
 
 @dataclass(frozen=True)
-class LaunchConfig:
-    """How to start the server for one variant (consumed by the launcher)."""
-
-    kind: str
-    python: str | None = None
-    image: str | None = None
-    command: list[str] = field(default_factory=list)
-    model: str | None = None
-    served_model_name: str | None = None
-    server_args: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    ready_timeout_s: float = 300.0
-
-
-@dataclass(frozen=True)
 class Variant:
     name: str
     url: str | None = None
-    launch: LaunchConfig | None = None
+    launch: LaunchSpec | None = None
     # "eager" or "compiled"; for a server given by URL only the user knows (a launched one is read
     # from its arguments): lets a lossless mismatch at a near tie be judged (lossless.py).
     execution_mode: str | None = None
@@ -134,7 +118,7 @@ def _safe_name(value: str, loc: Located, table: str, key: str = "name") -> str:
     return value
 
 
-def _launch(src: dict[str, Any], loc: Located) -> LaunchConfig:
+def _launch(src: dict[str, Any], loc: Located) -> LaunchSpec:
     table = "variants.launch"
     allowed = {"kind", "python", "image", "command", "model", "served_model_name", "server_args", "env"}
     allowed.add("ready_timeout_s")
@@ -143,14 +127,14 @@ def _launch(src: dict[str, Any], loc: Located) -> LaunchConfig:
     problem = launch_kind_problem(kind)
     if problem is not None:
         raise loc.error(table, "kind", problem)
-    needed = STARTED_KINDS[kind]
+    needed = LaunchKind(kind).needs
     if needed not in src:
         raise loc.error(table, needed, f"is missing; kind {kind!r} needs it")
     env = get_value(src, loc, table, "env", dict, {})
     if not all(isinstance(v, str) for v in env.values()):
         raise loc.error(table, "env", "values must be strings (quote numbers)")
-    return LaunchConfig(
-        kind=kind,
+    return LaunchSpec(
+        kind=LaunchKind(kind),
         python=get_value(src, loc, table, "python", str, None),
         image=get_value(src, loc, table, "image", str, None),
         command=str_list(src, loc, table, "command"),
@@ -158,7 +142,9 @@ def _launch(src: dict[str, Any], loc: Located) -> LaunchConfig:
         served_model_name=get_value(src, loc, table, "served_model_name", str, None),
         server_args=str_list(src, loc, table, "server_args"),
         env=env,
-        ready_timeout_s=float(get_number(src, loc, table, "ready_timeout_s", (int, float), SECONDS, 300.0)),
+        ready_timeout_s=float(
+            get_number(src, loc, table, "ready_timeout_s", (int, float), SECONDS, READY_TIMEOUT_S)
+        ),
     )
 
 

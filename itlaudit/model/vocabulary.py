@@ -7,7 +7,7 @@ compare.json, sweep.json, bisect.json) keep the plain strings they always held, 
 into the same members, and a comparison with a literal still holds while callers migrate.
 
 The other two closed sets sit beside the data they describe: a request's outcome is
-`model.records.Status`, a launch kind is `model.launch_kinds.LaunchKind`.
+`model.records.Status`, a launch kind is `model.launch.LaunchKind`.
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
-"""A scenario's [variants.launch] table as the launcher's LaunchSpec: the one translation shared by
-`run`/`compare`, the smoke suite and bisect (which points the spec at each build it probes)."""
+"""A scenario's [variants.launch] table as the launcher gets it: placeholders filled in. The one
+translation shared by `run`/`compare`, the smoke suite and bisect (which points the spec at each build
+it probes)."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
-from itlaudit.model.scenario import LaunchConfig
-from itlaudit.serve.launcher import LaunchSpec
+from itlaudit.model.launch import LaunchSpec
 from itlaudit.serve.testbed import default_cache_dir
 
 __all__ = ["launch_spec"]
@@ -18,18 +19,17 @@ def _expand(text: str) -> str:
     return text.replace("{python}", sys.executable).replace("{cache}", str(default_cache_dir()))
 
 
-def launch_spec(config: LaunchConfig) -> LaunchSpec:
+def launch_spec(config: LaunchSpec) -> LaunchSpec:
+    """`config` with `{python}` and `{cache}` filled in wherever a path or an argument may hold them."""
+
     def opt(value: str | None) -> str | None:
         return _expand(value) if value is not None else None
 
-    return LaunchSpec(
-        kind=config.kind,
+    return dataclasses.replace(
+        config,
         python=opt(config.python),
-        image=config.image,
         command=[_expand(part) for part in config.command],
         model=opt(config.model),
-        served_model_name=config.served_model_name,
         server_args=[_expand(arg) for arg in config.server_args],
         env=dict(config.env),
-        ready_timeout_s=config.ready_timeout_s,
     )

@@ -6,8 +6,8 @@ own session and the whole process group is killed on success, failure, Ctrl-C an
 orphans.py holds the guards for a SIGKILLed itlaudit (PDEATHSIG, pid files reaped by the next launch).
 Readiness uses urllib because it is off the measurement path; measurement goes through client.py.
 
-What each launch kind does is registered in LAUNCHERS (`@LAUNCHERS.register("kind")`); a new kind is
-one function here plus its name in model/launch_kinds.py, which scenarios validate against.
+What each launch kind does is LAUNCHERS' entry for its model.launch.LaunchKind; a new kind is a member
+there and one function here.
 """
 
 from __future__ import annotations
@@ -22,15 +22,13 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Protocol
 
 from itlaudit.errors import LaunchError
 from itlaudit.model.access import NO_ACCESS, Access
-from itlaudit.model.launch_kinds import ATTACH_KIND
-from itlaudit.model.registry import Registry
+from itlaudit.model.launch import LaunchKind, LaunchSpec
 from itlaudit.serve.orphans import (
     die_with_parent,
     group_alive,
@@ -41,7 +39,6 @@ from itlaudit.serve.orphans import (
 
 __all__ = [
     "LAUNCHERS",
-    "LaunchSpec",
     "LaunchedServer",
     "command_argv",
     "docker_argv",
@@ -56,26 +53,6 @@ LOG_TAIL_LINES = 15
 _POLL_INTERVAL_S = 0.5
 _TERM_GRACE_S = 10.0
 _PROBE_TIMEOUT_S = 2.0
-
-
-@dataclass
-class LaunchSpec:
-    """How to get a server: run an interpreter, a docker image, an arbitrary command, or just a URL.
-    `kind` names an entry of LAUNCHERS."""
-
-    kind: str
-    python: str | None = None
-    image: str | None = None
-    command: list[str] = field(default_factory=list)
-    url: str | None = None
-    model: str | None = None
-    served_model_name: str | None = None
-    server_args: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    gpus: str = "all"
-    docker_extra: list[str] = field(default_factory=list)
-    host: str = "127.0.0.1"
-    ready_timeout_s: float = 600.0
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -290,15 +267,11 @@ class Launcher(Protocol):
     def __call__(self, spec: LaunchSpec, log_path: Path, access: Access) -> LaunchedServer: ...
 
 
-LAUNCHERS: Registry[Launcher] = Registry("launch kind", LaunchError)
-
-
 def launch(spec: LaunchSpec, log_path: Path, access: Access = NO_ACCESS) -> LaunchedServer:
     """Start the server described by spec and return once it answers; on any failure nothing is left."""
-    return LAUNCHERS.get(spec.kind)(spec, log_path, access)
+    return LAUNCHERS[spec.kind](spec, log_path, access)
 
 
-@LAUNCHERS.register(ATTACH_KIND)
 def _attach(spec: LaunchSpec, log_path: Path, access: Access) -> LaunchedServer:
     if not spec.url:
         raise LaunchError("launch kind 'url' needs a url")
@@ -307,23 +280,29 @@ def _attach(spec: LaunchSpec, log_path: Path, access: Access) -> LaunchedServer:
     return LaunchedServer(url, log_path)
 
 
-@LAUNCHERS.register("python")
 def _launch_python(spec: LaunchSpec, log_path: Path, access: Access) -> LaunchedServer:
     port = _fresh_port(spec)
     return _start(spec, python_argv(spec, port), port, log_path, access)
 
 
-@LAUNCHERS.register("docker")
 def _launch_docker(spec: LaunchSpec, log_path: Path, access: Access) -> LaunchedServer:
     port = _fresh_port(spec)
     name = f"itlaudit-{os.getpid()}-{port}"
     return _start(spec, docker_argv(spec, port, name), port, log_path, access, docker_name=name)
 
 
-@LAUNCHERS.register("command")
 def _launch_command(spec: LaunchSpec, log_path: Path, access: Access) -> LaunchedServer:
     port = _fresh_port(spec)
     return _start(spec, command_argv(spec, port), port, log_path, access)
+
+
+# What each kind does: every LaunchKind has its entry (LaunchSpec accepts no other kind).
+LAUNCHERS: dict[LaunchKind, Launcher] = {
+    LaunchKind.URL: _attach,
+    LaunchKind.PYTHON: _launch_python,
+    LaunchKind.DOCKER: _launch_docker,
+    LaunchKind.COMMAND: _launch_command,
+}
 
 
 def _fresh_port(spec: LaunchSpec) -> int:

@@ -17,8 +17,8 @@ from itlaudit.analysis.findings import CODES
 from itlaudit.analysis.metrics import SUMMARY_METRICS
 from itlaudit.errors import SuiteError
 from itlaudit.model.codes import ACCEPTANCE_LENGTH_MISMATCH
-from itlaudit.model.launch_kinds import launch_kind_problem
-from itlaudit.model.scenario import LaunchConfig, Scenario, load_scenario
+from itlaudit.model.launch import READY_TIMEOUT_S, LaunchKind, LaunchSpec, launch_kind_problem
+from itlaudit.model.scenario import Scenario, load_scenario
 
 __all__ = [
     "CHECK_KEYS",
@@ -78,7 +78,7 @@ class Suite:
     name: str
     path: Path
     description: str
-    launch: LaunchConfig | None
+    launch: LaunchSpec | None
     servers: list[ServerSpec]
     scenarios: list[Scenario]
     checks: list[CheckSpec]
@@ -119,7 +119,7 @@ def _unknown(path: Path, where: str, src: dict[str, Any], allowed: set[str]) -> 
             )
 
 
-def _launch(path: Path, src: Any) -> LaunchConfig:
+def _launch(path: Path, src: Any) -> LaunchSpec:
     where = "[launch]"
     _typed(path, where, src, dict)
     _unknown(path, where, src, _LAUNCH_KEYS)
@@ -132,9 +132,11 @@ def _launch(path: Path, src: Any) -> LaunchConfig:
         for key in ("python", "image", "model")
         if key in src
     }
-    timeout = _typed(path, f"{where} `ready_timeout_s`", src.get("ready_timeout_s", 600), (int, float))
-    return LaunchConfig(
-        kind=kind,
+    timeout = _typed(
+        path, f"{where} `ready_timeout_s`", src.get("ready_timeout_s", READY_TIMEOUT_S), (int, float)
+    )
+    return LaunchSpec(
+        kind=LaunchKind(kind),
         command=_str_list(path, f"{where} `command`", src.get("command", [])),
         served_model_name=src.get("served_model_name"),
         env=_str_dict(path, f"{where} `env`", src.get("env", {})),
@@ -290,17 +292,17 @@ def load_suite(path: Path) -> Suite:
     )
 
 
-def parse_launch_option(text: str) -> tuple[str, str | list[str]]:
+def parse_launch_option(text: str) -> tuple[LaunchKind, str | list[str]]:
     """`python:PATH`, `docker:IMAGE` or `command:CMD ARGS...` → (kind, value)."""
     kind, sep, value = text.partition(":")
-    if not sep or not value or kind not in ("python", "docker", "command"):
+    if not sep or not value or launch_kind_problem(kind) is not None:
         raise SuiteError(f"--launch {text!r}: expected python:PATH, docker:IMAGE or command:CMD ARGS...")
-    return kind, shlex.split(value) if kind == "command" else value
+    return LaunchKind(kind), shlex.split(value) if kind == LaunchKind.COMMAND else value
 
 
 def server_launch(
     suite: Suite, server: ServerSpec, launch: str | None = None, model: str | None = None
-) -> LaunchConfig | None:
+) -> LaunchSpec | None:
     """The suite's launch, overridden by --launch/--model, plus this server's args and env.
 
     A `command` launch gets the server's args appended, so one base command (vLLM's CLI, or the
@@ -309,7 +311,7 @@ def server_launch(
     base = suite.launch
     if launch is not None:
         kind, value = parse_launch_option(launch)
-        keep = base if base is not None and base.kind == kind else LaunchConfig(kind=kind)
+        keep = base if base is not None and base.kind == kind else LaunchSpec(kind=kind)
         if base is not None:
             keep = replace(
                 keep,
@@ -320,7 +322,7 @@ def server_launch(
             )
         if isinstance(value, list):
             base = replace(keep, kind=kind, command=value)
-        elif kind == "docker":
+        elif kind == LaunchKind.DOCKER:
             base = replace(keep, kind=kind, image=value)
         else:
             base = replace(keep, kind=kind, python=value)
@@ -328,6 +330,6 @@ def server_launch(
         return None
     if model is not None:
         base = replace(base, model=model)
-    if base.kind == "command":
+    if base.kind == LaunchKind.COMMAND:
         return replace(base, command=[*base.command, *server.server_args], env={**base.env, **server.env})
     return replace(base, server_args=[*base.server_args, *server.server_args], env={**base.env, **server.env})

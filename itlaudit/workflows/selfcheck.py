@@ -22,8 +22,9 @@ from itlaudit.analysis.fidelity import (
     join_chunks,
     send_lag,
 )
+from itlaudit.model.launch import LaunchKind, LaunchSpec
 from itlaudit.model.sendlog import SendLog
-from itlaudit.serve.launcher import LaunchedServer, LaunchSpec, launch
+from itlaudit.serve.launcher import LaunchedServer, launch
 from itlaudit.serve.truth import TruthConfig
 
 __all__ = [
@@ -57,7 +58,7 @@ Trial = Callable[[int], Fidelity]
 def truth_server(config: TruthConfig, log_dir: Path) -> Iterator[LaunchedServer]:
     """The truth server in its own process on a free loopback port, stopped on exit."""
     spec = LaunchSpec(
-        kind="command",
+        kind=LaunchKind.COMMAND,
         command=[
             sys.executable,
             "-m",

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from itlaudit.bisect.build_cache import BuildCache
 from itlaudit.bisect.build_range import Build
 from itlaudit.errors import BisectError
+from itlaudit.model.launch import LaunchSpec
 from itlaudit.model.registry import Registry
-from itlaudit.serve.launcher import LaunchSpec
 
 if TYPE_CHECKING:
     from itlaudit.bisect.settings import Settings

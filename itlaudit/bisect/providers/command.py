@@ -17,7 +17,8 @@ from itlaudit.bisect.build_cache import BuildCache
 from itlaudit.bisect.build_range import SHORT_SHA, Build
 from itlaudit.bisect.providers.base import Found, Prepared, Provider
 from itlaudit.errors import BisectError, BuildUnavailable
-from itlaudit.serve.launcher import LaunchSpec, fill_placeholders
+from itlaudit.model.launch import LaunchKind, LaunchSpec
+from itlaudit.serve.launcher import fill_placeholders
 
 __all__ = ["CommandProvider", "fill"]
 
@@ -73,5 +74,5 @@ class CommandProvider(Provider, name="command"):
         """The variant's server arguments (e.g. K3's --speculative-config) follow the command, where
         a vLLM server takes them."""
         return dataclasses.replace(
-            base, kind="command", command=[*prepared.info["argv"], *base.server_args], server_args=[]
+            base, kind=LaunchKind.COMMAND, command=[*prepared.info["argv"], *base.server_args], server_args=[]
         )

@@ -18,7 +18,8 @@ from itlaudit.bisect.build_cache import BuildCache
 from itlaudit.bisect.build_range import SHORT_SHA, Build
 from itlaudit.bisect.providers.base import Found, Prepared, Provider
 from itlaudit.errors import BuildUnavailable
-from itlaudit.serve.launcher import LaunchSpec, fill_placeholders
+from itlaudit.model.launch import LaunchKind, LaunchSpec
+from itlaudit.serve.launcher import fill_placeholders
 
 __all__ = ["DEFAULT_IMAGES", "PULL_LOG", "DockerProvider", "image_candidates", "release_image"]
 
@@ -137,4 +138,4 @@ class DockerProvider(Provider, name="docker"):
         raise BuildUnavailable(f"no image for {build.label} could be pulled ({tried}); see {log_path}")
 
     def launch_spec(self, prepared: Prepared, base: LaunchSpec) -> LaunchSpec:
-        return dataclasses.replace(base, kind="docker", image=prepared.info["image"])
+        return dataclasses.replace(base, kind=LaunchKind.DOCKER, image=prepared.info["image"])

@@ -25,7 +25,7 @@ from itlaudit.bisect.build_range import Build
 from itlaudit.bisect.providers import venvs
 from itlaudit.bisect.providers.base import Found, Prepared, Provider
 from itlaudit.errors import BuildUnavailable
-from itlaudit.serve.launcher import LaunchSpec
+from itlaudit.model.launch import LaunchKind, LaunchSpec
 
 __all__ = [
     "DEFAULT_URL",
@@ -201,4 +201,4 @@ class WheelsProvider(Provider, name="wheels"):
         return Prepared(build, key, version, data)
 
     def launch_spec(self, prepared: Prepared, base: LaunchSpec) -> LaunchSpec:
-        return dataclasses.replace(base, kind="python", python=prepared.info["python"])
+        return dataclasses.replace(base, kind=LaunchKind.PYTHON, python=prepared.info["python"])

@@ -1,0 +1,78 @@
+"""How to get a server for one variant: the one launch type, read by scenarios and smoke suites and
+consumed by serve/launcher.py.
+
+It lives in model/ because a scenario's [variants.launch] table parses into it and model/ may not import
+the launcher (serve/ is a higher stage). serve/launcher.py's LAUNCHERS maps each LaunchKind to what it
+does; a new kind is a member here and a function there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from itlaudit.errors import LaunchError
+
+__all__ = ["READY_TIMEOUT_S", "LaunchKind", "LaunchSpec", "launch_kind_problem"]
+
+# How long a started server may take to answer /health and /v1/models: the one default for a
+# scenario's, a smoke suite's and bisect's launches. A compiled vLLM engine on a large model (CUDA
+# graphs, torch.compile) takes minutes; a server that is still silent after ten is not coming up.
+READY_TIMEOUT_S = 600.0
+
+
+class LaunchKind(StrEnum):
+    """Start an interpreter with vLLM, a docker image, any command; or attach to a given URL."""
+
+    PYTHON = "python"  # an interpreter or venv with vLLM installed
+    DOCKER = "docker"  # a vllm/vllm-openai style image
+    COMMAND = "command"  # any argv, with {port} {model} {host} filled in
+    # Attach to a server someone else started. Workflows use it for a URL they were given; a scenario or
+    # a smoke suite says the same with the variant's own `url` key, so a [launch] table never names it.
+    URL = "url"
+
+    @property
+    def needs(self) -> str:
+        """The launch key this kind cannot start without."""
+        return "image" if self is LaunchKind.DOCKER else self.value
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """How to get a server. A scenario's [variants.launch] table sets the first nine fields; `url` is
+    for LaunchKind.URL, and `gpus`, `docker_extra` and `host` are set by bisect's providers and tests."""
+
+    kind: LaunchKind
+    python: str | None = None
+    image: str | None = None
+    command: list[str] = field(default_factory=list)
+    model: str | None = None
+    served_model_name: str | None = None
+    server_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    ready_timeout_s: float = READY_TIMEOUT_S
+    url: str | None = None
+    gpus: str = "all"
+    docker_extra: list[str] = field(default_factory=list)
+    host: str = "127.0.0.1"
+
+    def __post_init__(self) -> None:
+        """A kind given as a plain string (a test, a provider) becomes its member; an unknown one is one
+        line naming the known kinds."""
+        if self.kind not in tuple(LaunchKind):
+            raise LaunchError(f"launch kind {self.kind!r}: use one of {', '.join(LaunchKind)}")
+        object.__setattr__(self, "kind", LaunchKind(self.kind))
+
+
+def launch_kind_problem(kind: str) -> str | None:
+    """Why a [launch] table may not name `kind` (None: it may): the one message scenarios and smoke
+    suites give."""
+    if kind == LaunchKind.URL:
+        return (
+            f"is {kind!r}, which attaches to a running server: give the variant a `url` instead of a "
+            "launch table"
+        )
+    started = [k for k in LaunchKind if k is not LaunchKind.URL]
+    if kind not in started:
+        return f"must be one of {', '.join(started)}, got {kind!r}"
+    return None
