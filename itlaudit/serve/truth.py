@@ -16,25 +16,47 @@ its actual send time, so the server's own lag is part of the record.
 
 Run it in its own process (`python -m itlaudit.serve.truth --port N ...`): sharing an event loop with
 the client under test would make the client's stalls the server's.
+
+One module, in the order a request meets it: the config, the responses encoded ahead (templates), the
+HTTP/1.1 protocol, the server with its timer and send log, and the process entry.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import codecs
 import json
 import os
+import random
 import signal
 import time
+import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
+from itlaudit.errors import SimError
 from itlaudit.model.sendlog import SendLog
-from itlaudit.serve.sim.config import SimConfig
-from itlaudit.serve.sim.engine import Job
-from itlaudit.serve.truth_frames import ScheduledStream, Template, build_template
-from itlaudit.serve.truth_http import Connection
+from itlaudit.serve.sim.config import SIM_VERSION, SimConfig
+from itlaudit.serve.sim.endpoints import CompletionApi
+from itlaudit.serve.sim.engine import Job, Step
+from itlaudit.serve.sim.validation import parse_job
+from itlaudit.serve.sim.vocab import FIRST_REGULAR_TOKEN_ID, avoid_token, token_bytes
+from itlaudit.serve.sim.wire import (
+    DONE_FRAME,
+    ResponseContext,
+    bad_request,
+    chunk_envelope,
+    dump_json,
+    error_body,
+    model_list,
+    rejection_body,
+    sse_frame,
+    usage_info,
+)
 
 __all__ = ["TruthConfig", "TruthServer", "main", "raise_priority", "serve_truth"]
 
@@ -64,6 +86,216 @@ class TruthConfig:
     def sim_config(self) -> SimConfig:
         """The simulator settings whose validation and frame layout the truth server borrows."""
         return SimConfig(model=self.model, max_model_len=self.max_model_len)
+
+
+# --- Responses, encoded ahead: one template per request shape, spliced per request ----------------
+
+
+# Stands in for the response id while a response's frames are encoded once per request shape.
+_ID_SENTINEL = "cmpl-@truth-response-id@"
+_CHUNKED_END = b"0\r\n\r\n"
+
+
+@dataclass
+class Template:
+    """A response's frames with the id cut out: encoded once per request shape, spliced per request."""
+
+    chunks: list[tuple[bytes, bytes]]  # (before id, after id) of each content chunk's SSE frame
+    tokens: list[int]  # cumulative completion tokens after each content chunk
+    tail: list[tuple[bytes, bytes]]  # usage-only chunk (if any); [DONE] has no id
+
+
+def _split(frame: bytes) -> tuple[bytes, bytes]:
+    before, sentinel, after = frame.partition(_ID_SENTINEL.encode())
+    assert sentinel, "every chunk carries the response id"
+    return before, after
+
+
+def _chunked(piece: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(piece), piece)
+
+
+def build_template(job: Job, config: TruthConfig) -> Template:
+    """The chunk sequence vLLM would stream for this job, `tokens_per_chunk` tokens per chunk, with the
+    simulator's builders (continuous usage, token ids, finish_reason on the last chunk, usage-only chunk,
+    fingerprint placement). Token ids are a fixed pseudo-random text; their content is not the point."""
+    sim = config.sim_config()
+    api = CompletionApi()
+    ctx = ResponseContext(
+        request_id=_ID_SENTINEL,
+        created=int(time.time()),
+        model=sim.model,
+        fingerprint=sim.system_fingerprint,
+        job=job,
+    )
+    rng = random.Random(0)
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    prompt_len = len(job.prompt_token_ids)
+    chunks: list[tuple[bytes, bytes]] = []
+    tokens: list[int] = []
+    emitted = 0
+    while emitted < job.max_tokens:
+        ids = [
+            rng.randrange(FIRST_REGULAR_TOKEN_ID, sim.vocab_size)
+            for _ in range(min(config.tokens_per_chunk, job.max_tokens - emitted))
+        ]
+        ids = [avoid_token(i, {sim.eos_token_id}, sim) for i in ids]
+        text = "".join(decoder.decode(token_bytes(i, sim)) for i in ids)
+        first = emitted == 0
+        emitted += len(ids)
+        step = Step(token_ids=ids, text=text, finish_reason="length" if emitted >= job.max_tokens else None)
+        usage = api.chunk_usage(prompt_len, emitted) if job.continuous_usage else None
+        fingerprint = ctx.fingerprint if step.finish_reason and not job.include_usage else None
+        choice = api.stream_choice(ctx, step, first)
+        chunks.append(_split(sse_frame(chunk_envelope(ctx, api.chunk_object, [choice], usage, fingerprint))))
+        tokens.append(emitted)
+    tail = []
+    if job.include_usage:
+        usage_chunk = chunk_envelope(
+            ctx, api.chunk_object, [], usage_info(prompt_len, emitted), ctx.fingerprint
+        )
+        tail.append(_split(sse_frame(usage_chunk)))
+    return Template(chunks=chunks, tokens=tokens, tail=tail)
+
+
+class ScheduledStream:
+    """One open response: its chunk-framed bytes, ready to write, and where it is in its schedule."""
+
+    def __init__(self, conn: Connection, response_id: str, template: Template, first_due_ns: int) -> None:
+        rid = response_id.encode()
+        self.conn = conn
+        self.response_id = response_id
+        self.frames = [_chunked(before + rid + after) for before, after in template.chunks]
+        self.tokens = template.tokens
+        self.tail = b"".join(_chunked(b + rid + a) for b, a in template.tail) + _chunked(DONE_FRAME)
+        self.tail += _CHUNKED_END
+        self.next_index = 0
+        self.first_due_ns = first_due_ns
+
+    @property
+    def finished(self) -> bool:
+        return self.next_index >= len(self.frames) or self.conn.closed
+
+
+# --- HTTP/1.1: a raw asyncio protocol with keep-alive, its routes and JSON replies ----------------
+
+
+_SSE_HEAD = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\n\r\n"
+)
+_MAX_HEAD_BYTES = 64 * 1024
+
+
+def _json_reply(status: int, obj: Any, keep_alive: bool) -> bytes:
+    body = dump_json(obj).encode()
+    phrase = HTTPStatus(status).phrase
+    connection = b"" if keep_alive else b"connection: close\r\n"
+    return b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%b\r\n%b" % (
+        status,
+        phrase.encode(),
+        len(body),
+        connection,
+        body,
+    )
+
+
+class Connection(asyncio.Protocol):
+    """HTTP/1.1 with keep-alive and Content-Length bodies: what aiohttp and urllib clients send."""
+
+    def __init__(self, server: TruthServer) -> None:
+        self.server = server
+        self.buffer = b""
+        self.closed = False
+        self.streaming = False
+        self.close_after = False
+        self.transport: asyncio.Transport
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while not self.streaming and not self.closed:
+            head_end = self.buffer.find(b"\r\n\r\n")
+            if head_end < 0:
+                if len(self.buffer) > _MAX_HEAD_BYTES:
+                    self._reply(431, {"error": "request head too large"}, keep_alive=False)
+                return
+            lines = self.buffer[:head_end].decode("latin-1").split("\r\n")
+            method, _, rest = lines[0].partition(" ")
+            path = rest.split(" ", 1)[0].split("?", 1)[0]
+            headers = {}
+            for line in lines[1:]:
+                name, _, value = line.partition(":")
+                headers[name.strip().lower()] = value.strip()
+            length = int(headers.get("content-length", "0") or 0)
+            if len(self.buffer) < head_end + 4 + length:
+                return
+            body = self.buffer[head_end + 4 : head_end + 4 + length]
+            self.buffer = self.buffer[head_end + 4 + length :]
+            self.close_after = headers.get("connection", "").lower() == "close"
+            self._dispatch(method, path, headers, body)
+
+    def _reply(self, status: int, obj: Any, keep_alive: bool | None = None) -> None:
+        keep = not self.close_after if keep_alive is None else keep_alive
+        self.transport.write(_json_reply(status, obj, keep))
+        if not keep:
+            self.transport.close()
+            self.closed = True
+
+    def stream_done(self) -> None:
+        self.streaming = False
+        if self.close_after:
+            self.transport.close()
+        elif self.buffer:
+            self.data_received(b"")
+
+    def _dispatch(self, method: str, path: str, headers: dict[str, str], body: bytes) -> None:
+        server = self.server
+        routes: dict[tuple[str, str], Callable[[], Any]] = {
+            ("GET", "/health"): dict,
+            ("GET", "/version"): lambda: {"version": SIM_VERSION},
+            ("GET", "/v1/models"): lambda: model_list(server.sim),
+            ("GET", "/truth/log"): server.log_json,
+            ("POST", "/truth/reset"): server.reset,
+        }
+        route = routes.get((method, path))
+        if route is not None:
+            self._reply(200, route())
+            return
+        if (method, path) != ("POST", "/v1/completions"):
+            status = HTTPStatus.NOT_FOUND
+            self._reply(status, error_body(f"no route {method} {path}", "NotFoundError", None, status))
+            return
+        try:
+            request = json.loads(body)
+            if not isinstance(request, dict):
+                raise bad_request("request body must be a JSON object", "body")
+            job = parse_job(CompletionApi(), request, server.sim)
+            if not job.stream or job.logprobs is not None:
+                raise bad_request("the truth server only streams, without logprobs", "stream")
+        except ValueError as exc:
+            status = HTTPStatus.BAD_REQUEST
+            self._reply(status, error_body(f"invalid JSON: {exc}", "BadRequestError", "body", status))
+            return
+        except SimError as exc:
+            self._reply(exc.status, rejection_body(exc))
+            return
+        request_id = headers.get("x-request-id") or f"{uuid.uuid4().int & (2**64 - 1):016x}"
+        template = server.template_for(job)
+        self.streaming = True
+        self.transport.write(_SSE_HEAD)
+        stream = ScheduledStream(
+            self, f"cmpl-{request_id}", template, server.first_due_ns(time.monotonic_ns())
+        )
+        server.start_stream(stream)
+
+
+# --- The server: the streams, the one timer, the send log ----------------------------------------
 
 
 class TruthServer:
