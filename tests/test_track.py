@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 from simkit import itlaudit, sim_server
 from track_scale import synthetic_point
+from trackkit import FAMILY, sixty_nightlies
 from typer.testing import CliRunner
 
 from itlaudit.cli.app import app
@@ -30,8 +31,6 @@ from itlaudit.serve.sim import SimConfig
 from itlaudit.track.db import SCHEMA_VERSION, open_history, schema_table
 
 FIXTURE_RUN = Path(__file__).parent / "fixtures" / "runfolder-v1"
-MISSING = {7, 18, 37, 45, 56}
-FAMILY = {"platform": "cpu", "model": "tiny", "workload": "w", "client": "wire"}
 
 
 def _pg_bin() -> Path | None:
@@ -102,47 +101,6 @@ def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return f"{base}/{name}"
 
 
-def _sixty_nightlies(seed: int, *, planted: bool = True) -> list:
-    rng = np.random.default_rng(seed)
-    points = []
-    for build in range(1, 61):
-        if build in MISSING:
-            continue
-        cap = 128 if planted and 25 <= build <= 32 else None
-        slow = 1.3 if planted and build >= 40 else 1.0
-        lost = planted and build >= 50
-        # A capped build looks faster (shorter outputs, emptier batches): it must not read as a speedup.
-        looks = 0.6 if cap else 1.0
-        for trial in range(2 if build % 10 == 3 else 1):
-            points.append(
-                synthetic_point(
-                    FAMILY,
-                    "K0",
-                    build,
-                    rng,
-                    itl_ms=20 * slow * looks,
-                    acceptance=1.0,
-                    output_len=256,
-                    cap=cap,
-                    trial=trial,
-                )
-            )
-            points.append(
-                synthetic_point(
-                    FAMILY,
-                    "K3",
-                    build,
-                    rng,
-                    itl_ms=(20 if lost else 9) * slow * looks,
-                    acceptance=1.0 if lost else 2.6,
-                    output_len=256,
-                    cap=cap,
-                    trial=trial,
-                )
-            )
-    return points
-
-
 def _check(db: str, *extra: str) -> tuple[int, list[dict]]:
     result = CliRunner().invoke(app, ["track", "check", "--db", db, "--json", *extra])
     return result.exit_code, json.loads(result.stdout)
@@ -151,7 +109,7 @@ def _check(db: str, *extra: str) -> tuple[int, list[dict]]:
 @pytest.mark.parametrize("seed", [0, 1])
 def test_sixty_nightlies_find_exactly_the_planted_changes(db: str, seed: int) -> None:
     history = open_history(db)
-    history.add_rows(_sixty_nightlies(seed))
+    history.add_rows(sixty_nightlies(seed))
     history.close()
     code, changes = _check(db)
     found = [(c["order"], c["class"], c["kind"], c["state"]) for c in changes]
@@ -176,7 +134,7 @@ def test_sixty_nightlies_find_exactly_the_planted_changes(db: str, seed: int) ->
 
 def test_noise_and_missing_nightlies_raise_no_alarm(db: str) -> None:
     history = open_history(db)
-    history.add_rows(_sixty_nightlies(3, planted=False))
+    history.add_rows(sixty_nightlies(3, planted=False))
     history.close()
     code, changes = _check(db, "--all")
     assert (code, changes) == (0, [])
@@ -185,7 +143,7 @@ def test_noise_and_missing_nightlies_raise_no_alarm(db: str) -> None:
 def test_explained_changes_stop_counting_as_open(tmp_path: Path) -> None:
     db = str(tmp_path / "h.sqlite")
     history = open_history(db)
-    history.add_rows(_sixty_nightlies(0))
+    history.add_rows(sixty_nightlies(0))
     history.close()
     _, changes = _check(db)
     for change in changes:
@@ -338,7 +296,7 @@ def test_failed_requests_are_a_correctness_change_never_a_speed_point(tmp_path: 
 def test_check_prints_the_open_changes_one_line_each(tmp_path: Path) -> None:
     db = str(tmp_path / "h.sqlite")
     history = open_history(db)
-    history.add_rows(_sixty_nightlies(0))
+    history.add_rows(sixty_nightlies(0))
     history.close()
     result = CliRunner().invoke(app, ["track", "check", "--db", db])
     lines = result.stdout.splitlines()
