@@ -29,7 +29,7 @@ from itlaudit.bisect.probe import OnServer, ProbeConfig, ProbeResult, run_probe
 from itlaudit.bisect.report import compare_url, write_report
 from itlaudit.bisect.search import Answer, Search
 from itlaudit.bisect.settings import Settings, make_provider
-from itlaudit.bisect.state import State
+from itlaudit.bisect.state import BisectResult, State
 from itlaudit.capture.cluster import connect
 from itlaudit.errors import BisectError
 from itlaudit.model.launch import LaunchKind, LaunchSpec
@@ -275,7 +275,7 @@ class Bisection:
             problem = f"is not clearly {expected}"
         message = f"{role} ({given}) {problem}: {_first_line(record['reason'])}"
         self.state.status = "failed"
-        self.state.result = {"message": message}
+        self.state.result = BisectResult(message=message)
         self._save()
         raise BisectError(f"{message}. Check the range and --regress; probe files in {record['dir']}")
 
@@ -358,19 +358,17 @@ class Bisection:
         showing = self._probe_of(lo if settings.find_fix else hi) or {}
         detail = showing.get("detail", {})
         self.state.status = "done"
-        self.state.result = {
-            "first_bad": builds[hi].ref if len(candidates) == 1 else None,
-            "last_good": builds[lo].ref,
-            "candidates": [b.ref for b in candidates],
-            "message": message,
-            "compare_url": url,
-            "signals": detail.get("signals", []),
-            "explanation": f"{showing['label']}: {detail['explanation']}"
-            if detail.get("explanation")
-            else None,
-            "probes_used": len(self.state.probes),
-            "rounds_used": self.state.rounds,
-            "elapsed_s": round(time.monotonic() - self.started, 1),
-        }
+        self.state.result = BisectResult(
+            first_bad=builds[hi].ref if len(candidates) == 1 else None,
+            last_good=builds[lo].ref,
+            candidates=[b.ref for b in candidates],
+            message=message,
+            compare_url=url,
+            signals=detail.get("signals", []),
+            explanation=f"{showing['label']}: {detail['explanation']}" if detail.get("explanation") else None,
+            probes_used=len(self.state.probes),
+            rounds_used=self.state.rounds,
+            elapsed_s=round(time.monotonic() - self.started, 1),
+        )
         self.state.save(self.dir)
         write_report(self.state, self.dir, plot=True)

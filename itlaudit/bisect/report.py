@@ -69,11 +69,11 @@ def render_markdown(state: State) -> str:
     result = state.result
     names = variant_names(state)
     lines = [f"# itlaudit bisect: {settings.good} → {settings.bad}", ""]
-    lines.append(f"**{result.get('message', 'bisection in progress')}**")
-    if result.get("explanation"):
-        lines += ["", f"What changed: {result['explanation']}"]
-    if result.get("compare_url"):
-        lines += ["", f"Changes in the answer range: {result['compare_url']}"]
+    lines.append(f"**{result.message or 'bisection in progress'}**")
+    if result.explanation:
+        lines += ["", f"What changed: {result.explanation}"]
+    if result.compare_url:
+        lines += ["", f"Changes in the answer range: {result.compare_url}"]
     header = "".join(f" {n} token ITL ms | {n} chunk ITL ms | {n} tokens p50 |" for n in names)
     lines += [
         "",

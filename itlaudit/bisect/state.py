@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from itlaudit.bisect.build_range import Build
 from itlaudit.bisect.search import Answer, Search
 from itlaudit.bisect.settings import Settings
@@ -33,6 +35,7 @@ from itlaudit.model.vocabulary import Verdict
 __all__ = [
     "FORMAT",
     "STATE_FILE",
+    "BisectResult",
     "State",
     "answer",
     "cmdline",
@@ -61,6 +64,26 @@ def answer(verdict: str, find_fix: bool) -> Answer:
     return Answer.YES if (verdict == Verdict.GOOD) == find_fix else Answer.NO
 
 
+class BisectResult(msgspec.Struct, kw_only=True):
+    """The answer, as bisect.json's top-level keys beside `status`: a failed bisection has only its
+    `message`; a finished one the range, the flipped signals and the explanation in figures. Fields
+    absent from an older file read as unknown."""
+
+    message: str | None = None
+    first_bad: str | None = None  # None while more than one candidate is left
+    last_good: str | None = None
+    candidates: list[str] = msgspec.field(default_factory=list)
+    compare_url: str | None = None
+    signals: list[str] = msgspec.field(default_factory=list)
+    explanation: str | None = None
+    probes_used: int | None = None
+    rounds_used: int | None = None
+    elapsed_s: float | None = None
+
+
+_RESULT_KEYS = BisectResult.__struct_fields__
+
+
 @dataclass
 class State:
     settings: Settings
@@ -68,13 +91,13 @@ class State:
     probes: list[dict[str, Any]] = field(default_factory=list)
     in_progress: list[dict[str, Any]] = field(default_factory=list)
     status: str = "running"
-    result: dict[str, Any] = field(default_factory=dict)
+    result: BisectResult = field(default_factory=BisectResult)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
             "status": self.status,
-            **self.result,
+            **msgspec.to_builtins(self.result),
             "probes": self.probes,
             "in_progress": self.in_progress,
             "settings": self.settings.to_json(),
@@ -108,7 +131,6 @@ def load(bisect_dir: Path) -> State:
         raise BisectError(
             f"{path}: unknown format {data.get('format')!r}; it was written by another itlaudit"
         )
-    result_keys = ("first_bad", "last_good", "candidates", "message", "compare_url", "signals", "explanation")
     for key in ("settings", "builds"):
         if key not in data:
             raise _broken(path, f"has no {key!r}")
@@ -125,10 +147,17 @@ def load(bisect_dir: Path) -> State:
         probes=data.get("probes", []),
         in_progress=_as_list(data.get("in_progress")),
         status=data.get("status", "running"),
-        result={k: data[k] for k in result_keys if k in data},
+        result=_result(path, data),
     )
     _check(state, bisect_dir)
     return state
+
+
+def _result(path: Path, data: dict[str, Any]) -> BisectResult:
+    try:
+        return msgspec.convert({k: data[k] for k in _RESULT_KEYS if k in data}, BisectResult)
+    except msgspec.ValidationError as exc:
+        raise _broken(path, f"has a result that does not read ({exc})") from None
 
 
 def _broken(path: Path, problem: str) -> BisectError:

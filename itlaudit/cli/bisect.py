@@ -225,7 +225,7 @@ def bisect(
             return
         state, bisect_dir = _new_state(settings, out_dir)
     if state.status == "done":
-        out.print(state.result.get("message", "done"))
+        out.print(state.result.message or "done")
         return
     count = len(state.builds)
     k = state.settings.parallel
@@ -252,8 +252,8 @@ def bisect(
             exit_code,
             f"interrupted by {signal_name}; finished probes are in {bisect_dir}; resume with: {command}",
         ) from None
-    out.print(f"[bold]{state.result['message']}[/bold]", highlight=False, soft_wrap=True)
-    if state.result.get("explanation"):
-        out.print(state.result["explanation"], highlight=False, markup=False, soft_wrap=True)
-    out.print(f"compare: {state.result['compare_url']}", highlight=False, soft_wrap=True)
+    out.print(f"[bold]{state.result.message}[/bold]", highlight=False, soft_wrap=True)
+    if state.result.explanation:
+        out.print(state.result.explanation, highlight=False, markup=False, soft_wrap=True)
+    out.print(f"compare: {state.result.compare_url}", highlight=False, soft_wrap=True)
     out.print(f"report: {bisect_dir / REPORT_FILE}", highlight=False, soft_wrap=True)

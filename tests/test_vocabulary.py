@@ -1,0 +1,105 @@
+"""The shared vocabulary (model/vocabulary.py, model/launch.py, model/records.Status): one enum per
+concept whose members are the strings run folders always held, so an old folder reads into the same
+members and a new one writes the same bytes; and the typed bisect result, read from the previous
+format of bisect.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from itlaudit.bisect import state as state_mod
+from itlaudit.bisect.build_range import Build
+from itlaudit.bisect.settings import Settings
+from itlaudit.bisect.state import BisectResult, State
+from itlaudit.errors import BisectError, LaunchError
+from itlaudit.model.launch import LaunchKind, LaunchSpec
+from itlaudit.model.records import RequestRecord, Status
+from itlaudit.model.vocabulary import Endpoint, LoadAxis, Shift, StampMode, Verdict
+
+FIXTURE = Path(__file__).parent / "fixtures" / "runfolder-v1" / "requests.jsonl"
+
+
+def test_an_old_folders_records_read_into_members_and_write_back_the_same_strings() -> None:
+    lines = [json.loads(line) for line in FIXTURE.read_text(encoding="utf-8").splitlines()]
+    records = [RequestRecord.from_json(line) for line in lines]
+    assert {type(r.status) for r in records} == {Status}
+    assert {r.stamp for r in records} == {StampMode.KERNEL}
+    assert {r.endpoint for r in records} == {Endpoint.COMPLETIONS}
+    for line, record in zip(lines, records, strict=True):
+        again = json.loads(json.dumps(record.to_json()))
+        assert {k: again[k] for k in ("status", "stamp", "endpoint")} == {
+            k: line[k] for k in ("status", "stamp", "endpoint")
+        }
+
+
+def test_every_enum_is_its_string() -> None:
+    assert [str(e) for e in Endpoint] == ["completions", "chat"]
+    assert Endpoint.CHAT.path == "/v1/chat/completions" and Endpoint.COMPLETIONS.path == "/v1/completions"
+    assert [str(m) for m in StampMode] == ["kernel", "loop"]
+    assert [str(a) for a in LoadAxis] == ["concurrency", "rate"]
+    assert [str(k) for k in LaunchKind] == ["python", "docker", "command", "url"]
+    assert [str(v) for v in Verdict] == ["good", "bad", "skip", "unknown"]
+    assert StampMode("loop") is StampMode.LOOP and json.dumps(LoadAxis.RATE) == '"rate"'
+
+
+def test_a_metric_shift_reads_as_a_judges_answer_in_one_place() -> None:
+    assert {s: s.regressed for s in Shift} == {
+        Shift.BETTER: False,
+        Shift.WORSE: True,
+        Shift.SAME: False,
+        Shift.UNKNOWN: None,
+    }
+    assert [Verdict.of(p) for p in (True, False, None)] == [Verdict.BAD, Verdict.GOOD, Verdict.UNKNOWN]
+
+
+def test_a_launch_kind_given_as_a_string_becomes_its_member_and_an_unknown_one_is_one_line() -> None:
+    assert LaunchSpec(kind="docker", image="i").kind is LaunchKind.DOCKER  # type: ignore[arg-type]
+    assert LaunchKind.DOCKER.needs == "image" and LaunchKind.PYTHON.needs == "python"
+    with pytest.raises(LaunchError, match=r"^launch kind 'k8s': use one of python, docker, command, url$"):
+        LaunchSpec(kind="k8s")  # type: ignore[arg-type]
+
+
+def _bisect_json(tmp_path: Path, **result: object) -> Path:
+    """A finished bisection of three builds as format 2 wrote it: `in_progress` null, no rounds."""
+    shas = [c * 40 for c in "abc"]
+    state = State(Settings(good=shas[0], bad=shas[-1]), [Build(s, "commit") for s in shas])
+    data = state.to_json()
+    probes = [(0, "good"), (2, "bad"), (1, "bad")]
+    data.update(format=2, status="done", in_progress=None, **result)
+    data["probes"] = [
+        {
+            "index": i,
+            "build": shas[i],
+            "verdict": v,
+            "label": shas[i][:9],
+            "reason": "r",
+            "dir": str(tmp_path / f"p{i}"),
+        }
+        for i, v in probes
+    ]
+    (tmp_path / state_mod.STATE_FILE).write_text(json.dumps(data), encoding="utf-8")
+    return tmp_path
+
+
+def test_a_bisect_json_of_the_previous_format_reads_into_the_typed_result(tmp_path: Path) -> None:
+    folder = _bisect_json(
+        tmp_path, first_bad="b" * 40, last_good="a" * 40, candidates=["b" * 40], message="first bad build: b"
+    )
+    loaded = state_mod.load(folder)
+    assert loaded.result == BisectResult(
+        message="first bad build: b", first_bad="b" * 40, last_good="a" * 40, candidates=["b" * 40]
+    )
+    assert loaded.in_progress == []
+    # Saved again, it is the current format with the same answer.
+    loaded.save(folder)
+    again = json.loads((folder / state_mod.STATE_FILE).read_text())
+    assert again["format"] == state_mod.FORMAT and again["first_bad"] == "b" * 40
+
+
+def test_a_bisect_result_of_the_wrong_shape_is_one_line(tmp_path: Path) -> None:
+    folder = _bisect_json(tmp_path, candidates="b")
+    with pytest.raises(BisectError, match="has a result that does not read"):
+        state_mod.load(folder)
