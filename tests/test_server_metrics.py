@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
+import statistics
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
 from aiohttp import web
-from simkit import app_on_thread, sim_server
+from simkit import app_on_thread, itlaudit, sim_server
 
+from itlaudit.analysis.derive import by_category
+from itlaudit.analysis.metrics import request_metrics
+from itlaudit.analysis.request_acceptance import pooled_server_acceptance
 from itlaudit.analysis.server_metrics import (
     KV_USAGE,
     QUEUE_TIME,
@@ -19,7 +24,9 @@ from itlaudit.analysis.server_metrics import (
     summarize_series,
 )
 from itlaudit.capture.metrics_sampler import MetricsSampler
+from itlaudit.model.codes import SPEC_DECODE_METRICS_DISAGREE
 from itlaudit.serve.sim import SimConfig
+from itlaudit.store.jsonl import load_records
 from itlaudit.store.server_metrics import read_server_metrics
 
 PAGE = """# HELP vllm:num_requests_running Running.
@@ -125,3 +132,59 @@ def test_sampler_gives_up_on_a_server_without_metrics(tmp_path: Path) -> None:
     assert info["rows"] == 0
     assert info["gave_up"] and "404" in info["gave_up"]
     assert read_server_metrics(tmp_path)["v"][-1]["error"] == info["gave_up"]
+
+
+def _run_against(config: SimConfig, tmp_path: Path) -> Path:
+    """`itlaudit run` (in-process) of 6 requests of 48 tokens against the simulator; the run folder."""
+    with sim_server(config) as url:
+        scenario = tmp_path / "s.toml"
+        workload = (
+            'prompts = ["Tell me a story about a cat."]\nnum_requests = 6\nconcurrency = 2\nmax_tokens = 48'
+        )
+        scenario.write_text(
+            f'name = "acc"\n\n[workload]\n{workload}\n\n[[variants]]\nname = "k3"\nurl = "{url}"\n',
+            encoding="utf-8",
+        )
+        out = tmp_path / "run"
+        result = itlaudit("run", str(scenario), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def _findings(out: Path) -> list[dict[str, object]]:
+    return [
+        f
+        for line in (out / "derived.jsonl").read_text().splitlines()
+        for f in json.loads(line)["finding_details"]
+    ]
+
+
+def test_server_acceptance_agrees_with_the_stream(tmp_path: Path) -> None:
+    """An honest per-request block: kept on every record, no finding, and the category figure is the
+    server's own acceptance length."""
+    config = SimConfig(num_speculative_tokens=3, acceptance_prob=0.5, per_request_spec_metrics=True)
+    out = _run_against(config, tmp_path)
+    records = load_records(out / "requests.jsonl")
+    assert len(records) == 6 and all(r.spec_decode and r.spec_decode["num_spec_tokens"] == 3 for r in records)
+    assert not [f for f in _findings(out) if f["code"] == SPEC_DECODE_METRICS_DISAGREE]
+    for record in records:
+        record.category = "story"
+    lengths = [r.spec_decode["mean_acceptance_length"] for r in records if r.spec_decode]
+    figures = by_category(records, [request_metrics(r) for r in records])["story"]["server_acceptance_length"]
+    assert figures["p50"] == pytest.approx(statistics.median(lengths))
+    pooled = pooled_server_acceptance(records)
+    assert pooled is not None and 1.0 < pooled["acceptance_length"] < 4.0
+
+
+def test_server_acceptance_that_lies_is_a_finding(tmp_path: Path) -> None:
+    """The simulator reports every draft accepted while it accepted half: the finding names both."""
+    config = SimConfig(
+        num_speculative_tokens=3, acceptance_prob=0.5, per_request_spec_metrics=True, spec_metrics_lie=True
+    )
+    out = _run_against(config, tmp_path)
+    found = [f for f in _findings(out) if f["code"] == SPEC_DECODE_METRICS_DISAGREE]
+    assert len(found) == 6
+    evidence = found[0]["evidence"]
+    assert evidence["server_accepted"] == 3 * evidence["server_steps"]
+    assert evidence["server_accepted"] > evidence["stream_accepted_max"] + 3
+    assert str(evidence["server_accepted"]) in found[0]["message"]

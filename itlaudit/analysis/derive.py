@@ -21,6 +21,7 @@ from itlaudit.analysis.metrics import (
     variant_summary,
 )
 from itlaudit.analysis.quality import text_quality
+from itlaudit.analysis.request_acceptance import server_acceptance
 from itlaudit.analysis.summary import LoopLag, RunSummary, VariantSummary
 from itlaudit.model.records import RequestRecord, Status
 
@@ -85,13 +86,20 @@ def by_category(records: Sequence[RequestRecord], metrics: Sequence[RequestMetri
     acceptance, and so a speculative server's speedup, depends on what is being written. Requests
     without a category are left out; no categories, no breakdown."""
     groups: dict[str, list[RequestMetrics]] = {}
+    server: dict[str, list[float]] = {}  # the server's own per-request acceptance length, when sent
     for record, figures in zip(records, metrics, strict=True):
         if record.category is not None:
             groups.setdefault(record.category, []).append(figures)
+            counts = server_acceptance(record)
+            if counts is not None and counts["steps"]:
+                length = 1.0 + counts["accepted"] / counts["steps"]
+                server.setdefault(record.category, []).append(length)
     return {
         name: {
             "requests": len(group),
             **{key: summarize([getattr(m, key) for m in group]) for key in CATEGORY_METRICS},
+            # Exact where the server reports it (no /metrics window, no other traffic): preferred.
+            **({"server_acceptance_length": summarize(server[name])} if name in server else {}),
         }
         for name, group in sorted(groups.items())
     }

@@ -31,6 +31,7 @@ from itlaudit.analysis.output_rules import (
     truncation_finding,
 )
 from itlaudit.analysis.quality import DEFAULT_THRESHOLDS, GibberishThresholds
+from itlaudit.analysis.request_acceptance import server_acceptance_finding
 from itlaudit.analysis.stream_rules import (
     client_saturated_finding,
     coalesced_finding,
@@ -91,6 +92,7 @@ def request_findings(
         usage_non_monotonic_finding(record),
         coalesced_finding(record, metrics),
         client_saturated_finding(record, metrics),
+        server_acceptance_finding(record),
     ]
     found = [f for f in candidates if f is not None] + transport_findings(record, metrics)
     gibberish = gibberish_finding(record, quality)

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["CHUNK_DECODE_ERRORS", "Choice", "Chunk", "Delta", "Usage", "decode_chunk"]
+__all__ = ["CHUNK_DECODE_ERRORS", "Choice", "Chunk", "Delta", "Metrics", "Usage", "decode_chunk"]
 
 
 class Usage(msgspec.Struct, gc=False):
@@ -39,10 +39,18 @@ class Choice(msgspec.Struct, gc=False):
     stop_reason: int | str | None = None
 
 
+class Metrics(msgspec.Struct, gc=False):
+    """vLLM's per-request `metrics`, on the final usage chunk only: just its spec-decode block, kept
+    as sent (its shape is marked experimental upstream). Chunks without the key cost nothing."""
+
+    speculative_decoding: dict[str, Any] | None = None
+
+
 class Chunk(msgspec.Struct, gc=False):
     id: str | None = None
     choices: list[Choice] | None = None
     usage: Usage | None = None
+    metrics: Metrics | None = None
     system_fingerprint: str | None = None
     error: Any = None  # vLLM's mid-stream `{"error": {"message": ...}}`; other servers send a string
 

@@ -66,6 +66,7 @@ class MetricsSampler:
         self._writer.write(
             {"variant": self.variant, "period_s": self.period_s, "url": self.url, "start": True}
         )
+        self._scrape()  # the baseline, before start() returns: the window's first request comes after it
         self._thread = threading.Thread(target=self._loop, name=f"metrics:{self.variant}", daemon=True)
         self._thread.start()
 
@@ -84,10 +85,10 @@ class MetricsSampler:
         # Scrapes are due at fixed times from the start, so a slow one does not shift the ones after.
         due = time.monotonic()
         while self.gave_up is None:
-            self._scrape()
             due += self.period_s
             if self._stop.wait(max(0.0, due - time.monotonic())):
                 return
+            self._scrape()
 
     def _scrape(self) -> None:
         assert self._writer is not None

@@ -31,6 +31,7 @@ __all__ = [
     "RATE_LIMITED",
     "REGISTRY",
     "SPEC_DECODE_DISTRIBUTION_SHIFT",
+    "SPEC_DECODE_METRICS_DISAGREE",
     "SPEC_DECODE_OUTPUT_MISMATCH",
     "STOP_REASON_UNEXPECTED",
     "STOP_TOKEN_IDS_IGNORED",
@@ -230,6 +231,13 @@ ACCEPTANCE_LENGTH_MISMATCH = _register(
     Scope.COMPARISON,
     "stream and /metrics acceptance length more than 10% apart, and their accepted tokens disagree "
     "too or /metrics counts more drafting steps than the stream has decode steps",
+)
+SPEC_DECODE_METRICS_DISAGREE = _register(
+    "spec_decode_metrics_disagree",
+    _ERROR,
+    Scope.REQUEST,
+    "the server's per-request acceptance (metrics.speculative_decoding) claims more accepted drafts "
+    "than the stream's decode chunks carried, beyond one step's cut at the end: both figures given",
 )
 SPEC_DECODE_OUTPUT_MISMATCH = _register(
     "spec_decode_output_mismatch",

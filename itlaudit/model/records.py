@@ -161,6 +161,9 @@ class RequestRecord:
     sent_offset_ms: float | None = None
     warmup: bool = False  # a [workload] warmup request: kept here, left out of every figure and count
     category: str | None = None  # the dataset line's category, for the per-category breakdown
+    # The server's own acceptance for this request: vLLM's `metrics.speculative_decoding` on the final
+    # usage chunk (--per-request-spec-decode-metrics), as sent; None when the server sent none.
+    spec_decode: dict[str, Any] | None = None
     # Capture-side only, never written: the lag probe's sample positions while the stream was open.
     lag_window: tuple[int, int] | None = field(default=None, repr=False, compare=False)
 

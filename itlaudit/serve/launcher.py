@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import signal
 import socket
@@ -91,7 +92,39 @@ def python_argv(spec: LaunchSpec, port: int) -> list[str]:
         "--port",
         str(port),
         *spec.server_args,
+        *per_request_spec_args(spec),
     ]
+
+
+PER_REQUEST_SPEC_FLAG = "--per-request-spec-decode-metrics"
+
+
+def per_request_spec_args(spec: LaunchSpec) -> list[str]:
+    """vLLM's per-request acceptance (`summary`: metrics.speculative_decoding on the final usage
+    chunk) for a speculating server whose vLLM has the flag and was not given it; vLLM refuses the flag
+    without --speculative-config, so a K0 server is left as it is."""
+    args = spec.server_args
+    speculates = any(a.startswith(("--speculative-config", "--speculative_config")) for a in args)
+    given = any(a.startswith(PER_REQUEST_SPEC_FLAG) for a in args)
+    if not speculates or given or spec.python is None:
+        return []
+    return [PER_REQUEST_SPEC_FLAG, "summary"] if _has_per_request_spec(_interpreter(spec.python)) else []
+
+
+@functools.cache
+def _has_per_request_spec(python: str) -> bool:
+    """Whether that interpreter's vLLM has --per-request-spec-decode-metrics (vLLM 0.32 does), read
+    from its source without importing vLLM (seconds): its observability config names the field."""
+    find = (
+        "import importlib.util, pathlib; s = importlib.util.find_spec('vllm'); "
+        "p = s and pathlib.Path(s.origin).parent / 'config' / 'observability.py'; "
+        "print(bool(p and p.is_file() and 'per_request_spec_decode_metrics' in p.read_text()))"
+    )
+    try:
+        done = subprocess.run([python, "-c", find], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.stdout.strip() == "True"
 
 
 def docker_argv(spec: LaunchSpec, port: int, name: str) -> list[str]:

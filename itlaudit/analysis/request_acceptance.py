@@ -1,0 +1,81 @@
+"""Per-request acceptance as the server reports it (vLLM's `--per-request-spec-decode-metrics`:
+`metrics.speculative_decoding` on the final usage chunk, kept in the record as `spec_decode`), pooled
+for a group of requests and checked against what the stream itself carried (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from itlaudit.analysis.metrics import TOKEN_SOURCE_CHUNKS, token_counts
+from itlaudit.model.codes import SPEC_DECODE_METRICS_DISAGREE, Finding
+from itlaudit.model.records import RequestRecord, Status
+
+__all__ = ["pooled_server_acceptance", "server_acceptance", "server_acceptance_finding"]
+
+
+def server_acceptance(record: RequestRecord) -> dict[str, int] | None:
+    """The server's own counts for one request (vLLM's metrics.speculative_decoding): verify steps,
+    accepted and proposed draft tokens, K. None when the server sent none or an unreadable block."""
+    block = record.spec_decode
+    if not isinstance(block, dict):
+        return None
+    try:
+        return {
+            "steps": int(block["num_spec_steps"]),
+            "accepted": int(block["num_accepted_draft_tokens"]),
+            "drafted": int(block["num_draft_tokens"]),
+            "k": int(block["num_spec_tokens"]),
+        }
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def pooled_server_acceptance(records: Iterable[RequestRecord]) -> dict[str, float | int] | None:
+    """Acceptance over requests from the server's per-request counts (vLLM's definitions: length =
+    1 + accepted / steps, rate = accepted / drafted); None when no request carried them."""
+    counts = [c for c in map(server_acceptance, records) if c is not None]
+    if not counts:
+        return None
+    steps = sum(c["steps"] for c in counts)
+    accepted = sum(c["accepted"] for c in counts)
+    drafted = sum(c["drafted"] for c in counts)
+    return {
+        "requests": len(counts),
+        "acceptance_length": 1.0 + accepted / steps if steps else 1.0,
+        "acceptance_rate": accepted / drafted if drafted else 0.0,
+    }
+
+
+def server_acceptance_finding(record: RequestRecord) -> Finding | None:
+    """The server's accepted drafts checked against the stream. Each content chunk carries at least
+    one engine step, and each step emits its accepted drafts plus one token, so the drafts a stream
+    can have carried are at most its tokens minus its chunks; a stop or max_tokens can cut the last
+    step, by at most K. A server claiming more than that is not describing this stream. (Fewer is
+    allowed: steps without drafts, and steps merged into one chunk, both lower it.)"""
+    counts = server_acceptance(record)
+    if counts is None or record.status != Status.OK:
+        return None
+    _, cumulative, source = token_counts(record)
+    if source == TOKEN_SOURCE_CHUNKS or cumulative.size == 0:
+        return None  # tokens per chunk unknown: nothing to check against
+    stream_accepted = int(cumulative[-1]) - int(cumulative.size)
+    if counts["accepted"] <= stream_accepted + counts["k"]:
+        return None
+    message = (
+        f"The server reports {counts['accepted']} accepted draft tokens over {counts['steps']} steps "
+        f"for this request, but its stream carried {int(cumulative[-1])} tokens in {cumulative.size} "
+        f"chunks: at most {stream_accepted} accepted drafts (+{counts['k']} for a cut last step). "
+        "The per-request acceptance does not describe this stream."
+    )
+    evidence = {
+        "server_accepted": counts["accepted"],
+        "server_steps": counts["steps"],
+        "server_acceptance_length": record.spec_decode.get("mean_acceptance_length")
+        if record.spec_decode
+        else None,
+        "stream_tokens": int(cumulative[-1]),
+        "stream_chunks": int(cumulative.size),
+        "stream_accepted_max": stream_accepted,
+        "k": counts["k"],
+    }
+    return Finding.of(SPEC_DECODE_METRICS_DISAGREE, message, evidence, record.request_id)
