@@ -95,7 +95,6 @@ class Stream:
     content_encoding: str  # lower-cased; "" when the body is not encoded
     stamp: StampMode
     t_sent_ns: int
-    t_head_ns: int
 
     def __init__(
         self,
@@ -112,7 +111,6 @@ class Stream:
         self.content_encoding = ""
         self.stamp = stamp
         self.t_sent_ns = 0
-        self.t_head_ns = 0
         self._target = target
         self._loop = asyncio.get_running_loop()
         self._inbox = inbox
@@ -361,7 +359,6 @@ class Stream:
         wbits = DECODED_CODINGS.get(self.content_encoding)
         if wbits is not None:
             self._decoder = zlib.decompressobj(wbits)
-        self.t_head_ns = self._stamp
         # h11 refuses any transfer coding but chunked, and 204/304 have no body whatever their headers say.
         if self.status not in (204, 304) and any(name == "transfer-encoding" for name, _ in self.headers):
             self._dechunker = Dechunker()

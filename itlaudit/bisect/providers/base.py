@@ -24,7 +24,6 @@ class Prepared:
     """A build ready to launch: `version` is what the installed build reports, when it can tell."""
 
     build: Build
-    cache_key: str | None = None
     version: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
 

@@ -68,7 +68,7 @@ class CommandProvider(Provider, name="command"):
                     raise BuildUnavailable(f"build command {argv[0]!r} cannot start ({exc})") from None
             if code != 0:
                 raise BuildUnavailable(f"build command exited {code} for {build.label}; see {log_path}")
-        return Prepared(build, None, None, {"argv": fill(self.server_cmd, build)})
+        return Prepared(build, None, {"argv": fill(self.server_cmd, build)})
 
     def launch_spec(self, prepared: Prepared, base: LaunchSpec) -> LaunchSpec:
         """The variant's server arguments (e.g. K3's --speculative-config) follow the command, where

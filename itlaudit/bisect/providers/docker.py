@@ -120,7 +120,7 @@ class DockerProvider(Provider, name="docker"):
         key = f"{build.ref}-{self.arch}"
         data = self.cache.lookup(self.name, key)
         if data is not None:
-            return Prepared(build, key, None, data)
+            return Prepared(build, None, data)
         with self.cache.pinned(self.name, key):
             root = self.cache.fresh(self.name, key)
             log_path = root / PULL_LOG
@@ -133,7 +133,7 @@ class DockerProvider(Provider, name="docker"):
                         {"image": image, "docker": self.docker, "external_bytes": self._size(image)},
                     )
                     self.cache.evict()
-                    return Prepared(build, key, None, data)
+                    return Prepared(build, None, data)
         tried = ", ".join(image_candidates(self.patterns, build, self.arch))
         raise BuildUnavailable(f"no image for {build.label} could be pulled ({tried}); see {log_path}")
 

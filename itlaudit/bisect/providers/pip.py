@@ -65,7 +65,7 @@ class PipProvider(Provider, name="pip"):
         key = f"{self.package}-{build.ref}"
         data = self.cache.lookup(self.name, key)
         if data is not None:
-            return Prepared(build, key, data["version"], data)
+            return Prepared(build, data["version"], data)
         with self.cache.pinned(self.name, key):
             root = self.cache.fresh(self.name, key)
             python = venvs.install(
@@ -80,7 +80,7 @@ class PipProvider(Provider, name="pip"):
                 raise BuildUnavailable(f"asked pip for {self.package}=={build.ref}, got {version}")
             data = self.cache.complete(self.name, key, {"python": str(python), "version": version})
             self.cache.evict()
-        return Prepared(build, key, version, data)
+        return Prepared(build, version, data)
 
     def launch_spec(self, prepared: Prepared, base: LaunchSpec) -> LaunchSpec:
         return dataclasses.replace(base, kind=LaunchKind.PYTHON, python=prepared.info["python"])

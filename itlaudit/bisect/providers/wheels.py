@@ -181,7 +181,7 @@ class WheelsProvider(Provider, name="wheels"):
             key = self._key(build, variant)
             data = self.cache.lookup(self.name, key)
             if data is not None:
-                return Prepared(build, key, data["version"], data)
+                return Prepared(build, data["version"], data)
         choice = self.resolve(build)
         key = self._key(build, choice.variant)
         with self.cache.pinned(self.name, key):
@@ -198,7 +198,7 @@ class WheelsProvider(Provider, name="wheels"):
                 self.name, key, {"python": str(python), "version": version, **dataclasses.asdict(choice)}
             )
             self.cache.evict()
-        return Prepared(build, key, version, data)
+        return Prepared(build, version, data)
 
     def launch_spec(self, prepared: Prepared, base: LaunchSpec) -> LaunchSpec:
         return dataclasses.replace(base, kind=LaunchKind.PYTHON, python=prepared.info["python"])

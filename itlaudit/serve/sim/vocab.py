@@ -11,14 +11,12 @@ __all__ = [
     "BOS_TOKEN_ID",
     "DIGIT_TOKEN_ID",
     "FIRST_REGULAR_TOKEN_ID",
-    "UNK_TOKEN_ID",
     "avoid_token",
     "token_bytes",
     "tokenize",
 ]
 
-UNK_TOKEN_ID = 0
-BOS_TOKEN_ID = 1
+BOS_TOKEN_ID = 1  # id 0 is <unk>, which the simulator never emits
 FIRST_REGULAR_TOKEN_ID = 3
 
 
