@@ -5,7 +5,6 @@ that breaks it is not comparable either."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -144,7 +143,7 @@ def test_a_sweep_never_ranks_a_point_that_breaks_the_rule() -> None:
 def test_the_sweep_speedup_figure_draws_a_grey_cross_not_a_ratio_where_a_point_is_not_comparable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from itlaudit.analysis.sweep import crossover
+    from itlaudit.analysis.sweep import sweep_result
     from itlaudit.model.vocabulary import LoadAxis
     from itlaudit.report import sweep_plots
 
@@ -152,13 +151,7 @@ def test_the_sweep_speedup_figure_draws_a_grey_cross_not_a_ratio_where_a_point_i
         "K0": [_point(c, 10.0) for c in (1, 4, 16)],
         "K3": [_point(1, 5.0), _point(4, 4.0, "6 of 6 requests cut short"), _point(16, 12.0)],
     }
-    found = crossover(LoadAxis.CONCURRENCY, "K0", "K3", series)
-    sweep = {
-        "axis": LoadAxis.CONCURRENCY,
-        "grid": [1, 4, 16],
-        "variants": series,
-        "crossovers": [asdict(found)],
-    }
+    sweep = sweep_result("s", LoadAxis.CONCURRENCY, [1, 4, 16], 1, series)
     drawn: list[Figure] = []
     monkeypatch.setattr(sweep_plots, "save_figure", lambda fig, path: drawn.append(fig) or path)
     sweep_plots.plot_speedup_vs_load(sweep, tmp_path / "s.png")

@@ -1,7 +1,7 @@
 """The shared vocabulary (model/vocabulary.py, model/launch.py, model/records.Status): one enum per
 concept whose members are the strings run folders always held, so an old folder reads into the same
-members and a new one writes the same bytes; and the typed bisect result, read from the previous
-format of bisect.json."""
+members and a new one writes the same bytes; and the typed sweep and bisect results, read from the
+previous format of sweep.json and bisect.json."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from itlaudit.analysis.sweep import SweepResult
 from itlaudit.bisect import state as state_mod
 from itlaudit.bisect.build_range import Build
 from itlaudit.bisect.settings import Settings
 from itlaudit.bisect.state import BisectResult, State
-from itlaudit.errors import BisectError, LaunchError
+from itlaudit.errors import BisectError, LaunchError, SweepError
 from itlaudit.model.launch import LaunchKind, LaunchSpec
 from itlaudit.model.records import RequestRecord, Status
 from itlaudit.model.vocabulary import Endpoint, LoadAxis, Shift, StampMode, Verdict
@@ -103,3 +104,57 @@ def test_a_bisect_result_of_the_wrong_shape_is_one_line(tmp_path: Path) -> None:
     folder = _bisect_json(tmp_path, candidates="b")
     with pytest.raises(BisectError, match="has a result that does not read"):
         state_mod.load(folder)
+
+
+def _old_sweep() -> dict[str, object]:
+    """sweep.json as the dict-building code wrote it before the typed result (format 1: no `format`)."""
+    point = {"concurrency": 4, "requests": 8, "itl_ms": {"p50": 5.0, "p90": 6.0, "p99": 7.0}}
+    crossed = {
+        "variant": "K3",
+        "base": "K0",
+        "last_faster": 4,
+        "first_slower": None,
+        "factor_there": 2.0,
+        "headline": "K3 is faster per token than K0 at every concurrency in range",
+    }
+    return {
+        "scenario": "s",
+        "axis": "concurrency",
+        "grid": [4],
+        "trials": 1,
+        "goodput_slo": None,
+        "variants": {"K0": [point], "K3": [point]},
+        "crossovers": [crossed],
+        "headline": [crossed["headline"]],
+        "sla": {
+            "terms": "tpot_p99_ms<=20",
+            "precision": 1.0,
+            "variants": {
+                "K0": {
+                    "probe": None,
+                    "limit": 4,
+                    "failed_at": None,
+                    "above_range": True,
+                    "point": point,
+                    "words": "K0: highest concurrency 4",
+                }
+            },
+        },
+    }
+
+
+def test_a_sweep_json_of_the_previous_format_reads_into_the_typed_result_and_writes_the_same_keys() -> None:
+    old = _old_sweep()
+    result = SweepResult.from_json(old)
+    assert result.axis is LoadAxis.CONCURRENCY and result.crossovers[0].last_faster == 4
+    assert result.sla is not None and result.sla.variants["K0"].limit == 4
+    assert result.to_json() == old
+    assert SweepResult.from_json({**old, "format": 2}) == result
+    assert "sla" not in SweepResult.from_json({k: v for k, v in old.items() if k != "sla"}).to_json()
+
+
+def test_a_sweep_json_of_the_wrong_shape_is_one_line() -> None:
+    with pytest.raises(
+        SweepError, match=r"^sweep.json does not read as a sweep \(.*axis.*\): .*rebuilds it$"
+    ):
+        SweepResult.from_json({**_old_sweep(), "axis": "tokens"})

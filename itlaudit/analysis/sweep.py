@@ -14,9 +14,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from itlaudit.analysis.metrics import median, p50, speedup
 from itlaudit.analysis.validity import block_validity
 from itlaudit.errors import SweepError
+from itlaudit.model.formats import FORMAT_KEY
 from itlaudit.model.records import RequestRecord, Status
 from itlaudit.model.scenario import GOODPUT_KEYS
 from itlaudit.model.vocabulary import LoadAxis
@@ -29,6 +32,9 @@ __all__ = [
     "Crossover",
     "SlaSearch",
     "SlaTerm",
+    "SlaVariant",
+    "SlaVerdicts",
+    "SweepResult",
     "crossover",
     "goodput",
     "meets_sla",
@@ -42,6 +48,7 @@ __all__ = [
     "sla_search",
     "sla_words",
     "span_s",
+    "sweep_result",
     "trial_figures",
 ]
 
@@ -406,3 +413,96 @@ def sla_words(
     bound = " (the highest point in range: the limit is above it)" if search.above_range else ""
     highest = _load_words(axis, search.limit)
     return f"{variant}: highest {highest} meeting {terms}{bound}; measured there: {measured}."
+
+
+class SlaVariant(msgspec.Struct, kw_only=True):
+    """One variant's SLA search as sweep.json keeps it: SlaSearch's fields, the point at the limit
+    found, and the sentence."""
+
+    probe: float | None
+    limit: float | None
+    failed_at: float | None
+    above_range: bool
+    point: dict[str, Any] | None
+    words: str
+
+
+class SlaVerdicts(msgspec.Struct, kw_only=True):
+    """sweep.json's `sla`: the terms as given, the search precision, each measured variant's result."""
+
+    terms: str
+    precision: float
+    variants: dict[str, SlaVariant]
+
+
+class SweepResult(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """sweep.json: per variant its points (trial_figures pooled over trials, in grid order), the
+    crossovers against the first measured variant, the SLA searches when --sla was given, and the
+    headline sentences. Encodes to the same keys the dict it replaced held (`sla` absent without
+    --sla); `format` is stamped by the writer, and `from_json` reads the previous format too."""
+
+    scenario: str
+    axis: LoadAxis
+    grid: list[float]
+    trials: int
+    goodput_slo: dict[str, float] | None
+    variants: dict[str, list[dict[str, Any]]]
+    crossovers: list[Crossover]
+    headline: list[str]
+    sla: SlaVerdicts | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """sweep.json's content (without `format`, which the writer stamps)."""
+        data: dict[str, Any] = msgspec.to_builtins(self)
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SweepResult:
+        """A sweep.json's content (format 1, unversioned, or the current one: the keys are the same)."""
+        try:
+            return msgspec.convert({k: v for k, v in data.items() if k != FORMAT_KEY}, cls)
+        except msgspec.ValidationError as exc:
+            raise SweepError(
+                f"sweep.json does not read as a sweep ({exc}): `itlaudit sweep --resume --out DIR` "
+                "rebuilds it"
+            ) from None
+
+
+def sweep_result(
+    scenario: str,
+    axis: LoadAxis,
+    grid: list[float],
+    trials: int,
+    series: dict[str, list[dict[str, Any]]],
+    *,
+    goodput: Mapping[str, float] | None = None,
+    sla: str | None = None,
+    sla_precision: float = 1.0,
+) -> SweepResult:
+    """sweep.json's content from each variant's points: crossovers of every measured variant against
+    the first, then the SLA search per variant when `sla` is given."""
+    measured = [name for name, points in series.items() if points]
+    crossovers = [crossover(axis, measured[0], other, series) for other in measured[1:]]
+    headline = [found.headline for found in crossovers]
+    verdicts = None
+    if sla:
+        terms = parse_sla(sla)
+        verdicts = SlaVerdicts(terms=sla, precision=sla_precision, variants={})
+        for name in measured:
+            points = {p[axis]: p for p in series[name]}
+            search = sla_search(points, grid, terms, sla_precision)
+            at = points.get(search.limit) if search.limit is not None else None
+            words = sla_words(axis, name, search, terms, at)
+            verdicts.variants[name] = SlaVariant(**dataclasses.asdict(search), point=at, words=words)
+            headline.append(words)
+    return SweepResult(
+        scenario=scenario,
+        axis=axis,
+        grid=grid,
+        trials=trials,
+        goodput_slo=dict(goodput) if goodput else None,
+        variants=series,
+        crossovers=crossovers,
+        headline=headline,
+        sla=verdicts,
+    )

@@ -98,6 +98,6 @@ def sweep(
     sweep_dir, result = run_sweep(
         scenario, config, out=out_dir, resume=resume, variant_urls=urls, console=err, capture=capture
     )
-    for sentence in result["headline"]:
+    for sentence in result.headline:
         out.print(sentence, markup=False)
     out.print(f"sweep: {sweep_dir / 'report.md'}", markup=False)

@@ -12,6 +12,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
+from itlaudit.analysis.sweep import SweepResult
 from itlaudit.analysis.validity import NOT_COMPARABLE
 from itlaudit.model.vocabulary import LoadAxis
 from itlaudit.report.plot_style import DPI, LOG_SPAN, NEUTRAL_GREY, WIDE, colour, plt, save_figure
@@ -50,10 +51,10 @@ def _log_if_wide(ax: Axes, values: np.ndarray, ticks: bool = False) -> None:
         ax.set_xticks(sorted(set(kept.tolist())))
 
 
-def plot_itl_vs_throughput(sweep: Mapping[str, Any], path: Path) -> Path | None:
+def plot_itl_vs_throughput(sweep: SweepResult, path: Path) -> Path | None:
     """Token ITL p50 and p99 against output tokens/s: the latency a user pays for the throughput the
     server gives; chunk ITL p50 dashed beside it, which is what a chunk-counting tool would draw."""
-    series: dict[str, list[dict[str, Any]]] = sweep["variants"]
+    series = sweep.variants
     if not any(series.values()):
         return None
     fig, ax = plt.subplots(figsize=WIDE, dpi=DPI)
@@ -99,10 +100,10 @@ def plot_itl_vs_throughput(sweep: Mapping[str, Any], path: Path) -> Path | None:
     return save_figure(fig, path)
 
 
-def plot_ttft_vs_load(sweep: Mapping[str, Any], path: Path) -> Path | None:
+def plot_ttft_vs_load(sweep: SweepResult, path: Path) -> Path | None:
     """TTFT p50 and p99 against the load: where requests start to queue."""
-    series: dict[str, list[dict[str, Any]]] = sweep["variants"]
-    axis = sweep["axis"]
+    series = sweep.variants
+    axis = sweep.axis
     if not any(series.values()):
         return None
     fig, ax = plt.subplots(figsize=WIDE, dpi=DPI)
@@ -128,7 +129,7 @@ def plot_ttft_vs_load(sweep: Mapping[str, Any], path: Path) -> Path | None:
             linestyle=":",
             label=f"{name} TTFT p99",
         )
-    _log_if_wide(ax, np.array(sweep["grid"], dtype=float), ticks=True)
+    _log_if_wide(ax, np.array(sweep.grid, dtype=float), ticks=True)
     ax.set_xlabel(_load_label(axis))
     ax.set_ylabel("time to first token (ms)")
     ax.set_title("TTFT against load")
@@ -138,21 +139,21 @@ def plot_ttft_vs_load(sweep: Mapping[str, Any], path: Path) -> Path | None:
     return save_figure(fig, path)
 
 
-def plot_speedup_vs_load(sweep: Mapping[str, Any], path: Path) -> Path | None:
+def plot_speedup_vs_load(sweep: SweepResult, path: Path) -> Path | None:
     """Per-token speedup of each variant over the first (token ITL p50 ratio) against load, with the
     crossover — the load where it stops paying off — marked between the two points that bracket it.
     A load where either point is not comparable (analysis.validity) has no speedup: a grey cross at 1
     marks it, and the line breaks there."""
-    crossovers = sweep.get("crossovers") or []
+    crossovers = sweep.crossovers
     if not crossovers:
         return None
-    series: dict[str, list[dict[str, Any]]] = sweep["variants"]
-    axis = sweep["axis"]
+    series = sweep.variants
+    axis = sweep.axis
     names = list(series)
     fig, ax = plt.subplots(figsize=WIDE, dpi=DPI)
     for found in crossovers:
-        base = {p[axis]: p for p in series[found["base"]]}
-        points = [p for p in series[found["variant"]] if p[axis] in base]
+        base = {p[axis]: p for p in series[found.base]}
+        points = [p for p in series[found.variant] if p[axis] in base]
         x = np.array([p[axis] for p in points], dtype=float)
         unlike = np.array(
             [bool(p.get("not_comparable") or base[p[axis]].get("not_comparable")) for p in points]
@@ -173,20 +174,20 @@ def plot_speedup_vs_load(sweep: Mapping[str, Any], path: Path) -> Path | None:
                 color=NEUTRAL_GREY,
                 markersize=10,
                 mew=2,
-                label=f"{found['variant']}: {NOT_COMPARABLE}",
+                label=f"{found.variant}: {NOT_COMPARABLE}",
             )
         ax.plot(
             x,
             y,
-            color=colour(names.index(found["variant"])),
+            color=colour(names.index(found.variant)),
             marker="o",
-            label=f"{found['variant']} over {found['base']}",
+            label=f"{found.variant} over {found.base}",
         )
-        if found["last_faster"] is not None and found["first_slower"] is not None:
-            where = float(np.sqrt(found["last_faster"] * found["first_slower"]))
+        if found.last_faster is not None and found.first_slower is not None:
+            where = float(np.sqrt(found.last_faster * found.first_slower))
             ax.axvline(where, color="#d62728", linestyle="--", linewidth=1)
             ax.annotate(
-                f"crossover: {found['variant']} slower past {found['last_faster']:g}",
+                f"crossover: {found.variant} slower past {found.last_faster:g}",
                 (where, 1.0),
                 textcoords="offset points",
                 xytext=(6, 12),
@@ -194,7 +195,7 @@ def plot_speedup_vs_load(sweep: Mapping[str, Any], path: Path) -> Path | None:
                 fontsize=9,
             )
     ax.axhline(1.0, color="#555", linewidth=0.8)
-    _log_if_wide(ax, np.array(sweep["grid"], dtype=float), ticks=True)
+    _log_if_wide(ax, np.array(sweep.grid, dtype=float), ticks=True)
     ax.set_xlabel(_load_label(axis))
     ax.set_ylabel("per-token speedup (× faster, token ITL p50)")
     ax.set_title("Per-token speedup over the baseline against load (above 1: faster)")
@@ -204,7 +205,7 @@ def plot_speedup_vs_load(sweep: Mapping[str, Any], path: Path) -> Path | None:
     return save_figure(fig, path)
 
 
-def write_sweep_plots(sweep: Mapping[str, Any], out_dir: Path) -> list[tuple[str, Path]]:
+def write_sweep_plots(sweep: SweepResult, out_dir: Path) -> list[tuple[str, Path]]:
     drawn = [
         (
             "Token ITL against output tokens/s (dashed: chunk ITL)",

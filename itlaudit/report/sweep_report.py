@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from itlaudit.analysis.sweep import SweepResult
 from itlaudit.model.vocabulary import LoadAxis
 from itlaudit.report.html import figure_html, inline_markdown, page_html, table_html
 from itlaudit.report.sweep_plots import write_sweep_plots
@@ -39,10 +40,10 @@ def _pair(point: Mapping[str, Any], key: str) -> str:
     return f"{_num(point[key]['p50'], 2)} / {_num(point[key]['p99'], 2)}"
 
 
-def table_rows(sweep: Mapping[str, Any]) -> list[list[str]]:
-    axis = sweep["axis"]
+def table_rows(sweep: SweepResult) -> list[list[str]]:
+    axis = sweep.axis
     rows = []
-    for name, points in sweep["variants"].items():
+    for name, points in sweep.variants.items():
         for p in points:
             load = f"{int(p[axis])}" if axis == LoadAxis.CONCURRENCY else f"{p[axis]:g}/s"
             good = (
@@ -78,13 +79,13 @@ EXPLANATION = (
 )
 
 
-def render_markdown(sweep: Mapping[str, Any], images: Sequence[tuple[str, Path]]) -> str:
-    lines = [f"# itlaudit sweep: {sweep['scenario']}", ""]
-    lines += [f"- {sentence}" for sentence in sweep["headline"]] or [
+def render_markdown(sweep: SweepResult, images: Sequence[tuple[str, Path]]) -> str:
+    lines = [f"# itlaudit sweep: {sweep.scenario}", ""]
+    lines += [f"- {sentence}" for sentence in sweep.headline] or [
         "- one variant measured: no crossover to name"
     ]
-    if sweep.get("goodput_slo"):
-        slo = ", ".join(f"{k} ≤ {v:g}" for k, v in sweep["goodput_slo"].items())
+    if sweep.goodput_slo:
+        slo = ", ".join(f"{k} ≤ {v:g}" for k, v in sweep.goodput_slo.items())
         lines += ["", f"Goodput SLO: {slo}."]
     lines += ["", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(sweep)]
@@ -93,18 +94,18 @@ def render_markdown(sweep: Mapping[str, Any], images: Sequence[tuple[str, Path]]
     return "\n".join(lines) + "\n"
 
 
-def render_html(sweep: Mapping[str, Any], images: Sequence[tuple[str, bytes]]) -> str:
-    title = html.escape(str(sweep["scenario"]))
-    sentences = "".join(f"<li>{inline_markdown(s)}</li>" for s in sweep["headline"])
+def render_html(sweep: SweepResult, images: Sequence[tuple[str, bytes]]) -> str:
+    title = html.escape(sweep.scenario)
+    sentences = "".join(f"<li>{inline_markdown(s)}</li>" for s in sweep.headline)
     parts = [f"<h1>itlaudit sweep: {title}</h1>", f'<div class="headline"><ul>{sentences}</ul></div>']
     figures = [figure_html(caption, png) for caption, png in images]
     parts += figures[:1]
     parts += [table_html(HEADER, table_rows(sweep)), f"<p>{inline_markdown(EXPLANATION)}</p>"]
     parts += figures[1:]
-    return page_html(f"itlaudit sweep: {sweep['scenario']}", parts)
+    return page_html(f"itlaudit sweep: {sweep.scenario}", parts)
 
 
-def write_sweep_report(sweep_dir: Path, sweep: Mapping[str, Any]) -> None:
+def write_sweep_report(sweep_dir: Path, sweep: SweepResult) -> None:
     images = write_sweep_plots(sweep, sweep_dir)
     (sweep_dir / "report.md").write_text(render_markdown(sweep, images), encoding="utf-8")
     pngs = [(caption, path.read_bytes()) for caption, path in images]

@@ -27,12 +27,12 @@ from rich.console import Console
 
 from itlaudit import __version__
 from itlaudit.analysis.sweep import (
-    crossover,
+    SweepResult,
     parse_sla,
     pool_trials,
     request_figures,
     sla_search,
-    sla_words,
+    sweep_result,
     trial_figures,
 )
 from itlaudit.capture.cluster import lost_worker_warnings
@@ -319,7 +319,7 @@ def run_sweep(
     variant_urls: dict[str, str] | None = None,
     console: Console | None = None,
     capture: CaptureOptions | None = None,
-) -> tuple[Path, dict[str, Any]]:
+) -> tuple[Path, SweepResult]:
     """Each variant in turn: its server started once (or its URL used), every load and trial run,
     then the SLA probes; sweep.json, plots and report rebuilt after each variant and on interrupt."""
     variant_urls = variant_urls or {}
@@ -331,7 +331,7 @@ def run_sweep(
     sweeper = _Sweeper(scenario, config, sweep_dir, console, capture)
     chosen = [v for v in scenario.variants if v.name in config.variants]
     reporter = sweeper.reporter
-    sweep: dict[str, Any] | None = None  # rebuilt after each variant; a resume may have none left
+    sweep: SweepResult | None = None  # rebuilt after each variant; a resume may have none left
     try:
         for variant in chosen:
             if not sweeper.pending(variant.name):
@@ -368,44 +368,26 @@ def run_sweep(
     return sweep_dir, sweep
 
 
-def build_sweep(sweep_dir: Path, scenario_name: str, config: SweepConfig) -> dict[str, Any]:
+def build_sweep(sweep_dir: Path, scenario_name: str, config: SweepConfig) -> SweepResult:
     """sweep.json's content, from the finished run folders."""
     series = {name: list(variant_points(sweep_dir, config, name).values()) for name in config.variants}
-    measured = [name for name in config.variants if series[name]]
-    result: dict[str, Any] = {
-        "scenario": scenario_name,
-        "axis": config.axis,
-        "grid": config.values,
-        "trials": config.trials,
-        "goodput_slo": config.goodput or None,
-        "variants": series,
-        "crossovers": [],
-        "headline": [],
-    }
-    if len(measured) > 1:
-        base = measured[0]
-        for other in measured[1:]:
-            found = crossover(config.axis, base, other, series)
-            result["crossovers"].append(dataclasses.asdict(found))
-            result["headline"].append(found.headline)
-    if config.sla:
-        terms = parse_sla(config.sla)
-        result["sla"] = {"terms": config.sla, "precision": config.sla_precision, "variants": {}}
-        for name in measured:
-            points = {p[config.axis]: p for p in series[name]}
-            search = sla_search(points, config.values, terms, config.sla_precision)
-            at = points.get(search.limit) if search.limit is not None else None
-            words = sla_words(config.axis, name, search, terms, at)
-            result["sla"]["variants"][name] = {**dataclasses.asdict(search), "point": at, "words": words}
-            result["headline"].append(words)
-    return result
+    return sweep_result(
+        scenario_name,
+        config.axis,
+        config.values,
+        config.trials,
+        series,
+        goodput=config.goodput,
+        sla=config.sla,
+        sla_precision=config.sla_precision,
+    )
 
 
-def write_sweep_outputs(sweep_dir: Path, scenario_name: str, config: SweepConfig) -> dict[str, Any]:
+def write_sweep_outputs(sweep_dir: Path, scenario_name: str, config: SweepConfig) -> SweepResult:
     from itlaudit.report.sweep_report import write_sweep_report
 
     sweep = build_sweep(sweep_dir, scenario_name, config)
-    write_versioned(sweep_dir / SWEEP_FILE, sweep)
+    write_versioned(sweep_dir / SWEEP_FILE, sweep.to_json())
     write_sweep_report(sweep_dir, sweep)
     return sweep
 
