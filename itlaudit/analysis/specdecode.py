@@ -19,6 +19,8 @@ __all__ = [
     "DRAFTS",
     "DRAFT_TOKENS",
     "GENERATION_TOKENS",
+    "PREFIX_CACHE_HITS",
+    "PREFIX_CACHE_QUERIES",
     "CounterSnapshot",
     "SpecDecodeStats",
     "parse_counters",
@@ -30,7 +32,10 @@ DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
-_COUNTERS = (DRAFTS, DRAFT_TOKENS, ACCEPTED, GENERATION_TOKENS)
+# Prompt tokens looked up in / found in the prefix cache (analysis.workloads turns them into a hit rate).
+PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries_total"
+PREFIX_CACHE_HITS = "vllm:prefix_cache_hits_total"
+_COUNTERS = (DRAFTS, DRAFT_TOKENS, ACCEPTED, GENERATION_TOKENS, PREFIX_CACHE_QUERIES, PREFIX_CACHE_HITS)
 
 
 @dataclass(frozen=True)

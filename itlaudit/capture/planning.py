@@ -25,6 +25,7 @@ from itlaudit.capture.preflight import served_models, server_error_message
 from itlaudit.capture.request_plan import PlannedRequest, plan_request
 from itlaudit.errors import ServerRejectedError
 from itlaudit.model.access import Access
+from itlaudit.model.datasets import REPLY_KINDS
 from itlaudit.model.scenario import Scenario
 from itlaudit.model.scenario_toml import Located
 from itlaudit.model.schedule import send_offsets_s
@@ -102,10 +103,10 @@ async def reply_lengths(
     scenario: Scenario,
     on_prepare: OnPrepare | None = None,
 ) -> dict[int, int] | None:
-    """A ShareGPT dataset's reply lengths in the served model's tokens, by entry index, from the
+    """A ShareGPT or multi-turn dataset's reply lengths in the served model's tokens, by entry index, from the
     server's /tokenize; None where it has none (the ~4 characters per token estimate stays)."""
     dataset = scenario.workload.dataset
-    if dataset is None or dataset.kind != "sharegpt":
+    if dataset is None or dataset.kind not in REPLY_KINDS:
         return None
     url = base_url.rstrip("/") + "/tokenize"
     lengths: dict[int, int] = {}
@@ -244,6 +245,17 @@ async def plan_variant(
                 scheduled_ms=offset_s * 1000 if offset_s is not None else None,
                 warmup=is_warmup,
                 category=entry.category if entry is not None else None,
+                **_session(scenario, index),
             )
         )
     return plans
+
+
+def _session(scenario: Scenario, index: int) -> dict[str, Any]:
+    """A multi-turn entry's session (one id per pass over the dataset, as num_requests may cycle
+    through it) and, past its first turn, the think time before it; nothing for any other request."""
+    dataset, entry = scenario.workload.dataset, scenario.entry_for(index)
+    if dataset is None or entry is None or entry.session is None:
+        return {}
+    session = index // len(dataset.entries) * len(dataset.entries) + entry.session
+    return {"session": session, "think_s": dataset.think_time_s if (entry.turn or 1) > 1 else 0.0}

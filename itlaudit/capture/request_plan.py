@@ -77,6 +77,8 @@ class PlannedRequest:
     warmup: bool = False
     category: str | None = None
     record_url: str | None = None  # the url as records keep it, userinfo masked; None: the url itself
+    session: int | None = None  # a multi-turn session: its requests run in order on one capture worker
+    think_s: float = 0.0  # in a session: the pause after the previous turn's reply before this one
 
     def new_record(self, **outcome: Any) -> RequestRecord:
         """The record this request's outcome fills in: who it was and what it asked for come from the
@@ -108,6 +110,8 @@ def plan_request(
     scheduled_ms: float | None = None,
     warmup: bool = False,
     category: str | None = None,
+    session: int | None = None,
+    think_s: float = 0.0,
 ) -> PlannedRequest:
     body = build_body(endpoint, model, prompt, params, extra_body)
     url = base_url.rstrip("/") + Endpoint(endpoint).path
@@ -125,4 +129,6 @@ def plan_request(
         warmup,
         category,
         redact_url(url),
+        session,
+        think_s,
     )

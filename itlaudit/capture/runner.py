@@ -19,6 +19,7 @@ import msgspec
 
 from itlaudit.errors import CaptureWorkerError, ScenarioError, ServerRejectedError
 from itlaudit.model.access import Access
+from itlaudit.model.datasets import REPLY_KINDS
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.redact import known_secrets, redact_bytes
 from itlaudit.model.scenario import Scenario
@@ -153,7 +154,7 @@ async def run_variant(
     # grace is over too is cut (a timeout record, limit duration_cut_s), whenever it began.
     measured_timeouts = dataclasses.replace(timeouts, duration_cut_s=workload.arrivals.cut_after_s)
     described: dict[str, Any] = {}
-    if workload.dataset is not None and workload.dataset.kind == "sharegpt":
+    if workload.dataset is not None and workload.dataset.kind in REPLY_KINDS:
         described["reply_lengths"] = "tokenize" if lengths is not None else "estimated"
     if chat_prompts is not None:
         described["random_chat"] = chat_prompts.describe()

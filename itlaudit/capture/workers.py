@@ -118,11 +118,16 @@ def split_shares(
     access: Access | None = None,
 ) -> list[WorkerShare]:
     """Request i goes to worker i mod N (an open loop's schedule too: each worker keeps its requests'
-    offsets, in order); concurrency is spread as evenly as it divides."""
+    offsets, in order), a multi-turn session's requests to worker session mod N, so its turns run in
+    order on one client; concurrency is spread as evenly as it divides."""
+    if plans and plans[0].session is not None:
+        shares = [[p for p in plans if (p.session or 0) % workers == w] for w in range(workers)]
+    else:
+        shares = [plans[w::workers] for w in range(workers)]
     return [
         WorkerShare(
             worker=w,
-            plans=plans[w::workers],
+            plans=shares[w],
             concurrency=concurrency // workers + (1 if w < concurrency % workers else 0),
             timeouts=timeouts,
             stamp=stamp,
@@ -166,26 +171,42 @@ def _past_duration(share: WorkerShare, start_ns: int, now_ns: int) -> bool:
     return share.duration_s is not None and now_ns - start_ns > share.duration_s * 1e9
 
 
+def _sessions(plans: list[PlannedRequest]) -> list[list[PlannedRequest]]:
+    """The plans as a closed loop's units of work: a multi-turn session's consecutive turns together,
+    every other request alone."""
+    units: list[list[PlannedRequest]] = []
+    for plan in plans:
+        if plan.session is not None and units and units[-1][-1].session == plan.session:
+            units[-1].append(plan)
+        else:
+            units.append([plan])
+    return units
+
+
 async def _closed_loop(share: WorkerShare, probe: LagProbe, keep: Any, start_ns: int) -> None:
     """Each slot sends its next request when its last one ends, honours a 429/503's Retry-After
-    (capped) first, and the whole share stops at the first rejection or at duration_s."""
-    queue = list(reversed(share.plans))
+    (capped) first, and the whole share stops at the first rejection or at duration_s. A slot takes
+    a multi-turn session whole: each turn after the last one's reply and its think time."""
+    queue = list(reversed(_sessions(share.plans)))
     stop = False
 
     async def slot() -> None:
         nonlocal stop
         while queue and not stop:
-            dispatched_ns = time.monotonic_ns()
-            if _past_duration(share, start_ns, dispatched_ns):
-                return
-            record = await stream_request(queue.pop(), share.timeouts, probe, share.stamp, share.access)
-            record.sent_offset_ms = (dispatched_ns - start_ns) / 1e6
-            record.worker = share.worker
-            keep(record)
-            if rejected(record):
-                stop = True
-            elif record.status == Status.RATE_LIMITED and record.retry_after_s:
-                await asyncio.sleep(min(record.retry_after_s, RETRY_AFTER_CAP_S))
+            for turn, plan in enumerate(queue.pop()):
+                if turn and plan.think_s:
+                    await asyncio.sleep(plan.think_s)
+                dispatched_ns = time.monotonic_ns()
+                if stop or _past_duration(share, start_ns, dispatched_ns):
+                    return
+                record = await stream_request(plan, share.timeouts, probe, share.stamp, share.access)
+                record.sent_offset_ms = (dispatched_ns - start_ns) / 1e6
+                record.worker = share.worker
+                keep(record)
+                if rejected(record):
+                    stop = True
+                elif record.status == Status.RATE_LIMITED and record.retry_after_s:
+                    await asyncio.sleep(min(record.retry_after_s, RETRY_AFTER_CAP_S))
 
     await asyncio.gather(*(slot() for _ in range(share.concurrency)))
 

@@ -245,7 +245,7 @@ def compare(
             f"{name}: {speed}, "
             f"acceptance rate {_fmt(spec.get('acceptance_rate'))}, "
             f"acceptance length /metrics {_fmt(spec.get('acceptance_length'))} vs stream "
-            f"{_fmt(row['stream_acceptance_length'])}",
+            f"{_fmt(row['stream_acceptance_length'])}" + _prefix_cache_text(row.get("prefix_cache")),
             markup=False,
             highlight=False,
             soft_wrap=True,
@@ -258,6 +258,14 @@ def compare(
     out.print(f"compare: {outcome.run_dir / COMPARE_FILE}")
     _save_result(settings, outcome.run_dir)
     _track(settings, outcome.run_dir)
+
+
+def _prefix_cache_text(block: dict[str, Any] | None) -> str:
+    """The server's prefix-cache hit rate over the variant's window, where its /metrics reports one."""
+    if not block or block.get("hit_rate") is None:
+        return ""
+    tokens = f"{block['hits']:.0f}/{block['queries']:.0f} tokens"
+    return f", prefix-cache hit rate {block['hit_rate']:.1%} ({tokens})"
 
 
 def _print_distribution(block: dict[str, Any] | None) -> None:

@@ -17,6 +17,11 @@ Three kinds, after vllm bench serve's datasets:
   /tokenize when the run starts (`itlaudit.capture.runner`), else estimated at ~4 characters per token with a
   warning (the estimate is what the entry holds until then).
 
+- `multi_turn`: ShareGPT conversations as sessions (chat only): turn k is sent with the conversation's
+  turns before it (the recorded replies as the assistant's, so every body is built before the run),
+  after turn k-1's reply has ended and `think_time_s` more; a session's turns go to one capture
+  worker, in order (`itlaudit.capture.workers`). Each turn's category is `turn k`, so the report's
+  per-category figures are per turn index. `max_turns` cuts longer conversations.
 - `trace`: a timed trace, one JSON object per line, read as it is in the mooncake format (`timestamp`
   in ms, `input_length`, `output_length`, `hash_ids`: one id per 512-token block) or vLLM's
   `timed_trace` (the same keys, `timestamp` in seconds, 16-token blocks); a line may hold a `text`
@@ -52,25 +57,45 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHARS_PER_TOKEN",
+    "DATASET_BOUNDS",
     "DATASET_KINDS",
     "DEFAULT_VOCAB_SIZE",
     "FIRST_TOKEN_ID",
     "MAX_DRAWN_TOKENS",
     "MAX_ROUND_TRIPS",
+    "REPLY_KINDS",
+    "SPEED_BENCH_SUBSETS",
+    "TOKEN_ID_KINDS",
+    "TRACE_FORMATS",
     "Dataset",
     "DatasetEntry",
     "chat_prompt_note",
     "jsonl_dataset",
     "load_dataset",
+    "multi_turn_dataset",
+    "prefix_repetition_dataset",
     "random_dataset",
     "refit_ids",
     "refit_rng",
     "sharegpt_dataset",
+    "spec_bench_dataset",
+    "speed_bench_dataset",
+    "trace_dataset",
     "usable_text",
 ]
 
-DATASET_KINDS = ("random", "jsonl", "sharegpt", "trace", "prefix_repetition", "spec_bench", "speed_bench")
+DATASET_KINDS = (
+    "random",
+    "jsonl",
+    "sharegpt",
+    "multi_turn",
+    "trace",
+    "prefix_repetition",
+    "spec_bench",
+    "speed_bench",
+)
 TOKEN_ID_KINDS = ("random", "trace", "prefix_repetition")  # kinds whose prompts may be token-id lists
+REPLY_KINDS = ("sharegpt", "multi_turn")  # kinds whose max_tokens is a recorded reply's length
 # A trace's formats: (seconds per timestamp unit, tokens per hash id block), as each source writes them.
 TRACE_FORMATS = {"mooncake": (0.001, 512), "timed_trace": (1.0, 16)}
 SPEED_BENCH_SUBSETS = (
@@ -93,6 +118,8 @@ DATASET_BOUNDS: dict[str, Bound] = {
     "output_len": SEQUENCE_TOKENS,
     "num_prefixes": Bound(1, 1_000_000, integer=True),
     "block_tokens": Bound(1, 1_000_000, integer=True),
+    "max_turns": Bound(1, 1_000_000, integer=True),
+    "think_time_s": Bound(0, 3600, unit="s"),
 }
 # A random dataset's prompts are drawn up front and held as Python lists (8 bytes a token, ~36 above
 # id 256) until each is encoded: 20M tokens (1000 requests of 20K) is ~1 GB at worst, and takes about
@@ -112,6 +139,8 @@ class DatasetEntry:
     category: str | None = None
     reply: str | None = None  # sharegpt: the reply whose token count becomes max_tokens
     timestamp_s: float | None = None  # trace: when it is due, in seconds from the trace's first line
+    session: int | None = None  # multi_turn: the conversation this turn belongs to
+    turn: int | None = None  # multi_turn: 1 for a conversation's first turn
 
     def text(self) -> str:
         """A readable form (the prompt text, the last message, or the ids) for where a string is needed.
@@ -131,6 +160,7 @@ class Dataset:
     warning: str | None = None
     seed: int = 0  # random: what the ids were drawn from, and the ids a chat round trip adds
     vocab_size: int = DEFAULT_VOCAB_SIZE  # random: ids are drawn from [FIRST_TOKEN_ID, vocab_size)
+    think_time_s: float = 0.0  # multi_turn: the pause after a turn's reply before the next turn
 
     @property
     def token_prompts(self) -> bool:
@@ -317,42 +347,88 @@ def jsonl_dataset(path: Path, chat: bool) -> Dataset:
     return Dataset("jsonl", entries)
 
 
-def sharegpt_dataset(path: Path) -> Dataset:
+_SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
+
+
+def _conversations(path: Path) -> list[list[tuple[str, str]]]:
+    """A ShareGPT file's conversations as (role, text) pairs, user and assistant alternating from the
+    first user turn; a conversation that breaks the alternation ends where it breaks."""
     try:
         data = json.loads(_read(path))
     except ValueError as exc:
         raise DatasetError("path", f"{path} is not JSON ({exc})") from None
-    entries = []
+    found = []
     for item in data if isinstance(data, list) else []:
         turns = item.get("conversations") if isinstance(item, dict) else None
-        if not isinstance(turns, list):
-            continue
-        for position, turn in enumerate(turns[:-1]):
-            if isinstance(turn, dict) and turn.get("from") == "human" and isinstance(turn.get("value"), str):
-                reply = turns[position + 1]
-                text = reply.get("value") if isinstance(reply, dict) else None
-                if turn["value"].strip() and isinstance(text, str) and text:
-                    entries.append(
-                        DatasetEntry(
-                            prompt=turn["value"],
-                            max_tokens=max(1, math.ceil(len(text) / CHARS_PER_TOKEN)),
-                            reply=text,
-                        )
-                    )
+        pairs: list[tuple[str, str]] = []
+        for turn in turns if isinstance(turns, list) else []:
+            role = _SHAREGPT_ROLES.get(str(turn.get("from"))) if isinstance(turn, dict) else None
+            text = turn.get("value") if isinstance(turn, dict) else None
+            if not pairs and role != "user":
+                continue  # a system line or an assistant greeting before the first question
+            if role != ("user" if len(pairs) % 2 == 0 else "assistant") or not isinstance(text, str):
                 break
-    if not entries:
+            if not text.strip():
+                break
+            pairs.append((role, text))
+        if len(pairs) >= 2:
+            found.append(pairs[: len(pairs) // 2 * 2])  # each question with its reply
+    if not found:
         raise DatasetError(
             "path",
             f'{path} holds no ShareGPT conversation (a list of {{"conversations": [{{"from": "human"...',
         )
-    return Dataset(
-        "sharegpt",
-        entries,
-        warning=(
-            f"{path}: reply lengths are estimated at ~{CHARS_PER_TOKEN} characters per token (the server "
-            "has no /tokenize), so max_tokens per request is approximate"
-        ),
+    return found
+
+
+def _estimated(reply: str) -> int:
+    return max(1, math.ceil(len(reply) / CHARS_PER_TOKEN))
+
+
+def _estimate_warning(path: Path) -> str:
+    return (
+        f"{path}: reply lengths are estimated at ~{CHARS_PER_TOKEN} characters per token (the server "
+        "has no /tokenize), so max_tokens per request is approximate"
     )
+
+
+def sharegpt_dataset(path: Path) -> Dataset:
+    entries = [
+        DatasetEntry(prompt=pairs[0][1], max_tokens=_estimated(pairs[1][1]), reply=pairs[1][1])
+        for pairs in _conversations(path)
+    ]
+    return Dataset("sharegpt", entries, warning=_estimate_warning(path))
+
+
+def multi_turn_dataset(table: dict[str, Any], base: Path, chat: bool) -> Dataset:
+    """Each conversation a session, each question a turn sent with the conversation so far."""
+    _reject_unknown(table, "multi_turn", ("path", "max_turns", "think_time_s"))
+    if not chat:
+        raise DatasetError(
+            "kind", 'multi_turn sends each turn with its history as messages: set endpoint = "chat"'
+        )
+    max_turns = _dataset_number(table, "max_turns", int(DATASET_BOUNDS["max_turns"].hi))
+    think = table.get("think_time_s", 0.0)
+    if isinstance(think, bool) or not isinstance(think, int | float):
+        raise DatasetError("think_time_s", f"must be a number of seconds, got {think!r}")
+    _within(think, "think_time_s", "", DATASET_BOUNDS["think_time_s"])
+    path = _path(table, base, "multi_turn")
+    entries = []
+    for session, pairs in enumerate(_conversations(path)):
+        for turn in range(1, min(len(pairs) // 2, max_turns) + 1):
+            history = [{"role": role, "content": text} for role, text in pairs[: 2 * turn - 1]]
+            reply = pairs[2 * turn - 1][1]
+            entries.append(
+                DatasetEntry(
+                    messages=history,
+                    max_tokens=_estimated(reply),
+                    reply=reply,
+                    category=f"turn {turn}",
+                    session=session,
+                    turn=turn,
+                )
+            )
+    return Dataset("multi_turn", entries, warning=_estimate_warning(path), think_time_s=float(think))
 
 
 def _dataset_number(table: dict[str, Any], key: str, default: int | None = None) -> int:
@@ -564,6 +640,8 @@ def load_dataset(table: dict[str, Any], base: Path, count: int, seed: int, chat:
         return prefix_repetition_dataset(table, count, seed)
     if kind == "trace":
         return trace_dataset(table, base, seed)
+    if kind == "multi_turn":
+        return multi_turn_dataset(table, base, chat)
     if kind == "spec_bench":
         return spec_bench_dataset(table, base)
     if kind == "speed_bench":

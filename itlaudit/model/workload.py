@@ -145,7 +145,7 @@ def parse_workload(src: dict[str, Any], loc: Located, base: Path, chat: bool) ->
         prompts = str_list(src, loc, table, "prompts")
         if not prompts:
             raise loc.error(table, "prompts", "is missing or empty; give `prompts` or `prompts_file`")
-    arrivals = _trace_arrivals(src, loc, arrivals, dataset)
+    arrivals = _dataset_arrivals(src, loc, arrivals, dataset)
     max_tokens = get_number(src, loc, table, "max_tokens", int, BOUNDS["max_tokens"], None)
     min_tokens = get_number(src, loc, table, "min_tokens", int, BOUNDS["min_tokens"], None)
     if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
@@ -291,11 +291,19 @@ ARRIVAL_KEYS = (
 )
 
 
-def _trace_arrivals(
+def _dataset_arrivals(
     src: dict[str, Any], loc: Located, arrivals: Arrivals, dataset: Dataset | None
 ) -> Arrivals:
     """A trace brings its own schedule, so a rate or ramp beside it is refused, and `trace_scale`
-    (default 1) stretches it; any other workload leaves the arrivals as they are."""
+    (default 1) stretches it; multi-turn sessions are a closed loop; any other workload leaves the
+    arrivals as they are."""
+    if dataset is not None and dataset.kind == "multi_turn" and arrivals.open_loop:
+        raise loc.error(
+            "workload",
+            "request_rate",
+            "cannot pace multi_turn sessions: each turn follows the last one's reply (a closed loop; "
+            "`concurrency` sessions at once)",
+        )
     trace_s = dataset.trace_s() if dataset is not None else None
     if trace_s is None:
         if "trace_scale" in src:

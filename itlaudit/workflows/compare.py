@@ -20,6 +20,7 @@ from itlaudit.analysis.distribution import distribution_shift, sampled, speculat
 from itlaudit.analysis.findings import Finding
 from itlaudit.analysis.lossless import prompt_index, with_execution_modes
 from itlaudit.analysis.specdecode import CounterSnapshot, spec_decode_delta
+from itlaudit.analysis.workloads import prefix_cache_delta
 from itlaudit.capture.planning import sent_prompt
 from itlaudit.capture.runner import CaptureOptions, variant_access
 from itlaudit.capture.scoring import Scorer, explain_mismatch, score_outputs
@@ -211,16 +212,16 @@ def run_compare(
         capture=capture,
         labels=labels,
     )
-    spec_stats = {}
+    spec_stats, prefix_cache = {}, {}
     for variant in scenario.variants:
         pre, post = snapshots.get(f"{variant.name}/before", {}), snapshots.get(f"{variant.name}/after", {})
         usable = "error" not in pre and "error" not in post
-        spec_stats[variant.name] = (
-            spec_decode_delta(CounterSnapshot.from_json(pre), CounterSnapshot.from_json(post))
-            if usable
-            else None
-        )
+        counters = (CounterSnapshot.from_json(pre), CounterSnapshot.from_json(post))
+        spec_stats[variant.name] = spec_decode_delta(*counters) if usable else None
+        prefix_cache[variant.name] = prefix_cache_delta(*counters) if usable else None
     comparison = build_comparison(outcome.summary, outcome.records, spec_stats)
+    for name, row in comparison["variants"].items():
+        row["prefix_cache"] = prefix_cache.get(name)
     # Servers given by URL are still up; launched ones were stopped after their variant.
     overrides = variant_urls or {}
     live = {v.name: url or overrides.get(v.name) or (None if v.launch else v.url) for v in scenario.variants}
