@@ -18,21 +18,20 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from itlaudit.capture.client import parse_retry_after, stream_request
-from itlaudit.capture.preflight import fetch_json, fetch_models, server_error_message
 from itlaudit.capture.request_plan import build_body, plan_request
-from itlaudit.errors import ServerRejectedError, ServerUnreachableError
+from itlaudit.errors import ServerAnswerError, ServerStatusError, ServerUnreachableError
 from itlaudit.model.records import (
     RequestParams,
     RequestRecord,
     Status,
     Timeouts,
 )
+from itlaudit.serve.side_client import SideClient, server_error_message
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.24.0-cuda"
 STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
@@ -526,47 +525,47 @@ def json_handler_for(body: object, status: int = 200) -> Handler:
 @contextlib.asynccontextmanager
 async def preflight_target(
     routes: dict[tuple[str, str], Handler],
-) -> AsyncIterator[tuple[aiohttp.ClientSession, str]]:
-    async with serve(routes) as base_url, aiohttp.ClientSession() as session:
-        yield session, base_url
+) -> AsyncIterator[tuple[SideClient, str]]:
+    async with serve(routes) as base_url, SideClient() as client:
+        yield client, base_url
 
 
 async def test_fetch_models_lists_ids() -> None:
     listing = {"object": "list", "data": [{"id": "tiny", "object": "model"}, {"id": "draft"}]}
-    async with preflight_target({("GET", "/v1/models"): json_handler_for(listing)}) as (session, base_url):
-        assert await fetch_models(session, base_url + "/") == ["tiny", "draft"]
+    async with preflight_target({("GET", "/v1/models"): json_handler_for(listing)}) as (client, base_url):
+        assert list(await client.models(base_url + "/")) == ["tiny", "draft"]
 
 
 async def test_fetch_models_rejects_a_non_vllm_listing() -> None:
     routes = {("GET", "/v1/models"): json_handler_for({"models": []})}
-    async with preflight_target(routes) as (session, base_url):
-        with pytest.raises(ServerRejectedError, match="did not list models"):
-            await fetch_models(session, base_url)
+    async with preflight_target(routes) as (client, base_url):
+        with pytest.raises(ServerAnswerError, match="did not list models"):
+            await client.models(base_url)
 
 
 async def test_fetch_json_non_2xx_raises_with_server_message() -> None:
     body = {"error": {"message": "engine is dead", "type": "InternalServerError", "code": 500}}
     routes = {("GET", "/version"): json_handler_for(body, status=500)}
-    async with preflight_target(routes) as (session, base_url):
-        with pytest.raises(ServerRejectedError) as excinfo:
-            await fetch_json(session, base_url, "/version")
-    assert str(excinfo.value) == f"{base_url}/version answered HTTP 500: engine is dead"
+    async with preflight_target(routes) as (client, base_url):
+        with pytest.raises(ServerStatusError) as excinfo:
+            await client.get_json(base_url + "/version")
+    assert str(excinfo.value) == f"GET {base_url}/version answered HTTP 500: engine is dead"
 
 
 async def test_fetch_json_non_json_raises() -> None:
     async def handler(request: web.Request) -> web.Response:
         return web.Response(text="<html>proxy</html>")
 
-    async with preflight_target({("GET", "/version"): handler}) as (session, base_url):
-        with pytest.raises(ServerRejectedError, match="did not answer with a JSON object"):
-            await fetch_json(session, base_url, "/version")
+    async with preflight_target({("GET", "/version"): handler}) as (client, base_url):
+        with pytest.raises(ServerAnswerError, match="answered with a body that is not JSON"):
+            await client.get_json(base_url + "/version")
 
 
 async def test_fetch_json_unreachable_names_url_and_what_to_check() -> None:
     base_url = f"http://127.0.0.1:{unused_port()}"
-    async with aiohttp.ClientSession() as session:
+    async with SideClient() as client:
         with pytest.raises(ServerUnreachableError) as excinfo:
-            await fetch_json(session, base_url, "/v1/models")
+            await client.get_json(base_url + "/v1/models")
     message = str(excinfo.value)
     assert message.startswith(f"cannot reach {base_url}/v1/models (ClientConnectorError")
     assert message.endswith("check that the server is running and that the URL is right")

@@ -9,7 +9,6 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
@@ -20,6 +19,7 @@ from itlaudit.errors import ScenarioError, ServerRejectedError
 from itlaudit.model.datasets import chat_prompt_note, refit_ids, refit_rng, usable_text
 from itlaudit.model.records import RequestParams
 from itlaudit.model.scenario import Scenario, parse_scenario
+from itlaudit.serve.side_client import SideClient
 
 
 def load(tmp_path: Path, workload: str, endpoint: str = "completions") -> Scenario:
@@ -205,8 +205,8 @@ def chat_random(count: int, input_len: str = "{ min = 5, max = 40 }") -> Scenari
 
 
 async def chat_prompts(scenario: Scenario, calls: list[str], *, missing: bool = False) -> ChatPrompts | None:
-    async with toy_tokenizer_server(calls, missing=missing) as url, aiohttp.ClientSession() as session:
-        return await random_chat_prompts(session, url, "m", scenario)
+    async with toy_tokenizer_server(calls, missing=missing) as url, SideClient() as client:
+        return await random_chat_prompts(client, url, "m", scenario)
 
 
 def test_random_on_chat_becomes_messages_of_exactly_input_len_server_tokens() -> None:

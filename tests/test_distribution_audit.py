@@ -23,6 +23,7 @@ from itlaudit.capture.scoring import Scorer
 from itlaudit.model.codes import SPEC_DECODE_DISTRIBUTION_SHIFT
 from itlaudit.model.records import ChunkSeries, RequestParams, RequestRecord, Status
 from itlaudit.model.scenario import parse_scenario
+from itlaudit.serve.side_client import SideClient
 from itlaudit.serve.sim import SimConfig, run_sim
 from itlaudit.serve.sim.config import ARGMAX, FLAT
 from itlaudit.serve.sim.lm import BigramModel
@@ -90,8 +91,8 @@ def _codes(comparison: dict[str, Any]) -> list[str]:
 async def test_sim_prompt_logprobs_are_the_models_log_probabilities() -> None:
     config = _sim(seed=1)
     model = BigramModel(config)
-    async with run_sim(config) as url, aiohttp.ClientSession() as session:
-        scorer = Scorer(session, url, config.model)
+    async with run_sim(config) as url, SideClient() as client:
+        scorer = Scorer(client, url, config.model)
         prompt_ids = await scorer.prompt_token_ids(PROMPTS[0])
         output = [40, 41, 300, 7]
         got = await scorer.output_logprobs(prompt_ids, output)

@@ -7,7 +7,6 @@ import json
 from itertools import accumulate
 from pathlib import Path
 
-import aiohttp
 import pytest
 from simkit import itlaudit, sim_server
 
@@ -23,6 +22,7 @@ from itlaudit.analysis.invariance import (
 from itlaudit.capture.scoring import Scorer, observe
 from itlaudit.capture.server_info import server_identity
 from itlaudit.errors import ServerRejectedError
+from itlaudit.serve.side_client import SideClient
 from itlaudit.serve.sim import SIM_VERSION, SimConfig, run_sim
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.32.0-cpu"
@@ -91,8 +91,8 @@ def test_prompt_figures_count_identical_batches_and_flips() -> None:
 
 async def test_sim_logprobs_match_the_real_wire_format() -> None:
     real = _load("completions-k0-logprobs-3tok.json")
-    async with run_sim(SimConfig()) as url, aiohttp.ClientSession() as session:
-        sim = await Scorer(session, url, "sim-tiny", top_k=2).complete("The quick brown fox", 3)
+    async with run_sim(SimConfig()) as url, SideClient() as client:
+        sim = await Scorer(client, url, "sim-tiny", top_k=2).complete("The quick brown fox", 3)
     assert list(sim) == list(real)
     assert list(sim["choices"][0]) == list(real["choices"][0])
     sim_lp, real_lp = sim["choices"][0]["logprobs"], real["choices"][0]["logprobs"]
@@ -106,8 +106,8 @@ async def test_sim_logprobs_match_the_real_wire_format() -> None:
 
 async def test_sim_batch_list_is_one_choice_per_prompt() -> None:
     real = _load("completions-k0-logprobs-batch2.json")
-    async with run_sim(SimConfig()) as url, aiohttp.ClientSession() as session:
-        sim = await Scorer(session, url, "sim-tiny").complete(["a b", "a b", "c"], 1)
+    async with run_sim(SimConfig()) as url, SideClient() as client:
+        sim = await Scorer(client, url, "sim-tiny").complete(["a b", "a b", "c"], 1)
     assert [c["index"] for c in sim["choices"]] == [0, 1, 2]
     assert [len(c["logprobs"]["top_logprobs"][0]) for c in sim["choices"]] == [20, 20, 20]
     assert sim["usage"]["completion_tokens"] == 3
@@ -115,8 +115,8 @@ async def test_sim_batch_list_is_one_choice_per_prompt() -> None:
 
 
 async def _observe_sim(config: SimConfig, repeats: int = 5) -> dict:
-    async with run_sim(config) as url, aiohttp.ClientSession() as session:
-        scorer = Scorer(session, url, "sim-tiny")
+    async with run_sim(config) as url, SideClient() as client:
+        scorer = Scorer(client, url, "sim-tiny")
         observations = [await observe(scorer, p, repeats, concurrent=True) for p in PROMPTS]
     return summarize([prompt_figures(o) for o in observations])
 
@@ -146,8 +146,8 @@ async def test_batch_variance_fault_moves_every_batch_figure() -> None:
 
 async def test_server_identity_reads_version_and_fingerprint() -> None:
     config = SimConfig()
-    async with run_sim(config) as url, aiohttp.ClientSession() as session:
-        identity = await server_identity(session, url, "sim-tiny")
+    async with run_sim(config) as url, SideClient() as client:
+        identity = await server_identity(client, url, "sim-tiny")
     assert identity == {"version": SIM_VERSION, "system_fingerprint": config.system_fingerprint}
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-import aiohttp
 import pytest
 from vllm_server import SERVED_MODEL, vllm_server
 
@@ -15,6 +14,7 @@ from itlaudit.capture.client import stream_request
 from itlaudit.capture.request_plan import plan_request
 from itlaudit.capture.scoring import Scorer, explain_mismatch, observe
 from itlaudit.model.records import RequestParams, RequestRecord, Status
+from itlaudit.serve.side_client import SideClient
 
 pytestmark = pytest.mark.vllm
 k0_url = vllm_server()
@@ -29,8 +29,8 @@ REPEATS = 40
 
 
 async def test_real_invariance_figures_are_reported_consistently(k0_url: str) -> None:
-    async with aiohttp.ClientSession() as session:
-        scorer = Scorer(session, k0_url, SERVED_MODEL)
+    async with SideClient() as client:
+        scorer = Scorer(client, k0_url, SERVED_MODEL)
         observations = [await observe(scorer, p, REPEATS, concurrent=True) for p in PROMPTS[:2]]
     summary = summarize([prompt_figures(o) for o in observations])
     print("real vLLM 0.32 CPU invariance:", json.dumps(summary))
@@ -73,8 +73,8 @@ async def test_real_k3_self_draft_is_lossless_at_temperature_0(k0_url: str, k3_u
     assert all(r.status == Status.OK and r.completion_tokens == 48 for r in base + spec)
     found = spec_decode_mismatches(base, spec)
     if found:  # show both servers' candidates at the divergence, so a failure explains itself
-        async with aiohttp.ClientSession() as session:
-            scorers = Scorer(session, k0_url, SERVED_MODEL), Scorer(session, k3_url, SERVED_MODEL)
+        async with SideClient() as client:
+            scorers = Scorer(client, k0_url, SERVED_MODEL), Scorer(client, k3_url, SERVED_MODEL)
             index = int(found[0].evidence["prompt_index"])
             explained = await explain_mismatch(found[0], PROMPTS[index], *scorers)
         pytest.fail(f"{explained.message} evidence: {json.dumps(explained.evidence)}")

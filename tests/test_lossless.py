@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import aiohttp
 import pytest
 
 from itlaudit.analysis.lossless import (
@@ -14,6 +13,7 @@ from itlaudit.capture.client import stream_request
 from itlaudit.capture.request_plan import plan_request
 from itlaudit.capture.scoring import Scorer, explain_mismatch
 from itlaudit.model.records import ChunkSeries, RequestParams, RequestRecord, Status
+from itlaudit.serve.side_client import SideClient
 from itlaudit.serve.sim import SimConfig, run_sim
 
 PROMPTS = ["The quick brown fox", "Speculative decoding proposes draft tokens"]
@@ -124,9 +124,9 @@ async def test_sim_k0_vs_k3_match_and_a_planted_mismatch_is_found() -> None:
         found = spec_decode_mismatches(base, await _records(bad, "K3", "sim-tiny"))
         assert [f.evidence["position"] for f in found] == [7, 7]
         assert all(f.evidence["spec_value"] == SimConfig().eos_token_id for f in found)
-        async with aiohttp.ClientSession() as session:
+        async with SideClient() as client:
             explained = await explain_mismatch(
-                found[0], PROMPTS[0], Scorer(session, k0, "sim-tiny"), Scorer(session, bad, "sim-tiny")
+                found[0], PROMPTS[0], Scorer(client, k0, "sim-tiny"), Scorer(client, bad, "sim-tiny")
             )
     assert explained.evidence["base_top_logprobs"]
     assert next(iter(explained.evidence["spec_top_logprobs"])) == str(SimConfig().eos_token_id)

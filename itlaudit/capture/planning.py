@@ -19,16 +19,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
-from itlaudit.capture.preflight import served_models, server_error_message
 from itlaudit.capture.request_plan import PlannedRequest, plan_request
-from itlaudit.errors import ServerRejectedError
-from itlaudit.model.access import Access
+from itlaudit.errors import ItlauditError, ServerRejectedError
 from itlaudit.model.datasets import REPLY_KINDS
 from itlaudit.model.scenario import Scenario
 from itlaudit.model.scenario_toml import Located
 from itlaudit.model.schedule import send_offsets_s
+from itlaudit.serve.side_client import SideClient, server_error_message
 
 __all__ = [
     "OnPrepare",
@@ -66,24 +63,17 @@ class Pacer:
         await asyncio.sleep(0)
 
 
-async def reset_prefix_cache(base_url: str, access: Access) -> dict[str, Any]:
+async def reset_prefix_cache(client: SideClient, base_url: str) -> dict[str, Any]:
     """POST vLLM's /reset_prefix_cache, so a variant does not start on what the one before it left in
     the cache. A dev-mode endpoint: where it is missing (404) or fails, the run goes on and the
     returned record (meta.json's `reset_prefix_cache`) carries the one line that says why."""
     url = base_url.rstrip("/") + "/reset_prefix_cache"
     try:
-        async with (
-            access.session() as session,
-            session.post(url, timeout=aiohttp.ClientTimeout(total=60)) as resp,
-        ):
-            status = resp.status
-            body = await resp.read()
-    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-        return {
-            "done": False,
-            "note": f"POST {url} failed ({type(exc).__name__}: {exc}); the cache was not reset",
-        }
-    if 200 <= status < 300:
+        answer = await client.reset_prefix_cache(base_url)
+    except ItlauditError as exc:
+        return {"done": False, "note": f"{exc}; the cache was not reset"}
+    status, body = answer.status, answer.body
+    if answer.ok:
         return {"done": True}
     if status == 404:
         note = (
@@ -97,7 +87,7 @@ async def reset_prefix_cache(base_url: str, access: Access) -> dict[str, Any]:
 
 
 async def reply_lengths(
-    session: aiohttp.ClientSession,
+    client: SideClient,
     base_url: str,
     model: str,
     scenario: Scenario,
@@ -108,28 +98,24 @@ async def reply_lengths(
     dataset = scenario.workload.dataset
     if dataset is None or dataset.kind not in REPLY_KINDS:
         return None
-    url = base_url.rstrip("/") + "/tokenize"
     lengths: dict[int, int] = {}
     pacer = Pacer("counting reply tokens", len(dataset.entries), on_prepare)
     try:
         for index, entry in enumerate(dataset.entries):
             await pacer.step(index)
             body = {"model": model, "prompt": entry.reply, "add_special_tokens": False}
-            async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=30)) as resp:
-                if resp.status != 200:
-                    return None
-                count = (await resp.json()).get("count")
+            count = (await client.tokenize(base_url, body)).get("count")
             if not isinstance(count, int) or count < 1:
                 return None
             lengths[index] = count
-    except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+    except ItlauditError:
         return None
     return lengths
 
 
-async def resolve_model(session: aiohttp.ClientSession, base_url: str, wanted: str) -> str:
+async def resolve_model(client: SideClient, base_url: str, wanted: str) -> str:
     """`auto` is the first served model; a named model must be served, or nothing would be measured."""
-    served = list(await served_models(session, base_url))
+    served = list(await client.models(base_url))
     if not served:
         raise ServerRejectedError(f"{base_url}/v1/models lists no model; is the server fully started?")
     if wanted == "auto":
@@ -142,9 +128,7 @@ async def resolve_model(session: aiohttp.ClientSession, base_url: str, wanted: s
     return wanted
 
 
-async def check_prompts_fit(
-    session: aiohttp.ClientSession, base_url: str, model: str, scenario: Scenario
-) -> None:
+async def check_prompts_fit(client: SideClient, base_url: str, model: str, scenario: Scenario) -> None:
     """A token-id dataset's prompts (random, trace, prefix_repetition: their length is known without a
     tokenizer) must leave the served model room for at least one output token, where /v1/models
     states its max_model_len: otherwise every request would be refused, after a build that can take
@@ -152,7 +136,7 @@ async def check_prompts_fit(
     dataset = scenario.workload.dataset
     if dataset is None or not dataset.token_prompts:
         return
-    limit = (await served_models(session, base_url)).get(model)
+    limit = (await client.models(base_url)).get(model)
     longest = max(len(e.prompt) for e in dataset.entries if isinstance(e.prompt, list))
     if limit is None or longest < limit:
         return

@@ -25,6 +25,7 @@ from itlaudit.model.redact import known_secrets, redact_bytes
 from itlaudit.model.scenario import Scenario
 from itlaudit.model.vocabulary import StampMode
 from itlaudit.model.workload import BOUNDS as WORKLOAD_BOUNDS
+from itlaudit.serve.side_client import SideClient
 from itlaudit.store.jsonl import RecordWriter
 
 if TYPE_CHECKING:
@@ -136,11 +137,11 @@ async def run_variant(
     options = options or CaptureOptions()
     workload = scenario.workload
     access = variant_access(scenario, variant, options)
-    async with access.session() as session:
-        model = await resolve_model(session, base_url, scenario.model)
-        await check_prompts_fit(session, base_url, model, scenario)
-        lengths = await reply_lengths(session, base_url, model, scenario, on_prepare)
-        chat_prompts = await random_chat_prompts(session, base_url, model, scenario, on_prepare)
+    async with SideClient(access) as client:
+        model = await resolve_model(client, base_url, scenario.model)
+        await check_prompts_fit(client, base_url, model, scenario)
+        lengths = await reply_lengths(client, base_url, model, scenario, on_prepare)
+        chat_prompts = await random_chat_prompts(client, base_url, model, scenario, on_prepare)
     if chat_prompts is not None:
         scenario = chat_prompts.scenario
     plans = await plan_variant(scenario, variant, base_url, model, id_tag, lengths, on_prepare)

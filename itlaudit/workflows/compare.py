@@ -1,6 +1,6 @@
 """`itlaudit compare`: run every variant with /metrics scraped around it, then compare.json.
 
-/metrics is read with urllib between variants, never while requests stream, so scraping cannot
+/metrics is read between variants, never while requests stream, so scraping cannot
 disturb the timing it sits beside.
 """
 
@@ -12,7 +12,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 from rich.console import Console
 
 from itlaudit.analysis.comparison import build_comparison
@@ -33,6 +32,7 @@ from itlaudit.model.run_labels import RunLabels
 from itlaudit.model.scenario import COMPILED, EAGER, Scenario, Variant
 from itlaudit.model.vocabulary import Endpoint
 from itlaudit.report.progress import Reporter
+from itlaudit.serve.side_client import SideClient
 from itlaudit.store.rundir import COMPARE_FILE, write_versioned
 from itlaudit.workflows.derive import write_derived
 from itlaudit.workflows.run import LedgerPolicy, RunOutcome, run_scenario, variant_target
@@ -63,7 +63,7 @@ async def explain_mismatches(
     mismatch findings keep the position alone."""
     by_id = {r.request_id: r for r in records}
     out = []
-    async with aiohttp.ClientSession() as session:
+    async with SideClient() as client:
         for found in findings:
             evidence = found.get("evidence", {})
             base, spec = (
@@ -80,8 +80,8 @@ async def explain_mismatches(
             explained = await explain_mismatch(
                 Finding.from_json(found),
                 prompt,
-                Scorer(session, str(urls[0]), base.model),
-                Scorer(session, str(urls[1]), spec.model),
+                Scorer(client, str(urls[0]), base.model),
+                Scorer(client, str(urls[1]), spec.model),
             )
             out.append(explained.to_json())
     return out
@@ -101,11 +101,9 @@ async def _score_distribution(
     def prompt_of(record: RequestRecord) -> str | list[int] | list[dict[str, Any]]:
         return sent_prompt(scenario, int(prompt_index(record)))
 
-    ssl = access.ssl_context()
-    connector = aiohttp.TCPConnector(ssl=ssl) if ssl is not None else None
-    async with aiohttp.ClientSession(headers=access.header_map(), connector=connector) as session:
+    async with SideClient(access) as client:
         # The model name the baseline's server answered to (a scenario may say "auto").
-        scorer = Scorer(session, url, sampled_by_variant[baseline][0].model)
+        scorer = Scorer(client, url, sampled_by_variant[baseline][0].model)
         base = await score_outputs(scorer, sampled_by_variant[baseline], prompt_of)
         for name in audited:
             spec = await score_outputs(scorer, sampled_by_variant[name], prompt_of)

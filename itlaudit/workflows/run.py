@@ -32,6 +32,7 @@ from itlaudit.model.scenario import Scenario, Variant
 from itlaudit.report.progress import CaptureProgress, Reporter, duration
 from itlaudit.serve.environment import gpus as host_gpus
 from itlaudit.serve.environment import host_environment
+from itlaudit.serve.side_client import SideClient
 from itlaudit.store.jsonl import RecordWriter, iter_jsonl, load_records
 from itlaudit.store.lock import hold_run_lock, refuse_if_live
 from itlaudit.store.rundir import (
@@ -89,9 +90,9 @@ class LedgerPolicy:
         from itlaudit.store import ledger
 
         async def identify() -> dict[str, Any]:
-            async with access.session() as session:
-                model = await resolve_model(session, base_url, scenario.model)
-                return await server_identity(session, base_url, model)
+            async with SideClient(access) as client:
+                model = await resolve_model(client, base_url, scenario.model)
+                return await server_identity(client, base_url, model)
 
         identity = asyncio.run(identify())
         if identity.get("unknown") and console is not None:
@@ -205,6 +206,14 @@ def _append_tag(requests: Path) -> str | None:
     return f"r{round_number}"
 
 
+async def _reset_cache(base_url: str, access: Access) -> dict[str, Any]:
+    """The variant's prefix-cache reset, on a session of its own: it runs before the capture's."""
+    from itlaudit.capture.planning import reset_prefix_cache
+
+    async with SideClient(access) as client:
+        return await reset_prefix_cache(client, base_url)
+
+
 def _write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
     write_meta(run_dir, redact_json(meta))
 
@@ -282,7 +291,6 @@ def _run_in_folder(
     """run_scenario's work, in a folder it holds."""
     # The capture and report stacks load here, not at the top: the CLI imports this module to start.
     from itlaudit.capture.cluster import lost_worker_warnings
-    from itlaudit.capture.planning import reset_prefix_cache
     from itlaudit.capture.server_info import server_environment
     from itlaudit.workflows.derive import write_derived
 
@@ -330,7 +338,7 @@ def _run_in_folder(
                                 scenario, variant.name, base_url, run_dir, console, access
                             )
                         if variant.reset_prefix_cache:
-                            info["reset_prefix_cache"] = asyncio.run(reset_prefix_cache(base_url, access))
+                            info["reset_prefix_cache"] = asyncio.run(_reset_cache(base_url, access))
                             note = info["reset_prefix_cache"].get("note")
                             if note and console is not None:
                                 console.print(f"{variant.name}: {note}", markup=False, soft_wrap=True)
