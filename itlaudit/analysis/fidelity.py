@@ -71,7 +71,8 @@ def added_lag_ms(arrival_ms: np.ndarray, sent_ns: np.ndarray) -> np.ndarray:
         return np.empty(0)
     arrival_gap = arrival_ms[1:] - arrival_ms[0]
     send_gap = (sent_ns[1:] - sent_ns[0]) / 1e6
-    return arrival_gap - send_gap
+    lag: np.ndarray = arrival_gap - send_gap
+    return lag
 
 
 def token_itl_ms(t_ms: np.ndarray, tokens: np.ndarray) -> float | None:

@@ -70,7 +70,7 @@ class BuildCache:
         """The marker data of a complete entry (and mark it used), or None."""
         marker = self.path(provider, key) / MARKER
         try:
-            data = json.loads(marker.read_text(encoding="utf-8"))
+            data: dict[str, Any] = json.loads(marker.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
         data["last_used"] = time.time()

@@ -54,7 +54,8 @@ class Search:
             return None
         if mid not in self.answers:
             return mid
-        for index in [*range(mid + 1, hi), *range(mid - 1, lo, -1)]:
+        candidates: list[int] = [*range(mid + 1, hi), *range(mid - 1, lo, -1)]
+        for index in candidates:
             if index not in self.answers:
                 return index
         return None

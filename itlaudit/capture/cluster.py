@@ -140,7 +140,7 @@ class CaptureActor:
         context = ray.get_runtime_context()
         return {
             "node": context.get_node_id(),
-            "node_ip": ray.util.get_node_ip_address(),
+            "node_ip": ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
             "hostname": socket.gethostname(),
             "pid": os.getpid(),
         }

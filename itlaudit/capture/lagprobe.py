@@ -26,7 +26,7 @@ __all__ = ["TICK_S", "LagProbe", "new_capture_loop"]
 TICK_S = 0.001
 
 
-class _TimedSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
+class _TimedSelector(selectors.DefaultSelector):
     """The platform's default selector, noting when its last poll started and returned."""
 
     def __init__(self) -> None:

@@ -171,7 +171,7 @@ def version() -> None:
 
 def _usage_line(exc: typer.TyperException) -> str:
     """A usage error as one line: typer's own rendering spans a usage block, a hint and the message."""
-    message = " ".join(exc.format_message().split())  # type: ignore[attr-defined]
+    message = " ".join(exc.format_message().split())
     # typer 0.29 words a refused choice "Value error, 'x' is not one of ...": the prefix says nothing.
     message = message.replace(": Value error, ", ": ")
     ctx = getattr(exc, "ctx", None)

@@ -164,7 +164,8 @@ def _servers(path: Path, src: Any) -> list[ServerSpec]:
 
 
 def _metric(path: Path, where: str, value: Any) -> str:
-    metric, _, stat = _typed(path, where, value, str).partition(".")
+    text: str = _typed(path, where, value, str)
+    metric, _, stat = text.partition(".")
     if metric not in SUMMARY_METRICS or stat not in STATS:
         raise _fail(
             path,
@@ -172,7 +173,7 @@ def _metric(path: Path, where: str, value: Any) -> str:
             f"must be METRIC.STAT with METRIC one of {', '.join(SUMMARY_METRICS)} and STAT one of "
             f"{', '.join(STATS)}, got {value!r}",
         )
-    return value
+    return text
 
 
 def _check(path: Path, index: int, src: Any, scenarios: dict[str, Scenario]) -> CheckSpec:

@@ -47,7 +47,8 @@ class BigramModel:
     def _probs(self, prev: int, temperature: float) -> np.ndarray:
         scaled = self.logits(prev) / temperature
         weights = np.exp(scaled - scaled.max())
-        return weights / weights.sum()
+        probs: np.ndarray = weights / weights.sum()
+        return probs
 
     def logprob(self, prev: int, token: int) -> float:
         """log p(token | prev) at temperature 1: what a prompt_logprobs scoring reports."""
