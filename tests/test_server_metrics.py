@@ -64,12 +64,12 @@ def test_rows_hold_deltas_and_a_reset_counts_from_zero() -> None:
     first = parse_scrape(_page(preempted=5, fast=1, queued=2, queued_s=1.5))
     second = parse_scrape(_page(preempted=7, fast=1, queued=4, queued_s=3.5))
     restarted = parse_scrape(_page(preempted=1))
-    base = delta_row(0, "v", first, None)
+    base = {"t_ns": 0, **delta_row(first, None)}
     assert base["counters"]["vllm:num_preemptions_total"] == 0.0  # the baseline: nothing happened yet
-    row = delta_row(1_000_000_000, "v", second, first)
+    row = {"t_ns": 1_000_000_000, **delta_row(second, first)}
     assert row["counters"]["vllm:num_preemptions_total"] == 2.0
     assert row["histograms"][QUEUE_TIME] == {"0.5": 0.0, "+Inf": 2.0, "sum": 2.0, "count": 2.0}
-    after_reset = delta_row(2_000_000_000, "v", restarted, second)
+    after_reset = {"t_ns": 2_000_000_000, **delta_row(restarted, second)}
     assert after_reset["counters"]["vllm:num_preemptions_total"] == 1.0
     figures = summarize_series([base, row, after_reset])
     assert figures["preemptions"] == 3.0

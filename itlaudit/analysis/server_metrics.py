@@ -100,9 +100,9 @@ def _delta(now: float, before: float) -> float:
     return now - before if now >= before else now
 
 
-def delta_row(t_ns: int, variant: str, now: Scrape, before: Scrape | None) -> dict[str, Any]:
-    """One server_metrics.jsonl row. The first scrape of a variant (before None) is its baseline: its
-    gauges, and zero deltas."""
+def delta_row(now: Scrape, before: Scrape | None) -> dict[str, Any]:
+    """One server_metrics.jsonl row's figures (the sampler adds its time and variant). The first
+    scrape of a variant (before None) is its baseline: its gauges, and zero deltas."""
     if before is None:
         counters = dict.fromkeys(now.counters, 0.0)
         histograms = {name: dict.fromkeys(parts, 0.0) for name, parts in now.histograms.items()}
@@ -114,13 +114,7 @@ def delta_row(t_ns: int, variant: str, now: Scrape, before: Scrape | None) -> di
             }
             for name, parts in now.histograms.items()
         }
-    return {
-        "t_ns": t_ns,
-        "variant": variant,
-        "gauges": now.gauges,
-        "counters": counters,
-        "histograms": histograms,
-    }
+    return {"gauges": now.gauges, "counters": counters, "histograms": histograms}
 
 
 def _gauge_values(rows: list[dict[str, Any]], name: str) -> list[float]:

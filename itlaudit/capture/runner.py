@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from itlaudit.capture.telemetry import Telemetry
 from itlaudit.errors import CaptureWorkerError, ScenarioError, ServerRejectedError
 from itlaudit.model.access import Access
 from itlaudit.model.datasets import REPLY_KINDS
@@ -50,6 +51,7 @@ class CaptureOptions:
     stamp: StampMode = StampMode.KERNEL
     access: Access = field(default_factory=Access)
     cluster: str | None = None  # None: local processes; "auto" or "ray://HOST:PORT": Ray actors
+    telemetry: Telemetry = field(default_factory=Telemetry)  # watched beside the measured window
 
     @classmethod
     def from_flags(
@@ -63,6 +65,7 @@ class CaptureOptions:
         *,
         access: Access | None = None,
         cluster: str | None = None,
+        telemetry: Telemetry | None = None,
     ) -> CaptureOptions:
         """The command line's spelling (`--workers auto|N`, `--stamp`, `--*-timeout`, `--cluster`),
         checked: one place for run, compare, demo, sweep and selfcheck. Ray is imported only when
@@ -94,6 +97,7 @@ class CaptureOptions:
             stamp=StampMode(stamp),
             access=access or Access(),
             cluster=cluster_address,
+            telemetry=telemetry or Telemetry(),
         )
 
 

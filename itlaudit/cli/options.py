@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeAlias, TypeVar
 
 import typer
 
+from itlaudit.capture.metrics_sampler import DEFAULT_PERIOD_S
 from itlaudit.capture.runner import CaptureOptions
+from itlaudit.capture.telemetry import Telemetry
 from itlaudit.errors import ScenarioError
 from itlaudit.model import vocabulary
 from itlaudit.model.access import Access, api_key_header, header_problem, tls_problem
@@ -71,6 +73,7 @@ else:
 
 
 CAPTURE = "Capture and access"
+WATCH = "Server telemetry"
 
 # --- Servers ---------------------------------------------------------------------------------------
 
@@ -234,6 +237,33 @@ def capture_options(
     header: HeaderOption = None,
     insecure: InsecureOption = False,
     ca_cert: CaCertOption = None,
+    metrics_period: Annotated[
+        float,
+        typer.Option(
+            metavar="SECONDS",
+            help="Seconds between scrapes of the server's /metrics during the measured requests.",
+            rich_help_panel=WATCH,
+        ),
+    ] = DEFAULT_PERIOD_S,
+    no_server_metrics: Annotated[
+        bool, typer.Option("--no-server-metrics", help="Do not sample /metrics.", rich_help_panel=WATCH)
+    ] = False,
+    gpu: Annotated[
+        str | None,
+        typer.Option(
+            metavar="N[,N...]",
+            help="GPUs on this host to read through NVML (default: those of a server launched here).",
+            rich_help_panel=WATCH,
+        ),
+    ] = None,
+    profile: Annotated[
+        bool,
+        typer.Option(
+            "--profile",
+            help="Call the server's /start_profile before the measured requests and /stop_profile after.",
+            rich_help_panel=WATCH,
+        ),
+    ] = False,
 ) -> CaptureOptions:
     """How requests are sent and their chunks stamped: the same options in every command that streams."""
     return CaptureOptions.from_flags(
@@ -245,6 +275,7 @@ def capture_options(
         request_timeout,
         access=access(api_key, header, insecure, ca_cert),
         cluster=cluster,
+        telemetry=Telemetry.from_flags(metrics_period, no_server_metrics, gpu, profile),
     )
 
 

@@ -1,5 +1,5 @@
-"""server_metrics.jsonl read back: the sampler's rows by variant, in time order (the file's format is
-checked from its header line)."""
+"""The samplers' files read back (server_metrics.jsonl, gpu_telemetry.jsonl): rows by variant, in
+time order (the file's format is checked from its header line)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ from itlaudit.store.jsonl import iter_jsonl
 __all__ = ["read_server_metrics"]
 
 
-def read_server_metrics(run_dir: Path) -> dict[str, list[dict[str, Any]]]:
+def read_server_metrics(run_dir: Path, name: str = SERVER_METRICS_FILE) -> dict[str, list[dict[str, Any]]]:
     """{variant: rows} with a time (`t_ns`): figures and error rows; empty when the run sampled
-    nothing. A file in a format this itlaudit does not read is one RecordsError line."""
-    path = run_dir / SERVER_METRICS_FILE
+    nothing. `name`: the sampler's file (server_metrics.jsonl, or the GPU's gpu_telemetry.jsonl). A
+    file in a format this itlaudit does not read is one RecordsError line."""
+    path = run_dir / name
     if not path.is_file():
         return {}
     by_variant: dict[str, list[dict[str, Any]]] = {}

@@ -1,0 +1,126 @@
+"""GPU telemetry beside a variant's measured window, through NVML (nvidia-ml-py's `pynvml`): SM and
+memory clocks, power, temperature, memory used, utilisation and the clock-event (throttle) reasons of
+each watched GPU, a row a period in gpu_telemetry.jsonl on the capture's clock.
+
+Only where the GPU can be read: the server itlaudit launched on this host (its CUDA_VISIBLE_DEVICES,
+else every GPU here), or GPUs the user names (--gpu). Without NVML, a driver or a GPU, `open_gpus`
+says why in one line and nothing else happens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from itlaudit.capture.metrics_sampler import DEFAULT_PERIOD_S, PeriodicSampler, SampleFailed
+
+__all__ = ["GPU_TELEMETRY_FILE", "THROTTLE_REASONS", "NvmlSampler", "open_gpus", "throttle_names"]
+
+GPU_TELEMETRY_FILE = "gpu_telemetry.jsonl"
+
+# NVML's clock-event reason bits (nvml.h, nvmlClocksEventReason*), named as a reader wants them.
+THROTTLE_REASONS = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+
+
+def throttle_names(mask: int) -> list[str]:
+    """The reasons set in an NVML clock-event mask; an unknown bit is named by its value."""
+    named = [name for bit, name in THROTTLE_REASONS.items() if mask & bit]
+    unknown = mask & ~sum(THROTTLE_REASONS)
+    return named + ([f"0x{unknown:x}"] if unknown else [])
+
+
+def _import_nvml() -> ModuleType:
+    import pynvml  # type: ignore[import-untyped]  # nvidia-ml-py, untyped: only when GPUs are watched
+
+    return pynvml
+
+
+def open_gpus(indices: Sequence[int] | None) -> tuple[list[int], str | None]:
+    """The GPU indices NVML can read (`indices`, or all of them when None), or ([], the one line
+    saying why there are none)."""
+    try:
+        nvml = _import_nvml()
+    except ImportError:
+        return [], "no GPU telemetry: nvidia-ml-py (pynvml) is not installed"
+    try:
+        nvml.nvmlInit()
+        count = nvml.nvmlDeviceGetCount()
+    except nvml.NVMLError as exc:
+        return [], f"no GPU telemetry: NVML cannot start here ({exc})"
+    wanted = list(range(count)) if indices is None else list(indices)
+    missing = [i for i in wanted if not 0 <= i < count]
+    if missing:
+        nvml.nvmlShutdown()
+        return [], f"no GPU telemetry: GPU {', '.join(map(str, missing))} not on this host ({count} GPUs)"
+    if not wanted:
+        nvml.nvmlShutdown()
+        return [], "no GPU telemetry: NVML sees no GPU on this host"
+    return wanted, None
+
+
+class NvmlSampler(PeriodicSampler):
+    """A row a period: {"gpus": {index: figures}}; NVML was initialised by open_gpus and is shut down
+    at stop."""
+
+    kind = "gpu_telemetry"
+
+    def __init__(
+        self, path: Path, variant: str, indices: Sequence[int], *, period_s: float = DEFAULT_PERIOD_S
+    ):
+        super().__init__(path, variant, period_s=period_s)
+        self.nvml = _import_nvml()
+        self.indices = list(indices)
+        self.handles = [self.nvml.nvmlDeviceGetHandleByIndex(i) for i in self.indices]
+        # nvidia-ml-py 12.535 renamed throttle reasons to clock-event reasons; older ones have the first.
+        renamed = getattr(self.nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        self.reasons = renamed or self.nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+
+    def describe(self) -> dict[str, Any]:
+        names = [self.nvml.nvmlDeviceGetName(h) for h in self.handles]
+        return {
+            "gpus": {
+                str(i): n if isinstance(n, str) else n.decode()
+                for i, n in zip(self.indices, names, strict=True)
+            }
+        }
+
+    def sample(self, t_ns: int) -> dict[str, Any]:
+        nvml = self.nvml
+        gpus = {}
+        try:
+            for index, handle in zip(self.indices, self.handles, strict=True):
+                memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+                utilisation = nvml.nvmlDeviceGetUtilizationRates(handle)
+                reasons = int(self.reasons(handle))
+                gpus[str(index)] = {
+                    "sm_clock_mhz": nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM),
+                    "mem_clock_mhz": nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_MEM),
+                    "power_w": nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,
+                    "temperature_c": nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU),
+                    "memory_used_mib": memory.used / 2**20,
+                    "memory_total_mib": memory.total / 2**20,
+                    "gpu_util_pct": utilisation.gpu,
+                    "mem_util_pct": utilisation.memory,
+                    "throttle": throttle_names(reasons),
+                }
+        except nvml.NVMLError as exc:
+            raise SampleFailed(f"NVML: {exc}") from None
+        return {"gpus": gpus}
+
+    def stop(self) -> dict[str, Any]:
+        try:
+            return super().stop()
+        finally:
+            self.nvml.nvmlShutdown()

@@ -1,0 +1,153 @@
+"""What is watched beside a variant's measured window: the server's /metrics as a time series, the GPU
+through NVML, the server's profiler. `Telemetry` is the command line's choice (it travels in
+CaptureOptions to every command that captures); `Telemetry.window(...)` gives the object a variant's
+pass starts right before its first measured request and stops right after its last.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from itlaudit.analysis.server_metrics import SERVER_METRICS_FILE
+from itlaudit.capture.metrics_sampler import DEFAULT_PERIOD_S, MetricsSampler, PeriodicSampler
+from itlaudit.errors import ScenarioError
+from itlaudit.model.access import NO_ACCESS, Access
+from itlaudit.model.launch import LaunchSpec
+
+if TYPE_CHECKING:
+    from itlaudit.capture.profiler import Profiler
+
+__all__ = ["Telemetry", "TelemetryWindow", "parse_gpus"]
+
+
+def parse_gpus(text: str | None) -> tuple[int, ...] | None:
+    """--gpu's value: GPU indices on this host, comma-separated (None: not given)."""
+    if text is None:
+        return None
+    parts = [p.strip() for p in text.split(",")]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise ScenarioError(f"--gpu {text!r}: give GPU indices on this host, e.g. 0 or 0,1")
+    return tuple(int(p) for p in parts)
+
+
+def _launched_gpus(spec: LaunchSpec) -> tuple[int, ...] | None:
+    """The GPUs a server launched here runs on: its CUDA_VISIBLE_DEVICES (indices only), else all."""
+    visible = spec.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if visible is None or not visible.strip():
+        return None
+    parts = [p.strip() for p in visible.split(",")]
+    return tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else None
+
+
+@dataclass(frozen=True)
+class Telemetry:
+    """`metrics_period_s` None: no /metrics sampling (--no-server-metrics). `gpus`: indices named
+    with --gpu (else the GPUs of a server launched on this host). `profile`: --profile."""
+
+    metrics_period_s: float | None = DEFAULT_PERIOD_S
+    gpus: tuple[int, ...] | None = None
+    profile: bool = False
+
+    @classmethod
+    def from_flags(
+        cls,
+        metrics_period: float = DEFAULT_PERIOD_S,
+        no_server_metrics: bool = False,
+        gpu: str | None = None,
+        profile: bool = False,
+    ) -> Telemetry:
+        if not no_server_metrics and not 0.05 <= metrics_period <= 3600:
+            raise ScenarioError(
+                f"--metrics-period {metrics_period:g}: give seconds between 0.05 and 3600, "
+                "or --no-server-metrics"
+            )
+        return cls(None if no_server_metrics else metrics_period, parse_gpus(gpu), profile)
+
+    def window(
+        self,
+        variant: str,
+        base_url: str,
+        run_dir: Path,
+        *,
+        access: Access = NO_ACCESS,
+        launched: LaunchSpec | None = None,
+        say: Callable[[str], None] | None = None,
+    ) -> TelemetryWindow:
+        return TelemetryWindow(self, variant, base_url, run_dir, access, launched, say)
+
+
+@dataclass
+class TelemetryWindow:
+    """start() before the measured window, stop() after it (also when the capture failed); stop()
+    returns what meta.json records for the variant. Lines worth a reader's eye (no GPU to watch, no
+    profiler) go to `say`, once."""
+
+    telemetry: Telemetry
+    variant: str
+    base_url: str
+    run_dir: Path
+    access: Access = NO_ACCESS
+    launched: LaunchSpec | None = None
+    say: Callable[[str], None] | None = None
+    samplers: dict[str, PeriodicSampler] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    profiler: Profiler | None = None
+
+    def _note(self, line: str) -> None:
+        self.notes.append(line)
+        if self.say is not None:
+            self.say(f"{self.variant}: {line}")
+
+    def start(self) -> None:
+        period = self.telemetry.metrics_period_s
+        if period is not None:
+            self.samplers["server_metrics"] = MetricsSampler(
+                self.base_url,
+                self.run_dir / SERVER_METRICS_FILE,
+                self.variant,
+                period_s=period,
+                access=self.access,
+            )
+        self._start_gpu(period or DEFAULT_PERIOD_S)
+        for sampler in self.samplers.values():
+            sampler.start()
+        if self.telemetry.profile:
+            from itlaudit.capture.profiler import Profiler, trace_dir
+
+            trace = trace_dir(self.launched.server_args, self.launched.env) if self.launched else None
+            profiler = self.profiler = Profiler(self.base_url, self.access, trace)
+            profiler.start()  # last: the profile holds the window, not the samplers' start-up
+            if profiler.problem:
+                self._note(profiler.problem)
+
+    def _start_gpu(self, period: float) -> None:
+        """NVML where a GPU is the server's and readable here: named with --gpu, or the server was
+        launched on this host (not in a container we cannot see into, not a URL)."""
+        named = self.telemetry.gpus
+        local = self.launched is not None and self.launched.kind in ("python", "command")
+        if named is None and not local:
+            return
+        from itlaudit.capture.nvml import GPU_TELEMETRY_FILE, NvmlSampler, open_gpus
+
+        wanted = named if named is not None or self.launched is None else _launched_gpus(self.launched)
+        indices, problem = open_gpus(wanted)
+        if problem is not None:
+            self._note(problem)
+            return
+        self.samplers["gpu_telemetry"] = NvmlSampler(
+            self.run_dir / GPU_TELEMETRY_FILE, self.variant, indices, period_s=period
+        )
+
+    def stop(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.profiler is not None:
+            out["profile"] = self.profiler.stop()
+        for name, sampler in self.samplers.items():
+            out[name] = sampler.stop()
+        if self.notes:
+            out["notes"] = self.notes
+        return out

@@ -1,0 +1,130 @@
+"""GPU telemetry through a fake NVML module (this machine has no GPU) and the real one's one line, and
+the telemetry window around a simulator: /metrics, NVML and --profile's answer from a server without a
+profiler."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from simkit import sim_server
+
+from itlaudit.capture.nvml import GPU_TELEMETRY_FILE, NvmlSampler, open_gpus, throttle_names
+from itlaudit.capture.telemetry import Telemetry
+from itlaudit.errors import ScenarioError
+from itlaudit.serve.sim import SimConfig
+from itlaudit.store.server_metrics import read_server_metrics
+
+
+class _NVMLError(Exception):
+    pass
+
+
+def _fake_nvml(gpus: int = 2, broken: bool = False) -> types.ModuleType:
+    """pynvml's calls as NVML answers them on an H200 that is power-capped; `broken`: no driver."""
+    state: dict[str, Any] = {"clock": 1980, "inits": 0}
+    nvml = types.ModuleType("pynvml")
+
+    def init() -> None:
+        if broken:
+            raise _NVMLError("Driver Not Loaded")
+        state["inits"] += 1
+
+    def clock(handle: int, kind: int) -> int:
+        state["clock"] -= 15  # the SM clock falls as it heats: the series must move
+        return state["clock"] if kind == 1 else 3201
+
+    namespace = {
+        "NVMLError": _NVMLError,
+        "NVML_CLOCK_SM": 1,
+        "NVML_CLOCK_MEM": 2,
+        "NVML_TEMPERATURE_GPU": 0,
+        "nvmlInit": init,
+        "nvmlShutdown": lambda: state.__setitem__("inits", state["inits"] - 1),
+        "nvmlDeviceGetCount": lambda: gpus,
+        "nvmlDeviceGetHandleByIndex": lambda i: i,
+        "nvmlDeviceGetName": lambda h: "NVIDIA H200",
+        "nvmlDeviceGetClockInfo": clock,
+        "nvmlDeviceGetPowerUsage": lambda h: 612_500,
+        "nvmlDeviceGetTemperature": lambda h, kind: 71,
+        "nvmlDeviceGetMemoryInfo": lambda h: types.SimpleNamespace(used=80 * 2**30, total=141 * 2**30),
+        "nvmlDeviceGetUtilizationRates": lambda h: types.SimpleNamespace(gpu=97, memory=60),
+        "nvmlDeviceGetCurrentClocksEventReasons": lambda h: 0x4,  # sw_power_cap
+        "state": state,
+    }
+    for name, value in namespace.items():
+        setattr(nvml, name, value)
+    return nvml
+
+
+@pytest.fixture()
+def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> Iterator[types.ModuleType]:
+    nvml = _fake_nvml()
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    yield nvml
+
+
+def test_throttle_reasons_are_named() -> None:
+    assert throttle_names(0) == []
+    assert throttle_names(0x4 | 0x40) == ["sw_power_cap", "hw_thermal_slowdown"]
+    assert throttle_names(0x8000) == ["0x8000"]
+
+
+def test_nvml_rows_on_the_capture_clock(fake_nvml: types.ModuleType, tmp_path: Path) -> None:
+    indices, problem = open_gpus([1])
+    assert (indices, problem) == ([1], None)
+    sampler = NvmlSampler(tmp_path / GPU_TELEMETRY_FILE, "k3", indices, period_s=0.01)
+    sampler.start()
+    info = sampler.stop()
+    assert info["rows"] >= 2 and fake_nvml.state["inits"] == 0  # shut down again
+    rows = read_server_metrics(tmp_path, GPU_TELEMETRY_FILE)["k3"]
+    gpu = rows[0]["gpus"]["1"]
+    assert gpu["power_w"] == 612.5 and gpu["temperature_c"] == 71 and gpu["throttle"] == ["sw_power_cap"]
+    assert gpu["memory_used_mib"] == 80 * 1024 and gpu["gpu_util_pct"] == 97
+    assert rows[-1]["gpus"]["1"]["sm_clock_mhz"] < gpu["sm_clock_mhz"]
+    assert [r["t_ns"] for r in rows] == sorted(r["t_ns"] for r in rows)
+
+
+def test_no_gpu_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml(broken=True))
+    assert open_gpus(None) == ([], "no GPU telemetry: NVML cannot start here (Driver Not Loaded)")
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml(gpus=1))
+    indices, problem = open_gpus([3])
+    assert indices == [] and problem == "no GPU telemetry: GPU 3 not on this host (1 GPUs)"
+
+
+def test_real_nvml_without_a_gpu_is_one_line() -> None:
+    """The real nvidia-ml-py on this CPU machine: no driver, so one line and no sampler."""
+    indices, problem = open_gpus(None)
+    if indices:
+        pytest.skip("this host has a GPU")
+    assert problem is not None and problem.startswith("no GPU telemetry: ") and "\n" not in problem
+
+
+def test_window_samples_metrics_and_gpu_and_says_the_profiler_is_missing(
+    fake_nvml: types.ModuleType, tmp_path: Path
+) -> None:
+    said: list[str] = []
+    telemetry = Telemetry.from_flags(0.05, gpu="0", profile=True)
+    with sim_server(SimConfig()) as url:
+        window = telemetry.window("base", url, tmp_path, say=said.append)
+        window.start()
+        recorded = window.stop()
+    assert recorded["server_metrics"]["rows"] >= 2 and recorded["gpu_telemetry"]["rows"] >= 2
+    assert recorded["profile"]["profiled"] is False
+    assert said == [f"base: {recorded['profile']['problem']}"] and "/start_profile" in said[0]
+    header = json.loads((tmp_path / GPU_TELEMETRY_FILE).read_text().splitlines()[0])
+    assert header["file"] == "gpu_telemetry" and header["format"] >= 2
+
+
+def test_telemetry_flags_are_checked() -> None:
+    assert Telemetry.from_flags(no_server_metrics=True).metrics_period_s is None
+    with pytest.raises(ScenarioError, match="--metrics-period 0: give seconds"):
+        Telemetry.from_flags(0)
+    with pytest.raises(ScenarioError, match="--gpu 'a': give GPU indices"):
+        Telemetry.from_flags(gpu="a")
