@@ -1,0 +1,101 @@
+"""Trials that stop when the answer is clear (analysis/convergence.py): the bootstrap interval of the
+mean of per-trial figures, judged after each trial of real runs against the simulator. A quiet server
+stops at the minimum; a server whose first-token delay moves from request to request runs to the max."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from simkit import app_on_thread, itlaudit
+
+from itlaudit.analysis.convergence import ConvergenceRule, Progress, mean_interval
+from itlaudit.serve.sim import SimConfig, make_app
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _noisy(app: web.Application, seed: int) -> web.Application:
+    """Each streamed request waits 0-300 ms before the simulator sees it: a first-token delay that
+    moves, as on a server shared with other tenants."""
+    draw = random.Random(seed)
+
+    @web.middleware
+    async def delay(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.method == "POST" and request.path.startswith("/v1/"):
+            await asyncio.sleep(draw.uniform(0.0, 0.3))
+        return await handler(request)
+
+    app.middlewares.append(delay)
+    return app
+
+
+def _trials_until_clear(tmp_path: Path, url: str, rule: ConvergenceRule, metric: str) -> tuple[Progress, int]:
+    """Runs `itlaudit run` trial after trial, judging the variant's p50 of `metric` after each, as
+    `--trials auto` does."""
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(
+        'name = "t"\nendpoint = "completions"\n[workload]\n'
+        'prompts = ["Tell me about the sea, in a sentence."]\n'
+        'num_requests = 5\nconcurrency = 1\nmax_tokens = 12\nignore_eos = true\n[[variants]]\nname = "A"\n',
+        encoding="utf-8",
+    )
+    figures: list[float] = []
+    while True:
+        out = tmp_path / f"t{len(figures) + 1}"
+        result = itlaudit(
+            "run", str(scenario), "--url", url, "--out", str(out), "--ledger", str(tmp_path / "ledger.jsonl")
+        )
+        assert result.returncode == 0, result.stderr
+        block = json.loads((out / "summary.json").read_text())["variants"]["A"]
+        figures.append(block[metric]["p50"])
+        progress = rule.judge(figures)
+        if progress.done:
+            return progress, len(figures)
+
+
+def test_a_quiet_server_stops_at_the_minimum_with_a_narrow_interval(tmp_path: Path) -> None:
+    rule = ConvergenceRule(ci_width_pct=10, min_trials=3, max_trials=6)
+    with app_on_thread(make_app(SimConfig(step_ms=4.0, ttft_ms=10.0))) as url:
+        progress, trials = _trials_until_clear(tmp_path, url, rule, "itl_ms")
+    assert progress.converged and trials == 3, progress.reason
+    assert progress.interval is not None and progress.interval.width_pct <= 10
+    assert progress.interval.low <= progress.interval.mean <= progress.interval.high
+    assert "within 10 %" in progress.reason
+
+
+def test_a_noisy_server_runs_to_the_maximum_and_says_the_interval_did_not_close(tmp_path: Path) -> None:
+    rule = ConvergenceRule(ci_width_pct=5, min_trials=3, max_trials=4)
+    with app_on_thread(_noisy(make_app(SimConfig(step_ms=2.0, ttft_ms=5.0)), seed=7)) as url:
+        progress, trials = _trials_until_clear(tmp_path, url, rule, "ttft_ms")
+    assert not progress.converged and trials == 4, progress.reason
+    assert progress.interval is not None and progress.interval.width_pct > 5
+    assert "after the maximum of 4 trials" in progress.reason
+
+
+def test_the_interval_is_the_bootstrap_of_the_mean() -> None:
+    values = [10.0, 10.4, 9.8, 10.1, 10.3, 9.9]
+    interval = mean_interval(values)
+    assert interval is not None and interval.trials == 6
+    assert interval.low < sum(values) / 6 < interval.high
+    assert interval.high - interval.low < max(values) - min(values)  # the mean's, not the values' spread
+    assert mean_interval([4.0, 4.0, 4.0]) == mean_interval([4.0, 4.0, 4.0])  # seeded: the same each time
+    flat = mean_interval([4.0, 4.0, 4.0])
+    assert flat is not None and flat.width_pct == 0.0
+    assert mean_interval([4.0]) is None and mean_interval([float("nan"), 3.0]) is None
+    assert "95% CI over 6 trials" in interval.text(" ms")
+
+
+def test_a_trial_without_a_figure_counts_and_the_rule_refuses_impossible_bounds() -> None:
+    rule = ConvergenceRule(ci_width_pct=5, min_trials=2, max_trials=3)
+    assert not rule.judge([float("nan"), 10.0]).done
+    assert rule.judge([float("nan"), 10.0, 12.0]).done
+    with pytest.raises(ValueError):
+        ConvergenceRule(min_trials=1)
+    with pytest.raises(ValueError):
+        ConvergenceRule(min_trials=5, max_trials=4)
