@@ -2,12 +2,14 @@
 N one-second requests against the simulator end to end, paired in the same rounds with a naive client
 (one process, aiohttp, the same workload), so the difference is itlaudit's own overhead.
 
-Each round runs, in turn: `python -c pass` (the interpreter's floor), `itlaudit --help`, the naive
-client, `itlaudit run --no-plots` and `itlaudit run` (report with plots), each a fresh process; the
+Each round runs, in turn: `python -c pass` (the interpreter's floor), `itlaudit --help` (the command
+list: no command imported), `itlaudit run --help` (run's options: its module and what it imports), the
+naive client, `itlaudit run --no-plots` and `itlaudit run` (report with plots), each a fresh process; the
 figures are the median over the rounds (min beside it). The simulator is one process of its own, started
 once (`itlaudit sim`, --step-ms 10, so --tokens 100 is one second per request at any concurrency).
 Besides the wall times it prints what moves less with the machine's load: how many modules importing
-itlaudit.cli.app loads and their cumulative import time (`python -X importtime`).
+itlaudit.cli.app (the entry and its table) and itlaudit.cli.run (the run command) load, and their
+cumulative import time (`python -X importtime`).
 
     .venv/bin/python benchmarks/startup.py --streams 64 --rounds 5
 """
@@ -49,13 +51,13 @@ def _wall(argv: list[str], cwd: Path) -> float:
     return took
 
 
-def import_figures() -> tuple[int, float]:
-    """Modules loaded by `import itlaudit.cli.app` and their cumulative import time (s)."""
-    code = "import itlaudit.cli.app, sys; print(len(sys.modules))"
+def import_figures(module: str) -> tuple[int, float]:
+    """Modules loaded by `import MODULE` and its cumulative import time (s)."""
+    code = f"import {module}, sys; print(len(sys.modules))"
     done = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True, check=True
     )
-    line = next(x for x in done.stderr.splitlines() if x.rstrip().endswith("| itlaudit.cli.app"))
+    line = next(x for x in done.stderr.splitlines() if x.rstrip().endswith(f"| {module}"))
     return int(done.stdout.split()[-1]), int(line.split("|")[1]) / 1e6
 
 
@@ -110,8 +112,9 @@ def main() -> None:
         print(chunks)
         return
 
-    count, import_s = import_figures()
-    print(f"import itlaudit.cli.app: {count} modules, {import_s:.3f} s cumulative (-X importtime)")
+    for module in ("itlaudit.cli.app", "itlaudit.cli.run"):
+        count, import_s = import_figures(module)
+        print(f"import {module}: {count} modules, {import_s:.3f} s cumulative (-X importtime)")
     print(f"load average: {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
     with tempfile.TemporaryDirectory(prefix="itlaudit-startup-") as scratch:
         root = Path(scratch)
@@ -127,6 +130,7 @@ def main() -> None:
             runs: dict[str, Callable[[int], list[str]]] = {
                 "python -c pass": lambda i: [sys.executable, "-c", "pass"],
                 "itlaudit --help": lambda i: [*_itlaudit(), "--help"],
+                "itlaudit run --help": lambda i: [*_itlaudit(), "run", "--help"],
                 "naive client (aiohttp)": lambda i: [
                     sys.executable,
                     __file__,

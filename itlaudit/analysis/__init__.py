@@ -7,9 +7,15 @@ from itlaudit import Surface
 SURFACE = Surface(
     __name__,
     {
-        "comparison": ("build_comparison",),
+        "comparison": (
+            "CompareResult",
+            "VariantComparison",
+            "build_comparison",
+        ),
         "derive": (
             "derive_request",
+            "derive_requests",
+            "request_line",
             "run_summary",
             "summarize_run",
         ),
@@ -98,14 +104,14 @@ SURFACE = Surface(
             "VariantSummary",
         ),
         "sweep": (
-            "crossover",
+            "SweepResult",
             "parse_goodput",
             "parse_points",
             "parse_sla",
             "pool_trials",
             "request_figures",
             "sla_search",
-            "sla_words",
+            "sweep_result",
             "trial_figures",
         ),
         "validity": (

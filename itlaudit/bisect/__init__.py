@@ -17,8 +17,17 @@ SURFACE = Surface(
             "Bisection",
             "probe_scenario",
         ),
+        "build_range": (
+            "Build",
+            "fetch_versions",
+        ),
         "dryrun": ("dry_run_report",),
         "github": ("DEFAULT_API",),
+        "prefetch": ("Prefetcher",),
+        "probe": (
+            "ProbeConfig",
+            "run_probe",
+        ),
         "providers": ("PROVIDERS",),
         "providers.docker": ("DEFAULT_IMAGES",),
         "providers.wheels": (
@@ -34,6 +43,7 @@ SURFACE = Surface(
             "DEFAULT_SCENARIO",
             "Settings",
             "list_builds",
+            "make_provider",
         ),
         "state": ("State",),
         "verdict": ("JUDGES",),

@@ -12,13 +12,21 @@ SURFACE = Surface(
             "lost_worker_warnings",
             "parse_cluster",
         ),
+        "metrics_sampler": ("DEFAULT_PERIOD_S",),
         "planning": (
+            "OnPrepare",
             "reset_prefix_cache",
             "resolve_model",
             "sent_prompt",
         ),
         "runner": (
             "CaptureOptions",
+            "CapturePlan",
+            "CaptureResult",
+            "OnCapture",
+            "OnDone",
+            "capture",
+            "plan_capture",
             "run_variant",
             "variant_access",
         ),
@@ -31,10 +39,12 @@ SURFACE = Surface(
             "score_outputs",
         ),
         "server_info": (
+            "environment_record",
             "scrape_counters",
             "server_environment",
             "server_identity",
         ),
+        "telemetry": ("Telemetry",),
     },
 )
 __all__ = SURFACE.names

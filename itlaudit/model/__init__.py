@@ -35,6 +35,7 @@ SURFACE = Surface(
             "NO_DONE_SENTINEL",
             "RATE_LIMITED",
             "SPEC_DECODE_DISTRIBUTION_SHIFT",
+            "SPEC_DECODE_METRICS_DISAGREE",
             "SPEC_DECODE_OUTPUT_MISMATCH",
             "STOP_REASON_UNEXPECTED",
             "STOP_TOKEN_IDS_IGNORED",
@@ -52,6 +53,7 @@ SURFACE = Surface(
         "datasets": (
             "DATASET_KINDS",
             "MAX_ROUND_TRIPS",
+            "REPLY_KINDS",
             "chat_prompt_note",
             "refit_ids",
             "refit_rng",

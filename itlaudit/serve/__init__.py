@@ -22,8 +22,8 @@ SURFACE = Surface(
         ),
         "logged": ("run_logged",),
         "side_client": (
+            "SIDE_TIMEOUT_S",
             "BlockingSideClient",
-            "SideAnswer",
             "SideClient",
             "describe_connection_failure",
             "server_error_message",

@@ -11,10 +11,17 @@ SURFACE = Surface(
     {
         "changes": (
             "SUSPECTED",
+            "Change",
             "CheckSettings",
             "open_changes",
         ),
         "db": ("open_history",),
+        "nightly": (
+            "bisect_change",
+            "bisect_unexplained",
+            "nightly",
+            "nightly_builds",
+        ),
         "publish": ("publish",),
         "record": (
             "BuildInfo",
