@@ -12,6 +12,7 @@ from itlaudit.analysis.lossless import (
 from itlaudit.capture.client import stream_request
 from itlaudit.capture.request_plan import plan_request
 from itlaudit.capture.scoring import Scorer, explain_mismatch
+from itlaudit.model.codes import Severity
 from itlaudit.model.records import ChunkSeries, RequestParams, RequestRecord, Status
 from itlaudit.serve.side_client import SideClient
 from itlaudit.serve.sim import SimConfig, run_sim
@@ -130,3 +131,16 @@ async def test_sim_k0_vs_k3_match_and_a_planted_mismatch_is_found() -> None:
             )
     assert explained.evidence["base_top_logprobs"]
     assert next(iter(explained.evidence["spec_top_logprobs"])) == str(SimConfig().eos_token_id)
+
+
+def test_a_near_tie_the_speculating_server_replays_as_k0_did_is_a_warning() -> None:
+    """Replayed on its own, the K3 server ranks K=0's token first: its verification is exact, the live
+    batch broke a tie. A replay that disagrees, or a wide margin, keeps the error."""
+    (finding,) = spec_decode_mismatches([_record("K0", 0, [1, 5])], [_record("K3", 0, [1, 6])])
+    agrees = with_divergence_logprobs(finding, {5: -1.0, 6: -1.125}, {5: -1.0, 6: -1.125})
+    assert agrees.severity is Severity.WARNING and "batch variance at a near tie" in agrees.message
+    tied = with_divergence_logprobs(finding, {5: -1.0, 6: -1.0}, {6: -1.0, 5: -1.0})
+    assert tied.severity is Severity.WARNING
+    disagrees = with_divergence_logprobs(finding, {5: -1.0, 6: -1.125}, {6: -1.0, 5: -1.125})
+    wide = with_divergence_logprobs(finding, {5: -0.1, 6: -4.0}, {5: -0.1, 6: -4.0})
+    assert disagrees.severity is wide.severity is Severity.ERROR

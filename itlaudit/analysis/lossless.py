@@ -120,7 +120,9 @@ def _margin(top: TopLogprobs) -> float | None:
 
 def with_divergence_logprobs(finding: Finding, base_top: TopLogprobs, spec_top: TopLogprobs) -> Finding:
     """The finding plus both servers' top candidates at the differing position and a reading of them:
-    a base margin under NEAR_TIE_NATS is consistent with batch variance, a larger one points at a bug."""
+    a base margin under NEAR_TIE_NATS is consistent with batch variance, a larger one points at a bug. A
+    near tie where the speculating server's own replay agrees with K=0 is a warning: nothing is wrong with
+    its sampler, only the live batch shape broke the tie."""
     margin = _margin(base_top)
     if margin is None:
         verdict = "the base server returned one candidate, so the margin is unknown"
@@ -128,14 +130,27 @@ def with_divergence_logprobs(finding: Finding, base_top: TopLogprobs, spec_top: 
         verdict = f"the K=0 top-2 margin is {margin:.3g} nats, a near-tie batch variance can break"
     else:
         verdict = f"the K=0 top-2 margin is {margin:.3g} nats, too wide for batch variance: likely a bug"
+    near_tie = margin is not None and margin < NEAR_TIE_NATS
     evidence = {
         **finding.evidence,
         "base_top_logprobs": _shown(base_top),
         "spec_top_logprobs": _shown(spec_top),
         "base_top2_margin": margin,
-        "near_tie": margin is not None and margin < NEAR_TIE_NATS,
+        "near_tie": near_tie,
     }
-    return replace(finding, message=f"{finding.message} Here {verdict}.", evidence=evidence)
+    message = f"{finding.message} Here {verdict}."
+    base_token = finding.evidence.get("base_value")
+    if near_tie and spec_top and spec_top.get(base_token) == max(spec_top.values()):
+        # Replayed alone on the same prefix, the speculating server also ranks K=0's token first: its
+        # verification picks the target's argmax, and the flip came from the batch shape of the live run
+        # at a near tie. Gemma 3 270M on an H200 (bf16, eager) showed 6 such flips in 16 greedy requests,
+        # each at a margin of 0 or 0.125 nats (one bf16 step): real, reported, but not a spec-decode bug.
+        message += (
+            f" Replayed on its own, the speculating server also ranks token {base_token} first, so its"
+            " verification is exact: batch variance at a near tie, not a speculative-decoding bug."
+        )
+        return replace(finding, severity=Severity.WARNING, message=message, evidence=evidence)
+    return replace(finding, message=message, evidence=evidence)
 
 
 def with_execution_modes(finding: Finding, base_mode: str | None, spec_mode: str | None) -> Finding:
