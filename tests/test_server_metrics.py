@@ -21,10 +21,14 @@ from itlaudit.analysis.server_metrics import (
     QUEUE_TIME,
     delta_row,
     parse_scrape,
+    signal_changes,
     summarize_series,
+    variant_server_figures,
 )
 from itlaudit.capture.metrics_sampler import MetricsSampler
 from itlaudit.model.codes import SPEC_DECODE_METRICS_DISAGREE
+from itlaudit.report.markdown import server_rows, server_section
+from itlaudit.report.plots import VariantView, plot_server_timeline
 from itlaudit.serve.sim import SimConfig
 from itlaudit.store.jsonl import load_records
 from itlaudit.store.server_metrics import read_server_metrics
@@ -188,3 +192,42 @@ def test_server_acceptance_that_lies_is_a_finding(tmp_path: Path) -> None:
     assert evidence["server_accepted"] == 3 * evidence["server_steps"]
     assert evidence["server_accepted"] > evidence["stream_accepted_max"] + 3
     assert str(evidence["server_accepted"]) in found[0]["message"]
+
+
+def test_timeline_and_report_section_draw_the_sampled_window(tmp_path: Path) -> None:
+    """The sampler's rows from a loaded simulator drawn on the timeline and tabled in the report."""
+    config = SimConfig(num_speculative_tokens=2, acceptance_prob=0.6, max_num_seqs=1, step_ms=3)
+    with sim_server(config) as url:
+        sampler = MetricsSampler(url, tmp_path / "server_metrics.jsonl", "k2", period_s=0.05)
+        sampler.start()
+        with ThreadPoolExecutor(3) as pool:
+            list(pool.map(lambda i: _stream(url, "A sentence for the server to continue.", 30), range(3)))
+        sampler.stop()
+    rows = read_server_metrics(tmp_path)["k2"]
+    view = VariantView("k2", [], {}, telemetry={"server": rows})
+    png = plot_server_timeline([view], tmp_path / "server_timeline.png")
+    assert png is not None and png.stat().st_size > 10_000
+    summary = {"variants": {"k2": {}}, "server": {"k2": variant_server_figures(rows, [], None)}}
+    table = {row[0]: row[1] for row in server_rows(summary)}
+    assert table["running requests max"] == "1" and float(table["waiting requests max"]) >= 1
+    assert "KV-cache usage max" in table and "GPU SM clock p50" not in table  # no GPU: no row
+    assert "## Server during the measured window" in server_section(summary)
+
+
+def test_why_it_moved_lists_the_signals_that_changed() -> None:
+    base = {"k3": {"kv_usage_p50": 0.20, "preemptions": 0.0, "running_max": 8.0, "gpu_throttle": []}}
+    new = {
+        "k3": {"kv_usage_p50": 0.90, "preemptions": 12.0, "running_max": 8.4, "gpu_throttle": ["hw_slowdown"]}
+    }
+    base["k3"]["acceptance_per_position"] = [0.8, 0.5]
+    new["k3"]["acceptance_per_position"] = [0.8, 0.2]
+    moved = {c.label: c for c in signal_changes(base, new)}
+    assert set(moved) == {
+        "KV-cache usage p50",
+        "preemptions",
+        "draft acceptance at position 2 (/metrics)",
+        "GPU throttle reasons",
+    }  # running max moved 5 %: under the 10 % a signal must move
+    assert (moved["KV-cache usage p50"].base, moved["KV-cache usage p50"].new) == ("20.0%", "90.0%")
+    assert moved["preemptions"].ratio is None and moved["GPU throttle reasons"].new == "hw_slowdown"
+    assert signal_changes(base, base) == []

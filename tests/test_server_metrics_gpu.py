@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from simkit import sim_server
 
-from itlaudit.capture.nvml import GPU_TELEMETRY_FILE, NvmlSampler, open_gpus, throttle_names
+from itlaudit.analysis.server_metrics import GPU_TELEMETRY_FILE
+from itlaudit.capture.nvml import NvmlSampler, open_gpus, throttle_names
 from itlaudit.capture.telemetry import Telemetry
 from itlaudit.errors import ScenarioError
 from itlaudit.serve.sim import SimConfig

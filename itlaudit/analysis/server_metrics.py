@@ -18,30 +18,36 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from itlaudit.analysis.specdecode import ACCEPTED_PER_POS, DRAFTS
+from itlaudit.analysis.specdecode import ACCEPTED_PER_POS, DRAFTS, PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES
 from itlaudit.errors import MetricsParseError
 
 __all__ = [
+    "GPU_TELEMETRY_FILE",
     "KV_USAGE",
     "QUEUE_TIME",
     "RUNNING",
     "SERVER_METRICS_FILE",
+    "SIGNALS",
+    "SIGNAL_CHANGE",
     "WAITING",
     "Scrape",
+    "SignalChange",
     "delta_row",
+    "gpu_figures",
     "parse_scrape",
     "per_position_series",
+    "signal_changes",
     "summarize_series",
+    "variant_server_figures",
 ]
 
 SERVER_METRICS_FILE = "server_metrics.jsonl"
+GPU_TELEMETRY_FILE = "gpu_telemetry.jsonl"  # capture/nvml.py's rows
 
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 KV_USAGE = "vllm:kv_cache_usage_perc"
 PREEMPTIONS = "vllm:num_preemptions_total"
-PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
-PREFIX_HITS = "vllm:prefix_cache_hits_total"
 QUEUE_TIME = "vllm:request_queue_time_seconds"
 # Labels every vLLM series carries that say nothing about what was measured: summed (or averaged) over.
 _IDENTITY_LABELS = frozenset({"engine", "model_name"})
@@ -149,7 +155,7 @@ def summarize_series(rows: list[dict[str, Any]]) -> dict[str, Any]:
     rows = [r for r in rows if "t_ns" in r and "error" not in r]
     kv = _gauge_values(rows, KV_USAGE)
     running, waiting = _gauge_values(rows, RUNNING), _gauge_values(rows, WAITING)
-    queries, hits = _counter_total(rows, PREFIX_QUERIES), _counter_total(rows, PREFIX_HITS)
+    queries, hits = _counter_total(rows, PREFIX_CACHE_QUERIES), _counter_total(rows, PREFIX_CACHE_HITS)
     queue: dict[str, float] = defaultdict(float)
     for row in rows:
         for part, value in row.get("histograms", {}).get(QUEUE_TIME, {}).items():
@@ -168,3 +174,118 @@ def summarize_series(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "prefix_hit_rate": hits / queries if queries and hits is not None else None,
         "acceptance_per_position": per_position_series(rows),
     }
+
+
+def gpu_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The watched GPUs over the window (all GPUs pooled): SM clock p50 and min, power and temperature
+    max, memory used max, utilisation p50, and every throttle reason seen. Empty without rows."""
+    gpus = [g for r in rows if "t_ns" in r and "error" not in r for g in r.get("gpus", {}).values()]
+    if not gpus:
+        return {}
+
+    def values(key: str) -> list[float]:
+        return [float(g[key]) for g in gpus if isinstance(g.get(key), int | float)]
+
+    clock, util = values("sm_clock_mhz"), values("gpu_util_pct")
+    power, temperature, memory = values("power_w"), values("temperature_c"), values("memory_used_mib")
+    return {
+        "gpu_sm_clock_p50_mhz": statistics.median(clock) if clock else None,
+        "gpu_sm_clock_min_mhz": min(clock) if clock else None,
+        "gpu_power_max_w": max(power) if power else None,
+        "gpu_temperature_max_c": max(temperature) if temperature else None,
+        "gpu_memory_used_max_mib": max(memory) if memory else None,
+        "gpu_util_p50_pct": statistics.median(util) if util else None,
+        "gpu_throttle": sorted({reason for g in gpus for reason in g.get("throttle", [])}),
+    }
+
+
+def variant_server_figures(
+    server_rows: list[dict[str, Any]], gpu_rows: list[dict[str, Any]], acceptance: dict[str, Any] | None
+) -> dict[str, Any]:
+    """One variant's block of summary.json's `server`: the /metrics figures (acceptance per position
+    pooled over the window, not per interval), the GPU's, and the server's per-request acceptance
+    (analysis.request_acceptance.pooled_server_acceptance) when it sent one."""
+    figures = summarize_series(server_rows) if server_rows else {}
+    series = figures.pop("acceptance_per_position", [])
+    drafts = sum(p["drafts"] for p in series)
+    if drafts:
+        width = max(len(p["acceptance"]) for p in series)
+        figures["acceptance_per_position"] = [
+            sum(p["acceptance"][i] * p["drafts"] for p in series if i < len(p["acceptance"])) / drafts
+            for i in range(width)
+        ]
+    figures.update(gpu_figures(gpu_rows))
+    if acceptance is not None:
+        figures["server_acceptance_length"] = acceptance["acceptance_length"]
+        figures["server_acceptance_rate"] = acceptance["acceptance_rate"]
+    return figures
+
+
+# (key in a variant's `server` block, label, format): the signals `diff` compares between two runs.
+SIGNALS: tuple[tuple[str, str, str], ...] = (
+    ("kv_usage_p50", "KV-cache usage p50", "{:.1%}"),
+    ("kv_usage_max", "KV-cache usage max", "{:.1%}"),
+    ("running_max", "running requests max", "{:g}"),
+    ("waiting_max", "waiting requests max", "{:g}"),
+    ("preemptions", "preemptions", "{:g}"),
+    ("queue_time_mean_s", "time in the waiting queue, mean", "{:.3f} s"),
+    ("prefix_hit_rate", "prefix-cache hit rate", "{:.1%}"),
+    ("server_acceptance_length", "acceptance length (server, per request)", "{:.2f}"),
+    ("gpu_sm_clock_p50_mhz", "GPU SM clock p50", "{:.0f} MHz"),
+    ("gpu_power_max_w", "GPU power max", "{:.0f} W"),
+    ("gpu_temperature_max_c", "GPU temperature max", "{:.0f} °C"),
+    ("gpu_util_p50_pct", "GPU utilisation p50", "{:.0f} %"),
+)
+SIGNAL_CHANGE = 0.10  # a signal moved when it changed by more than this fraction (or from/to zero)
+
+
+@dataclass(frozen=True)
+class SignalChange:
+    """A server or GPU signal that differs between two runs of a variant, as shown: `base` and `new`
+    formatted, `ratio` new/base where both are non-zero numbers."""
+
+    variant: str
+    label: str
+    base: str
+    new: str
+    ratio: float | None = None
+
+
+def _moved(x: float, y: float, threshold: float) -> bool:
+    """Changed by more than `threshold` of the larger value (so 0 → anything has moved)."""
+    return abs(y - x) > threshold * max(abs(x), abs(y))
+
+
+def signal_changes(
+    base: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]], threshold: float = SIGNAL_CHANGE
+) -> list[SignalChange]:
+    """What moved on the server between two runs ({variant: server block} each): every signal both
+    runs have that changed by more than `threshold` (a count that went from zero counts), every
+    position's acceptance that did, and throttle reasons that appeared or went."""
+    out = []
+    for variant in [v for v in base if v in new]:
+        a, b = base[variant], new[variant]
+        for key, label, fmt in SIGNALS:
+            x, y = a.get(key), b.get(key)
+            if not isinstance(x, int | float) or not isinstance(y, int | float):
+                continue
+            if _moved(x, y, threshold):
+                ratio = y / x if x else None
+                out.append(SignalChange(variant, label, fmt.format(x), fmt.format(y), ratio))
+        for i, (x, y) in enumerate(
+            zip(a.get("acceptance_per_position", []), b.get("acceptance_per_position", []), strict=False)
+        ):
+            if _moved(x, y, threshold):
+                label = f"draft acceptance at position {i + 1} (/metrics)"
+                out.append(SignalChange(variant, label, f"{x:.1%}", f"{y:.1%}", y / x if x else None))
+        seen, now = set(a.get("gpu_throttle", [])), set(b.get("gpu_throttle", []))
+        if seen != now and (seen or now) and "gpu_throttle" in a and "gpu_throttle" in b:
+            out.append(
+                SignalChange(
+                    variant,
+                    "GPU throttle reasons",
+                    ", ".join(sorted(seen)) or "none",
+                    ", ".join(sorted(now)) or "none",
+                )
+            )
+    return out

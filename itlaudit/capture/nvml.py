@@ -14,11 +14,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from itlaudit.analysis.server_metrics import GPU_TELEMETRY_FILE
 from itlaudit.capture.metrics_sampler import DEFAULT_PERIOD_S, PeriodicSampler, SampleFailed
 
 __all__ = ["GPU_TELEMETRY_FILE", "THROTTLE_REASONS", "NvmlSampler", "open_gpus", "throttle_names"]
-
-GPU_TELEMETRY_FILE = "gpu_telemetry.jsonl"
 
 # NVML's clock-event reason bits (nvml.h, nvmlClocksEventReason*), named as a reader wants them.
 THROTTLE_REASONS = {

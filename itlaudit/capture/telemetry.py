@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from itlaudit.analysis.server_metrics import SERVER_METRICS_FILE
+from itlaudit.analysis.server_metrics import GPU_TELEMETRY_FILE, SERVER_METRICS_FILE
 from itlaudit.capture.metrics_sampler import DEFAULT_PERIOD_S, MetricsSampler, PeriodicSampler
 from itlaudit.errors import ScenarioError
 from itlaudit.model.access import NO_ACCESS, Access
@@ -131,7 +131,7 @@ class TelemetryWindow:
         local = self.launched is not None and self.launched.kind in ("python", "command")
         if named is None and not local:
             return
-        from itlaudit.capture.nvml import GPU_TELEMETRY_FILE, NvmlSampler, open_gpus
+        from itlaudit.capture.nvml import NvmlSampler, open_gpus
 
         wanted = named if named is not None or self.launched is None else _launched_gpus(self.launched)
         indices, problem = open_gpus(wanted)

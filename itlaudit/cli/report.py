@@ -20,6 +20,7 @@ from rich.console import Console
 from itlaudit.analysis.derive import derive_request, summarize_run
 from itlaudit.analysis.importers import ImportedBenchmark, parse_import
 from itlaudit.analysis.run_diff import diff_runs, workload_differences, workload_of
+from itlaudit.analysis.server_metrics import signal_changes
 from itlaudit.analysis.summary import PartialBy
 from itlaudit.cli.options import choices
 from itlaudit.errors import RecordsError, RunDirError
@@ -39,6 +40,7 @@ from itlaudit.store.rundir import (
     read_versioned,
     remove_partial,
 )
+from itlaudit.store.server_metrics import server_blocks
 from itlaudit.workflows.derive import write_derived
 
 __all__ = [
@@ -272,7 +274,8 @@ def diff(
             "a diff would compare unlike things: pass --force to compare anyway"
         )
     result = diff_runs(base.records, new.records, threshold=threshold, alpha=alpha)
-    text = render_diff(result, str(base_dir), str(new_dir))
+    moved = signal_changes(server_blocks(base.path, base.records), server_blocks(new.path, new.records))
+    text = render_diff(result, str(base_dir), str(new_dir), moved)
     if partial:
         still = "; ".join(partial)
         text = f"> **{PARTIAL_HEADING}**: {still}, so these are its finished requests only.\n\n{text}"

@@ -3,12 +3,15 @@ table, every row with the reason for its verdict."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from itlaudit.analysis.run_diff import MetricDiff, RunDiff
+from itlaudit.analysis.server_metrics import SIGNAL_CHANGE, SignalChange
 from itlaudit.analysis.validity import NOT_COMPARABLE
 from itlaudit.model.vocabulary import Shift
 from itlaudit.report.markdown import escape, table_cell
 
-__all__ = ["render_diff"]
+__all__ = ["render_diff", "why_it_moved"]
 
 _ICON = {
     Shift.BETTER: "✅ better",
@@ -45,9 +48,33 @@ def _verdict_cell(m: MetricDiff, comparable: bool) -> tuple[str, str]:
     return _ICON.get(c.verdict, c.verdict), c.reason if c.verdict == Shift.UNKNOWN else ""
 
 
-def render_diff(diff: RunDiff, base_label: str, new_label: str) -> str:
+def why_it_moved(moved: Sequence[SignalChange]) -> list[str]:
+    """The server and GPU signals that changed between the runs (summary.json's `server` blocks):
+    what the server was doing differently while the figures above moved. Listed, never judged."""
+    if not moved:
+        return []
+    lines = [
+        "### Why it moved",
+        "",
+        f"Server and GPU signals that changed by more than {SIGNAL_CHANGE:.0%} between the runs' measured "
+        "windows (/metrics sampled during them, per-request acceptance, NVML):",
+        "",
+        "| variant | signal | base | new | ratio |",
+        "|---|---|---|---|---|",
+    ]
+    for change in moved:
+        ratio = "–" if change.ratio is None else f"{change.ratio:.2f}×"
+        lines.append(
+            f"| {escape(change.variant)} | {escape(change.label)} | {escape(change.base)} "
+            f"| {escape(change.new)} | {ratio} |"
+        )
+    return [*lines, ""]
+
+
+def render_diff(diff: RunDiff, base_label: str, new_label: str, moved: Sequence[SignalChange] = ()) -> str:
     """Markdown for a PR comment: which variants are not comparable, the verdict line, what changed
-    in findings, then the table. Labels in argument order: base, then new."""
+    in findings, then the table, then why it moved (`moved`: the server signals that changed).
+    Labels in argument order: base, then new."""
     worse = [m for m in diff.metrics if m.comparison.verdict == Shift.WORSE]
     lines = [f"## itlaudit diff: `{escape(base_label)}` (base) → `{escape(new_label)}` (new)", ""]
     unlike = _not_comparable_lines(diff)
@@ -89,6 +116,7 @@ def render_diff(diff: RunDiff, base_label: str, new_label: str) -> str:
             f"| {ratio} | {p} | {verdict} | {table_cell(why)} |"
         )
     lines.append("")
+    lines += why_it_moved(moved)
     if diff.only_base or diff.only_new:
         lines.append(
             f"Not compared (in one run only): base {', '.join(diff.only_base) or '–'}; "

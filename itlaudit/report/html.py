@@ -23,6 +23,8 @@ from itlaudit.report.markdown import (
     FINDINGS_FILE,
     NO_FINDINGS,
     RESULT_NOTE,
+    SERVER_HEADING,
+    SERVER_NOTE,
     category_rows,
     finding_groups,
     headline,
@@ -30,6 +32,7 @@ from itlaudit.report.markdown import (
     partial_warning,
     result_rows,
     saturation_warning,
+    server_rows,
     summary_rows,
     usage_warning,
 )
@@ -148,6 +151,12 @@ def render_html(
                 f"<h3>By category: {html.escape(name)}</h3><p>{CATEGORY_NOTE}</p>",
                 table_html(CATEGORY_HEADER, rows),
             ]
+    server = server_rows(summary)
+    if server:
+        parts += [
+            f"<h2>{SERVER_HEADING}</h2><p>{inline_markdown(SERVER_NOTE)}</p>",
+            table_html(["signal", *summary["variants"]], server),
+        ]
     parts += figures[1:]
     parts += [_imported(imp, variant, variants.get(variant) or {}) for imp, variant in imported]
     return page_html(f"itlaudit: {title}", parts)

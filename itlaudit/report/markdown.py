@@ -9,6 +9,7 @@ from typing import Any
 
 from itlaudit.analysis.importers import ImportedBenchmark
 from itlaudit.analysis.metrics import p50, ratio
+from itlaudit.analysis.server_metrics import SIGNALS
 from itlaudit.analysis.stats import SAME_BAND
 from itlaudit.analysis.validity import Validity, comparison_validity, variant_validity
 from itlaudit.model.codes import CLIENT_SATURATED, TRUNCATION_CODES
@@ -25,6 +26,8 @@ __all__ = [
     "PARTIAL_HEADING",
     "RESULT_NOTE",
     "RESULT_ROWS",
+    "SERVER_HEADING",
+    "SERVER_NOTE",
     "SUMMARY_ROWS",
     "FindingGroup",
     "category_rows",
@@ -43,6 +46,8 @@ __all__ = [
     "render_report",
     "result_rows",
     "saturation_warning",
+    "server_rows",
+    "server_section",
     "stat_pair",
     "summary_rows",
     "table_cell",
@@ -174,6 +179,43 @@ def category_rows(block: dict[str, Any]) -> list[list[str]]:
         [category, str(row["requests"]), *(_p50_p99(row.get(key), fmt) for key, fmt in CATEGORY_COLUMNS)]
         for category, row in (block.get("categories") or {}).items()
     ]
+
+
+SERVER_HEADING = "Server during the measured window"
+SERVER_NOTE = (
+    "From the server's /metrics sampled during the measured requests (server_metrics.jsonl), its "
+    "per-request acceptance, and NVML for a GPU watched here (gpu_telemetry.jsonl)."
+)
+
+
+def server_rows(summary: dict[str, Any]) -> list[list[str]]:
+    """A row per signal any variant has (raw strings): summary.json's `server` blocks, in SIGNALS'
+    order, throttle reasons last."""
+    server = summary.get("server") or {}
+    names = list(summary["variants"])
+    rows = []
+    for key, label, fmt in SIGNALS:
+        cells = [server.get(n, {}).get(key) for n in names]
+        if any(isinstance(c, int | float) for c in cells):
+            rows.append([label, *(fmt.format(c) if isinstance(c, int | float) else "–" for c in cells)])
+    throttle = [server.get(n, {}).get("gpu_throttle") for n in names]
+    if any(t is not None for t in throttle):
+        rows.append(
+            ["GPU throttle reasons", *("–" if t is None else ", ".join(t) or "none" for t in throttle)]
+        )
+    return rows
+
+
+def server_section(summary: dict[str, Any]) -> list[str]:
+    rows = server_rows(summary)
+    if not rows:
+        return []
+    names = list(summary["variants"])
+    out = [f"## {SERVER_HEADING}", "", SERVER_NOTE, ""]
+    out.append("| signal | " + " | ".join(escape(n) for n in names) + " |")
+    out.append("|---|" + "---|" * len(names))
+    out += ["| " + " | ".join(escape(c) for c in row) + " |" for row in rows]
+    return [*out, ""]
 
 
 def category_section(variants: dict[str, Any]) -> list[str]:
@@ -371,6 +413,7 @@ def render_report(
     lines += _findings_section(findings) or [NO_FINDINGS]
     lines.append("")
     lines += category_section(variants)
+    lines += server_section(summary)
     for imp, variant in imported:
         lines += imported_section(imp, variant, variants.get(variant) or {})
     lines += [f"![{escape(caption)}]({name})" for caption, name in images]

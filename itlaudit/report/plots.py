@@ -12,8 +12,8 @@ hatched, labelled "not comparable", and never called faster or better.
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ import numpy as np
 from matplotlib.axes import Axes
 
 from itlaudit.analysis.metrics import p50, per_chunk_itl_ms, request_metrics, speedup, token_counts
+from itlaudit.analysis.server_metrics import KV_USAGE, RUNNING, WAITING, per_position_series
 from itlaudit.analysis.stats import Comparison, compare_samples
 from itlaudit.analysis.validity import COMPARABLE, NOT_COMPARABLE, Validity, comparison_validity
 from itlaudit.model.records import RequestRecord, Status
@@ -50,6 +51,7 @@ __all__ = [
     "plot_itl_cdf",
     "plot_itl_headline",
     "plot_latency_bars",
+    "plot_server_timeline",
     "plot_timeline",
     "plot_tokens_per_chunk",
     "write_plots",
@@ -71,6 +73,8 @@ class VariantView:
     spec_decode: dict[str, Any] | None = None
     truncated: frozenset[str] = frozenset()
     validity: Validity = COMPARABLE
+    # The samplers' rows for this variant (store.server_metrics): "server" (/metrics), "gpu" (NVML).
+    telemetry: Mapping[str, Sequence[dict[str, Any]]] = field(default_factory=dict)
 
 
 def _colour(variants: Sequence[VariantView], view: VariantView) -> Colour:
@@ -466,6 +470,99 @@ def plot_acceptance(variants: Sequence[VariantView], path: Path) -> Path | None:
     return save_figure(fig, path)
 
 
+def _window_rows(view: VariantView, kind: str) -> list[dict[str, Any]]:
+    return [r for r in view.telemetry.get(kind, ()) if "t_ns" in r and "error" not in r]
+
+
+def _server_panels(view: VariantView) -> list[str]:
+    """The timeline's rows this variant has data for, top to bottom."""
+    server, gpu = _window_rows(view, "server"), _window_rows(view, "gpu")
+    gauges = {k for r in server for k in r.get("gauges", {})}
+    panels = ["itl"]
+    panels += ["load"] if {RUNNING, WAITING} & gauges else []
+    panels += ["kv"] if KV_USAGE in gauges else []
+    panels += ["acceptance"] if per_position_series(server) else []
+    panels += ["gpu"] if gpu else []
+    return panels
+
+
+def plot_server_timeline(variants: Sequence[VariantView], path: Path) -> Path | None:
+    """The measured window on one clock (the capture's monotonic clock, seconds from its first
+    sample): token ITL of every chunk as a point, beside what the server and GPU said meanwhile:
+    running and waiting requests, KV-cache usage, draft acceptance per position, GPU SM clock. A
+    column per variant sampled; rows for what it has."""
+    shown = [(v, _server_panels(v)) for v in variants if _window_rows(v, "server") or _window_rows(v, "gpu")]
+    if not shown:
+        return None
+    rows = max(len(panels) for _, panels in shown)
+    fig, axes = plt.subplots(
+        rows, len(shown), figsize=(WIDE[0], 2.2 * rows + 0.6), sharex="col", squeeze=False
+    )
+    for col, (view, panels) in enumerate(shown):
+        for row, ax in enumerate(axes[:, col]):
+            if row >= len(panels):
+                ax.set_visible(False)
+                continue
+            _server_panel(ax, view, panels[row], _colour(variants, view))
+            if row == 0:
+                title = view.name if view.validity.comparable else f"{view.name}\n{NOT_COMPARABLE}"
+                ax.set_title(
+                    title, fontsize=10, color="black" if view.validity.comparable else TRUNCATION_RED
+                )
+        axes[len(panels) - 1, col].set_xlabel("seconds into the measured window")
+    fig.suptitle("Stream and server on one clock: why a figure moved")
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def _server_panel(ax: Axes, view: VariantView, panel: str, colour: Colour) -> None:
+    server, gpu = _window_rows(view, "server"), _window_rows(view, "gpu")
+    starts = [r["t_ns"] for r in server + gpu]
+    t0 = min(starts)
+
+    def seconds(rows: list[dict[str, Any]]) -> np.ndarray:
+        return (np.array([r["t_ns"] for r in rows], dtype=float) - t0) / 1e9
+
+    if panel == "itl":
+        xs, ys = [], []
+        for record in view.records:
+            if record.status != Status.OK or record.sent_monotonic_ns is None or len(record.chunks) < 2:
+                continue
+            t, _, _ = token_counts(record)
+            xs.append((record.sent_monotonic_ns - t0) / 1e9 + t[1:] / 1000.0)
+            ys.append(per_chunk_itl_ms(record))
+        if xs:
+            ax.scatter(np.concatenate(xs), np.concatenate(ys), s=3, alpha=0.35, color=colour, linewidths=0)
+        ax.set_ylabel("token ITL (ms)")
+    elif panel == "load":
+        for name, label, style in ((RUNNING, "running", "-"), (WAITING, "waiting", "--")):
+            have = [r for r in server if name in r["gauges"]]
+            ax.plot(seconds(have), [r["gauges"][name] for r in have], style, color=colour, label=label)
+        ax.set_ylabel("requests")
+        ax.legend(fontsize=8, loc="upper right")
+    elif panel == "kv":
+        have = [r for r in server if KV_USAGE in r["gauges"]]
+        ax.plot(seconds(have), [100 * r["gauges"][KV_USAGE] for r in have], color=colour)
+        ax.set_ylabel("KV cache (%)")
+        ax.set_ylim(bottom=0)
+    elif panel == "acceptance":
+        series = per_position_series(server)
+        for i in range(max(len(p["acceptance"]) for p in series)):
+            have = [p for p in series if i < len(p["acceptance"])]
+            times = (np.array([p["t_ns"] for p in have], dtype=float) - t0) / 1e9
+            ax.plot(times, [p["acceptance"][i] for p in have], marker=".", label=f"position {i + 1}")
+        ax.set_ylabel("acceptance")
+        ax.set_ylim(0, 1.05)
+        ax.legend(fontsize=7, loc="lower right", ncol=2)
+    else:
+        for index in sorted({k for r in gpu for k in r.get("gpus", {})}):
+            have = [r for r in gpu if index in r["gpus"]]
+            ax.plot(seconds(have), [r["gpus"][index]["sm_clock_mhz"] for r in have], label=f"GPU {index}")
+        ax.set_ylabel("SM clock (MHz)")
+        ax.legend(fontsize=8, loc="lower right")
+    ax.grid(alpha=0.3)
+
+
 PlotFunction = Callable[[Sequence[VariantView], Path], Path | None]
 
 # (file name, caption, function), in report order: the headline first.
@@ -476,6 +573,7 @@ PLOTS: tuple[tuple[str, str, PlotFunction], ...] = (
     ("tokens_per_chunk.png", "Tokens per SSE chunk", plot_tokens_per_chunk),
     ("timeline.png", "Per-request timeline (sample)", plot_timeline),
     ("acceptance.png", "Draft acceptance per position", plot_acceptance),
+    ("server_timeline.png", "Stream and server on one clock", plot_server_timeline),
 )
 
 

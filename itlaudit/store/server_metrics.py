@@ -3,14 +3,17 @@ time order (the file's format is checked from its header line)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from itlaudit.analysis.server_metrics import SERVER_METRICS_FILE
+from itlaudit.analysis.request_acceptance import pooled_server_acceptance
+from itlaudit.analysis.server_metrics import GPU_TELEMETRY_FILE, SERVER_METRICS_FILE, variant_server_figures
 from itlaudit.model.formats import FORMAT_KEY, check_format
+from itlaudit.model.records import RequestRecord
 from itlaudit.store.jsonl import iter_jsonl
 
-__all__ = ["read_server_metrics"]
+__all__ = ["read_server_metrics", "read_telemetry", "server_blocks"]
 
 
 def read_server_metrics(run_dir: Path, name: str = SERVER_METRICS_FILE) -> dict[str, list[dict[str, Any]]]:
@@ -29,3 +32,28 @@ def read_server_metrics(run_dir: Path, name: str = SERVER_METRICS_FILE) -> dict[
     for rows in by_variant.values():
         rows.sort(key=lambda row: row["t_ns"])
     return by_variant
+
+
+def read_telemetry(run_dir: Path) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """Both samplers' rows: {"server": {variant: rows}, "gpu": {variant: rows}}."""
+    return {"server": read_server_metrics(run_dir), "gpu": read_server_metrics(run_dir, GPU_TELEMETRY_FILE)}
+
+
+def server_blocks(
+    run_dir: Path,
+    records: Sequence[RequestRecord],
+    telemetry: dict[str, dict[str, list[dict[str, Any]]]] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """summary.json's `server`: per variant, what its server and GPU said during the measured window
+    and its per-request acceptance (analysis.server_metrics.variant_server_figures); a variant with
+    none of them has no block."""
+    telemetry = telemetry if telemetry is not None else read_telemetry(run_dir)
+    server, gpu = telemetry["server"], telemetry["gpu"]
+    names = list(dict.fromkeys([*(r.variant for r in records), *server, *gpu]))
+    blocks = {}
+    for name in names:
+        acceptance = pooled_server_acceptance(r for r in records if r.variant == name)
+        block = variant_server_figures(server.get(name, []), gpu.get(name, []), acceptance)
+        if block:
+            blocks[name] = block
+    return blocks
