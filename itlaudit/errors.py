@@ -97,7 +97,10 @@ class SuiteError(ScenarioError):
 
 
 class ServerUnreachableError(ItlauditError):
-    """The server could not be connected to at all."""
+    """The server could not be connected to at all. `reason`, where set, is what the network said,
+    without the URL (a caller that groups failures by host, like bisect's wheel index, shows it)."""
+
+    reason: str = ""
 
 
 class ServerRejectedError(ItlauditError):

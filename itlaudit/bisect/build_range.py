@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
@@ -25,7 +23,8 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
-from itlaudit.errors import BisectError
+from itlaudit.errors import BisectError, ItlauditError
+from itlaudit.serve.side_client import SIDE_TIMEOUT_S, BlockingSideClient
 
 __all__ = [
     "PYPI_SIMPLE",
@@ -201,19 +200,17 @@ def _valid(text: str) -> bool:
     return True
 
 
-def fetch_versions(package: str, index_url: str = PYPI_SIMPLE, timeout_s: float = 30.0) -> list[Version]:
+def fetch_versions(
+    package: str, index_url: str = PYPI_SIMPLE, timeout_s: float = SIDE_TIMEOUT_S
+) -> list[Version]:
     """All versions of a package on a simple index (PyPI by default); JSON preferred, HTML accepted."""
     url = f"{index_url.rstrip('/')}/{package}/"
-    request = urllib.request.Request(
-        url, headers={"Accept": "application/vnd.pypi.simple.v1+json, text/html;q=0.1"}
-    )
+    accept = {"Accept": "application/vnd.pypi.simple.v1+json, text/html;q=0.1"}
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
-            body = resp.read().decode("utf-8", errors="replace")
-            content_type = resp.headers.get("Content-Type", "")
-    except (urllib.error.URLError, OSError) as exc:
+        answer = BlockingSideClient(timeout_s=timeout_s).request("GET", url, headers=accept).checked()
+    except ItlauditError as exc:
         raise BisectError(f"cannot list versions of {package} at {url} ({exc})") from None
-    return parse_simple_index(body, content_type)
+    return parse_simple_index(answer.text(), answer.headers.get("content-type", ""))
 
 
 def versions_between(available: list[Version], good: str, bad: str, *, pre: bool = False) -> list[Build]:

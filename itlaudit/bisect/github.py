@@ -16,15 +16,15 @@ import json
 import os
 import re
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlsplit
 
 from itlaudit.bisect.build_range import Build, check_ends
-from itlaudit.errors import BisectError
+from itlaudit.errors import BisectError, ServerAnswerError, ServerStatusError, ServerUnreachableError
+from itlaudit.model.access import Access
+from itlaudit.serve.side_client import SIDE_TIMEOUT_S, BlockingSideClient, server_error_message
 
 __all__ = [
     "DEFAULT_API",
@@ -50,72 +50,72 @@ MAX_PAGES = 100
 Fetch = Callable[[str], tuple[Any, dict[str, str]]]
 
 
-def _headers() -> dict[str, str]:
-    headers = {
-        "Accept": "application/vnd.github+json",
-        "X-GitHub-Api-Version": "2022-11-28",
-        "User-Agent": "itlaudit-bisect",
-    }
+def _access() -> Access:
+    """The API's headers, the token (remembered as a secret, so it is masked wherever it is echoed)
+    among them when GITHUB_TOKEN is set."""
+    headers = [
+        ("Accept", "application/vnd.github+json"),
+        ("X-GitHub-Api-Version", "2022-11-28"),
+        ("User-Agent", "itlaudit-bisect"),
+    ]
     token = os.environ.get(TOKEN_ENV, "").strip()
     if token:
-        headers["Authorization"] = f"Bearer {token}"
-    return headers
+        headers.append(("Authorization", f"Bearer {token}"))
+    return Access(tuple(headers))
 
 
-def _error_line(exc: urllib.error.HTTPError, what: str, repo: str) -> str:
+def _error_line(exc: ServerStatusError, what: str, repo: str) -> str:
     """One line per way the API says no; the body's `message` is GitHub's own explanation."""
-    try:
-        message = str(json.loads(exc.read().decode("utf-8", errors="replace")).get("message", ""))
-    except (ValueError, AttributeError, OSError):
-        message = ""
-    remaining = exc.headers.get("x-ratelimit-remaining") if exc.headers else None
-    if exc.code == 404:
+    message = server_error_message(exc.body, exc.status) if exc.body else ""
+    code = exc.status
+    remaining = exc.headers.get("x-ratelimit-remaining")
+    if code == 404:
         return (
             f"GitHub compare API: {what} not found in {repo} (HTTP 404"
             f"{': ' + message if message else ''}); check the shas in --from/--to and --github-repo"
         )
-    if exc.code == 429 or (exc.code == 403 and (remaining == "0" or "rate limit" in message.lower())):
-        reset = exc.headers.get("x-ratelimit-reset") if exc.headers else None
+    if code == 429 or (code == 403 and (remaining == "0" or "rate limit" in message.lower())):
+        reset = exc.headers.get("x-ratelimit-reset")
         when = ""
         if reset and reset.isdigit():
             when = f" until {time.strftime('%H:%M UTC', time.gmtime(int(reset)))}"
         hint = "wait" if os.environ.get(TOKEN_ENV) else f"set {TOKEN_ENV}"
         return (
-            f"GitHub API rate limit reached (HTTP {exc.code}){when}: {hint}, or pass --repo with a local "
+            f"GitHub API rate limit reached (HTTP {code}){when}: {hint}, or pass --repo with a local "
             "vLLM clone"
         )
-    if exc.code in (401, 403):
+    if code in (401, 403):
         return (
-            f"GitHub compare API refused {what} (HTTP {exc.code}{': ' + message if message else ''}); "
+            f"GitHub compare API refused {what} (HTTP {code}{': ' + message if message else ''}); "
             f"check {TOKEN_ENV}, or pass --repo with a local vLLM clone"
         )
-    return f"GitHub compare API failed for {what} (HTTP {exc.code}{': ' + message if message else ''})"
+    return f"GitHub compare API failed for {what} (HTTP {code}{': ' + message if message else ''})"
 
 
-def http_fetch(api: str, repo: str, what: str, timeout_s: float = 30.0) -> Fetch:
+def http_fetch(api: str, repo: str, what: str, timeout_s: float = SIDE_TIMEOUT_S) -> Fetch:
     """A GET of one API page; every failure becomes a BisectError with one line."""
+    client = BlockingSideClient(_access(), timeout_s=timeout_s)
 
     def fetch(url: str) -> tuple[Any, dict[str, str]]:
-        request = urllib.request.Request(url, headers=_headers())
         try:
-            with urllib.request.urlopen(request, timeout=timeout_s) as resp:
-                return json.loads(resp.read().decode("utf-8")), dict(resp.headers.items())
-        except urllib.error.HTTPError as exc:
+            answer = client.request("GET", url).checked()
+            return answer.json(), dict(answer.headers)
+        except ServerStatusError as exc:
             raise BisectError(_error_line(exc, what, repo)) from None
-        except (urllib.error.URLError, OSError) as exc:
+        except ServerUnreachableError as exc:
             raise BisectError(
-                f"cannot reach the GitHub API at {api} ({getattr(exc, 'reason', exc)}); pass --repo with "
-                "a local vLLM clone, --commits-file, or --github-api for a mirror"
+                f"the GitHub API at {api} did not answer: {exc}; or pass --repo with a local vLLM clone, "
+                "--commits-file, or --github-api for a mirror"
             ) from None
-        except ValueError as exc:
-            raise BisectError(f"{url}: the GitHub API answered something that is not JSON ({exc})") from None
+        except ServerAnswerError as exc:
+            raise BisectError(f"the GitHub API answered something that is not JSON: {exc}") from None
 
     return fetch
 
 
 def compare_pages(api: str, repo: str, base: str, head: str, fetch: Fetch) -> tuple[dict[str, Any], list]:
     """The first page's comparison fields and every commit of every page, in the API's order."""
-    path = f"/repos/{repo}/compare/{urllib.parse.quote(base, safe='')}...{urllib.parse.quote(head, safe='')}"
+    path = f"/repos/{repo}/compare/{quote(base, safe='')}...{quote(head, safe='')}"
     commits: list[dict[str, Any]] = []
     first: dict[str, Any] = {}
     for page in range(1, MAX_PAGES + 1):
@@ -154,7 +154,7 @@ def first_parent_chain(base_sha: str, commits: list[dict[str, Any]]) -> list[str
 def _cache_path(cache_dir: Path, api: str, repo: str, base: str, head: str) -> Path | None:
     if not (_SHA.match(base) and _SHA.match(head)):
         return None
-    host = urllib.parse.urlsplit(api).netloc.replace(":", "_") or "api"
+    host = urlsplit(api).netloc.replace(":", "_") or "api"
     return cache_dir / "github" / host / repo.replace("/", "+") / f"{base}...{head}.json"
 
 

@@ -1,7 +1,8 @@
 """How itlaudit reaches a server: the headers every request carries (the API key's Authorization among
-them) and how https is verified. One object, used by the streaming POSTs and by every small request
-around them (/v1/models, /metrics, /version, launcher readiness, /tokenize), so a gated server is
-reached the same way everywhere.
+them) and how https is verified. Data only: one object, read by the streaming transport
+(capture/transport.py) and by the side-request client (serve/side_client.py, /v1/models, /metrics,
+/version, readiness, /tokenize), so a gated server is reached the same way everywhere; neither I/O
+stack lives here.
 
 Held in memory only: no record, meta.json, ledger line or report gets a value from here, and every
 credential among its headers is remembered (redact.remember_secrets) as it is built, so a server that
@@ -18,10 +19,8 @@ import functools
 import os
 import re
 import ssl
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from itlaudit.errors import ScenarioError
@@ -39,9 +38,6 @@ __all__ = [
     "tls_problem",
     "url_credentials_problem",
 ]
-
-if TYPE_CHECKING:
-    import aiohttp
 
 API_KEY_ENV = ("OPENAI_API_KEY", "VLLM_API_KEY")
 HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an RFC 9110 token
@@ -144,20 +140,6 @@ class Access:
         if not self.insecure and self.ca_cert is None:
             return None
         return _ssl_context(self.insecure, self.ca_cert)
-
-    def session(self) -> aiohttp.ClientSession:
-        """An aiohttp session that sends the same headers and verifies https the same way."""
-        import aiohttp
-
-        context = self.ssl_context()
-        connector = aiohttp.TCPConnector(ssl=context) if context is not None else None
-        return aiohttp.ClientSession(headers=self.header_map(), connector=connector)
-
-    def urlopen(self, url: str, timeout_s: float) -> urllib.request._UrlopenRet:
-        """urllib's GET with the same headers and TLS (the synchronous probes: /metrics, /version,
-        readiness)."""
-        request = urllib.request.Request(url, headers=self.header_map())
-        return urllib.request.urlopen(request, timeout=timeout_s, context=self.ssl_context())
 
 
 @functools.cache

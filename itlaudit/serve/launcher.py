@@ -4,7 +4,7 @@ A benchmark that leaves a server behind poisons the next run (port taken, GPU me
 engine competing for cores), so teardown is the point of this module: every process we start gets its
 own session and the whole process group is killed on success, failure, Ctrl-C and interpreter exit;
 orphans.py holds the guards for a SIGKILLed itlaudit (PDEATHSIG, pid files reaped by the next launch).
-Readiness uses urllib because it is off the measurement path; measurement goes through client.py.
+Readiness is asked through the side-request client (serve/side_client.py), off the measurement path.
 
 What each launch kind does is LAUNCHERS' entry for its model.launch.LaunchKind; a new kind is a member
 there and one function here.
@@ -20,8 +20,6 @@ import signal
 import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections import deque
 from pathlib import Path
 from types import TracebackType
@@ -37,6 +35,7 @@ from itlaudit.serve.orphans import (
     remove_container,
     write_pid_file,
 )
+from itlaudit.serve.side_client import BlockingSideClient
 
 __all__ = [
     "LAUNCHERS",
@@ -53,7 +52,6 @@ CONTAINER_PORT = 8000
 LOG_TAIL_LINES = 15
 _POLL_INTERVAL_S = 0.5
 _TERM_GRACE_S = 10.0
-_PROBE_TIMEOUT_S = 2.0
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -184,14 +182,6 @@ def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
         return "(no log)"
 
 
-def _probe(url: str, access: Access) -> bool:
-    try:
-        with access.urlopen(url, _PROBE_TIMEOUT_S) as resp:
-            return 200 <= resp.status < 300
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
-
-
 _LIVE: set[LaunchedServer] = set()
 
 
@@ -277,18 +267,17 @@ def _wait_ready(
     proc: subprocess.Popen[bytes] | None,
     access: Access,
 ) -> None:
-    """/health says the engine is up; /v1/models says the router is serving. Both, or it is not ready.
-    Both carry the run's headers: a server started with --api-key answers /v1/models only with its key."""
+    """Ready is SideClient.ready: /health (the engine is up) and /v1/models (the router serves), both
+    with the run's headers, since a server started with --api-key answers /v1/models only with its key."""
     deadline = time.monotonic() + timeout_s
-    health_ok = False
+    client = BlockingSideClient(access)
     while True:
         if proc is not None and proc.poll() is not None:
             raise LaunchError(
                 f"server exited with code {proc.returncode} before becoming ready (log {log_path}); "
                 f"last lines:\n{_tail(log_path)}"
             )
-        health_ok = health_ok or _probe(f"{url}/health", access)
-        if health_ok and _probe(f"{url}/v1/models", access):
+        if client.ready(url):
             return
         if time.monotonic() >= deadline:
             where = f" (log {log_path}); last lines:\n{_tail(log_path)}" if proc is not None else ""

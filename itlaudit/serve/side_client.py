@@ -56,7 +56,7 @@ __all__ = [
 # The one timeout of a side request: long enough for a busy server's /v1/models or a GitHub page.
 SIDE_TIMEOUT_S = 30.0
 # A readiness probe is asked again every fraction of a second, so one that hangs must give up soon.
-READY_PROBE_TIMEOUT_S = 5.0
+READY_PROBE_TIMEOUT_S = 2.0
 _ERROR_BODY_CHARS = 300
 _SHOWN_BODY_BYTES = 100
 _REACH_ADVICE = "check that the server is running and that the URL is right"
@@ -207,14 +207,17 @@ class SideClient:
                 answer_headers = {name.lower(): value for name, value in resp.headers.items()}
                 status = resp.status
         except TimeoutError:
-            raise ServerTimeout(
+            error: ServerUnreachableError = ServerTimeout(
                 f"{method} {redact_url(url)}: no complete answer within {limit:g} s; the server may be "
                 "overloaded or stalled (a busy server: try again; a hung one: restart it)"
-            ) from None
+            )
+            error.reason = f"no complete answer within {limit:g} s"
+            raise error from None
         except (aiohttp.ClientError, OSError, ValueError) as exc:
-            raise ServerUnreachableError(
-                f"cannot reach {redact_url(url)} ({describe_connection_failure(exc)}); {_advice(exc)}"
-            ) from None
+            reason = describe_connection_failure(exc)
+            error = ServerUnreachableError(f"cannot reach {redact_url(url)} ({reason}); {_advice(exc)}")
+            error.reason = reason
+            raise error from None
         return SideAnswer(method, url, status, answer_headers, raw)
 
     async def get_json(self, url: str, *, timeout_s: float | None = None) -> dict[str, Any]:

@@ -3,9 +3,7 @@ tests and benchmarks/client_fidelity.py, so all three measure the same thing the
 
 from __future__ import annotations
 
-import json
 import sys
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,6 +23,7 @@ from itlaudit.analysis.fidelity import (
 from itlaudit.model.launch import LaunchKind, LaunchSpec
 from itlaudit.model.sendlog import SendLog
 from itlaudit.serve.launcher import LaunchedServer, launch
+from itlaudit.serve.side_client import BlockingSideClient
 from itlaudit.serve.truth import TruthConfig
 
 __all__ = [
@@ -45,7 +44,6 @@ __all__ = [
 if TYPE_CHECKING:
     from itlaudit.capture.runner import CaptureOptions
 
-_HTTP_TIMEOUT_S = 30.0
 # WARN rather than FAIL: the tail is over the bar but each request's token ITL (a mean over its gaps)
 # is still this close to the truth, so means and medians stand while tail percentiles carry client lag.
 MEAN_ERROR_TOLERANCE = 0.01
@@ -81,15 +79,12 @@ def truth_server(config: TruthConfig, log_dir: Path) -> Iterator[LaunchedServer]
 
 
 def fetch_send_log(base_url: str) -> SendLog:
-    with urllib.request.urlopen(f"{base_url}/truth/log", timeout=_HTTP_TIMEOUT_S) as resp:
-        return SendLog.from_json(json.loads(resp.read()))
+    return SendLog.from_json(BlockingSideClient().get_json(f"{base_url}/truth/log"))
 
 
 def reset_send_log(base_url: str) -> None:
     """Forget earlier trials, so each trial's log holds only its own responses."""
-    request = urllib.request.Request(f"{base_url}/truth/reset", method="POST", data=b"")
-    with urllib.request.urlopen(request, timeout=_HTTP_TIMEOUT_S):
-        pass
+    BlockingSideClient().request("POST", f"{base_url}/truth/reset").checked()
 
 
 def selfcheck_scenario_toml(base_url: str, streams: int, tokens: int) -> str:

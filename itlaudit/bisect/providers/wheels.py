@@ -10,22 +10,20 @@ why the installed version is also checked for the commit's `+g<sha>` local versi
 from __future__ import annotations
 
 import dataclasses
-import json
 import platform
 import re
-import urllib.error
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urljoin, urlsplit
 
 from itlaudit.bisect.build_cache import BuildCache
 from itlaudit.bisect.build_range import Build
 from itlaudit.bisect.providers import venvs
 from itlaudit.bisect.providers.base import Found, Prepared, Provider
-from itlaudit.errors import BuildUnavailable
+from itlaudit.errors import BuildUnavailable, ItlauditError, ServerStatusError, ServerUnreachableError
 from itlaudit.model.launch import LaunchKind, LaunchSpec
+from itlaudit.serve.side_client import BlockingSideClient
 
 __all__ = [
     "DEFAULT_URL",
@@ -82,7 +80,7 @@ def pick_wheel(
             continue
         path = str(entry.get("path") or entry["filename"])
         return WheelChoice(
-            url=urllib.parse.urljoin(page_url, path),
+            url=urljoin(page_url, path),
             filename=str(entry["filename"]),
             variant=variant,
             platform_tag=tag,
@@ -93,17 +91,15 @@ def pick_wheel(
 def _fetch_json(url: str, timeout_s: float) -> Any | None:
     """None when the page does not exist (that variant was not built for this commit)."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-            return json.loads(resp.read().decode("utf-8"))
-    except urllib.error.HTTPError as exc:
-        if exc.code in (403, 404):  # S3 answers 403 for a missing key
+        return BlockingSideClient(timeout_s=timeout_s).get_json(url)
+    except ServerStatusError as exc:
+        if exc.status in (403, 404):  # S3 answers 403 for a missing key
             return None
-        raise BuildUnavailable(f"{url}: HTTP {exc.code}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-        host = urllib.parse.urlsplit(url)
-        raise Unreachable(f"cannot reach {host.scheme}://{host.netloc} ({reason}): no network?") from None
-    except ValueError as exc:
+        raise BuildUnavailable(f"{url}: HTTP {exc.status}") from None
+    except ServerUnreachableError as exc:
+        host = urlsplit(url)
+        raise Unreachable(f"cannot reach {host.scheme}://{host.netloc} ({exc.reason}): no network?") from None
+    except ItlauditError as exc:  # an answer that is not JSON
         raise BuildUnavailable(f"cannot read {url} ({exc})") from None
 
 
@@ -168,11 +164,10 @@ class WheelsProvider(Provider, name="wheels"):
             return Found(False, str(exc))
         size = None
         try:
-            request = urllib.request.Request(choice.url, method="HEAD")
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as resp:
-                length = resp.headers.get("Content-Length")
-                size = int(length) if length and length.isdigit() else None
-        except (urllib.error.URLError, OSError):
+            answer = BlockingSideClient(timeout_s=self.timeout_s).request("HEAD", choice.url).checked()
+            length = answer.headers.get("content-length")
+            size = int(length) if length and length.isdigit() else None
+        except ItlauditError:
             pass  # the wheel is listed; its size is only an estimate's input
         return Found(True, f"{choice.variant or 'default'}: {choice.filename}", size)
 
