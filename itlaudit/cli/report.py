@@ -1,60 +1,34 @@
 """`itlaudit report`, `diff` and `export`: the commands that read finished run folders.
 
-File reading and argument checks live here; the figures, verdicts and rendering are the pure modules'.
+Argument checks and printing live here; reading run folders and writing reports over them are
+workflows/report.py's, the figures, verdicts and rendering the pure modules'.
 A folder a run is still writing (store.lock) is refused with one line unless `--live`, which reads
 what has finished so far and writes it apart from the run's own files, marked partial.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeAlias
+from typing import TYPE_CHECKING, Annotated, TypeAlias
 
-import msgspec
 import typer
 from rich.console import Console
 
-from itlaudit.analysis.derive import derive_request, summarize_run
 from itlaudit.analysis.importers import ImportedBenchmark, parse_import
 from itlaudit.analysis.run_diff import diff_runs, workload_differences, workload_of
-from itlaudit.analysis.server_metrics import signal_changes
-from itlaudit.analysis.summary import PartialBy
 from itlaudit.cli.options import choices
-from itlaudit.errors import RecordsError, RunDirError
-from itlaudit.model.records import RequestRecord
+from itlaudit.errors import RecordsError
 from itlaudit.model.vocabulary import Shift
 from itlaudit.report.diff import render_diff
 from itlaudit.report.markdown import PARTIAL_HEADING
 from itlaudit.report.progress import Reporter
 from itlaudit.store.export import CHUNK_FORMATS, write_chunks
-from itlaudit.store.jsonl import load_records
-from itlaudit.store.lock import Holder, live_holder, refuse_if_live
-from itlaudit.store.rundir import (
-    META_FILE,
-    PARTIAL_DIR,
-    REQUESTS_FILE,
-    new_run_dir,
-    read_versioned,
-    remove_partial,
-)
-from itlaudit.store.server_metrics import server_blocks
-from itlaudit.workflows.derive import write_derived
+from itlaudit.store.lock import refuse_if_live
+from itlaudit.store.rundir import PARTIAL_DIR
+from itlaudit.workflows.report import Run, combine_runs, load_run, report_runs, still_written
 
-__all__ = [
-    "FAIL_ON",
-    "LiveOption",
-    "Run",
-    "diff",
-    "export",
-    "load_import",
-    "load_run",
-    "out",
-    "report",
-    "still_written",
-]
+__all__ = ["FAIL_ON", "LiveOption", "diff", "export", "load_import", "out", "report"]
 
 out = Console()
 FAIL_ON = (Shift.WORSE, Shift.UNKNOWN, "findings")
@@ -66,15 +40,6 @@ else:
     ChunkFormat = choices("ChunkFormat", CHUNK_FORMATS)
 
 
-@dataclasses.dataclass(frozen=True)
-class Run:
-    path: Path
-    title: str
-    order: list[str]
-    records: list[RequestRecord]
-    meta: dict[str, Any]
-
-
 LiveOption = Annotated[
     bool,
     typer.Option(
@@ -83,40 +48,6 @@ LiveOption = Annotated[
         "apart from the run's own files (DIR/partial/).",
     ),
 ]
-
-
-def still_written(path: Path, live: bool) -> Holder | None:
-    """The run writing `path` now, if any. Without --live that is one line, not a partial reading
-    taken for a finished one: the run rewrites its summary when it ends."""
-    holder = live_holder(path)
-    if holder is not None and not live:
-        raise RunDirError(f"{holder.describe()} is still writing {path}; wait, or pass --live")
-    return holder
-
-
-def load_run(path: Path) -> Run:
-    """A run folder is anything with a requests.jsonl; meta.json (optional) gives title and order."""
-    if not path.is_dir():
-        raise RecordsError(f"{path}: no such run folder")
-    if not (path / REQUESTS_FILE).is_file():
-        raise RecordsError(
-            f"{path}: not a run folder (no {REQUESTS_FILE}); point at the folder `itlaudit run` made"
-        )
-    meta: dict[str, Any] = {}
-    if (path / META_FILE).is_file():
-        try:
-            loaded = read_versioned(path / META_FILE)
-        except ValueError:
-            loaded = {}
-        meta = loaded if isinstance(loaded, dict) else {}
-    variants = meta.get("variants")
-    return Run(
-        path=path,
-        title=str(meta.get("scenario") or path.name),
-        order=list(variants) if isinstance(variants, dict) else [],
-        records=load_records(path / REQUESTS_FILE),
-        meta=meta,
-    )
 
 
 def load_import(spec: str, default_variant: str) -> tuple[ImportedBenchmark, str]:
@@ -149,27 +80,6 @@ def _run_labels(specs: list[str], runs: list[Run]) -> dict[Path, str]:
     return {
         run.path: given.get(run.path.resolve()) or str(run.meta.get("label") or run.path.name) for run in runs
     }
-
-
-def _combined(runs: list[Run], labels: dict[Path, str]) -> tuple[list[RequestRecord], list[str]]:
-    """Several runs in one report: variant names get the run's label as prefix when they would
-    otherwise collide (two runs of the same scenario), and stay short when they don't."""
-    names = Counter(v for run in runs for v in dict.fromkeys(r.variant for r in run.records))
-    clash = any(n > 1 for n in names.values())
-    records: list[RequestRecord] = []
-    order: list[str] = []
-    for run in runs:
-        prefix = labels[run.path]
-        for record in run.records:
-            if clash:
-                record = dataclasses.replace(
-                    record,
-                    variant=f"{prefix}/{record.variant}",
-                    request_id=f"{prefix}/{record.request_id}",
-                )
-            records.append(record)
-        order += [f"{prefix}/{v}" if clash else v for v in run.order]
-    return records, order
 
 
 def report(
@@ -205,36 +115,11 @@ def report(
         refuse_if_live(out_dir, f"--out {out_dir}")
     runs = [load_run(p) for p in run_dirs]
     labels = _run_labels(label_specs or [], runs)
-    records, order = _combined(runs, labels)
+    records, order = combine_runs(runs, labels)
     first = order[0] if order else (records[0].variant if records else "")
     imported = [load_import(spec, first) for spec in imports or []]
     steps = Reporter(Console(stderr=True))  # a spinner, or lines in a log: drawing takes seconds
-    if len(runs) == 1 and out_dir is None:
-        run = runs[0]
-        holder = holders[0] if holders else None
-        write_derived(run.path, run.title, run.order, imported=imported, reporter=steps, live=holder)
-        target = run.path / PARTIAL_DIR if holder is not None else run.path
-        if holder is None or live_holder(run.path) is None:
-            # This reading is whole, or the run ended meanwhile and rewrote its own files: either
-            # way a partial/ left beside them would only disagree with them.
-            remove_partial(run.path)
-            target = run.path
-    else:
-        target = out_dir or new_run_dir(Path("reports"), "report")
-        summary = summarize_run(records, order)
-        derived = [f for r in records for f in derive_request(r)["finding_details"]]
-        findings = derived + summary.run_findings
-        titles = [run.title for run in runs]
-        title = " vs ".join(titles if len(set(titles)) == len(titles) else [labels[run.path] for run in runs])
-        if holders:
-            title = f"{PARTIAL_HEADING}: {title}"
-            summary = msgspec.structs.replace(
-                summary, partial=PartialBy(pid=holders[0].pid, host=holders[0].host)
-            )
-        from itlaudit.report.writer import write_reports  # matplotlib: only when drawing
-
-        with steps.step("writing the report"):
-            write_reports(target, title, records, summary.to_json(), findings, imported=imported)
+    target = report_runs(runs, (records, order), labels, out_dir, imported, holders, steps)
     for name in ("report.md", "report.html"):  # both, absolute: as `run` prints them
         out.print(f"report: {(target / name).resolve()}", markup=False, highlight=False, soft_wrap=True)
 
@@ -274,8 +159,7 @@ def diff(
             "a diff would compare unlike things: pass --force to compare anyway"
         )
     result = diff_runs(base.records, new.records, threshold=threshold, alpha=alpha)
-    moved = signal_changes(server_blocks(base.path, base.records), server_blocks(new.path, new.records))
-    text = render_diff(result, str(base_dir), str(new_dir), moved)
+    text = render_diff(result, str(base_dir), str(new_dir))
     if partial:
         still = "; ".join(partial)
         text = f"> **{PARTIAL_HEADING}**: {still}, so these are its finished requests only.\n\n{text}"

@@ -1,0 +1,142 @@
+"""What `itlaudit report`, `diff` and `export` do with finished run folders: read them (refusing one a
+run is still writing unless asked to read it live), and write one run's reports again or one report
+over several. The commands parse their options and print; the figures and the rendering are
+analysis/'s and report/'s."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from itlaudit.analysis.derive import derive_request, summarize_run
+from itlaudit.analysis.importers import ImportedBenchmark
+from itlaudit.analysis.summary import PartialBy
+from itlaudit.errors import RecordsError, RunDirError
+from itlaudit.model.records import RequestRecord
+from itlaudit.report.markdown import PARTIAL_HEADING
+from itlaudit.report.progress import Reporter
+from itlaudit.store.jsonl import load_records
+from itlaudit.store.lock import Holder, live_holder
+from itlaudit.store.rundir import (
+    META_FILE,
+    PARTIAL_DIR,
+    REQUESTS_FILE,
+    new_run_dir,
+    read_versioned,
+    remove_partial,
+)
+from itlaudit.workflows.derive import write_derived
+
+__all__ = ["Run", "combine_runs", "load_run", "report_runs", "still_written"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """A finished (or, read live, a running) run folder as the reading commands use it."""
+
+    path: Path
+    title: str
+    order: list[str]
+    records: list[RequestRecord]
+    meta: dict[str, Any]
+
+
+def still_written(path: Path, live: bool) -> Holder | None:
+    """The run writing `path` now, if any. Without --live that is one line, not a partial reading
+    taken for a finished one: the run rewrites its summary when it ends."""
+    holder = live_holder(path)
+    if holder is not None and not live:
+        raise RunDirError(f"{holder.describe()} is still writing {path}; wait, or pass --live")
+    return holder
+
+
+def load_run(path: Path) -> Run:
+    """A run folder is anything with a requests.jsonl; meta.json (optional) gives title and order."""
+    if not path.is_dir():
+        raise RecordsError(f"{path}: no such run folder")
+    if not (path / REQUESTS_FILE).is_file():
+        raise RecordsError(
+            f"{path}: not a run folder (no {REQUESTS_FILE}); point at the folder `itlaudit run` made"
+        )
+    meta: dict[str, Any] = {}
+    if (path / META_FILE).is_file():
+        try:
+            loaded = read_versioned(path / META_FILE)
+        except ValueError:
+            loaded = {}
+        meta = loaded if isinstance(loaded, dict) else {}
+    variants = meta.get("variants")
+    return Run(
+        path=path,
+        title=str(meta.get("scenario") or path.name),
+        order=list(variants) if isinstance(variants, dict) else [],
+        records=load_records(path / REQUESTS_FILE),
+        meta=meta,
+    )
+
+
+def combine_runs(runs: Sequence[Run], labels: dict[Path, str]) -> tuple[list[RequestRecord], list[str]]:
+    """Several runs in one report: variant names get the run's label as prefix when they would
+    otherwise collide (two runs of the same scenario), and stay short when they don't."""
+    names = Counter(v for run in runs for v in dict.fromkeys(r.variant for r in run.records))
+    clash = any(n > 1 for n in names.values())
+    records: list[RequestRecord] = []
+    order: list[str] = []
+    for run in runs:
+        prefix = labels[run.path]
+        for record in run.records:
+            if clash:
+                record = dataclasses.replace(
+                    record,
+                    variant=f"{prefix}/{record.variant}",
+                    request_id=f"{prefix}/{record.request_id}",
+                )
+            records.append(record)
+        order += [f"{prefix}/{v}" if clash else v for v in run.order]
+    return records, order
+
+
+def report_runs(
+    runs: Sequence[Run],
+    combined: tuple[list[RequestRecord], list[str]],
+    labels: dict[Path, str],
+    out_dir: Path | None,
+    imported: list[tuple[ImportedBenchmark, str]],
+    holders: Sequence[Holder],
+    reporter: Reporter,
+) -> Path:
+    """One run's files derived again and its reports rewritten in its folder (read live: apart, in
+    DIR/partial/), or one report over several runs (`combined`: combine_runs' records and variant
+    order) in `out_dir`; the folder the reports are in."""
+    if len(runs) == 1 and out_dir is None:
+        run = runs[0]
+        holder = holders[0] if holders else None
+        write_derived(run.path, run.title, run.order, imported=imported, reporter=reporter, live=holder)
+        if holder is None or live_holder(run.path) is None:
+            # This reading is whole, or the run ended meanwhile and rewrote its own files: either
+            # way a partial/ left beside them would only disagree with them.
+            remove_partial(run.path)
+            return run.path
+        return run.path / PARTIAL_DIR
+    records, order = combined
+    target = out_dir or new_run_dir(Path("reports"), "report")
+    summary = summarize_run(records, order)
+    derived = [f for r in records for f in derive_request(r)["finding_details"]]
+    findings = derived + summary.run_findings
+    titles = [run.title for run in runs]
+    title = " vs ".join(titles if len(set(titles)) == len(titles) else [labels[run.path] for run in runs])
+    if holders:
+        title = f"{PARTIAL_HEADING}: {title}"
+        summary = msgspec.structs.replace(
+            summary, partial=PartialBy(pid=holders[0].pid, host=holders[0].host)
+        )
+    from itlaudit.report.writer import write_reports  # matplotlib: only when drawing
+
+    with reporter.step("writing the report"):
+        write_reports(target, title, records, summary.to_json(), findings, imported=imported)
+    return target
