@@ -34,7 +34,8 @@ def gpu_script(name: str) -> ModuleType:
 
 
 def rederive(run: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """summary and comparison from requests.jsonl and meta.json's counters, as `itlaudit report` does."""
+    """summary and comparison from requests.jsonl and meta.json's counters, as `itlaudit report` does;
+    the comparison in compare.json's form, which the fixture tests hold it against."""
     meta = json.loads((run / "meta.json").read_text())
     records = load_records(run / "requests.jsonl")
     summary = run_summary(records, list(meta["variants"]))
@@ -42,4 +43,4 @@ def rederive(run: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         name: spec_decode_delta(CounterSnapshot.from_json(v["before"]), CounterSnapshot.from_json(v["after"]))
         for name, v in meta["variants"].items()
     }
-    return summary, build_comparison(summary, records, stats)
+    return summary, build_comparison(summary, records, stats).to_json()

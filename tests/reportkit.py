@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from itlaudit.analysis.comparison import CompareResult, VariantComparison
 from itlaudit.analysis.derive import derive_request, run_summary
 from itlaudit.model.records import ChunkSeries, RequestParams, RequestRecord
 from itlaudit.report.plots import VariantView
@@ -68,5 +69,6 @@ def views(records: list[RequestRecord], spec: dict[str, dict] | None = None) -> 
     """The views write_reports would draw: spec-decode figures as compare.json holds them, and the
     truncated requests from the records' own findings."""
     findings = [f for r in records for f in derive_request(r)["finding_details"]]
-    compare = {"variants": {name: {"spec_decode": figures} for name, figures in (spec or {}).items()}}
+    rows = {name: VariantComparison(spec_decode=figures) for name, figures in (spec or {}).items()}
+    compare = CompareResult(baseline=None, variants=rows, findings=[])
     return variant_views(records, run_summary(records), compare, findings)

@@ -107,18 +107,18 @@ def test_comparison_speedups_and_quiet_cross_check() -> None:
     comparison = build_comparison(
         run_summary(records, ["K0", "K3"]), records, {"K0": None, "K3": _stats(4.0)}
     )
-    k3 = comparison["variants"]["K3"]
+    k3 = comparison.variants["K3"]
     # K0: 12 tokens over 120 ms → 10 ms; K3: 12 tokens over 30 ms → 2.5 ms
-    assert k3["speedup_token_itl"] == pytest.approx(4.0)
-    assert k3["speedup_chunk_itl"] == pytest.approx(1.0)  # both 10 ms per chunk
-    assert k3["spec_decode"]["acceptance_length"] == 4.0
-    assert comparison["findings"] == []
+    assert k3.speedup_token_itl == pytest.approx(4.0)
+    assert k3.speedup_chunk_itl == pytest.approx(1.0)  # both 10 ms per chunk
+    assert k3.spec_decode["acceptance_length"] == 4.0
+    assert comparison.findings == []
 
 
 def test_acceptance_length_mismatch_fires_past_tolerance() -> None:
     records = [_record("K0", list(range(1, 14))), _record("K3", [1, 5, 9, 13])]
     comparison = build_comparison(run_summary(records, ["K0", "K3"]), records, {"K3": _stats(2.0)})
-    (finding,) = comparison["findings"]
+    (finding,) = comparison.findings
     assert finding["code"] == ACCEPTANCE_LENGTH_MISMATCH
     assert finding["evidence"]["stream"] == 4.0 and finding["evidence"]["metrics"] == 2.0
 
@@ -133,7 +133,7 @@ def _greedy_record(variant: str, ids: list[int]) -> RequestRecord:
 def test_compare_reports_lossless_mismatch_at_first_differing_token() -> None:
     records = [_greedy_record("K0", [5, 6, 7, 8, 9]), _greedy_record("K3", [5, 6, 7, 1, 9])]
     comparison = build_comparison(run_summary(records, ["K0", "K3"]), records, {})
-    (finding,) = [f for f in comparison["findings"] if f["code"] == "spec_decode_output_mismatch"]
+    (finding,) = [f for f in comparison.findings if f["code"] == "spec_decode_output_mismatch"]
     assert (
         finding["evidence"]["position"],
         finding["evidence"]["base_value"],
@@ -147,4 +147,4 @@ def test_compare_reports_lossless_mismatch_at_first_differing_token() -> None:
 
 def test_compare_quiet_when_greedy_outputs_match() -> None:
     records = [_greedy_record("K0", [5, 6, 7, 8, 9]), _greedy_record("K3", [5, 6, 7, 8, 9])]
-    assert build_comparison(run_summary(records, ["K0", "K3"]), records, {})["findings"] == []
+    assert build_comparison(run_summary(records, ["K0", "K3"]), records, {}).findings == []

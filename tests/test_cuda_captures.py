@@ -57,8 +57,8 @@ def test_ngram_acceptance_is_cross_checked_on_accepted_tokens() -> None:
     assert stream_accepted_tokens(ngram) == 4088 - 1484 == 2604
     assert stats["NG"].num_accepted_tokens == 2612
     comparison = build_comparison(run_summary(records, ["K0", "NG", "K3N"]), records, stats)
-    assert [f for f in comparison["findings"] if f["code"] == ACCEPTANCE_LENGTH_MISMATCH] == []
-    assert comparison["variants"]["NG"]["stream_accepted_tokens"] == 2604
+    assert [f for f in comparison.findings if f["code"] == ACCEPTANCE_LENGTH_MISMATCH] == []
+    assert comparison.variants["NG"].stream_accepted_tokens == 2604
 
 
 def _merge_pairs(record: RequestRecord) -> RequestRecord:
@@ -78,7 +78,7 @@ def test_merged_chunks_still_raise_the_mismatch_on_the_ngram_capture() -> None:
     records, stats = _partial()
     merged = [_merge_pairs(r) if r.variant == "NG" else r for r in records]
     comparison = build_comparison(run_summary(merged, ["K0", "NG", "K3N"]), merged, stats)
-    (found,) = [f for f in comparison["findings"] if f["code"] == ACCEPTANCE_LENGTH_MISMATCH]
+    (found,) = [f for f in comparison.findings if f["code"] == ACCEPTANCE_LENGTH_MISMATCH]
     assert found["evidence"]["variant"] == "NG"
     assert found["evidence"]["accepted_gap"] > 0.1
 
@@ -93,7 +93,7 @@ def test_foreign_traffic_in_the_window_raises_the_mismatch() -> None:
         acceptance_length=1 + stats["NG"].num_accepted_tokens / (stats["NG"].num_drafts * 2),
     )
     comparison = build_comparison(run_summary(ngram, ["NG"]), ngram, {"NG": doubled})
-    assert [f["code"] for f in comparison["findings"]] == [ACCEPTANCE_LENGTH_MISMATCH]
+    assert [f["code"] for f in comparison.findings] == [ACCEPTANCE_LENGTH_MISMATCH]
 
 
 # --- max_tokens omitted on /v1/completions: vLLM's default of 16 ------------------------------------

@@ -82,7 +82,7 @@ def _compare(tmp_path: Path, configs: dict[str, SimConfig], forced: bool | None 
 
 
 def _codes(comparison: dict[str, Any]) -> list[str]:
-    return [f["code"] for f in comparison["findings"]]
+    return [f["code"] for f in comparison.findings]
 
 
 # --- the simulator's model and its scoring endpoint ---------------------------------------------
@@ -190,7 +190,7 @@ def test_only_finished_sampled_requests_are_scored() -> None:
 
 def test_k0_against_k0_with_other_seeds_is_quiet(tmp_path: Path) -> None:
     comparison = _compare(tmp_path, {"K0": _sim(seed=1), "K0b": _sim(seed=2)}, forced=True)
-    row = comparison["distribution"]["variants"]["K0b"]
+    row = comparison.distribution["variants"]["K0b"]
     assert row["verdict"] == "same", row
     assert row["n_base"] == row["n_spec"] == 24
     assert SPEC_DECODE_DISTRIBUTION_SHIFT not in _codes(comparison)
@@ -198,7 +198,7 @@ def test_k0_against_k0_with_other_seeds_is_quiet(tmp_path: Path) -> None:
 
 def test_correct_speculative_sampling_is_quiet_and_audited_without_asking(tmp_path: Path) -> None:
     comparison = _compare(tmp_path, {"K0": _sim(seed=1), "K3": _sim(seed=2, k=3)})
-    row = comparison["distribution"]["variants"]["K3"]
+    row = comparison.distribution["variants"]["K3"]
     assert row["verdict"] == "same", row
     assert SPEC_DECODE_DISTRIBUTION_SHIFT not in _codes(comparison)
 
@@ -206,8 +206,8 @@ def test_correct_speculative_sampling_is_quiet_and_audited_without_asking(tmp_pa
 @pytest.mark.parametrize(("sampler", "direction"), [(ARGMAX, 1), (FLAT, -1)])
 def test_broken_speculative_sampling_fires(tmp_path: Path, sampler: str, direction: int) -> None:
     comparison = _compare(tmp_path, {"K0": _sim(seed=1), "K3": _sim(seed=2, k=3, sampler=sampler)})
-    found = [f for f in comparison["findings"] if f["code"] == SPEC_DECODE_DISTRIBUTION_SHIFT]
-    assert len(found) == 1, comparison["distribution"]
+    found = [f for f in comparison.findings if f["code"] == SPEC_DECODE_DISTRIBUTION_SHIFT]
+    assert len(found) == 1, comparison.distribution
     evidence = found[0]["evidence"]
     assert evidence["p_value"] < ALPHA and direction * evidence["effect_nats"] > MIN_EFFECT_NATS
     assert evidence["spec_mean"] - evidence["base_mean"] == pytest.approx(evidence["effect_nats"])
@@ -219,7 +219,7 @@ def test_broken_speculative_sampling_fires(tmp_path: Path, sampler: str, directi
 
 def test_no_speculation_means_no_audit_unless_asked(tmp_path: Path) -> None:
     comparison = _compare(tmp_path, {"K0": _sim(seed=1), "K0b": _sim(seed=2)})
-    assert "distribution" not in comparison
+    assert comparison.distribution is None
 
 
 def test_a_launched_baseline_is_started_again_to_score(tmp_path: Path) -> None:

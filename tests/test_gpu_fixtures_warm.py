@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from itlaudit.analysis.comparison import build_comparison
+from itlaudit.analysis.comparison import CompareResult, build_comparison
 from itlaudit.analysis.derive import derive_request, run_summary
 from itlaudit.analysis.metrics import request_metrics
 from itlaudit.analysis.specdecode import CounterSnapshot, spec_decode_delta
@@ -37,7 +37,8 @@ SWEEP = RUNS / "sweep-c1-16-64"
 
 def _rederive_sweep(tmp_path: Path) -> dict[str, Any]:
     """sweep.json rebuilt from the raw records alone: each point's summary.json and derived.jsonl are
-    recomputed here (the device's are thrown away), then the sweep is built as `itlaudit sweep` builds it."""
+    recomputed here (the device's are thrown away), then the sweep is built as `itlaudit sweep` builds it,
+    in sweep.json's form."""
     copy = tmp_path / "sweep"
     shutil.copytree(SWEEP, copy)
     for point in copy.glob("*/c*-t1"):
@@ -46,7 +47,7 @@ def _rederive_sweep(tmp_path: Path) -> dict[str, Any]:
         lines = [json.dumps(derive_request(r)) for r in records]
         (point / DERIVED_FILE).write_text("\n".join(lines) + "\n")
     config = SweepConfig(**json.loads((copy / "sweep-config.json").read_text()))
-    return build_sweep(copy, "gpu-sweep", config)
+    return build_sweep(copy, "gpu-sweep", config).to_json()
 
 
 # gibberish_suspected was recalibrated on real text (826f295: 210 Gemma 3 270M outputs, false positives
@@ -124,7 +125,7 @@ def test_k3_c16_point_is_a_cold_batch_stall_the_closed_loop_warmups_did_not_abso
     assert statistics.median(gaps) / 4 < k0_gap  # K3's steady per-token step beats K0's at 16 too
 
 
-def _rederive(run: Path) -> tuple[list[RequestRecord], dict[str, Any]]:
+def _rederive(run: Path) -> tuple[list[RequestRecord], CompareResult]:
     """The comparison from requests.jsonl and meta.json's /metrics snapshots, as `itlaudit report` does."""
     meta = json.loads((run / "meta.json").read_text())
     records = load_records(run / "requests.jsonl")
@@ -149,7 +150,7 @@ def test_ngram_stream_and_metrics_agree_once_the_warmups_in_the_window_are_count
     run = RUNS / "ngram-warm-c1"
     written = json.loads((run / "compare.json").read_text())
     assert [f["code"] for f in written["findings"]] == ["acceptance_length_mismatch"]
-    ng = _rederive(run)[1]["variants"]["NG"]["spec_decode"]
+    ng = _rederive(run)[1].variants["NG"].spec_decode
     records = _all_records(run / "requests.jsonl")
     window = [r for r in records if r.variant == "NG"]
     measured = [r for r in window if not r.warmup]
@@ -165,9 +166,9 @@ def test_ngram_and_cuda_graph_figures_quoted_in_the_readme() -> None:
         ("ngram-warm-c1", "NG", 1.44, 4.06, 2.38),
         ("cudagraph-warm-c1", "K3G", 2.00, 8.00, 1.36),
     ]:
-        row = _rederive(RUNS / run)[1]["variants"][variant]
-        assert (round(row["itl_ms_p50"], 2), round(row["chunk_itl_ms_p50"], 2)) == (itl, chunk)
-        assert round(row["speedup_token_itl"], 2) == speedup
+        row = _rederive(RUNS / run)[1].variants[variant]
+        assert (round(row.itl_ms_p50, 2), round(row.chunk_itl_ms_p50, 2)) == (itl, chunk)
+        assert round(row.speedup_token_itl, 2) == speedup
     cmp = json.loads((RUNS / "cudagraph-warm-c1" / "compare.json").read_text())
     codes = [f["code"] for f in cmp["findings"]]
     assert codes == ["spec_decode_output_mismatch"] * 8  # eager K0 vs CUDA-graph K3G split at near-ties

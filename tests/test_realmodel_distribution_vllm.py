@@ -98,7 +98,7 @@ url = "{ngram}"
 
 
 def _row(comparison: dict[str, Any], name: str) -> dict[str, Any]:
-    block = comparison["distribution"]
+    block = comparison.distribution
     assert "skipped" not in block, block["skipped"]
     row: dict[str, Any] = block["variants"][name]
     return row

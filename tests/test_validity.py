@@ -202,12 +202,12 @@ def test_compare_json_carries_the_reason_beside_the_speedups() -> None:
     from itlaudit.analysis.derive import run_summary
 
     records = k0_k3()
-    rows = build_comparison(run_summary(records), records, {})["variants"]
-    assert [rows[n]["not_comparable"] for n in ("K0", "K3")] == [None, None]
-    assert rows["K3-capped"]["not_comparable"] == "4 of 4 requests capped at 16 tokens"
+    rows = build_comparison(run_summary(records), records, {}).variants
+    assert [rows[n].not_comparable for n in ("K0", "K3")] == [None, None]
+    assert rows["K3-capped"].not_comparable == "4 of 4 requests capped at 16 tokens"
     capped_base = [r for r in records if r.variant != "K0"]
-    rows = build_comparison(run_summary(capped_base, ["K3-capped", "K3"]), capped_base, {})["variants"]
-    assert rows["K3"]["not_comparable"] == "base K3-capped: 4 of 4 requests capped at 16 tokens"
+    rows = build_comparison(run_summary(capped_base, ["K3-capped", "K3"]), capped_base, {}).variants
+    assert rows["K3"].not_comparable == "base K3-capped: 4 of 4 requests capped at 16 tokens"
 
 
 def test_a_smoke_speedup_check_fails_for_a_capped_variant() -> None:

@@ -6,18 +6,75 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
+
 from itlaudit.analysis.lossless import spec_decode_mismatches
 from itlaudit.analysis.metrics import p50, ratio, token_counts
 from itlaudit.analysis.specdecode import SpecDecodeStats
 from itlaudit.analysis.validity import COMPARABLE, comparison_validity, variant_validity
 from itlaudit.model.codes import ACCEPTANCE_LENGTH_MISMATCH, Finding
+from itlaudit.model.formats import FORMAT_KEY
 from itlaudit.model.records import RequestRecord, Status
 
-__all__ = ["ACCEPTANCE_TOLERANCE", "build_comparison", "stream_acceptance_length", "stream_accepted_tokens"]
+__all__ = [
+    "ACCEPTANCE_TOLERANCE",
+    "CompareResult",
+    "VariantComparison",
+    "build_comparison",
+    "stream_acceptance_length",
+    "stream_accepted_tokens",
+]
 
 # Stream and counters measure the same thing but round differently (the last chunk of a request
 # carries the remainder, prefill is excluded); past 10% they describe different traffic.
 ACCEPTANCE_TOLERANCE = 0.10
+
+
+class VariantComparison(msgspec.Struct, kw_only=True):
+    """One variant's row of compare.json. Every field has a default so a row an older itlaudit wrote
+    (without `not_comparable`, `stream_accepted_tokens` or `prefix_cache`) reads with those unknown;
+    every field is written, null where unknown, as the dict it replaced wrote them."""
+
+    not_comparable: str | None = None  # analysis.validity's reason; its speedups are then no result
+    itl_ms_p50: float | None = None
+    chunk_itl_ms_p50: float | None = None
+    decode_tokens_per_s_p50: float | None = None
+    completion_tokens_p50: float | None = None
+    speedup_token_itl: float | None = None
+    speedup_chunk_itl: float | None = None
+    speedup_decode_tokens_per_s: float | None = None
+    stream_acceptance_length: float | None = None
+    stream_accepted_tokens: int | None = None
+    spec_decode: dict[str, Any] | None = None  # SpecDecodeStats.to_json over the variant's window
+    prefix_cache: dict[str, Any] | None = None  # the server's prefix-cache counters over the window
+
+
+class CompareResult(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """compare.json: the baseline's name, a row per variant in scenario order, the cross-variant
+    findings (JSON form), and the temperature > 0 distribution audit's block when one ran. `format`
+    is stamped by the writer; `from_json` reads the previous, unversioned format too."""
+
+    baseline: str | None
+    variants: dict[str, VariantComparison]
+    findings: list[dict[str, Any]]
+    distribution: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """compare.json's content (without `format`, which the writer stamps)."""
+        data: dict[str, Any] = msgspec.to_builtins(self)
+        return data
+
+    @classmethod
+    def from_json(cls, data: object) -> CompareResult | None:
+        """A compare.json's content, of this format or the previous one; None for one cut short or
+        otherwise unreadable: compare.json is written by another command, so its figures are then
+        absent rather than an error."""
+        if not isinstance(data, dict):
+            return None
+        try:
+            return msgspec.convert({k: v for k, v in data.items() if k != FORMAT_KEY}, cls)
+        except msgspec.ValidationError:
+            return None
 
 
 def stream_acceptance_length(records: Sequence[RequestRecord]) -> float | None:
@@ -110,7 +167,7 @@ def build_comparison(
     summary: dict[str, Any],
     records: Sequence[RequestRecord],
     spec_stats: dict[str, SpecDecodeStats | None],
-) -> dict[str, Any]:
+) -> CompareResult:
     """compare.json: per-variant figures, speedups vs the first variant, cross-check findings
     (stream vs /metrics acceptance; greedy outputs that differ from the baseline's). `not_comparable`
     is analysis.validity's reason when the variant or the baseline breaks the rule (None otherwise):
@@ -119,7 +176,7 @@ def build_comparison(
     names = list(variants)
     base = variants[names[0]] if names else {}
     base_validity = variant_validity(summary, names[0]) if names else COMPARABLE
-    out: dict[str, Any] = {"baseline": names[0] if names else None, "variants": {}, "findings": []}
+    out = CompareResult(baseline=names[0] if names else None, variants={}, findings=[])
     for name in names:
         block = variants[name]
         stats = spec_stats.get(name)
@@ -128,26 +185,26 @@ def build_comparison(
         stream_accepted = stream_accepted_tokens(mine)
         own = variant_validity(summary, name)
         validity = own if name == names[0] else comparison_validity(own, base_validity, names[0])
-        out["variants"][name] = {
-            "not_comparable": validity.reason,
-            "itl_ms_p50": p50(block, "itl_ms"),
-            "chunk_itl_ms_p50": p50(block, "chunk_itl_ms"),
-            "decode_tokens_per_s_p50": p50(block, "decode_tokens_per_s"),
-            "completion_tokens_p50": p50(block, "completion_tokens"),
-            "speedup_token_itl": ratio(p50(base, "itl_ms"), p50(block, "itl_ms")),
-            "speedup_chunk_itl": ratio(p50(base, "chunk_itl_ms"), p50(block, "chunk_itl_ms")),
-            "speedup_decode_tokens_per_s": ratio(
+        out.variants[name] = VariantComparison(
+            not_comparable=validity.reason,
+            itl_ms_p50=p50(block, "itl_ms"),
+            chunk_itl_ms_p50=p50(block, "chunk_itl_ms"),
+            decode_tokens_per_s_p50=p50(block, "decode_tokens_per_s"),
+            completion_tokens_p50=p50(block, "completion_tokens"),
+            speedup_token_itl=ratio(p50(base, "itl_ms"), p50(block, "itl_ms")),
+            speedup_chunk_itl=ratio(p50(base, "chunk_itl_ms"), p50(block, "chunk_itl_ms")),
+            speedup_decode_tokens_per_s=ratio(
                 p50(block, "decode_tokens_per_s"), p50(base, "decode_tokens_per_s")
             ),
-            "stream_acceptance_length": stream_al,
-            "stream_accepted_tokens": stream_accepted,
-            "spec_decode": stats.to_json() if stats else None,
-        }
+            stream_acceptance_length=stream_al,
+            stream_accepted_tokens=stream_accepted,
+            spec_decode=stats.to_json() if stats else None,
+        )
         mismatch = _acceptance_mismatch(name, mine, stats)
         if mismatch is not None:
-            out["findings"].append(mismatch.to_json())
-    baseline = [r for r in records if r.variant == out["baseline"]]
+            out.findings.append(mismatch.to_json())
+    baseline = [r for r in records if r.variant == out.baseline]
     for name in names[1:]:
         mismatches = spec_decode_mismatches(baseline, [r for r in records if r.variant == name])
-        out["findings"] += [f.to_json() for f in mismatches]
+        out.findings += [f.to_json() for f in mismatches]
     return out

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from itlaudit.analysis.comparison import VariantComparison
 from itlaudit.analysis.lossless import output_token_ids
 from itlaudit.analysis.quality import gibberish_reasons, text_quality
 from itlaudit.analysis.stats import compare_samples, min_achievable_p
@@ -80,13 +81,13 @@ def sampled(records: Sequence[RequestRecord]) -> list[RequestRecord]:
     ]
 
 
-def speculates(row: dict[str, Any]) -> bool:
+def speculates(row: VariantComparison) -> bool:
     """Whether a compare.json variant row shows speculative decoding: drafts in /metrics, or (a server
     without the counters) more than one token per decode chunk on the stream."""
-    drafts = (row.get("spec_decode") or {}).get("num_drafts")
+    drafts = (row.spec_decode or {}).get("num_drafts")
     if drafts is not None:
         return bool(drafts > 0)
-    stream = row.get("stream_acceptance_length")
+    stream = row.stream_acceptance_length
     return stream is not None and stream > 1.0
 
 

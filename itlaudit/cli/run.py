@@ -232,26 +232,26 @@ def compare(
             distribution=distribution_audit,
         )
     _print_outcome(outcome)
-    for name, row in comparison["variants"].items():
-        spec = row["spec_decode"] or {}
+    for name, row in comparison.variants.items():
+        spec = row.spec_decode or {}
         # analysis.validity: a capped or failing variant's speedup is not printed as one.
         speed = (
-            f"not comparable: {row['not_comparable']}"
-            if row.get("not_comparable")
-            else f"token-ITL speedup {_fmt(row['speedup_token_itl'], '×')}, decode tok/s speedup "
-            f"{_fmt(row['speedup_decode_tokens_per_s'], '×')}"
+            f"not comparable: {row.not_comparable}"
+            if row.not_comparable
+            else f"token-ITL speedup {_fmt(row.speedup_token_itl, '×')}, decode tok/s speedup "
+            f"{_fmt(row.speedup_decode_tokens_per_s, '×')}"
         )
         out.print(
             f"{name}: {speed}, "
             f"acceptance rate {_fmt(spec.get('acceptance_rate'))}, "
             f"acceptance length /metrics {_fmt(spec.get('acceptance_length'))} vs stream "
-            f"{_fmt(row['stream_acceptance_length'])}" + _prefix_cache_text(row.get("prefix_cache")),
+            f"{_fmt(row.stream_acceptance_length)}" + _prefix_cache_text(row.prefix_cache),
             markup=False,
             highlight=False,
             soft_wrap=True,
         )
-    _print_distribution(comparison.get("distribution"))
-    for finding in comparison["findings"]:
+    _print_distribution(comparison.distribution)
+    for finding in comparison.findings:
         out.print(
             f"[bold red]{finding['code']}[/bold red]: {finding['message']}", highlight=False, soft_wrap=True
         )

@@ -7,12 +7,13 @@ several runs into a folder that is not itself a run.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from itlaudit.analysis.comparison import CompareResult
 from itlaudit.analysis.findings import truncated_requests
 from itlaudit.analysis.importers import ImportedBenchmark
 from itlaudit.analysis.validity import variant_validity
@@ -52,31 +53,27 @@ def plots_skipped(skip: bool = True) -> Iterator[None]:
 def variant_views(
     records: Sequence[RequestRecord],
     summary: dict[str, Any],
-    compare: dict[str, Any] | None = None,
+    compare: CompareResult | None = None,
     findings: Sequence[dict[str, Any]] = (),
-    telemetry: Mapping[str, Mapping[str, Sequence[dict[str, Any]]]] | None = None,
 ) -> list[VariantView]:
-    """compare.json is written by another command and may be absent, partial or from an older
-    itlaudit: anything but a dict where spec-decode figures should be is treated as absent. The
-    findings (JSON form) say which requests were cut short; the summary, by analysis.validity,
-    which variants are not comparable."""
+    """compare.json is written by another command and may be absent or cut short (then
+    CompareResult.from_json gave None): its spec-decode figures are then absent. The findings (JSON
+    form) say which requests were cut short; the summary, by analysis.validity, which variants are
+    not comparable."""
     from itlaudit.report.plots import VariantView  # beside matplotlib: only when plots are drawn
 
-    compared = (compare or {}).get("variants") if isinstance(compare, dict) else None
     truncated = truncated_requests(findings)
     views = []
     for name, block in summary["variants"].items():
-        row = compared.get(name) if isinstance(compared, dict) else None
-        spec = row.get("spec_decode") if isinstance(row, dict) else None
+        row = compare.variants.get(name) if compare is not None else None
         views.append(
             VariantView(
                 name=name,
                 records=[r for r in records if r.variant == name],
                 block=block,
-                spec_decode=spec if isinstance(spec, dict) else None,
+                spec_decode=row.spec_decode if row is not None else None,
                 truncated=frozenset(r.request_id for r in records if r.variant == name) & truncated,
                 validity=variant_validity(summary, name),
-                telemetry={kind: rows[name] for kind, rows in (telemetry or {}).items() if name in rows},
             )
         )
     return views
@@ -89,14 +86,12 @@ def write_reports(
     summary: dict[str, Any],
     findings: list[dict[str, Any]],
     *,
-    compare: dict[str, Any] | None = None,
+    compare: CompareResult | None = None,
     imported: Sequence[tuple[ImportedBenchmark, str]] = (),
     meta: dict[str, Any] | None = None,
-    telemetry: Mapping[str, Mapping[str, Sequence[dict[str, Any]]]] | None = None,
 ) -> Path:
     """PNGs, report.md (linking them) and report.html (embedding them); returns report.html's path.
-    `meta` is the run's meta.json, for the context block (none for a comparison of several runs);
-    `telemetry` the samplers' rows ({"server" or "gpu": {variant: rows}}) for the server timeline.
+    `meta` is the run's meta.json, for the context block (none for a comparison of several runs).
     Inside `plots_skipped()` no PNG is drawn and the context block says so."""
     out_dir.mkdir(parents=True, exist_ok=True)
     context = context_facts(meta, summary) if meta is not None else []
@@ -104,7 +99,7 @@ def write_reports(
     if _DRAW_PLOTS.get():
         from itlaudit.report.plots import write_plots  # matplotlib: a second to import, only to draw
 
-        plots = write_plots(variant_views(records, summary, compare, findings, telemetry), out_dir)
+        plots = write_plots(variant_views(records, summary, compare, findings), out_dir)
     else:
         context.append(PLOTS_SKIPPED)
     # A server's error message can echo a credential it was sent (an API key in a 401): redact_text

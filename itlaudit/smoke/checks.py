@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from itlaudit.analysis.comparison import VariantComparison
 from itlaudit.analysis.derive import derive_request
 from itlaudit.analysis.validity import block_validity
 from itlaudit.model.records import RequestRecord, Status
@@ -50,7 +51,7 @@ class CheckResult:
 def variant_figures(
     records: Sequence[RequestRecord],
     block: dict[str, Any],
-    compare_row: dict[str, Any] | None,
+    compare_row: VariantComparison | None,
     extra_findings: Sequence[dict[str, Any]],
     max_tokens: int | None,
 ) -> dict[str, Any]:
@@ -64,7 +65,7 @@ def variant_figures(
         kept = examples.setdefault(detail["code"], [])
         if len(kept) < MAX_EXAMPLES:
             kept.append({"request_id": detail.get("request_id"), "message": detail["message"]})
-    spec = (compare_row or {}).get("spec_decode") or {}
+    spec = (compare_row.spec_decode if compare_row else None) or {}
     return {
         "requests": len(records),
         "errors": sum(r.status != Status.OK for r in records),
@@ -88,7 +89,7 @@ def variant_figures(
         },
         "acceptance_length": {
             "metrics": spec.get("acceptance_length"),
-            "stream": (compare_row or {}).get("stream_acceptance_length"),
+            "stream": compare_row.stream_acceptance_length if compare_row else None,
         },
     }
 

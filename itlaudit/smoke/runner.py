@@ -131,8 +131,8 @@ def run_smoke(
                 figures = variant_figures(
                     outcome.records,
                     outcome.summary["variants"][server.name],
-                    comparison["variants"].get(server.name),
-                    outcome.summary["run_findings"] + comparison["findings"],
+                    comparison.variants.get(server.name),
+                    outcome.summary["run_findings"] + comparison.findings,
                     scenario.workload.params.max_tokens,
                 )
                 results[scenario.name][server.name] = {"run_dir": str(rel), **figures}

@@ -14,7 +14,7 @@ from typing import Any
 
 from rich.console import Console
 
-from itlaudit.analysis.comparison import build_comparison
+from itlaudit.analysis.comparison import CompareResult, build_comparison
 from itlaudit.analysis.distribution import distribution_shift, sampled, speculates
 from itlaudit.analysis.findings import Finding
 from itlaudit.analysis.lossless import prompt_index, with_execution_modes
@@ -116,7 +116,7 @@ async def _score_distribution(
 def audit_distribution(
     scenario: Scenario,
     outcome: RunOutcome,
-    comparison: dict[str, Any],
+    comparison: CompareResult,
     live_urls: dict[str, str | None],
     forced: bool | None = None,
     capture: CaptureOptions | None = None,
@@ -132,10 +132,10 @@ def audit_distribution(
     stand."""
     baseline = scenario.variants[0]
     records = outcome.records
-    mine = {name: sampled([r for r in records if r.variant == name]) for name in comparison["variants"]}
+    mine = {name: sampled([r for r in records if r.variant == name]) for name in comparison.variants}
     audited = [
         name
-        for name, row in comparison["variants"].items()
+        for name, row in comparison.variants.items()
         if name != baseline.name and mine[name] and (forced or (forced is None and speculates(row)))
     ]
     if forced is False or not audited:
@@ -183,7 +183,7 @@ def run_compare(
     capture: CaptureOptions | None = None,
     labels: RunLabels | None = None,
     distribution: bool | None = None,
-) -> tuple[RunOutcome, dict[str, Any]]:
+) -> tuple[RunOutcome, CompareResult]:
     """`distribution`: audit_distribution's `forced` (None: automatic for speculating variants)."""
     snapshots: dict[str, dict[str, Any]] = {}
 
@@ -218,20 +218,20 @@ def run_compare(
         spec_stats[variant.name] = spec_decode_delta(*counters) if usable else None
         prefix_cache[variant.name] = prefix_cache_delta(*counters) if usable else None
     comparison = build_comparison(outcome.summary, outcome.records, spec_stats)
-    for name, row in comparison["variants"].items():
-        row["prefix_cache"] = prefix_cache.get(name)
+    for name, row in comparison.variants.items():
+        row.prefix_cache = prefix_cache.get(name)
     # Servers given by URL are still up; launched ones were stopped after their variant.
     overrides = variant_urls or {}
     live = {v.name: url or overrides.get(v.name) or (None if v.launch else v.url) for v in scenario.variants}
-    explained = asyncio.run(explain_mismatches(scenario, outcome.records, comparison["findings"], live))
+    explained = asyncio.run(explain_mismatches(scenario, outcome.records, comparison.findings, live))
     modes = {v.name: execution_mode(v, bool(url or overrides.get(v.name))) for v in scenario.variants}
     by_id = {r.request_id: r.variant for r in outcome.records}
-    comparison["findings"] = [_judged_by_modes(found, modes, by_id) for found in explained]
+    comparison.findings = [_judged_by_modes(found, modes, by_id) for found in explained]
     block, shifts = audit_distribution(scenario, outcome, comparison, live, distribution, capture, console)
     if block is not None:
-        comparison["distribution"] = block
-        comparison["findings"] += shifts
-    write_versioned(outcome.run_dir / COMPARE_FILE, comparison)
+        comparison.distribution = block
+        comparison.findings += shifts
+    write_versioned(outcome.run_dir / COMPARE_FILE, comparison.to_json())
     # Again, now that compare.json exists: the report's acceptance-per-position plot reads it.
     with Reporter(console).step("adding the spec-decode figures to the report"):
         write_derived(outcome.run_dir, scenario.name, [v.name for v in scenario.variants])

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from itlaudit.analysis.comparison import CompareResult
 from itlaudit.analysis.derive import derive_request, summarize_run
 from itlaudit.analysis.importers import ImportedBenchmark
 from itlaudit.analysis.summary import PartialBy, RecordsSeen, RunSummary
@@ -101,7 +102,7 @@ def write_derived(
         _csv_frame(records, derived).to_csv(out / CSV_FILE, index=False)
         write_chunks(records, out)
     findings = [f for d in derived for f in d["finding_details"]] + summary.run_findings
-    compare = _optional_json(run_dir / COMPARE_FILE)
+    compare = CompareResult.from_json(_optional_json(run_dir / COMPARE_FILE))
     meta = _optional_json(run_dir / META_FILE)
     with steps("drawing the plots and writing the report"):
         write_reports(
