@@ -74,6 +74,7 @@ SURFACE = Surface(
             "gibberish_reasons",
             "text_quality",
         ),
+        "request_acceptance": ("pooled_server_acceptance",),
         "run_diff": (
             "MetricDiff",
             "RunDiff",
@@ -82,10 +83,20 @@ SURFACE = Surface(
             "workload_of",
         ),
         "server_metrics": (
+            "GPU_TELEMETRY_FILE",
+            "KV_USAGE",
+            "RUNNING",
             "SERVER_METRICS_FILE",
+            "SIGNALS",
+            "SIGNAL_CHANGE",
+            "WAITING",
             "Scrape",
+            "SignalChange",
             "delta_row",
             "parse_scrape",
+            "per_position_series",
+            "signal_changes",
+            "variant_server_figures",
         ),
         "specdecode": (
             "CounterSnapshot",

@@ -22,24 +22,19 @@ SURFACE = Surface(
             "fetch_versions",
         ),
         "dryrun": ("dry_run_report",),
-        "github": ("DEFAULT_API",),
         "prefetch": ("Prefetcher",),
         "probe": (
             "ProbeConfig",
             "run_probe",
         ),
         "providers": ("PROVIDERS",),
-        "providers.docker": ("DEFAULT_IMAGES",),
-        "providers.wheels": (
-            "DEFAULT_URL",
-            "DEFAULT_VARIANTS",
-        ),
         "report": (
             "REPORT_FILE",
             "write_report",
         ),
         "search": ("Search",),
         "settings": (
+            "DEFAULTS",
             "DEFAULT_SCENARIO",
             "Settings",
             "list_builds",

@@ -27,7 +27,6 @@ SURFACE = Surface(
             "OnDone",
             "capture",
             "plan_capture",
-            "run_variant",
             "variant_access",
         ),
         "scoring": (
@@ -44,7 +43,10 @@ SURFACE = Surface(
             "server_environment",
             "server_identity",
         ),
-        "telemetry": ("Telemetry",),
+        "telemetry": (
+            "Telemetry",
+            "TelemetryWindow",
+        ),
     },
 )
 __all__ = SURFACE.names

@@ -42,6 +42,7 @@ SURFACE = Surface(
             "write_meta",
             "write_versioned",
         ),
+        "server_metrics": ("server_blocks",),
     },
     modules=("ledger",),
 )

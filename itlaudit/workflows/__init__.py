@@ -1,4 +1,4 @@
-"""What the commands compose: run, compare, sweep, selfcheck."""
+"""What the commands compose: a variant's pass into a run folder, and run, compare, sweep, selfcheck from it."""
 
 from itlaudit import Surface
 
@@ -15,7 +15,13 @@ SURFACE = Surface(
             "invariance_targets",
         ),
         "compare": ("run_compare",),
-        "derive": ("write_derived",),
+        "report": (
+            "Run",
+            "combine_runs",
+            "load_run",
+            "report_runs",
+            "still_written",
+        ),
         "run": (
             "DEFAULT_REPORTS",
             "LedgerPolicy",
@@ -23,8 +29,11 @@ SURFACE = Surface(
             "handle_signals",
             "interruption",
             "run_scenario",
-            "server_log_name",
             "variant_target",
+        ),
+        "run_folder": (
+            "RunFolder",
+            "server_log_name",
         ),
         "selfcheck": (
             "capture_options",
@@ -38,6 +47,7 @@ SURFACE = Surface(
             "run_sweep",
             "selected_variants",
         ),
+        "variant_pass": ("VariantPass",),
     },
 )
 __all__ = SURFACE.names
