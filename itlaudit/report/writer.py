@@ -7,7 +7,7 @@ several runs into a folder that is not itself a run.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
@@ -55,6 +55,7 @@ def variant_views(
     summary: dict[str, Any],
     compare: CompareResult | None = None,
     findings: Sequence[dict[str, Any]] = (),
+    telemetry: Mapping[str, Mapping[str, Sequence[dict[str, Any]]]] | None = None,
 ) -> list[VariantView]:
     """compare.json is written by another command and may be absent or cut short (then
     CompareResult.from_json gave None): its spec-decode figures are then absent. The findings (JSON
@@ -74,6 +75,7 @@ def variant_views(
                 spec_decode=row.spec_decode if row is not None else None,
                 truncated=frozenset(r.request_id for r in records if r.variant == name) & truncated,
                 validity=variant_validity(summary, name),
+                telemetry={kind: rows[name] for kind, rows in (telemetry or {}).items() if name in rows},
             )
         )
     return views
@@ -89,9 +91,11 @@ def write_reports(
     compare: CompareResult | None = None,
     imported: Sequence[tuple[ImportedBenchmark, str]] = (),
     meta: dict[str, Any] | None = None,
+    telemetry: Mapping[str, Mapping[str, Sequence[dict[str, Any]]]] | None = None,
 ) -> Path:
     """PNGs, report.md (linking them) and report.html (embedding them); returns report.html's path.
-    `meta` is the run's meta.json, for the context block (none for a comparison of several runs).
+    `meta` is the run's meta.json, for the context block (none for a comparison of several runs);
+    `telemetry` the samplers' rows ({"server" or "gpu": {variant: rows}}) for the server timeline.
     Inside `plots_skipped()` no PNG is drawn and the context block says so."""
     out_dir.mkdir(parents=True, exist_ok=True)
     context = context_facts(meta, summary) if meta is not None else []
@@ -99,7 +103,7 @@ def write_reports(
     if _DRAW_PLOTS.get():
         from itlaudit.report.plots import write_plots  # matplotlib: a second to import, only to draw
 
-        plots = write_plots(variant_views(records, summary, compare, findings), out_dir)
+        plots = write_plots(variant_views(records, summary, compare, findings, telemetry), out_dir)
     else:
         context.append(PLOTS_SKIPPED)
     # A server's error message can echo a credential it was sent (an API key in a 401): redact_text
