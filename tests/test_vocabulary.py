@@ -1,7 +1,7 @@
 """The shared vocabulary (model/vocabulary.py, model/launch.py, model/records.Status): one enum per
 concept whose members are the strings run folders always held, so an old folder reads into the same
-members and a new one writes the same bytes; and the typed sweep and bisect results, read from the
-previous format of sweep.json and bisect.json."""
+members and a new one writes the same bytes; and the typed compare, sweep and bisect results, read
+from the previous format of compare.json, sweep.json and bisect.json."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from itlaudit.analysis.comparison import CompareResult
 from itlaudit.analysis.sweep import SweepResult
 from itlaudit.bisect import state as state_mod
 from itlaudit.bisect.build_range import Build
@@ -158,3 +159,34 @@ def test_a_sweep_json_of_the_wrong_shape_is_one_line() -> None:
         SweepError, match=r"^sweep.json does not read as a sweep \(.*axis.*\): .*rebuilds it$"
     ):
         SweepResult.from_json({**_old_sweep(), "axis": "tokens"})
+
+
+OLD_COMPARE = Path(__file__).parent / "fixtures" / "vllm-0.24.0-cuda-h200-runs" / "k0k3-c1" / "compare.json"
+
+
+def test_a_compare_json_of_the_previous_format_reads_into_the_typed_result() -> None:
+    """An unversioned compare.json from before `not_comparable`, `stream_accepted_tokens` and
+    `prefix_cache`: those read as unknown, everything it holds as it was."""
+    old = json.loads(OLD_COMPARE.read_text(encoding="utf-8"))
+    assert "format" not in old
+    result = CompareResult.from_json(old)
+    assert (
+        result is not None
+        and result.baseline == old["baseline"]
+        and list(result.variants) == list(old["variants"])
+    )
+    for name, row in old["variants"].items():
+        assert {k: v for k, v in result.to_json()["variants"][name].items() if k in row} == row, name
+        assert result.variants[name].not_comparable is None and result.variants[name].prefix_cache is None
+    assert result.findings == old["findings"]
+
+
+def test_a_compare_json_cut_short_or_of_another_shape_reads_as_absent() -> None:
+    assert CompareResult.from_json(None) is None
+    assert CompareResult.from_json([]) is None
+    assert (
+        CompareResult.from_json(
+            {"baseline": "K0", "variants": {"K0": {"itl_ms_p50": "fast"}}, "findings": []}
+        )
+        is None
+    )
