@@ -31,6 +31,7 @@ from itlaudit.model.vocabulary import StampMode
 __all__ = ["Stream", "TransportOptions", "kernel_stamps_supported", "open_stream"]
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+_STAMP_MODES = tuple(StampMode)  # checked once a stream: a constant, as the literal pair was
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class TransportOptions:
     ssl_context: ssl.SSLContext | None = None  # https: verified by default; the caller builds it
 
     def __post_init__(self) -> None:
-        if self.stamp not in tuple(StampMode):
+        if self.stamp not in _STAMP_MODES:
             raise ValueError(f"stamp must be {' or '.join(map(repr, StampMode))}, not {self.stamp!r}")
 
 
