@@ -8,6 +8,7 @@ import os
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from pacedkit import itlaudit, lines, prompts, run, scenario
@@ -16,6 +17,8 @@ from itlaudit.model.records import RequestRecord
 from itlaudit.model.scenario import load_scenario
 from itlaudit.store.jsonl import iter_jsonl
 from itlaudit.workflows.run import run_scenario
+from itlaudit.workflows.run_folder import RunFolder
+from itlaudit.workflows.variant_pass import WindowHook
 
 
 def test_a_40_per_s_poisson_run_arrives_at_40_per_s_with_cv_near_1_and_warmup_is_not_counted(
@@ -212,13 +215,12 @@ def test_warmup_is_a_phase_that_ends_before_the_metrics_window_and_the_measured_
     )
     opened: list[int] = []
 
-    def before(variant: str, base_url: str) -> dict[str, int]:
-        opened.append(time.monotonic_ns())
-        return {"at": opened[-1]}
+    class Window(WindowHook):
+        def opened(self, variant: str, base_url: str, folder: RunFolder) -> dict[str, Any]:
+            opened.append(time.monotonic_ns())
+            return {"before": {"at": opened[-1]}}
 
-    outcome = run_scenario(
-        load_scenario(path), url=server.url, run_dir=tmp_path / "run", before_variant=before
-    )
+    outcome = run_scenario(load_scenario(path), url=server.url, run_dir=tmp_path / "run", hooks=[Window()])
     server.stop()
     records = [RequestRecord.from_json(line) for line in iter_jsonl(outcome.run_dir / "requests.jsonl")]
     warm = [r for r in records if r.warmup]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Any
+from typing import Any, NamedTuple
 
 from itlaudit.analysis.benchmark import benchmark_figures
 from itlaudit.analysis.findings import Finding, request_findings, run_findings
@@ -27,37 +27,62 @@ from itlaudit.model.records import RequestRecord, Status
 
 __all__ = [
     "CATEGORY_METRICS",
+    "RequestDerivation",
     "by_category",
     "derive_request",
+    "derive_requests",
+    "request_line",
     "run_summary",
     "schedule_lag_ms",
     "summarize_run",
 ]
 
 
-def derive_request(record: RequestRecord) -> dict[str, Any]:
-    """The one derivation of a request's figures: metrics, text quality and findings, keyed by
-    request_id and variant. requests.jsonl holds only the raw record; this is what derived.jsonl,
-    requests.csv and every reader of per-request figures (diff, bisect, smoke, report) use."""
-    metrics = request_metrics(record)
-    findings = request_findings(record, metrics)
+class RequestDerivation(NamedTuple):
+    """One request's figures and findings, computed once for derived.jsonl and the summary alike."""
+
+    record: RequestRecord
+    metrics: RequestMetrics
+    findings: list[Finding]
+
+
+def derive_requests(records: Sequence[RequestRecord]) -> list[RequestDerivation]:
+    """Each record's metrics and findings, in the records' order."""
+    derived = []
+    for record in records:
+        metrics = request_metrics(record)
+        derived.append(RequestDerivation(record, metrics, request_findings(record, metrics)))
+    return derived
+
+
+def request_line(request: RequestDerivation) -> dict[str, Any]:
+    """derived.jsonl's line: metrics, text quality and findings, keyed by request_id and variant.
+    requests.jsonl holds only the raw record; this is what derived.jsonl, requests.csv and every
+    reader of per-request figures (diff, bisect, smoke, report) use."""
+    record = request.record
     line: dict[str, Any] = {"request_id": record.request_id, "variant": record.variant}
-    derived = asdict(metrics)
+    derived = asdict(request.metrics)
     derived.pop("e2e_ms", None)  # already on the raw record, same value
     derived.pop("completion_tokens", None)
     line.update(derived)
     line.update(text_quality(record.text).to_json())  # digit_ratio, rep_n, ..., text_sha256
-    line["findings"] = [f.code for f in findings]
-    line["finding_details"] = [f.to_json() for f in findings]
+    line["findings"] = [f.code for f in request.findings]
+    line["finding_details"] = [f.to_json() for f in request.findings]
     return line
 
 
-def _variant_block(records: Sequence[RequestRecord], metrics: Sequence[RequestMetrics]) -> VariantSummary:
+def derive_request(record: RequestRecord) -> dict[str, Any]:
+    """The one derivation of a single request's figures (request_line of derive_requests)."""
+    return request_line(derive_requests([record])[0])
+
+
+def _variant_block(requests: Sequence[RequestDerivation]) -> VariantSummary:
     """summary.json's block for one variant: per-request distributions (p50/p90/p99 over requests),
     the run-level figures vllm bench reports (`benchmark`: totals, throughputs, pooled ITL), how the
     chunks were stamped, and finding counts."""
-    per_request = [request_findings(r, m) for r, m in zip(records, metrics, strict=True)]
-    codes = Counter(f.code for found in per_request for f in found)
+    records = [r.record for r in requests]
+    metrics = [r.metrics for r in requests]
+    codes = Counter(f.code for r in requests for f in r.findings)
     hist: Counter[int] = Counter()
     for record in records:
         hist.update(tokens_per_chunk_hist(record))
@@ -120,14 +145,19 @@ def _loop_lag(records: Sequence[RequestRecord]) -> LoopLag:
     return LoopLag(worst_p99=max(p99s) if p99s else None, max=max(maxes) if maxes else None)
 
 
-def summarize_run(records: Sequence[RequestRecord], variant_order: Sequence[str] | None = None) -> RunSummary:
-    """summary.json: per-variant blocks in scenario order, then run-level findings."""
+def summarize_run(
+    records: Sequence[RequestRecord],
+    variant_order: Sequence[str] | None = None,
+    derived: Sequence[RequestDerivation] | None = None,
+) -> RunSummary:
+    """summary.json: per-variant blocks in scenario order, then run-level findings. `derived` is
+    derive_requests(records) when the caller has it already (each request's findings once)."""
+    requests = derived if derived is not None else derive_requests(records)
     names = list(variant_order or [])
     names += [r.variant for r in records if r.variant not in names]
     variants: dict[str, VariantSummary] = {}
     for name in dict.fromkeys(names):
-        mine = [r for r in records if r.variant == name]
-        variants[name] = _variant_block(mine, [request_metrics(r) for r in mine])
+        variants[name] = _variant_block([r for r in requests if r.record.variant == name])
     run_level: list[Finding] = run_findings(records)
     for finding in run_level:
         block = variants.get(str(finding.evidence.get("variant")))

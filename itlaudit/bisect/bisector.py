@@ -32,6 +32,7 @@ from itlaudit.bisect.settings import Settings, make_provider
 from itlaudit.bisect.state import BisectResult, State
 from itlaudit.capture.cluster import connect
 from itlaudit.errors import BisectError
+from itlaudit.model.access import NO_ACCESS, Access
 from itlaudit.model.launch import LaunchKind, LaunchSpec
 from itlaudit.model.scenario import Scenario, load_scenario
 from itlaudit.model.vocabulary import Verdict
@@ -82,7 +83,8 @@ def _first_line(text: str) -> str:
 
 
 class Bisection:
-    def __init__(self, state: State, bisect_dir: Path, console: Console) -> None:
+    def __init__(self, state: State, bisect_dir: Path, console: Console, access: Access = NO_ACCESS) -> None:
+        """`access` (the API key and headers each trial sends) is the invocation's: never stored."""
         self.state = state
         self.dir = bisect_dir
         self.console = console
@@ -96,6 +98,7 @@ class Bisection:
             alpha=settings.alpha,
             trials=settings.effective_trials,
             max_trials=settings.max_trials,
+            capture=settings.capture(access),
         )
         provider, self.cache = make_provider(settings, bisect_dir)
         # Under --cluster the nodes prepare the builds they probe; preparing them here too is waste.

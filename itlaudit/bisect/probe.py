@@ -2,10 +2,10 @@
 through the launcher and run the scenario's workload as trials until the verdict is clear (or max
 trials); say good, bad, skip or unknown over all variants.
 
-Trial N of every variant lands in the probe's `trial-N/` run folder (requests.jsonl as it streams in,
-summary.json over all its variants), next to one `server-<variant>.log` per variant. Not the plots and
-HTML report of `itlaudit run`: they cost seconds per trial and a bisection runs dozens;
-`itlaudit report TRIAL_DIR` derives them from requests.jsonl whenever one is wanted."""
+Trial N of every variant lands in the probe's `trial-N/` run folder (a RunFolder: meta.json as `run`
+writes it, requests.jsonl as it streams in, the figures over all its variants), next to one
+`server-<variant>.log` per variant. Each variant's pass is the VariantPass every command uses, with the
+bisection's capture options."""
 
 from __future__ import annotations
 
@@ -18,20 +18,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from itlaudit.analysis.derive import run_summary
 from itlaudit.bisect.build_range import Build
 from itlaudit.bisect.figures import Figures, read_trial
 from itlaudit.bisect.prefetch import Prefetcher
 from itlaudit.bisect.verdict import Judge, Judgement, ScriptJudge
-from itlaudit.capture.runner import run_variant
+from itlaudit.capture.runner import CaptureOptions
 from itlaudit.errors import BuildUnavailable, LaunchError, ServerRejectedError, ServerUnreachableError
 from itlaudit.model.launch import LaunchSpec
 from itlaudit.model.scenario import Scenario
 from itlaudit.model.vocabulary import Verdict
 from itlaudit.serve.launcher import launch
-from itlaudit.store.jsonl import RecordWriter, load_records
-from itlaudit.store.rundir import REQUESTS_FILE, SUMMARY_FILE, write_versioned
-from itlaudit.workflows.run import server_log_name
+from itlaudit.workflows.run_folder import RunFolder, server_log_name
+from itlaudit.workflows.variant_pass import VariantPass
 
 __all__ = ["OnServer", "ProbeConfig", "ProbeResult", "run_probe", "run_trial"]
 
@@ -51,6 +49,7 @@ class ProbeConfig:
     alpha: float
     trials: int
     max_trials: int
+    capture: CaptureOptions = field(default_factory=CaptureOptions)  # --workers, --stamp, --api-key, --header
 
     @property
     def names(self) -> list[str]:
@@ -82,14 +81,35 @@ def _run_script(judge: ScriptJudge, probe_dir: Path, url: str, build: Build) -> 
     return Judgement(judge.answer(code), f"script exited {code}", {"script_exit": code})
 
 
-def run_trial(scenario: Scenario, variant: str, url: str, run_dir: Path) -> Path:
-    """One pass of the workload for one variant, appended to the trial folder that holds every
-    variant's pass of the same number; summary.json is rewritten over all of them."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with RecordWriter(run_dir / REQUESTS_FILE) as writer:
-        asyncio.run(run_variant(scenario, variant, url, writer))
-    records = load_records(run_dir / REQUESTS_FILE)
-    write_versioned(run_dir / SUMMARY_FILE, run_summary(records, [v.name for v in scenario.variants]))
+def run_trial(
+    config: ProbeConfig,
+    variant: str,
+    url: str,
+    run_dir: Path,
+    launched: LaunchSpec | None = None,
+    server_log: Path | None = None,
+) -> Path:
+    """One pass of the workload for one variant (a VariantPass, with the bisection's capture options),
+    added to the trial folder that holds every variant's pass of the same number; its figures are
+    derived over all of them. No plots or HTML report: they cost seconds per trial and a bisection
+    runs dozens (`itlaudit report TRIAL_DIR` draws them whenever one is wanted)."""
+    scenario = config.scenario
+    folder = RunFolder.begin(run_dir, scenario, context={"bisect": {"trial": run_dir.name}}, extend=True)
+    variant_spec = next(v for v in scenario.variants if v.name == variant)
+    with folder.records() as writer:
+        asyncio.run(
+            VariantPass(
+                scenario,
+                variant_spec,
+                url,
+                folder,
+                writer,
+                capture=config.capture,
+                launched=launched,
+                server_log=server_log,
+            ).run()
+        )
+    folder.finish(scenario.name, [v.name for v in scenario.variants], report=False)
     return run_dir
 
 
@@ -111,6 +131,7 @@ def _run_variant(
     config: ProbeConfig,
     name: str,
     url: str,
+    launched: LaunchSpec,
     probe_dir: Path,
     done: dict[str, list[Figures]],
     reference: dict[str, Figures] | None,
@@ -118,7 +139,8 @@ def _run_variant(
     """Trials of one variant until `trials` are done and its verdict is clear, at most `max_trials`."""
     trials = done.setdefault(name, [])
     while True:
-        trial_dir = run_trial(config.scenario, name, url, probe_dir / f"trial-{len(trials) + 1}")
+        trial = probe_dir / f"trial-{len(trials) + 1}"
+        trial_dir = run_trial(config, name, url, trial, launched, probe_dir / server_log_name(name))
         trials.append(read_trial(trial_dir)[name])
         if len(trials) >= config.max_trials or (
             len(trials) >= config.trials and _clear(config, name, done, reference)
@@ -148,7 +170,7 @@ def run_probe(
             spec = prefetcher.provider.launch_spec(prepared, base_spec)
             with launch(spec, probe_dir / server_log_name(name)) as server:
                 on_server(server.pid)
-                _run_variant(config, name, server.url, probe_dir, done, reference)
+                _run_variant(config, name, server.url, spec, probe_dir, done, reference)
                 if isinstance(config.regress, ScriptJudge) and name == config.names[-1]:
                     scripted = _run_script(config.regress, probe_dir, server.url, build)
     except LaunchError as exc:

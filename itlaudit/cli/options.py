@@ -46,6 +46,7 @@ __all__ = [
     "cluster_option",
     "parse_url",
     "parse_variant_urls",
+    "trial_capture_options",
     "with_options",
     "workload_flags",
 ]
@@ -277,6 +278,17 @@ def capture_options(
         cluster=cluster,
         telemetry=Telemetry.from_flags(metrics_period, no_server_metrics, gpu, profile),
     )
+
+
+def trial_capture_options(
+    workers: WorkersOption = "auto",
+    stamp: StampOption = "kernel",
+    api_key: ApiKeyOption = None,
+    header: HeaderOption = None,
+) -> CaptureOptions:
+    """How a bisection's trials send and stamp: run's options of the same names (bisect's own
+    --cluster places whole probes, not capture workers)."""
+    return CaptureOptions.from_flags(workers, stamp, access=access(api_key, header, False, None))
 
 
 # --- Workload, as vllm bench serve's flags name it -------------------------------------------------

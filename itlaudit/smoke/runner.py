@@ -27,7 +27,8 @@ from itlaudit.smoke.output import render_markdown
 from itlaudit.smoke.suite import Suite, server_launch
 from itlaudit.store.rundir import new_run_dir, read_versioned, write_versioned
 from itlaudit.workflows.compare import run_compare
-from itlaudit.workflows.run import DEFAULT_REPORTS, server_log_name, variant_target
+from itlaudit.workflows.run import DEFAULT_REPORTS, variant_target
+from itlaudit.workflows.run_folder import server_log_name
 
 __all__ = ["JUNIT_FILE", "REPORT_FILE", "SMOKE_FILE", "SmokeOutcome", "load_baseline", "run_smoke"]
 

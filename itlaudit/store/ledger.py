@@ -402,11 +402,14 @@ def record_run(
     no_repeat: bool = False,
     environ: Mapping[str, str] | None = None,
     summary: RunSummary | None = None,
+    records: Sequence[RequestRecord] | None = None,
 ) -> list[dict[str, Any]]:
     """Add a finished run's variants to the ledger, each repeat marked with the run it repeats; with
-    `no_repeat` a repeat is refused and nothing is written. `summary` is the run's, as its derivation
-    returned it; without one (`itlaudit ledger add` of a past folder) it is derived here."""
-    records = load_records(run_dir / REQUESTS_FILE)
+    `no_repeat` a repeat is refused and nothing is written. `summary` and `records` are the run's, as
+    its one derivation gave them; without them (`itlaudit ledger add` of a past folder) requests.jsonl
+    is read and derived here."""
+    if records is None:
+        records = load_records(run_dir / REQUESTS_FILE)
     fingerprints = run_fingerprints(run_dir, records, environ or {})
     earlier = {
         name: check_new_run(fingerprint, ledger_path, no_repeat=no_repeat)

@@ -34,10 +34,12 @@ from itlaudit.model.vocabulary import Endpoint
 from itlaudit.report.progress import Reporter
 from itlaudit.serve.side_client import SideClient
 from itlaudit.store.rundir import COMPARE_FILE, write_versioned
-from itlaudit.workflows.derive import write_derived
+from itlaudit.workflows.derive import write_report
 from itlaudit.workflows.run import LedgerPolicy, RunOutcome, run_scenario, variant_target
+from itlaudit.workflows.run_folder import RunFolder
+from itlaudit.workflows.variant_pass import WindowHook
 
-__all__ = ["audit_distribution", "execution_mode", "explain_mismatches", "run_compare"]
+__all__ = ["CounterWindow", "audit_distribution", "execution_mode", "explain_mismatches", "run_compare"]
 
 
 def _judged_by_modes(
@@ -184,32 +186,64 @@ def run_compare(
     labels: RunLabels | None = None,
     distribution: bool | None = None,
 ) -> tuple[RunOutcome, CompareResult]:
-    """`distribution`: audit_distribution's `forced` (None: automatic for speculating variants)."""
-    snapshots: dict[str, dict[str, Any]] = {}
-
-    def before(name: str, base_url: str) -> dict[str, Any]:
-        snapshots[f"{name}/before"] = scrape_counters(
-            base_url, access=variant_access(scenario, name, capture)
-        )
-        return snapshots[f"{name}/before"]
-
-    def after(name: str, base_url: str) -> dict[str, Any]:
-        snapshots[f"{name}/after"] = scrape_counters(base_url, access=variant_access(scenario, name, capture))
-        return snapshots[f"{name}/after"]
-
+    """`distribution`: audit_distribution's `forced` (None: automatic for speculating variants).
+    The run's figures are derived once; the report is drawn after compare.json is written (its
+    acceptance-per-position plot reads it), and drawn even when comparing fails."""
+    window = CounterWindow(scenario, capture)
     outcome = run_scenario(
         scenario,
         url=url,
         variant_urls=variant_urls,
         run_dir=run_dir,
         console=console,
-        before_variant=before,
-        after_variant=after,
+        hooks=[window],
         ledger=ledger,
         append=append,
         capture=capture,
         labels=labels,
+        report=False,
     )
+    try:
+        comparison = _compare(
+            scenario, outcome, window.snapshots, url, variant_urls, capture, console, distribution
+        )
+    finally:
+        write_report(outcome.derivation, reporter=Reporter(console))
+    return outcome, comparison
+
+
+class CounterWindow(WindowHook):
+    """compare's /metrics window: the server's counters read as the measured window opens and as it
+    closes (meta.json's `before` and `after`), for the spec-decode and prefix-cache deltas."""
+
+    def __init__(self, scenario: Scenario, capture: CaptureOptions | None) -> None:
+        self.scenario = scenario
+        self.capture = capture
+        self.snapshots: dict[str, dict[str, Any]] = {}
+
+    def _scrape(self, edge: str, variant: str, base_url: str) -> dict[str, Any]:
+        access = variant_access(self.scenario, variant, self.capture)
+        self.snapshots[f"{variant}/{edge}"] = scrape_counters(base_url, access=access)
+        return {edge: self.snapshots[f"{variant}/{edge}"]}
+
+    def opened(self, variant: str, base_url: str, folder: RunFolder) -> dict[str, Any]:
+        return self._scrape("before", variant, base_url)
+
+    def closed(self, variant: str, base_url: str, folder: RunFolder) -> dict[str, Any]:
+        return self._scrape("after", variant, base_url)
+
+
+def _compare(
+    scenario: Scenario,
+    outcome: RunOutcome,
+    snapshots: dict[str, dict[str, Any]],
+    url: str | None,
+    variant_urls: dict[str, str] | None,
+    capture: CaptureOptions | None,
+    console: Console | None,
+    distribution: bool | None,
+) -> CompareResult:
+    """compare.json from a finished run and its /metrics windows."""
     spec_stats, prefix_cache = {}, {}
     for variant in scenario.variants:
         pre, post = snapshots.get(f"{variant.name}/before", {}), snapshots.get(f"{variant.name}/after", {})
@@ -232,7 +266,4 @@ def run_compare(
         comparison.distribution = block
         comparison.findings += shifts
     write_versioned(outcome.run_dir / COMPARE_FILE, comparison.to_json())
-    # Again, now that compare.json exists: the report's acceptance-per-position plot reads it.
-    with Reporter(console).step("adding the spec-decode figures to the report"):
-        write_derived(outcome.run_dir, scenario.name, [v.name for v in scenario.variants])
-    return outcome, comparison
+    return comparison

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from itlaudit.analysis.comparison import CompareResult
-from itlaudit.analysis.derive import derive_request, summarize_run
+from itlaudit.analysis.derive import derive_requests, request_line, summarize_run
 from itlaudit.analysis.importers import ImportedBenchmark
 from itlaudit.analysis.summary import PartialBy, RecordsSeen, RunSummary
 from itlaudit.model.records import RequestRecord
@@ -34,7 +35,7 @@ from itlaudit.store.rundir import (
     write_versioned,
 )
 
-__all__ = ["write_derived"]
+__all__ = ["Derivation", "derive_figures", "write_derived", "write_report"]
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -65,18 +66,33 @@ def _optional_json(path: Path) -> Any:
         return None
 
 
-def write_derived(
+@dataclass(frozen=True)
+class Derivation:
+    """A run folder's figures as derived once: the records they count, the typed summary, each
+    request's derived line (findings included) and every finding, for the report to draw without
+    deriving again."""
+
+    out: Path  # where the files went: the run folder, or its partial/ for `report --live`
+    title: str
+    records: list[RequestRecord]
+    summary: RunSummary
+    derived: list[dict[str, Any]]
+
+    @property
+    def findings(self) -> list[dict[str, Any]]:
+        return [f for d in self.derived for f in d["finding_details"]] + self.summary.run_findings
+
+
+def derive_figures(
     run_dir: Path,
     title: str,
     variant_order: Sequence[str] | None = None,
     *,
-    imported: Sequence[tuple[ImportedBenchmark, str]] = (),
     reporter: Reporter | None = None,
     live: Holder | None = None,
-) -> RunSummary:
-    """(Re)derive summary.json, derived.jsonl, requests.csv, chunks.csv, the PNGs, report.md and
-    report.html from requests.jsonl (plus compare.json's spec-decode figures when present). With a
-    reporter, each of the two steps (seconds each on a long run) is named while it runs.
+) -> Derivation:
+    """(Re)derive summary.json, derived.jsonl, requests.csv and chunks.csv from requests.jsonl, reading
+    it once and computing each request's figures and findings once.
 
     summary.json carries how many lines requests.jsonl held when it was derived (`records`), so a
     reader can tell a summary that covers the whole file from one that does not. With `live` (the run
@@ -87,35 +103,62 @@ def write_derived(
     with steps("deriving figures"):
         loaded = read_records(run_dir / REQUESTS_FILE)
         records = loaded.records
-        derived = [derive_request(r) for r in records]
+        requests = derive_requests(records)
         summary = msgspec.structs.replace(
-            summarize_run(records, variant_order),
+            summarize_run(records, variant_order, requests),
             records=RecordsSeen(file=REQUESTS_FILE, lines=loaded.lines, warmup=loaded.warmup),
             partial=None if live is None else PartialBy(pid=live.pid, host=live.host),
         )
+        derived = [request_line(request) for request in requests]
         if live is not None:
             title = f"{PARTIAL_HEADING}: {title}"
-        content = summary.to_json()  # the file's form, which the report reads as any past summary.json
         out.mkdir(exist_ok=True)
-        write_versioned(out / SUMMARY_FILE, content)
+        write_versioned(out / SUMMARY_FILE, summary.to_json())
         write_jsonl(out / DERIVED_FILE, derived)
         _csv_frame(records, derived).to_csv(out / CSV_FILE, index=False)
         write_chunks(records, out)
-    findings = [f for d in derived for f in d["finding_details"]] + summary.run_findings
+    return Derivation(out=out, title=title, records=records, summary=summary, derived=derived)
+
+
+def write_report(
+    derivation: Derivation,
+    *,
+    imported: Sequence[tuple[ImportedBenchmark, str]] = (),
+    reporter: Reporter | None = None,
+) -> None:
+    """The PNGs, report.md and report.html from a derivation (plus compare.json's spec-decode figures
+    and meta.json's context when the run folder has them). With a reporter, the step (seconds on a
+    long run) is named while it runs."""
+    steps = reporter.step if reporter is not None else _unnamed
+    run_dir = derivation.out.parent if derivation.out.name == PARTIAL_DIR else derivation.out
     compare = CompareResult.from_json(_optional_json(run_dir / COMPARE_FILE))
     meta = _optional_json(run_dir / META_FILE)
     with steps("drawing the plots and writing the report"):
         write_reports(
-            out,
-            title,
-            records,
-            content,
-            findings,
+            derivation.out,
+            derivation.title,
+            derivation.records,
+            derivation.summary.to_json(),  # the file's form, which the report reads as any past summary
+            derivation.findings,
             compare=compare,
             imported=imported,
             meta=meta if isinstance(meta, dict) else None,
         )
-    return summary
+
+
+def write_derived(
+    run_dir: Path,
+    title: str,
+    variant_order: Sequence[str] | None = None,
+    *,
+    imported: Sequence[tuple[ImportedBenchmark, str]] = (),
+    reporter: Reporter | None = None,
+    live: Holder | None = None,
+) -> Derivation:
+    """Every derived file of a run folder: the figures (`derive_figures`), then the report."""
+    derivation = derive_figures(run_dir, title, variant_order, reporter=reporter, live=live)
+    write_report(derivation, imported=imported, reporter=reporter)
+    return derivation
 
 
 def _unnamed(name: str) -> AbstractContextManager[None]:

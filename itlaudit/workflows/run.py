@@ -6,64 +6,51 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from itlaudit import __version__
 from itlaudit.analysis.summary import RunSummary
-from itlaudit.capture.runner import CaptureOptions, run_variant, variant_access
+from itlaudit.capture.runner import CaptureOptions, variant_access
 from itlaudit.errors import ItlauditError, RunDirError, RunInterrupted, ScenarioError
 from itlaudit.model.access import NO_ACCESS, Access, url_credentials_problem
 from itlaudit.model.records import RequestRecord
-from itlaudit.model.redact import launch_secret_values, redact_file, redact_json, remember_secrets
-from itlaudit.model.run_context import workload_meta
+from itlaudit.model.redact import launch_secret_values, redact_file, remember_secrets
 from itlaudit.model.run_labels import RunLabels
 from itlaudit.model.scenario import Scenario, Variant
-from itlaudit.report.progress import CaptureProgress, Reporter, duration
+from itlaudit.report.progress import Reporter, duration
 from itlaudit.serve.environment import gpus as host_gpus
-from itlaudit.serve.environment import host_environment
-from itlaudit.serve.side_client import SideClient
-from itlaudit.store.jsonl import RecordWriter, iter_jsonl, load_records
+from itlaudit.store.jsonl import iter_jsonl
 from itlaudit.store.lock import hold_run_lock, refuse_if_live
-from itlaudit.store.rundir import (
-    META_FILE,
-    REPORT_FILE,
-    REQUESTS_FILE,
-    new_run_dir,
-    read_versioned,
-    remove_partial,
-    write_meta,
-)
+from itlaudit.store.rundir import REPORT_FILE, REQUESTS_FILE, new_run_dir, remove_partial
+from itlaudit.workflows.run_folder import server_log_name
+
+if TYPE_CHECKING:
+    from itlaudit.workflows.derive import Derivation
+    from itlaudit.workflows.run_folder import RunFolder
+    from itlaudit.workflows.variant_pass import WindowHook
 
 __all__ = [
     "DEFAULT_REPORTS",
     "RUN_DIR_ENV",
     "LedgerPolicy",
     "RunOutcome",
-    "TallyWriter",
-    "VariantHook",
     "handle_signals",
     "interruption",
     "run_scenario",
-    "server_log_name",
     "variant_target",
 ]
 
 DEFAULT_REPORTS = Path("reports")
 RUN_DIR_ENV = "ITLAUDIT_RUN_DIR"
-
-# Called around each variant with its base URL: `compare` uses it to scrape /metrics before/after.
-VariantHook = Callable[[str, str], Any]
 
 
 @dataclass(frozen=True)
@@ -79,22 +66,15 @@ class LedgerPolicy:
         scenario: Scenario,
         variant: str,
         base_url: str,
+        identity: dict[str, Any],
         run_dir: Path,
         console: Console | None,
-        access: Access = NO_ACCESS,
     ) -> dict[str, Any]:
-        """Fingerprint the variant's server. Called before its /metrics window opens: the identity
-        ping is a request of itlaudit's own and must not count in the server's figures."""
-        from itlaudit.capture.planning import resolve_model
-        from itlaudit.capture.server_info import server_identity
+        """Fingerprint the variant's server from its identity (read by the variant's pass before its
+        /metrics window opens: the identity ping is a request of itlaudit's own and must not count in
+        the server's figures); a repeat is named, or refused with no_repeat."""
         from itlaudit.store import ledger
 
-        async def identify() -> dict[str, Any]:
-            async with SideClient(access) as client:
-                model = await resolve_model(client, base_url, scenario.model)
-                return await server_identity(client, base_url, model)
-
-        identity = asyncio.run(identify())
         if identity.get("unknown") and console is not None:
             console.print(
                 f"{variant}: server build unknown ({identity['unknown']})", markup=False, soft_wrap=True
@@ -113,26 +93,34 @@ class LedgerPolicy:
             )
         return fingerprint.to_json()
 
-    def record(self, run_dir: Path, summary: RunSummary) -> None:
+    def record(self, run_dir: Path, summary: RunSummary, records: list[RequestRecord]) -> None:
+        """The finished run's lines, from the summary and records its one derivation gave."""
         from itlaudit.store import ledger
 
-        ledger.record_run(run_dir, self.path, environ=os.environ, summary=summary)
+        ledger.record_run(run_dir, self.path, environ=os.environ, summary=summary, records=records)
 
 
 @dataclass
 class RunOutcome:
+    """A finished run: its folder and the one derivation of its figures."""
+
     run_dir: Path
-    summary: dict[str, Any]
-    records: list[RequestRecord]
+    derivation: Derivation
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """summary.json's form, which compare, smoke and the terminal block read (as for a past
+        folder)."""
+        return self.derivation.summary.to_json()
+
+    @property
+    def records(self) -> list[RequestRecord]:
+        """What the figures counted: no warmup, every --append round."""
+        return self.derivation.records
 
     @property
     def finding_count(self) -> int:
-        per_variant = sum(sum(b["findings"].values()) for b in self.summary["variants"].values())
-        return per_variant
-
-
-def server_log_name(variant: str) -> str:
-    return f"server-{variant}.log"
+        return sum(sum(block.findings.values()) for block in self.derivation.summary.variants.values())
 
 
 @contextmanager
@@ -206,18 +194,6 @@ def _append_tag(requests: Path) -> str | None:
     return f"r{round_number}"
 
 
-async def _reset_cache(base_url: str, access: Access) -> dict[str, Any]:
-    """The variant's prefix-cache reset, on a session of its own: it runs before the capture's."""
-    from itlaudit.capture.planning import reset_prefix_cache
-
-    async with SideClient(access) as client:
-        return await reset_prefix_cache(client, base_url)
-
-
-def _write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
-    write_meta(run_dir, redact_json(meta))
-
-
 def run_scenario(
     scenario: Scenario,
     *,
@@ -225,19 +201,21 @@ def run_scenario(
     variant_urls: dict[str, str] | None = None,
     run_dir: Path | None = None,
     console: Console | None = None,
-    before_variant: VariantHook | None = None,
-    after_variant: VariantHook | None = None,
+    hooks: Sequence[WindowHook] = (),
     ledger: LedgerPolicy | None = None,
     append: bool = False,
     capture: CaptureOptions | None = None,
     labels: RunLabels | None = None,
+    report: bool = True,
 ) -> RunOutcome:
-    """Run every variant in turn. With a ledger, each variant is fingerprinted before it is measured
-    (a repeat is named, or refused with no_repeat) and the finished run is recorded.
+    """Run every variant in turn, each through its VariantPass (workflows/variant_pass.py), into one
+    RunFolder. With a ledger, each variant is fingerprinted before it is measured (a repeat is named,
+    or refused with no_repeat) and the finished run is recorded.
 
-    A variant's /metrics window (before_variant → after_variant) holds its measured requests and nothing
-    else: warmup requests finish before it opens, the identity ping comes before it and the /version read
-    of the environment record after it.
+    A variant's measured window (the `hooks`) holds its measured requests and nothing else: warmup
+    requests finish before it opens, the identity ping comes before it and the /version read of the
+    environment record after it. With report=False the folder's figures are derived but the report
+    is left to the caller (compare adds compare.json first).
 
     The run holds its folder's lock (store.lock) from the start until its summary is written, so
     `report` and a second run can tell it is still going. However it ends (finished, SIGINT/SIGTERM,
@@ -263,12 +241,12 @@ def run_scenario(
                 url=url,
                 variant_urls=variant_urls,
                 console=console,
-                before_variant=before_variant,
-                after_variant=after_variant,
+                hooks=hooks,
                 ledger=ledger,
                 append=append,
                 capture=capture,
                 labels=labels,
+                report=report,
             )
     finally:
         remove_partial(folder)  # after the lock is let go: a `report --live` then sees the run over
@@ -281,41 +259,26 @@ def _run_in_folder(
     url: str | None,
     variant_urls: dict[str, str],
     console: Console | None,
-    before_variant: VariantHook | None,
-    after_variant: VariantHook | None,
+    hooks: Sequence[WindowHook],
     ledger: LedgerPolicy | None,
     append: bool,
     capture: CaptureOptions | None,
     labels: RunLabels | None,
+    report: bool,
 ) -> RunOutcome:
     """run_scenario's work, in a folder it holds."""
     # The capture and report stacks load here, not at the top: the CLI imports this module to start.
     from itlaudit.capture.cluster import lost_worker_warnings
-    from itlaudit.capture.server_info import server_environment
-    from itlaudit.workflows.derive import write_derived
+    from itlaudit.workflows.run_folder import RunFolder
+    from itlaudit.workflows.variant_pass import VariantPass
 
-    started = time.time()
-    meta: dict[str, Any] = {
-        "itlaudit_version": __version__,
-        "scenario": scenario.name,
-        "scenario_path": str(scenario.path) if scenario.path else None,
-        "endpoint": scenario.endpoint,
-        "workload": workload_meta(scenario),
-        "started_at_unix": started,
-        "environment": host_environment(),
-        **(labels.to_meta() if labels is not None else {}),
-        "variants": {},
-    }
     tag = _append_tag(run_dir / REQUESTS_FILE) if append else None
-    if tag is not None and (run_dir / META_FILE).exists():
-        meta = {**read_versioned(run_dir / META_FILE), "appended_at_unix": started, "append_tag": tag}
-        meta.setdefault("variants", {})
-    _write_meta(run_dir, meta)
-    records: list[RequestRecord] = []
+    context = {"appended_at_unix": time.time(), "append_tag": tag} if tag is not None else None
+    folder = RunFolder.begin(run_dir, scenario, labels=labels, context=context, extend=tag is not None)
     workload = scenario.workload
     total = (workload.num_requests + workload.arrivals.warmup_requests) * len(scenario.variants)
     reporter = Reporter(console)
-    writer = TallyWriter(run_dir / REQUESTS_FILE)
+    writer = folder.records()
     try:
         with reporter.capture("requests", total) as counts, writer:
             writer.counts = counts
@@ -323,8 +286,6 @@ def _run_in_folder(
                 override = url or variant_urls.get(variant.name)
                 launched = variant.launch if not override else None
                 access = variant_access(scenario, variant.name, capture)
-                info: dict[str, Any] = {"url": None, "headers": sorted(name for name, _ in access.headers)}
-                meta["variants"][variant.name] = info
                 try:
                     with ExitStack() as server:
                         starting = reporter.step(f"{variant.name}: starting its server") if launched else None
@@ -332,30 +293,17 @@ def _run_in_folder(
                             base_url = server.enter_context(
                                 variant_target(variant, override, run_dir, access)
                             )
-                        info["url"] = base_url
-                        if ledger is not None:
-                            info["fingerprint"] = ledger.check(
-                                scenario, variant.name, base_url, run_dir, console, access
-                            )
-                        if variant.reset_prefix_cache:
-                            info["reset_prefix_cache"] = asyncio.run(_reset_cache(base_url, access))
-                            note = info["reset_prefix_cache"].get("note")
-                            if note and console is not None:
-                                console.print(f"{variant.name}: {note}", markup=False, soft_wrap=True)
                         counts.begin(f"{variant.name} @ {base_url}")
                         variant_started = time.monotonic()
 
                         def on_capture(
-                            workers: dict[str, Any], info: dict[str, Any] = info, name: str = variant.name
+                            workers: dict[str, Any], name: str = variant.name, url: str = base_url
                         ) -> None:
-                            """Capture workers (pids, clock offsets) reach meta.json before they stream;
-                            the phase line comes here, once the server has answered the model lookup."""
-                            info.update(workers)
-                            _write_meta(run_dir, meta)
+                            """The phase line comes here, once the server has answered the model lookup."""
                             if "workers" in workers:
                                 count = len(workers["workers"])
                                 reporter.phase(
-                                    f"{name}: {workload.num_requests} requests to {info['url']} over "
+                                    f"{name}: {workload.num_requests} requests to {url} over "
                                     f"{count} capture process{'es' if count > 1 else ''}"
                                 )
                             dataset = scenario.workload.dataset
@@ -367,86 +315,45 @@ def _run_in_folder(
                             for warning in lost_worker_warnings(workers):
                                 (console or Console(stderr=True)).print(warning, markup=False, soft_wrap=True)
 
-                        def open_window(
-                            info: dict[str, Any] = info, name: str = variant.name, base_url: str = base_url
-                        ) -> None:
-                            """Opens once the warmup requests are over, so the counters cover the measured
-                            requests only (the figures leave warmup out too)."""
-                            if before_variant is not None:
-                                info["before"] = before_variant(name, base_url)
-
                         done = asyncio.run(
-                            run_variant(
+                            VariantPass(
                                 scenario,
-                                variant.name,
+                                variant,
                                 base_url,
+                                folder,
                                 writer,
-                                counts.landed,
-                                options=capture,
-                                on_capture=on_capture,
-                                on_warm=open_window,
+                                capture=capture,
+                                ledger=ledger,
+                                console=console,
+                                hooks=hooks,
+                                launched=launched,
                                 id_tag=tag,
+                                on_done=counts.landed,
                                 on_prepare=counts.prepare,
-                            )
-                        )
-                        records += done
+                                on_capture=on_capture,
+                            ).run()
+                        ).capture.records
                         reporter.phase(
                             f"{variant.name}: {len(done)} requests done in "
                             f"{duration(time.monotonic() - variant_started)}"
-                        )
-                        if after_variant is not None:
-                            info["after"] = after_variant(variant.name, base_url)
-                        info["environment"] = server_environment(
-                            base_url,
-                            [r.system_fingerprint for r in done],
-                            launch_env=launched.env if launched else None,
-                            launch_kind=launched.kind if launched else None,
-                            log_path=run_dir / server_log_name(variant.name) if launched else None,
-                            access=access,
                         )
                         if launched is not None:
                             reporter.phase(f"{variant.name}: stopping its server")
                 finally:
                     if launched is not None:
-                        redact_file(
-                            run_dir / server_log_name(variant.name),
-                            launch_secret_values(variant.launch, os.environ),
-                        )
-                _write_meta(run_dir, meta)
+                        secrets = launch_secret_values(launched, os.environ)
+                        redact_file(folder.server_log(variant.name), secrets)
+                folder.save()
     except KeyboardInterrupt:
-        raise _wrap_up_interrupted(run_dir, scenario, meta, reporter) from None
+        raise _wrap_up_interrupted(folder, scenario, reporter) from None
     except Exception as exc:
-        _wrap_up_failed(run_dir, scenario, meta, reporter, exc)
+        _wrap_up_failed(folder, scenario, reporter, exc)
         raise
-    summary = write_derived(run_dir, scenario.name, [v.name for v in scenario.variants], reporter=reporter)
+    order = [v.name for v in scenario.variants]
+    derivation = folder.finish(scenario.name, order, reporter=reporter, report=report)
     if ledger is not None:
-        ledger.record(run_dir, summary)
-    records = load_records(run_dir / REQUESTS_FILE)  # what the figures counted: no warmup, all rounds
-    # compare, smoke and the terminal block read summary.json's form (as for a past folder)
-    return RunOutcome(run_dir=run_dir, summary=summary.to_json(), records=records)
-
-
-# A landed record's token count, found in the line the lander hands over: the coordinator never decodes
-# records mid-capture (that CPU belongs to the workers), and this search costs microseconds a record.
-_COMPLETION_TOKENS = re.compile(rb'"completion_tokens":(\d+)')
-
-
-class TallyWriter(RecordWriter):
-    """requests.jsonl's writer that also adds each record's completion tokens to the progress
-    display's counters (its tokens/s)."""
-
-    counts: CaptureProgress | None = None
-
-    def write(self, line: Any) -> None:
-        super().write(line)
-        if self.counts is None:
-            return
-        if isinstance(line, bytes):
-            found = _COMPLETION_TOKENS.search(line)
-            tokens = int(found.group(1)) if found else 0
-        else:
-            tokens = (line.get("completion_tokens") if isinstance(line, dict) else None) or 0
-        self.counts.add_tokens(tokens)
+        ledger.record(run_dir, derivation.summary, derivation.records)
+    return RunOutcome(run_dir=run_dir, derivation=derivation)
 
 
 _SIGTERM_SEEN = threading.Event()
@@ -486,46 +393,32 @@ def _finished_requests(run_dir: Path) -> int:
     return sum(1 for _ in iter_jsonl(requests)) if requests.exists() else 0
 
 
-def _wrap_up_failed(
-    run_dir: Path,
-    scenario: Scenario,
-    meta: dict[str, Any],
-    reporter: Reporter,
-    error: Exception,
-) -> None:
+def _wrap_up_failed(folder: RunFolder, scenario: Scenario, reporter: Reporter, error: Exception) -> None:
     """An error ended the run after it began (a capture worker died, the server refused, the disk
     filled): as after an interrupt, meta says so and summary and report are rewritten from what
     finished, so they never disagree with requests.jsonl; nothing goes to the ledger. If that fails
     too (the disk is still full), the original error is the one reported."""
-    from itlaudit.workflows.derive import write_derived
-
-    # _write_meta masks it: a server's message in it may quote a key the run sent (a 401).
-    meta["failed"] = {"error": str(error), "at_unix": time.time()}
     with contextlib.suppress(OSError, ItlauditError):
-        _write_meta(run_dir, meta)
-        finished = _finished_requests(run_dir)
+        # save() masks it: a server's message in it may quote a key the run sent (a 401).
+        folder.mark("failed", {"error": str(error), "at_unix": time.time()})
+        finished = _finished_requests(folder.path)
         if finished:
             reporter.phase(f"run failed: keeping the {finished} finished requests")
-            write_derived(run_dir, scenario.name, [v.name for v in scenario.variants], reporter=reporter)
+            folder.finish(scenario.name, [v.name for v in scenario.variants], reporter=reporter)
 
 
-def _wrap_up_interrupted(
-    run_dir: Path, scenario: Scenario, meta: dict[str, Any], reporter: Reporter
-) -> RunInterrupted:
+def _wrap_up_interrupted(folder: RunFolder, scenario: Scenario, reporter: Reporter) -> RunInterrupted:
     """Keep what finished: meta (marked interrupted), summary and report; nothing goes to the ledger,
     since a partial run is not the experiment its fingerprint names."""
-    from itlaudit.workflows.derive import write_derived
-
     signal_name, exit_code = interruption()
-    meta["interrupted"] = {"signal": signal_name, "at_unix": time.time()}
-    _write_meta(run_dir, meta)
-    finished = _finished_requests(run_dir)
+    folder.mark("interrupted", {"signal": signal_name, "at_unix": time.time()})
+    finished = _finished_requests(folder.path)
     if finished:
         reporter.phase(f"interrupted by {signal_name}: keeping the {finished} finished requests")
-        write_derived(run_dir, scenario.name, [v.name for v in scenario.variants], reporter=reporter)
-        where = f"summary and report for them in {run_dir / REPORT_FILE}"
+        folder.finish(scenario.name, [v.name for v in scenario.variants], reporter=reporter)
+        where = f"summary and report for them in {folder.path / REPORT_FILE}"
     else:
-        where = f"nothing to report ({run_dir})"
+        where = f"nothing to report ({folder.path})"
     return RunInterrupted(
         signal_name, exit_code, f"interrupted by {signal_name}: {finished} finished requests kept; {where}"
     )

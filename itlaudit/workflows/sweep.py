@@ -25,7 +25,6 @@ from typing import Any
 
 from rich.console import Console
 
-from itlaudit import __version__
 from itlaudit.analysis.sweep import (
     SweepResult,
     parse_sla,
@@ -36,10 +35,11 @@ from itlaudit.analysis.sweep import (
     trial_figures,
 )
 from itlaudit.capture.cluster import lost_worker_warnings
-from itlaudit.capture.runner import CaptureOptions, run_variant
+from itlaudit.capture.runner import CaptureOptions
 from itlaudit.errors import RunInterrupted, ScenarioError, SweepError
 from itlaudit.model.formats import FORMAT_KEY
-from itlaudit.model.redact import launch_secret_values, redact_file, redact_json
+from itlaudit.model.launch import LaunchSpec
+from itlaudit.model.redact import launch_secret_values, redact_file
 from itlaudit.model.scenario import Scenario, Variant
 from itlaudit.model.vocabulary import LoadAxis
 from itlaudit.report.progress import Reporter, duration
@@ -50,17 +50,11 @@ from itlaudit.store.rundir import (
     SUMMARY_FILE,
     new_run_dir,
     read_versioned,
-    write_meta,
     write_versioned,
 )
-from itlaudit.workflows.derive import write_derived
-from itlaudit.workflows.run import (
-    DEFAULT_REPORTS,
-    TallyWriter,
-    interruption,
-    server_log_name,
-    variant_target,
-)
+from itlaudit.workflows.run import DEFAULT_REPORTS, interruption, variant_target
+from itlaudit.workflows.run_folder import RunFolder, server_log_name
+from itlaudit.workflows.variant_pass import VariantPass
 
 __all__ = [
     "CONFIG_FILE",
@@ -240,21 +234,23 @@ class _Sweeper:
             points, self.config.values, parse_sla(self.config.sla), self.config.sla_precision
         ).probe
 
-    def run_variant_loads(self, variant: Variant, base_url: str) -> None:
+    def run_variant_loads(self, variant: Variant, base_url: str, launched: LaunchSpec | None) -> None:
+        """Every load and trial of the variant on its server (`launched`: its launch when itlaudit
+        started it)."""
         for value in self.config.values:
-            self._run_load(variant.name, value, base_url)
+            self._run_load(variant.name, value, base_url, launched)
         while (probe := self._sla_probe(variant.name)) is not None:
-            self._run_load(variant.name, probe, base_url)
+            self._run_load(variant.name, probe, base_url, launched)
 
-    def _run_load(self, variant: str, value: float, base_url: str) -> None:
+    def _run_load(self, variant: str, value: float, base_url: str, launched: LaunchSpec | None) -> None:
         scenario = point_scenario(self.scenario, self.config.axis, value, variant)
         for number in range(1, self.config.trials + 1):
             folder = trial_dir(self.sweep_dir, variant, self.config.axis, value, number)
             if _finished_load(folder) is not None:
                 continue
-            self._run_trial(_Trial(scenario, variant, value, number, folder), base_url)
+            self._run_trial(_Trial(scenario, variant, value, number, folder), base_url, launched)
 
-    def _run_trial(self, trial: _Trial, base_url: str) -> None:
+    def _run_trial(self, trial: _Trial, base_url: str, launched: LaunchSpec | None) -> None:
         """A run folder like `itlaudit run` makes; a folder left by a crash is kept aside, never
         reused or deleted, and the trial runs again in a clean one."""
         if trial.folder.exists():
@@ -262,25 +258,13 @@ class _Sweeper:
             while (aside := trial.folder.with_name(f"{trial.folder.name}.incomplete-{n}")).exists():
                 n += 1  # set aside twice within a second
             trial.folder.rename(aside)
-        trial.folder.mkdir(parents=True)
         axis = self.config.axis
-        meta: dict[str, Any] = {
-            "itlaudit_version": __version__,
-            "scenario": self.scenario.name,
-            "scenario_path": str(self.scenario.path) if self.scenario.path else None,
-            "endpoint": self.scenario.endpoint,
-            "started_at_unix": time.time(),
-            "sweep": {"folder": str(self.sweep_dir), axis: trial.load, "trial": trial.trial},
-            "variants": {trial.variant: {"url": base_url}},
-        }
-        write_meta(trial.folder, redact_json(meta))
-
-        def on_capture(workers: dict[str, Any]) -> None:
-            meta["variants"][trial.variant].update(workers)
-            write_meta(trial.folder, redact_json(meta))
-            for warning in lost_worker_warnings(workers):
-                self.reporter.phase(warning)
-
+        folder = RunFolder.begin(
+            trial.folder,
+            trial.scenario,
+            context={"sweep": {"folder": str(self.sweep_dir), axis: trial.load, "trial": trial.trial}},
+        )
+        variant = next(v for v in trial.scenario.variants if v.name == trial.variant)
         load = f"{axis} {int(trial.load)}" if axis == LoadAxis.CONCURRENCY else f"rate {trial.load:g}/s"
         trials = f" trial {trial.trial}/{self.config.trials}" if self.config.trials > 1 else ""
         workload = trial.scenario.workload
@@ -288,22 +272,30 @@ class _Sweeper:
         started = time.monotonic()
         total = workload.num_requests + workload.arrivals.warmup_requests  # every record counts
         self.reporter.phase(f"{name}: {total} requests to {base_url}")
-        writer = TallyWriter(trial.folder / REQUESTS_FILE)
+
+        def on_capture(workers: dict[str, Any]) -> None:
+            for warning in lost_worker_warnings(workers):
+                self.reporter.phase(warning)
+
+        writer = folder.records()
         with self.reporter.capture(name, total) as counts, writer:
             writer.counts = counts
             asyncio.run(
-                run_variant(
+                VariantPass(
                     trial.scenario,
-                    trial.variant,
+                    variant,
                     base_url,
+                    folder,
                     writer,
-                    counts.landed,
-                    options=self.capture,
+                    capture=self.capture,
+                    launched=launched,
+                    server_log=self.sweep_dir / server_log_name(trial.variant),
+                    on_done=counts.landed,
                     on_capture=on_capture,
-                )
+                ).run()
             )
         with self.reporter.step(f"{name}: deriving its figures"):
-            write_derived(trial.folder, self.scenario.name, [trial.variant])
+            folder.finish(self.scenario.name, [trial.variant])
         self.reporter.phase(f"{name}: done in {duration(time.monotonic() - started)} ({trial.folder})")
         point = trial.folder / f"{POINT_FILE}.tmp"
         write_versioned(point, {"load": trial.load, "axis": axis, "trial": trial.trial})
@@ -339,11 +331,11 @@ def run_sweep(
             override = variant_urls.get(variant.name)
             try:
                 with ExitStack() as server:
-                    launched = variant.launch is not None and not override
+                    launched = variant.launch if not override else None
                     starting = reporter.step(f"{variant.name}: starting its server") if launched else None
                     with starting or nullcontext():
                         base_url = server.enter_context(variant_target(variant, override, sweep_dir))
-                    sweeper.run_variant_loads(variant, base_url)
+                    sweeper.run_variant_loads(variant, base_url, launched)
             finally:
                 if variant.launch is not None and not override:
                     redact_file(

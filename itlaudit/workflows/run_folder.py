@@ -1,0 +1,159 @@
+"""A run folder as one object: meta.json (one schema for `run`, `compare`, `sweep` trials, `smoke` and
+bisect trials), requests.jsonl's writer, each launched server's log, and `finish()`, which derives the
+folder's figures once and returns them typed.
+
+It lives in workflows/, not store/: meta.json records the host's environment (serve/) and `finish()`
+derives the report (report/), both above the store in the stage order.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from itlaudit import __version__
+from itlaudit.model.access import Access
+from itlaudit.model.redact import redact_json
+from itlaudit.model.run_context import workload_meta
+from itlaudit.model.run_labels import RunLabels
+from itlaudit.model.scenario import Scenario
+from itlaudit.report.progress import CaptureProgress, Reporter
+from itlaudit.serve.environment import host_environment
+from itlaudit.store.jsonl import RecordWriter
+from itlaudit.store.rundir import META_FILE, REQUESTS_FILE, read_versioned, write_meta
+from itlaudit.workflows.derive import Derivation, derive_figures, write_report
+
+__all__ = ["META_KEYS", "RunFolder", "TallyWriter", "server_log_name"]
+
+# meta.json's keys, whichever command wrote the folder (a command's own context, such as a sweep's
+# `sweep` or a bisection's `bisect`, comes on top; an --append round adds `appended_at_unix` and
+# `append_tag`; an ended run `interrupted` or `failed`).
+META_KEYS = (
+    "itlaudit_version",
+    "scenario",
+    "scenario_path",
+    "endpoint",
+    "workload",
+    "started_at_unix",
+    "environment",
+    "command_line",
+    "label",
+    "metadata",
+    "variants",
+)
+
+# The labels' keys of a run no command line named (a bisect trial, a sweep's trial).
+_UNLABELLED: dict[str, Any] = {"command_line": None, "label": None, "metadata": {}}
+
+
+def server_log_name(variant: str) -> str:
+    return f"server-{variant}.log"
+
+
+class RunFolder:
+    """One run folder being written. `meta` is meta.json's content; `save()` writes it (credentials
+    masked) whenever a step adds to it, so a run that dies leaves what it knew."""
+
+    def __init__(self, path: Path, meta: dict[str, Any]) -> None:
+        self.path = path
+        self.meta = meta
+
+    @classmethod
+    def begin(
+        cls,
+        path: Path,
+        scenario: Scenario,
+        *,
+        labels: RunLabels | None = None,
+        context: dict[str, Any] | None = None,
+        extend: bool = False,
+    ) -> RunFolder:
+        """Start the folder's meta.json. With `extend`, a meta.json already there (an --append round, a
+        bisect trial's next variant) is kept, the context added over it."""
+        path.mkdir(parents=True, exist_ok=True)
+        if extend and (path / META_FILE).exists():
+            meta = {**read_versioned(path / META_FILE), **(context or {})}
+            meta.setdefault("variants", {})
+        else:
+            meta = {
+                "itlaudit_version": __version__,
+                "scenario": scenario.name,
+                "scenario_path": str(scenario.path) if scenario.path else None,
+                "endpoint": scenario.endpoint,
+                "workload": workload_meta(scenario),
+                "started_at_unix": time.time(),
+                "environment": host_environment(),
+                **(labels.to_meta() if labels is not None else _UNLABELLED),
+                **(context or {}),
+                "variants": {},
+            }
+        folder = cls(path, meta)
+        folder.save()
+        return folder
+
+    @property
+    def requests(self) -> Path:
+        return self.path / REQUESTS_FILE
+
+    def server_log(self, variant: str) -> Path:
+        return self.path / server_log_name(variant)
+
+    def variant(self, name: str, access: Access) -> dict[str, Any]:
+        """The variant's entry in meta.json, new: the header names it sends (never their values)."""
+        info: dict[str, Any] = {"url": None, "headers": sorted(header for header, _ in access.headers)}
+        self.meta["variants"][name] = info
+        return info
+
+    def save(self) -> None:
+        write_meta(self.path, redact_json(self.meta))
+
+    def mark(self, key: str, value: dict[str, Any]) -> None:
+        """How the run ended when it did not finish (`interrupted`, `failed`), written at once."""
+        self.meta[key] = value
+        self.save()
+
+    def records(self) -> TallyWriter:
+        """requests.jsonl's writer (appending: an --append round and a bisect trial's next variant add
+        to the lines already there)."""
+        return TallyWriter(self.requests)
+
+    def finish(
+        self,
+        title: str,
+        variant_order: list[str],
+        *,
+        reporter: Reporter | None = None,
+        report: bool = True,
+    ) -> Derivation:
+        """Derive the folder once: summary.json, derived.jsonl and the CSVs from requests.jsonl, then
+        (with `report`) the plots and report.md/html. A caller with more to add before the report
+        (compare's compare.json) passes report=False and calls `write_report` itself."""
+        derivation = derive_figures(self.path, title, variant_order, reporter=reporter)
+        if report:
+            write_report(derivation, reporter=reporter)
+        return derivation
+
+
+# A landed record's token count, found in the line the lander hands over: the coordinator never decodes
+# records mid-capture (that CPU belongs to the workers), and this search costs microseconds a record.
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens":(\d+)')
+
+
+class TallyWriter(RecordWriter):
+    """requests.jsonl's writer that also adds each record's completion tokens to the progress
+    display's counters (its tokens/s)."""
+
+    counts: CaptureProgress | None = None
+
+    def write(self, line: Any) -> None:
+        super().write(line)
+        if self.counts is None:
+            return
+        if isinstance(line, bytes):
+            found = _COMPLETION_TOKENS.search(line)
+            tokens = int(found.group(1)) if found else 0
+        else:
+            tokens = (line.get("completion_tokens") if isinstance(line, dict) else None) or 0
+        self.counts.add_tokens(tokens)

@@ -1,0 +1,217 @@
+"""One variant's pass over its server, the one way every command measures a variant: `run`, `compare`
+and `smoke` (through run_scenario), each `sweep` trial and each bisect trial.
+
+A pass is one `async def` on one event loop with one side-request session (serve/side_client), doing,
+in this order:
+
+1. model: resolve the scenario's `model` against /v1/models (once);
+2. identity: with a ledger, the server's build (/version, a one-token completion's fingerprint) and
+   the ledger's repeat check, before anything of the workload reaches the server;
+3. cache reset: POST /reset_prefix_cache when the variant asks for it;
+4. planning: prompts checked against the served context, reply lengths and random chat prompts fitted
+   through /tokenize, every request built; the planned workload (what is sent) goes to meta.json;
+5. capture: the warmup phase, then the measured window, the window hooks called around it;
+6. /version: the server's environment record, after the window so it is not counted in it.
+
+The window hooks (`WindowHook`) are where a /metrics window (compare's spec-decode counters) and a
+/metrics sampler plug in: `opened` runs after the warmup and before the first measured request,
+`closed` after the last one, each off the loop (blocking calls allowed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+
+from itlaudit.capture.runner import (
+    CaptureOptions,
+    CapturePlan,
+    CaptureResult,
+    OnCapture,
+    OnDone,
+    capture,
+    plan_capture,
+    variant_access,
+)
+from itlaudit.capture.telemetry import Telemetry, TelemetryWindow
+from itlaudit.errors import ItlauditError
+from itlaudit.model.access import Access
+from itlaudit.model.launch import LaunchSpec
+from itlaudit.model.run_context import workload_meta
+from itlaudit.model.scenario import Scenario, Variant
+from itlaudit.store.jsonl import RecordWriter
+from itlaudit.workflows.run_folder import RunFolder
+
+if TYPE_CHECKING:
+    from itlaudit.capture.planning import OnPrepare
+    from itlaudit.workflows.run import LedgerPolicy
+
+__all__ = ["PassResult", "VariantPass", "WindowHook"]
+
+
+class WindowHook:
+    """Called around a variant's measured window; a subclass overrides what it needs. What a call
+    returns (None: nothing) is added to the variant's meta.json entry."""
+
+    def opened(self, variant: str, base_url: str, folder: RunFolder) -> dict[str, Any] | None:
+        """After the warmup, before the first measured request."""
+        return None
+
+    def closed(self, variant: str, base_url: str, folder: RunFolder) -> dict[str, Any] | None:
+        """After the last measured request."""
+        return None
+
+
+class TelemetryHook(WindowHook):
+    """The command line's telemetry (--metrics-period, --gpu, --profile: capture/telemetry.py) as a
+    window hook: its samplers start as the window opens; what they wrote is named in meta.json."""
+
+    def __init__(
+        self,
+        telemetry: Telemetry,
+        access: Access,
+        launched: LaunchSpec | None,
+        say: Callable[[str], None],
+    ) -> None:
+        self.telemetry = telemetry
+        self.access = access
+        self.launched = launched
+        self.say = say
+        self.window: TelemetryWindow | None = None
+
+    def opened(self, variant: str, base_url: str, folder: RunFolder) -> dict[str, Any] | None:
+        self.window = self.telemetry.window(
+            variant, base_url, folder.path, access=self.access, launched=self.launched, say=self.say
+        )
+        self.window.start()
+        return None
+
+    def closed(self, variant: str, base_url: str, folder: RunFolder) -> dict[str, Any] | None:
+        return self.window.stop() if self.window is not None else None
+
+
+@dataclass(frozen=True)
+class PassResult:
+    """What one pass did: the served model, what it planned (the workload as sent) and captured."""
+
+    model: str
+    plan: CapturePlan
+    capture: CaptureResult
+
+
+@dataclass
+class VariantPass:
+    """One variant of `scenario` measured on the server at `base_url`, its records landing in `writer`
+    (the folder's requests.jsonl) and its meta.json entry in `folder`. `launched` is the variant's
+    launch when itlaudit started the server (its environment record names it, and its log). `id_tag` is an
+    --append round's tag. `on_done`, `on_prepare` and `on_capture` are the progress display's."""
+
+    scenario: Scenario
+    variant: Variant
+    base_url: str
+    folder: RunFolder
+    writer: RecordWriter
+    capture: CaptureOptions | None = None
+    ledger: LedgerPolicy | None = None
+    console: Console | None = None
+    hooks: Sequence[WindowHook] = ()
+    launched: LaunchSpec | None = None
+    server_log: Path | None = None  # a launched server's log, when not the folder's (a sweep's is shared)
+    id_tag: str | None = None
+    on_done: OnDone | None = None
+    on_prepare: OnPrepare | None = None
+    on_capture: OnCapture | None = None
+
+    async def run(self) -> PassResult:
+        """The pass, in the module's stated order, on one side-request session."""
+        from itlaudit.capture.planning import reset_prefix_cache, resolve_model
+        from itlaudit.capture.server_info import environment_record, server_identity
+        from itlaudit.serve.side_client import SideClient
+
+        name, base_url, folder = self.variant.name, self.base_url, self.folder
+        options = self.capture or CaptureOptions()
+        access = variant_access(self.scenario, name, options)
+        info = folder.variant(name, access)
+        info["url"] = base_url
+        folder.save()
+        async with SideClient(access) as client:
+            model = await resolve_model(client, base_url, self.scenario.model)
+            if self.ledger is not None:
+                identity = await server_identity(client, base_url, model)
+                info["fingerprint"] = self.ledger.check(
+                    self.scenario, name, base_url, identity, folder.path, self.console
+                )
+            if self.variant.reset_prefix_cache:
+                reset = info["reset_prefix_cache"] = await reset_prefix_cache(client, base_url)
+                if reset.get("note"):
+                    self._note(f"{name}: {reset['note']}")
+            plan = await plan_capture(
+                client,
+                self.scenario,
+                name,
+                base_url,
+                model,
+                id_tag=self.id_tag,
+                on_prepare=self.on_prepare,
+            )
+            if plan.scenario is not self.scenario:
+                info["workload"] = workload_meta(plan.scenario)  # what was sent, fitted to this server
+
+            def described(workers: dict[str, Any]) -> None:
+                """Capture workers (pids, clock offsets) reach meta.json before they stream."""
+                info.update(workers)
+                folder.save()
+                if self.on_capture is not None:
+                    self.on_capture(workers)
+
+            hooks = [*self.hooks, TelemetryHook(options.telemetry, access, self.launched, self._note)]
+            opened: list[WindowHook] = []
+
+            def open_window() -> None:
+                for hook in hooks:
+                    opened.append(hook)
+                    info.update(hook.opened(name, base_url, folder) or {})
+
+            def close_window() -> None:
+                for hook in reversed(opened):
+                    info.update(hook.closed(name, base_url, folder) or {})
+                folder.save()
+
+            try:
+                captured = await capture(
+                    plan,
+                    self.writer,
+                    self.on_done,
+                    options=options,
+                    on_capture=described,
+                    on_warm=open_window,
+                )
+            finally:
+                # Closed however the capture ended (a sampler's thread, a profile must not outlive
+                # it), off the loop like the opening: a hook may make blocking requests.
+                await asyncio.get_running_loop().run_in_executor(None, close_window)
+            try:
+                version = await client.version(base_url)
+            except ItlauditError:
+                version = None  # a server without /version (SGLang, a gateway) still has a record
+        launched = self.launched
+        info["environment"] = environment_record(
+            base_url,
+            version,
+            [r.system_fingerprint for r in captured.records],
+            launch_env=launched.env if launched else None,
+            launch_kind=launched.kind if launched else None,
+            log_path=(self.server_log or folder.server_log(name)) if launched else None,
+        )
+        folder.save()
+        return PassResult(model=model, plan=plan, capture=captured)
+
+    def _note(self, note: str) -> None:
+        """A line worth the reader's eye, naming its variant."""
+        if self.console is not None:
+            self.console.print(note, markup=False, soft_wrap=True)
