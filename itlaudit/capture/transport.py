@@ -45,7 +45,9 @@ class TransportOptions:
 
     def __post_init__(self) -> None:
         if self.stamp not in _STAMP_MODES:
-            raise ValueError(f"stamp must be {' or '.join(map(repr, StampMode))}, not {self.stamp!r}")
+            raise ValueError(
+                f"stamp must be {' or '.join(repr(m.value) for m in StampMode)}, not {self.stamp!r}"
+            )
 
 
 def _parse_url(url: str) -> Target:
