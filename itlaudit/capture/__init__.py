@@ -38,6 +38,7 @@ SURFACE = Surface(
             "score_outputs",
         ),
         "server_info": (
+            "VERSION_TIMEOUT_S",
             "environment_record",
             "scrape_counters",
             "server_environment",

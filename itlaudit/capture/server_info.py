@@ -19,15 +19,23 @@ from itlaudit.model.run_context import is_simulator
 from itlaudit.serve.environment import commit_of, non_default_args, server_env
 from itlaudit.serve.side_client import BlockingSideClient, SideClient
 
-__all__ = ["environment_record", "fetch_version", "scrape_counters", "server_environment", "server_identity"]
+__all__ = [
+    "VERSION_TIMEOUT_S",
+    "environment_record",
+    "fetch_version",
+    "scrape_counters",
+    "server_environment",
+    "server_identity",
+]
 
-_VERSION_TIMEOUT_S = 5.0
+# /version for the environment record: a server without one must not hold the run up.
+VERSION_TIMEOUT_S = 5.0
 
 
 def fetch_version(base_url: str, access: Access = NO_ACCESS) -> str | None:
     """vLLM's own version string from /version; None when the server has no such endpoint."""
     try:
-        return BlockingSideClient(access, timeout_s=_VERSION_TIMEOUT_S).version(base_url)
+        return BlockingSideClient(access, timeout_s=VERSION_TIMEOUT_S).version(base_url)
     except ItlauditError:
         return None
 

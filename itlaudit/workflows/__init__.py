@@ -1,4 +1,4 @@
-"""What the commands compose: a variant's pass into a run folder, and run, compare, sweep, selfcheck from it."""
+"""What the commands compose: a variant's pass into a run folder; run, compare, sweep, selfcheck."""
 
 from itlaudit import Surface
 

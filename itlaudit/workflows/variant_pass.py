@@ -130,7 +130,7 @@ class VariantPass:
     async def run(self) -> PassResult:
         """The pass, in the module's stated order, on one side-request session."""
         from itlaudit.capture.planning import reset_prefix_cache, resolve_model
-        from itlaudit.capture.server_info import environment_record, server_identity
+        from itlaudit.capture.server_info import VERSION_TIMEOUT_S, environment_record, server_identity
         from itlaudit.serve.side_client import SideClient
 
         name, base_url, folder = self.variant.name, self.base_url, self.folder
@@ -196,7 +196,7 @@ class VariantPass:
                 # it), off the loop like the opening: a hook may make blocking requests.
                 await asyncio.get_running_loop().run_in_executor(None, close_window)
             try:
-                version = await client.version(base_url)
+                version = await client.version(base_url, timeout_s=VERSION_TIMEOUT_S)
             except ItlauditError:
                 version = None  # a server without /version (SGLang, a gateway) still has a record
         launched = self.launched
