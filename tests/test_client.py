@@ -512,7 +512,7 @@ def test_build_body_rejects_unknown_endpoint() -> None:
         build_body("embeddings", "tiny", "Hi", RequestParams())
 
 
-# --- preflight helpers ----------------------------------------------------------------------------
+# --- side requests (serve/side_client.py) against hand-made answers ------------------------------
 
 
 def json_handler_for(body: object, status: int = 200) -> Handler:
@@ -530,20 +530,20 @@ async def preflight_target(
         yield client, base_url
 
 
-async def test_fetch_models_lists_ids() -> None:
+async def test_models_lists_ids() -> None:
     listing = {"object": "list", "data": [{"id": "tiny", "object": "model"}, {"id": "draft"}]}
     async with preflight_target({("GET", "/v1/models"): json_handler_for(listing)}) as (client, base_url):
         assert list(await client.models(base_url + "/")) == ["tiny", "draft"]
 
 
-async def test_fetch_models_rejects_a_non_vllm_listing() -> None:
+async def test_models_rejects_a_non_vllm_listing() -> None:
     routes = {("GET", "/v1/models"): json_handler_for({"models": []})}
     async with preflight_target(routes) as (client, base_url):
         with pytest.raises(ServerAnswerError, match="did not list models"):
             await client.models(base_url)
 
 
-async def test_fetch_json_non_2xx_raises_with_server_message() -> None:
+async def test_get_json_non_2xx_raises_with_server_message() -> None:
     body = {"error": {"message": "engine is dead", "type": "InternalServerError", "code": 500}}
     routes = {("GET", "/version"): json_handler_for(body, status=500)}
     async with preflight_target(routes) as (client, base_url):
@@ -552,7 +552,7 @@ async def test_fetch_json_non_2xx_raises_with_server_message() -> None:
     assert str(excinfo.value) == f"GET {base_url}/version answered HTTP 500: engine is dead"
 
 
-async def test_fetch_json_non_json_raises() -> None:
+async def test_get_json_non_json_raises() -> None:
     async def handler(request: web.Request) -> web.Response:
         return web.Response(text="<html>proxy</html>")
 
@@ -561,7 +561,7 @@ async def test_fetch_json_non_json_raises() -> None:
             await client.get_json(base_url + "/version")
 
 
-async def test_fetch_json_unreachable_names_url_and_what_to_check() -> None:
+async def test_get_json_unreachable_names_url_and_what_to_check() -> None:
     base_url = f"http://127.0.0.1:{unused_port()}"
     async with SideClient() as client:
         with pytest.raises(ServerUnreachableError) as excinfo:
