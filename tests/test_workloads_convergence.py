@@ -99,3 +99,58 @@ def test_a_trial_without_a_figure_counts_and_the_rule_refuses_impossible_bounds(
         ConvergenceRule(min_trials=1)
     with pytest.raises(ValueError):
         ConvergenceRule(min_trials=5, max_trials=4)
+
+
+def test_sweep_trials_auto_stops_a_quiet_point_at_three_trials_and_states_its_interval(
+    tmp_path: Path,
+) -> None:
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(
+        'name = "t"\nendpoint = "completions"\n[workload]\n'
+        'prompts = ["Tell me about the sea, in a sentence."]\nnum_requests = 4\nmax_tokens = 12\n'
+        'ignore_eos = true\n[[variants]]\nname = "A"\n',
+        encoding="utf-8",
+    )
+    out = tmp_path / "sweep"
+    args = (
+        "--concurrency",
+        "1",
+        "--trials",
+        "auto",
+        "--ci-width",
+        "15",
+        "--max-trials",
+        "5",
+        "--cooldown",
+        "0.2",
+    )
+    with app_on_thread(make_app(SimConfig(step_ms=4.0, ttft_ms=10.0))) as url:
+        result = itlaudit("sweep", str(scenario), "--url", url, "--out", str(out), *args)
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (out / "A").iterdir() if p.is_dir()) == ["c1-t1", "c1-t2", "c1-t3"]
+    point = json.loads((out / "sweep.json").read_text())["variants"]["A"][0]
+    assert point["trials"] == 3
+    stopped = point["convergence"]
+    assert stopped["converged"] and stopped["metric"] == "itl_ms p50"
+    assert stopped["interval"]["trials"] == 3 and stopped["interval"]["width_pct"] <= 15
+    assert "95% CI over 3 trials" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--trials", "some"), "--trials some: must be a whole number of at least 1, or auto"),
+        (
+            ("--trials", "auto", "--max-trials", "2"),
+            "--trials auto: trials need 2 <= min_trials <= max_trials",
+        ),
+        (("--trials", "auto", "--ci-width", "0"), "--trials auto: the width must be positive"),
+        (("--trials", "auto", "--cooldown", "-1"), "--cooldown -1: must be within"),
+    ],
+)
+def test_bad_trials_flags_are_one_line(tmp_path: Path, flags: tuple[str, ...], message: str) -> None:
+    scenario = tmp_path / "s.toml"
+    scenario.write_text('name = "t"\n[workload]\nprompts = ["a b c d"]\n[[variants]]\nname = "A"\n')
+    result = itlaudit("sweep", str(scenario), "--url", "http://127.0.0.1:9", "--concurrency", "1", *flags)
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr

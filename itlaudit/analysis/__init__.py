@@ -12,6 +12,12 @@ SURFACE = Surface(
             "VariantComparison",
             "build_comparison",
         ),
+        "convergence": (
+            "DEFAULT_CI_WIDTH_PCT",
+            "DEFAULT_MAX_TRIALS",
+            "DEFAULT_MIN_TRIALS",
+            "ConvergenceRule",
+        ),
         "derive": (
             "derive_request",
             "derive_requests",

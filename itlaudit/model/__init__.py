@@ -122,6 +122,7 @@ SURFACE = Surface(
         "scenario_toml": ("Located",),
         "schedule": (
             "DURATION_GRACE_S",
+            "LONGEST_SCHEDULE_S",
             "Arrivals",
             "send_offsets_s",
         ),

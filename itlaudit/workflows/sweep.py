@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -25,6 +26,7 @@ from typing import Any
 
 from rich.console import Console
 
+from itlaudit.analysis.convergence import ConvergenceRule
 from itlaudit.analysis.sweep import (
     SweepResult,
     parse_sla,
@@ -89,9 +91,20 @@ class SweepConfig:
     sla: str | None = None
     sla_precision: float = 1.0
     goodput: dict[str, float] = field(default_factory=dict)
+    # --trials auto: ConvergenceRule's fields, the metric and cooldown_s; `trials` is then the most.
+    convergence: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        if self.convergence is None:
+            del data["convergence"]  # a fixed-trials config reads as it did before --trials auto
+        return data
+
+    def rule(self) -> ConvergenceRule | None:
+        if self.convergence is None:
+            return None
+        keys = ("ci_width_pct", "min_trials", "max_trials")
+        return ConvergenceRule(**{key: self.convergence[key] for key in keys})
 
 
 def point_scenario(scenario: Scenario, axis: LoadAxis, value: float, variant: str) -> Scenario:
@@ -152,7 +165,23 @@ def variant_points(sweep_dir: Path, config: SweepConfig, variant: str) -> dict[f
             continue
         requests = [request_figures(r, derived.get(r.request_id, {})) for r in records]
         trials.setdefault(load, []).append(trial_figures(block, records, requests, config.goodput))
-    return {load: pool_trials(config.axis, load, found) for load, found in sorted(trials.items())}
+    points = {load: pool_trials(config.axis, load, found) for load, found in sorted(trials.items())}
+    for load, point in points.items():
+        stopped = _convergence_file(sweep_dir, variant, config.axis, load)
+        if stopped.is_file():  # --trials auto: why the point stopped, and its interval
+            point["convergence"] = read_versioned(stopped)
+    return points
+
+
+def _convergence_file(sweep_dir: Path, variant: str, axis: LoadAxis, value: float) -> Path:
+    return sweep_dir / variant / f"{_label(axis, value)}-convergence.json"
+
+
+def _trial_figure(folder: Path, variant: str, metric: str) -> float:
+    """A finished trial's p50 of `metric` (nan where it has none: every request failed)."""
+    block = read_versioned(folder / SUMMARY_FILE)["variants"].get(variant) or {}
+    value = (block.get(metric) or {}).get("p50")
+    return float(value) if isinstance(value, int | float) else math.nan
 
 
 def open_sweep_dir(out: Path | None, scenario_name: str, config: SweepConfig, resume: bool) -> Path:
@@ -219,6 +248,12 @@ class _Sweeper:
         self.reporter = Reporter(console)
 
     def pending(self, variant: str) -> bool:
+        if self.config.rule() is not None:
+            grid_left = any(
+                not _convergence_file(self.sweep_dir, variant, self.config.axis, v).is_file()
+                for v in self.config.values
+            )
+            return grid_left or self._sla_probe(variant) is not None
         grid_left = any(
             _finished_load(trial_dir(self.sweep_dir, variant, self.config.axis, v, t)) is None
             for v in self.config.values
@@ -243,12 +278,30 @@ class _Sweeper:
             self._run_load(variant.name, probe, base_url, launched)
 
     def _run_load(self, variant: str, value: float, base_url: str, launched: LaunchSpec | None) -> None:
+        """The load's trials: all of them, or with --trials auto until the interval of the metric's
+        mean over them is narrow enough (analysis.convergence), a cooldown apart."""
         scenario = point_scenario(self.scenario, self.config.axis, value, variant)
+        rule, auto = self.config.rule(), self.config.convergence or {}
+        figures: list[float] = []
         for number in range(1, self.config.trials + 1):
             folder = trial_dir(self.sweep_dir, variant, self.config.axis, value, number)
-            if _finished_load(folder) is not None:
+            if _finished_load(folder) is None:
+                if figures and auto.get("cooldown_s"):
+                    time.sleep(auto["cooldown_s"])
+                self._run_trial(_Trial(scenario, variant, value, number, folder), base_url, launched)
+            if rule is None:
                 continue
-            self._run_trial(_Trial(scenario, variant, value, number, folder), base_url, launched)
+            figures.append(_trial_figure(folder, variant, auto["metric"]))
+            progress = rule.judge(figures)
+            if progress.done:
+                write_versioned(
+                    _convergence_file(self.sweep_dir, variant, self.config.axis, value),
+                    {"metric": f"{auto['metric']} p50", **progress.to_json()},
+                )
+                interval = progress.interval.text(" ms") if progress.interval is not None else "no interval"
+                where = f"{variant} {_label(self.config.axis, value)}"
+                self.reporter.phase(f"{where}: {auto['metric']} p50 {interval}; {progress.reason}")
+                return
 
     def _run_trial(self, trial: _Trial, base_url: str, launched: LaunchSpec | None) -> None:
         """A run folder like `itlaudit run` makes; a folder left by a crash is kept aside, never
