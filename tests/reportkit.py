@@ -71,4 +71,25 @@ def views(records: list[RequestRecord], spec: dict[str, dict] | None = None) -> 
     findings = [f for r in records for f in derive_request(r)["finding_details"]]
     rows = {name: VariantComparison(spec_decode=figures) for name, figures in (spec or {}).items()}
     compare = CompareResult(baseline=None, variants=rows, findings=[])
-    return variant_views(records, run_summary(records), compare, findings)
+    telemetry = {"server": {r.variant: sampled_window() for r in records}}
+    return variant_views(records, run_summary(records), compare, findings, telemetry)
+
+
+def sampled_window(seconds: int = 3) -> list[dict]:
+    """server_metrics.jsonl rows of a variant's window, one a second: 2 running, 1 waiting, KV usage
+    rising, K=3 drafts accepted 90/80/70 % by position (the server timeline's panels)."""
+    drafts = "vllm:spec_decode_num_drafts_total"
+    per_pos = "vllm:spec_decode_num_accepted_tokens_per_pos_total{position=%d}"
+    return [
+        {
+            "t_ns": t * 1_000_000_000,
+            "gauges": {
+                "vllm:num_requests_running": 2.0,
+                "vllm:num_requests_waiting": 1.0,
+                "vllm:kv_cache_usage_perc": 0.1 * (t + 1),
+            },
+            "counters": {drafts: 10.0 * t, **{per_pos % p: 10.0 * t * (0.9 - 0.1 * p) for p in range(3)}},
+            "histograms": {},
+        }
+        for t in range(seconds)
+    ]

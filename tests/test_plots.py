@@ -25,6 +25,7 @@ from itlaudit.report import plots
 from itlaudit.report.plot_style import DPI, NEUTRAL_GREY, WIDE
 from itlaudit.report.plots import (
     PLOTS,
+    SERVER_TIMELINE_SIZE,
     plot_acceptance,
     plot_itl_cdf,
     plot_itl_headline,
@@ -90,7 +91,8 @@ def png_size(path: Path) -> tuple[int, int]:
 def test_each_plot_writes_a_png_of_the_fixed_size(tmp_path: Path, name: str, function) -> None:
     target = tmp_path / name
     assert function(views(k0_k3(), SPEC), target) == target
-    assert png_size(target) == (int(WIDE[0] * DPI), int(WIDE[1] * DPI) if name != "timeline.png" else 400)
+    heights = {"timeline.png": 400, "server_timeline.png": int(SERVER_TIMELINE_SIZE[1] * DPI)}
+    assert png_size(target) == (int(WIDE[0] * DPI), heights.get(name, int(WIDE[1] * DPI)))
 
 
 def test_headline_bars_are_token_and_chunk_itl_with_the_ratio_under_each_name(

@@ -7,7 +7,7 @@ import json
 import re
 from pathlib import Path
 
-from reportkit import k0_k3, stream
+from reportkit import k0_k3, sampled_window, stream
 
 from itlaudit.analysis.derive import derive_request, run_summary
 from itlaudit.report.html import render_html
@@ -32,6 +32,8 @@ def test_html_embeds_every_plot_and_fetches_nothing(tmp_path: Path) -> None:
     run = _run_dir(tmp_path, k0_k3())
     compare = {"variants": {"K3": {"spec_decode": {"per_position_acceptance": [0.9, 0.8, 0.7]}}}}
     (run / "compare.json").write_text(json.dumps(compare))
+    sampled = [{"variant": "K3", **row} for row in sampled_window()]
+    (run / "server_metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in sampled))
     write_derived(run, "demo")
     page = (run / "report.html").read_text()
     images = re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)

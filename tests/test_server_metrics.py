@@ -178,6 +178,15 @@ def test_server_acceptance_agrees_with_the_stream(tmp_path: Path) -> None:
     assert figures["p50"] == pytest.approx(statistics.median(lengths))
     pooled = pooled_server_acceptance(records)
     assert pooled is not None and 1.0 < pooled["acceptance_length"] < 4.0
+    # The run sampled /metrics through its window (default period), and its report draws it.
+    rows = read_server_metrics(out)["k3"]
+    assert rows and sum(r["counters"]["vllm:generation_tokens_total"] for r in rows) == 6 * 48
+    server = json.loads((out / "summary.json").read_text())["server"]["k3"]
+    assert server["server_acceptance_length"] == pytest.approx(pooled["acceptance_length"])
+    assert server["running_max"] is not None and (out / "server_timeline.png").is_file()
+    meta = json.loads((out / "meta.json").read_text())["variants"]["k3"]
+    assert meta["server_metrics"]["rows"] == len(rows) and meta["server_metrics"]["gave_up"] is None
+    assert "Server during the measured window" in (out / "report.md").read_text()
 
 
 def test_server_acceptance_that_lies_is_a_finding(tmp_path: Path) -> None:

@@ -79,6 +79,9 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     run_findings: list[dict[str, Any]]
     records: RecordsSeen | None = None
     partial: PartialBy | None = None
+    # Per variant, what its server and GPU said during the measured window and its per-request
+    # acceptance (analysis.server_metrics.variant_server_figures); absent when nothing was sampled.
+    server: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """summary.json's content (without `format`, which the writer stamps)."""

@@ -225,19 +225,19 @@ CLIENT_SATURATED = _register(
     "itlaudit's own capture loop lagged past 5% of the token ITL (loop stamps) or all of it (kernel "
     "stamps): the client is in the figure",
 )
-ACCEPTANCE_LENGTH_MISMATCH = _register(
-    "acceptance_length_mismatch",
-    _ERROR,
-    Scope.COMPARISON,
-    "stream and /metrics acceptance length more than 10% apart, and their accepted tokens disagree "
-    "too or /metrics counts more drafting steps than the stream has decode steps",
-)
 SPEC_DECODE_METRICS_DISAGREE = _register(
     "spec_decode_metrics_disagree",
     _ERROR,
     Scope.REQUEST,
     "the server's per-request acceptance (metrics.speculative_decoding) claims more accepted drafts "
     "than the stream's decode chunks carried, beyond one step's cut at the end: both figures given",
+)
+ACCEPTANCE_LENGTH_MISMATCH = _register(
+    "acceptance_length_mismatch",
+    _ERROR,
+    Scope.COMPARISON,
+    "stream and /metrics acceptance length more than 10% apart, and their accepted tokens disagree "
+    "too or /metrics counts more drafting steps than the stream has decode steps",
 )
 SPEC_DECODE_OUTPUT_MISMATCH = _register(
     "spec_decode_output_mismatch",

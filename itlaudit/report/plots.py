@@ -44,6 +44,7 @@ from itlaudit.report.plot_style import (
 __all__ = [
     "CDF_CLIP_PERCENTILE",
     "PLOTS",
+    "SERVER_TIMELINE_SIZE",
     "TIMELINE_SAMPLE",
     "PlotFunction",
     "VariantView",
@@ -470,6 +471,9 @@ def plot_acceptance(variants: Sequence[VariantView], path: Path) -> Path | None:
     return save_figure(fig, path)
 
 
+SERVER_TIMELINE_SIZE = (WIDE[0], 9.4)  # inches: up to five panels a column, each readable
+
+
 def _window_rows(view: VariantView, kind: str) -> list[dict[str, Any]]:
     return [r for r in view.telemetry.get(kind, ()) if "t_ns" in r and "error" not in r]
 
@@ -495,9 +499,7 @@ def plot_server_timeline(variants: Sequence[VariantView], path: Path) -> Path | 
     if not shown:
         return None
     rows = max(len(panels) for _, panels in shown)
-    fig, axes = plt.subplots(
-        rows, len(shown), figsize=(WIDE[0], 2.2 * rows + 0.6), sharex="col", squeeze=False
-    )
+    fig, axes = plt.subplots(rows, len(shown), figsize=SERVER_TIMELINE_SIZE, sharex="col", squeeze=False)
     for col, (view, panels) in enumerate(shown):
         for row, ax in enumerate(axes[:, col]):
             if row >= len(panels):

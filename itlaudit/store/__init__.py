@@ -42,7 +42,7 @@ SURFACE = Surface(
             "write_meta",
             "write_versioned",
         ),
-        "server_metrics": ("server_blocks",),
+        "server_metrics": ("read_telemetry", "server_blocks"),
     },
     modules=("ledger",),
 )

@@ -34,6 +34,7 @@ from itlaudit.store.rundir import (
     write_jsonl,
     write_versioned,
 )
+from itlaudit.store.server_metrics import read_telemetry, server_blocks
 
 __all__ = ["Derivation", "derive_figures", "write_derived", "write_report"]
 
@@ -108,6 +109,7 @@ def derive_figures(
             summarize_run(records, variant_order, requests),
             records=RecordsSeen(file=REQUESTS_FILE, lines=loaded.lines, warmup=loaded.warmup),
             partial=None if live is None else PartialBy(pid=live.pid, host=live.host),
+            server=server_blocks(run_dir, records),
         )
         derived = [request_line(request) for request in requests]
         if live is not None:
@@ -143,6 +145,7 @@ def write_report(
             compare=compare,
             imported=imported,
             meta=meta if isinstance(meta, dict) else None,
+            telemetry=read_telemetry(run_dir),
         )
 
 
