@@ -11,6 +11,7 @@ from typing import Any
 from itlaudit.analysis.validity import NOT_COMPARABLE, block_validity
 from itlaudit.bisect.build_range import Build
 from itlaudit.bisect.state import State
+from itlaudit.model.vocabulary import Verdict
 from itlaudit.report.markdown import table_cell
 
 __all__ = [
@@ -26,7 +27,12 @@ __all__ = [
 
 REPORT_FILE = "report.md"
 PLOT_FILE = "bisect.png"
-_COLOURS = {"good": "#2e7d32", "bad": "#c62828", "skip": "#9e9e9e", "unknown": "#f9a825"}
+_COLOURS = {
+    Verdict.GOOD: "#2e7d32",
+    Verdict.BAD: "#c62828",
+    Verdict.SKIP: "#9e9e9e",
+    Verdict.UNKNOWN: "#f9a825",
+}
 # Beside a variant's figures in a probe that breaks analysis.validity's rule (cut short, failing,
 # gibberish): its ITL is not a speed, whatever the verdict column says about the regression.
 _UNLIKE = "⚠"

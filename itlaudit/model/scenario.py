@@ -410,7 +410,7 @@ def _flags_only_tables(flags: ScenarioFlags) -> dict[str, Any]:
         )
     raw: dict[str, Any] = {
         "name": "run",
-        "endpoint": "completions",
+        "endpoint": Endpoint.COMPLETIONS,
         "model": "auto",
         "workload": copy.deepcopy(BENCH_DEFAULTS),
         "variants": [{"name": name, "url": url} for name, url in servers.items()],

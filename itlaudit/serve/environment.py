@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from itlaudit import __version__
+from itlaudit.model.launch import LaunchKind
 from itlaudit.model.redact import redact_env, redact_json
 
 __all__ = ["commit_of", "gpus", "host_environment", "non_default_args", "recorded_env", "server_env"]
@@ -43,7 +44,7 @@ def recorded_env(env: Mapping[str, str]) -> dict[str, str]:
 def server_env(launch_env: Mapping[str, str], kind: str) -> dict[str, str]:
     """What a launched server actually saw: docker gets only the `-e` values, a local process gets
     ours with the launch env layered over (launcher.launch does exactly this)."""
-    return recorded_env(dict(launch_env) if kind == "docker" else {**os.environ, **launch_env})
+    return recorded_env(dict(launch_env) if kind == LaunchKind.DOCKER else {**os.environ, **launch_env})
 
 
 def gpus() -> list[dict[str, str]] | None:

@@ -30,6 +30,7 @@ from itlaudit.errors import ItlauditError
 from itlaudit.model.codes import TRUNCATION_CODES
 from itlaudit.model.formats import FORMAT, FORMAT_KEY
 from itlaudit.model.run_context import is_simulator, server_build, variant_view
+from itlaudit.model.vocabulary import Endpoint
 from itlaudit.store.rundir import COMPARE_FILE, META_FILE, SUMMARY_FILE, read_versioned, write_json
 
 __all__ = ["BACKENDS", "PER_REQUEST_ARRAYS", "VLLM_STATISTICS", "result_json", "result_paths", "save_result"]
@@ -49,7 +50,7 @@ PER_REQUEST_ARRAYS = frozenset(
     }
 )
 # vllm bench serve's --backend for each itlaudit endpoint (its result's `backend`/`endpoint_type`).
-BACKENDS = {"completions": "openai", "chat": "openai-chat"}
+BACKENDS = {Endpoint.COMPLETIONS: "openai", Endpoint.CHAT: "openai-chat"}
 # vllm bench's metric name → summary.json's block["benchmark"] key; `itl` is vllm bench's chunk ITL.
 VLLM_STATISTICS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "itl": "chunk_itl_ms", "e2el": "e2el_ms"}
 # summary.json's block["benchmark"] keys that vllm bench writes under the same name, in its order
