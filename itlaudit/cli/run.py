@@ -7,7 +7,7 @@ import sys
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -18,7 +18,9 @@ from itlaudit.errors import ItlauditError
 from itlaudit.model.run_labels import RunLabels, parse_metadata
 from itlaudit.model.scenario import Scenario, ScenarioFlags, build_scenario, parse_scenario, scenario_toml
 from itlaudit.store.rundir import COMPARE_FILE, META_FILE, read_json
-from itlaudit.workflows.run import LedgerPolicy, RunOutcome, run_scenario
+
+if TYPE_CHECKING:  # the run workflow (the capture stack, numpy) loads when a command runs, not for --help
+    from itlaudit.workflows.run import LedgerPolicy, RunOutcome
 
 __all__ = ["DEMO_SCENARIO", "LEDGER", "RunSettings", "compare", "demo", "run", "run_settings"]
 
@@ -122,6 +124,8 @@ def run_settings(
     """The options `run` and `compare` share, declared once and checked once."""
     if append and out_dir is None:
         raise ItlauditError("--append needs --out: the run folder to add to")
+    from itlaudit.workflows.run import LedgerPolicy
+
     return RunSettings(
         run_dir=out_dir,
         ledger=LedgerPolicy(ledger, no_repeat=not repeat and not force),
@@ -190,6 +194,8 @@ def run(
     """Stream a workload to each server and audit it: token-true ITL from the server's token counts,
     and truncation findings. The workload is a SCENARIO file, vllm bench serve's flags, or both (a flag
     replaces the key it names)."""
+    from itlaudit.workflows.run import run_scenario
+
     with settings.reporting():
         outcome = run_scenario(
             settings.scenario(scenario, flags), **settings.run_kwargs(flags), capture=capture
@@ -300,6 +306,8 @@ def demo(
     capture: CaptureOptions,
 ) -> None:
     """K0 vs K3 vs a 128-token-capped K3, on the built-in simulator: the seed case in ~20 seconds."""
+    from itlaudit.workflows.run import run_scenario
+
     scenario = parse_scenario(DEMO_SCENARIO.read_text(encoding="utf-8"), DEMO_SCENARIO)
     labels = RunLabels.from_argv(["itlaudit", *sys.argv[1:]])
     outcome = run_scenario(scenario, run_dir=out_dir, console=err, capture=capture, labels=labels)
