@@ -154,3 +154,24 @@ def test_bad_trials_flags_are_one_line(tmp_path: Path, flags: tuple[str, ...], m
     result = itlaudit("sweep", str(scenario), "--url", "http://127.0.0.1:9", "--concurrency", "1", *flags)
     assert result.returncode == 2
     assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_diff_states_the_ratio_interval_beside_the_p_value() -> None:
+    from reportkit import stream
+
+    from itlaudit.analysis.run_diff import diff_runs
+    from itlaudit.report.diff import render_diff
+
+    def records(step_ms: float, seed: int) -> list:
+        return [stream("K0", i, step_ms=step_ms, tokens=64, jitter=0.05, seed=seed) for i in range(20)]
+
+    slower = diff_runs(records(10.0, 0), records(20.0, 1))
+    itl = next(m for m in slower.metrics if m.metric == "itl_ms")
+    assert itl.ratio_interval is not None
+    low, high = itl.ratio_interval
+    assert 1.5 < low <= itl.comparison.ratio <= high < 2.5  # twice as slow, and the interval excludes 1
+    same = diff_runs(records(10.0, 0), records(10.0, 1))
+    low, high = next(m for m in same.metrics if m.metric == "itl_ms").ratio_interval or (0, 0)
+    assert low < 1 < high
+    table = render_diff(slower, "a", "b")
+    assert "| ratio | 95% CI | p |" in table and f"[{itl.ratio_interval[0]:.3f}, " in table

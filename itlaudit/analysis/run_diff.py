@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from itlaudit.analysis.convergence import median_ratio_interval
 from itlaudit.analysis.derive import run_summary
 from itlaudit.analysis.metrics import RequestMetrics, request_metrics
 from itlaudit.analysis.stats import Comparison, compare_samples
@@ -56,6 +57,8 @@ class MetricDiff:
     metric: str
     label: str
     comparison: Comparison
+    # the 95% bootstrap interval of the ratio (analysis.convergence), where the samples allow one
+    ratio_interval: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -141,22 +144,15 @@ def diff_runs(
     new_names = list(dict.fromkeys(r.variant for r in new))
     shared = [n for n in base_names if n in new_names]
     base_metrics, new_metrics = _by_variant(base), _by_variant(new)
-    rows = [
-        MetricDiff(
-            variant,
-            metric,
-            label,
-            compare_samples(
-                [getattr(m, metric) for m in base_metrics[variant]],
-                [getattr(m, metric) for m in new_metrics[variant]],
-                lower_is_better=lower,
-                threshold=threshold,
-                alpha=alpha,
-            ),
-        )
-        for variant in shared
-        for metric, label, lower in DIFF_METRICS
-    ]
+    rows = []
+    for variant in shared:
+        for metric, label, lower in DIFF_METRICS:
+            before = [getattr(m, metric) for m in base_metrics[variant]]
+            after = [getattr(m, metric) for m in new_metrics[variant]]
+            comparison = compare_samples(
+                before, after, lower_is_better=lower, threshold=threshold, alpha=alpha
+            )
+            rows.append(MetricDiff(variant, metric, label, comparison, median_ratio_interval(before, after)))
     by_variant_base = {n: [r for r in base if r.variant == n] for n in shared}
     by_variant_new = {n: [r for r in new if r.variant == n] for n in shared}
     rows += [

@@ -100,20 +100,22 @@ def render_diff(diff: RunDiff, base_label: str, new_label: str, moved: Sequence[
             ]
             lines.append("")
     lines += [
-        "Values are medians over requests; ratio = new / base; p from a two-sided Mann–Whitney U test "
-        "(exact for small samples). A verdict needs p < α and a ratio beyond the threshold.",
+        "Values are medians over requests; ratio = new / base, with its 95% bootstrap interval (each "
+        "run's requests resampled); p from a two-sided Mann–Whitney U test (exact for small samples). "
+        "A verdict needs p < α and a ratio beyond the threshold.",
         "",
-        "| variant | metric | base | new | ratio | p | verdict | why |",
-        "|---|---|---|---|---|---|---|---|",
+        "| variant | metric | base | new | ratio | 95% CI | p | verdict | why |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for m in diff.metrics:
         c = m.comparison
         ratio = "–" if c.ratio is None else f"{c.ratio:.3f}×"
         p = "–" if c.p_value is None else f"{c.p_value:.2g}"
+        ci = "–" if m.ratio_interval is None else f"[{m.ratio_interval[0]:.3f}, {m.ratio_interval[1]:.3f}]"
         verdict, why = _verdict_cell(m, diff.comparable(m.variant))
         lines.append(
             f"| {escape(m.variant)} | {m.label} | {_num(c.base_median)} | {_num(c.new_median)} "
-            f"| {ratio} | {p} | {verdict} | {table_cell(why)} |"
+            f"| {ratio} | {ci} | {p} | {verdict} | {table_cell(why)} |"
         )
     lines.append("")
     lines += why_it_moved(moved)
