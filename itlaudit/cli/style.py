@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, cast, get_args
 
@@ -121,7 +121,7 @@ def _no_options() -> None:
     """The holder group's callback: nothing of its own."""
 
 
-class _Commands(MutableMapping[str, Any]):
+class _Commands(Mapping[str, Any]):
     """The root's commands by name, in the table's order, each imported the first time it is read."""
 
     def __init__(self, entries: tuple[Entry, ...]) -> None:
@@ -132,16 +132,6 @@ class _Commands(MutableMapping[str, Any]):
         if name not in self._loaded:
             self._loaded[name] = _load(self._entries[name])
         return self._loaded[name]
-
-    def __setitem__(self, name: str, command: Any) -> None:
-        """A command added as a click command (click's `add_command`), loaded already."""
-        self._loaded[name] = command
-        panel = getattr(command, "rich_help_panel", None) or ""
-        self._entries.setdefault(name, Entry(name, "", panel, command.short_help or ""))
-
-    def __delitem__(self, name: str) -> None:
-        self._loaded.pop(name, None)
-        del self._entries[name]
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries  # Mapping's would load the command to answer
@@ -171,10 +161,10 @@ class LazyRoot(TyperGroup):
 
     def __init__(self, **attrs: Any) -> None:
         super().__init__(**attrs)
+        if self.commands:  # registered with app.command(): it would not be listed nor found
+            raise TypeError(f"{sorted(self.commands)}: a root command is a row of the table (Entry)")
         restyle(self)  # before the table goes in: restyling walks every command, and would load them
-        commands = _Commands(self.entries)
-        commands.update(self.commands)  # what typer registered itself, if anything
-        self.commands = commands
+        self.commands = cast(MutableMapping[str, Any], _Commands(self.entries))  # read, never added to
         self._listing = False
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
