@@ -11,9 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import typer
+import typer.main
 from simkit import sim_server
 
 from itlaudit.cli.app import COMMANDS
+from itlaudit.cli.style import Entry, LazyRoot
 from itlaudit.report.markdown import escape
 from itlaudit.report.writer import PLOTS_SKIPPED, REPORT_HTML, REPORT_MD
 from itlaudit.serve.sim import SimConfig
@@ -69,6 +73,25 @@ def test_the_command_list_imports_no_command() -> None:
     # and a command's own --help loads that command's module (and not the others)
     run_help = code.replace("'--help'", "'run', '--help'")
     assert _loaded_after(run_help, tuple(modules)) == ["itlaudit.cli.run"]
+
+
+def test_the_root_takes_its_commands_from_the_table_only() -> None:
+    """A command registered with app.command() would be neither listed nor found by the lazy root:
+    it is refused when the app is built, not lost."""
+
+    class Root(LazyRoot):
+        entries = (Entry("version", "itlaudit.cli.app:version", "Tools", "Print the version."),)
+
+    app = typer.Typer(cls=Root)
+    app.callback()(lambda: None)
+    assert list(typer.main.get_group(app).commands) == ["version"]
+
+    @app.command()
+    def extra() -> None:
+        """Not in the table."""
+
+    with pytest.raises(TypeError, match=r"\['extra'\]: a root command is a row of the table"):
+        typer.main.get_group(app)
 
 
 def test_the_console_script_module_level_loads_no_cli() -> None:
