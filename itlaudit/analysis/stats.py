@@ -125,8 +125,8 @@ def compare_samples(
             None,
             f"too few samples ({b.size} vs {n.size}; need {min_samples} each)",
         )
-    # scipy costs ~1 s to import: only when a test is run (and it ships no type hints)
-    from scipy.stats import mannwhitneyu  # type: ignore[import-untyped]
+    # scipy costs ~1 s to import: only when a test is run
+    from scipy.stats import mannwhitneyu
 
     p_value = _p_value(b, n, mannwhitneyu)
     if min_achievable_p(b.size, n.size) > alpha:

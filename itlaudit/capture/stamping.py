@@ -174,7 +174,7 @@ class Inbox:
 
     async def wait(self, deadline: float | None) -> bool:
         """Until a piece is queued (True) or the loop time reaches `deadline` (False)."""
-        waiter = self._loop.create_future()
+        waiter: asyncio.Future[bool] = self._loop.create_future()
         self._waiter = waiter
         self._deadline = deadline
         if deadline is not None and (self._timer is None or self._timer_at > deadline):

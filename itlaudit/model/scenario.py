@@ -189,7 +189,7 @@ def _variants(raw: Any, loc: Located) -> list[Variant]:
 
 
 def _headers(src: dict[str, Any], loc: Located) -> dict[str, str]:
-    headers = get_value(src, loc, "variants", "headers", dict, {})
+    headers: dict[str, str] = get_value(src, loc, "variants", "headers", dict, {})
     for name, value in headers.items():
         problem = header_problem(name, value)
         if problem is not None:
@@ -198,7 +198,7 @@ def _headers(src: dict[str, Any], loc: Located) -> dict[str, str]:
 
 
 def _execution_mode(src: dict[str, Any], loc: Located) -> str | None:
-    mode = get_value(src, loc, "variants", "execution_mode", str, None)
+    mode: str | None = get_value(src, loc, "variants", "execution_mode", str, None)
     if mode is not None and mode not in EXECUTION_MODES:
         raise loc.error(
             "variants", "execution_mode", f"must be one of {', '.join(EXECUTION_MODES)}, got {mode!r}"
