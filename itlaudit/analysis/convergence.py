@@ -70,7 +70,7 @@ class Interval:
         """`12.31 ms [12.10, 12.52] (95% CI over 4 trials, 3.4 % wide)`, one line for a terminal or report."""
         return (
             f"{self.mean:.4g}{unit} [{self.low:.4g}, {self.high:.4g}] ({self.confidence:.0%} CI over "
-            f"{self.trials} trials, {self.width_pct:.2g} % wide)"
+            f"{self.trials} trials, {self.width_pct:.3g} % wide)"
         )
 
 
@@ -176,12 +176,12 @@ class ConvergenceRule:
         if trials >= self.min_trials and narrow:
             assert interval is not None
             reason = (
-                f"interval {interval.width_pct:.2g} % of the mean wide, within {self.ci_width_pct:g} %, "
+                f"interval {interval.width_pct:.3g} % of the mean wide, within {self.ci_width_pct:g} %, "
                 f"after {trials} trials"
             )
             return Progress(True, True, reason, interval)
         if trials >= self.max_trials:
-            width = f"{interval.width_pct:.2g} % wide" if interval is not None else "no interval"
+            width = f"{interval.width_pct:.3g} % wide" if interval is not None else "no interval"
             reason = (
                 f"interval {width} after the maximum of {self.max_trials} trials, not within "
                 f"{self.ci_width_pct:g} %: the figure moves between trials more than the stated width"
