@@ -92,7 +92,10 @@
       `<p class="summary">${esc(c.summary)}</p>` +
       `<p>state: ${esc(c.state)}${c.closed_by ? ", closed by " + esc(c.closed_by) : ""}<br>` +
       `last good: ${esc(c.last_good_build)}<br>id <code>${esc(c.id)}</code></p>` +
-      `<p class="culprit">bisect: ${esc(c.culprit || "not bisected (itlaudit track bisect " + c.id + ")")}</p>` +
+      `<p class="culprit">bisect: ${esc(c.bisect || "not bisected (itlaudit track bisect " + c.id + ")")}</p>` +
+      (c.culprit_url ? `<p><a class="culprit-commit" href="${esc(c.culprit_url)}">the culprit's commit</a></p>` : "") +
+      (c.compare_url ? `<p><a href="${esc(c.compare_url)}">every commit of the answer range</a></p>` : "") +
+      (c.bisect_dir ? `<p>bisect folder <code>${esc(c.bisect_dir)}</code></p>` : "") +
       (evidence ? `<table class="values"><tr><th>variant</th><th>series</th><th>median</th><th>ratio</th><th>p</th></tr>${evidence}</table>` : "") +
       (signals ? `<ul class="signals">${signals}</ul>` : "");
   }

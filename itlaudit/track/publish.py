@@ -96,9 +96,8 @@ class Published:
 
 @dataclass(frozen=True)
 class _Build:
-    """A point's build beyond what `History.points()` carries: for the hover, the panel, the link."""
+    """A point's build beyond what `History.points()` carries: for the panel and the commit link."""
 
-    version: str | None
     commit: str | None
     flavour: str | None
     run_dir: str | None
@@ -108,11 +107,9 @@ class _Build:
 
 def _builds(history: History) -> dict[int, _Build]:
     p = points_table
-    query = sa.select(
-        p.c.id, p.c.build_version, p.c.build_commit, p.c.build_flavour, p.c.run_dir, p.c.requests, p.c.errors
-    )
+    query = sa.select(p.c.id, p.c.build_commit, p.c.build_flavour, p.c.run_dir, p.c.requests, p.c.errors)
     with history.engine.connect() as conn:
-        return {int(r[0]): _Build(r[1], r[2], r[3], r[4], int(r[5]), int(r[6])) for r in conn.execute(query)}
+        return {int(r[0]): _Build(r[1], r[2], r[3], int(r[4]), int(r[5])) for r in conn.execute(query)}
 
 
 def _fingerprints(history: History) -> dict[str, dict[str, Any]]:
@@ -131,10 +128,15 @@ def _title(fingerprint: Mapping[str, Any], family: str) -> str:
     return " · ".join(parts) or family
 
 
-def _culprit(change: Change) -> str | None:
-    """The bisect's answer written onto the change, as `track bisect` leaves it."""
-    found = change.signals.get("culprit")
-    return str(found) if found else None
+def _bisect_line(found: Mapping[str, Any] | None) -> str | None:
+    """What `track bisect` answered for a change (History.bisects): its culprit, or its status and
+    message when it named none; None when the change was never bisected."""
+    if found is None:
+        return None
+    if found.get("culprit"):
+        return f"culprit {found['culprit']}"
+    message = (found.get("result") or {}).get("message")
+    return f"{found['status']}: {message}" if message else str(found["status"])
 
 
 def _round(value: float | None) -> float | None:
@@ -209,10 +211,12 @@ class _Page:
         changes: Sequence[Change],
         builds: Mapping[int, _Build],
         samples: Mapping[int, Samples],
+        bisects: Mapping[str, Mapping[str, Any]],
         base: str,
         github_repo: str,
     ) -> None:
         self.family = family
+        self.bisects = bisects
         self.points = sorted(points, key=lambda p: (p.order, p.id))
         self.changes = changes
         self.builds = builds
@@ -245,11 +249,17 @@ class _Page:
         }
 
     def change_json(self, change: Change) -> dict[str, Any]:
+        """The change as `check --json` gives it, with its bisection: the answer's line, the culprit's
+        commit link, GitHub's diff of the answer range and the bisect's folder."""
+        found = self.bisects.get(change.id)
+        result: Mapping[str, Any] = (found or {}).get("result") or {}
         return {
             **change.to_json(),
-            "culprit": _culprit(change),
+            "bisect": _bisect_line(found),
+            "culprit_url": _commit_url((found or {}).get("culprit"), self.github_repo),
+            "compare_url": result.get("compare_url"),
+            "bisect_dir": result.get("dir"),
             "colour": CLASS_COLOURS.get(change.change_class, "#444"),
-            "open": change in self.open,
         }
 
     @property
@@ -364,7 +374,7 @@ class _Page:
                 "customdata": list(range(len(marks))),
                 "text": [
                     f"{html.escape(c['summary'])}<br>[{c['state']}, {c['class']}, {c['kind']}]"
-                    f"<br>bisect: {html.escape(c['culprit'] or 'not bisected')}"
+                    f"<br>bisect: {html.escape(c['bisect'] or 'not bisected')}"
                     for c in marks
                 ],
                 "hovertemplate": "%{text}<extra>change</extra>",
@@ -531,8 +541,20 @@ class _Page:
         return "ok", "ok"
 
 
+def _finite(data: Any) -> Any:
+    """The data with every NaN or infinity as null: JSON.parse refuses them, and a change's evidence
+    may hold one (a test that could not run)."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, Mapping):
+        return {k: _finite(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [_finite(v) for v in data]
+    return data
+
+
 def _page_html(title: str, body: str, data: Mapping[str, Any], figures: Mapping[str, Any]) -> str:
-    blob = json.dumps({"page": data, "figures": figures}, separators=(",", ":"), allow_nan=False)
+    blob = json.dumps(_finite({"page": data, "figures": figures}), separators=(",", ":"), allow_nan=False)
     blob = blob.replace("</", "<\\/")  # the JSON sits in a <script>: no "</script>" can end it early
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
@@ -568,7 +590,7 @@ def _change_rows(changes: Sequence[Mapping[str, Any]], pages: Mapping[str, str] 
             f"<td>{html.escape(c['kind'])}</td>",
             f"<td>{html.escape(c['state'] + closed)}</td>",
             f"<td>{html.escape(c['summary'])}</td>",
-            f'<td class="culprit">{html.escape(c["culprit"] or "not bisected")}</td>',
+            f'<td class="culprit">{html.escape(c["bisect"] or "not bisected")}</td>',
         ]
         rows.append(
             f'<tr class="change" data-change="{c["id"]}" style="border-left:6px solid {c["colour"]}">'
@@ -706,6 +728,7 @@ def publish(
         )
     _prepare(out)
     changes = history.check()
+    bisects = history.bisects()
     builds = _builds(history)
     fingerprints = _fingerprints(history)
     by_family: dict[str, list[Point]] = defaultdict(list)
@@ -719,7 +742,7 @@ def publish(
         orders = sorted({p.order for p in members})
         keep = _sampled_orders(orders, changes_of[family], sample_builds, around=5)
         samples = history.samples([p.id for p in members if p.order in keep])
-        page = _Page(family, members, changes_of[family], builds, samples, base, github_repo)
+        page = _Page(family, members, changes_of[family], builds, samples, bisects, base, github_repo)
         title = _title(fingerprints.get(family, {}), family)
         pages.append((page, title))
     pages.sort(key=lambda pt: pt[1])

@@ -1,0 +1,343 @@
+"""`itlaudit track publish`, clicked through in a real headless browser (Debian's chromium driven by
+Playwright): the 60-nightly history of tests/test_track.py (a 128-token cap on builds 25–32, a 30 %
+slowdown from 40, K3's speedup lost from 50) beside a steady second fingerprint, published, then the
+index and the fingerprint page opened from file://. What is counted on screen is what plotly drew
+(its SVG markers), against what the history holds.
+
+chromium is the machine's (/usr/bin/chromium, `apt-get install -y chromium`; scripts/test installs
+it), never a browser Playwright downloads. Without it the tests fail with that line: a dashboard
+nobody opened is not tested.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from simkit import itlaudit
+from track_scale import synthetic_point
+from trackkit import FAMILY, sixty_nightlies
+
+from itlaudit.track.changes import SERIES, VALID, Change, Point
+from itlaudit.track.db import open_history
+from itlaudit.track.publish import CLASS_COLOURS, MANIFEST
+
+CHROMIUM = Path("/usr/bin/chromium")
+STEADY = {**FAMILY, "model": "steady"}
+CULPRIT = f"0040{'c' * 36}"  # the slowdown's first bad build, as `track bisect` names it
+COMPARE = f"https://github.com/vllm-project/vllm/compare/0039{'c' * 36}...{CULPRIT}"
+UNBUILT = "0031cccc could not be built (wheel missing)"
+# Set to write the docs' screenshot (docs/img/track-dashboard.png) from the page the tests open.
+SCREENSHOT_ENV = "ITLAUDIT_DASHBOARD_SCREENSHOT"
+
+
+@dataclass(frozen=True)
+class Site:
+    out: Path
+    db: str
+    points: list[Point]
+    changes: list[Change]
+    family: str  # the planted history's
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Site:
+    """The two fingerprints' history, the slowdown at 40 bisected, published with the CLI."""
+    tmp = tmp_path_factory.mktemp("dashboard")
+    db = str(tmp / "history.sqlite")
+    rng = np.random.default_rng(7)
+    steady = [
+        synthetic_point(STEADY, "K0", b, rng, itl_ms=30, acceptance=1, output_len=64) for b in range(1, 31)
+    ]
+    history = open_history(db)
+    history.add_rows([*sixty_nightlies(0), *steady])
+    slowdown = next(c for c in history.check() if c.order == 40)
+    answer = {"first_bad": CULPRIT, "message": "first bad build found", "compare_url": COMPARE}
+    history.record_bisect(slowdown.id, "found", CULPRIT, {**answer, "dir": str(tmp / "bisect-40")})
+    cap = next(c for c in history.check() if c.order == 25)
+    history.record_bisect(cap.id, "failed", None, {"message": UNBUILT, "dir": str(tmp / "bisect-25")})
+    points, changes = history.points(), history.check()
+    history.close()
+    done = itlaudit("track", "publish", str(tmp / "site"), "--db", db)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("published 2 fingerprint page(s), 4 change(s)")
+    family = slowdown.family
+    return Site(tmp / "site", db, points, changes, family)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium (scripts/test installs it)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ModuleNotFoundError:
+        pytest.fail("playwright is missing: pip install -e '.[dev]'")
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM))
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    """A tab that records every request it makes and every script error: a page must fetch nothing
+    but its own files and raise nothing."""
+    tab = browser.new_page(viewport={"width": 1400, "height": 1000})
+    seen: dict[str, list[str]] = {"requests": [], "errors": []}
+    tab.on("request", lambda r: seen["requests"].append(r.url))
+    tab.on("pageerror", lambda e: seen["errors"].append(str(e)))
+    tab.on("console", lambda m: seen["errors"].append(m.text) if m.type == "error" else None)
+    tab.seen = seen
+    yield tab
+    assert seen["errors"] == []
+    assert [u for u in seen["requests"] if not u.startswith("file://")] == []
+    tab.close()
+
+
+def _open(page: Any, path: Path) -> None:
+    page.goto(path.as_uri())
+    page.wait_for_function("() => document.querySelectorAll('.main-svg').length > 0")
+
+
+# The SVG group plotly drew trace i of a figure into (d3 binds each group to its trace's calcdata).
+_TRACE_GROUP = """const group = (gd, i) => [...gd.querySelectorAll('g.trace')].find(
+    (g) => g.__data__ && g.__data__[0] && g.__data__[0].trace && g.__data__[0].trace.index === i);"""
+
+
+def _drawn(page: Any, div: str) -> list[dict[str, Any]]:
+    """Each trace of a figure: its meta, its x values, and how many markers and lines plotly drew."""
+    return page.evaluate(
+        f"""(div) => {{
+            {_TRACE_GROUP}
+            const gd = document.getElementById(div);
+            return gd.data.map((t, i) => ({{
+                meta: t.meta || {{}},
+                x: t.x || null,
+                markers: group(gd, i).querySelectorAll('path.point').length,
+                lines: group(gd, i).querySelectorAll('path.js-line').length,
+            }}));
+        }}""",
+        div,
+    )
+
+
+def _centre(page: Any, trace: str, key: str, value: Any) -> tuple[float, float]:
+    """Where on screen plotly drew the chart's marker whose `key` (x, customdata) is `value`, in the
+    first trace whose meta matches `trace` (a JS predicate over meta)."""
+    box = page.evaluate(
+        f"""([key, value]) => {{
+            {_TRACE_GROUP}
+            const gd = document.getElementById('chart');
+            const i = gd.data.findIndex((t) => t.meta && ({trace})(t.meta));
+            const k = gd.data[i][key].indexOf(value);
+            const r = [...group(gd, i).querySelectorAll('path.point')]
+                .find((el) => el.__data__.i === k).getBoundingClientRect();
+            return [r.x + r.width / 2, r.y + r.height / 2];
+        }}""",
+        [key, value],
+    )
+    return float(box[0]), float(box[1])
+
+
+def _family_page(site: Site) -> Path:
+    return site.out / f"{site.family}.html"
+
+
+def test_the_index_lists_each_fingerprint_with_its_sparkline_status_and_open_changes(
+    site: Site, page: Any
+) -> None:
+    _open(page, site.out / "index.html")
+    rows = page.query_selector_all("tr.fingerprint")
+    families = {p.family for p in site.points}
+    assert {r.get_attribute("data-family") for r in rows} == families
+    status = {r.get_attribute("data-family"): r.query_selector(".status").inner_text() for r in rows}
+    steady = next(f for f in families if f != site.family)
+    assert status == {site.family: "2 open regression(s)", steady: "ok"}
+    for family in families:
+        lines = _drawn(page, f"spark-{family}")
+        assert [t["meta"]["variant"] for t in lines] == sorted(
+            {p.variant for p in site.points if p.family == family}
+        )
+        for trace in lines:
+            valid = [
+                p.order
+                for p in site.points
+                if p.family == family and p.variant == trace["meta"]["variant"] and p.validity == VALID
+            ]
+            assert sorted(x for x in trace["x"] if x is not None) == sorted(valid)
+            assert trace["lines"] >= 1
+    # The open regressions, each linked to its change on the fingerprint's page, with its bisect.
+    table = page.query_selector_all("table.changes tr.change")
+    assert [r.get_attribute("data-change") for r in table] == [
+        c.id for c in site.changes if c.kind == "regression" and c.closed_by is None
+    ]
+    assert f"culprit {CULPRIT}" in table[0].inner_text() and "not bisected" in table[1].inner_text()
+
+
+def test_the_fingerprint_page_draws_every_series_from_the_history(site: Site, page: Any) -> None:
+    _open(page, _family_page(site))
+    traces = _drawn(page, "chart")
+    mine = [p for p in site.points if p.family == site.family]
+    invalid = {(p.variant, p.order) for p in mine if p.validity != VALID}
+    assert len(invalid) == 2 * 8  # builds 25–32, K0 and K3
+    for spec in SERIES:
+        drawn = {t["meta"]["variant"]: t for t in traces if t["meta"].get("series") == spec.name}
+        assert set(drawn) == {"K0", "K3"}
+        for variant, trace in drawn.items():
+            valid = [p for p in mine if p.variant == variant and p.validity == VALID and p.values[spec.name]]
+            assert trace["markers"] == len(valid), (spec.name, variant)
+            # An invalid build is a hole in every series, never a (fast) value.
+            assert not {(variant, x) for x in trace["x"]} & invalid
+    # The speedup: K0's p50 over K3's wherever both were valid (each build of 55, less the 8 capped).
+    speedup = next(t for t in traces if t["meta"].get("series") == "speedup")
+    assert speedup["markers"] == len({p.order for p in mine if p.validity == VALID})
+    # The validity lane: a cross for each invalid point, a dot for each valid one.
+    crosses = [t for t in traces if t["meta"].get("kind") == "invalid"]
+    assert sum(t["markers"] for t in crosses) == len(invalid)
+    assert {(t["meta"]["variant"], x) for t in crosses for x in t["x"]} == invalid
+    # One marker per change, one line per change and one shaded band over the capped builds.
+    changes = [c for c in site.changes if c.family == site.family]
+    marks = next(t for t in traces if t["meta"].get("kind") == "change")
+    assert (marks["markers"], marks["x"]) == (len(changes), [c.order for c in changes])
+    shapes = page.evaluate("() => document.getElementById('chart').layout.shapes")
+    lines = [s for s in shapes if s["type"] == "line"]
+    assert [(s["x0"] + 0.5, s["line"]["color"]) for s in lines] == [
+        (c.order, CLASS_COLOURS[c.change_class]) for c in changes
+    ]
+    assert [(s["x0"], s["x1"]) for s in shapes if s["type"] == "rect"] == [(24.5, 32.5)]
+    assert page.locator("path.point").count() > 0 and page.locator(".shapelayer path").count() >= 5
+
+
+def _marker_centre(page: Any, order: int) -> tuple[float, float]:
+    """Where on screen plotly drew the change marker at build `order`."""
+    return _centre(page, "(m) => m.kind === 'change'", "x", order)
+
+
+def _click(page: Any, x: float, y: float) -> None:
+    """A person's click: the pointer rests on the marker first. plotly takes a click's point from its
+    last hover, which it updates at most every 50 ms; a jump-and-click would click the previous one."""
+    page.mouse.move(x, y, steps=3)
+    page.wait_for_timeout(120)
+    page.mouse.click(x, y)
+
+
+def test_hovering_and_clicking_a_change_shows_its_culprit(site: Site, page: Any) -> None:
+    _open(page, _family_page(site))
+    x, y = _marker_centre(page, 40)
+    page.mouse.move(x, y)
+    hover = page.wait_for_selector(".hoverlayer .hovertext")
+    assert "token ITL p50 of K0 worse from build" in hover.text_content()
+    assert f"bisect: culprit {CULPRIT}" in hover.text_content()
+    _click(page, x, y)
+    detail = page.locator("#detail")
+    assert "speed regression at build 40" in detail.inner_text()
+    assert detail.locator(".culprit").inner_text() == f"bisect: culprit {CULPRIT}"
+    assert detail.locator("a.culprit-commit").get_attribute("href") == (
+        f"https://github.com/vllm-project/vllm/commit/{CULPRIT}"
+    )
+    assert detail.locator(f'a[href="{COMPARE}"]').count() == 1
+    if os.environ.get(SCREENSHOT_ENV):
+        target = Path(__file__).parent.parent / "docs" / "img" / "track-dashboard.png"
+        target.parent.mkdir(exist_ok=True)
+        page.screenshot(path=str(target), clip={"x": 0, "y": 0, "width": 1400, "height": 1000})
+    # The cap's bisection failed: the panel says how.
+    _click(page, *_marker_centre(page, 25))
+    assert detail.locator(".culprit").inner_text() == f"bisect: failed: {UNBUILT}"
+    # The lost speedup at 50 is not bisected, and says how to.
+    _click(page, *_marker_centre(page, 50))
+    change = next(c for c in site.changes if c.order == 50)
+    assert (
+        detail.locator(".culprit").inner_text() == f"bisect: not bisected (itlaudit track bisect {change.id})"
+    )
+
+
+def test_clicking_a_point_shows_its_commit_and_per_request_distribution(site: Site, page: Any) -> None:
+    _open(page, _family_page(site))
+    point = next(p for p in site.points if p.family == site.family and p.variant == "K0" and p.order == 41)
+    centre = _centre(page, "(m) => m.series === 'itl_p50' && m.variant === 'K0'", "customdata", point.id)
+    _click(page, *centre)
+    link = page.locator("#detail a.commit")
+    assert link.get_attribute("href") == f"https://github.com/vllm-project/vllm/commit/0041{'c' * 36}"
+    page.wait_for_function("() => document.querySelectorAll('#distribution path.point').length > 0")
+    boxes = _drawn(page, "distribution")
+    # This build's 16 requests beside the previous build's (40), each request one dot.
+    assert [t["meta"]["point"] for t in boxes][-1] == point.id
+    assert [t["markers"] for t in boxes] == [16, 16]
+
+
+def test_dragging_zooms_every_row_and_a_change_row_focuses_it(site: Site, page: Any) -> None:
+    _open(page, _family_page(site))
+    before = page.evaluate("() => document.getElementById('chart')._fullLayout.xaxis.range.slice()")
+    box = page.locator("#chart .draglayer .xy2 .nsewdrag").bounding_box()
+    y = box["y"] + box["height"] / 2
+    page.mouse.move(box["x"] + box["width"] * 0.4, y)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * 0.6, y, steps=5)
+    page.mouse.up()
+    after = page.evaluate("() => document.getElementById('chart')._fullLayout.xaxis.range.slice()")
+    assert after[1] - after[0] < (before[1] - before[0]) / 2
+    # A row of the change list zooms onto its change and opens it.
+    page.locator("table.changes tr.change").first.click()
+    assert "speed regression at build 40" in page.locator("#detail").inner_text()
+
+
+def test_publish_refuses_a_folder_it_did_not_write_and_replaces_its_own(site: Site, tmp_path: Path) -> None:
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    done = itlaudit("track", "publish", str(foreign), "--db", site.db)
+    assert done.returncode == 2
+    assert "holds other files" in done.stderr and "Traceback" not in done.stderr
+    assert [p.name for p in foreign.iterdir()] == ["notes.txt"]
+    again = tmp_path / "again"
+    shutil.copytree(site.out, again)
+    (again / f"{'f' * 16}.html").write_text("a page of an earlier publish")
+    manifest = json.loads((again / MANIFEST).read_text())
+    manifest["pages"].append(f"{'f' * 16}.html")
+    (again / MANIFEST).write_text(json.dumps(manifest))
+    done = itlaudit("track", "publish", str(again), "--db", site.db)
+    assert done.returncode == 0, done.stderr
+    assert not (again / f"{'f' * 16}.html").exists()
+    assert sorted(json.loads((again / MANIFEST).read_text())["pages"]) == sorted(
+        f"{f}.html" for f in {p.family for p in site.points}
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--db", "{tmp}/empty.sqlite"], "the history holds no points"),
+        (["--github-repo", "not a repo"], "--github-repo not a repo: give OWNER/NAME"),
+        (["--sample-builds", "-1"], "--sample-builds -1: give 0 or more builds"),
+    ],
+)
+def test_bad_publish_input_is_one_line_exit_2(site: Site, tmp_path: Path, args: list[str], says: str) -> None:
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    if "--db" not in args:
+        args += ["--db", site.db]
+    done = itlaudit("track", "publish", str(tmp_path / "site"), *args)
+    assert done.returncode == 2
+    assert says in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_page_keeps_only_the_samples_asked_for_and_says_so(site: Site, page: Any, tmp_path: Path) -> None:
+    """--sample-builds 0: only the builds around each change carry their requests; another build's
+    panel says why it has none rather than drawing an empty distribution."""
+    done = itlaudit("track", "publish", str(tmp_path / "lean"), "--db", site.db, "--sample-builds", "0")
+    assert done.returncode == 0, done.stderr
+    _open(page, tmp_path / "lean" / f"{site.family}.html")
+    by_order = {p.order: p for p in site.points if p.family == site.family and p.variant == "K0"}
+    k0 = "(m) => m.series === 'itl_p50' && m.variant === 'K0'"
+    _click(page, *_centre(page, k0, "customdata", by_order[10].id))
+    assert "raw samples of this build are not in the page" in page.locator("#distribution").inner_text()
+    _click(page, *_centre(page, k0, "customdata", by_order[41].id))
+    page.wait_for_function("() => document.querySelectorAll('#distribution path.point').length > 0")
+    assert [t["markers"] for t in _drawn(page, "distribution")] == [16, 16]
