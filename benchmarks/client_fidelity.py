@@ -203,6 +203,7 @@ def trial(
         argv = [sys.executable, str(Path(__file__).resolve()), "--client", client, *common]
         argv += [f"--workers={args.workers}"] * (args.workers is not None)
         argv += [f"--stamp={args.stamp}"] * (args.stamp is not None)
+        argv += ["--no-server-metrics"] * args.no_server_metrics
     times, cpu = _run_sampled(argv)
     sent = fetch_send_log(url)
     if client == "itlaudit":
@@ -330,6 +331,9 @@ def main() -> None:
     )
     parser.add_argument("--workers", help="itlaudit capture path's --workers, if it has one")
     parser.add_argument("--stamp", help="itlaudit capture path's --stamp, if it has one")
+    parser.add_argument(
+        "--no-server-metrics", action="store_true", help="itlaudit without its /metrics sampler (default: on)"
+    )
     parser.add_argument("--json", type=Path, help="also write every trial's figures here")
     parser.add_argument("--client", choices=["itlaudit", "naive"], help=argparse.SUPPRESS)
     args, rest = parser.parse_known_args()
@@ -340,7 +344,8 @@ def main() -> None:
             data = asyncio.run(naive_client(url, int(streams), int(tokens), prefix))
             Path(out).write_text(json.dumps({"responses": data}))
         else:
-            run_itlaudit(url, int(streams), int(tokens), Path(out), capture_options(args.workers, args.stamp))
+            capture = capture_options(args.workers, args.stamp, server_metrics=not args.no_server_metrics)
+            run_itlaudit(url, int(streams), int(tokens), Path(out), capture)
         return
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")

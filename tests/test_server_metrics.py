@@ -19,17 +19,21 @@ from itlaudit.analysis.request_acceptance import pooled_server_acceptance
 from itlaudit.analysis.server_metrics import (
     KV_USAGE,
     QUEUE_TIME,
+    RUNNING,
+    WAITING,
     delta_row,
     parse_scrape,
     signal_changes,
     summarize_series,
     variant_server_figures,
 )
+from itlaudit.analysis.specdecode import DRAFTS
 from itlaudit.capture.metrics_sampler import MetricsSampler
 from itlaudit.model.codes import SPEC_DECODE_METRICS_DISAGREE
 from itlaudit.report.markdown import server_rows, server_section
 from itlaudit.report.plots import VariantView, plot_server_timeline
 from itlaudit.serve.sim import SimConfig
+from itlaudit.serve.truth import VLLM_METRICS_PAGE
 from itlaudit.store.jsonl import load_records
 from itlaudit.store.server_metrics import read_server_metrics
 
@@ -240,3 +244,13 @@ def test_why_it_moved_lists_the_signals_that_changed() -> None:
     assert (moved["KV-cache usage p50"].base, moved["KV-cache usage p50"].new) == ("20.0%", "90.0%")
     assert moved["preemptions"].ratio is None and moved["GPU throttle reasons"].new == "hw_slowdown"
     assert signal_changes(base, base) == []
+
+
+def test_a_real_vllm_page_parses_into_the_series() -> None:
+    """vLLM 0.32.0's own /metrics (the testbed, ngram K3, three short requests): the page the truth
+    server serves to samplers."""
+    scrape = parse_scrape(VLLM_METRICS_PAGE.decode())
+    assert {RUNNING, WAITING, KV_USAGE} <= set(scrape.gauges)
+    assert DRAFTS in scrape.counters and scrape.counters["vllm:generation_tokens_total"] > 0
+    assert QUEUE_TIME in scrape.histograms and scrape.histograms[QUEUE_TIME]["count"] == 3
+    assert not [k for k in [*scrape.gauges, *scrape.counters] if "_created" in k or "_info" in k]

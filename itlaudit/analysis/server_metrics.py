@@ -77,7 +77,11 @@ def parse_scrape(text: str) -> Scrape:
     engines: dict[str, int] = defaultdict(int)
     try:
         for family in text_string_to_metric_families(text):
+            if family.name.endswith("_info"):
+                continue  # configuration as labels (vllm:cache_config_info): constant, and long
             for sample in family.samples:
+                if sample.name.endswith("_created"):
+                    continue  # when a series was created: a timestamp, not a figure
                 # A counter whose TYPE line lacks `_total` parses as `unknown`: its samples still end so.
                 if family.type in ("counter", "unknown") and sample.name.endswith("_total"):
                     key = _key(sample.name, sample.labels)
@@ -86,7 +90,7 @@ def parse_scrape(text: str) -> Scrape:
                     key = _key(sample.name, sample.labels)
                     scrape.gauges[key] = scrape.gauges.get(key, 0.0) + sample.value
                     engines[key] += 1
-                elif family.type == "histogram" and not sample.name.endswith("_created"):
+                elif family.type == "histogram":
                     labels = {k: v for k, v in sample.labels.items() if k != "le"}
                     parts = scrape.histograms.setdefault(_key(family.name, labels), {})
                     suffix = sample.name[len(family.name) :]  # _bucket (by `le`), _sum or _count

@@ -199,6 +199,20 @@ def _json_reply(status: int, obj: Any, keep_alive: bool) -> bytes:
     )
 
 
+# vLLM 0.32.0's /metrics (the testbed's tiny model, ngram K3, after three requests): what the truth
+# server answers GET /metrics with, so a sampler scrapes and parses a page of the real size and shape.
+VLLM_METRICS_PAGE = (Path(__file__).parent.parent / "data" / "vllm-0.32-metrics.prom").read_bytes()
+
+
+def _text_reply(body: bytes, keep_alive: bool) -> bytes:
+    connection = b"" if keep_alive else b"connection: close\r\n"
+    return b"HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: %d\r\n%b\r\n%b" % (
+        len(body),
+        connection,
+        body,
+    )
+
+
 class Connection(asyncio.Protocol):
     """HTTP/1.1 with keep-alive and Content-Length bodies: what aiohttp and urllib clients send."""
 
@@ -266,6 +280,14 @@ class Connection(asyncio.Protocol):
         route = routes.get((method, path))
         if route is not None:
             self._reply(200, route())
+            return
+        if (method, path) == ("GET", "/metrics"):
+            # A real vLLM page, so a /metrics sampler beside a fidelity trial costs what it costs on vLLM.
+            keep = not self.close_after
+            self.transport.write(_text_reply(VLLM_METRICS_PAGE, keep))
+            if not keep:
+                self.transport.close()
+                self.closed = True
             return
         if (method, path) != ("POST", "/v1/completions"):
             status = HTTPStatus.NOT_FOUND

@@ -98,14 +98,22 @@ def selfcheck_scenario_toml(base_url: str, streams: int, tokens: int) -> str:
 
 
 def capture_options(
-    workers: str | int | None = None, stamp: str | None = None, cluster: str | None = None
+    workers: str | int | None = None,
+    stamp: str | None = None,
+    cluster: str | None = None,
+    *,
+    server_metrics: bool = True,
 ) -> CaptureOptions:
     """The capture options selfcheck and the benchmark pass through, checked as `itlaudit run` checks
-    them (None: run's default)."""
+    them (None: run's default); `server_metrics` False is --no-server-metrics."""
     from itlaudit.capture.runner import CaptureOptions
+    from itlaudit.capture.telemetry import Telemetry
 
     return CaptureOptions.from_flags(
-        "auto" if workers is None else str(workers), stamp or "kernel", cluster=cluster
+        "auto" if workers is None else str(workers),
+        stamp or "kernel",
+        cluster=cluster,
+        telemetry=Telemetry.from_flags(no_server_metrics=not server_metrics),
     )
 
 
