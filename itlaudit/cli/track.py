@@ -23,7 +23,7 @@ __all__ = ["track_app"]
 
 if TYPE_CHECKING:
     from itlaudit.bisect.settings import Settings
-    from itlaudit.track.changes import Change
+    from itlaudit.track.changes import Change, CheckSettings
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -102,23 +102,23 @@ def check(
     except ItlauditError as exc:
         raise _fail(exc) from None
     if auto:
-        changes = _bisect_open(db, changes)
+        changes = _bisect_open(db, changes, CheckSettings(min_effect=min_effect))
     _print_changes(changes, show_all=show_all, as_json=as_json, where=history.where)
     if open_changes(changes):
         raise typer.Exit(1)
 
 
-def _bisect_open(db: str | None, changes: list[Change]) -> list[Change]:
+def _bisect_open(db: str | None, changes: list[Change], settings: CheckSettings) -> list[Change]:
     """--auto: bisect the regressions without a bisection; the changes as the probes left them."""
     from itlaudit.track.db import open_history
     from itlaudit.track.nightly import bisect_unexplained
 
     history = open_history(db)
     try:
-        for change_id, answer in bisect_unexplained(history, changes, err).items():
+        for change_id, answer in bisect_unexplained(history, changes, err, settings).items():
             said = answer.get("message") or ""
             out.print(f"{change_id}: bisect: {answer.get('culprit') or 'no culprit'} ({said})", markup=False)
-        return history.check()
+        return history.check(settings)
     except ItlauditError as exc:
         raise _fail(exc) from None
     finally:
@@ -135,11 +135,11 @@ def _print_changes(changes: list[Change], *, show_all: bool, as_json: bool, wher
     else:
         shown = changes if show_all else [*still_open, *suspected]
         for change in shown:
-            where = f" (last good {change.last_good_build})" if change.last_good_build else ""
+            good = f" (last good {change.last_good_build})" if change.last_good_build else ""
             closed = f", closed by {change.closed_by}" if change.closed_by else ""
             out.print(
                 f"{change.id} [{change.state}, {change.change_class}, {change.kind}{closed}] "
-                f"{change.summary}{where}",
+                f"{change.summary}{good}",
                 markup=False,
             )
         out.print(
@@ -254,14 +254,15 @@ def nightly(
         history = open_history(db)
         try:
             folder = out_dir or new_run_dir(DEFAULT_REPORTS, "track-nightly")
-            result = run_nightly(history, settings, builds, folder, err, CheckSettings(min_effect=min_effect))
+            check = CheckSettings(min_effect=min_effect)
+            result = run_nightly(history, settings, builds, folder, err, check)
             if auto:
-                for change_id, answer in bisect_unexplained(history, result.changes, err).items():
+                for change_id, answer in bisect_unexplained(history, result.changes, err, check).items():
                     said = answer.get("message") or ""
                     out.print(
                         f"{change_id}: bisect: {answer.get('culprit') or 'no culprit'} ({said})", markup=False
                     )
-                result.changes = history.check(CheckSettings(min_effect=min_effect))
+                result.changes = history.check(check)
         finally:
             history.close()
     except ItlauditError as exc:

@@ -609,13 +609,19 @@ def annotate(
             change.signals["culprit"] = culprits[change.id]
 
 
+def _moved(change: Change) -> set[tuple[str, str]]:
+    return {(e.variant, e.series) for e in change.evidence}
+
+
 def _close(changes: Sequence[Change]) -> None:
-    """A regression is closed by a later change of its class the other way (a fix, an improvement)."""
+    """A regression is closed by a later change of its class the other way (a fix, an improvement)
+    that moved one of the same series (a TTFT that recovered does not close a slower token ITL)."""
     for i, change in enumerate(changes):
         if change.kind != REGRESSION:
             continue
         for later in changes[i + 1 :]:
-            if later.change_class == change.change_class and later.kind in (FIX, IMPROVEMENT):
+            same = not change.evidence or bool(_moved(change) & _moved(later))
+            if later.change_class == change.change_class and later.kind in (FIX, IMPROVEMENT) and same:
                 change.closed_by = later.build
                 break
 

@@ -284,7 +284,7 @@ def bisect_change(
     *,
     source: Mapping[str, Any] | None = None,
     out_dir: Path | None = None,
-    base_variant: str = "K0",
+    check: CheckSettings | None = None,
 ) -> dict[str, Any]:
     """Bisect one change between its last good and first bad build; record every probe; write the
     answer onto the change. Returns the bisection's result (bisect.json's answer)."""
@@ -317,7 +317,7 @@ def bisect_change(
                 "bad": bad,
                 "regress": verdict,
                 "threshold": _threshold(change) if timing else 1.5,
-                "variants": _variants(change, template, base_variant),
+                "variants": _variants(change, template, (check or CheckSettings()).base_variant),
                 "trials": 2 if timing else None,
                 "max_trials": 4 if timing else 1,
             }
@@ -344,7 +344,7 @@ def bisect_change(
     )
     history.record_bisect(change.id, done.status, culprit, {**answer, "dir": str(folder)})
     # The probes put the change at the culprit itself: the answer goes onto that change too.
-    for moved in history.check():
+    for moved in history.check(check):
         if (
             moved.family == change.family
             and moved.change_class == change.change_class
@@ -376,7 +376,7 @@ def _record_probes(history: History, state: State, folder: Path) -> None:
 
 
 def bisect_unexplained(
-    history: History, changes: Sequence[Change], console: Console
+    history: History, changes: Sequence[Change], console: Console, check: CheckSettings | None = None
 ) -> dict[str, dict[str, Any]]:
     """`--auto`: bisect each confirmed regression of a bisectable class that has no bisection yet
     (closed ones too: a cap that came and went still has a culprit). Returns {change id: answer}; a
@@ -391,7 +391,7 @@ def bisect_unexplained(
     for change in wanted:
         started = time.monotonic()
         try:
-            found[change.id] = bisect_change(history, change, console)
+            found[change.id] = bisect_change(history, change, console, check=check)
         except TrackError as exc:
             found[change.id] = {"culprit": None, "message": str(exc)}
         found[change.id]["elapsed_s"] = round(time.monotonic() - started, 1)
