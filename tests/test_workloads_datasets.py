@@ -136,7 +136,7 @@ def test_speed_bench_reads_its_subset_file_from_the_folder(tmp_path: Path) -> No
             "brings its own schedule",
         ),
         (
-            'num_requests = 9\n[workload.dataset]\nkind = "trace"\npath = "mooncake.jsonl"',
+            'warmup_requests = 9\n[workload.dataset]\nkind = "trace"\npath = "mooncake.jsonl"',
             "the trace's 6 lines",
         ),
         ('prompts = ["a"]\ntrace_scale = 2', 'needs [workload.dataset] kind = "trace"'),
@@ -190,3 +190,29 @@ def test_a_bad_trace_is_exit_2_with_one_line_from_the_cli(tmp_path: Path) -> Non
     assert result.returncode == 2
     assert "output_length must be an integer" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_vllm_bench_flags_name_the_new_datasets_and_prefix_repetition_needs_its_table(tmp_path: Path) -> None:
+    from itlaudit.model.scenario import ScenarioFlags, build_scenario
+
+    flags = ScenarioFlags(
+        url="http://127.0.0.1:9",
+        dataset_name="spec_bench",
+        dataset_path=FIXTURES / "spec_bench_question.jsonl",
+    )
+    scenario, _ = build_scenario(None, flags)
+    assert scenario.workload.dataset is not None and len(scenario.workload.dataset.entries) == 12
+    trace = ScenarioFlags(
+        url="http://127.0.0.1:9", dataset_name="trace", dataset_path=FIXTURES / "mooncake.jsonl"
+    )
+    replay = build_scenario(None, trace)[0].workload
+    assert replay.arrivals.trace_s is not None and replay.num_requests == 6  # --num-prompts 1000: its end
+    with pytest.raises(ScenarioError, match="takes its lengths from a scenario"):
+        build_scenario(None, ScenarioFlags(url="http://127.0.0.1:9", dataset_name="prefix_repetition"))
+    table = (
+        'name = "t"\n[workload]\nnum_requests = 4\n[workload.dataset]\nkind = "prefix_repetition"\n'
+        'prefix_len = 8\nsuffix_len = 4\nnum_prefixes = 2\noutput_len = 3\n[[variants]]\nname = "A"\n'
+    )
+    (tmp_path / "s.toml").write_text(table)
+    again = ScenarioFlags(url="http://127.0.0.1:9", dataset_name="prefix_repetition")
+    assert len(build_scenario(tmp_path / "s.toml", again)[0].workload.dataset.entries) == 4  # type: ignore[union-attr]

@@ -311,13 +311,16 @@ def workload_flags(
     ] = None,
     endpoint: Annotated[Endpoint | None, _bench("API: /v1/completions or /v1/chat/completions.")] = None,
     dataset_name: Annotated[
-        DatasetName | None, _bench("Prompts: random token ids, a JSONL file, or a ShareGPT file.")
+        DatasetName | None,
+        _bench("Prompts: random token ids, or a file: JSONL, ShareGPT, trace, SpecBench, SPEED-Bench."),
     ] = None,
     random_input_len: Annotated[int | None, _bench("Prompt tokens per random request.", "N")] = None,
     random_output_len: Annotated[
         int | None, _bench("Tokens each random request generates (ignore_eos).", "N")
     ] = None,
-    dataset_path: Annotated[Path | None, _bench("The jsonl or sharegpt file.", "FILE")] = None,
+    dataset_path: Annotated[
+        Path | None, _bench("The dataset's file (speed_bench: its folder).", "FILE")
+    ] = None,
     num_prompts: Annotated[int | None, _bench("Requests to send.", "N")] = None,
     max_concurrency: Annotated[int | None, _bench("Most requests open at once.", "N")] = None,
     request_rate: Annotated[

@@ -385,12 +385,19 @@ class ScenarioFlags:
             for name in ("random_input_len", "random_output_len"):
                 if name in given:
                     dataset[FLAG_KEYS[name][1]] = given[name]
+        elif kind == "prefix_repetition":  # its lengths have no flags here: the scenario's table
+            if old.get("kind") != kind or set(given) & set(_DATASET_FLAGS[1:]):
+                raise ScenarioError(
+                    "--dataset-name prefix_repetition takes its lengths from a scenario: [workload.dataset] "
+                    "with prefix_len, suffix_len, num_prefixes and output_len (docs/scenarios.md)"
+                )
+            dataset = dict(old)
         else:
             for name in ("random_input_len", "random_output_len"):
                 if name in given:
                     raise ScenarioError(f"{_flag(name)} is for --dataset-name random, not {kind}")
             path = given.get("dataset_path")
-            if path is None and old.get("kind") in ("jsonl", "sharegpt"):
+            if path is None and "path" in old:
                 dataset["path"] = old.get("path")
             elif path is None:
                 raise ScenarioError(f"--dataset-name {kind} needs --dataset-path FILE")
