@@ -140,7 +140,11 @@ def with_divergence_logprobs(finding: Finding, base_top: TopLogprobs, spec_top: 
     }
     message = f"{finding.message} Here {verdict}."
     base_token = finding.evidence.get("base_value")
-    if near_tie and spec_top and spec_top.get(base_token) == max(spec_top.values()):
+    if (
+        near_tie
+        and isinstance(base_token, int)
+        and spec_top.get(base_token) == max(spec_top.values(), default=None)
+    ):
         # Replayed alone on the same prefix, the speculating server also ranks K=0's token first: its
         # verification picks the target's argmax, and the flip came from the batch shape of the live run
         # at a near tie. Gemma 3 270M on an H200 (bf16, eager) showed 6 such flips in 16 greedy requests,
