@@ -143,7 +143,8 @@ def with_divergence_logprobs(finding: Finding, base_top: TopLogprobs, spec_top: 
     if (
         near_tie
         and isinstance(base_token, int)
-        and spec_top.get(base_token) == max(spec_top.values(), default=None)
+        and bool(spec_top)
+        and spec_top.get(base_token) == max(spec_top.values())
     ):
         # Replayed alone on the same prefix, the speculating server also ranks K=0's token first: its
         # verification picks the target's argmax, and the flip came from the batch shape of the live run
