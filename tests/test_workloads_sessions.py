@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -143,3 +144,21 @@ def test_bad_multi_turn_input_is_one_line(tmp_path: Path, endpoint: str, workloa
     with pytest.raises(ScenarioError) as caught:
         parse_scenario(text, tmp_path / "s.toml")
     assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_rate_sweep_refuses_sessions_and_paces_a_trace_at_each_rate(tmp_path: Path) -> None:
+    from itlaudit.model.vocabulary import LoadAxis
+    from itlaudit.workflows.sweep import point_scenario
+
+    path = _scenario(tmp_path, '[workload.dataset]\nkind = "multi_turn"\npath = "conv.json"')
+    result = itlaudit("sweep", str(path), "--url", "http://127.0.0.1:9", "--rate", "1,2")
+    assert result.returncode == 2 and "--rate cannot pace multi_turn sessions" in result.stderr
+    trace = tmp_path / "t.toml"
+    shutil.copy(FIXTURE.parent / "mooncake.jsonl", tmp_path / "mooncake.jsonl")
+    trace.write_text(
+        'name = "t"\n[workload]\n[workload.dataset]\nkind = "trace"\npath = "mooncake.jsonl"\n'
+        '[[variants]]\nname = "A"\n'
+    )
+    point = point_scenario(parse_scenario(trace.read_text(), trace), LoadAxis.RATE, 4.0, "A")
+    arrivals = point.workload.arrivals
+    assert arrivals.trace_s is None and arrivals.request_rate == 4.0  # the point's rate, not the trace's

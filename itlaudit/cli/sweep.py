@@ -103,6 +103,12 @@ def sweep(
     if (axis == LoadAxis.CONCURRENCY and precision < 1) or not precision > 0:
         raise SweepError(f"--sla-precision {precision:g}: must be above 0 (at least 1 for concurrency)")
     scenario, _ = build_scenario(scenario_path, flags)
+    dataset = scenario.workload.dataset
+    if axis == LoadAxis.RATE and dataset is not None and dataset.kind == "multi_turn":
+        raise SweepError(
+            "--rate cannot pace multi_turn sessions (each turn follows the last one's reply): sweep "
+            "--concurrency, the number of sessions at once"
+        )
     slo = parse_goodput(goodput) if goodput else scenario.goodput
     config = SweepConfig(
         scenario=scenario.name,

@@ -119,7 +119,8 @@ def point_scenario(scenario: Scenario, axis: LoadAxis, value: float, variant: st
     else:
         # Open loop at this rate: the schedule, not a cap, sets the load (a closed-loop scenario's
         # concurrency of 1 would otherwise hold every point to one request at a time).
-        arrivals = dataclasses.replace(workload.arrivals, request_rate=value, ramp_up=None)
+        # (a trace's own schedule gives way too: each point is the rate it names)
+        arrivals = dataclasses.replace(workload.arrivals, request_rate=value, ramp_up=None, trace_s=None)
         workload = dataclasses.replace(
             workload, arrivals=arrivals, concurrency=workload.num_requests + arrivals.warmup_requests
         )
