@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -30,8 +31,10 @@ from itlaudit.analysis.server_metrics import (
 from itlaudit.analysis.specdecode import DRAFTS
 from itlaudit.capture.metrics_sampler import MetricsSampler
 from itlaudit.model.codes import SPEC_DECODE_METRICS_DISAGREE
+from itlaudit.model.launch import LaunchSpec
 from itlaudit.report.markdown import server_rows, server_section
 from itlaudit.report.plots import VariantView, plot_server_timeline
+from itlaudit.serve.launcher import launch
 from itlaudit.serve.sim import SimConfig
 from itlaudit.serve.truth import VLLM_METRICS_PAGE
 from itlaudit.store.jsonl import load_records
@@ -254,3 +257,19 @@ def test_a_real_vllm_page_parses_into_the_series() -> None:
     assert DRAFTS in scrape.counters and scrape.counters["vllm:generation_tokens_total"] > 0
     assert QUEUE_TIME in scrape.histograms and scrape.histograms[QUEUE_TIME]["count"] == 3
     assert not [k for k in [*scrape.gauges, *scrape.counters] if "_created" in k or "_info" in k]
+
+
+def test_sim_command_line_lies_and_the_run_says_so(tmp_path: Path) -> None:
+    """`itlaudit sim --per-request-spec-decode-metrics --spec-metrics-lie` in its own process, and
+    `itlaudit run --url` against it: every request carries the block, and each is a finding."""
+    argv = [sys.executable, "-m", "itlaudit", "sim", "--port", "{port}", "--num-speculative-tokens", "3"]
+    argv += ["--acceptance-prob", "0.5", "--per-request-spec-decode-metrics", "--spec-metrics-lie"]
+    argv += ["--max-num-seqs", "1"]
+    with launch(LaunchSpec(kind="command", command=argv, ready_timeout_s=30), tmp_path / "sim.log") as server:
+        out = tmp_path / "run"
+        result = itlaudit(
+            "run", "--url", server.url, "--num-prompts", "3", "--max-tokens", "32", "--out", str(out)
+        )
+    assert result.returncode == 0, result.stderr
+    assert "spec_decode_metrics_disagree" in (out / "report.md").read_text()
+    assert len([f for f in _findings(out) if f["code"] == SPEC_DECODE_METRICS_DISAGREE]) == 3

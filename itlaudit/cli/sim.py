@@ -82,6 +82,24 @@ def sim(
             "the model: spec decode that changes the distribution at temperature > 0.",
         ),
     ] = MODEL,
+    max_num_seqs: Annotated[
+        int | None,
+        typer.Option(help="Scheduler: requests beyond N wait (vllm:num_requests_waiting)."),
+    ] = None,
+    kv_cache_tokens: Annotated[
+        int, typer.Option(help="Scheduler: KV-cache size in tokens (vllm:kv_cache_usage_perc, preemptions).")
+    ] = 65536,
+    per_request_spec_metrics: Annotated[
+        bool,
+        typer.Option(
+            "--per-request-spec-decode-metrics",
+            help="With K>0, metrics.speculative_decoding on the final usage chunk, as vLLM 0.32's flag.",
+        ),
+    ] = False,
+    spec_metrics_lie: Annotated[
+        bool,
+        typer.Option("--spec-metrics-lie", help="Fault: the per-request block claims every draft."),
+    ] = False,
 ) -> None:
     """Serve the vLLM-compatible simulator (demo and fault-injection target; not a test of vLLM)."""
     from itlaudit.serve.sim import SimConfig, serve
@@ -108,6 +126,10 @@ def sim(
         spec_verify_ms_per_stream=spec_verify_ms_per_stream,
         model_sharpness=model_sharpness,
         draft_sampler=str(draft_sampler),
+        max_num_seqs=max_num_seqs,
+        kv_cache_tokens=kv_cache_tokens,
+        per_request_spec_metrics=per_request_spec_metrics,
+        spec_metrics_lie=spec_metrics_lie,
     )
     # Said before the server is up (and flushed: a log or pipe sees it at once), so the seconds a start
     # takes are not silent and the log names what this simulator was told to do.
