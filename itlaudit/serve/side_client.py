@@ -308,9 +308,8 @@ class BlockingSideClient:
             lambda client: client.request(method, url, body=body, headers=headers, timeout_s=timeout_s)
         )
 
-    def get_json(self, url: str, *, timeout_s: float | None = None) -> Any:
-        """GET a JSON document of any shape (a GitHub page, a wheel index's list)."""
-        return self.request("GET", url, timeout_s=timeout_s).checked().json()
+    def get_json(self, url: str, *, timeout_s: float | None = None) -> dict[str, Any]:
+        return self._run(lambda client: client.get_json(url, timeout_s=timeout_s))
 
     def version(self, base_url: str, *, timeout_s: float | None = None) -> str | None:
         return self._run(lambda client: client.version(base_url, timeout_s=timeout_s))

@@ -91,7 +91,7 @@ def pick_wheel(
 def _fetch_json(url: str, timeout_s: float) -> Any | None:
     """None when the page does not exist (that variant was not built for this commit)."""
     try:
-        return BlockingSideClient(timeout_s=timeout_s).get_json(url)
+        return BlockingSideClient(timeout_s=timeout_s).request("GET", url).checked().json()
     except ServerStatusError as exc:
         if exc.status in (403, 404):  # S3 answers 403 for a missing key
             return None
