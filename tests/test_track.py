@@ -13,6 +13,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -23,12 +24,12 @@ import numpy as np
 import pytest
 from simkit import itlaudit, sim_server
 from track_scale import synthetic_point
-from trackkit import FAMILY, sixty_nightlies
+from trackkit import FAMILY, MISSING, sixty_nightlies
 from typer.testing import CliRunner
 
 from itlaudit.cli.app import app
 from itlaudit.serve.sim import SimConfig
-from itlaudit.track.db import SCHEMA_VERSION, open_history, schema_table
+from itlaudit.track.db import SCHEMA_VERSION, check_cache_table, open_history, schema_table
 
 FIXTURE_RUN = Path(__file__).parent / "fixtures" / "runfolder-v1"
 
@@ -306,3 +307,223 @@ def test_check_prints_the_open_changes_one_line_each(tmp_path: Path) -> None:
         "confirmed, speedup, regression",
     ]
     assert lines[-1] == f"2 open regression(s), 0 suspected, 4 change(s) in {db}"
+
+
+# The 60 nightlies served by the command provider: a generated first-parent history, one nightly a
+# day (the day's newest first-parent commit), the simulator at each commit's settings.
+NIGHTLY_SIM = Path(__file__).parent / "fixtures" / "track" / "nightly_sim.py"
+NIGHTLY_SCENARIO = Path(__file__).parent / "fixtures" / "track" / "nightly.toml"
+# Days whose nightly holds three commits, the regression entering with the middle one; days whose
+# nightly is a merge of a side branch; the one day whose build fails.
+CULPRIT_DAYS = {25: "cap", 40: "slow", 50: "lost"}
+MERGE_DAYS = {10, 30, 44}
+UNBUILDABLE_DAY = 12
+
+
+def _nightly_repo(path: Path, plan_path: Path, seed: int) -> dict[str, str]:
+    """A git repository of 60 days of first-parent history (no commit on the MISSING days, so no
+    nightly) and the plan each commit is served at. Returns {what: sha}: each culprit by its kind,
+    the fix, and every day's nightly as `nightly-N`."""
+    rng = np.random.default_rng(seed)
+    base = 1_790_000_000  # 2026-09-21, a day's start in UTC + 8 h
+    stream: list[str] = []
+    plan: dict[str, dict] = {}
+    state = {"cap": False, "slow": False, "lost": False}
+    marks: list[tuple[int, str]] = []  # (mark, kind): first-parent commits in order
+    mark = 0
+
+    def commit(when: int, parent: int | None, merge: int | None = None) -> int:
+        nonlocal mark
+        mark += 1
+        stream.extend([
+            "commit refs/heads/main", f"mark :{mark}", f"committer t <t@example.com> {when} +0000",
+            f"data {len(str(mark))}", str(mark),
+        ])  # fmt: skip
+        if parent:
+            stream.append(f"from :{parent}")
+        if merge:
+            stream.append(f"merge :{merge}")
+        stream.extend([f"M 644 inline f.txt\ndata {len(str(mark))}\n{mark}", ""])
+        return mark
+
+    previous: int | None = None
+    for day in range(1, 61):
+        if day in MISSING:
+            continue
+        start = base + day * 86_400
+        hours = [0, 4 * 3600, 8 * 3600] if day in CULPRIT_DAYS else [8 * 3600]
+        for n, hour in enumerate(hours):
+            if day == 33:
+                state["cap"] = False
+            if day in CULPRIT_DAYS and n == 1:
+                state[CULPRIT_DAYS[day]] = True
+            side = None
+            if day in MERGE_DAYS:
+                side = commit(start + hour - 3600, previous)  # the side branch's own commit
+            previous = commit(start + hour, previous, side)
+            kind = CULPRIT_DAYS[day] if day in CULPRIT_DAYS and n == 1 else f"c{day}.{n}"
+            marks.append((previous, kind))
+            plan[str(previous)] = {
+                "step_ms": 5.0 * (1.3 if state["slow"] else 1.0) * float(np.exp(rng.normal(0, 0.02))),
+                "cap_tokens": 128 if state["cap"] else None,
+                "acceptance_prob": 0.05 if state["lost"] else 0.9,
+                "seed": int(rng.integers(1 << 30)),
+                "ttft_ms": 150.0,  # the loaded box stalls a request's start by up to ~40 ms
+            }
+        marks.append((previous, f"nightly-{day}"))
+    path.mkdir(parents=True)
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "PATH": "/usr/bin:/bin"}
+    subprocess.run(["git", "-C", str(path), "init", "-q", "-b", "main"], check=True, env=env)
+    subprocess.run(
+        ["git", "-C", str(path), "fast-import", "--quiet", f"--export-marks={path.parent / 'marks'}"],
+        input="\n".join(stream) + "\n", text=True, check=True, env=env,
+    )  # fmt: skip
+    subprocess.run(["git", "-C", str(path), "checkout", "-q", "main"], check=True, env=env)
+    sha_of = dict(line.split() for line in (path.parent / "marks").read_text().splitlines())
+    plan_path.write_text(json.dumps({sha_of[f":{m}"]: settings for m, settings in plan.items()}))
+    return {kind: sha_of[f":{m}"] for m, kind in marks}
+
+
+def test_nightly_over_sixty_simulated_nightlies_finds_classifies_and_bisects(db: str, tmp_path: Path) -> None:
+    """`track nightly --auto` over the generated history: exactly the cap (bisected to the commit that
+    brought it, closed by its fix), the slowdown and the lost speedup, each bisected to the commit
+    that brought it, and nothing else; the unbuildable build is skipped, the missing days are gaps."""
+    shas = _nightly_repo(tmp_path / "vllm", tmp_path / "plan.json", seed=0)
+    serve = f"{sys.executable} {NIGHTLY_SIM} --plan {tmp_path / 'plan.json'} {{commit}} {{port}}"
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / shas[f"nightly-{UNBUILDABLE_DAY}"]).touch()
+    build = f"test ! -e {tmp_path / 'broken'}/{{commit}}"  # the build step fails for that one commit
+    done = itlaudit(
+        "track", "nightly", "--db", db, "--since", "2026-09-01", "--auto", "--out", str(tmp_path / "n"),
+        "--provider", "command", "--repo", str(tmp_path / "vllm"), "--server-cmd", serve,
+        "--build-cmd", build, "--scenario", str(NIGHTLY_SCENARIO), "--ready-timeout", "30",
+        "--min-effect", "0.2",  # the planted steps are 30 % and more; the box's load moves timings ~15 %
+    )  # fmt: skip
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "nightly: 54 build(s) probed, 1 skipped" in done.stdout, done.stdout + done.stderr
+    code, everything = _check(db, "--all", "--min-effect", "0.2")
+    # A newest build alone off its series is suspected, not an alarm (it waits for another trial); a
+    # client saturated by the loaded 2-core box is a client change, never a speed one (as above).
+    changes = [c for c in everything if c["state"] != "suspected" and c["class"] != "client"]
+    found = [(c["class"], c["kind"], c["signals"].get("culprit")) for c in changes]
+    assert found == [
+        ("length/cap", "regression", shas["cap"]),
+        ("length/cap", "fix", None),
+        ("speed", "regression", shas["slow"]),
+        ("speedup", "regression", shas["lost"]),
+    ], done.stdout
+    cap, fix, slow, speedup = changes
+    assert cap["summary"].startswith("output length changed: capped at 128 tokens from build")
+    assert cap["closed_by"] == fix["build"] and fix["build"].endswith(shas["nightly-33"][:12])
+    assert "output length restored" in fix["summary"]
+    for change, kind in ((cap, "cap"), (slow, "slow"), (speedup, "lost")):
+        assert change["build"].endswith(shas[kind][:12]), change
+    assert {e["variant"] for e in speedup["evidence"]} == {"K3"}
+    assert done.returncode == code == 1  # the slowdown and the lost speedup are open
+
+
+def test_incremental_check_searches_only_families_with_new_points(tmp_path: Path) -> None:
+    """A second family untouched by last night keeps its cached changes (its cache row is not
+    rewritten); the family with a new build is searched again; the answer is the full check's."""
+    db = str(tmp_path / "h.sqlite")
+    other = {**FAMILY, "model": "other"}
+    history = open_history(db)
+    history.add_rows(sixty_nightlies(0))
+    history.add_rows([replace(p, series_fingerprint=other) for p in sixty_nightlies(1)])
+    first = history.check()
+    with history.engine.connect() as conn:
+        before = dict(conn.execute(check_cache_table.select().with_only_columns(
+            check_cache_table.c.family, check_cache_table.c.signature)).all())  # fmt: skip
+    rng = np.random.default_rng(9)
+    history.add_rows([synthetic_point(FAMILY, "K0", 61, rng, itl_ms=26, acceptance=1, output_len=256)])
+    again = history.check()
+    with history.engine.connect() as conn:
+        after = dict(conn.execute(check_cache_table.select().with_only_columns(
+            check_cache_table.c.family, check_cache_table.c.signature)).all())  # fmt: skip
+        conn.execute(check_cache_table.delete())
+        conn.commit()
+    full = history.check()
+    history.close()
+    families = {c.family for c in first}
+    assert len(families) == 2 and len(first) == 8
+    changed = [f for f in families if before[f] != after[f]]
+    assert len(changed) == 1 and {c.family for c in first if c.order == 25} == families
+    assert [c.to_json() for c in again] == [c.to_json() for c in full]
+
+
+def test_nightly_with_no_buildable_new_build_exits_125(tmp_path: Path) -> None:
+    """git bisect run's 'cannot tell': every new build failed to build, so nothing was measured."""
+    commits = tmp_path / "commits.txt"
+    commits.write_text("".join(f"{n:040x}\n" for n in range(1, 4)))
+    args = (
+        "track", "nightly", "--db", str(tmp_path / "h.sqlite"), "--last", "2", "--out", str(tmp_path / "n"),
+        "--provider", "command", "--commits-file", str(commits), "--scenario", str(NIGHTLY_SCENARIO),
+        "--server-cmd", "unused {commit} {port}", "--build-cmd", "false {commit}",
+    )  # fmt: skip
+    done = itlaudit(*args)
+    assert done.returncode == 125, done.stdout + done.stderr
+    assert "nightly: 0 build(s) probed, 2 skipped" in done.stdout
+    again = itlaudit(*args)
+    # The same builds are not tried again: nothing new, nothing to tell.
+    assert again.returncode == 0 and "nightly: 0 new build(s) of 2 in range" in again.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["track", "nightly", "--provider", "command", "--server-cmd", "x"], "give --since DATE or --last N"),
+        (
+            ["track", "nightly", "--since", "2026-11-01", "--provider", "command", "--server-cmd", "x",
+             "--commits-file", "{tmp}/c.txt"],
+            "--since needs commit dates",
+        ),
+        (["track", "nightly", "--last", "3", "--provider", "command"], "needs --server-cmd"),
+        (["track", "nightly", "--last", "3", "--provider", "nosuch"], "nosuch"),
+        (["track", "bisect", "0123456789"], "no such change"),
+    ],
+)  # fmt: skip
+def test_nightly_and_bisect_bad_input_is_one_line_exit_2(tmp_path: Path, args: list[str], says: str) -> None:
+    (tmp_path / "c.txt").write_text(f"{'a' * 40}\n")
+    db = ["--db", str(tmp_path / "h.sqlite")]
+    result = CliRunner().invoke(app, [a.replace("{tmp}", str(tmp_path)) for a in args] + db)
+    assert result.exit_code == 2, result.output
+    assert says in result.stderr and "Traceback" not in result.output
+
+
+def test_a_change_no_nightly_probed_cannot_be_bisected(tmp_path: Path) -> None:
+    """Points added by `track add` carry no provider: `track bisect` says how to get the builds."""
+    db = str(tmp_path / "h.sqlite")
+    history = open_history(db)
+    history.add_rows(sixty_nightlies(0))
+    slow = next(c for c in history.check() if c.change_class == "speed")
+    history.close()
+    result = CliRunner().invoke(app, ["track", "bisect", slow.id, "--db", db])
+    assert result.exit_code == 2
+    assert "were not probed by `track nightly`" in result.stderr and "Traceback" not in result.output
+
+
+def test_a_recovered_ttft_does_not_close_a_slower_token_itl(tmp_path: Path) -> None:
+    """TTFT rises at 10 and recovers at 30; token ITL rises at 20 and stays: the ITL regression is
+    still open (a later speed improvement closes only a regression of the same series)."""
+    rng = np.random.default_rng(13)
+    points = []
+    for b in range(1, 41):
+        p = synthetic_point(
+            FAMILY, "K0", b, rng, itl_ms=20 * (1.3 if b >= 20 else 1), acceptance=1, output_len=64
+        )
+        slow_start = 1.6 if 10 <= b < 30 else 1.0
+        points.append(
+            replace(p, samples={**p.samples, "ttft_ms": [v * slow_start for v in p.samples["ttft_ms"]]})
+        )
+    db = str(tmp_path / "h.sqlite")
+    history = open_history(db)
+    history.add_rows(points)
+    history.close()
+    code, changes = _check(db, "--all")
+    itl = next(c for c in changes if c["order"] == 20)
+    assert itl["kind"] == "regression" and itl["closed_by"] is None
+    assert [(c["order"], c["kind"]) for c in changes if c["order"] in (10, 30)] == [
+        (10, "regression"),
+        (30, "improvement"),
+    ]
+    assert code == 1
