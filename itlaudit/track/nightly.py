@@ -68,8 +68,8 @@ EXIT_NOTHING_PROBED = 125
 PROBED, SKIPPED, FAILED = "probed", "skipped", "failed"
 # The bisect verdict each change class is bisected with; other classes are not a build's doing alone.
 _VERDICT = {LENGTH_CAP: "truncation", SPEED: "itl", SPEEDUP_CLASS: "speedup"}
-# Settings that name one bisection, not the source of builds.
-_PER_RUN = ("good", "bad", "regress", "threshold", "variants", "trials", "find_fix", "script")
+# Settings that name one bisection's range, not the source of builds.
+_RANGE = ("good", "bad")
 
 
 @dataclass(frozen=True)
@@ -97,8 +97,13 @@ class NightlyResult:
 
 
 def source_key(settings: Settings) -> str:
-    """What makes two nightlies the same source of builds: the settings but the bisection's own."""
-    return digest({k: v for k, v in settings.to_json().items() if k not in _PER_RUN})
+    """What makes two nightlies the same source of builds: the settings but a range (provider, its
+    options, scenario, variants, build and server commands)."""
+    return digest(_template(settings))
+
+
+def _template(settings: Settings) -> dict[str, Any]:
+    return {k: v for k, v in settings.to_json().items() if k not in _RANGE}
 
 
 def _git(repo: str, *args: str) -> list[str]:
@@ -249,8 +254,7 @@ def nightly(
             )
     finally:
         prefetcher.close()
-    template = {k: v for k, v in settings.to_json().items() if k not in ("good", "bad")}
-    history.set_source(families, {**template, "out_dir": str(out_dir)})
+    history.set_source(families, {**_template(settings), "out_dir": str(out_dir)})
     result.changes = history.check(check)
     return result
 
