@@ -135,6 +135,9 @@ def test_sweep_trials_auto_stops_a_quiet_point_early_and_states_its_interval(
     assert stopped["converged"] and stopped["metric"] == "itl_ms p50"
     assert stopped["interval"]["trials"] == point["trials"] and stopped["interval"]["width_pct"] <= 15
     assert f"95% CI over {point['trials']} trials" in result.stderr
+    report = (out / "report.md").read_text()
+    assert f"- A concurrency 1: itl_ms p50 {stopped['interval']['mean']:.4g} ms [" in report
+    assert "Trials until the interval closed" in (out / "report.html").read_text()
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ SURFACE = Surface(
             "DEFAULT_MAX_TRIALS",
             "DEFAULT_MIN_TRIALS",
             "ConvergenceRule",
+            "Interval",
         ),
         "derive": (
             "derive_request",

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from itlaudit.analysis.convergence import Interval
 from itlaudit.analysis.sweep import SweepResult
 from itlaudit.model.vocabulary import LoadAxis
 from itlaudit.report.html import figure_html, inline_markdown, page_html, table_html
@@ -79,6 +80,24 @@ EXPLANATION = (
 )
 
 
+def convergence_lines(sweep: SweepResult) -> list[str]:
+    """--trials auto: per point, the interval its trials reached and why they stopped."""
+    lines = []
+    for variant, points in sweep.variants.items():
+        for point in points:
+            stopped = point.get("convergence")
+            if not isinstance(stopped, dict) or not isinstance(stopped.get("interval"), dict):
+                continue
+            found = stopped["interval"]
+            keys = ("mean", "low", "high", "confidence", "trials")
+            interval = Interval(**{key: found[key] for key in keys}).text(" ms")
+            lines.append(
+                f"{variant} {sweep.axis} {point.get(sweep.axis)}: {stopped.get('metric')} {interval}; "
+                f"{stopped.get('reason')}"
+            )
+    return lines
+
+
 def render_markdown(sweep: SweepResult, images: Sequence[tuple[str, Path]]) -> str:
     lines = [f"# itlaudit sweep: {sweep.scenario}", ""]
     lines += [f"- {sentence}" for sentence in sweep.headline] or [
@@ -90,6 +109,9 @@ def render_markdown(sweep: SweepResult, images: Sequence[tuple[str, Path]]) -> s
     lines += ["", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(sweep)]
     lines += ["", EXPLANATION, ""]
+    if trials := convergence_lines(sweep):
+        lines += ["Trials until the interval closed (`--trials auto`):", ""]
+        lines += [f"- {line}" for line in trials] + [""]
     lines += [f"![{caption}]({path.name})\n" for caption, path in images]
     return "\n".join(lines) + "\n"
 
@@ -101,6 +123,9 @@ def render_html(sweep: SweepResult, images: Sequence[tuple[str, bytes]]) -> str:
     figures = [figure_html(caption, png) for caption, png in images]
     parts += figures[:1]
     parts += [table_html(HEADER, table_rows(sweep)), f"<p>{inline_markdown(EXPLANATION)}</p>"]
+    if trials := convergence_lines(sweep):
+        items = "".join(f"<li>{html.escape(line)}</li>" for line in trials)
+        parts.append(f"<p>Trials until the interval closed (--trials auto):</p><ul>{items}</ul>")
     parts += figures[1:]
     return page_html(f"itlaudit sweep: {sweep.scenario}", parts)
 
