@@ -32,6 +32,7 @@ from itlaudit.analysis.specdecode import DRAFTS
 from itlaudit.capture.metrics_sampler import MetricsSampler
 from itlaudit.model.codes import SPEC_DECODE_METRICS_DISAGREE
 from itlaudit.model.launch import LaunchSpec
+from itlaudit.report.diff import why_it_moved
 from itlaudit.report.markdown import server_rows, server_section
 from itlaudit.report.plots import VariantView, plot_server_timeline
 from itlaudit.serve.launcher import launch
@@ -273,3 +274,11 @@ def test_sim_command_line_lies_and_the_run_says_so(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "spec_decode_metrics_disagree" in (out / "report.md").read_text()
     assert len([f for f in _findings(out) if f["code"] == SPEC_DECODE_METRICS_DISAGREE]) == 3
+
+
+def test_diff_lists_why_it_moved_with_both_figures() -> None:
+    moved = signal_changes({"k3": {"preemptions": 2.0}}, {"k3": {"preemptions": 40.0}})
+    lines = why_it_moved(moved)
+    assert lines[0] == "### Why it moved"
+    assert "| k3 | preemptions | 2 | 40 | 20.00× |" in lines
+    assert why_it_moved([]) == []

@@ -232,7 +232,7 @@ SIGNALS: tuple[tuple[str, str, str], ...] = (
     ("running_max", "running requests max", "{:g}"),
     ("waiting_max", "waiting requests max", "{:g}"),
     ("preemptions", "preemptions", "{:g}"),
-    ("queue_time_mean_s", "time in the waiting queue, mean", "{:.3f} s"),
+    ("queue_time_mean_s", "time in the waiting queue, mean", "{:.3g} s"),
     ("prefix_hit_rate", "prefix-cache hit rate", "{:.1%}"),
     ("server_acceptance_length", "acceptance length (server, per request)", "{:.2f}"),
     ("gpu_sm_clock_p50_mhz", "GPU SM clock p50", "{:.0f} MHz"),
