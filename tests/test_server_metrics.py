@@ -282,3 +282,20 @@ def test_diff_lists_why_it_moved_with_both_figures() -> None:
     assert lines[0] == "### Why it moved"
     assert "| k3 | preemptions | 2 | 40 | 20.00× |" in lines
     assert why_it_moved([]) == []
+
+
+def test_itlaudit_diff_says_why_it_moved(tmp_path: Path) -> None:
+    """Two runs of one workload, the second against a server that seats one request at a time: the
+    diff's figures move, and its last section names the waiting queue that moved them."""
+    outs = []
+    for name, seats in (("base", None), ("new", 1)):
+        with sim_server(SimConfig(step_ms=3, max_num_seqs=seats)) as url:
+            out = tmp_path / name
+            flags = ["--num-prompts", "4", "--max-concurrency", "4", "--max-tokens", "40", "--out", str(out)]
+            result = itlaudit("run", "--url", url, "--metrics-period", "0.05", *flags)
+            assert result.returncode == 0, result.stderr
+            outs.append(str(out))
+    result = itlaudit("diff", *outs)
+    assert result.returncode == 0, result.stderr
+    section = result.stdout.split("### Why it moved", 1)[1]
+    assert "| waiting requests max | 0 |" in section and "time in the waiting queue, mean" in section

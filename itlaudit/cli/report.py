@@ -17,6 +17,7 @@ from rich.console import Console
 
 from itlaudit.analysis.importers import ImportedBenchmark, parse_import
 from itlaudit.analysis.run_diff import diff_runs, workload_differences, workload_of
+from itlaudit.analysis.server_metrics import signal_changes
 from itlaudit.cli.options import choices
 from itlaudit.errors import RecordsError
 from itlaudit.model.vocabulary import Shift
@@ -26,6 +27,7 @@ from itlaudit.report.progress import Reporter
 from itlaudit.store.export import CHUNK_FORMATS, write_chunks
 from itlaudit.store.lock import refuse_if_live
 from itlaudit.store.rundir import PARTIAL_DIR
+from itlaudit.store.server_metrics import server_blocks
 from itlaudit.workflows.report import Run, combine_runs, load_run, report_runs, still_written
 
 __all__ = ["FAIL_ON", "LiveOption", "diff", "export", "load_import", "out", "report"]
@@ -159,7 +161,8 @@ def diff(
             "a diff would compare unlike things: pass --force to compare anyway"
         )
     result = diff_runs(base.records, new.records, threshold=threshold, alpha=alpha)
-    text = render_diff(result, str(base_dir), str(new_dir))
+    moved = signal_changes(server_blocks(base.path, base.records), server_blocks(new.path, new.records))
+    text = render_diff(result, str(base_dir), str(new_dir), moved)
     if partial:
         still = "; ".join(partial)
         text = f"> **{PARTIAL_HEADING}**: {still}, so these are its finished requests only.\n\n{text}"
