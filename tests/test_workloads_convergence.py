@@ -179,3 +179,38 @@ def test_diff_states_the_ratio_interval_beside_the_p_value() -> None:
     assert low < 1 < high
     table = render_diff(slower, "a", "b")
     assert "| ratio | 95% CI | p |" in table and f"[{itl.ratio_interval[0]:.3f}, " in table
+
+
+def test_run_trials_auto_repeats_the_scenario_until_each_variant_is_clear(tmp_path: Path) -> None:
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(
+        'name = "t"\nendpoint = "completions"\n[workload]\n'
+        'prompts = ["Tell me about the sea, in a sentence."]\nnum_requests = 4\nmax_tokens = 12\n'
+        'ignore_eos = true\n[[variants]]\nname = "A"\n',
+        encoding="utf-8",
+    )
+    out = tmp_path / "trials"
+    flags = (
+        "--trials",
+        "auto",
+        "--ci-width",
+        "15",
+        "--max-trials",
+        "5",
+        "--ledger",
+        str(tmp_path / "l.jsonl"),
+    )
+    with app_on_thread(make_app(SimConfig(step_ms=4.0, ttft_ms=10.0))) as url:
+        result = itlaudit("run", str(scenario), "--url", url, "--out", str(out), *flags)
+    assert result.returncode == 0, result.stderr
+    kept = json.loads((out / "trials.json").read_text())
+    ran = kept["trials"]
+    assert ran == [f"t{n}" for n in range(1, len(ran) + 1)] and 3 <= len(ran) < 5
+    assert all((out / name / "summary.json").is_file() for name in ran)
+    variant = kept["variants"]["A"]
+    assert variant["converged"] and len(variant["figures"]) == len(ran)
+    assert f"A: itl_ms p50 {variant['interval']['mean']:.4g} ms [" in result.stdout
+    fixed = itlaudit(
+        "run", str(scenario), "--url", "http://127.0.0.1:9", "--trials", "2", "--save-result", "r.json"
+    )
+    assert fixed.returncode == 2 and "--trials makes one per trial" in fixed.stderr

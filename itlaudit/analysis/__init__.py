@@ -18,6 +18,9 @@ SURFACE = Surface(
             "DEFAULT_MIN_TRIALS",
             "ConvergenceRule",
             "Interval",
+            "Progress",
+            "mean_interval",
+            "trials_settings",
         ),
         "derive": (
             "derive_request",

@@ -17,9 +17,12 @@ import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+from itlaudit.model.schedule import LONGEST_SCHEDULE_S
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "DEFAULT_CI_WIDTH_PCT",
@@ -30,6 +33,7 @@ __all__ = [
     "Progress",
     "mean_interval",
     "median_ratio_interval",
+    "trials_settings",
 ]
 
 DEFAULT_CI_WIDTH_PCT = 5.0  # the interval's full width as a % of the mean: a 5 % move stands out
@@ -77,6 +81,8 @@ class Interval:
 def mean_interval(values: Sequence[float], confidence: float = 0.95, seed: int = 0) -> Interval | None:
     """The bootstrap interval of the mean of `values` (None for fewer than two finite ones). Equal
     values have an interval of no width (the bootstrap would divide by zero to say so)."""
+    import numpy as np  # numpy and scipy load when trials are judged, not when the CLI starts
+
     data = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
     if len(data) < 2:
         return None
@@ -109,6 +115,8 @@ def median_ratio_interval(
     """The bootstrap interval (percentile, each side resampled on its own) of median(new) /
     median(base), the ratio `diff` reports beside its p-value; None with fewer than two finite
     values a side or a base median of 0."""
+    import numpy as np
+
     b = np.asarray([v for v in base if v is not None and math.isfinite(v)], dtype=float)
     n = np.asarray([v for v in new if v is not None and math.isfinite(v)], dtype=float)
     if len(b) < 2 or len(n) < 2 or np.median(b) == 0:
@@ -188,3 +196,24 @@ class ConvergenceRule:
             )
             return Progress(True, False, reason, interval)
         return Progress(False, False, f"{trials} of at most {self.max_trials} trials", interval)
+
+
+def trials_settings(
+    trials: str, ci_width: float, max_trials: int, cooldown: float
+) -> tuple[int, dict[str, Any] | None]:
+    """The --trials N|auto, --ci-width, --max-trials and --cooldown flags as (the most trials, the
+    rule's settings or None for a fixed count); a bad one raises ValueError with its one line."""
+    if trials != "auto":
+        if not trials.isdigit() or int(trials) < 1:
+            raise ValueError(f"--trials {trials}: must be a whole number of at least 1, or auto")
+        return int(trials), None
+    try:
+        ConvergenceRule(ci_width_pct=ci_width, min_trials=DEFAULT_MIN_TRIALS, max_trials=max_trials)
+    except ValueError as exc:
+        raise ValueError(
+            f"--trials auto: {exc} (--ci-width above 0, --max-trials at least {DEFAULT_MIN_TRIALS})"
+        ) from None
+    if not 0 <= cooldown <= LONGEST_SCHEDULE_S:
+        raise ValueError(f"--cooldown {cooldown:g}: must be within [0, {LONGEST_SCHEDULE_S:g}] s")
+    settings = {"ci_width_pct": ci_width, "min_trials": DEFAULT_MIN_TRIALS, "max_trials": max_trials}
+    return max_trials, {**settings, "metric": "itl_ms", "cooldown_s": cooldown}

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeAlias, TypeVar
 
 import typer
 
+from itlaudit.analysis.convergence import DEFAULT_CI_WIDTH_PCT, DEFAULT_MAX_TRIALS
 from itlaudit.capture.metrics_sampler import DEFAULT_PERIOD_S
 from itlaudit.capture.runner import CaptureOptions
 from itlaudit.capture.telemetry import Telemetry
@@ -29,15 +30,21 @@ from itlaudit.model.scenario import ScenarioFlags
 
 __all__ = [
     "CAPTURE",
+    "DEFAULT_CI_WIDTH_PCT",
+    "DEFAULT_MAX_TRIALS",
     "WORKLOAD",
     "ApiKeyOption",
     "CaCertOption",
+    "CiWidthOption",
     "ClusterOption",
+    "CooldownOption",
     "HeaderOption",
     "InsecureOption",
+    "MaxTrialsOption",
     "PlotsOption",
     "ScenarioArgument",
     "StampOption",
+    "TrialsOption",
     "UrlOption",
     "VariantOption",
     "WorkersOption",
@@ -126,6 +133,22 @@ PlotsOption = Annotated[
         "the seconds of loading matplotlib and drawing are not spent.",
     ),
 ]
+
+# --trials N|auto and its rule's flags, the same on `run` and `sweep` (analysis.convergence.trials_settings
+# reads them).
+TrialsOption = Annotated[
+    str,
+    typer.Option(
+        metavar="N|auto",
+        help="Trials: N runs, or auto: until the 95% CI of each one's mean p50 token ITL is --ci-width % "
+        "of it wide (3 trials at least, --max-trials at most).",
+    ),
+]
+CiWidthOption = Annotated[
+    float, typer.Option(metavar="PCT", help="--trials auto: the interval's width, % of the mean.")
+]
+MaxTrialsOption = Annotated[int, typer.Option(metavar="N", help="--trials auto: the most trials.")]
+CooldownOption = Annotated[float, typer.Option(metavar="S", help="Seconds the server idles between trials.")]
 
 
 # --- Capture and access ----------------------------------------------------------------------------

@@ -12,8 +12,21 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 
+from itlaudit.analysis.convergence import trials_settings
 from itlaudit.capture.runner import CaptureOptions
-from itlaudit.cli.options import PlotsOption, ScenarioArgument, capture_options, with_options, workload_flags
+from itlaudit.cli.options import (
+    DEFAULT_CI_WIDTH_PCT,
+    DEFAULT_MAX_TRIALS,
+    CiWidthOption,
+    CooldownOption,
+    MaxTrialsOption,
+    PlotsOption,
+    ScenarioArgument,
+    TrialsOption,
+    capture_options,
+    with_options,
+    workload_flags,
+)
 from itlaudit.errors import ItlauditError
 from itlaudit.model.run_labels import RunLabels, parse_metadata
 from itlaudit.model.scenario import Scenario, ScenarioFlags, build_scenario, parse_scenario, scenario_toml
@@ -186,6 +199,10 @@ def run(
     fail_on_findings: Annotated[
         bool, typer.Option("--fail-on-findings", help="Exit 1 when any finding fires.")
     ] = False,
+    trials: TrialsOption = "1",
+    ci_width: CiWidthOption = DEFAULT_CI_WIDTH_PCT,
+    max_trials: MaxTrialsOption = DEFAULT_MAX_TRIALS,
+    cooldown: CooldownOption = 0.0,
     *,
     settings: RunSettings,
     flags: ScenarioFlags,
@@ -196,6 +213,17 @@ def run(
     replaces the key it names)."""
     from itlaudit.workflows.run import run_scenario
 
+    try:
+        count, convergence = trials_settings(trials, ci_width, max_trials, cooldown)
+    except ValueError as exc:
+        raise ItlauditError(str(exc)) from None
+    if count > 1 or convergence is not None:
+        findings = _run_trials(
+            settings.scenario(scenario, flags), settings, flags, capture, count, convergence
+        )
+        if fail_on_findings and findings:
+            raise typer.Exit(1)
+        return
     with settings.reporting():
         outcome = run_scenario(
             settings.scenario(scenario, flags), **settings.run_kwargs(flags), capture=capture
@@ -205,6 +233,43 @@ def run(
     _track(settings, outcome.run_dir)
     if fail_on_findings and outcome.finding_count:
         raise typer.Exit(1)
+
+
+def _run_trials(
+    scenario: Scenario,
+    settings: RunSettings,
+    flags: ScenarioFlags,
+    capture: CaptureOptions,
+    count: int,
+    convergence: dict[str, Any] | None,
+) -> int:
+    """--trials N|auto: each trial a run folder under one (--out, else reports/<scenario>-trials-<time>),
+    then per variant its interval and why the trials stopped (workflows.trials); the findings of all
+    trials are counted."""
+    from itlaudit.workflows.run import run_scenario
+    from itlaudit.workflows.trials import TRIALS_FILE, run_trials
+
+    if settings.append or settings.save_result or settings.track:
+        raise ItlauditError(
+            "--append, --save-result and --track take one run folder; --trials makes one per trial: "
+            "run them on a trial's folder (itlaudit track add, itlaudit report)"
+        )
+    kwargs = settings.run_kwargs(flags)
+
+    def run_one(folder: Path) -> RunOutcome:
+        with settings.reporting():
+            outcome = run_scenario(scenario, **{**kwargs, "run_dir": folder}, capture=capture)
+        _print_outcome(outcome)
+        return outcome
+
+    done = run_trials(scenario, run_one, count=count, convergence=convergence, folder=settings.run_dir)
+    for name, progress in done.progress.items():
+        interval = progress.interval.text(" ms") if progress.interval is not None else "no interval"
+        out.print(
+            f"{name}: itl_ms p50 {interval}; {progress.reason}", markup=False, highlight=False, soft_wrap=True
+        )
+    out.print(f"trials: {done.folder / TRIALS_FILE}", markup=False, highlight=False, soft_wrap=True)
+    return sum(outcome.finding_count for outcome in done.outcomes)
 
 
 @with_options("capture", capture_options)

@@ -3,23 +3,28 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from itlaudit.analysis.convergence import (
-    DEFAULT_CI_WIDTH_PCT,
-    DEFAULT_MAX_TRIALS,
-    DEFAULT_MIN_TRIALS,
-    ConvergenceRule,
-)
+from itlaudit.analysis.convergence import trials_settings
 from itlaudit.analysis.sweep import parse_goodput, parse_points, parse_sla
 from itlaudit.capture.runner import CaptureOptions
-from itlaudit.cli.options import ScenarioArgument, capture_options, with_options, workload_flags
+from itlaudit.cli.options import (
+    DEFAULT_CI_WIDTH_PCT,
+    DEFAULT_MAX_TRIALS,
+    CiWidthOption,
+    CooldownOption,
+    MaxTrialsOption,
+    ScenarioArgument,
+    TrialsOption,
+    capture_options,
+    with_options,
+    workload_flags,
+)
 from itlaudit.errors import SweepError
 from itlaudit.model.scenario import ScenarioFlags, build_scenario
-from itlaudit.model.schedule import LONGEST_SCHEDULE_S
 from itlaudit.model.vocabulary import LoadAxis
 
 __all__ = ["err", "out", "sweep"]
@@ -42,23 +47,10 @@ def sweep(
         list[str] | None,
         typer.Option(metavar="NAME", help="Sweep only this variant (repeat; in this order)."),
     ] = None,
-    trials: Annotated[
-        str,
-        typer.Option(
-            metavar="N|auto",
-            help="Runs per point; their spread becomes error bars. auto: until the 95% CI of the mean "
-            "p50 token ITL is --ci-width % of it wide (3 trials at least, --max-trials at most).",
-        ),
-    ] = "1",
-    ci_width: Annotated[
-        float, typer.Option(metavar="PCT", help="--trials auto: the interval's width, % of the mean.")
-    ] = DEFAULT_CI_WIDTH_PCT,
-    max_trials: Annotated[int, typer.Option(metavar="N", help="--trials auto: the most trials.")] = (
-        DEFAULT_MAX_TRIALS
-    ),
-    cooldown: Annotated[
-        float, typer.Option(metavar="S", help="--trials auto: seconds idle between a point's trials.")
-    ] = 0.0,
+    trials: TrialsOption = "1",
+    ci_width: CiWidthOption = DEFAULT_CI_WIDTH_PCT,
+    max_trials: MaxTrialsOption = DEFAULT_MAX_TRIALS,
+    cooldown: CooldownOption = 0.0,
     sla: Annotated[
         str | None,
         typer.Option(metavar="SLA", help="e.g. 'tpot_p99_ms<=20,ttft_p99_ms<=500': highest load meeting it."),
@@ -92,7 +84,10 @@ def sweep(
         raise SweepError("give exactly one of --concurrency 1,2,4,... or --rate 1,2,4,...")
     axis = LoadAxis.CONCURRENCY if concurrency is not None else LoadAxis.RATE
     values = parse_points(concurrency or rate or "", axis)
-    count, convergence = _trials(trials, ci_width, max_trials, cooldown)
+    try:
+        count, convergence = trials_settings(trials, ci_width, max_trials, cooldown)
+    except ValueError as exc:
+        raise SweepError(str(exc)) from None
     if sla is not None:
         parse_sla(sla)
     precision = (
@@ -128,24 +123,3 @@ def sweep(
     for sentence in result.headline:
         out.print(sentence, markup=False)
     out.print(f"sweep: {sweep_dir / 'report.md'}", markup=False)
-
-
-def _trials(
-    trials: str, ci_width: float, max_trials: int, cooldown: float
-) -> tuple[int, dict[str, Any] | None]:
-    """--trials N, or auto: the convergence rule's settings (analysis.convergence), checked here so
-    a bad one is one line before any server starts."""
-    if trials != "auto":
-        if not trials.isdigit() or int(trials) < 1:
-            raise SweepError(f"--trials {trials}: must be a whole number of at least 1, or auto")
-        return int(trials), None
-    try:
-        ConvergenceRule(ci_width_pct=ci_width, min_trials=DEFAULT_MIN_TRIALS, max_trials=max_trials)
-    except ValueError as exc:
-        raise SweepError(
-            f"--trials auto: {exc} (--ci-width above 0, --max-trials at least {DEFAULT_MIN_TRIALS})"
-        ) from None
-    if not 0 <= cooldown <= LONGEST_SCHEDULE_S:
-        raise SweepError(f"--cooldown {cooldown:g}: must be within [0, {LONGEST_SCHEDULE_S:g}] s")
-    settings = {"ci_width_pct": ci_width, "min_trials": DEFAULT_MIN_TRIALS, "max_trials": max_trials}
-    return max_trials, {**settings, "metric": "itl_ms", "cooldown_s": cooldown}

@@ -47,6 +47,10 @@ SURFACE = Surface(
             "run_sweep",
             "selected_variants",
         ),
+        "trials": (
+            "TRIALS_FILE",
+            "run_trials",
+        ),
         "variant_pass": ("VariantPass",),
     },
 )
