@@ -129,3 +129,34 @@ def test_telemetry_flags_are_checked() -> None:
         Telemetry.from_flags(0)
     with pytest.raises(ScenarioError, match="--gpu 'a': give GPU indices"):
         Telemetry.from_flags(gpu="a")
+
+
+NVML_H200 = Path(__file__).parent / "fixtures" / "gpu" / "nvml-h200"
+
+
+def test_real_nvml_on_the_h200_reads_idle_then_a_power_capped_load(tmp_path: Path) -> None:
+    """tests/fixtures/gpu/nvml-h200: a run's window read through the real NVML while a matmul loop loaded
+    the GPU part-way through. The rows sit on the capture's clock beside the /metrics rows, the figures
+    span idle and load, every throttle reason NVML gave is named, and the timeline draws the GPU clock."""
+    from itlaudit.analysis.server_metrics import gpu_figures
+    from itlaudit.report.plots import VariantView, _server_panels, plot_server_timeline
+    from itlaudit.store.server_metrics import read_telemetry
+
+    telemetry = read_telemetry(NVML_H200)
+    gpu, server = telemetry["gpu"]["truth"], telemetry["server"]["truth"]
+    samples = [r for r in gpu if "t_ns" in r]
+    assert len(samples) >= 40 and all(set(r["gpus"]) == {"0"} for r in samples)
+    stamps = [r["t_ns"] for r in samples]
+    assert stamps == sorted(stamps)
+    server_stamps = [r["t_ns"] for r in server if "t_ns" in r]
+    assert min(server_stamps) - 2e9 < stamps[0] < max(server_stamps)  # one clock, one window
+    figures = gpu_figures(gpu)
+    assert figures["gpu_sm_clock_min_mhz"] == 345 and figures["gpu_sm_clock_p50_mhz"] >= 1740
+    assert 590 <= figures["gpu_power_max_w"] <= 700 and figures["gpu_util_p50_pct"] < 99
+    assert figures["gpu_throttle"] == ["gpu_idle", "sw_power_cap"]
+    loaded = [r["gpus"]["0"] for r in samples if r["gpus"]["0"]["gpu_util_pct"] >= 95]
+    assert loaded and all("sw_power_cap" in g["throttle"] for g in loaded)
+    view = VariantView("truth", [], {}, telemetry={"server": server, "gpu": gpu})
+    assert _server_panels(view)[-1] == "gpu"
+    png = plot_server_timeline([view], tmp_path / "server_timeline.png")
+    assert png is not None and png.stat().st_size > 10_000
