@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from itlaudit import __version__
 from itlaudit.model.access import Access
@@ -23,7 +23,9 @@ from itlaudit.report.progress import CaptureProgress, Reporter
 from itlaudit.serve.environment import host_environment
 from itlaudit.store.jsonl import RecordWriter
 from itlaudit.store.rundir import META_FILE, REQUESTS_FILE, read_versioned, write_meta
-from itlaudit.workflows.derive import Derivation, derive_figures, write_report
+
+if TYPE_CHECKING:
+    from itlaudit.workflows.derive import Derivation
 
 __all__ = ["META_KEYS", "RunFolder", "TallyWriter", "server_log_name"]
 
@@ -130,6 +132,9 @@ class RunFolder:
         """Derive the folder once: summary.json, derived.jsonl and the CSVs from requests.jsonl, then
         (with `report`) the plots and report.md/html. A caller with more to add before the report
         (compare's compare.json) passes report=False and calls `write_report` itself."""
+        # Here, not at the top: the derivation's stack (pandas, the report) stays off `run --help`'s path.
+        from itlaudit.workflows.derive import derive_figures, write_report
+
         derivation = derive_figures(self.path, title, variant_order, reporter=reporter)
         if report:
             write_report(derivation, reporter=reporter)
