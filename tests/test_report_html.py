@@ -30,7 +30,11 @@ def _run_dir(tmp_path: Path, records: list) -> Path:
 
 def test_html_embeds_every_plot_and_fetches_nothing(tmp_path: Path) -> None:
     run = _run_dir(tmp_path, k0_k3())
-    compare = {"variants": {"K3": {"spec_decode": {"per_position_acceptance": [0.9, 0.8, 0.7]}}}}
+    compare = {  # an unversioned (previous-format) compare.json, as itlaudit wrote them
+        "baseline": "K0",
+        "variants": {"K0": {}, "K3": {"spec_decode": {"per_position_acceptance": [0.9, 0.8, 0.7]}}},
+        "findings": [],
+    }
     (run / "compare.json").write_text(json.dumps(compare))
     sampled = [{"variant": "K3", **row} for row in sampled_window()]
     (run / "server_metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in sampled))
