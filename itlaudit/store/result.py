@@ -50,7 +50,7 @@ PER_REQUEST_ARRAYS = frozenset(
     }
 )
 # vllm bench serve's --backend for each itlaudit endpoint (its result's `backend`/`endpoint_type`).
-BACKENDS = {Endpoint.COMPLETIONS: "openai", Endpoint.CHAT: "openai-chat"}
+BACKENDS: dict[str, str] = {Endpoint.COMPLETIONS: "openai", Endpoint.CHAT: "openai-chat"}  # by endpoint name
 # vllm bench's metric name → summary.json's block["benchmark"] key; `itl` is vllm bench's chunk ITL.
 VLLM_STATISTICS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "itl": "chunk_itl_ms", "e2el": "e2el_ms"}
 # summary.json's block["benchmark"] keys that vllm bench writes under the same name, in its order
