@@ -15,6 +15,7 @@ SURFACE = Surface(
     {
         "bisector": (
             "Bisection",
+            "probe_config",
             "probe_scenario",
         ),
         "build_range": (

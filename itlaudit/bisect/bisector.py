@@ -39,7 +39,7 @@ from itlaudit.model.vocabulary import Verdict
 from itlaudit.report.progress import Reporter, duration
 from itlaudit.serve.launch_config import launch_spec
 
-__all__ = ["Bisection", "probe_scenario"]
+__all__ = ["Bisection", "probe_config", "probe_scenario"]
 
 
 def probe_scenario(settings: Settings) -> tuple[Scenario, dict[str, LaunchSpec]]:
@@ -82,6 +82,25 @@ def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else ""
 
 
+def probe_config(
+    settings: Settings, access: Access = NO_ACCESS, *, max_trials: int | None = None
+) -> ProbeConfig:
+    """What every probe of these settings runs: the scenario's chosen variants, the verdict rule, the
+    trials and the capture options (`access` is the invocation's, never stored). `max_trials`: a
+    nightly probes each build once, so it caps the repeats a bisect step may add."""
+    scenario, specs = probe_scenario(settings)
+    return ProbeConfig(
+        scenario=scenario,
+        specs=specs,
+        regress=settings.regress_rule,
+        threshold=settings.threshold,
+        alpha=settings.alpha,
+        trials=settings.effective_trials,
+        max_trials=settings.max_trials if max_trials is None else max_trials,
+        capture=settings.capture(access),
+    )
+
+
 class Bisection:
     def __init__(self, state: State, bisect_dir: Path, console: Console, access: Access = NO_ACCESS) -> None:
         """`access` (the API key and headers each trial sends) is the invocation's: never stored."""
@@ -89,17 +108,7 @@ class Bisection:
         self.dir = bisect_dir
         self.console = console
         settings = state.settings
-        scenario, specs = probe_scenario(settings)
-        self.config = ProbeConfig(
-            scenario=scenario,
-            specs=specs,
-            regress=settings.regress_rule,
-            threshold=settings.threshold,
-            alpha=settings.alpha,
-            trials=settings.effective_trials,
-            max_trials=settings.max_trials,
-            capture=settings.capture(access),
-        )
+        self.config = probe_config(settings, access)
         provider, self.cache = make_provider(settings, bisect_dir)
         # Under --cluster the nodes prepare the builds they probe; preparing them here too is waste.
         self.prefetcher = Prefetcher(

@@ -29,10 +29,10 @@ from typing import Any
 import msgspec
 from rich.console import Console
 
-from itlaudit.bisect.bisector import Bisection, probe_scenario
+from itlaudit.bisect.bisector import Bisection, probe_config, probe_scenario
 from itlaudit.bisect.build_range import Build, fetch_versions
 from itlaudit.bisect.prefetch import Prefetcher
-from itlaudit.bisect.probe import ProbeConfig, run_probe
+from itlaudit.bisect.probe import run_probe
 from itlaudit.bisect.settings import Settings, list_builds, make_provider
 from itlaudit.bisect.state import State
 from itlaudit.errors import BisectError, TrackError
@@ -215,16 +215,7 @@ def nightly(
     seen = history.builds(source)
     new = [b for b in builds if b.build.ref not in seen]
     result = NightlyResult()
-    scenario, specs = probe_scenario(settings)
-    config = ProbeConfig(
-        scenario=scenario,
-        specs=specs,
-        regress=settings.regress_rule,
-        threshold=settings.threshold,
-        alpha=settings.alpha,
-        trials=settings.effective_trials,
-        max_trials=settings.effective_trials,
-    )
+    config = probe_config(settings, max_trials=settings.effective_trials)
     out_dir.mkdir(parents=True, exist_ok=True)
     provider, _ = make_provider(settings, out_dir)
     prefetcher = Prefetcher(provider, background=False)
