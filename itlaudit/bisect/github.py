@@ -113,7 +113,9 @@ def http_fetch(api: str, repo: str, what: str, timeout_s: float = SIDE_TIMEOUT_S
     return fetch
 
 
-def compare_pages(api: str, repo: str, base: str, head: str, fetch: Fetch) -> tuple[dict[str, Any], list]:
+def compare_pages(
+    api: str, repo: str, base: str, head: str, fetch: Fetch
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The first page's comparison fields and every commit of every page, in the API's order."""
     path = f"/repos/{repo}/compare/{quote(base, safe='')}...{quote(head, safe='')}"
     commits: list[dict[str, Any]] = []
