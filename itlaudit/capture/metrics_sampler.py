@@ -21,6 +21,7 @@ from itlaudit.analysis.server_metrics import Scrape, delta_row, parse_scrape
 from itlaudit.errors import ItlauditError
 from itlaudit.model.access import NO_ACCESS, Access
 from itlaudit.model.formats import stamped
+from itlaudit.model.redact import redact_text, redact_url
 from itlaudit.serve.side_client import BlockingSideClient
 from itlaudit.store.jsonl import RecordWriter
 
@@ -102,7 +103,8 @@ class PeriodicSampler:
             self._failures += 1
             if self.rows == 0 and self._failures >= _GIVE_UP_AFTER:
                 self.gave_up = str(exc)
-            self._writer.write({"t_ns": t_ns, "variant": self.variant, "error": str(exc)})
+            error = redact_text(redact_url(str(exc)))
+            self._writer.write({"t_ns": t_ns, "variant": self.variant, "error": error})
             return
         self._writer.write({"t_ns": t_ns, "variant": self.variant, **row})
         self.rows += 1
@@ -129,7 +131,7 @@ class MetricsSampler(PeriodicSampler):
         self._before: Scrape | None = None
 
     def describe(self) -> dict[str, Any]:
-        return {"url": self.url}
+        return {"url": redact_url(self.url)}  # user:password@ stays out of the file
 
     def sample(self, t_ns: int) -> dict[str, Any]:
         try:
