@@ -25,6 +25,7 @@ from itlaudit.analysis.metrics import (
 )
 from itlaudit.errors import RecordsError
 from itlaudit.model.records import ChunkSeries, RequestParams, RequestRecord, Status
+from itlaudit.model.vocabulary import Endpoint
 from itlaudit.store.jsonl import load_records
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.24.0-cuda"
@@ -49,7 +50,7 @@ def record(*rows: Row, **kwargs: object) -> RequestRecord:
     base: dict = {
         "request_id": "r0",
         "variant": "v",
-        "endpoint": "/v1/completions",
+        "endpoint": Endpoint.COMPLETIONS,
         "url": "http://localhost:8000/v1/completions",
         "model": "tiny",
         "params": RequestParams(max_tokens=16),
