@@ -214,3 +214,31 @@ def test_run_trials_auto_repeats_the_scenario_until_each_variant_is_clear(tmp_pa
         "run", str(scenario), "--url", "http://127.0.0.1:9", "--trials", "2", "--save-result", "r.json"
     )
     assert fixed.returncode == 2 and "--trials makes one per trial" in fixed.stderr
+
+
+def test_compare_trials_repeats_the_whole_compare_and_states_each_variants_interval(tmp_path: Path) -> None:
+    """compare --trials N: each trial a whole compare (its own compare.json), the interval per variant
+    over the trials, as run's are."""
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(
+        'name = "t"\nendpoint = "completions"\n[workload]\n'
+        'prompts = ["Tell me about the sea, in a sentence."]\nnum_requests = 3\nmax_tokens = 12\n'
+        'ignore_eos = true\n[[variants]]\nname = "K0"\n[[variants]]\nname = "K3"\n',
+        encoding="utf-8",
+    )
+    out = tmp_path / "trials"
+    with (
+        app_on_thread(make_app(SimConfig(step_ms=4.0, ttft_ms=10.0))) as k0,
+        app_on_thread(make_app(SimConfig(step_ms=4.0, ttft_ms=10.0, num_speculative_tokens=3))) as k3,
+    ):
+        result = itlaudit(
+            "compare", str(scenario), "--variant", f"K0={k0}", "--variant", f"K3={k3}", "--out", str(out),
+            "--trials", "2", "--ledger", str(tmp_path / "l.jsonl"),
+        )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    kept = json.loads((out / "trials.json").read_text())
+    assert kept["trials"] == ["t1", "t2"]
+    assert all((out / name / "compare.json").is_file() for name in kept["trials"])
+    for name in ("K0", "K3"):
+        assert len(kept["variants"][name]["figures"]) == 2
+        assert f"{name}: itl_ms p50 " in result.stdout

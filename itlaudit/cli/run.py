@@ -4,6 +4,7 @@ the run workflow, print each variant's result block and where the reports are.""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -219,7 +220,7 @@ def run(
         raise ItlauditError(str(exc)) from None
     if count > 1 or convergence is not None:
         findings = _run_trials(
-            settings.scenario(scenario, flags), settings, flags, capture, count, convergence
+            settings.scenario(scenario, flags), settings, flags, capture, count, convergence, run_scenario
         )
         if fail_on_findings and findings:
             raise typer.Exit(1)
@@ -242,11 +243,12 @@ def _run_trials(
     capture: CaptureOptions,
     count: int,
     convergence: dict[str, Any] | None,
+    run_once: Callable[..., RunOutcome],
 ) -> int:
     """--trials N|auto: each trial a run folder under one (--out, else reports/<scenario>-trials-<time>),
-    then per variant its interval and why the trials stopped (workflows.trials); the findings of all
-    trials are counted."""
-    from itlaudit.workflows.run import run_scenario
+    made by `run_once` (run's run_scenario, or compare's pass that returns the outcome first), then per
+    variant its interval and why the trials stopped (workflows.trials); the findings of all trials are
+    counted."""
     from itlaudit.workflows.trials import TRIALS_FILE, run_trials
 
     if settings.append or settings.save_result or settings.track:
@@ -258,7 +260,7 @@ def _run_trials(
 
     def run_one(folder: Path) -> RunOutcome:
         with settings.reporting():
-            outcome = run_scenario(scenario, **{**kwargs, "run_dir": folder}, capture=capture)
+            outcome = run_once(scenario, **{**kwargs, "run_dir": folder}, capture=capture)
         _print_outcome(outcome)
         return outcome
 
@@ -285,6 +287,10 @@ def compare(
             "compare per-token log-likelihoods. Default: for each variant that speculates.",
         ),
     ] = None,
+    trials: TrialsOption = "1",
+    ci_width: CiWidthOption = DEFAULT_CI_WIDTH_PCT,
+    max_trials: MaxTrialsOption = DEFAULT_MAX_TRIALS,
+    cooldown: CooldownOption = 0.0,
     *,
     settings: RunSettings,
     flags: ScenarioFlags,
@@ -295,6 +301,21 @@ def compare(
     baseline (K0)."""
     from itlaudit.workflows.compare import run_compare
 
+    try:
+        count, convergence = trials_settings(trials, ci_width, max_trials, cooldown)
+    except ValueError as exc:
+        raise ItlauditError(str(exc)) from None
+    if count > 1 or convergence is not None:
+
+        def compare_once(scenario: Scenario, **kwargs: Any) -> RunOutcome:
+            # each trial a whole compare (its compare.json in the trial's folder); the interval is
+            # judged on the outcome's summary, as run's trials are
+            return run_compare(scenario, **kwargs, distribution=distribution_audit)[0]
+
+        _run_trials(
+            settings.scenario(scenario, flags), settings, flags, capture, count, convergence, compare_once
+        )
+        return
     with settings.reporting():
         outcome, comparison = run_compare(
             settings.scenario(scenario, flags),
