@@ -94,11 +94,11 @@ url = "{ngram}"
     run_dir = tmp_path_factory.mktemp("gemma-distribution")
     scenario = parse_scenario(text, Path(run_dir) / "gemma-distribution.toml")
     _, comparison = run_compare(scenario, run_dir=run_dir / "run", distribution=True)
-    return comparison
+    return comparison.to_json()  # compare.json's content, as a reader of the file sees it
 
 
 def _row(comparison: dict[str, Any], name: str) -> dict[str, Any]:
-    block = comparison.distribution
+    block = comparison["distribution"]
     assert "skipped" not in block, block["skipped"]
     row: dict[str, Any] = block["variants"][name]
     return row
