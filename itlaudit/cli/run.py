@@ -214,10 +214,7 @@ def run(
     replaces the key it names)."""
     from itlaudit.workflows.run import run_scenario
 
-    try:
-        count, convergence = trials_settings(trials, ci_width, max_trials, cooldown)
-    except ValueError as exc:
-        raise ItlauditError(str(exc)) from None
+    count, convergence = _trials_settings(trials, ci_width, max_trials, cooldown)
     if count > 1 or convergence is not None:
         findings = _run_trials(
             settings.scenario(scenario, flags), settings, flags, capture, count, convergence, run_scenario
@@ -234,6 +231,16 @@ def run(
     _track(settings, outcome.run_dir)
     if fail_on_findings and outcome.finding_count:
         raise typer.Exit(1)
+
+
+def _trials_settings(
+    trials: str, ci_width: float, max_trials: int, cooldown: float
+) -> tuple[int, dict[str, Any] | None]:
+    """--trials/--ci-width/--max-trials/--cooldown read once for run and compare; bad ones are one line."""
+    try:
+        return trials_settings(trials, ci_width, max_trials, cooldown)
+    except ValueError as exc:
+        raise ItlauditError(str(exc)) from None
 
 
 def _run_trials(
@@ -301,10 +308,7 @@ def compare(
     baseline (K0)."""
     from itlaudit.workflows.compare import run_compare
 
-    try:
-        count, convergence = trials_settings(trials, ci_width, max_trials, cooldown)
-    except ValueError as exc:
-        raise ItlauditError(str(exc)) from None
+    count, convergence = _trials_settings(trials, ci_width, max_trials, cooldown)
     if count > 1 or convergence is not None:
 
         def compare_once(scenario: Scenario, **kwargs: Any) -> RunOutcome:
