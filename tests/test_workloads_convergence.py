@@ -242,3 +242,28 @@ def test_compare_trials_repeats_the_whole_compare_and_states_each_variants_inter
     for name in ("K0", "K3"):
         assert len(kept["variants"][name]["figures"]) == 2
         assert f"{name}: itl_ms p50 " in result.stdout
+
+
+def test_sweep_plot_draws_each_points_interval_of_the_mean() -> None:
+    """--trials auto: the token-ITL figure draws a point's 95% interval where sweep.json has one, and
+    nothing for a point without."""
+    import numpy as np
+
+    from itlaudit.report.plot_style import plt
+    from itlaudit.report.sweep_plots import _draw_intervals
+
+    interval = {"mean": 10.0, "low": 9.5, "high": 10.8, "confidence": 0.95, "trials": 4, "width_pct": 13.0}
+    points = [{"convergence": {"interval": interval}}, {"convergence": {"interval": None}}, {}]
+    fig, ax = plt.subplots()
+    _draw_intervals(ax, np.array([100.0, 200.0, 300.0]), points, "C0", "K3")
+    (bars,) = ax.containers
+    line = bars.lines[0]
+    assert list(line.get_xdata()) == [100.0] and list(line.get_ydata()) == [10.0]
+    assert ax.get_legend_handles_labels()[1] == ["K3 token ITL p50, 95% CI of the mean"]
+    segments = bars.lines[2][0].get_segments()
+    assert [tuple(s[:, 1]) for s in segments] == [(9.5, 10.8)]
+    plt.close(fig)
+    fig, ax = plt.subplots()
+    _draw_intervals(ax, np.array([1.0]), [{}], "C0", "K0")
+    assert not ax.containers
+    plt.close(fig)

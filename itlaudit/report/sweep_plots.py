@@ -1,6 +1,7 @@
 """PNG figures of a load sweep (sweep.json in, PNGs out), in plots.py's style: one question each,
 a variant keeps its colour in every figure, the first variant is the baseline of every ratio.
-Error bars are the [min, max] over a point's trials when it had several."""
+Error bars are the [min, max] over a point's trials when it had several; under `--trials auto` the token
+ITL figure also draws each point's 95% interval of the mean (the rule its trials stopped on)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,33 @@ def _error(points: Sequence[Mapping[str, Any]], key: str, centre: np.ndarray) ->
     return np.array([low, high])
 
 
+def _draw_intervals(
+    ax: Axes, x: np.ndarray, points: Sequence[Mapping[str, Any]], line: Any, name: str
+) -> None:
+    """--trials auto: each point's bootstrap interval of the mean p50 token ITL (sweep.json's
+    `convergence`), beside the median of its trials; nothing for points without one."""
+    found = [((p.get("convergence") or {}).get("interval") or None) for p in points]
+    kept = [
+        (xi, i) for xi, i in zip(x, found, strict=True) if isinstance(i, dict) and i.get("mean") is not None
+    ]
+    if not kept:
+        return
+    mean = np.array([i["mean"] for _, i in kept], dtype=float)
+    low = np.array([i["low"] for _, i in kept], dtype=float)
+    high = np.array([i["high"] for _, i in kept], dtype=float)
+    ax.errorbar(
+        [xi for xi, _ in kept],
+        mean,
+        yerr=np.array([mean - low, high - mean]).clip(min=0),
+        color=line,
+        marker="s",
+        markersize=4,
+        linestyle="none",
+        capsize=5,
+        label=f"{name} token ITL p50, 95% CI of the mean",
+    )
+
+
 def _log_if_wide(ax: Axes, values: np.ndarray, ticks: bool = False) -> None:
     """Log x past a decade, labelled in plain numbers (labels are never mathtext here); `ticks` puts
     one at each load of the grid."""
@@ -74,6 +102,7 @@ def plot_itl_vs_throughput(sweep: SweepResult, path: Path) -> Path | None:
             label=f"{name} token ITL p50",
             capsize=3,
         )
+        _draw_intervals(ax, x, points, colour(index), name)
         ax.plot(
             x,
             _values(points, "itl_ms", "p99"),
