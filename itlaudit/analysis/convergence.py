@@ -125,7 +125,8 @@ def median_ratio_interval(
 
     def ratio(b_sample: np.ndarray, n_sample: np.ndarray, axis: int = -1) -> np.ndarray:
         low = np.median(b_sample, axis=axis)
-        return np.median(n_sample, axis=axis) / np.where(low == 0, np.nan, low)
+        out: np.ndarray = np.median(n_sample, axis=axis) / np.where(low == 0, np.nan, low)
+        return out
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a resample with a 0 median: its nan is left out below

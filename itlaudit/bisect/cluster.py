@@ -25,10 +25,10 @@ from pathlib import Path
 from types import ModuleType
 
 from itlaudit.bisect.build_range import Build
+from itlaudit.bisect.figures import Figures
 from itlaudit.bisect.prefetch import Prefetcher
 from itlaudit.bisect.probe import ProbeConfig, ProbeResult, run_probe
 from itlaudit.bisect.settings import Settings, make_provider
-from itlaudit.bisect.verdict import Figures
 from itlaudit.errors import BisectError
 from itlaudit.model.vocabulary import Verdict
 

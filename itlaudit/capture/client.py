@@ -326,6 +326,7 @@ def parse_retry_after(value: str | None) -> float | None:
 
 def _error_frame_message(error: object) -> str:
     """vLLM reports an engine failure mid-stream as `data: {"error": {"message": ...}}`."""
-    if isinstance(error, dict) and isinstance(error.get("message"), str):
-        return error["message"]
+    message = error.get("message") if isinstance(error, dict) else None
+    if isinstance(message, str):
+        return message
     return str(error)

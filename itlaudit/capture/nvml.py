@@ -43,7 +43,8 @@ def throttle_names(mask: int) -> list[str]:
 def _import_nvml() -> ModuleType:
     import pynvml  # type: ignore[import-untyped]  # nvidia-ml-py, untyped: only when GPUs are watched
 
-    return pynvml
+    module: ModuleType = pynvml
+    return module
 
 
 def open_gpus(indices: Sequence[int] | None) -> tuple[list[int], str | None]:

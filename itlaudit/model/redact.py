@@ -241,6 +241,6 @@ def redact_terminal() -> None:
     import sys
 
     if not isinstance(sys.stdout, RedactedStream):
-        sys.stdout = RedactedStream(sys.stdout)  # type: ignore[assignment]
+        sys.stdout = RedactedStream(sys.stdout)
     if not isinstance(sys.stderr, RedactedStream):
-        sys.stderr = RedactedStream(sys.stderr)  # type: ignore[assignment]
+        sys.stderr = RedactedStream(sys.stderr)

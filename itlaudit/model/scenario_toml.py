@@ -184,14 +184,14 @@ def int_list(src: dict[str, Any], loc: Located, table: str, key: str) -> list[in
         raise loc.error(table, key, "must be a list of integer token ids")
     for value in values:
         check_bound(value, TOKEN_ID, loc, table, key)
-    return values
+    return [int(v) for v in values]
 
 
 def str_list(src: dict[str, Any], loc: Located, table: str, key: str) -> list[str]:
     values = get_value(src, loc, table, key, list, [])
     if not all(isinstance(v, str) for v in values):
         raise loc.error(table, key, "must be a list of strings")
-    return values
+    return [str(v) for v in values]
 
 
 def reject_unknown_keys(src: dict[str, Any], allowed: set[str], loc: Located, table: str) -> None:

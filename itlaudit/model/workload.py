@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from itlaudit.model.datasets import Dataset, DatasetError, load_dataset
+from itlaudit.errors import DatasetError
+from itlaudit.model.datasets import Dataset, load_dataset
 from itlaudit.model.records import RequestParams, Timeouts
 from itlaudit.model.scenario_toml import (
     SEQUENCE_TOKENS,
@@ -189,13 +190,14 @@ def parse_workload(src: dict[str, Any], loc: Located, base: Path, chat: bool) ->
 
 
 def _seed(src: dict[str, Any], loc: Located) -> int | None:
-    return get_number(src, loc, "workload", "seed", int, BOUNDS["seed"], None)
+    seed: int | None = get_number(src, loc, "workload", "seed", int, BOUNDS["seed"], None)
+    return seed
 
 
 def _num_requests(src: dict[str, Any], loc: Located, default: int) -> int:
     """num_requests as given, else `default` (which the arrivals or the prompts set), within bounds
     either way: a default can be as absurd as the rate and duration it came from."""
-    value = get_value(src, loc, "workload", "num_requests", int, default)
+    value: int = get_value(src, loc, "workload", "num_requests", int, default)
     check_bound(value, BOUNDS["num_requests"], loc, "workload", "num_requests")
     return value
 

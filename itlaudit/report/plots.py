@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 from matplotlib.axes import Axes
+from matplotlib.patches import Rectangle
 
 from itlaudit.analysis.metrics import p50, per_chunk_itl_ms, request_metrics, speedup, token_counts
 from itlaudit.analysis.server_metrics import KV_USAGE, RUNNING, WAITING, per_position_series
@@ -302,7 +303,7 @@ def plot_latency_bars(variants: Sequence[VariantView], path: Path) -> Path | Non
         fig, axes = plt.subplots(1, len(_BAR_METRICS), figsize=WIDE)
     for ax, (key, label, lower) in zip(axes, _BAR_METRICS, strict=True):
         _bar_panel(ax, variants, key, label, lower)
-    handles = [plt.Rectangle((0, 0), 1, 1, color="grey", alpha=a) for _, a in _PERCENTILES]
+    handles = [Rectangle((0, 0), 1, 1, color="grey", alpha=a) for _, a in _PERCENTILES]
     fig.legend(handles, [p for p, _ in _PERCENTILES], loc="upper right", ncols=3, fontsize=9)
     fig.suptitle(
         "Latency and throughput per variant\n"
@@ -525,7 +526,8 @@ def _server_panel(ax: Axes, view: VariantView, panel: str, colour: Colour) -> No
     t0 = min(starts)
 
     def seconds(rows: list[dict[str, Any]]) -> np.ndarray:
-        return (np.array([r["t_ns"] for r in rows], dtype=float) - t0) / 1e9
+        out: np.ndarray = (np.array([r["t_ns"] for r in rows], dtype=float) - t0) / 1e9
+        return out
 
     if panel == "itl":
         xs, ys = [], []

@@ -58,7 +58,8 @@ def load_baseline(path: Path) -> Results:
         raise RecordsError(
             f"--baseline {path}: not a smoke.json (no `results`); pass a previous smoke's file"
         )
-    return data["results"]
+    results: Results = data["results"]
+    return results
 
 
 def _check_servers(suite: Suite, urls: dict[str, str], launch: str | None, model: str | None) -> None:

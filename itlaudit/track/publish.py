@@ -176,7 +176,9 @@ def _speedups(points: Sequence[Point], base: str) -> dict[str, list[tuple[int, f
     return out
 
 
-def _gapped(rows: Iterable[tuple[int, float | None, int]], breaks: set[int]) -> tuple[list, list, list]:
+def _gapped(
+    rows: Iterable[tuple[int, float | None, int]], breaks: set[int]
+) -> tuple[list[int | None], list[float | None], list[int | None]]:
     """x, y, ids of a line that breaks (a None) across every build in `breaks`: an invalid build is a
     hole in the series, never a value."""
     xs: list[int | None] = []
@@ -289,7 +291,13 @@ class _Page:
         return traces
 
     def _trace(
-        self, spec: SeriesSpec, variant: str, axis: str, xs: list, ys: list, ids: list
+        self,
+        spec: SeriesSpec,
+        variant: str,
+        axis: str,
+        xs: list[int | None],
+        ys: list[float | None],
+        ids: list[int | None],
     ) -> dict[str, Any]:
         unit = _UNITS.get(spec.name, "")
         by_id = {p.id: p for p in self.points}
