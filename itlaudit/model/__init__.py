@@ -50,6 +50,7 @@ SURFACE = Surface(
             "Severity",
             "codes_in",
         ),
+        "jsonvalue": ("JSONMapping", "JSONObject", "JSONScalar", "JSONValue", "ReadOnlyJSON"),
         "datasets": (
             "DATASET_KINDS",
             "MAX_ROUND_TRIPS",
