@@ -1,0 +1,74 @@
+"""The GPU lane's ngram compare with NVML (tests/fixtures/gpu/ngram-nvml-h200): a real CUDA vLLM run whose
+folder carries server metrics and GPU telemetry on the capture's clock, replayed through `itlaudit report`
+on this CPU machine. What the H200 recorded must come back out of the folder: the same server block,
+the GPU figures NVML gave, the acceptance per position ngram's partial drafts produced, the timeline."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+FIXTURE = Path(__file__).parent / "fixtures" / "gpu" / "ngram-nvml-h200"
+
+
+@pytest.fixture(scope="module")
+def reported(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the GPU run's folder, re-derived and re-drawn by `itlaudit report`."""
+    folder = tmp_path_factory.mktemp("lane") / "run"
+    shutil.copytree(FIXTURE, folder)
+    (folder / "summary.json").unlink()  # derived again here, not carried over
+    proc = subprocess.run(
+        [sys.executable, "-m", "itlaudit", "report", str(folder)], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    return folder
+
+
+def _json(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def test_the_server_block_rederived_on_cpu_is_the_one_the_h200_run_wrote(reported: Path) -> None:
+    assert _json(reported / "summary.json")["server"] == _json(FIXTURE / "summary.json")["server"]
+
+
+def test_nvml_rows_sit_in_the_measured_window_of_each_variant(reported: Path) -> None:
+    rows = [json.loads(line) for line in (FIXTURE / "gpu_telemetry.jsonl").read_text().splitlines()]
+    header, starts = rows[0], [r for r in rows if r.get("start")]
+    assert header["file"] == "gpu_telemetry" and header["clock"] == "monotonic_ns"
+    assert {r["variant"] for r in starts} == {"K0", "NG"}
+    assert all(r["gpus"] == {"0": "NVIDIA H200"} for r in starts)
+    samples = [r for r in rows if "t_ns" in r]
+    server = [json.loads(line) for line in (FIXTURE / "server_metrics.jsonl").read_text().splitlines()]
+    for variant in ("K0", "NG"):
+        gpu_t = [r["t_ns"] for r in samples if r["variant"] == variant]
+        server_t = [r["t_ns"] for r in server if r.get("variant") == variant and "t_ns" in r]
+        assert gpu_t == sorted(gpu_t) and len(gpu_t) >= 5
+        # one clock: NVML's samples fall inside the /metrics sampler's span of the same window (1 s slack)
+        assert min(server_t) - 1e9 <= gpu_t[0] and gpu_t[-1] <= max(server_t) + 1e9
+
+
+def test_the_gpu_figures_are_nvmls_and_ngram_shows_partial_acceptance(reported: Path) -> None:
+    server = _json(reported / "summary.json")["server"]
+    for variant in ("K0", "NG"):
+        block = server[variant]
+        assert block["gpu_sm_clock_p50_mhz"] == 1980.0  # the H200's boost clock under a light load
+        assert 80 < block["gpu_power_max_w"] < 700 and block["gpu_memory_used_max_mib"] > 10_000
+        assert block["gpu_throttle"] == [] and block["preemptions"] == 0.0
+    assert "acceptance_per_position" not in server["K0"]  # no drafts, no acceptance
+    accept = server["NG"]["acceptance_per_position"]
+    assert len(accept) == 3 and 0 < accept[2] <= accept[1] <= accept[0] < 1  # partial, falling with depth
+
+
+def test_the_report_draws_the_timeline_and_tables_the_gpu(reported: Path) -> None:
+    png = reported / "server_timeline.png"
+    assert png.stat().st_size > 20_000
+    md = (reported / "report.md").read_text(encoding="utf-8")
+    assert "![Stream and server on one clock](server_timeline.png)" in md
+    assert "| GPU SM clock p50 | 1980 MHz | 1980 MHz |" in md
