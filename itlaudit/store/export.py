@@ -79,10 +79,15 @@ def chunks_frame(records: Sequence[RequestRecord]) -> pd.DataFrame:
             columns[name].append(row[name])
     if not columns["variant"]:
         return pd.DataFrame(columns=list(CHUNK_COLUMNS))
-    whole = {name: np.concatenate(parts) for name, parts in columns.items()}
-    for name in ("completion_tokens", "n_token_ids"):  # None where absent: nullable integers
-        whole[name] = pd.array(whole[name], dtype="Int64")
-    return pd.DataFrame(whole)
+    nullable = ("completion_tokens", "n_token_ids")  # None where absent: nullable integers
+    return pd.DataFrame(
+        {
+            name: pd.array(np.concatenate(parts), dtype="Int64")
+            if name in nullable
+            else np.concatenate(parts)
+            for name, parts in columns.items()
+        }
+    )
 
 
 def write_chunks(records: Sequence[RequestRecord], out_dir: Path, fmt: str = "csv") -> Path:
