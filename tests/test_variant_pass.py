@@ -99,6 +99,8 @@ def test_run_makes_one_pass_per_variant_into_its_folder(
     meta = _meta(tmp_path / "run")
     assert set(META_KEYS) <= set(meta)
     assert meta["environment"] and meta["variants"]["A"]["environment"]["simulated"] is True
+    # finish() says what the folder's derivation and report took (benchmarks/startup.py reads it)
+    assert set(meta["finish_s"]) == {"derive", "report"} and all(t >= 0 for t in meta["finish_s"].values())
 
 
 def test_compare_makes_its_passes_with_the_counter_window(

@@ -31,7 +31,8 @@ __all__ = ["META_KEYS", "RunFolder", "TallyWriter", "server_log_name"]
 
 # meta.json's keys, whichever command wrote the folder (a command's own context, such as a sweep's
 # `sweep` or a bisection's `bisect`, comes on top; an --append round adds `appended_at_unix` and
-# `append_tag`; an ended run `interrupted` or `failed`).
+# `append_tag`; an ended run `interrupted` or `failed`; `finish()` adds `finish_s`, the seconds it spent
+# deriving and writing the report).
 META_KEYS = (
     "itlaudit_version",
     "scenario",
@@ -135,9 +136,16 @@ class RunFolder:
         # Here, not at the top: the derivation's stack (pandas, the report) stays off `run --help`'s path.
         from itlaudit.workflows.derive import derive_figures, write_report
 
+        started = time.perf_counter()
         derivation = derive_figures(self.path, title, variant_order, reporter=reporter)
+        # What the run spent after its last stream closed, kept where a reader of the folder (and
+        # benchmarks/startup.py, which subtracts it from a run's wall time) can see it.
+        timings = self.meta["finish_s"] = {"derive": round(time.perf_counter() - started, 3)}
         if report:
+            drawn = time.perf_counter()
             write_report(derivation, reporter=reporter)
+            timings["report"] = round(time.perf_counter() - drawn, 3)
+        self.save()
         return derivation
 
 
