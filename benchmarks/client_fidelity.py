@@ -145,8 +145,10 @@ class _TreeCpu:
         return self._retired + sum(last.values())
 
 
-def _run_sampled(argv: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Run a client to completion; (monotonic ns, cumulative CPU ns) sampled every 10 ms meanwhile."""
+def _run_sampled(argv: list[str]) -> tuple[np.ndarray, np.ndarray, float]:
+    """Run a client to completion; (monotonic ns, cumulative CPU ns) sampled every 10 ms meanwhile, and
+    the process's wall time from start to exit (its start-up and writing included)."""
+    started = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     tree = _TreeCpu(proc.pid)
     times, cpu = [], []
@@ -154,10 +156,11 @@ def _run_sampled(argv: list[str]) -> tuple[np.ndarray, np.ndarray]:
         times.append(time.monotonic_ns())
         cpu.append(tree.sample())
         time.sleep(CPU_SAMPLE_S)
+    wall_s = time.perf_counter() - started
     stderr = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
     if proc.returncode:
         raise SystemExit(f"client {' '.join(argv[:3])} failed (exit {proc.returncode}):\n{stderr[-2000:]}")
-    return np.asarray(times, dtype=float), np.asarray(cpu, dtype=float)
+    return np.asarray(times, dtype=float), np.asarray(cpu, dtype=float), wall_s
 
 
 @dataclass
@@ -169,6 +172,9 @@ class TrialResult:
     cpu_us_per_chunk: float | None
     server_lag_p99_ms: float | None
     server_lag_max_ms: float | None
+    # the client process, start to exit (10 ms resolution: the CPU sampler's period); None in trials
+    # recorded before the benchmark timed it (tests/fixtures read them)
+    wall_s: float | None = None
 
 
 def _grade_arrivals(result: dict[str, Any], sent: SendLog) -> Fidelity:
@@ -204,7 +210,7 @@ def trial(
         argv += [f"--workers={args.workers}"] * (args.workers is not None)
         argv += [f"--stamp={args.stamp}"] * (args.stamp is not None)
         argv += ["--no-server-metrics"] * args.no_server_metrics
-    times, cpu = _run_sampled(argv)
+    times, cpu, wall_s = _run_sampled(argv)
     sent = fetch_send_log(url)
     if client == "itlaudit":
         fidelity = grade_run(out, sent)
@@ -218,7 +224,7 @@ def trial(
         used = np.interp(end, times, cpu) - np.interp(start, times, cpu)
         cpu_per_chunk = used / 1e3 / fidelity.chunks
     lag = send_lag(sent)
-    return TrialResult(client, streams, round_no, fidelity, cpu_per_chunk, lag.p99_ms, lag.max_ms)
+    return TrialResult(client, streams, round_no, fidelity, cpu_per_chunk, lag.p99_ms, lag.max_ms, wall_s)
 
 
 # -- the table -----------------------------------------------------------------------------------------
@@ -376,7 +382,8 @@ def main() -> None:
                             f"round {round_no} {streams:>4} streams {client:>8}: added lag min "
                             f"{_f(f.lag_min_ms)} p99 {_f(f.lag_p99_ms)} max {_f(f.lag_max_ms, '.1f')} ms, "
                             f"worst ITL error {_f(f.worst_itl_error, '.2%')}, "
-                            f"CPU {_f(result.cpu_us_per_chunk, '.1f')} µs/chunk"
+                            f"CPU {_f(result.cpu_us_per_chunk, '.1f')} µs/chunk, "
+                            f"wall {_f(result.wall_s, '.1f')} s"
                             + (
                                 f" (server-bound: send lag p99 {result.server_lag_p99_ms:.0f} ms)"
                                 if server_bound(result)
