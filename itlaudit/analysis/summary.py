@@ -9,9 +9,13 @@ file (store/rundir.write_versioned) and the reader checks it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import msgspec
+
+from itlaudit.errors import RecordsError
 
 __all__ = ["Figures", "LoopLag", "PartialBy", "RecordsSeen", "RunSummary", "VariantSummary"]
 
@@ -55,6 +59,24 @@ class VariantSummary(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     findings: dict[str, int]
     categories: dict[str, dict[str, int | Figures]] = msgspec.field(default_factory=dict)  # by_category
 
+    @property
+    def distributions(self) -> dict[str, Figures]:
+        """The per-request distributions by their summary.json key (SUMMARY_METRICS and the schedule
+        lag): what a table row or a plot names by key reads through here."""
+        return {
+            "schedule_lag_ms": self.schedule_lag_ms,
+            "itl_ms": self.itl_ms,
+            "chunk_itl_ms": self.chunk_itl_ms,
+            "itl_inflation": self.itl_inflation,
+            "ttft_ms": self.ttft_ms,
+            "tpot_ms": self.tpot_ms,
+            "e2e_ms": self.e2e_ms,
+            "tokens_per_chunk": self.tokens_per_chunk,
+            "decode_tokens_per_chunk": self.decode_tokens_per_chunk,
+            "decode_tokens_per_s": self.decode_tokens_per_s,
+            "completion_tokens": self.completion_tokens,
+        }
+
 
 class RecordsSeen(msgspec.Struct, frozen=True):
     """How many lines requests.jsonl held when the summary was derived: a reader can tell a summary
@@ -72,6 +94,18 @@ class PartialBy(msgspec.Struct, frozen=True):
     host: str | None
 
 
+# What a summary.json written before a block's field existed lacks (the model, vllm bench's figures,
+# the stamp counts, the schedule and loop lags): such a block reads with the field empty. Defaults on
+# the struct would not do: a default is left out of the file when written, and these are not.
+_BLOCK_BEFORE_FIELDS: dict[str, object] = {
+    "model": None,
+    "client_loop_lag_ms": {"worst_p99": None, "max": None},
+    "schedule_lag_ms": {},
+    "benchmark": {},
+    "stamp": {},
+}
+
+
 class RunSummary(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """summary.json: per-variant blocks in scenario order, then run-level findings."""
 
@@ -82,6 +116,24 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     # Per variant, what its server and GPU said during the measured window and its per-request
     # acceptance (analysis.server_metrics.variant_server_figures); absent when nothing was sampled.
     server: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, data: object, path: Path) -> RunSummary:
+        """summary.json's content as read from `path` (its format already checked), this format or an
+        earlier one; one that is not a summary is one RecordsError line."""
+        try:
+            if isinstance(data, Mapping) and isinstance(variants := data.get("variants"), Mapping):
+                blocks = {
+                    k: {**_BLOCK_BEFORE_FIELDS, **b} if isinstance(b, Mapping) else b
+                    for k, b in variants.items()
+                }
+                data = {**data, "variants": blocks}
+            return msgspec.convert(data, cls)
+        except msgspec.ValidationError as exc:
+            raise RecordsError(
+                f"{path}: not a summary this itlaudit reads ({exc}); "
+                f"derive it again: itlaudit report {path.parent}"
+            ) from None
 
     def to_json(self) -> dict[str, Any]:
         """summary.json's content (without `format`, which the writer stamps)."""
