@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from itlaudit.analysis.summary import RunSummary
+from itlaudit.analysis.validity import variant_validity
 from itlaudit.errors import RecordsError
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -53,3 +54,11 @@ def test_a_file_that_is_no_summary_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(RecordsError, match=r"not a summary this itlaudit reads.*itlaudit report") as caught:
         RunSummary.from_json({"variants": {"K0": {"requests": "six"}}}, path)
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("path", SUMMARIES, ids=lambda p: str(p.parent.relative_to(FIXTURES)))
+def test_the_validity_rule_reads_the_struct_as_the_file(path: Path) -> None:
+    data = _read(path)
+    summary = RunSummary.from_json(data, path)
+    for name in [*summary.variants, "absent"]:
+        assert variant_validity(summary, name) == variant_validity(data, name)

@@ -7,8 +7,9 @@ was a server stopping at 128 tokens; the same cap reads as a speedup just as eas
 is never ranked; it is labelled "not comparable" with the numbers that say why, and a comparison
 against a base that is itself not comparable is not comparable either.
 
-The rule reads summary.json's dict only (per-variant finding counts, errors, the run-level common_cap
-evidence), so every reader of a run folder, old or new, applies the same rule to the same file.
+The rule reads a run's summary only (per-variant finding counts, errors, the run-level common_cap
+evidence), typed or as summary.json's dict, so every reader of a run folder, old or new, applies the
+same rule to the same file.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from itlaudit.analysis.summary import RunSummary
 from itlaudit.model.codes import COMMON_CAP, GIBBERISH_SUSPECTED, TRUNCATION_CODES
 
 __all__ = [
@@ -47,9 +49,9 @@ class Validity:
 COMPARABLE = Validity(True)
 
 
-def _common_cap(summary: Mapping[str, Any], variant: str) -> Mapping[str, Any] | None:
+def _common_cap(run_findings: Iterable[Mapping[str, Any]], variant: str) -> Mapping[str, Any] | None:
     """The run-level common_cap evidence for this variant, when its requests share one cap."""
-    for finding in summary.get("run_findings") or []:
+    for finding in run_findings:
         evidence = finding.get("evidence") or {}
         if finding.get("code") == COMMON_CAP and evidence.get("variant") == variant:
             return dict(evidence)
@@ -79,16 +81,30 @@ def block_validity(
     is a sampling accident and leaves the variant comparable; a single truncated or failed request is
     not an accident: the workload was not the one asked for.
     """
-    requests = int(block.get("requests") or 0)
+    return _rule(
+        int(block.get("requests") or 0),
+        int(block.get("errors") or 0),
+        block.get("findings") or {},
+        common_cap,
+        gibberish_expected,
+    )
+
+
+def _rule(
+    requests: int,
+    errors: int,
+    counts: Mapping[str, int],
+    common_cap: Mapping[str, Any] | None,
+    gibberish_expected: bool,
+) -> Validity:
+    """block_validity's rule on a block's request, failure and finding counts."""
     if requests == 0:
         return Validity(False, "no requests recorded")
-    counts: Mapping[str, int] = block.get("findings") or {}
     reasons = []
     # A request may carry several truncation codes: the most frequent one counts the cut requests.
     cut = max((int(counts.get(code, 0)) for code in TRUNCATION_CODES), default=0)
     if cut:
         reasons.append(_truncation_reason(common_cap, cut, requests))
-    errors = int(block.get("errors") or 0)
     if errors:
         reasons.append(f"{errors} of {requests} requests failed")
     gibberish = int(counts.get(GIBBERISH_SUSPECTED, 0))
@@ -97,11 +113,18 @@ def block_validity(
     return Validity(False, "; ".join(reasons)) if reasons else COMPARABLE
 
 
-def variant_validity(summary: Mapping[str, Any], variant: str) -> Validity:
-    """The rule on summary.json's dict: block_validity of the variant's block, its cap named from the
-    run-level common_cap finding. A variant the summary does not hold has no requests recorded."""
+def variant_validity(summary: RunSummary | Mapping[str, Any], variant: str) -> Validity:
+    """The rule on a run's summary (the struct, or summary.json's dict as a reader of a past folder
+    holds it): block_validity of the variant's block, its cap named from the run-level common_cap
+    finding. A variant the summary does not hold has no requests recorded."""
+    if isinstance(summary, RunSummary):
+        typed = summary.variants.get(variant)
+        if typed is None:
+            return _rule(0, 0, {}, None, False)
+        cap = _common_cap(summary.run_findings, variant)
+        return _rule(typed.requests, typed.errors, typed.findings, cap, False)
     block: Mapping[str, Any] = (summary.get("variants") or {}).get(variant) or {}
-    return block_validity(block, _common_cap(summary, variant))
+    return block_validity(block, _common_cap(summary.get("run_findings") or [], variant))
 
 
 def comparison_validity(variant: Validity, base: Validity, base_name: str) -> Validity:
