@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import msgspec
 import numpy as np
 
 from itlaudit.analysis.comparison import CompareResult, VariantComparison
-from itlaudit.analysis.derive import derive_request, run_summary
+from itlaudit.analysis.derive import derive_requests, summarize_run
+from itlaudit.analysis.metrics import SUMMARY_METRICS
+from itlaudit.analysis.specdecode import SpecDecodeStats
+from itlaudit.analysis.summary import VariantSummary
+from itlaudit.model.codes import Finding
 from itlaudit.model.records import ChunkSeries, RequestParams, RequestRecord
 from itlaudit.report.plots import VariantView
 from itlaudit.report.writer import variant_views
@@ -65,14 +72,44 @@ def k0_k3(n: int = 4, *, capped: bool = True) -> list[RequestRecord]:
     return records
 
 
+def spec_decode(per_position: list[float], drafts: float = 10.0) -> dict[str, Any]:
+    """compare.json's spec-decode figures of a variant whose drafts were accepted at these rates by
+    position (vLLM's definitions: acceptance length 1 + accepted / drafts)."""
+    accepted = drafts * sum(per_position)
+    draft_tokens = drafts * len(per_position)
+    return SpecDecodeStats(
+        drafts, draft_tokens, accepted, None, accepted / draft_tokens, 1 + accepted / drafts, per_position
+    ).to_json()
+
+
+def request_findings(records: list[RequestRecord]) -> list[Finding]:
+    """Every request's findings, as the derivation hands them to the report."""
+    return [f for request in derive_requests(records) for f in request.findings]
+
+
 def views(records: list[RequestRecord], spec: dict[str, dict] | None = None) -> list[VariantView]:
     """The views write_reports would draw: spec-decode figures as compare.json holds them, and the
     truncated requests from the records' own findings."""
-    findings = [f for r in records for f in derive_request(r)["finding_details"]]
     rows = {name: VariantComparison(spec_decode=figures) for name, figures in (spec or {}).items()}
     compare = CompareResult(baseline=None, variants=rows, findings=[])
     telemetry = {"server": {r.variant: sampled_window() for r in records}}
-    return variant_views(records, run_summary(records), compare, findings, telemetry)
+    return variant_views(records, summarize_run(records), compare, request_findings(records), telemetry)
+
+
+# A summary block with nothing measured: block() overrides the figures a test names.
+_EMPTY_BLOCK: dict[str, Any] = {
+    **{key: {} for key in ("token_source", "tokens_per_chunk_hist", "benchmark", "stamp", "findings")},
+    **{key: {} for key in ("schedule_lag_ms", *SUMMARY_METRICS)},
+    "requests": 0,
+    "errors": 0,
+    "model": None,
+    "client_loop_lag_ms": {"worst_p99": None, "max": None},
+}
+
+
+def block(**figures: Any) -> VariantSummary:
+    """A variant's summary block holding only what a test names (e.g. itl_ms={"p50": 2.0})."""
+    return msgspec.convert({**_EMPTY_BLOCK, **figures}, VariantSummary)
 
 
 def sampled_window(seconds: int = 3) -> list[dict]:

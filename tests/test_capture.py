@@ -326,15 +326,18 @@ def test_client_saturated_quiet_when_the_loop_keeps_up(paced) -> None:
 
 
 def test_report_top_names_a_saturated_client_and_the_fix() -> None:
+    from reportkit import block
+
+    from itlaudit.analysis.summary import RunSummary
     from itlaudit.report.markdown import saturation_warning
 
-    saturated = {"requests": 4, "findings": {"client_saturated": 3}}
-    calm = {"requests": 4, "findings": {"chunks_coalesced": 1}}
-    warning = saturation_warning({"variants": {"K0": calm, "K3": saturated}})
+    saturated = block(requests=4, findings={"client_saturated": 3})
+    calm = block(requests=4, findings={"chunks_coalesced": 1})
+    warning = saturation_warning(RunSummary(variants={"K0": calm, "K3": saturated}, run_findings=[]))
     assert warning is not None
     assert "K3 (3 of 4 requests)" in warning and "K0" not in warning
     assert "--workers" in warning and "fewer concurrent streams" in warning
-    assert saturation_warning({"variants": {"K0": calm}}) is None
+    assert saturation_warning(RunSummary(variants={"K0": calm}, run_findings=[])) is None
 
 
 def test_stamp_mode_is_chosen_on_the_command_line_and_recorded(tmp_path: Path, paced) -> None:

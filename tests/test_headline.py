@@ -18,7 +18,10 @@ import pytest
 from matplotlib.colors import same_color, to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
+from reportkit import block
 
+from itlaudit.analysis.summary import RunSummary
+from itlaudit.model.codes import Finding
 from itlaudit.report.plot_style import INVALID_HATCH, TRUNCATION_RED
 from itlaudit.report.plots import write_plots
 from itlaudit.report.writer import variant_views
@@ -89,9 +92,10 @@ def drawn(demo: tuple[Path, str]) -> dict[str, Figure]:
     """The demo's figures drawn again from its run folder by the functions that drew its PNGs, caught
     as they are saved, by file name."""
     run, _ = demo
-    summary = json.loads((run / "summary.json").read_text())
+    summary = RunSummary.from_json(json.loads((run / "summary.json").read_text()), run / "summary.json")
     derived = [json.loads(line) for line in (run / "derived.jsonl").read_text().splitlines()]
-    findings = [f for line in derived for f in line["finding_details"]] + summary["run_findings"]
+    details = [f for line in derived for f in line["finding_details"]] + summary.run_findings
+    findings = [Finding.from_json(f) for f in details]
     views = variant_views(load_records(run / "requests.jsonl"), summary, None, findings)
     figures: list[Figure] = []
     save = Figure.savefig
@@ -170,8 +174,8 @@ def test_a_zero_p50_makes_no_factor_and_no_crash() -> None:
     no "faster/slower" factor from it: before, 1 / 0 was a ZeroDivisionError traceback out of compare."""
     from itlaudit.report.markdown import comparison_sentence
 
-    base = {"itl_ms": {"p50": 2.0}, "chunk_itl_ms": {"p50": 2.0}}
-    zero_token = {"itl_ms": {"p50": 0.0}, "chunk_itl_ms": {"p50": 8.0}}
+    base = block(itl_ms={"p50": 2.0}, chunk_itl_ms={"p50": 2.0})
+    zero_token = block(itl_ms={"p50": 0.0}, chunk_itl_ms={"p50": 8.0})
     assert comparison_sentence("K3", "K0", base, zero_token) is None
-    sentence = comparison_sentence("K3", "K0", base, {"itl_ms": {"p50": 1.0}, "chunk_itl_ms": {"p50": 0.0}})
+    sentence = comparison_sentence("K3", "K0", base, block(itl_ms={"p50": 1.0}, chunk_itl_ms={"p50": 0.0}))
     assert sentence == "**K3 is 2.00× faster per token than K0**."

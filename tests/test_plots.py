@@ -18,7 +18,7 @@ from matplotlib.colors import same_color
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
-from reportkit import k0_k3, stream, views
+from reportkit import block, k0_k3, spec_decode, stream, views
 
 from itlaudit.model.records import Status
 from itlaudit.report import plots
@@ -36,7 +36,7 @@ from itlaudit.report.plots import (
     write_plots,
 )
 
-SPEC = {"K3": {"per_position_acceptance": [0.9, 0.8, 0.7], "acceptance_length": 3.4}}
+SPEC = {"K3": spec_decode([0.9, 0.8, 0.7])}  # acceptance length 3.4
 # What k0_k3() implies, worked by hand. K0: 64 tokens one per 10 ms step. K3: chunks of 1, 4×15, 3
 # tokens 13 ms apart, so 63 tokens in 16 steps = 208 ms. K3-capped: chunks of 1, 4, 4, 4, 3 = 16 tokens
 # in 4 steps = 52 ms.
@@ -254,10 +254,10 @@ def test_headline_of_zero_itl_draws_without_a_singular_axis(tmp_path: Path) -> N
 
     from itlaudit.report.plots import VariantView, plot_itl_headline
 
-    block = {"itl_ms": {"p50": 0.0}, "chunk_itl_ms": {"p50": 0.0}}
+    zero = block(itl_ms={"p50": 0.0}, chunk_itl_ms={"p50": 0.0})
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        views = [VariantView("A", [], block), VariantView("B", [], block)]
+        views = [VariantView("A", [], zero), VariantView("B", [], zero)]
         drawn = plot_itl_headline(views, tmp_path / "h.png")
     assert drawn is not None and drawn.exists()
 

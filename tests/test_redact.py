@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from reportkit import stream
 
-from itlaudit.analysis.derive import run_summary
+from itlaudit.analysis.derive import summarize_run
+from itlaudit.model.codes import HTTP_ERROR, Finding
 from itlaudit.model.records import Status
 from itlaudit.model.redact import (
     MASK,
@@ -65,14 +66,8 @@ def test_a_server_message_echoing_our_credential_is_masked_in_the_reports(
         stream("K0"), status=Status.HTTP_ERROR, http_status=401, error="bad key sk-echoed-by-the-server"
     )
     records = [failed, stream("K0", 1)]
-    finding = {
-        "code": "http_error",
-        "severity": "error",
-        "message": failed.error,
-        "request_id": failed.request_id,
-        "evidence": {},
-    }
-    write_reports(tmp_path, "t", records, run_summary(records), [finding])
+    finding = Finding.of(HTTP_ERROR, failed.error, {}, failed.request_id)
+    write_reports(tmp_path, "t", records, summarize_run(records), [finding])
     for name in ("report.md", "report.html"):
         text = (tmp_path / name).read_text()
         assert "sk-echoed-by-the-server" not in text and "bad key ***" in text

@@ -7,9 +7,10 @@ import json
 import re
 from pathlib import Path
 
-from reportkit import k0_k3, sampled_window, stream
+from reportkit import k0_k3, request_findings, sampled_window, spec_decode, stream
 
-from itlaudit.analysis.derive import derive_request, run_summary
+from itlaudit.analysis.derive import summarize_run
+from itlaudit.model.codes import Finding, Severity
 from itlaudit.report.html import render_html
 from itlaudit.report.markdown import headline, table_cell
 from itlaudit.report.plots import PLOTS
@@ -32,7 +33,7 @@ def test_html_embeds_every_plot_and_fetches_nothing(tmp_path: Path) -> None:
     run = _run_dir(tmp_path, k0_k3())
     compare = {  # an unversioned (previous-format) compare.json, as itlaudit wrote them
         "baseline": "K0",
-        "variants": {"K0": {}, "K3": {"spec_decode": {"per_position_acceptance": [0.9, 0.8, 0.7]}}},
+        "variants": {"K0": {}, "K3": {"spec_decode": spec_decode([0.9, 0.8, 0.7])}},
         "findings": [],
     }
     (run / "compare.json").write_text(json.dumps(compare))
@@ -54,9 +55,9 @@ def test_planted_script_in_generated_text_and_names_is_escaped(tmp_path: Path) -
     bad = stream(PLANTED, tokens=8, max_tokens=64, text=PLANTED)
     bad.error = PLANTED
     records = [bad, *k0_k3(3, capped=False)]
-    summary = run_summary(records)
-    findings = [f for r in records for f in derive_request(r)["finding_details"]]
-    findings.append({"code": "x", "severity": "error", "message": PLANTED, "request_id": PLANTED})
+    summary = summarize_run(records)
+    findings = request_findings(records)
+    findings.append(Finding("x", Severity.ERROR, PLANTED, request_id=PLANTED))
     target = write_reports(tmp_path, PLANTED, records, summary, findings)
     page = target.read_text()
     assert "<script" not in page
@@ -64,7 +65,7 @@ def test_planted_script_in_generated_text_and_names_is_escaped(tmp_path: Path) -
 
 
 def test_headline_says_faster_per_token_though_chunk_itl_larger_and_calls_out_truncation() -> None:
-    lines = headline(run_summary(k0_k3()))
+    lines = headline(summarize_run(k0_k3()))
     assert lines[0].startswith("**K3 is 3.03× faster per token than K0**")
     assert ", though its chunk ITL is 1.30× larger" in lines[0]
     assert "(each chunk carries 3.9 tokens)" in lines[0]  # 63 decode tokens in 16 chunks
@@ -76,7 +77,7 @@ def test_headline_says_faster_per_token_though_chunk_itl_larger_and_calls_out_tr
 
 
 def test_headline_renders_bold_in_html() -> None:
-    page = render_html("t", run_summary(k0_k3()), [])
+    page = render_html("t", summarize_run(k0_k3()), [])
     assert "<strong>K3 is 3.03× faster per token than K0</strong>" in page
 
 

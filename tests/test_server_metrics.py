@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
+from reportkit import block
 from simkit import app_on_thread, itlaudit, sim_server
 
 from itlaudit.analysis.derive import by_category
@@ -29,6 +30,7 @@ from itlaudit.analysis.server_metrics import (
     variant_server_figures,
 )
 from itlaudit.analysis.specdecode import DRAFTS
+from itlaudit.analysis.summary import RunSummary
 from itlaudit.capture.metrics_sampler import MetricsSampler
 from itlaudit.model.codes import SPEC_DECODE_METRICS_DISAGREE
 from itlaudit.model.launch import LaunchSpec
@@ -221,10 +223,12 @@ def test_timeline_and_report_section_draw_the_sampled_window(tmp_path: Path) -> 
             list(pool.map(lambda i: _stream(url, "A sentence for the server to continue.", 30), range(3)))
         sampler.stop()
     rows = read_server_metrics(tmp_path)["k2"]
-    view = VariantView("k2", [], {}, telemetry={"server": rows})
+    view = VariantView("k2", [], block(), telemetry={"server": rows})
     png = plot_server_timeline([view], tmp_path / "server_timeline.png")
     assert png is not None and png.stat().st_size > 10_000
-    summary = {"variants": {"k2": {}}, "server": {"k2": variant_server_figures(rows, [], None)}}
+    summary = RunSummary(
+        variants={"k2": block()}, run_findings=[], server={"k2": variant_server_figures(rows, [], None)}
+    )
     table = {row[0]: row[1] for row in server_rows(summary)}
     assert table["running requests max"] == "1" and float(table["waiting requests max"]) >= 1
     assert "KV-cache usage max" in table and "GPU SM clock p50" not in table  # no GPU: no row

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from reportkit import block
 from simkit import sim_server
 
 from itlaudit.analysis.server_metrics import GPU_TELEMETRY_FILE
@@ -156,7 +157,7 @@ def test_real_nvml_on_the_h200_reads_idle_then_a_power_capped_load(tmp_path: Pat
     assert figures["gpu_throttle"] == ["gpu_idle", "sw_power_cap"]
     loaded = [r["gpus"]["0"] for r in samples if r["gpus"]["0"]["gpu_util_pct"] >= 95]
     assert loaded and all("sw_power_cap" in g["throttle"] for g in loaded)
-    view = VariantView("truth", [], {}, telemetry={"server": server, "gpu": gpu})
+    view = VariantView("truth", [], block(), telemetry={"server": server, "gpu": gpu})
     assert _server_panels(view)[-1] == "gpu"
     png = plot_server_timeline([view], tmp_path / "server_timeline.png")
     assert png is not None and png.stat().st_size > 10_000

@@ -110,6 +110,7 @@ SURFACE = Surface(
         ),
         "specdecode": (
             "CounterSnapshot",
+            "SpecDecodeStats",
             "parse_counters",
             "spec_decode_delta",
         ),
@@ -119,6 +120,7 @@ SURFACE = Surface(
             "compare_samples",
         ),
         "summary": (
+            "Figures",
             "PartialBy",
             "RecordsSeen",
             "RunSummary",

@@ -14,8 +14,7 @@ severities and meanings are registered in itlaudit.model.codes.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
 
 from itlaudit.analysis.metrics import RequestMetrics
 from itlaudit.analysis.output_rules import (
@@ -147,8 +146,6 @@ def run_findings(records: Sequence[RequestRecord]) -> list[Finding]:
     return out
 
 
-def truncated_requests(findings: Iterable[Mapping[str, Any]]) -> frozenset[str]:
-    """The requests these findings (in their JSON form) call cut short: any of TRUNCATION_CODES."""
-    return frozenset(
-        str(f["request_id"]) for f in findings if f["code"] in TRUNCATION_CODES and f.get("request_id")
-    )
+def truncated_requests(findings: Iterable[Finding]) -> frozenset[str]:
+    """The requests these findings call cut short: any of TRUNCATION_CODES."""
+    return frozenset(f.request_id for f in findings if f.code in TRUNCATION_CODES and f.request_id)

@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+from itlaudit.analysis.summary import RunSummary
 from itlaudit.model.run_context import server_build
 
 __all__ = ["Fact", "context_facts", "host_facts", "server_fact", "workload_text"]
@@ -72,12 +73,12 @@ def workload_text(workload: Mapping[str, Any]) -> str:
     return f"{', '.join(parts)}; /v1/{workload.get('endpoint')}"
 
 
-def _capture_text(summary: Mapping[str, Any], meta: Mapping[str, Any]) -> str:
+def _capture_text(summary: RunSummary, meta: Mapping[str, Any]) -> str:
     """How the chunks were stamped (per request: kernel receive time or loop clock) and by how many
     capture processes."""
     stamps: Counter[str] = Counter()
-    for block in (summary.get("variants") or {}).values():
-        stamps.update(block.get("stamp") or {})
+    for block in summary.variants.values():
+        stamps.update(block.stamp)
     workers = {
         name: len(info["workers"])
         for name, info in (meta.get("variants") or {}).items()
@@ -94,7 +95,7 @@ def _capture_text(summary: Mapping[str, Any], meta: Mapping[str, Any]) -> str:
     return f"stamps: {stamp_text}; {worker_text}"
 
 
-def context_facts(meta: Mapping[str, Any], summary: Mapping[str, Any]) -> list[Fact]:
+def context_facts(meta: Mapping[str, Any], summary: RunSummary) -> list[Fact]:
     """The report's context block for one run folder, in reading order."""
     started = meta.get("started_at_unix")
     facts: list[Fact] = [
@@ -111,7 +112,7 @@ def context_facts(meta: Mapping[str, Any], summary: Mapping[str, Any]) -> list[F
     for name, info in (meta.get("variants") or {}).items():
         if isinstance(info, Mapping):
             facts.append((f"server {name}", server_fact(info.get("environment") or {}, info.get("url"))))
-    models = sorted({str(b["model"]) for b in (summary.get("variants") or {}).values() if b.get("model")})
+    models = sorted({b.model for b in summary.variants.values() if b.model})
     facts.append(("model", ", ".join(models) or "unknown"))
     facts += host_facts(host)[1:]
     if meta.get("workload"):

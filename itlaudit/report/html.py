@@ -12,9 +12,10 @@ import base64
 import html
 import re
 from collections.abc import Sequence
-from typing import Any
 
 from itlaudit.analysis.importers import ImportedBenchmark
+from itlaudit.analysis.summary import RunSummary, VariantSummary
+from itlaudit.model.codes import Finding
 from itlaudit.report.markdown import (
     CATEGORY_HEADER,
     CATEGORY_NOTE,
@@ -80,11 +81,11 @@ def table_html(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _summary_table(summary: dict[str, Any]) -> str:
-    return table_html(["metric (p50 / p90 / p99 over requests)", *summary["variants"]], summary_rows(summary))
+def _summary_table(summary: RunSummary) -> str:
+    return table_html(["metric (p50 / p90 / p99 over requests)", *summary.variants], summary_rows(summary))
 
 
-def _imported(imp: ImportedBenchmark, variant: str, block: dict[str, Any]) -> str:
+def _imported(imp: ImportedBenchmark, variant: str, block: VariantSummary | None) -> str:
     title = f"{imp.tool} ({imp.source}) beside itlaudit {variant}"
     table = table_html(
         ["figure", f"what {imp.tool} calls it", imp.tool, f"itlaudit {variant}"], import_rows(imp, block)
@@ -93,7 +94,7 @@ def _imported(imp: ImportedBenchmark, variant: str, block: dict[str, Any]) -> st
     return f"<h2>{html.escape(title)}</h2><p>Figures are p50 (mean).</p>{table}<ul>{notes}</ul>"
 
 
-def _findings(findings: Sequence[dict[str, Any]]) -> str:
+def _findings(findings: Sequence[Finding]) -> str:
     """The Markdown report's findings list (markdown.finding_groups: one cause per entry)."""
     groups = finding_groups(findings)
     if not groups:
@@ -101,14 +102,13 @@ def _findings(findings: Sequence[dict[str, Any]]) -> str:
     items = []
     for group in groups:
         examples = "".join(
-            f"<li>{html.escape(str(f.get('request_id') or 'run-level'))}: "
-            f"{html.escape(str(f['message']))}</li>"
+            f"<li>{html.escape(f.request_id or 'run-level')}: {html.escape(f.message)}</li>"
             for f in group.members[:FINDING_EXAMPLES]
         )
         if len(group.members) > FINDING_EXAMPLES:
             examples += f"<li>… and {len(group.members) - FINDING_EXAMPLES} more (see {FINDINGS_FILE})</li>"
         examples += "".join(
-            f"<li>{html.escape(str(f['code']))}, on the same requests: {html.escape(str(f['message']))}</li>"
+            f"<li>{html.escape(f.code)}, on the same requests: {html.escape(f.message)}</li>"
             for f in group.also
         )
         items.append(f"<li>{inline_markdown(group.heading)}<ul>{examples}</ul></li>")
@@ -117,8 +117,8 @@ def _findings(findings: Sequence[dict[str, Any]]) -> str:
 
 def render_html(
     title: str,
-    summary: dict[str, Any],
-    findings: Sequence[dict[str, Any]],
+    summary: RunSummary,
+    findings: Sequence[Finding],
     *,
     images: Sequence[tuple[str, bytes]] = (),
     imported: Sequence[tuple[ImportedBenchmark, str]] = (),
@@ -126,7 +126,7 @@ def render_html(
 ) -> str:
     """The run's context (report.context) in one compact list, then the headline and the first
     figure (token vs chunk ITL) before any table: "is it faster?" is answered above the fold."""
-    variants: dict[str, Any] = summary["variants"]
+    variants = summary.variants
     sentences = "".join(f"<li>{inline_markdown(s)}</li>" for s in headline(summary))
     parts = [f"<h1>itlaudit: {html.escape(title)}</h1>"]
     if context:
@@ -139,12 +139,12 @@ def render_html(
     figures = [figure_html(caption, png) for caption, png in images]
     parts += figures[:1]
     parts += ["<h2>Result</h2>", f"<p>{inline_markdown(RESULT_NOTE)}</p>"]
-    parts.append(table_html(["figure", *summary["variants"]], result_rows(summary)))
+    parts.append(table_html(["figure", *variants], result_rows(summary)))
     parts += ["<h2>Per-request figures</h2>", _summary_table(summary)]
     parts.append(f"<p>{inline_markdown(EXPLANATION)}</p>")
     # The findings before the other figures: they say which figures can be read at all.
     parts += ["<h2>Findings</h2>", _findings(findings)]
-    for name, block in summary["variants"].items():
+    for name, block in variants.items():
         rows = category_rows(block)
         if rows:
             parts += [
@@ -155,10 +155,10 @@ def render_html(
     if server:
         parts += [
             f"<h2>{SERVER_HEADING}</h2><p>{inline_markdown(SERVER_NOTE)}</p>",
-            table_html(["signal", *summary["variants"]], server),
+            table_html(["signal", *variants], server),
         ]
     parts += figures[1:]
-    parts += [_imported(imp, variant, variants.get(variant) or {}) for imp, variant in imported]
+    parts += [_imported(imp, variant, variants.get(variant)) for imp, variant in imported]
     return page_html(f"itlaudit: {title}", parts)
 
 

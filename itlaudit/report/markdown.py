@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from itlaudit.analysis.importers import ImportedBenchmark
 from itlaudit.analysis.metrics import p50, ratio
 from itlaudit.analysis.server_metrics import SIGNALS
 from itlaudit.analysis.stats import SAME_BAND
+from itlaudit.analysis.summary import Figures, RunSummary, VariantSummary
 from itlaudit.analysis.validity import Validity, comparison_validity, variant_validity
-from itlaudit.model.codes import CLIENT_SATURATED, TRUNCATION_CODES
+from itlaudit.model.codes import CLIENT_SATURATED, TRUNCATION_CODES, Finding
 
 __all__ = [
     "CATEGORY_COLUMNS",
@@ -114,16 +114,16 @@ RESULT_NOTE = (
 )
 
 
-def result_rows(summary: dict[str, Any]) -> list[list[str]]:
+def result_rows(summary: RunSummary) -> list[list[str]]:
     """The Result table's rows (raw strings; label first, one cell per variant), after the validity
     rule's verdict: a capped variant's throughput is no more a speed than its latency."""
-    variants: dict[str, Any] = summary["variants"]
+    variants = summary.variants
     validity = [variant_validity(summary, n) for n in variants]
     rows = [["comparable", *("yes" if v.comparable else f"no: {v.reason}" for v in validity)]]
     for label, key, stat, fmt in RESULT_ROWS:
         cells = []
-        for name in variants:
-            value = (variants[name].get("benchmark") or {}).get(key)
+        for block in variants.values():
+            value = block.benchmark.get(key)
             value = value.get(stat) if isinstance(value, dict) and stat else value
             cells.append("–" if value is None else fmt.format(value))
         rows.append([label, *cells])
@@ -153,32 +153,40 @@ CATEGORY_COLUMNS = (
 CATEGORY_NOTE = "p50 (p99) over each category's requests."
 
 
-def summary_rows(summary: dict[str, Any]) -> list[list[str]]:
+def summary_rows(summary: RunSummary) -> list[list[str]]:
     """The figures table's rows (raw strings; label first, one cell per variant): requests and
     failed requests (a finding is not a failure: those are counted below the table), whether the
     variant is comparable by the validity rule, then the figures; a figure no variant has (schedule
     lag in a closed-loop run) is left out rather than shown as a row of dashes."""
-    variants: dict[str, Any] = summary["variants"]
-    names = list(variants)
-    validity = [variant_validity(summary, n) for n in names]
+    blocks = list(summary.variants.values())
+    validity = [variant_validity(summary, n) for n in summary.variants]
     rows = [
-        ["requests", *(str(variants[n]["requests"]) for n in names)],
-        ["failed requests", *(str(variants[n]["errors"]) for n in names)],
+        ["requests", *(str(b.requests) for b in blocks)],
+        ["failed requests", *(str(b.errors) for b in blocks)],
         ["comparable", *("yes" if v.comparable else f"no: {v.reason}" for v in validity)],
     ]
     for label, key, fmt in SUMMARY_ROWS:
-        cells = [cell(variants[n].get(key), fmt) for n in names]
+        cells = [cell(b.distributions.get(key), fmt) for b in blocks]
         if any(c != "–" for c in cells):
             rows.append([label, *cells])
     return rows
 
 
-def category_rows(block: dict[str, Any]) -> list[list[str]]:
+def category_rows(block: VariantSummary) -> list[list[str]]:
     """One row per dataset category of a variant (raw strings: each renderer escapes its own way)."""
     return [
-        [category, str(row["requests"]), *(_p50_p99(row.get(key), fmt) for key, fmt in CATEGORY_COLUMNS)]
-        for category, row in (block.get("categories") or {}).items()
+        [
+            category,
+            str(row["requests"]),
+            *(_p50_p99(_figures(row.get(key)), fmt) for key, fmt in CATEGORY_COLUMNS),
+        ]
+        for category, row in block.categories.items()
     ]
+
+
+def _figures(value: int | Figures | None) -> Figures | None:
+    """A category row's distribution (its `requests` is the one count beside them)."""
+    return value if isinstance(value, dict) else None
 
 
 SERVER_HEADING = "Server during the measured window"
@@ -188,11 +196,11 @@ SERVER_NOTE = (
 )
 
 
-def server_rows(summary: dict[str, Any]) -> list[list[str]]:
+def server_rows(summary: RunSummary) -> list[list[str]]:
     """A row per signal any variant has (raw strings): summary.json's `server` blocks, in SIGNALS'
     order, throttle reasons last."""
-    server = summary.get("server") or {}
-    names = list(summary["variants"])
+    server = summary.server
+    names = list(summary.variants)
     rows = []
     for key, label, fmt in SIGNALS:
         cells = [server.get(n, {}).get(key) for n in names]
@@ -206,11 +214,11 @@ def server_rows(summary: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
-def server_section(summary: dict[str, Any]) -> list[str]:
+def server_section(summary: RunSummary) -> list[str]:
     rows = server_rows(summary)
     if not rows:
         return []
-    names = list(summary["variants"])
+    names = list(summary.variants)
     out = [f"## {SERVER_HEADING}", "", SERVER_NOTE, ""]
     out.append("| signal | " + " | ".join(escape(n) for n in names) + " |")
     out.append("|---|" + "---|" * len(names))
@@ -218,7 +226,7 @@ def server_section(summary: dict[str, Any]) -> list[str]:
     return [*out, ""]
 
 
-def category_section(variants: dict[str, Any]) -> list[str]:
+def category_section(variants: Mapping[str, VariantSummary]) -> list[str]:
     """Per-category figures, one table per variant with categories (the dataset's `category` field)."""
     out: list[str] = []
     for name, block in variants.items():
@@ -232,13 +240,13 @@ def category_section(variants: dict[str, Any]) -> list[str]:
     return out
 
 
-def _p50_p99(stats: dict[str, Any] | None, fmt: str) -> str:
+def _p50_p99(stats: Figures | None, fmt: str) -> str:
     if not stats or stats.get("p50") is None:
         return "–"
     return f"{fmt.format(stats['p50'])} ({fmt.format(stats['p99'])})"
 
 
-def cell(stats: dict[str, Any] | None, fmt: str) -> str:
+def cell(stats: Figures | None, fmt: str) -> str:
     if not stats or stats.get("p50") is None:
         return "–"
     return f"{fmt.format(stats['p50'])} / {fmt.format(stats['p90'])} / {fmt.format(stats['p99'])}"
@@ -267,11 +275,11 @@ def _factor(ratio: float, smaller: str, larger: str) -> str:
     return f"{1 / ratio:.2f}× {smaller}" if ratio < 1 else f"{ratio:.2f}× {larger}"
 
 
-def comparison_sentence(name: str, base_name: str, base: dict[str, Any], block: dict[str, Any]) -> str | None:
+def comparison_sentence(name: str, base_name: str, base: VariantSummary, block: VariantSummary) -> str | None:
     """Token ITL first (what a user feels), then chunk ITL with "though" when it points the other way:
     that contrast is exactly the trap chunk-counting benchmarks fall into. Only for a comparable pair
     (headline checks the validity rule first)."""
-    token = ratio(p50(block, "itl_ms"), p50(base, "itl_ms"))
+    token = ratio(p50(block.distributions, "itl_ms"), p50(base.distributions, "itl_ms"))
     if token is None or token <= 0:  # a p50 of 0 ms is no timing to compare (and no factor to print)
         return None
     if abs(token - 1) < SAME_BAND:
@@ -280,37 +288,37 @@ def comparison_sentence(name: str, base_name: str, base: dict[str, Any], block: 
         sentence = (
             f"**{escape(name)} is {_factor(token, 'faster', 'slower')} per token than {escape(base_name)}**"
         )
-    chunk = ratio(p50(block, "chunk_itl_ms"), p50(base, "chunk_itl_ms"))
+    chunk = ratio(p50(block.distributions, "chunk_itl_ms"), p50(base.distributions, "chunk_itl_ms"))
     if chunk is not None and chunk > 0 and abs(chunk - 1) >= 0.05:
         contrast = (chunk > 1) != (token > 1)
         joiner = "though" if contrast else "and"
         sentence += f", {joiner} its chunk ITL is {_factor(chunk, 'smaller', 'larger')}"
-        per_chunk = p50(block, "decode_tokens_per_chunk")
+        per_chunk = p50(block.distributions, "decode_tokens_per_chunk")
         if contrast and per_chunk is not None:
             sentence += f" (each chunk carries {per_chunk:.1f} tokens)"
     return sentence + "."
 
 
 def not_comparable_sentence(
-    name: str, base_name: str | None, validity: Validity, base: dict[str, Any], block: dict[str, Any]
+    name: str, base_name: str | None, validity: Validity, base: VariantSummary, block: VariantSummary
 ) -> str:
     """Where a speed comparison would stand, the rule's verdict instead: "K3-capped vs K0: not
     comparable: 6 of 6 requests capped at 128 tokens", with the completion tokens that show it."""
     who = escape(name) if base_name is None else f"{escape(name)} vs {escape(base_name)}"
     sentence = f"**{who}: {escape(validity.label)}**"
-    counts = block.get("findings") or {}
-    tokens, base_tokens = p50(block, "completion_tokens"), p50(base, "completion_tokens")
-    if tokens is not None and any(counts.get(code) for code in TRUNCATION_CODES):
+    tokens = p50(block.distributions, "completion_tokens")
+    base_tokens = p50(base.distributions, "completion_tokens")
+    if tokens is not None and any(block.findings.get(code) for code in TRUNCATION_CODES):
         sentence += f" (completion tokens p50 {tokens:.0f}"
         sentence += f" vs {base_tokens:.0f} for {escape(base_name)})" if base_name and base_tokens else ")"
     return sentence + ": its speed is not ranked (see Findings)."
 
 
-def headline(summary: dict[str, Any]) -> list[str]:
+def headline(summary: RunSummary) -> list[str]:
     """One sentence per variant against the first, by the validity rule (analysis.validity): a
     comparable pair gets its speed in words, any other pair "not comparable" and why, in the same
     bullet, so no reader sees a capped variant called faster."""
-    variants: dict[str, Any] = summary["variants"]
+    variants = summary.variants
     names = list(variants)
     if not names:
         return ["No requests recorded."]
@@ -331,9 +339,8 @@ def headline(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
-def usage_warning(summary: dict[str, Any]) -> str | None:
-    variants: dict[str, Any] = summary["variants"]
-    chunk_fallback = [n for n in variants if "chunks" in variants[n].get("token_source", {})]
+def usage_warning(summary: RunSummary) -> str | None:
+    chunk_fallback = [n for n, b in summary.variants.items() if "chunks" in b.token_source]
     if not chunk_fallback:
         return None
     return (
@@ -347,15 +354,14 @@ def usage_warning(summary: dict[str, Any]) -> str | None:
 PARTIAL_HEADING = "partial: run still in progress"
 
 
-def partial_warning(summary: dict[str, Any]) -> str | None:
+def partial_warning(summary: RunSummary) -> str | None:
     """A report derived while its run was still writing (`report --live`): how much it covers, and
     that the run's own summary, written when it ends, is the one to read."""
-    partial = summary.get("partial")
-    if not isinstance(partial, dict):
+    partial = summary.partial
+    if partial is None:
         return None
-    lines = (summary.get("records") or {}).get("lines")
-    who = f"pid {partial['pid']}" if partial.get("pid") else "another process"
-    count = f" {lines}" if isinstance(lines, int) else ""
+    who = f"pid {partial.pid}" if partial.pid else "another process"
+    count = f" {summary.records.lines}" if summary.records is not None else ""
     return (
         f"**{escape(PARTIAL_HEADING)}.** The run ({who}) was still writing its folder: these figures "
         f"cover the{count} requests that had finished by then. When the run ends it writes its own "
@@ -363,14 +369,14 @@ def partial_warning(summary: dict[str, Any]) -> str | None:
     )
 
 
-def saturation_warning(summary: dict[str, Any]) -> str | None:
+def saturation_warning(summary: RunSummary) -> str | None:
     """The client's own loop lagged by a visible share of the ITL: the figures partly measure itlaudit."""
-    variants: dict[str, Any] = summary["variants"]
-    hit = {n: b["findings"].get(CLIENT_SATURATED, 0) for n, b in variants.items()}
+    variants = summary.variants
+    hit = {n: b.findings.get(CLIENT_SATURATED, 0) for n, b in variants.items()}
     hit = {n: k for n, k in hit.items() if k}
     if not hit:
         return None
-    counts = ", ".join(f"{n} ({k} of {variants[n]['requests']} requests)" for n, k in hit.items())
+    counts = ", ".join(f"{n} ({k} of {variants[n].requests} requests)" for n, k in hit.items())
     return (
         f"**WARNING: itlaudit's capture loop was saturated for {counts}.** Its event-loop lag exceeded "
         "5% of the token ITL (loop stamps) or the whole ITL (kernel stamps), so part of these figures is "
@@ -380,8 +386,8 @@ def saturation_warning(summary: dict[str, Any]) -> str | None:
 
 def render_report(
     title: str,
-    summary: dict[str, Any],
-    findings: list[dict[str, Any]],
+    summary: RunSummary,
+    findings: Sequence[Finding],
     *,
     images: Sequence[tuple[str, str]] = (),
     imported: Sequence[tuple[ImportedBenchmark, str]] = (),
@@ -389,7 +395,7 @@ def render_report(
 ) -> str:
     """`images` are (caption, file name relative to report.md); `imported` pairs another tool's result
     with the variant it measured; `context` is the run's facts (report.context), shown first."""
-    variants: dict[str, Any] = summary["variants"]
+    variants = summary.variants
     names = list(variants)
     lines = [f"# itlaudit: {escape(title)}", ""]
     if context:
@@ -415,7 +421,7 @@ def render_report(
     lines += category_section(variants)
     lines += server_section(summary)
     for imp, variant in imported:
-        lines += imported_section(imp, variant, variants.get(variant) or {})
+        lines += imported_section(imp, variant, variants.get(variant))
     lines += [f"![{escape(caption)}]({name})" for caption, name in images]
     return "\n".join(lines) + "\n"
 
@@ -433,23 +439,25 @@ IMPORT_ROWS = (
 )
 
 
-def stat_pair(stats: dict[str, Any] | None, fmt: str) -> str:
+def stat_pair(stats: Mapping[str, float | int | None] | None, fmt: str) -> str:
     """ "p50 (mean)": tools disagree on which one they headline, so show both."""
     stats = stats or {}
     parts = [fmt.format(v) if v is not None else "–" for v in (stats.get("p50"), stats.get("mean"))]
     return "–" if parts == ["–", "–"] else f"{parts[0]} ({parts[1]})"
 
 
-def import_rows(imp: ImportedBenchmark, block: dict[str, Any]) -> list[tuple[str, str, str, str]]:
-    """(figure, the tool's name for it, its value, itlaudit's value) for each figure the tool has."""
+def import_rows(imp: ImportedBenchmark, block: VariantSummary | None) -> list[tuple[str, str, str, str]]:
+    """(figure, the tool's name for it, its value, itlaudit's value) for each figure the tool has;
+    itlaudit's are blank for a variant this run does not hold."""
+    ours = block.distributions if block is not None else {}
     return [
-        (label, imp.names.get(key, ""), stat_pair(imp.figures[key], fmt), stat_pair(block.get(key), fmt))
+        (label, imp.names.get(key, ""), stat_pair(imp.figures[key], fmt), stat_pair(ours.get(key), fmt))
         for label, key, fmt in IMPORT_ROWS
         if key in imp.figures
     ]
 
 
-def imported_section(imp: ImportedBenchmark, variant: str, block: dict[str, Any]) -> list[str]:
+def imported_section(imp: ImportedBenchmark, variant: str, block: VariantSummary | None) -> list[str]:
     lines = [
         f"## {escape(imp.tool)} ({escape(imp.source)}) beside itlaudit {escape(variant)}",
         "",
@@ -469,11 +477,11 @@ NO_FINDINGS = "No findings: every request ran to its expected length with server
 FINDINGS_FILE = "derived.jsonl"
 
 
-def group_findings(findings: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+def group_findings(findings: Sequence[Finding]) -> dict[str, list[Finding]]:
     """By code, in first-seen order: 1000 truncated requests should read as one entry."""
-    groups: dict[str, list[dict[str, Any]]] = {}
+    groups: dict[str, list[Finding]] = {}
     for finding in findings:
-        groups.setdefault(finding["code"], []).append(finding)
+        groups.setdefault(finding.code, []).append(finding)
     return groups
 
 
@@ -485,13 +493,13 @@ class FindingGroup:
     code, for its wording."""
 
     codes: tuple[str, ...]
-    members: list[dict[str, Any]]
-    also: list[dict[str, Any]]
+    members: list[Finding]
+    also: list[Finding]
 
     @property
     def heading(self) -> str:
         """The bullet's head: code, severity and count; shared codes joined with + and counted once."""
-        severity = self.members[0]["severity"]
+        severity = self.members[0].severity
         if len(self.codes) == 1:
             return f"**{self.codes[0]}** ({severity}) × {len(self.members)}"
         joined = " + ".join(f"**{code}**" for code in self.codes)
@@ -499,12 +507,12 @@ class FindingGroup:
         return f"{joined} ({severity}) × {len(self.members)} requests: one cause, seen by {rules} rules"
 
 
-def _requests(members: Sequence[dict[str, Any]]) -> frozenset[str] | None:
-    ids = frozenset(str(f["request_id"]) for f in members if f.get("request_id"))
+def _requests(members: Sequence[Finding]) -> frozenset[str] | None:
+    ids = frozenset(f.request_id for f in members if f.request_id)
     return ids if len(ids) == len(members) else None
 
 
-def finding_groups(findings: Sequence[dict[str, Any]]) -> list[FindingGroup]:
+def finding_groups(findings: Sequence[Finding]) -> list[FindingGroup]:
     """group_findings with the truncation codes that fired on the same requests merged into one
     group: they are one cause (the output was cut short) seen by several rules."""
     groups = group_findings(findings)
@@ -518,16 +526,16 @@ def finding_groups(findings: Sequence[dict[str, Any]]) -> list[FindingGroup]:
     ]
 
 
-def _findings_section(findings: list[dict[str, Any]], examples: int = FINDING_EXAMPLES) -> list[str]:
+def _findings_section(findings: Sequence[Finding], examples: int = FINDING_EXAMPLES) -> list[str]:
     """Grouped by cause, a few examples each."""
     lines: list[str] = []
     for group in finding_groups(findings):
         lines.append(f"- {group.heading}")
         for finding in group.members[:examples]:
-            who = finding.get("request_id") or "run-level"
-            lines.append(f"  - {escape(who)}: {escape(finding['message'])}")
+            who = finding.request_id or "run-level"
+            lines.append(f"  - {escape(who)}: {escape(finding.message)}")
         if len(group.members) > examples:
             lines.append(f"  - … and {len(group.members) - examples} more (see {FINDINGS_FILE})")
         for other in group.also:
-            lines.append(f"  - {other['code']}, on the same requests: {escape(other['message'])}")
+            lines.append(f"  - {other.code}, on the same requests: {escape(other.message)}")
     return lines

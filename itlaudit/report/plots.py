@@ -23,7 +23,9 @@ from matplotlib.patches import Rectangle
 
 from itlaudit.analysis.metrics import p50, per_chunk_itl_ms, request_metrics, speedup, token_counts
 from itlaudit.analysis.server_metrics import KV_USAGE, RUNNING, WAITING, per_position_series
+from itlaudit.analysis.specdecode import SpecDecodeStats
 from itlaudit.analysis.stats import Comparison, compare_samples
+from itlaudit.analysis.summary import VariantSummary
 from itlaudit.analysis.validity import COMPARABLE, NOT_COMPARABLE, Validity, comparison_validity
 from itlaudit.model.records import RequestRecord, Status
 from itlaudit.report.plot_style import (
@@ -71,8 +73,8 @@ class VariantView:
 
     name: str
     records: Sequence[RequestRecord]
-    block: dict[str, Any]
-    spec_decode: dict[str, Any] | None = None
+    block: VariantSummary
+    spec_decode: SpecDecodeStats | None = None
     truncated: frozenset[str] = frozenset()
     validity: Validity = COMPARABLE
     # The samplers' rows for this variant (store.server_metrics): "server" (/metrics), "gpu" (NVML).
@@ -175,9 +177,7 @@ def plot_itl_cdf(variants: Sequence[VariantView], path: Path) -> Path | None:
 
 def plot_tokens_per_chunk(variants: Sequence[VariantView], path: Path) -> Path | None:
     """Share of chunks carrying 1, 2, … tokens: K0 is all ones, spec decode spreads up to K+1."""
-    hists = [
-        {int(k): v for k, v in (view.block.get("tokens_per_chunk_hist") or {}).items()} for view in variants
-    ]
+    hists = [{int(k): v for k, v in view.block.tokens_per_chunk_hist.items()} for view in variants]
     largest = max((k for h in hists for k in h), default=0)
     if largest < 1:
         return None
@@ -293,7 +293,7 @@ def plot_latency_bars(variants: Sequence[VariantView], path: Path) -> Path | Non
     """p50/p90/p99 per variant for the three figures people quote, each non-baseline bar group
     annotated with its p50 ratio to the baseline where diff's rule calls it a verdict; a variant that
     is not comparable is grey, hatched and annotated so instead."""
-    if not any(p50(v.block, key) is not None for v in variants for key, _, _ in _BAR_METRICS):
+    if not any(p50(v.block.distributions, key) is not None for v in variants for key, _, _ in _BAR_METRICS):
         return None
     if len(variants) > CROWDED:  # stacked, the variant names under the last panel only
         fig, axes = plt.subplots(
@@ -324,7 +324,7 @@ def _ratio_words(
     if not _against_base(variants, view).comparable:
         return NOT_COMPARABLE, TRUNCATION_RED
     base = variants[0]
-    factor = speedup(p50(base.block, key), p50(view.block, key), lower)
+    factor = speedup(p50(base.block.distributions, key), p50(view.block.distributions, key), lower)
     if factor is None:
         return None
     return verdict_words(_verdict(base, view, key, lower), factor, better, worse)
@@ -332,15 +332,15 @@ def _ratio_words(
 
 def _bar_panel(ax: Axes, variants: Sequence[VariantView], key: str, label: str, lower: bool) -> None:
     width = 0.8 / len(_PERCENTILES)
-    tops = []
+    tops: list[float] = []
     for i, view in enumerate(variants):
-        stats = view.block.get(key) or {}
+        stats = view.block.distributions.get(key) or {}
         invalid = not view.validity.comparable
         for j, (p, alpha) in enumerate(_PERCENTILES):
-            if stats.get(p) is not None:
+            if (value := stats.get(p)) is not None:
                 ax.bar(
                     i + (j - 1) * width,
-                    stats[p],
+                    value,
                     width,
                     color=_colour(variants, view),
                     alpha=alpha,
@@ -348,7 +348,7 @@ def _bar_panel(ax: Axes, variants: Sequence[VariantView], key: str, label: str, 
                     edgecolor=TRUNCATION_RED if invalid else None,
                     lw=0.6 if invalid else 0,
                 )
-                tops.append(stats[p])
+                tops.append(value)
     if not tops:
         ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
         return
@@ -356,7 +356,7 @@ def _bar_panel(ax: Axes, variants: Sequence[VariantView], key: str, label: str, 
     if log:
         ax.set_yscale("log")
     for i, view in enumerate(variants):
-        stats = view.block.get(key) or {}
+        stats = view.block.distributions.get(key) or {}
         top = max(v for p, _ in _PERCENTILES if (v := stats.get(p)) is not None) if stats.get("p50") else None
         ranked = i or not view.validity.comparable  # the baseline is annotated only when invalid
         words = _ratio_words(variants, view, key, lower, "better", "worse") if ranked else None
@@ -382,7 +382,9 @@ def plot_itl_headline(variants: Sequence[VariantView], path: Path) -> Path | Non
     under its name: the ten-second answer to "is K3 faster?". The ratio is worded only when diff's
     rule finds it significant, and only between comparable variants: one that is not comparable is
     grey and hatched, its label says "not comparable" and why, in red."""
-    pairs = [(p50(v.block, "itl_ms"), p50(v.block, "chunk_itl_ms")) for v in variants]
+    pairs = [
+        (p50(v.block.distributions, "itl_ms"), p50(v.block.distributions, "chunk_itl_ms")) for v in variants
+    ]
     if all(token is None for token, _ in pairs):
         return None
     fig, ax = plt.subplots(figsize=WIDE)
@@ -444,7 +446,7 @@ def plot_itl_headline(variants: Sequence[VariantView], path: Path) -> Path | Non
 
 def plot_acceptance(variants: Sequence[VariantView], path: Path) -> Path | None:
     """Per-position draft acceptance from /metrics: where along the draft the speculation fails."""
-    rates = [(v, list((v.spec_decode or {}).get("per_position_acceptance") or [])) for v in variants]
+    rates = [(v, v.spec_decode.per_position_acceptance if v.spec_decode else []) for v in variants]
     rates = [(v, r) for v, r in rates if r]
     if not rates:
         return None
@@ -452,8 +454,8 @@ def plot_acceptance(variants: Sequence[VariantView], path: Path) -> Path | None:
     positions = max(len(r) for _, r in rates)
     width = 0.8 / len(rates)
     for k, (view, values) in enumerate(rates):
-        al = (view.spec_decode or {}).get("acceptance_length")
-        label = view.name + (f" (acceptance length {al:.2f})" if isinstance(al, int | float) else "")
+        al = view.spec_decode.acceptance_length if view.spec_decode else None
+        label = view.name + (f" (acceptance length {al:.2f})" if al is not None else "")
         ax.bar(
             np.arange(1, len(values) + 1) + (k - (len(rates) - 1) / 2) * width,
             values,

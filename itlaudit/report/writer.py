@@ -13,10 +13,15 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from itlaudit.analysis.comparison import CompareResult
 from itlaudit.analysis.findings import truncated_requests
 from itlaudit.analysis.importers import ImportedBenchmark
+from itlaudit.analysis.specdecode import SpecDecodeStats
+from itlaudit.analysis.summary import RunSummary
 from itlaudit.analysis.validity import variant_validity
+from itlaudit.model.codes import Finding
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.redact import redact_text
 from itlaudit.report.context import context_facts
@@ -52,27 +57,27 @@ def plots_skipped(skip: bool = True) -> Iterator[None]:
 
 def variant_views(
     records: Sequence[RequestRecord],
-    summary: dict[str, Any],
+    summary: RunSummary,
     compare: CompareResult | None = None,
-    findings: Sequence[dict[str, Any]] = (),
+    findings: Sequence[Finding] = (),
     telemetry: Mapping[str, Mapping[str, Sequence[dict[str, Any]]]] | None = None,
 ) -> list[VariantView]:
     """compare.json is written by another command and may be absent or cut short (then
-    CompareResult.from_json gave None): its spec-decode figures are then absent. The findings (JSON
-    form) say which requests were cut short; the summary, by analysis.validity, which variants are
-    not comparable."""
+    CompareResult.from_json gave None): its spec-decode figures are then absent. The findings say
+    which requests were cut short; the summary, by analysis.validity, which variants are not
+    comparable."""
     from itlaudit.report.plots import VariantView  # beside matplotlib: only when plots are drawn
 
     truncated = truncated_requests(findings)
     views = []
-    for name, block in summary["variants"].items():
+    for name, block in summary.variants.items():
         row = compare.variants.get(name) if compare is not None else None
         views.append(
             VariantView(
                 name=name,
                 records=[r for r in records if r.variant == name],
                 block=block,
-                spec_decode=row.spec_decode if row is not None else None,
+                spec_decode=_spec_decode(row.spec_decode) if row is not None else None,
                 truncated=frozenset(r.request_id for r in records if r.variant == name) & truncated,
                 validity=variant_validity(summary, name),
                 telemetry={kind: rows[name] for kind, rows in (telemetry or {}).items() if name in rows},
@@ -81,16 +86,25 @@ def variant_views(
     return views
 
 
+def _spec_decode(figures: object) -> SpecDecodeStats | None:
+    """compare.json's spec-decode figures of a variant; None without them or when they are not
+    whole (the file is another command's: its figures are then absent, not an error)."""
+    try:
+        return None if figures is None else msgspec.convert(figures, SpecDecodeStats)
+    except msgspec.ValidationError:
+        return None
+
+
 def write_reports(
     out_dir: Path,
     title: str,
     records: Sequence[RequestRecord],
-    summary: dict[str, Any],
-    findings: list[dict[str, Any]],
+    summary: RunSummary,
+    findings: Sequence[Finding],
     *,
     compare: CompareResult | None = None,
     imported: Sequence[tuple[ImportedBenchmark, str]] = (),
-    meta: dict[str, Any] | None = None,
+    meta: Mapping[str, Any] | None = None,
     telemetry: Mapping[str, Mapping[str, Sequence[dict[str, Any]]]] | None = None,
 ) -> Path:
     """PNGs, report.md (linking them) and report.html (embedding them); returns report.html's path.

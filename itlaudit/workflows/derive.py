@@ -15,6 +15,7 @@ from itlaudit.analysis.comparison import CompareResult
 from itlaudit.analysis.derive import derive_requests, request_line, summarize_run
 from itlaudit.analysis.importers import ImportedBenchmark
 from itlaudit.analysis.summary import PartialBy, RecordsSeen, RunSummary
+from itlaudit.model.codes import Finding
 from itlaudit.model.records import RequestRecord
 from itlaudit.report.markdown import PARTIAL_HEADING
 from itlaudit.report.progress import Reporter
@@ -78,10 +79,7 @@ class Derivation:
     records: list[RequestRecord]
     summary: RunSummary
     derived: list[dict[str, Any]]
-
-    @property
-    def findings(self) -> list[dict[str, Any]]:
-        return [f for d in self.derived for f in d["finding_details"]] + self.summary.run_findings
+    findings: list[Finding]  # each request's, then the run-level ones
 
 
 def derive_figures(
@@ -119,7 +117,11 @@ def derive_figures(
         write_jsonl(out / DERIVED_FILE, derived)
         _csv_frame(records, derived).to_csv(out / CSV_FILE, index=False)
         write_chunks(records, out)
-    return Derivation(out=out, title=title, records=records, summary=summary, derived=derived)
+    findings = [f for request in requests for f in request.findings]
+    findings += [Finding.from_json(f) for f in summary.run_findings]
+    return Derivation(
+        out=out, title=title, records=records, summary=summary, derived=derived, findings=findings
+    )
 
 
 def write_report(
@@ -140,7 +142,7 @@ def write_report(
             derivation.out,
             derivation.title,
             derivation.records,
-            derivation.summary.to_json(),  # the file's form, which the report reads as any past summary
+            derivation.summary,
             derivation.findings,
             compare=compare,
             imported=imported,

@@ -13,10 +13,11 @@ from typing import Any
 
 import msgspec
 
-from itlaudit.analysis.derive import derive_request, summarize_run
+from itlaudit.analysis.derive import derive_requests, summarize_run
 from itlaudit.analysis.importers import ImportedBenchmark
 from itlaudit.analysis.summary import PartialBy
 from itlaudit.errors import RecordsError, RunDirError
+from itlaudit.model.codes import Finding
 from itlaudit.model.records import RequestRecord
 from itlaudit.report.markdown import PARTIAL_HEADING
 from itlaudit.report.progress import Reporter
@@ -125,9 +126,10 @@ def report_runs(
         return run.path / PARTIAL_DIR
     records, order = combined
     target = out_dir or new_run_dir(Path("reports"), "report")
-    summary = summarize_run(records, order)
-    derived = [f for r in records for f in derive_request(r)["finding_details"]]
-    findings = derived + summary.run_findings
+    requests = derive_requests(records)
+    summary = summarize_run(records, order, requests)
+    findings = [f for request in requests for f in request.findings]
+    findings += [Finding.from_json(f) for f in summary.run_findings]
     titles = [run.title for run in runs]
     title = " vs ".join(titles if len(set(titles)) == len(titles) else [labels[run.path] for run in runs])
     if holders:
@@ -138,5 +140,5 @@ def report_runs(
     from itlaudit.report.writer import write_reports  # matplotlib: only when drawing
 
     with reporter.step("writing the report"):
-        write_reports(target, title, records, summary.to_json(), findings, imported=imported)
+        write_reports(target, title, records, summary, findings, imported=imported)
     return target
