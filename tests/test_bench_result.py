@@ -14,7 +14,7 @@ from reportkit import k0_k3
 from simkit import itlaudit, sim_server
 
 from itlaudit.analysis.benchmark import benchmark_figures
-from itlaudit.analysis.derive import run_summary
+from itlaudit.analysis.derive import summarize_run
 from itlaudit.analysis.metrics import request_metrics
 from itlaudit.model.records import ChunkSeries, RequestParams, RequestRecord, Status
 from itlaudit.report.terminal import WIDTH, result_block
@@ -106,7 +106,7 @@ def test_records_without_dispatch_offsets_have_no_duration() -> None:
 
 
 def test_terminal_block_reads_like_vllm_bench_and_marks_the_capped_variant() -> None:
-    summary = run_summary(k0_k3(3))
+    summary = summarize_run(k0_k3(3))
     meta = {"workload": {"max_concurrency": 4}, "variants": {"K3-capped": {"url": "http://h:1"}}}
     block = result_block(summary, meta, "K3-capped")
     text = [line for line, _ in block]

@@ -165,8 +165,9 @@ def _print_outcome(outcome: RunOutcome) -> None:
         meta = read_json(outcome.run_dir / META_FILE)
     except (OSError, ValueError):
         meta = {}
-    for name in outcome.summary["variants"]:
-        for line, style in result_block(outcome.summary, meta, name):
+    summary = outcome.derivation.summary
+    for name in summary.variants:
+        for line, style in result_block(summary, meta, name):
             out.print(line, style=style, markup=False, highlight=False, soft_wrap=True)
     for report in (REPORT_MD, REPORT_HTML):
         where = (outcome.run_dir / report).resolve()

@@ -101,6 +101,7 @@ SURFACE = Surface(
             "is_simulator",
             "server_build",
             "simulator_version",
+            "variant_meta",
             "variant_view",
             "workload_meta",
         ),

@@ -17,10 +17,12 @@ from itlaudit.model.scenario import Scenario
 
 __all__ = [
     "SIMULATOR",
+    "VariantMeta",
     "VariantView",
     "is_simulator",
     "server_build",
     "simulator_version",
+    "variant_meta",
     "variant_view",
     "workload_meta",
 ]
@@ -85,6 +87,26 @@ def workload_meta(scenario: Scenario) -> dict[str, Any]:
     }
 
 
+class VariantMeta(NamedTuple):
+    """One variant's part of meta.json as its result readers take it: the workload, the variant's
+    entry, and the server's version string (vLLM's, the simulator's, or None)."""
+
+    workload: Mapping[str, Any]
+    info: Mapping[str, Any]
+    version: str | None
+
+
+def variant_meta(meta: Mapping[str, Any], variant: str) -> VariantMeta:
+    """Read one variant out of meta.json's dict; a part a run did not write is empty."""
+    info: Mapping[str, Any] = (meta.get("variants") or {}).get(variant) or {}
+    environment: Mapping[str, Any] = info.get("environment") or {}
+    return VariantMeta(
+        workload=meta.get("workload") or {},
+        info=info,
+        version=environment.get("server_version") or environment.get("vllm_version"),
+    )
+
+
 class VariantView(NamedTuple):
     """One variant of a finished run as its result readers (the terminal block, --save-result) take it:
     summary.json's block and its run-level figures, meta.json's workload and variant entry, and the
@@ -100,12 +122,4 @@ class VariantView(NamedTuple):
 def variant_view(summary: Mapping[str, Any], meta: Mapping[str, Any], variant: str) -> VariantView:
     """Read one variant out of summary.json's and meta.json's dicts; a part a run did not write is empty."""
     block: Mapping[str, Any] = summary["variants"][variant]
-    info: Mapping[str, Any] = (meta.get("variants") or {}).get(variant) or {}
-    environment: Mapping[str, Any] = info.get("environment") or {}
-    return VariantView(
-        block=block,
-        bench=block.get("benchmark") or {},
-        workload=meta.get("workload") or {},
-        info=info,
-        version=environment.get("server_version") or environment.get("vllm_version"),
-    )
+    return VariantView(block, block.get("benchmark") or {}, *variant_meta(meta, variant))

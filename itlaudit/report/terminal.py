@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from itlaudit.analysis.summary import Figures, RunSummary, VariantSummary
 from itlaudit.analysis.validity import variant_validity
 from itlaudit.model.codes import CUT_BY_DURATION
-from itlaudit.model.run_context import server_build, variant_view
+from itlaudit.model.run_context import server_build, variant_meta
 
 __all__ = ["WIDTH", "Line", "result_block"]
 
@@ -36,24 +37,27 @@ def _section(title: str) -> str:
     return f"{title:-^{WIDTH}}"
 
 
-def _statistics(label: str, figures: Mapping[str, Any] | None, *more: Mapping[str, Any] | None) -> list[str]:
-    """Mean, Median and P99 rows for one metric (vllm bench's three), one column per figure set."""
-    sets = [figures or {}, *(m or {} for m in more)]
+def _statistics(label: str, *figures: float | Figures | None) -> list[str]:
+    """Mean, Median and P99 rows for one metric (vllm bench's three), one column per figure set (a
+    block["benchmark"] distribution; a figure the run lacks is unknown)."""
+    sets = [s if isinstance(s, dict) else {} for s in figures]
     return [
         _row(f"{word} {label} (ms):", *(s.get(key) for s in sets))
         for word, key in (("Mean", "mean"), ("Median", "p50"), ("P99", "p99"))
     ]
 
 
-def _cut_rows(block: Mapping[str, Any]) -> list[str]:
+def _cut_rows(block: VariantSummary) -> list[str]:
     """A duration_s run whose grace ran out with streams open: how many it cut (among the failed)."""
-    cut = (block.get("findings") or {}).get(CUT_BY_DURATION)
+    cut = block.findings.get(CUT_BY_DURATION)
     return [_row("Cut at the run's end (duration_s):", cut)] if cut else []
 
 
-def result_block(summary: Mapping[str, Any], meta: Mapping[str, Any], variant: str) -> list[Line]:
+def result_block(summary: RunSummary, meta: Mapping[str, Any], variant: str) -> list[Line]:
     """One variant's block. `meta` is meta.json's dict (the workload and the server's /version)."""
-    block, bench, workload, info, version = variant_view(summary, meta, variant)
+    block = summary.variants[variant]
+    bench = block.benchmark
+    workload, info, version = variant_meta(meta, variant)
     lines: list[Line] = [(f"{f' Serving Benchmark Result: {variant} ':=^{WIDTH}}", "bold")]
     validity = variant_validity(summary, variant)
     if not validity.comparable:
@@ -86,6 +90,6 @@ def result_block(summary: Mapping[str, Any], meta: Mapping[str, Any], variant: s
         *_statistics("E2EL", bench.get("e2el_ms")),
     ]
     lines += [(line, None) for line in plain]
-    found = ", ".join(f"{code}×{n}" for code, n in (block.get("findings") or {}).items()) or "none"
-    lines += [(_row("Findings:", found), "red" if block.get("findings") else None), ("=" * WIDTH, "bold")]
+    found = ", ".join(f"{code}×{n}" for code, n in block.findings.items()) or "none"
+    lines += [(_row("Findings:", found), "red" if block.findings else None), ("=" * WIDTH, "bold")]
     return lines
