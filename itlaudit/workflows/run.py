@@ -109,8 +109,7 @@ class RunOutcome:
 
     @property
     def summary(self) -> dict[str, Any]:
-        """summary.json's form, which compare, smoke and the terminal block read (as for a past
-        folder)."""
+        """summary.json's form, which compare, smoke and trials read (as for a past folder)."""
         return self.derivation.summary.to_json()
 
     @property
