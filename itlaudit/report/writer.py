@@ -86,7 +86,7 @@ def variant_views(
     return views
 
 
-def _spec_decode(figures: object) -> SpecDecodeStats | None:
+def _spec_decode(figures: Mapping[str, object] | None) -> SpecDecodeStats | None:
     """compare.json's spec-decode figures of a variant; None without them or when they are not
     whole (the file is another command's: its figures are then absent, not an error)."""
     try:
