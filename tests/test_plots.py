@@ -186,6 +186,15 @@ def test_acceptance_bars_are_the_per_position_rates(tmp_path: Path, drawn: list[
     assert [bar.get_x() + bar.get_width() / 2 for bar in bars] == pytest.approx([1, 2, 3])
 
 
+def test_spec_decode_figures_cut_short_draw_no_acceptance_and_raise_nothing(tmp_path: Path) -> None:
+    """compare.json is another command's file: a variant's spec_decode missing its counts is absent
+    figures, as a compare.json cut short is, never a traceback out of the report."""
+    cut = {"K3": {"per_position_acceptance": [0.9, 0.8, 0.7]}}
+    drawn_views = views(k0_k3(), cut)
+    assert all(v.spec_decode is None for v in drawn_views)
+    assert plot_acceptance(drawn_views, tmp_path / "a.png") is None
+
+
 @pytest.mark.parametrize("n", [1, 1000])
 def test_one_request_and_a_thousand_both_draw(tmp_path: Path, n: int, drawn: list[Figure]) -> None:
     records = [stream("K0", i, tokens=32, max_tokens=32, jitter=0.2) for i in range(n)]
