@@ -48,6 +48,7 @@ SURFACE = Surface(
             "Telemetry",
             "TelemetryWindow",
         ),
+        "workers": ("prestart_workers",),
     },
 )
 __all__ = SURFACE.names

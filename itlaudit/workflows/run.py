@@ -231,6 +231,10 @@ def run_scenario(
         problem = target and url_credentials_problem(target, variant_access(scenario, variant.name, capture))
         if problem:
             raise ScenarioError(f"variant {variant.name}: {problem}")
+    if capture is None or capture.cluster is None:  # local capture workers: their forkserver boots meanwhile
+        from itlaudit.capture.workers import prestart_workers
+
+        prestart_workers()
     folder = _open_run_dir(run_dir, scenario.folder_name, append)
     try:
         with hold_run_lock(folder, f"--out {folder}"):
