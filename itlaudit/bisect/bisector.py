@@ -16,7 +16,6 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 
@@ -29,7 +28,7 @@ from itlaudit.bisect.probe import OnServer, ProbeConfig, ProbeResult, run_probe
 from itlaudit.bisect.report import compare_url, write_report
 from itlaudit.bisect.search import Answer, Search
 from itlaudit.bisect.settings import Settings, make_provider
-from itlaudit.bisect.state import BisectResult, State
+from itlaudit.bisect.state import BisectResult, PendingProbe, ProbeRecord, State
 from itlaudit.capture.cluster import connect
 from itlaudit.errors import BisectError
 from itlaudit.model.access import NO_ACCESS, Access
@@ -135,7 +134,7 @@ class Bisection:
         self.state.save(self.dir)
         write_report(self.state, self.dir, plot=False)
 
-    def _probe_of(self, index: int) -> dict[str, Any] | None:
+    def _probe_of(self, index: int) -> ProbeRecord | None:
         return next((p for p in self.state.probes if p["index"] == index), None)
 
     def _baseline(self) -> dict[str, Figures] | None:
@@ -158,13 +157,13 @@ class Bisection:
             self._save()
 
     # -- probing -------------------------------------------------------------------------------
-    def _probe(self, index: int, round_number: int, gpu: int | None = None) -> dict[str, Any]:
+    def _probe(self, index: int, round_number: int, gpu: int | None = None) -> ProbeRecord:
         """One probe, marked in progress first; `gpu` (a parallel round's slot) is the GPU it gets."""
         build = self.state.builds[index]
         with self._lock:
             number = len(self.state.probes) + len(self.state.in_progress) + 1
             probe_dir = self.dir / f"probe-{number:02d}-{build.label}"
-            pending: dict[str, Any] = {"index": index, "ref": build.ref, "dir": str(probe_dir)}
+            pending: PendingProbe = {"index": index, "ref": build.ref, "dir": str(probe_dir)}
             self.state.in_progress.append(pending)
             self._save()
         where = f" on GPU {gpu}" if gpu is not None and self.cluster is None else ""
@@ -176,7 +175,7 @@ class Bisection:
         def on_server(pgid: int | None) -> None:
             if pgid is not None:
                 with self._lock:
-                    pending.update(server_pgid=pgid, server_argv=state_mod.cmdline(pgid))
+                    pending.update({"server_pgid": pgid, "server_argv": state_mod.cmdline(pgid)})
                     self._save()
 
         def on_node(node: str) -> None:
@@ -194,7 +193,7 @@ class Bisection:
 
         baseline = None if index == self._reference else self._baseline()
         result, device, lost = self._run_probe(build, probe_dir, baseline, on_server, on_node, gpu)
-        record = {
+        record: ProbeRecord = {
             "index": index,
             "build": build.ref,
             "commit": build.ref if build.kind == "commit" else None,
@@ -211,7 +210,7 @@ class Bisection:
             "finished_at_unix": time.time(),
         }
         if self.cluster is not None:
-            record.update(node=pending.get("node"), lost_nodes=lost)
+            record.update({"node": pending.get("node"), "lost_nodes": lost})
         with self._lock:
             self.state.probes.append(record)
             self.state.in_progress.remove(pending)
@@ -243,13 +242,13 @@ class Bisection:
         result = run_probe(config, self.prefetcher, build, probe_dir, baseline, on_server)
         return result, None if gpu is None else str(gpu), []
 
-    def _probe_round(self, indices: list[int]) -> list[dict[str, Any]]:
+    def _probe_round(self, indices: list[int]) -> list[ProbeRecord]:
         """The round's probes at once, one thread each (daemon: an interrupt ends the run, and the
         servers die with it; resume reruns what was in flight). A lone probe runs here as before."""
         round_number = self.state.rounds + 1
         if self.state.settings.parallel == 1 and self.cluster is None:
             return [self._probe(indices[0], round_number)]
-        records: list[dict[str, Any]] = []
+        records: list[ProbeRecord] = []
         failures: list[BaseException] = []
 
         def one(index: int, slot: int) -> None:
@@ -297,8 +296,9 @@ class Bisection:
             return f"{self.search.remaining_estimate()} probe(s) to go"
         return f"{self.search.remaining_estimate(k)} round(s) of {k} to go"
 
-    def _print_probe(self, record: dict[str, Any]) -> None:
-        colour = {Verdict.GOOD: "green", Verdict.BAD: "red"}.get(record["verdict"], "yellow")
+    def _print_probe(self, record: ProbeRecord) -> None:
+        colours: dict[str, str] = {Verdict.GOOD: "green", Verdict.BAD: "red"}
+        colour = colours.get(record["verdict"], "yellow")
         lo, hi = self.search.bounds
         left = hi - lo - 1
         reason = _first_line(record["reason"])
@@ -367,8 +367,9 @@ class Bisection:
                 f"in between were skipped or unclear; {before}: {builds[lo].label}"
             )
         # The build that shows the problem next to the answer: what flipped there, in figures.
-        showing = self._probe_of(lo if settings.find_fix else hi) or {}
-        detail = showing.get("detail", {})
+        showing = self._probe_of(lo if settings.find_fix else hi)
+        detail = {} if showing is None else showing.get("detail", {})
+        signals, explanation = detail.get("signals"), detail.get("explanation")
         self.state.status = "done"
         self.state.result = BisectResult(
             first_bad=builds[hi].ref if len(candidates) == 1 else None,
@@ -376,8 +377,8 @@ class Bisection:
             candidates=[b.ref for b in candidates],
             message=message,
             compare_url=url,
-            signals=detail.get("signals", []),
-            explanation=f"{showing['label']}: {detail['explanation']}" if detail.get("explanation") else None,
+            signals=[str(s) for s in signals] if isinstance(signals, list) else [],
+            explanation=f"{showing['label']}: {explanation}" if showing and explanation else None,
             probes_used=len(self.state.probes),
             rounds_used=self.state.rounds,
             elapsed_s=round(time.monotonic() - self.started, 1),

@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 
@@ -20,11 +20,24 @@ from itlaudit.analysis.validity import Validity, block_validity
 from itlaudit.store.jsonl import load_records
 from itlaudit.store.rundir import REQUESTS_FILE
 
-__all__ = ["ERROR_CODES", "Figures", "median", "read_probe", "read_trial"]
+__all__ = ["ERROR_CODES", "Figures", "ProbeFigures", "median", "read_probe", "read_trial"]
 
 ERROR_CODES = frozenset(
     {findings.STREAM_ERROR, findings.HTTP_ERROR, findings.CONNECTION_ERROR, findings.NO_DONE_SENTINEL}
 )
+
+
+class ProbeFigures(TypedDict, total=False):
+    """One variant's figures in a probe as bisect.json keeps them (its file form; block_validity reads
+    it as it reads a summary.json block). Keys can be absent from a file an older itlaudit wrote."""
+
+    itl_p50_ms: float | None
+    chunk_itl_p50_ms: float | None
+    tokens_per_chunk_p50: float | None
+    completion_tokens_p50: float | None
+    requests: int
+    errors: int
+    findings: dict[str, int]
 
 
 @dataclass
@@ -72,7 +85,7 @@ class Figures:
         """analysis.validity's rule on these figures: whether this variant may be ranked at all."""
         return block_validity(self.summary())
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> ProbeFigures:
         """The per-probe figures kept in bisect.json and plotted: medians over all trials' requests."""
         return {
             "itl_p50_ms": median(self.itl_ms),

@@ -16,14 +16,14 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from itlaudit.bisect.build_range import Build
-from itlaudit.bisect.figures import Figures, read_trial
+from itlaudit.bisect.figures import Figures, ProbeFigures, read_trial
 from itlaudit.bisect.prefetch import Prefetcher
 from itlaudit.bisect.verdict import Judge, Judgement, ScriptJudge
 from itlaudit.capture.runner import CaptureOptions
 from itlaudit.errors import BuildUnavailable, LaunchError, ServerRejectedError, ServerUnreachableError
+from itlaudit.model.jsonvalue import JSONMapping
 from itlaudit.model.launch import LaunchSpec
 from itlaudit.model.scenario import Scenario
 from itlaudit.model.vocabulary import Verdict
@@ -62,8 +62,8 @@ class ProbeResult:
     reason: str
     version: str | None = None
     trials: int = 0
-    metrics: dict[str, Any] = field(default_factory=dict)
-    detail: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, ProbeFigures] = field(default_factory=dict)  # per variant
+    detail: JSONMapping = field(default_factory=dict)  # what the judge said, free-form per rule
 
 
 def _failure(config: ProbeConfig, reason: str) -> ProbeResult:

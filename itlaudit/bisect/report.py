@@ -27,7 +27,7 @@ __all__ = [
 
 REPORT_FILE = "report.md"
 PLOT_FILE = "bisect.png"
-_COLOURS = {
+_COLOURS: dict[str, str] = {  # keyed by Verdict, a StrEnum: a verdict read back as text finds it
     Verdict.GOOD: "#2e7d32",
     Verdict.BAD: "#c62828",
     Verdict.SKIP: "#9e9e9e",
@@ -139,7 +139,8 @@ def render_plot(state: State, path: Path) -> None:
             value = metrics.get(key)
             verdict_colour = _COLOURS.get(probe["verdict"], "black")
             hollow = bool(metrics) and not block_validity(metrics).comparable
-            if value is None:  # no figure: a cross at 0 (an unfilled marker takes no edge colour)
+            # No figure: a cross at 0 (an unfilled marker takes no edge colour).
+            if not isinstance(value, (int, float)):
                 ax.scatter(probe["index"], 0, color=verdict_colour, marker="x", s=40, zorder=3)
                 continue
             ax.scatter(

@@ -22,7 +22,7 @@ import re
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Required, TypedDict
 
 import msgspec
 
@@ -30,12 +30,18 @@ from itlaudit.bisect.build_range import Build
 from itlaudit.bisect.search import Answer, Search
 from itlaudit.bisect.settings import Settings
 from itlaudit.errors import BisectError
+from itlaudit.model.jsonvalue import JSONMapping, JSONObject
 from itlaudit.model.vocabulary import Verdict
+
+if TYPE_CHECKING:
+    from itlaudit.bisect.figures import ProbeFigures
 
 __all__ = [
     "FORMAT",
     "STATE_FILE",
     "BisectResult",
+    "PendingProbe",
+    "ProbeRecord",
     "State",
     "answer",
     "cmdline",
@@ -84,16 +90,49 @@ class BisectResult(msgspec.Struct, kw_only=True):
 _RESULT_KEYS = BisectResult.__struct_fields__
 
 
+class ProbeRecord(TypedDict, total=False):
+    """One finished probe as bisect.json holds it (a dict because it IS the file's form; load checks
+    the required keys, the rest are absent from older files)."""
+
+    index: Required[int]
+    label: Required[str]
+    verdict: Required[str]
+    reason: Required[str]
+    dir: Required[str]
+    build: str
+    commit: str | None
+    version: str | None
+    trials: int
+    metrics: dict[str, ProbeFigures]  # per variant
+    detail: JSONMapping  # what the judge said, free-form per rule
+    round: int
+    gpu: str | None
+    finished_at_unix: float
+    node: str | None
+    lost_nodes: list[str]
+
+
+class PendingProbe(TypedDict, total=False):
+    """A probe marked in progress: enough for resume to stop its server and set its folder aside."""
+
+    index: Required[int]
+    ref: Required[str]
+    dir: Required[str]
+    server_pgid: int
+    server_argv: list[str]
+    node: str
+
+
 @dataclass
 class State:
     settings: Settings
     builds: list[Build]
-    probes: list[dict[str, Any]] = field(default_factory=list)
-    in_progress: list[dict[str, Any]] = field(default_factory=list)
+    probes: list[ProbeRecord] = field(default_factory=list)
+    in_progress: list[PendingProbe] = field(default_factory=list)
     status: str = "running"
     result: BisectResult = field(default_factory=BisectResult)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "format": FORMAT,
             "status": self.status,
@@ -153,7 +192,7 @@ def load(bisect_dir: Path) -> State:
     return state
 
 
-def _result(path: Path, data: dict[str, Any]) -> BisectResult:
+def _result(path: Path, data: JSONObject) -> BisectResult:
     try:
         return msgspec.convert({k: data[k] for k in _RESULT_KEYS if k in data}, BisectResult)
     except msgspec.ValidationError as exc:
@@ -219,7 +258,7 @@ def _replay(state: State, path: Path) -> None:
     never chosen by the search, so a verdict before it was edited (or it was)."""
     last = len(state.builds) - 1
     search = Search(len(state.builds))
-    rounds: dict[Any, list[dict[str, Any]]] = {}
+    rounds: dict[int, list[ProbeRecord]] = {}
     for n, probe in enumerate(state.probes, 1):
         if probe["index"] not in (0, last):  # the ends are checked, not searched
             rounds.setdefault(probe.get("round", -n), []).append(probe)
@@ -247,7 +286,7 @@ def same_build(given: str, stored: str) -> bool:
     return a == b or bool(shas and (a.startswith(b) or b.startswith(a)))
 
 
-def _as_list(pending: list[dict[str, Any]] | dict[str, Any] | None) -> list[dict[str, Any]]:
+def _as_list(pending: list[PendingProbe] | PendingProbe | None) -> list[PendingProbe]:
     """Format 2 kept at most one probe in progress, as a dict or null."""
     if pending is None:
         return []
@@ -261,7 +300,7 @@ def cmdline(pid: int) -> list[str]:
         return []
 
 
-def stop_orphan(record: dict[str, Any]) -> bool:
+def stop_orphan(record: PendingProbe) -> bool:
     """Kill the server group a killed run left behind, but only if the pid still runs the argv we
     recorded: after a reboot or a long pause the pid may belong to someone else."""
     pgid, argv = record.get("server_pgid"), record.get("server_argv")

@@ -13,6 +13,7 @@ and multi-token chunks under MTP are never read as slow tokens.
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from itlaudit.analysis import findings, stats
 from itlaudit.bisect.explain import MIN_SAMPLES, explain, itl_comparison, itl_text, ms
 from itlaudit.bisect.figures import Figures, median
 from itlaudit.errors import BisectError
+from itlaudit.model.jsonvalue import JSONMapping, ReadOnlyJSON
 from itlaudit.model.registry import Registry
 from itlaudit.model.vocabulary import Shift, Verdict
 
@@ -42,7 +44,7 @@ SCRIPT_SKIP = 125
 class Judgement:
     present: bool | None
     reason: str
-    detail: dict[str, Any] = field(default_factory=dict)
+    detail: JSONMapping = field(default_factory=dict)  # free-form per rule; "signals", "explanation" are read
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,9 @@ class Judge:
                 for name in names
                 if name in probe and name in ref
             ]
-            verdict.detail["explanation"] = " · ".join(texts)
+            verdict = dataclasses.replace(
+                verdict, detail={**verdict.detail, "explanation": " · ".join(texts)}
+            )
         return verdict
 
     def across(
@@ -120,8 +124,8 @@ class Judge:
             True if True in answers else (False if answers and all(a is False for a in answers) else None)
         )
         reason = "; ".join(f"{n}: {j.reason}" if len(per) > 1 else j.reason for n, j in per.items())
-        signals = sorted({s for j in per.values() for s in j.detail.get("signals", [])})
-        detail: dict[str, Any] = {"variants": {n: j.detail for n, j in per.items()}}
+        signals = sorted({s for j in per.values() for s in _named_signals(j.detail)})
+        detail: dict[str, ReadOnlyJSON] = {"variants": {n: j.detail for n, j in per.items()}}
         if len(per) == 1:
             detail.update(next(iter(per.values())).detail)
         return Judgement(present, reason or "no variant ran", {**detail, "signals": signals})
@@ -135,6 +139,12 @@ class Judge:
 
     def finished(self, probe: Figures, ref: Figures | None, *, threshold: float, alpha: float) -> Judgement:
         raise BisectError(f"--regress {self.text} is judged by its script or across variants, not here")
+
+
+def _named_signals(detail: JSONMapping) -> list[str]:
+    """The signals a judgement named (a list under "signals" when there are any)."""
+    found = detail.get("signals")
+    return [str(s) for s in found] if isinstance(found, list) else []
 
 
 JUDGES: Registry[type[Judge]] = Registry(
