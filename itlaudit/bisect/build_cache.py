@@ -16,16 +16,36 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
-__all__ = ["MARKER", "BuildCache", "Releaser", "parse_size"]
+__all__ = ["MARKER", "BuildCache", "BuildInfo", "Releaser", "parse_size"]
 
 MARKER = ".itlaudit-build.json"
 _SIZE_UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 
+
+class BuildInfo(TypedDict, total=False):
+    """What a provider keeps about a prepared build: its cache marker's JSON form (each provider sets
+    its own keys; the cache adds provider, key and last_used)."""
+
+    provider: str
+    key: str
+    last_used: float
+    python: str  # pip, wheels: the venv's interpreter
+    version: str | None
+    image: str  # docker
+    docker: str
+    external_bytes: int  # disk the entry uses outside its folder (the image)
+    url: str  # wheels: the WheelChoice installed
+    filename: str
+    variant: str
+    platform_tag: str
+    argv: list[str]  # command: the server command line (not cached)
+
+
 # Called with an evicted entry's marker data: lets a provider free what lives outside the folder
 # (a docker image in the engine's storage).
-Releaser = Callable[[dict[str, Any]], None]
+Releaser = Callable[[BuildInfo], None]
 
 
 def parse_size(text: str) -> int:
@@ -66,11 +86,11 @@ class BuildCache:
     def path(self, provider: str, key: str) -> Path:
         return self.root / provider / key
 
-    def lookup(self, provider: str, key: str) -> dict[str, Any] | None:
+    def lookup(self, provider: str, key: str) -> BuildInfo | None:
         """The marker data of a complete entry (and mark it used), or None."""
         marker = self.path(provider, key) / MARKER
         try:
-            data: dict[str, Any] = json.loads(marker.read_text(encoding="utf-8"))
+            data: BuildInfo = json.loads(marker.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
         data["last_used"] = time.time()
@@ -84,7 +104,7 @@ class BuildCache:
         path.mkdir(parents=True)
         return path
 
-    def complete(self, provider: str, key: str, data: dict[str, Any]) -> dict[str, Any]:
+    def complete(self, provider: str, key: str, data: BuildInfo) -> BuildInfo:
         data = {**data, "provider": provider, "key": key, "last_used": time.time()}
         (self.path(provider, key) / MARKER).write_text(json.dumps(data) + "\n", encoding="utf-8")
         return data
@@ -101,15 +121,15 @@ class BuildCache:
             with self._lock:
                 self._pinned.discard(path)
 
-    def entries(self) -> list[tuple[Path, dict[str, Any], int]]:
+    def entries(self) -> list[tuple[Path, BuildInfo, int]]:
         """(path, marker data, size) of every entry; unfinished ones get last_used 0 so they go first."""
-        found: list[tuple[Path, dict[str, Any], int]] = []
+        found: list[tuple[Path, BuildInfo, int]] = []
         if not self.root.is_dir():
             return found
         for provider_dir in sorted(p for p in self.root.iterdir() if p.is_dir()):
             for entry in sorted(p for p in provider_dir.iterdir() if p.is_dir()):
                 try:
-                    data = json.loads((entry / MARKER).read_text(encoding="utf-8"))
+                    data: BuildInfo = json.loads((entry / MARKER).read_text(encoding="utf-8"))
                 except (OSError, ValueError):
                     data = {"provider": provider_dir.name, "last_used": 0}
                 found.append((entry, data, _du(entry) + int(data.get("external_bytes", 0))))

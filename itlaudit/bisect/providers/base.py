@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from itlaudit.bisect.build_cache import BuildCache
+from itlaudit.bisect.build_cache import BuildCache, BuildInfo
 from itlaudit.bisect.build_range import Build
 from itlaudit.errors import BisectError
 from itlaudit.model.launch import LaunchSpec
@@ -25,7 +25,7 @@ class Prepared:
 
     build: Build
     version: str | None = None
-    info: dict[str, Any] = field(default_factory=dict)
+    info: BuildInfo = field(default_factory=lambda: BuildInfo())
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ import json
 import platform
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from itlaudit.bisect.build_cache import BuildCache
+from itlaudit.bisect.build_cache import BuildCache, BuildInfo
 from itlaudit.bisect.build_range import SHORT_SHA, Build
 from itlaudit.bisect.providers.base import Found, Prepared, Provider
 from itlaudit.errors import BuildUnavailable
@@ -39,7 +39,7 @@ def image_candidates(patterns: tuple[str, ...], build: Build, arch: str) -> list
     return fill_placeholders(list(patterns), values)
 
 
-def release_image(data: dict[str, Any]) -> None:
+def release_image(data: BuildInfo) -> None:
     """Evicted from the cache: remove the image too, or the size limit would free no disk."""
     subprocess.run(
         [str(data.get("docker", "docker")), "rmi", str(data["image"])],

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import platform
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,7 @@ from itlaudit.bisect.build_range import Build
 from itlaudit.bisect.providers import venvs
 from itlaudit.bisect.providers.base import Found, Prepared, Provider
 from itlaudit.errors import BuildUnavailable, ItlauditError, ServerStatusError, ServerUnreachableError
+from itlaudit.model.jsonvalue import JSONMapping
 from itlaudit.model.launch import LaunchKind, LaunchSpec
 from itlaudit.serve.side_client import BlockingSideClient
 
@@ -71,7 +73,7 @@ def version_matches(version: str, commit: str) -> bool:
 
 
 def pick_wheel(
-    entries: list[dict[str, Any]], machine: str, page_url: str, variant: str
+    entries: Sequence[JSONMapping], machine: str, page_url: str, variant: str
 ) -> WheelChoice | None:
     """The vllm wheel built for this machine's architecture; the path is relative to the page."""
     for entry in sorted(entries, key=lambda e: str(e.get("filename", ""))):
@@ -190,7 +192,16 @@ class WheelsProvider(Provider, name="wheels"):
                     f"{choice.filename} installed vllm {version}, which does not carry commit {build.label}"
                 )
             data = self.cache.complete(
-                self.name, key, {"python": str(python), "version": version, **dataclasses.asdict(choice)}
+                self.name,
+                key,
+                {
+                    "python": str(python),
+                    "version": version,
+                    "url": choice.url,
+                    "filename": choice.filename,
+                    "variant": choice.variant,
+                    "platform_tag": choice.platform_tag,
+                },
             )
             self.cache.evict()
         return Prepared(build, version, data)
