@@ -292,3 +292,39 @@ def test_unknown_server_in_url_is_exit_2(tmp_path: Path) -> None:
     result = _cli("--suite", SIM_SUITE, "--variant", "K9=http://127.0.0.1:9")
     assert result.returncode == 2
     assert "--variant names K9, not a server of the suite" in result.stderr
+
+
+def test_smoke_reads_version_once_per_pass(tmp_path: Path) -> None:
+    """The smoke's server record takes /version from what each variant's pass read: one /version
+    request per pass (one per scenario on that server), counted on the simulators themselves."""
+    from aiohttp import web
+    from simkit import app_on_thread
+
+    from itlaudit.serve.sim import make_app
+    from itlaudit.smoke.runner import run_smoke
+    from itlaudit.smoke.suite import load_suite
+
+    seen: dict[str, int] = {"K0": 0, "K3": 0}
+
+    def counting(name: str, config: SimConfig) -> web.Application:
+        @web.middleware
+        async def count(request: web.Request, handler: Any) -> web.StreamResponse:
+            if request.path == "/version":
+                seen[name] += 1
+            response: web.StreamResponse = await handler(request)
+            return response
+
+        app = make_app(config)
+        app.middlewares.append(count)
+        return app
+
+    suite = load_suite(SIM_SUITE)
+    two = replace(
+        suite, scenarios=[suite.scenario("chat-batch"), suite.scenario("stop-token-ids")], checks=[]
+    )
+    with app_on_thread(counting("K0", K0)) as k0_url, app_on_thread(counting("K3", K3)) as k3_url:
+        outcome = run_smoke(two, urls={"K0": k0_url, "K3": k3_url}, out_dir=tmp_path / "smoke")
+    passes = {name: sum(any(v.name == name for v in s.variants) for s in two.scenarios) for name in seen}
+    assert seen == passes and all(passes.values())
+    servers = outcome.smoke["environment"]["servers"]
+    assert {servers[name]["server_version"] for name in seen} == {SIM_VERSION}

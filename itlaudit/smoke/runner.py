@@ -16,8 +16,8 @@ from typing import Any
 
 from rich.console import Console
 
-from itlaudit.capture.server_info import server_environment
-from itlaudit.errors import RecordsError, RunInterrupted, SuiteError
+from itlaudit.capture.server_info import environment_record
+from itlaudit.errors import ItlauditError, RecordsError, RunInterrupted, SuiteError
 from itlaudit.model.scenario import Variant
 from itlaudit.report.progress import Reporter
 from itlaudit.serve.environment import host_environment
@@ -25,7 +25,7 @@ from itlaudit.smoke.checks import CheckResult, Results, evaluate, exit_code, var
 from itlaudit.smoke.junit import write_junit
 from itlaudit.smoke.output import render_markdown
 from itlaudit.smoke.suite import Suite, server_launch
-from itlaudit.store.rundir import new_run_dir, read_versioned, write_versioned
+from itlaudit.store.rundir import META_FILE, new_run_dir, read_versioned, write_versioned
 from itlaudit.workflows.compare import run_compare
 from itlaudit.workflows.run import DEFAULT_REPORTS, variant_target
 from itlaudit.workflows.run_folder import server_log_name
@@ -60,6 +60,19 @@ def load_baseline(path: Path) -> Results:
         )
     results: Results = data["results"]
     return results
+
+
+def _pass_version(run_dir: Path, variant: str) -> str | None:
+    """What the variant's pass read from /version, as it recorded it in the run's meta.json: the smoke
+    asks the server nothing more (the pass reads /version once, after its measured window)."""
+    try:
+        meta = read_versioned(run_dir / META_FILE)
+    except (OSError, ValueError, ItlauditError):
+        return None
+    entry = meta.get("variants", {}).get(variant) if isinstance(meta, dict) else None
+    environment = entry.get("environment") if isinstance(entry, dict) else None
+    version = environment.get("server_version") if isinstance(environment, dict) else None
+    return version if isinstance(version, str) else None
 
 
 def _check_servers(suite: Suite, urls: dict[str, str], launch: str | None, model: str | None) -> None:
@@ -109,6 +122,7 @@ def run_smoke(
         config = server_launch(suite, server, launch, model)
         override = urls.get(server.name) or urls.get("*")
         fingerprints: list[str | None] = []
+        version: str | None = None
         with ExitStack() as running:
             starting = reporter.step(f"{server.name}: starting its server") if not override else None
             with starting or nullcontext():
@@ -139,9 +153,11 @@ def run_smoke(
                 )
                 results[scenario.name][server.name] = {"run_dir": str(rel), **figures}
                 fingerprints += [r.system_fingerprint for r in outcome.records]
+                version = _pass_version(out_dir / rel, server.name) or version
             launched = config if not override else None
-            servers_env[server.name] = server_environment(
+            servers_env[server.name] = environment_record(
                 base_url,
+                version,
                 fingerprints,
                 launch_env=launched.env if launched else None,
                 launch_kind=launched.kind if launched else None,
