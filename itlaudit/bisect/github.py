@@ -18,12 +18,14 @@ import re
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 from urllib.parse import quote, urlsplit
+
+import msgspec
 
 from itlaudit.bisect.build_range import Build, check_ends
 from itlaudit.errors import BisectError, ServerAnswerError, ServerStatusError, ServerUnreachableError
 from itlaudit.model.access import Access
+from itlaudit.model.jsonvalue import JSONValue
 from itlaudit.serve.side_client import SIDE_TIMEOUT_S, BlockingSideClient, server_error_message
 
 __all__ = [
@@ -31,6 +33,9 @@ __all__ = [
     "MAX_PAGES",
     "PER_PAGE",
     "TOKEN_ENV",
+    "CommitRef",
+    "CompareCommit",
+    "ComparePage",
     "Fetch",
     "commits_from_github",
     "compare_pages",
@@ -47,7 +52,7 @@ _SHA = re.compile(r"^[0-9a-f]{7,40}$")
 # A range the size of a few months of vLLM main; beyond it a local clone is the better tool.
 MAX_PAGES = 100
 
-Fetch = Callable[[str], tuple[Any, dict[str, str]]]
+Fetch = Callable[[str], tuple[JSONValue, dict[str, str]]]
 
 
 def _access() -> Access:
@@ -96,7 +101,7 @@ def http_fetch(api: str, repo: str, what: str, timeout_s: float = SIDE_TIMEOUT_S
     """A GET of one API page; every failure becomes a BisectError with one line."""
     client = BlockingSideClient(_access(), timeout_s=timeout_s)
 
-    def fetch(url: str) -> tuple[Any, dict[str, str]]:
+    def fetch(url: str) -> tuple[JSONValue, dict[str, str]]:
         try:
             answer = client.request("GET", url).checked()
             return answer.json(), dict(answer.headers)
@@ -113,34 +118,55 @@ def http_fetch(api: str, repo: str, what: str, timeout_s: float = SIDE_TIMEOUT_S
     return fetch
 
 
+class CommitRef(msgspec.Struct, frozen=True, kw_only=True):
+    sha: str
+
+
+class CompareCommit(msgspec.Struct, frozen=True, kw_only=True):
+    """One commit of a compare answer: what the first-parent walk reads."""
+
+    sha: str
+    parents: list[CommitRef] = msgspec.field(default_factory=list)
+
+
+class ComparePage(msgspec.Struct, frozen=True, kw_only=True):
+    """One page of the GitHub compare API's answer, the fields read of it (the rest is ignored)."""
+
+    commits: list[CompareCommit]
+    status: str | None = None
+    total_commits: int | None = None
+    base_commit: CommitRef | None = None
+
+
 def compare_pages(
     api: str, repo: str, base: str, head: str, fetch: Fetch
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+) -> tuple[ComparePage, list[CompareCommit]]:
     """The first page's comparison fields and every commit of every page, in the API's order."""
     path = f"/repos/{repo}/compare/{quote(base, safe='')}...{quote(head, safe='')}"
-    commits: list[dict[str, Any]] = []
-    first: dict[str, Any] = {}
+    commits: list[CompareCommit] = []
+    first: ComparePage | None = None
     for page in range(1, MAX_PAGES + 1):
-        data, _headers_seen = fetch(f"{api.rstrip('/')}{path}?per_page={PER_PAGE}&page={page}")
-        if not isinstance(data, dict) or not isinstance(data.get("commits"), list):
-            raise BisectError(f"{api}{path}: not a compare answer (no `commits` list)")
-        if page == 1:
-            first = data
-        commits += data["commits"]
-        total = int(first.get("total_commits", len(commits)))
-        if not data["commits"] or len(commits) >= total:
+        answer, _headers_seen = fetch(f"{api.rstrip('/')}{path}?per_page={PER_PAGE}&page={page}")
+        try:
+            data = msgspec.convert(answer, ComparePage)
+        except msgspec.ValidationError as exc:
+            raise BisectError(f"{api}{path}: not a compare answer ({exc})") from None
+        first = first or data
+        commits += data.commits
+        total = len(commits) if first.total_commits is None else first.total_commits
+        if not data.commits or len(commits) >= total:
             return first, commits
     raise BisectError(
         f"{base}...{head} holds more than {MAX_PAGES * PER_PAGE} commits; narrow the range or pass --repo"
     )
 
 
-def first_parent_chain(base_sha: str, commits: list[dict[str, Any]]) -> list[str]:
+def first_parent_chain(base_sha: str, commits: list[CompareCommit]) -> list[str]:
     """First-parent commits base..head, oldest first, plus base itself, from the commits' parents.
 
     The head is the one commit no other commit in the range names as a parent; from it, first parents
     are followed while they stay in the range (`git rev-list --first-parent`'s stopping rule)."""
-    parents = {c["sha"]: [p["sha"] for p in c.get("parents", [])] for c in commits}
+    parents = {c.sha: [p.sha for p in c.parents] for c in commits}
     referenced = {p for ps in parents.values() for p in ps}
     heads = [sha for sha in parents if sha not in referenced]
     if len(heads) != 1:
@@ -176,7 +202,7 @@ def commits_from_github(
             pass  # a damaged cache entry is asked for again
     what = f"{good}...{bad}"
     data, commits = compare_pages(api, repo, good, bad, fetch or http_fetch(api, repo, what))
-    status = data.get("status")
+    status = data.status
     if status == "identical":
         raise BisectError(f"--from {good} and --to {bad} are the same commit in {repo}")
     if status == "behind":
@@ -189,7 +215,7 @@ def commits_from_github(
             f"{good} is not an ancestor of {bad} in {repo} (compare status {status!r}): give a --from "
             "on --to's history"
         )
-    base_sha = str(data.get("base_commit", {}).get("sha", ""))
+    base_sha = "" if data.base_commit is None else data.base_commit.sha
     if not _FULL_SHA.match(base_sha):
         raise BisectError(f"the compare answer for {what} names no base commit sha")
     shas = first_parent_chain(base_sha, commits)
