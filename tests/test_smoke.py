@@ -326,5 +326,5 @@ def test_smoke_reads_version_once_per_pass(tmp_path: Path) -> None:
         outcome = run_smoke(two, urls={"K0": k0_url, "K3": k3_url}, out_dir=tmp_path / "smoke")
     passes = {name: sum(any(v.name == name for v in s.variants) for s in two.scenarios) for name in seen}
     assert seen == passes and all(passes.values())
-    servers = outcome.smoke["environment"]["servers"]
+    servers = outcome.smoke.environment.servers
     assert {servers[name]["server_version"] for name in seen} == {SIM_VERSION}

@@ -215,17 +215,18 @@ def test_a_smoke_speedup_check_fails_for_a_capped_variant() -> None:
     instead of passing a speedup that is a cap."""
     from reportkit import k0_k3
 
-    from itlaudit.analysis.derive import run_summary
+    from itlaudit.analysis.derive import summarize_run
     from itlaudit.smoke.checks import evaluate, variant_figures
-    from itlaudit.smoke.suite import CheckSpec, Suite
+    from itlaudit.smoke.suite import CheckParams, CheckSpec, Suite
 
     records = k0_k3()
-    blocks = run_summary(records)["variants"]
+    blocks = summarize_run(records).variants
     ran = {
-        name: variant_figures([r for r in records if r.variant == name], block, None, [], 64)
+        name: variant_figures(name, [r for r in records if r.variant == name], block, None, [], 64)
         for name, block in blocks.items()
     }
-    check = CheckSpec("speedup", {"over": "K0", "min": 2.0, "metric": "itl_ms.p50"}, scenario="long")
+    params = CheckParams(over="K0", min=2.0, metric="itl_ms.p50")
+    check = CheckSpec("speedup", params, scenario="long")
     suite = Suite("s", Path("s.toml"), "", None, [], [], [check])
     by_variant = {r.variant: r for r in evaluate(suite, {"long": ran}, None)}
     assert by_variant["K3"].status == "PASS"

@@ -77,7 +77,7 @@ def smoke(
         raise
     for line, result in zip(table_lines(outcome.results), outcome.results, strict=True):
         out.print(line, style=_STYLES[result.status], markup=False)
-    out.print(verdict_line(outcome.results, outcome.smoke["runtime_s"]), style="bold", markup=False)
+    out.print(verdict_line(outcome.results, outcome.smoke.runtime_s), style="bold", markup=False)
     out.print(f"report: {outcome.out_dir / REPORT_FILE}", markup=False)
     if outcome.exit_code:
         raise typer.Exit(outcome.exit_code)

@@ -10,21 +10,82 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import NamedTuple
+
+import msgspec
 
 from itlaudit.analysis.comparison import VariantComparison
-from itlaudit.analysis.derive import derive_request
+from itlaudit.analysis.derive import derive_requests
+from itlaudit.analysis.summary import VariantSummary
 from itlaudit.analysis.validity import block_validity
+from itlaudit.model.codes import Finding
+from itlaudit.model.jsonvalue import JSONObject, JSONValue
 from itlaudit.model.records import RequestRecord, Status
-from itlaudit.smoke.suite import DEFAULT_METRIC, CheckSpec, Suite
+from itlaudit.smoke.suite import DEFAULT_METRIC, CheckParams, CheckSpec, Suite
 
-__all__ = ["MAX_EXAMPLES", "CheckResult", "Outcome", "Results", "evaluate", "exit_code", "variant_figures"]
+__all__ = [
+    "MAX_EXAMPLES",
+    "AcceptanceFigures",
+    "CheckResult",
+    "FindingExample",
+    "Outcome",
+    "RequestOutcome",
+    "Results",
+    "VariantFigures",
+    "evaluate",
+    "exit_code",
+    "variant_figures",
+]
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 # Enough examples to show a pattern in a JUnit failure without burying it.
 MAX_EXAMPLES = 3
 
-Results = dict[str, dict[str, dict[str, Any]]]  # scenario → variant → figures
+
+class RequestOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    """How one request ended, as the length and finish-reason checks judge it."""
+
+    request_id: str
+    status: str
+    completion_tokens: int | None
+    finish_reason: str | None
+    error: str | None
+
+
+class FindingExample(msgspec.Struct, frozen=True, kw_only=True):
+    """One finding's message, kept as evidence of its code."""
+
+    request_id: str | None
+    message: str
+
+
+class AcceptanceFigures(msgspec.Struct, frozen=True, kw_only=True):
+    """Acceptance length from the server's /metrics window and from the stream (decode tokens/chunk)."""
+
+    metrics: float | None
+    stream: float | None
+
+
+class VariantFigures(msgspec.Struct, frozen=True, kw_only=True):
+    """What the checks read for one scenario on one server: smoke.json's `results` entry (a later
+    smoke's baseline reads it back), field order the file's."""
+
+    run_dir: str  # the pass's run folder, relative to the smoke's folder
+    requests: int
+    errors: int
+    max_tokens: int | None
+    per_request: list[RequestOutcome]
+    findings: dict[str, int]
+    finding_examples: dict[str, list[FindingExample]]
+    metrics: dict[str, dict[str, float | int | None]]  # METRIC → STAT → value (no count)
+    acceptance_length: AcceptanceFigures
+
+    def validity_block(self) -> dict[str, int | dict[str, int]]:
+        """The counts analysis.validity's rule reads from a summary block."""
+        return {"requests": self.requests, "errors": self.errors, "findings": self.findings}
+
+
+Results = dict[str, dict[str, VariantFigures]]  # scenario → variant → figures
 
 
 @dataclass(frozen=True)
@@ -38,65 +99,68 @@ class CheckResult:
     threshold: str
     value: float | int | str | None = None
     message: str = ""
-    evidence: dict[str, Any] = field(default_factory=dict)
+    evidence: JSONObject = field(default_factory=dict)
 
     @property
     def case(self) -> str:
         return f"{self.scenario}/{self.variant}"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return asdict(self)
 
 
 def variant_figures(
+    run_dir: str,
     records: Sequence[RequestRecord],
-    block: dict[str, Any],
+    block: VariantSummary,
     compare_row: VariantComparison | None,
-    extra_findings: Sequence[dict[str, Any]],
+    extra_findings: Sequence[Finding],
     max_tokens: int | None,
-) -> dict[str, Any]:
+) -> VariantFigures:
     """What the checks read for one scenario on one server: the variant's summary block, its
     compare.json row, and the findings with a few of their messages as evidence."""
-    details = [d for r in records for d in derive_request(r)["finding_details"]] + list(extra_findings)
-    counts = Counter(block.get("findings", {}))
-    counts.update(d["code"] for d in extra_findings)
-    examples: dict[str, list[dict[str, Any]]] = {}
+    details = [f for d in derive_requests(records) for f in d.findings] + list(extra_findings)
+    counts = Counter(block.findings)
+    counts.update(f.code for f in extra_findings)
+    examples: dict[str, list[FindingExample]] = {}
     for detail in details:
-        kept = examples.setdefault(detail["code"], [])
+        kept = examples.setdefault(detail.code, [])
         if len(kept) < MAX_EXAMPLES:
-            kept.append({"request_id": detail.get("request_id"), "message": detail["message"]})
+            kept.append(FindingExample(request_id=detail.request_id, message=detail.message))
     spec = (compare_row.spec_decode if compare_row else None) or {}
-    return {
-        "requests": len(records),
-        "errors": sum(r.status != Status.OK for r in records),
-        "max_tokens": max_tokens,
-        "per_request": [
-            {
-                "request_id": r.request_id,
-                "status": r.status,
-                "completion_tokens": r.completion_tokens,
-                "finish_reason": r.finish_reason,
-                "error": r.error,
-            }
+    metrics_length = spec.get("acceptance_length")
+    return VariantFigures(
+        run_dir=run_dir,
+        requests=len(records),
+        errors=sum(r.status != Status.OK for r in records),
+        max_tokens=max_tokens,
+        per_request=[
+            RequestOutcome(
+                request_id=r.request_id,
+                status=r.status,
+                completion_tokens=r.completion_tokens,
+                finish_reason=r.finish_reason,
+                error=r.error,
+            )
             for r in records
         ],
-        "findings": dict(sorted(counts.items())),
-        "finding_examples": examples,
-        "metrics": {
+        findings=dict(sorted(counts.items())),
+        finding_examples=examples,
+        metrics={
             name: {stat: value for stat, value in stats.items() if stat != "count"}
-            for name, stats in block.items()
-            if isinstance(stats, dict) and "p50" in stats
+            for name, stats in block.distributions.items()
+            if "p50" in stats
         },
-        "acceptance_length": {
-            "metrics": spec.get("acceptance_length"),
-            "stream": compare_row.stream_acceptance_length if compare_row else None,
-        },
-    }
+        acceptance_length=AcceptanceFigures(
+            metrics=float(metrics_length) if isinstance(metrics_length, int | float) else None,
+            stream=compare_row.stream_acceptance_length if compare_row else None,
+        ),
+    )
 
 
-def _metric(figures: dict[str, Any] | None, path: str) -> float | None:
+def _metric(figures: VariantFigures | None, path: str) -> float | None:
     name, _, stat = path.partition(".")
-    value = ((figures or {}).get("metrics", {}).get(name) or {}).get(stat)
+    value = (figures.metrics.get(name) or {}).get(stat) if figures is not None else None
     return float(value) if value is not None else None
 
 
@@ -115,51 +179,65 @@ def _num(value: float | None, unit: str = "") -> str:
     return "–" if value is None else f"{value:.3g}{unit}"
 
 
-def _bounds(params: dict[str, Any], unit: str = "") -> str:
+def _bounds(params: CheckParams, unit: str = "") -> str:
     parts = []
-    if "equals" in params:
-        parts.append(f"= {params['equals']}{unit}")
-    if "min" in params:
-        parts.append(f"≥ {params['min']}{unit}")
-    if "max" in params:
-        parts.append(f"≤ {params['max']}{unit}")
+    if params.equals is not None:
+        parts.append(f"= {params.equals}{unit}")
+    if params.min is not None:
+        parts.append(f"≥ {params.min}{unit}")
+    if params.max is not None:
+        parts.append(f"≤ {params.max}{unit}")
     return ", ".join(parts)
 
 
-def _within(value: float, params: dict[str, Any]) -> bool:
+def _within(value: float, params: CheckParams) -> bool:
     return (
-        ("equals" not in params or value == params["equals"])
-        and ("min" not in params or value >= params["min"])
-        and ("max" not in params or value <= params["max"])
+        (params.equals is None or value == params.equals)
+        and (params.min is None or value >= params.min)
+        and (params.max is None or value <= params.max)
     )
 
 
-def _bad_requests(figures: dict[str, Any], ok: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
-    return [r for r in figures["per_request"] if not ok(r)]
+def _bad_requests(figures: VariantFigures, ok: Callable[[RequestOutcome], bool]) -> list[RequestOutcome]:
+    return [r for r in figures.per_request if not ok(r)]
 
 
 @dataclass(frozen=True)
 class _Ctx:
     spec: CheckSpec
-    figures: dict[str, Any]
-    others: dict[str, dict[str, Any]]  # the scenario's other variants
-    baseline: dict[str, Any] | None  # this scenario/variant in the baseline smoke, if any
+    figures: VariantFigures
+    others: dict[str, VariantFigures]  # the scenario's other variants
+    baseline: VariantFigures | None  # this scenario/variant in the baseline smoke, if any
     has_baseline: bool
 
 
-Outcome = tuple[str, str, str, float | int | str | None, str, dict[str, Any]]
+class Outcome(NamedTuple):
+    """One check's judgement on one case, before it is named (CheckResult)."""
+
+    status: str
+    figure: str
+    threshold: str
+    value: float | int | str | None
+    message: str
+    evidence: JSONObject
+
+
+def _json(value: object) -> JSONValue:
+    """Figures as smoke.json and the JUnit evidence write them."""
+    data: JSONValue = msgspec.to_builtins(value)
+    return data
 
 
 def _completion_tokens(ctx: _Ctx) -> Outcome:
-    params = dict(ctx.spec.params) or {"equals": ctx.figures["max_tokens"]}
-    counts = [r["completion_tokens"] for r in ctx.figures["per_request"]]
+    params = ctx.spec.params
+    if params.equals is None and params.min is None and params.max is None:
+        params = CheckParams(equals=ctx.figures.max_tokens)
+    counts = [r.completion_tokens for r in ctx.figures.per_request]
     known = [c for c in counts if c is not None]
 
-    def ok(r: dict[str, Any]) -> bool:
+    def ok(r: RequestOutcome) -> bool:
         return (
-            r["status"] == Status.OK
-            and r["completion_tokens"] is not None
-            and _within(r["completion_tokens"], params)
+            r.status == Status.OK and r.completion_tokens is not None and _within(r.completion_tokens, params)
         )
 
     bad = _bad_requests(ctx.figures, ok)
@@ -169,19 +247,19 @@ def _completion_tokens(ctx: _Ctx) -> Outcome:
     message = (
         f"{len(bad)} of {len(counts)} requests returned a length outside {_bounds(params)}: "
         + "; ".join(
-            f"{r['request_id']} {r['completion_tokens']} tokens, {r['finish_reason'] or r['status']}"
+            f"{r.request_id} {r.completion_tokens} tokens, {r.finish_reason or r.status}"
             for r in bad[:MAX_EXAMPLES]
         )
         if bad
         else ""
     )
-    return status, figure, _bounds(params), low, message, {"bad_requests": bad}
+    return Outcome(status, figure, _bounds(params), low, message, {"bad_requests": _json(bad)})
 
 
 def _finish_reason(ctx: _Ctx) -> Outcome:
-    wanted = ctx.spec.params["equals"]
-    reasons = Counter(r["finish_reason"] or r["status"] for r in ctx.figures["per_request"])
-    bad = _bad_requests(ctx.figures, lambda r: r["finish_reason"] == wanted)
+    wanted = ctx.spec.params.equals
+    reasons = Counter(r.finish_reason or r.status for r in ctx.figures.per_request)
+    bad = _bad_requests(ctx.figures, lambda r: r.finish_reason == wanted)
     figure = ", ".join(f"{k}×{v}" for k, v in sorted(reasons.items())) or "no requests"
     message = (
         f"{len(bad)} of {sum(reasons.values())} requests did not finish with {wanted!r} ({figure})"
@@ -189,63 +267,56 @@ def _finish_reason(ctx: _Ctx) -> Outcome:
         else ""
     )
     status = PASS if reasons and not bad else FAIL
-    return (
-        status,
-        figure,
-        f"= {wanted}",
-        figure,
-        message,
-        {"finish_reasons": dict(reasons), "bad_requests": bad},
-    )
+    evidence: JSONObject = {"finish_reasons": _json(dict(reasons)), "bad_requests": _json(bad)}
+    return Outcome(status, figure, f"= {wanted}", figure, message, evidence)
 
 
 def _no_finding(ctx: _Ctx) -> Outcome:
-    codes = ctx.spec.params["codes"]
-    hits = {c: ctx.figures["findings"].get(c, 0) for c in codes if ctx.figures["findings"].get(c)}
-    examples = {c: ctx.figures["finding_examples"].get(c, []) for c in hits}
+    found = ctx.figures.findings
+    hits = {c: found.get(c, 0) for c in ctx.spec.params.codes if found.get(c)}
+    examples = {c: ctx.figures.finding_examples.get(c, []) for c in hits}
     figure = ", ".join(f"{c}×{n}" for c, n in hits.items()) or "none"
-    message = " | ".join(f"{c}: {ex[0]['message']}" for c, ex in examples.items() if ex)
-    return (
-        (FAIL if hits else PASS),
-        figure,
-        "0 findings",
-        sum(hits.values()),
-        message,
-        {"findings": hits, "examples": examples},
-    )
+    message = " | ".join(f"{c}: {ex[0].message}" for c, ex in examples.items() if ex)
+    evidence: JSONObject = {"findings": _json(hits), "examples": _json(examples)}
+    return Outcome((FAIL if hits else PASS), figure, "0 findings", sum(hits.values()), message, evidence)
 
 
 def _metric_check(ctx: _Ctx) -> Outcome:
-    path = ctx.spec.params["metric"]
+    path = ctx.spec.params.metric or DEFAULT_METRIC
     value = _metric(ctx.figures, path)
     threshold = _bounds(ctx.spec.params)
     if value is None:
-        return FAIL, "–", threshold, None, f"{path} has no value (no finished request measured it)", {}
+        return Outcome(
+            FAIL, "–", threshold, None, f"{path} has no value (no finished request measured it)", {}
+        )
     status = PASS if _within(value, ctx.spec.params) else FAIL
     message = f"{path} is {value:.4g}, outside {threshold}" if status == FAIL else ""
-    return status, _num(value), threshold, value, message, {path: value}
+    return Outcome(status, _num(value), threshold, value, message, {path: value})
 
 
 def _speedup(ctx: _Ctx) -> Outcome:
-    path = ctx.spec.params.get("metric", DEFAULT_METRIC)
-    over = ctx.spec.params["over"]
+    params = ctx.spec.params
+    path = params.metric or DEFAULT_METRIC
+    over = params.over or ""
+    least = params.min or 0.0
     this, base = _metric(ctx.figures, path), _metric(ctx.others.get(over), path)
-    threshold = f"≥ {ctx.spec.params['min']}×"
-    evidence = {path: this, f"{over} {path}": base}
+    threshold = f"≥ {params.min}×"
+    evidence: JSONObject = {path: this, f"{over} {path}": base}
     # analysis.validity: a capped or failing variant's ITL is no speed, so no speedup to pass on.
-    sides = (("this variant", ctx.figures), (over, ctx.others.get(over) or {}))
-    waived = bool(ctx.spec.params.get("gibberish_expected", False))
+    other = ctx.others.get(over)
+    sides = (("this variant", ctx.figures.validity_block()), (over, other.validity_block() if other else {}))
     unlike = [
         f"{name} {v.label}"
-        for name, figures in sides
-        if not (v := block_validity(figures, gibberish_expected=waived)).comparable
+        for name, block in sides
+        if not (v := block_validity(block, gibberish_expected=params.gibberish_expected)).comparable
     ]
     if unlike:
-        return FAIL, "–", threshold, None, "; ".join(unlike) + ", so no speedup", evidence
+        return Outcome(FAIL, "–", threshold, None, "; ".join(unlike) + ", so no speedup", evidence)
     if this is None or not base or not this:
-        return FAIL, "–", threshold, None, f"{path} is missing here or on {over}, so no speedup", evidence
+        message = f"{path} is missing here or on {over}, so no speedup"
+        return Outcome(FAIL, "–", threshold, None, message, evidence)
     value = base / this
-    status = PASS if value >= ctx.spec.params["min"] else FAIL
+    status = PASS if value >= least else FAIL
     message = (
         f"{path} {this:.4g}{_unit(path)} vs {over} {base:.4g}{_unit(path)}: speedup {value:.3g}× is below "
         f"{threshold}"
@@ -253,40 +324,39 @@ def _speedup(ctx: _Ctx) -> Outcome:
         else ""
     )
     figure = _ratio(value, path, this, f"{over} {_num(base, _unit(path))}")
-    return status, figure, threshold, value, message, evidence
+    return Outcome(status, figure, threshold, value, message, evidence)
 
 
 def _acceptance(ctx: _Ctx) -> Outcome:
-    figures = ctx.figures["acceptance_length"]
-    source = "/metrics" if figures.get("metrics") is not None else "stream"
-    value = figures.get("metrics") if source == "/metrics" else figures.get("stream")
-    threshold = f"≥ {ctx.spec.params['min']}"
+    figures = ctx.figures.acceptance_length
+    source = "/metrics" if figures.metrics is not None else "stream"
+    value = figures.metrics if source == "/metrics" else figures.stream
+    least = ctx.spec.params.min or 0.0
+    threshold = f"≥ {ctx.spec.params.min}"
+    evidence: JSONObject = {"metrics": figures.metrics, "stream": figures.stream}
     if value is None:
-        return (
-            FAIL,
-            "–",
-            threshold,
-            None,
-            "no acceptance length: no spec-decode counters and no decode chunks",
-            figures,
-        )
-    status = PASS if value >= ctx.spec.params["min"] else FAIL
+        message = "no acceptance length: no spec-decode counters and no decode chunks"
+        return Outcome(FAIL, "–", threshold, None, message, evidence)
+    status = PASS if value >= least else FAIL
     message = f"acceptance length {value:.3g} ({source}) is below {threshold}" if status == FAIL else ""
-    return status, f"{value:.3g} ({source})", threshold, value, message, figures
+    return Outcome(status, f"{value:.3g} ({source})", threshold, value, message, evidence)
 
 
 def _baseline(ctx: _Ctx) -> Outcome:
-    path = ctx.spec.params.get("metric", DEFAULT_METRIC)
-    limit = ctx.spec.params["max_ratio"]
-    threshold = f"≤ {limit}× baseline"
+    path = ctx.spec.params.metric or DEFAULT_METRIC
+    limit = ctx.spec.params.max_ratio or 0.0
+    threshold = f"≤ {ctx.spec.params.max_ratio}× baseline"
     if not ctx.has_baseline:
-        return SKIP, "no baseline", threshold, None, "pass --baseline PREVIOUS/smoke.json to compare", {}
+        return Outcome(
+            SKIP, "no baseline", threshold, None, "pass --baseline PREVIOUS/smoke.json to compare", {}
+        )
     this, base = _metric(ctx.figures, path), _metric(ctx.baseline, path)
-    evidence = {path: this, f"baseline {path}": base}
+    evidence: JSONObject = {path: this, f"baseline {path}": base}
     if base is None or not base:
-        return SKIP, "not in baseline", threshold, None, f"the baseline has no {path} for this case", evidence
+        message = f"the baseline has no {path} for this case"
+        return Outcome(SKIP, "not in baseline", threshold, None, message, evidence)
     if this is None:
-        return FAIL, "–", threshold, None, f"{path} has no value in this run", evidence
+        return Outcome(FAIL, "–", threshold, None, f"{path} has no value in this run", evidence)
     value = this / base
     status = PASS if value <= limit else FAIL
     message = (
@@ -296,7 +366,7 @@ def _baseline(ctx: _Ctx) -> Outcome:
         else ""
     )
     figure = _ratio(value, path, this, f"baseline {_num(base, _unit(path))}")
-    return status, figure, threshold, value, message, evidence
+    return Outcome(status, figure, threshold, value, message, evidence)
 
 
 _EVALUATORS: dict[str, Callable[[_Ctx], Outcome]] = {
@@ -314,11 +384,11 @@ def _label(spec: CheckSpec) -> str:
     if spec.name:
         return spec.name
     if spec.kind == "speedup":
-        return f"speedup {spec.params.get('metric', DEFAULT_METRIC)} over {spec.params['over']}"
+        return f"speedup {spec.params.metric or DEFAULT_METRIC} over {spec.params.over}"
     if spec.kind in ("metric", "baseline"):
-        return f"{spec.kind} {spec.params.get('metric', DEFAULT_METRIC)}"
+        return f"{spec.kind} {spec.params.metric or DEFAULT_METRIC}"
     if spec.kind == "no_finding":
-        codes = spec.params["codes"]
+        codes = spec.params.codes
         return f"no {'/'.join(codes)}" if len(codes) <= 2 else f"no findings ({len(codes)} codes)"
     return spec.kind
 
@@ -332,7 +402,7 @@ def evaluate(suite: Suite, results: Results, baseline: Results | None) -> list[C
             ran = results.get(scenario, {})
             variants = [spec.variant] if spec.variant else list(ran)
             if spec.kind == "speedup" and not spec.variant:
-                variants = [v for v in variants if v != spec.params["over"]]
+                variants = [v for v in variants if v != spec.params.over]
             for variant in variants:
                 if variant not in ran:
                     continue
@@ -355,7 +425,7 @@ def evaluate(suite: Suite, results: Results, baseline: Results | None) -> list[C
                         threshold=threshold,
                         value=value,
                         message=message,
-                        evidence={**evidence, "run_dir": ran[variant].get("run_dir")},
+                        evidence={**evidence, "run_dir": ran[variant].run_dir},
                     )
                 )
     return out

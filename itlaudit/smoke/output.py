@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from itlaudit.report.context import host_facts, server_fact
 from itlaudit.report.markdown import table_cell
 from itlaudit.smoke.checks import FAIL, PASS, SKIP, CheckResult
+
+if TYPE_CHECKING:
+    from itlaudit.smoke.runner import SmokeEnvironment, SmokeReport
 
 __all__ = ["render_markdown", "table_lines", "verdict_line"]
 
@@ -32,10 +35,10 @@ def table_lines(results: Sequence[CheckResult]) -> list[str]:
     ]
 
 
-def _environment_lines(environment: dict[str, Any]) -> list[str]:
+def _environment_lines(environment: SmokeEnvironment) -> list[str]:
     """The run report's host and server facts (report.context), as this report's bullets."""
-    lines = [f"- {label}: {text}" for label, text in host_facts(environment.get("host", {}))]
-    for name, server in environment.get("servers", {}).items():
+    lines = [f"- {label}: {text}" for label, text in host_facts(environment.host)]
+    for name, server in environment.servers.items():
         lines.append(f"- **{name}** {server_fact(server)}")
         if server.get("non_default_args") is not None:
             lines.append(f"  - non-default args: `{json.dumps(server['non_default_args'], default=str)}`")
@@ -44,13 +47,13 @@ def _environment_lines(environment: dict[str, Any]) -> list[str]:
     return lines
 
 
-def render_markdown(smoke: dict[str, Any], results: Sequence[CheckResult]) -> str:
+def render_markdown(smoke: SmokeReport, results: Sequence[CheckResult]) -> str:
     lines = [
-        f"# itlaudit smoke: {smoke['suite']}",
+        f"# itlaudit smoke: {smoke.suite}",
         "",
-        f"**{verdict_line(results, smoke['runtime_s'])}**",
+        f"**{verdict_line(results, smoke.runtime_s)}**",
         "",
-        f"Suite `{smoke['suite_path']}`; baseline: {smoke.get('baseline') or 'none'}.",
+        f"Suite `{smoke.suite_path}`; baseline: {smoke.baseline or 'none'}.",
         "",
         "| status | case | check | figure | threshold |",
         "|---|---|---|---|---|",
@@ -63,8 +66,8 @@ def render_markdown(smoke: dict[str, Any], results: Sequence[CheckResult]) -> st
     if failed:
         lines += ["", "## Failures", ""]
         lines += [f"- **{r.case} {table_cell(r.name)}**: {r.message}" for r in failed]
-    lines += ["", "## Environment", "", *_environment_lines(smoke["environment"]), "", "## Runs", ""]
-    for scenario, variants in smoke["results"].items():
+    lines += ["", "## Environment", "", *_environment_lines(smoke.environment), "", "## Runs", ""]
+    for scenario, variants in smoke.results.items():
         for variant, figures in variants.items():
-            lines.append(f"- {scenario}/{variant}: [{figures['run_dir']}]({figures['run_dir']}/report.md)")
+            lines.append(f"- {scenario}/{variant}: [{figures.run_dir}]({figures.run_dir}/report.md)")
     return "\n".join(lines) + "\n"

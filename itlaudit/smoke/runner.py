@@ -9,15 +9,17 @@ everything a smoke measured can be re-read with the usual tools.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
+import msgspec
 from rich.console import Console
 
 from itlaudit.capture.server_info import environment_record
 from itlaudit.errors import ItlauditError, RecordsError, RunInterrupted, SuiteError
+from itlaudit.model.codes import Finding
 from itlaudit.model.scenario import Variant
 from itlaudit.report.progress import Reporter
 from itlaudit.serve.environment import host_environment
@@ -30,17 +32,46 @@ from itlaudit.workflows.compare import run_compare
 from itlaudit.workflows.run import DEFAULT_REPORTS, variant_target
 from itlaudit.workflows.run_folder import server_log_name
 
-__all__ = ["JUNIT_FILE", "REPORT_FILE", "SMOKE_FILE", "SmokeOutcome", "load_baseline", "run_smoke"]
+__all__ = [
+    "JUNIT_FILE",
+    "REPORT_FILE",
+    "SMOKE_FILE",
+    "SmokeEnvironment",
+    "SmokeOutcome",
+    "SmokeReport",
+    "load_baseline",
+    "run_smoke",
+]
 
 SMOKE_FILE = "smoke.json"
 REPORT_FILE = "report.md"
 JUNIT_FILE = "junit.xml"
 
 
+class SmokeEnvironment(msgspec.Struct, frozen=True, kw_only=True):
+    """The host (serve.environment) and each server's record (capture.server_info), as written."""
+
+    host: Mapping[str, object]
+    servers: dict[str, Mapping[str, object]]
+
+
+class SmokeReport(msgspec.Struct, frozen=True, kw_only=True):
+    """smoke.json (without `format`, which the writer stamps), field order the file's."""
+
+    suite: str
+    suite_path: str
+    verdict: str
+    runtime_s: float
+    baseline: str | None
+    checks: list[CheckResult]
+    environment: SmokeEnvironment
+    results: Results
+
+
 @dataclass
 class SmokeOutcome:
     out_dir: Path
-    smoke: dict[str, Any]
+    smoke: SmokeReport
     results: list[CheckResult]
 
     @property
@@ -58,8 +89,13 @@ def load_baseline(path: Path) -> Results:
         raise RecordsError(
             f"--baseline {path}: not a smoke.json (no `results`); pass a previous smoke's file"
         )
-    results: Results = data["results"]
-    return results
+    try:
+        return msgspec.convert(data["results"], Results)
+    except msgspec.ValidationError as exc:
+        raise RecordsError(
+            f"--baseline {path}: its `results` are not a smoke's figures ({exc}); "
+            "pass a previous smoke's file"
+        ) from None
 
 
 def _pass_version(run_dir: Path, variant: str) -> str | None:
@@ -114,7 +150,7 @@ def run_smoke(
     reporter = Reporter(console)
     servers = {server.name for server in suite.servers}
     total = sum(1 for scenario in suite.scenarios for v in scenario.variants if v.name in servers)
-    servers_env: dict[str, Any] = {}
+    servers_env: dict[str, Mapping[str, object]] = {}
     for server in suite.servers:
         users = [s for s in suite.scenarios if any(v.name == server.name for v in s.variants)]
         if not users:
@@ -144,14 +180,15 @@ def run_smoke(
                         f"{exc}; the smoke stopped after {done} of {total} runs (in {out_dir / 'runs'}): "
                         "no verdict",
                     ) from None
-                figures = variant_figures(
+                summary = outcome.derivation.summary
+                results[scenario.name][server.name] = variant_figures(
+                    str(rel),
                     outcome.records,
-                    outcome.summary["variants"][server.name],
+                    summary.variants[server.name],
                     comparison.variants.get(server.name),
-                    outcome.summary["run_findings"] + comparison.findings,
+                    [Finding.from_json(f) for f in [*summary.run_findings, *comparison.findings]],
                     scenario.workload.params.max_tokens,
                 )
-                results[scenario.name][server.name] = {"run_dir": str(rel), **figures}
                 fingerprints += [r.system_fingerprint for r in outcome.records]
                 version = _pass_version(out_dir / rel, server.name) or version
             launched = config if not override else None
@@ -167,17 +204,17 @@ def run_smoke(
     checks = evaluate(suite, results, baseline_results)
     runtime = time.monotonic() - started
     verdict = "no-go" if exit_code(checks) else "go"
-    smoke = {
-        "suite": suite.name,
-        "suite_path": str(suite.path),
-        "verdict": verdict,
-        "runtime_s": runtime,
-        "baseline": str(baseline) if baseline else None,
-        "checks": [c.to_json() for c in checks],
-        "environment": {"host": host_environment(), "servers": servers_env},
-        "results": results,
-    }
-    write_versioned(out_dir / SMOKE_FILE, smoke)
+    smoke = SmokeReport(
+        suite=suite.name,
+        suite_path=str(suite.path),
+        verdict=verdict,
+        runtime_s=runtime,
+        baseline=str(baseline) if baseline else None,
+        checks=checks,
+        environment=SmokeEnvironment(host=host_environment(), servers=servers_env),
+        results=results,
+    )
+    write_versioned(out_dir / SMOKE_FILE, msgspec.to_builtins(smoke))
     (out_dir / REPORT_FILE).write_text(render_markdown(smoke, checks), encoding="utf-8")
     properties = {"verdict": verdict, "suite_path": str(suite.path)}
     for name, env in servers_env.items():

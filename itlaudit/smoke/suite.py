@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import shlex
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from itlaudit.analysis.findings import CODES
 from itlaudit.analysis.metrics import SUMMARY_METRICS
@@ -26,6 +29,7 @@ __all__ = [
     "FINDING_CODES",
     "STATS",
     "SUITE_FILE",
+    "CheckParams",
     "CheckSpec",
     "ServerSpec",
     "Suite",
@@ -62,12 +66,25 @@ class ServerSpec:
     env: dict[str, str] = field(default_factory=dict)
 
 
+class CheckParams(msgspec.Struct, frozen=True, kw_only=True):
+    """A [[checks]] table's thresholds (CHECK_KEYS says which a kind takes); None: not given."""
+
+    equals: int | str | None = None
+    min: int | float | None = None
+    max: int | float | None = None
+    codes: list[str] = msgspec.field(default_factory=list)
+    metric: str | None = None
+    over: str | None = None
+    max_ratio: int | float | None = None
+    gibberish_expected: bool = False
+
+
 @dataclass(frozen=True)
 class CheckSpec:
     """One [[checks]] table; scenario/variant None mean every scenario / every variant."""
 
     kind: str
-    params: dict[str, Any]
+    params: CheckParams
     scenario: str | None = None
     variant: str | None = None
     name: str | None = None
@@ -111,7 +128,7 @@ def _str_dict(path: Path, where: str, value: Any) -> dict[str, str]:
     return value
 
 
-def _unknown(path: Path, where: str, src: dict[str, Any], allowed: set[str]) -> None:
+def _unknown(path: Path, where: str, src: Mapping[str, object], allowed: set[str]) -> None:
     for key in src:
         if key not in allowed:
             raise _fail(
@@ -234,7 +251,11 @@ def _check(path: Path, index: int, src: Any, scenarios: dict[str, Scenario]) -> 
             raise _fail(
                 path, f"{where} `over`", f"is {over!r}, not a variant of every scenario it applies to"
             )
-    return CheckSpec(kind=kind, params=params, scenario=scenario, variant=variant, name=src.get("name"))
+    try:
+        typed = msgspec.convert(params, CheckParams)
+    except msgspec.ValidationError as exc:
+        raise _fail(path, f"{where} ({kind})", f"has a value of the wrong type ({exc})") from None
+    return CheckSpec(kind=kind, params=typed, scenario=scenario, variant=variant, name=src.get("name"))
 
 
 def _suite_file(path: Path) -> Path:
