@@ -13,6 +13,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from itlaudit.bisect import build_range, github
 from itlaudit.bisect.build_cache import BuildCache, parse_size
 from itlaudit.bisect.build_range import Build
@@ -22,6 +24,7 @@ from itlaudit.bisect.providers.wheels import DEFAULT_URL, DEFAULT_VARIANTS
 from itlaudit.bisect.verdict import Judge, parse_regress
 from itlaudit.errors import BisectError
 from itlaudit.model.access import NO_ACCESS, Access
+from itlaudit.model.jsonvalue import JSONObject, JSONValue
 from itlaudit.model.vocabulary import StampMode
 from itlaudit.serve.testbed import default_cache_dir
 
@@ -118,13 +121,17 @@ class Settings:
 
         return CaptureOptions.from_flags(self.workers, self.stamp, access=access)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Settings:
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+    def from_json(cls, data: JSONValue) -> Settings:
+        """bisect.json's settings, type-checked field by field (a key this itlaudit does not know is
+        ignored); __post_init__ checks them as it checks the command line's."""
+        try:
+            return msgspec.convert(data, cls)
+        except msgspec.ValidationError as exc:
+            raise BisectError(f"settings {exc}") from None
 
 
 def _default(found: dataclasses.Field[Any]) -> Any:
