@@ -9,8 +9,8 @@ import random
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Any
 
+from itlaudit.model.jsonvalue import JSONObject, JSONValue
 from itlaudit.serve.sim.config import MODEL, SimConfig
 from itlaudit.serve.sim.lm import BigramModel
 from itlaudit.serve.sim.load import Load, RequestSpecMetrics
@@ -186,20 +186,21 @@ class Engine:
             return avoid_token(rng.randrange(FIRST_REGULAR_TOKEN_ID, cfg.vocab_size), {cfg.eos_token_id}, cfg)
         return self.lm.draw(prev, job.temperature, rng, cfg.draft_sampler if draft else MODEL)
 
-    def prompt_logprobs(self, job: Job) -> list[dict[str, dict[str, Any]] | None] | None:
+    def prompt_logprobs(self, job: Job) -> list[JSONValue] | None:
         """vLLM's prompt_logprobs: None for the first prompt token, then per position the prompt token
         and the model's top `prompt_logprobs` candidates, each {logprob, rank, decoded_token}."""
         k = job.prompt_logprobs
         if k is None:
             return None
         ids = job.prompt_token_ids
-        out: list[dict[str, dict[str, Any]] | None] = [None]
+        out: list[JSONValue] = [None]
         for prev, token in itertools.pairwise(ids):
             ranked = [int(t) for t in (-self.lm.logits(prev)).argsort(kind="stable")[:k]]
-            out.append({str(t): self._prompt_entry(job, prev, t) for t in [token, *ranked]})
+            position: JSONObject = {str(t): self._prompt_entry(job, prev, t) for t in [token, *ranked]}
+            out.append(position)
         return out
 
-    def _prompt_entry(self, job: Job, prev: int, token: int) -> dict[str, Any]:
+    def _prompt_entry(self, job: Job, prev: int, token: int) -> JSONObject:
         shown = (
             f"token_id:{token}"
             if job.return_tokens_as_token_ids

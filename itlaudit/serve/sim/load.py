@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from itlaudit.model.jsonvalue import JSONObject, JSONValue
+
 __all__ = ["BLOCK_TOKENS", "QUEUE_BUCKETS_S", "Load", "RequestSpecMetrics"]
 
 BLOCK_TOKENS = 16  # vLLM's default KV block size: prefix hits come in whole blocks
@@ -119,17 +121,18 @@ class RequestSpecMetrics:
         self.histogram[accepted] += 1
         self.num_draft_tokens += num_draft_tokens
 
-    def to_dict(self, *, lie: bool = False) -> dict[str, Any]:
+    def to_dict(self, *, lie: bool = False) -> JSONObject:
         """vLLM's payload. `lie` (a fault) reports every draft accepted, whatever the stream carried."""
         histogram = list(self.histogram)
         if lie:
             histogram = [0] * self.num_spec_tokens + [sum(histogram)]
+        shown: list[JSONValue] = list(histogram)
         steps = sum(histogram)
         accepted = sum(j * count for j, count in enumerate(histogram))
         return {
             "mean_acceptance_length": 1.0 + accepted / steps if steps else 1.0,
             "draft_acceptance_rate": accepted / self.num_draft_tokens if self.num_draft_tokens else 0.0,
-            "acceptance_histogram": histogram,
+            "acceptance_histogram": shown,
             "num_spec_steps": steps,
             "num_accepted_draft_tokens": accepted,
             "num_draft_tokens": self.num_draft_tokens,

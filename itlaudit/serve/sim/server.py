@@ -8,17 +8,17 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing, asynccontextmanager, suppress
 from dataclasses import asdict
 from http import HTTPStatus
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from itlaudit.errors import LaunchError, SimError
+from itlaudit.model.jsonvalue import JSONObject, JSONValue, ReadOnlyJSON
 from itlaudit.model.sendlog import SendLog
 from itlaudit.serve.sim.config import SIM_VERSION, SimConfig
 from itlaudit.serve.sim.endpoints import ChatApi, CompletionApi, EndpointApi
@@ -47,7 +47,7 @@ _ENGINE: web.AppKey[Engine] = web.AppKey("engine", Engine)
 _SEND_LOG: web.AppKey[SendLog] = web.AppKey("send_log", SendLog)
 
 
-def _json_response(obj: Any, status: int = 200) -> web.Response:
+def _json_response(obj: ReadOnlyJSON, status: int = 200) -> web.Response:
     """Starlette's JSONResponse layout, which vLLM uses for every non-streaming body."""
     return web.Response(
         body=dump_json(obj).encode(), status=status, headers={"Content-Type": "application/json"}
@@ -108,7 +108,7 @@ async def _write_stream(
     await resp.write_eof()
 
 
-def _per_request_metrics(cfg: SimConfig, last: Step | None) -> dict[str, Any]:
+def _per_request_metrics(cfg: SimConfig, last: Step | None) -> JSONObject:
     """The usage chunk's `metrics` (vLLM's --per-request-spec-decode-metrics summary), when on."""
     if not cfg.per_request_spec_metrics or last is None or last.spec_decode is None:
         return {}
@@ -117,7 +117,7 @@ def _per_request_metrics(cfg: SimConfig, last: Step | None) -> dict[str, Any]:
 
 async def _complete_row(
     request: web.Request, api: EndpointApi, ctx: ResponseContext, engine: Engine
-) -> tuple[dict[str, Any], int] | web.Response:
+) -> tuple[JSONObject, int] | web.Response:
     """One engine request run to the end: its choice and token count, or the response a fault ends the
     request with."""
     cfg = engine.config
@@ -145,7 +145,8 @@ async def _complete(
     is summed, and the first row a fault ends decides the response."""
     ctx = ctxs[0]
     rows = await asyncio.gather(*(_complete_row(request, api, row_ctx, engine) for row_ctx in ctxs))
-    choices, completion_tokens = [], 0
+    choices: list[JSONValue] = []
+    completion_tokens = 0
     for index, row in enumerate(rows):
         if isinstance(row, web.Response):
             return row
@@ -153,7 +154,7 @@ async def _complete(
         choices.append({**choice, "index": index})
         completion_tokens += tokens
     prompt_tokens = sum(len(row_ctx.job.prompt_token_ids) for row_ctx in ctxs)
-    body: dict[str, Any] = {
+    body: JSONObject = {
         "id": ctx.request_id,
         "object": api.full_object,
         "created": ctx.created,
@@ -170,7 +171,7 @@ async def _complete(
     return _json_response(body)
 
 
-def _handler(api: EndpointApi) -> Any:
+def _handler(api: EndpointApi) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     async def handle(request: web.Request) -> web.StreamResponse:
         engine = request.app[_ENGINE]
         try:

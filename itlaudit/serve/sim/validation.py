@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from http import HTTPStatus
-from typing import Any
 
 from itlaudit.errors import SimError
+from itlaudit.model.jsonvalue import JSONMapping
 from itlaudit.serve.sim.config import SimConfig
 from itlaudit.serve.sim.endpoints import EndpointApi
 from itlaudit.serve.sim.engine import Job
@@ -17,16 +18,16 @@ __all__ = ["MAX_LOGPROBS", "parse_job"]
 MAX_LOGPROBS = 20
 
 
-def _int_field(body: dict[str, Any], name: str, default: int | None) -> int | None:
+def _int_field(body: JSONMapping, name: str, default: int | None) -> int | None:
     value = body.get(name)
     if value is None:
-        value = default  # vLLM treats an explicit null like an omitted field (normalize_null_max_tokens)
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+        return default  # vLLM treats an explicit null like an omitted field (normalize_null_max_tokens)
+    if not isinstance(value, int) or isinstance(value, bool):
         raise bad_request(f"{name} must be an integer", name)
     return value
 
 
-def parse_job(api: EndpointApi, body: dict[str, Any], config: SimConfig) -> Job:
+def parse_job(api: EndpointApi, body: JSONMapping, config: SimConfig) -> Job:
     """Mirrors vLLM's request validation and get_max_tokens() defaulting."""
     model = body.get("model")
     if model and model != config.model:
@@ -58,15 +59,19 @@ def parse_job(api: EndpointApi, body: dict[str, Any], config: SimConfig) -> Job:
         )
     max_tokens = min(v for v in (room, requested, config.default_max_tokens) if v is not None)
     stream_options = body.get("stream_options") or {}
+    if not isinstance(stream_options, Mapping):
+        raise bad_request("stream_options must be an object", "stream_options")
     include_usage = bool(stream_options.get("include_usage"))
     temperature = body.get("temperature")
+    if not isinstance(temperature, int | float | str | None):
+        raise bad_request("temperature must be a number", "temperature")
     return Job(
         prompt_token_ids=prompt_ids,
         prompt_text=prompt_text,
         max_tokens=max_tokens,
         min_tokens=_int_field(body, "min_tokens", 0) or 0,
         ignore_eos=bool(body.get("ignore_eos", False)),
-        stop_token_ids=frozenset(body.get("stop_token_ids") or ()),
+        stop_token_ids=_stop_token_ids(body),
         temperature=1.0 if temperature is None else float(temperature),
         seed=_int_field(body, "seed", None),
         stream=bool(body.get("stream", False)),
@@ -82,7 +87,16 @@ def parse_job(api: EndpointApi, body: dict[str, Any], config: SimConfig) -> Job:
     )
 
 
-def _logprobs_field(body: dict[str, Any], name: str, kind: str) -> int | None:
+def _stop_token_ids(body: JSONMapping) -> frozenset[int]:
+    value = body.get("stop_token_ids") or ()
+    if not isinstance(value, list | tuple) or not all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value
+    ):
+        raise bad_request("stop_token_ids must be a list of integers", "stop_token_ids")
+    return frozenset(t for t in value if isinstance(t, int))
+
+
+def _logprobs_field(body: JSONMapping, name: str, kind: str) -> int | None:
     value = _int_field(body, name, None)
     if value is not None and not 0 <= value <= MAX_LOGPROBS:
         raise bad_request(
@@ -92,7 +106,7 @@ def _logprobs_field(body: dict[str, Any], name: str, kind: str) -> int | None:
     return value
 
 
-def _prompt_logprobs_field(body: dict[str, Any]) -> int | None:
+def _prompt_logprobs_field(body: JSONMapping) -> int | None:
     """vLLM scores the prompt only in a non-streaming request (its streaming path has no place for it)."""
     value = _logprobs_field(body, "prompt_logprobs", "prompt")
     if value is not None and body.get("stream"):

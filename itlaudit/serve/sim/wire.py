@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any
 
 from itlaudit.errors import SimError
+from itlaudit.model.jsonvalue import JSONObject, JSONValue, ReadOnlyJSON
 from itlaudit.model.run_context import SIMULATOR
 from itlaudit.serve.sim.config import SimConfig
 from itlaudit.serve.sim.engine import Job, TokenLogprob
@@ -40,11 +41,11 @@ __all__ = [
 ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 
 
-def error_body(message: str, err_type: str, param: str | None, status: int) -> dict[str, Any]:
+def error_body(message: str, err_type: str, param: str | None, status: int) -> JSONObject:
     return {"error": {"message": message, "type": err_type, "param": param, "code": int(status)}}
 
 
-def rejection_body(exc: SimError) -> dict[str, Any]:
+def rejection_body(exc: SimError) -> JSONObject:
     """The ``{"error": ...}`` body vLLM answers a refused request with."""
     return error_body(str(exc), exc.err_type, exc.param, exc.status)
 
@@ -53,12 +54,12 @@ def bad_request(message: str, param: str) -> SimError:
     return SimError(HTTPStatus.BAD_REQUEST, "BadRequestError", message, param)
 
 
-def dump_json(obj: Any) -> str:
+def dump_json(obj: ReadOnlyJSON) -> str:
     """pydantic's ``model_dump_json`` layout: compact separators, raw UTF-8."""
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
-def usage_info(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+def usage_info(prompt_tokens: int, completion_tokens: int) -> JSONObject:
     """UsageInfo's field order, which puts total_tokens before completion_tokens."""
     return {
         "prompt_tokens": prompt_tokens,
@@ -67,7 +68,7 @@ def usage_info(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
     }
 
 
-def full_usage_info(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+def full_usage_info(prompt_tokens: int, completion_tokens: int) -> JSONObject:
     """Non-streaming responses use plain ``model_dump()``, so unset optional fields appear as null."""
     return {
         **usage_info(prompt_tokens, completion_tokens),
@@ -85,13 +86,14 @@ class ResponseContext:
     model: str
     fingerprint: str
     job: Job
-    prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None  # vLLM's layout, when asked
+    prompt_logprobs: list[JSONValue] | None = None  # vLLM's layout, when asked (Engine.prompt_logprobs)
 
 
-def completion_logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:
+def completion_logprobs(entries: list[TokenLogprob]) -> JSONObject:
     """CompletionLogProbs; text_offset counts the rendered token strings, so with
     return_tokens_as_token_ids it advances by len("token_id:N"), as real vLLM 0.32 does."""
-    offsets, offset = [], 0
+    offsets: list[JSONValue] = []
+    offset = 0
     for entry in entries:
         offsets.append(offset)
         offset += len(entry.token)
@@ -99,21 +101,21 @@ def completion_logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:
         "text_offset": offsets,
         "token_logprobs": [e.logprob for e in entries],
         "tokens": [e.token for e in entries],
-        "top_logprobs": [e.top for e in entries],
+        "top_logprobs": [{**e.top} for e in entries],
     }
 
 
 def chunk_envelope(
     ctx: ResponseContext,
     obj: str,
-    choices: list[dict[str, Any]],
-    usage: dict[str, Any] | None = None,
+    choices: Sequence[JSONObject],
+    usage: JSONObject | None = None,
     fingerprint: str | None = None,
-    **tail: Any,
-) -> dict[str, Any]:
+    **tail: JSONValue,
+) -> JSONObject:
     """A stream chunk with only the keys vLLM sets explicitly, in its model's field order."""
-    chunk: dict[str, Any] = {"id": ctx.request_id, "object": obj, "created": ctx.created, "model": ctx.model}
-    chunk["choices"] = choices
+    chunk: JSONObject = {"id": ctx.request_id, "object": obj, "created": ctx.created, "model": ctx.model}
+    chunk["choices"] = [*choices]
     if usage is not None:
         chunk["usage"] = usage
     if fingerprint is not None:
@@ -122,7 +124,7 @@ def chunk_envelope(
     return chunk
 
 
-def sse_frame(obj: Any) -> bytes:
+def sse_frame(obj: ReadOnlyJSON) -> bytes:
     return f"data: {dump_json(obj)}\n\n".encode()
 
 
@@ -137,10 +139,10 @@ ENGINE_DEAD_FRAME = (
 DONE_FRAME = b"data: [DONE]\n\n"
 
 
-def model_list(cfg: SimConfig) -> dict[str, Any]:
+def model_list(cfg: SimConfig) -> JSONObject:
     """The /v1/models body; shared with the ground-truth server so both serve vLLM's exact card."""
     created = int(time.time())
-    permission = {
+    permission: JSONObject = {
         "id": f"modelperm-{uuid.uuid4().int & (2**64 - 1):016x}",
         "object": "model_permission",
         "created": created,
@@ -154,7 +156,7 @@ def model_list(cfg: SimConfig) -> dict[str, Any]:
         "group": None,
         "is_blocking": False,
     }
-    card = {
+    card: JSONObject = {
         "id": cfg.model,
         "object": "model",
         "created": created,
