@@ -18,13 +18,22 @@ import shutil
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from itlaudit import __version__
 from itlaudit.model.launch import LaunchKind
 from itlaudit.model.redact import redact_env, redact_json
 
-__all__ = ["commit_of", "gpus", "host_environment", "non_default_args", "recorded_env", "server_env"]
+__all__ = [
+    "GpuInfo",
+    "HostEnvironment",
+    "commit_of",
+    "gpus",
+    "host_environment",
+    "non_default_args",
+    "recorded_env",
+    "server_env",
+]
 
 # Environment passed to the server that changes what the engine does (kernels, attention backend,
 # arch-specific code paths): the overrides worth recording next to a result.
@@ -34,6 +43,24 @@ _NON_DEFAULT = re.compile(r"non-default args: (\{.*\})\s*$")
 # Nightly versions carry the commit as a local version: 0.23.1rc1.dev601+ga16dbd5b8.
 _COMMIT_IN_VERSION = re.compile(r"\+g?([0-9a-f]{7,40})\b")
 _TIMEOUT_S = 5.0
+
+
+class GpuInfo(TypedDict):
+    """One local GPU as nvidia-smi names it: an element of the environment record's `gpus` list."""
+
+    name: str
+    compute_capability: str
+    driver: str
+
+
+class HostEnvironment(TypedDict):
+    """meta.json's and the smoke report's `environment`/`host` block (its JSON form, unchanged)."""
+
+    itlaudit_version: str
+    cpu_architecture: str
+    platform: str
+    python: str
+    gpus: list[GpuInfo] | None
 
 
 def recorded_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -47,7 +74,7 @@ def server_env(launch_env: Mapping[str, str], kind: str) -> dict[str, str]:
     return recorded_env(dict(launch_env) if kind == LaunchKind.DOCKER else {**os.environ, **launch_env})
 
 
-def gpus() -> list[dict[str, str]] | None:
+def gpus() -> list[GpuInfo] | None:
     """Name, compute capability and driver of each local GPU; None when nvidia-smi is absent
     (a CPU host, or a remote server whose GPU this machine cannot see)."""
     if shutil.which("nvidia-smi") is None:
@@ -60,18 +87,18 @@ def gpus() -> list[dict[str, str]] | None:
     if result.returncode != 0:
         return None
     rows = [[part.strip() for part in line.split(",")] for line in result.stdout.splitlines() if line.strip()]
-    return [{"name": row[0], "compute_capability": row[1], "driver": row[2]} for row in rows if len(row) == 3]
+    return [GpuInfo(name=row[0], compute_capability=row[1], driver=row[2]) for row in rows if len(row) == 3]
 
 
-def host_environment() -> dict[str, Any]:
+def host_environment() -> HostEnvironment:
     """The machine itlaudit runs on: for a launched server, also the server's machine."""
-    return {
-        "itlaudit_version": __version__,
-        "cpu_architecture": platform.machine(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "gpus": gpus(),
-    }
+    return HostEnvironment(
+        itlaudit_version=__version__,
+        cpu_architecture=platform.machine(),
+        platform=platform.platform(),
+        python=platform.python_version(),
+        gpus=gpus(),
+    )
 
 
 def commit_of(version: str | None) -> str | None:
@@ -79,8 +106,9 @@ def commit_of(version: str | None) -> str | None:
     return match.group(1) if match else None
 
 
-def non_default_args(log_path: Path | None) -> dict[str, Any] | None:
-    """vLLM's own account of its non-default arguments, read from a launched server's log."""
+def non_default_args(log_path: Path | None) -> Mapping[str, object] | None:
+    """vLLM's own account of its non-default arguments, read from a launched server's log: free-form
+    (whatever vLLM's argparse produced, Python literals included), recorded as it is."""
     if log_path is None:
         return None
     try:
