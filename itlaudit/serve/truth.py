@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from itlaudit.errors import SimError
+from itlaudit.model.jsonvalue import JSONMapping, JSONObject
 from itlaudit.model.sendlog import SendLog
 from itlaudit.serve.sim.config import SIM_VERSION, SimConfig
 from itlaudit.serve.sim.endpoints import CompletionApi
@@ -186,7 +187,7 @@ _SSE_HEAD = (
 _MAX_HEAD_BYTES = 64 * 1024
 
 
-def _json_reply(status: int, obj: Any, keep_alive: bool) -> bytes:
+def _json_reply(status: int, obj: JSONMapping, keep_alive: bool) -> bytes:
     body = dump_json(obj).encode()
     phrase = HTTPStatus(status).phrase
     connection = b"" if keep_alive else b"connection: close\r\n"
@@ -254,7 +255,7 @@ class Connection(asyncio.Protocol):
             self.close_after = headers.get("connection", "").lower() == "close"
             self._dispatch(method, path, headers, body)
 
-    def _reply(self, status: int, obj: Any, keep_alive: bool | None = None) -> None:
+    def _reply(self, status: int, obj: JSONMapping, keep_alive: bool | None = None) -> None:
         keep = not self.close_after if keep_alive is None else keep_alive
         self.transport.write(_json_reply(status, obj, keep))
         if not keep:
@@ -270,7 +271,7 @@ class Connection(asyncio.Protocol):
 
     def _dispatch(self, method: str, path: str, headers: dict[str, str], body: bytes) -> None:
         server = self.server
-        routes: dict[tuple[str, str], Callable[[], Any]] = {
+        routes: dict[tuple[str, str], Callable[[], JSONMapping]] = {
             ("GET", "/health"): dict,
             ("GET", "/version"): lambda: {"version": SIM_VERSION},
             ("GET", "/v1/models"): lambda: model_list(server.sim),
@@ -396,13 +397,15 @@ class TruthServer:
             template = self.templates[key] = build_template(job, self.config)
         return template
 
-    def reset(self) -> dict[str, Any]:
-        """Start a new log (streams still open keep their schedule), so one server serves many trials."""
+    def reset(self) -> JSONObject:
+        """Start a new log (streams still open keep their schedule), so one server serves many trials;
+        the answer is an empty JSON object."""
         self.log = SendLog(server={**self.log.server, "kind": "truth", **asdict(self.config)})
         self.buffered_writes = self.closed_early = 0
         return {}
 
-    def log_json(self) -> dict[str, Any]:
+    def log_json(self) -> JSONMapping:
+        """The send log's JSON form (model.sendlog), with this server's write counters in its block."""
         self.log.server["buffered_writes"] = self.buffered_writes
         self.log.server["streams_closed_early"] = self.closed_early
         return self.log.to_json()
