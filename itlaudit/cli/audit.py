@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -19,6 +19,9 @@ from itlaudit.errors import ScenarioError
 from itlaudit.store import ledger as ledger_mod
 from itlaudit.store.jsonl import load_records
 from itlaudit.store.rundir import REQUESTS_FILE, new_run_dir
+
+if TYPE_CHECKING:
+    from itlaudit.workflows.audit import VariantInvariance
 
 __all__ = [
     "MATRIX_WIDTH",
@@ -46,9 +49,8 @@ def _int_list(text: str, option: str) -> list[int]:
     return values
 
 
-def _print_invariance(
-    name: str, url: str, identity: dict[str, Any], summary: dict[str, Any], top_k: int
-) -> None:
+def _print_invariance(result: VariantInvariance, top_k: int) -> None:
+    name, url, identity, summary = result.name, result.url, result.identity, result.summary
     batches = summary["batch2_batches"]
     build = f"vllm {identity.get('version')} ({identity.get('system_fingerprint')})"
     per_prompt = batches // summary["prompts"]
@@ -137,7 +139,7 @@ def invariance(
     )
     run_dir = out_dir or new_run_dir(DEFAULT_REPORTS, "invariance")
     for result in invariance_audit(variants, settings, run_dir):
-        _print_invariance(result.name, result.url, result.identity, result.summary, top_k)
+        _print_invariance(result, top_k)
     out.print(f"figures and raw scorings: {run_dir / INVARIANCE_FILE}")
 
 

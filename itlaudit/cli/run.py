@@ -8,7 +8,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypedDict
 
 import typer
 from rich.console import Console
@@ -34,6 +34,7 @@ from itlaudit.model.scenario import Scenario, ScenarioFlags, build_scenario, par
 from itlaudit.store.rundir import COMPARE_FILE, META_FILE, read_json
 
 if TYPE_CHECKING:  # the run workflow (the capture stack, numpy) loads when a command runs, not for --help
+    from itlaudit.analysis.comparison import CompareResult, VariantComparison
     from itlaudit.workflows.run import LedgerPolicy, RunOutcome
 
 __all__ = ["DEMO_SCENARIO", "LEDGER", "RunSettings", "compare", "demo", "run", "run_settings"]
@@ -42,6 +43,18 @@ DEMO_SCENARIO = Path(__file__).resolve().parent.parent / "data" / "demo.toml"
 LEDGER = Path("reports") / "ledger.jsonl"
 err = Console(stderr=True)
 out = Console()
+
+
+class RunKwargs(TypedDict):
+    """What run's and compare's settings hand their workflow, by keyword (run_scenario, run_compare)."""
+
+    url: str | None
+    variant_urls: dict[str, str]
+    run_dir: Path | None
+    console: Console
+    ledger: LedgerPolicy
+    append: bool
+    labels: RunLabels
 
 
 @dataclass(frozen=True)
@@ -82,7 +95,7 @@ class RunSettings:
 
         return plots_skipped(not self.plots)
 
-    def run_kwargs(self, flags: ScenarioFlags) -> dict[str, Any]:
+    def run_kwargs(self, flags: ScenarioFlags) -> RunKwargs:
         return {
             "url": flags.url,
             "variant_urls": flags.variant_urls,
@@ -342,12 +355,12 @@ def compare(
             f"{name}: {speed}, "
             f"acceptance rate {_fmt(spec.get('acceptance_rate'))}, "
             f"acceptance length /metrics {_fmt(spec.get('acceptance_length'))} vs stream "
-            f"{_fmt(row.stream_acceptance_length)}" + _prefix_cache_text(row.prefix_cache),
+            f"{_fmt(row.stream_acceptance_length)}" + _prefix_cache_text(row),
             markup=False,
             highlight=False,
             soft_wrap=True,
         )
-    _print_distribution(comparison.distribution)
+    _print_distribution(comparison)
     for finding in comparison.findings:
         out.print(
             f"[bold red]{finding['code']}[/bold red]: {finding['message']}", highlight=False, soft_wrap=True
@@ -357,16 +370,18 @@ def compare(
     _track(settings, outcome.run_dir)
 
 
-def _prefix_cache_text(block: dict[str, Any] | None) -> str:
+def _prefix_cache_text(row: VariantComparison) -> str:
     """The server's prefix-cache hit rate over the variant's window, where its /metrics reports one."""
+    block = row.prefix_cache
     if not block or block.get("hit_rate") is None:
         return ""
     tokens = f"{block['hits']:.0f}/{block['queries']:.0f} tokens"
     return f", prefix-cache hit rate {block['hit_rate']:.1%} ({tokens})"
 
 
-def _print_distribution(block: dict[str, Any] | None) -> None:
+def _print_distribution(comparison: CompareResult) -> None:
     """One line per variant the temperature > 0 distribution audit judged, or why it could not."""
+    block = comparison.distribution
     if block is None:
         return
     if "skipped" in block:

@@ -18,6 +18,7 @@ from typing import Any, ClassVar, cast, get_args
 import typer
 import typer.main
 from rich.markup import escape
+from typer._click import Command  # typer vendors click; its commands are this class
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 __all__ = ["Entry", "LazyRoot", "restyle"]
@@ -100,7 +101,7 @@ class Entry:
     summary: str
 
 
-def _load(entry: Entry) -> Any:
+def _load(entry: Entry) -> Command:
     """The click command `entry` names, built by typer as `app.command()`/`app.add_typer()` would, in
     the help style."""
     module, attribute = entry.target.split(":")
@@ -121,14 +122,14 @@ def _no_options() -> None:
     """The holder group's callback: nothing of its own."""
 
 
-class _Commands(Mapping[str, Any]):
+class _Commands(Mapping[str, Command]):
     """The root's commands by name, in the table's order, each imported the first time it is read."""
 
     def __init__(self, entries: tuple[Entry, ...]) -> None:
         self._entries = {entry.name: entry for entry in entries}
-        self._loaded: dict[str, Any] = {}
+        self._loaded: dict[str, Command] = {}
 
-    def __getitem__(self, name: str) -> Any:
+    def __getitem__(self, name: str) -> Command:
         if name not in self._loaded:
             self._loaded[name] = _load(self._entries[name])
         return self._loaded[name]
