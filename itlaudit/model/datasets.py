@@ -43,13 +43,15 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import msgspec
 
 from itlaudit.errors import DatasetError
+from itlaudit.model.jsonvalue import JSONObject, JSONValue
 from itlaudit.model.scenario_toml import SEQUENCE_TOKENS, TOKEN_ID, Bound
 
 if TYPE_CHECKING:
@@ -133,7 +135,7 @@ class DatasetEntry:
     """One request's input: a text prompt, a token-id prompt or chat messages, and its own limits."""
 
     prompt: str | list[int] | None = None
-    messages: list[dict[str, Any]] | None = None
+    messages: list[JSONObject] | None = None  # chat messages as the dataset gives them
     max_tokens: int | None = None
     ignore_eos: bool | None = None  # None: the workload's setting
     category: str | None = None
@@ -214,7 +216,7 @@ def _length(spec: Any, key: str, rng: np.random.Generator, count: int) -> list[i
     raise DatasetError(key, f"{how}; got {spec!r}")
 
 
-def random_dataset(table: dict[str, Any], count: int, seed: int) -> Dataset:
+def random_dataset(table: Mapping[str, object], count: int, seed: int) -> Dataset:
     unknown = set(table) - {"kind", "input_len", "output_len", "vocab_size"}
     if unknown:
         raise DatasetError(
@@ -309,11 +311,11 @@ def _read(path: Path) -> str:
         raise DatasetError("path", f"names {path}, which cannot be read as UTF-8 text ({exc})") from None
 
 
-def _positive_int(value: Any) -> bool:
+def _positive_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def _token_count(value: Any) -> int | None:
+def _token_count(value: object) -> int | None:
     """A length in tokens as a dataset line gives it, or None where it is not one within SEQUENCE_TOKENS."""
     return value if _positive_int(value) and SEQUENCE_TOKENS.problem(value) is None else None
 
@@ -321,8 +323,10 @@ def _token_count(value: Any) -> int | None:
 def jsonl_dataset(path: Path, chat: bool) -> Dataset:
     entries = []
     for where, obj in _json_lines(path):
-        prompt, messages = obj.get("prompt"), obj.get("messages")
-        if isinstance(messages, list) and all(isinstance(m, dict) for m in messages) and messages:
+        prompt, given = obj.get("prompt"), obj.get("messages")
+        listed = given if isinstance(given, list) else []
+        messages = [m for m in listed if isinstance(m, dict)] or None
+        if messages is not None and len(messages) == len(listed):
             if not chat:
                 raise DatasetError("path", f'{where} has `messages`, which need endpoint = "chat"')
         elif isinstance(prompt, str) and prompt:
@@ -332,15 +336,16 @@ def jsonl_dataset(path: Path, chat: bool) -> Dataset:
         max_tokens, category = obj.get("max_tokens"), obj.get("category")
         if max_tokens is not None and not _positive_int(max_tokens):
             raise DatasetError("path", f"{where}: max_tokens must be a positive integer, got {max_tokens!r}")
-        if max_tokens is not None and SEQUENCE_TOKENS.problem(max_tokens):
-            raise DatasetError("path", f"{where}: max_tokens {SEQUENCE_TOKENS.problem(max_tokens)}")
+        limit = max_tokens if _positive_int(max_tokens) else None
+        if limit is not None and SEQUENCE_TOKENS.problem(limit):
+            raise DatasetError("path", f"{where}: max_tokens {SEQUENCE_TOKENS.problem(limit)}")
         if category is not None and not isinstance(category, str):
             raise DatasetError("path", f"{where}: category must be a string, got {category!r}")
         entries.append(
             DatasetEntry(
-                prompt=None if messages else prompt,
+                prompt=None if messages or not isinstance(prompt, str) else prompt,
                 messages=messages,
-                max_tokens=max_tokens,
+                max_tokens=limit,
                 category=category,
             )
         )
@@ -400,7 +405,7 @@ def sharegpt_dataset(path: Path) -> Dataset:
     return Dataset("sharegpt", entries, warning=_estimate_warning(path))
 
 
-def multi_turn_dataset(table: dict[str, Any], base: Path, chat: bool) -> Dataset:
+def multi_turn_dataset(table: Mapping[str, object], base: Path, chat: bool) -> Dataset:
     """Each conversation a session, each question a turn sent with the conversation so far."""
     _reject_unknown(table, "multi_turn", ("path", "max_turns", "think_time_s"))
     if not chat:
@@ -416,7 +421,9 @@ def multi_turn_dataset(table: dict[str, Any], base: Path, chat: bool) -> Dataset
     entries = []
     for session, pairs in enumerate(_conversations(path)):
         for turn in range(1, min(len(pairs) // 2, max_turns) + 1):
-            history = [{"role": role, "content": text} for role, text in pairs[: 2 * turn - 1]]
+            history: list[JSONObject] = [
+                {"role": role, "content": text} for role, text in pairs[: 2 * turn - 1]
+            ]
             reply = pairs[2 * turn - 1][1]
             entries.append(
                 DatasetEntry(
@@ -431,7 +438,7 @@ def multi_turn_dataset(table: dict[str, Any], base: Path, chat: bool) -> Dataset
     return Dataset("multi_turn", entries, warning=_estimate_warning(path), think_time_s=float(think))
 
 
-def _dataset_number(table: dict[str, Any], key: str, default: int | None = None) -> int:
+def _dataset_number(table: Mapping[str, object], key: str, default: int | None = None) -> int:
     """A whole-number [workload.dataset] key within DATASET_BOUNDS, or `default` where it is left out."""
     value = table.get(key, default)
     if value is None:
@@ -442,7 +449,7 @@ def _dataset_number(table: dict[str, Any], key: str, default: int | None = None)
     return value
 
 
-def _reject_unknown(table: dict[str, Any], kind: str, keys: tuple[str, ...]) -> None:
+def _reject_unknown(table: Mapping[str, object], kind: str, keys: tuple[str, ...]) -> None:
     unknown = set(table) - {"kind", *keys}
     if unknown:
         raise DatasetError(sorted(unknown)[0], f"is not a key of a {kind} dataset ({', '.join(keys)})")
@@ -457,7 +464,7 @@ def _check_drawn(drawn: int, key: str, count: int) -> None:
         )
 
 
-def _json_lines(path: Path) -> list[tuple[str, dict[str, Any]]]:
+def _json_lines(path: Path) -> list[tuple[str, JSONObject]]:
     """A JSONL file's objects, each with its `file:line` for the error that names it."""
     rows = []
     for number, line in enumerate(_read(path).splitlines(), 1):
@@ -476,7 +483,7 @@ def _json_lines(path: Path) -> list[tuple[str, dict[str, Any]]]:
     return rows
 
 
-def trace_dataset(table: dict[str, Any], base: Path, seed: int) -> Dataset:
+def trace_dataset(table: Mapping[str, object], base: Path, seed: int) -> Dataset:
     """A timed trace, entries in timestamp order (a trace is a schedule: a line out of order would
     otherwise be sent late), each due at its timestamp less the first line's."""
     _reject_unknown(table, "trace", ("path", "format", "block_tokens", "vocab_size"))
@@ -516,11 +523,13 @@ def trace_dataset(table: dict[str, Any], base: Path, seed: int) -> Dataset:
                 raise DatasetError(
                     "path", f"{where} needs an `input_length` in [1, {SEQUENCE_TOKENS.hi}] or a `text`"
                 )
-            if not isinstance(hashes, list) or not all(_positive_int(h) or h == 0 for h in hashes):
+            listed = hashes if isinstance(hashes, list) else []
+            hash_ids = [int(h) for h in listed if isinstance(h, int) and (h == 0 or _positive_int(h))]
+            if not isinstance(hashes, list) or len(hash_ids) != len(hashes):
                 raise DatasetError("path", f"{where}: hash_ids must be a list of non-negative integers")
             drawn += length
             _check_drawn(drawn, "path", index + 1)
-            ids = [t for h in hashes[: math.ceil(length / block)] for t in block_ids(h)][:length]
+            ids = [t for h in hash_ids[: math.ceil(length / block)] for t in block_ids(h)][:length]
             if len(ids) < length:  # past its blocks the prompt is this line's own
                 rng = np.random.default_rng([seed, 1, index])
                 ids += rng.integers(FIRST_TOKEN_ID, vocab, size=length - len(ids)).tolist()
@@ -532,7 +541,7 @@ def trace_dataset(table: dict[str, Any], base: Path, seed: int) -> Dataset:
     return Dataset("trace", entries, seed=seed, vocab_size=vocab)
 
 
-def prefix_repetition_dataset(table: dict[str, Any], count: int, seed: int) -> Dataset:
+def prefix_repetition_dataset(table: Mapping[str, object], count: int, seed: int) -> Dataset:
     """vLLM's prefix_repetition: `count // num_prefixes` requests per prefix, each prefix followed by
     a suffix of its own, shuffled from the seed (as vLLM shuffles) so a prefix's requests are spread
     over the run rather than sent back to back."""
@@ -561,7 +570,7 @@ def prefix_repetition_dataset(table: dict[str, Any], count: int, seed: int) -> D
     return Dataset("prefix_repetition", [entries[i] for i in order], seed=seed, vocab_size=vocab)
 
 
-def _categories(table: dict[str, Any]) -> set[str] | None:
+def _categories(table: Mapping[str, object]) -> set[str] | None:
     wanted = table.get("category")
     if wanted is None:
         return None
@@ -573,7 +582,9 @@ def _categories(table: dict[str, Any]) -> set[str] | None:
     return set(names)
 
 
-def _question_dataset(kind: str, table: dict[str, Any], path: Path, prompt_of: Any) -> Dataset:
+def _question_dataset(
+    kind: str, table: Mapping[str, object], path: Path, prompt_of: Callable[[JSONObject], JSONValue]
+) -> Dataset:
     """SpecBench and SPEED-Bench: one JSON object per line with a `category`, the prompt found by
     `prompt_of` (None where the line has none), only the categories asked for."""
     wanted = _categories(table)
@@ -594,23 +605,23 @@ def _question_dataset(kind: str, table: dict[str, Any], path: Path, prompt_of: A
     return Dataset(kind, entries)
 
 
-def _first_turn(obj: dict[str, Any]) -> Any:
+def _first_turn(obj: JSONObject) -> JSONValue:
     turns = obj.get("turns")
     return turns[0] if isinstance(turns, list) and turns else None
 
 
-def _first_message(obj: dict[str, Any]) -> Any:
+def _first_message(obj: JSONObject) -> JSONValue:
     messages = obj.get("messages")
     first = messages[0] if isinstance(messages, list) and messages else None
     return first.get("content") if isinstance(first, dict) else None
 
 
-def spec_bench_dataset(table: dict[str, Any], base: Path) -> Dataset:
+def spec_bench_dataset(table: Mapping[str, object], base: Path) -> Dataset:
     _reject_unknown(table, "spec_bench", ("path", "category", "output_len"))
     return _question_dataset("spec_bench", table, _path(table, base, "spec_bench"), _first_turn)
 
 
-def speed_bench_dataset(table: dict[str, Any], base: Path) -> Dataset:
+def speed_bench_dataset(table: Mapping[str, object], base: Path) -> Dataset:
     """`path` is the folder (vLLM's `--dataset-path` for speed_bench); `subset` picks its file."""
     _reject_unknown(table, "speed_bench", ("path", "subset", "category", "output_len"))
     subset = table.get("subset", "qualitative")
@@ -622,14 +633,14 @@ def speed_bench_dataset(table: dict[str, Any], base: Path) -> Dataset:
     return _question_dataset("speed_bench", table, folder / f"{subset}.jsonl", _first_message)
 
 
-def _path(table: dict[str, Any], base: Path, kind: str) -> Path:
+def _path(table: Mapping[str, object], base: Path, kind: str) -> Path:
     name = table.get("path")
     if not isinstance(name, str):
         raise DatasetError("path", f"is missing; a {kind} dataset reads its requests from a file")
     return (base / name).resolve()
 
 
-def load_dataset(table: dict[str, Any], base: Path, count: int, seed: int, chat: bool) -> Dataset:
+def load_dataset(table: Mapping[str, object], base: Path, count: int, seed: int, chat: bool) -> Dataset:
     """Read [workload.dataset]; `count` is how many requests a random dataset draws."""
     kind = table.get("kind")
     if kind not in DATASET_KINDS:

@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypeVar, overload
 
 from itlaudit.errors import ScenarioError
 
@@ -23,6 +24,7 @@ __all__ = [
     "check_bound",
     "dump_toml",
     "get_number",
+    "get_table",
     "get_value",
     "int_list",
     "reject_unknown_keys",
@@ -91,14 +93,37 @@ class _VariantLocated(Located):
         return starts[self.index] + found if found is not None else None
 
 
+T = TypeVar("T")
+D = TypeVar("D")
+
+
+@overload
 def get_value(
-    src: dict[str, Any],
+    src: Mapping[str, object], loc: Located, table: str, key: str, kind: type[T] | tuple[type[T], ...]
+) -> T: ...
+
+
+@overload
+def get_value(
+    src: Mapping[str, object],
     loc: Located,
     table: str,
     key: str,
-    kind: type | tuple[type, ...],
-    default: Any = ...,
-) -> Any:
+    kind: type[T] | tuple[type[T], ...],
+    default: D,
+) -> T | D: ...
+
+
+def get_value(
+    src: Mapping[str, object],
+    loc: Located,
+    table: str,
+    key: str,
+    kind: type[T] | tuple[type[T], ...],
+    default: object = ...,
+) -> object:
+    """`src[key]` checked to be a `kind` (the return type follows it, so callers need no cast);
+    `default` where the key is absent, or a one-line error naming the key when no default is given."""
     if key not in src:
         if default is ...:
             raise loc.error(table, key, "is missing; add it")
@@ -109,6 +134,19 @@ def get_value(
     if wrong_bool or not isinstance(value, kind):
         names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
         raise loc.error(table, key, f"must be {names}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def get_table(
+    src: Mapping[str, object], loc: Located, table: str, key: str, default: Mapping[str, object] | None = None
+) -> Mapping[str, object]:
+    """A sub-table (`key = { ... }` or `[table.key]`): TOML keys are strings, its values are read
+    with the getters here. Missing without a default is an error naming the key."""
+    value: Mapping[str, object] = (
+        get_value(src, loc, table, key, dict)
+        if default is None
+        else get_value(src, loc, table, key, dict, default)
+    )
     return value
 
 
@@ -157,19 +195,46 @@ def check_bound(value: float, bound: Bound, loc: Located, table: str, key: str) 
         raise loc.error(table, key, problem)
 
 
+_Number = TypeVar("_Number", bound=float)
+
+
+@overload
 def get_number(
-    src: dict[str, Any],
+    src: Mapping[str, object],
     loc: Located,
     table: str,
     key: str,
-    kind: type | tuple[type, ...],
+    kind: type[_Number] | tuple[type[_Number], ...],
     bound: Bound,
-    default: Any = ...,
-) -> Any:
+) -> _Number: ...
+
+
+@overload
+def get_number(
+    src: Mapping[str, object],
+    loc: Located,
+    table: str,
+    key: str,
+    kind: type[_Number] | tuple[type[_Number], ...],
+    bound: Bound,
+    default: D,
+) -> _Number | D: ...
+
+
+def get_number(
+    src: Mapping[str, object],
+    loc: Located,
+    table: str,
+    key: str,
+    kind: type[_Number] | tuple[type[_Number], ...],
+    bound: Bound,
+    default: object = ...,
+) -> object:
     """`get_value` for a number, checked against `bound` (a default is taken as it is)."""
-    value = get_value(src, loc, table, key, kind, default)
-    if key in src:
-        check_bound(value, bound, loc, table, key)
+    if key not in src:
+        return get_value(src, loc, table, key, kind, default)
+    value: float = get_value(src, loc, table, key, kind)
+    check_bound(value, bound, loc, table, key)
     return value
 
 
@@ -178,23 +243,25 @@ TOKEN_ID = Bound(0, 2**31 - 1, integer=True)  # vocabularies are far smaller; id
 SEQUENCE_TOKENS = Bound(1, 10_000_000, integer=True)
 
 
-def int_list(src: dict[str, Any], loc: Located, table: str, key: str) -> list[int]:
-    values = get_value(src, loc, table, key, list, [])
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+def int_list(src: Mapping[str, object], loc: Located, table: str, key: str) -> list[int]:
+    values: list[object] = get_value(src, loc, table, key, list, [])
+    ids = [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+    if len(ids) != len(values):
         raise loc.error(table, key, "must be a list of integer token ids")
-    for value in values:
+    for value in ids:
         check_bound(value, TOKEN_ID, loc, table, key)
-    return [int(v) for v in values]
+    return ids
 
 
-def str_list(src: dict[str, Any], loc: Located, table: str, key: str) -> list[str]:
-    values = get_value(src, loc, table, key, list, [])
-    if not all(isinstance(v, str) for v in values):
+def str_list(src: Mapping[str, object], loc: Located, table: str, key: str) -> list[str]:
+    values: list[object] = get_value(src, loc, table, key, list, [])
+    strings = [v for v in values if isinstance(v, str)]
+    if len(strings) != len(values):
         raise loc.error(table, key, "must be a list of strings")
-    return [str(v) for v in values]
+    return strings
 
 
-def reject_unknown_keys(src: dict[str, Any], allowed: set[str], loc: Located, table: str) -> None:
+def reject_unknown_keys(src: Mapping[str, object], allowed: set[str], loc: Located, table: str) -> None:
     for key in src:
         if key not in allowed:
             raise loc.error(table, key, f"is not a known key (known: {', '.join(sorted(allowed))})")
@@ -209,7 +276,7 @@ def _key(key: str) -> str:
     return key if _BARE_KEY.match(key) else json.dumps(key, ensure_ascii=False)
 
 
-def _value(value: Any) -> str:
+def _value(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
@@ -226,7 +293,7 @@ def _value(value: Any) -> str:
 
 
 def _section(
-    lines: list[str], title: str, table: str, src: dict[str, Any], notes: dict[tuple[str, str], str]
+    lines: list[str], title: str, table: str, src: Mapping[str, object], notes: dict[tuple[str, str], str]
 ) -> None:
     """A table's plain keys (each with its note as a comment), then its sub-tables as [sections]."""
     if title:
@@ -248,7 +315,7 @@ def _section(
                 _section(lines, f"[[{key}]]", key, item, notes)
 
 
-def dump_toml(raw: dict[str, Any], header: list[str], notes: dict[tuple[str, str], str]) -> str:
+def dump_toml(raw: Mapping[str, object], header: list[str], notes: dict[tuple[str, str], str]) -> str:
     """Scenario tables as TOML that tomllib reads back to the same tables: `header` as opening comment
     lines, and `notes[(table, key)]` as the comment after that key."""
     lines = [f"# {line}" if line else "#" for line in header]
