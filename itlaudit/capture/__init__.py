@@ -12,6 +12,7 @@ SURFACE = Surface(
             "lost_worker_warnings",
             "parse_cluster",
         ),
+        "described": ("CaptureDescription",),
         "metrics_sampler": ("DEFAULT_PERIOD_S",),
         "planning": (
             "OnPrepare",

@@ -22,12 +22,13 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Protocol
 
 import numpy as np
 
+from itlaudit.capture.described import CaptureDescription, LoopLag, WorkerDescription, WorkerWhere
 from itlaudit.capture.lagprobe import new_capture_loop
 from itlaudit.capture.transport import kernel_stamps_supported
 from itlaudit.capture.workers import CLOCK_PINGS, START_MARGIN_NS, WorkerShare, capture_share
@@ -134,7 +135,7 @@ class CaptureActor:
         if share.stamp == StampMode.KERNEL:
             kernel_stamps_supported()  # its one-time probe runs before the start, not mid-run
 
-    def where(self) -> dict[str, Any]:
+    def where(self) -> WorkerWhere:
         import ray
 
         context = ray.get_runtime_context()
@@ -148,7 +149,7 @@ class CaptureActor:
     def clock(self) -> int:
         return time.monotonic_ns()
 
-    def run(self, start_ns: int) -> dict[str, Any]:
+    def run(self, start_ns: int) -> LoopLag:
         """Stream the share from `start_ns` (this actor's clock); returns the loop lag over the run."""
         loop, probe = new_capture_loop()
 
@@ -184,25 +185,33 @@ class CaptureActor:
 class ActorHandle:
     share: WorkerShare
     actor: Any
-    where: dict[str, Any] = field(default_factory=dict)
+    where: WorkerWhere | None = None
     clock_offset_ns: int = 0
     clock_rtt_ns: int = 0
     start_ns: int = 0
     run_ref: Any = None
-    lag: dict[str, Any] = field(default_factory=dict)
+    lag: LoopLag | None = None
     lost: str | None = None  # why the actor is gone, when it is
 
-    def describe(self) -> dict[str, Any]:
-        described = {
-            "worker": self.share.worker,
-            **self.where,
-            "requests": len(self.share.plans),
-            "concurrency": self.share.concurrency,
-            "clock_offset_ns": self.clock_offset_ns,
-            "clock_rtt_ns": self.clock_rtt_ns,
-            "start_ns": self.start_ns,
-            **self.lag,
-        }
+    def node(self) -> str | None:
+        return self.where.get("node") if self.where is not None else None
+
+    def describe(self) -> WorkerDescription:
+        described = WorkerDescription(
+            worker=self.share.worker,
+            requests=len(self.share.plans),
+            concurrency=self.share.concurrency,
+            clock_offset_ns=self.clock_offset_ns,
+            clock_rtt_ns=self.clock_rtt_ns,
+            start_ns=self.start_ns,
+        )
+        if self.where is not None:
+            described["node"], described["node_ip"] = self.where["node"], self.where["node_ip"]
+            described["hostname"], described["pid"] = self.where["hostname"], self.where["pid"]
+        if self.lag is not None:
+            described["loop_lag_p99_ms"] = self.lag["loop_lag_p99_ms"]
+            described["loop_lag_max_ms"] = self.lag["loop_lag_max_ms"]
+            described["loop_lag_ticks"] = self.lag["loop_lag_ticks"]
         if self.lost is not None:
             described["lost"] = self.lost
         return described
@@ -266,13 +275,13 @@ def collect(ray: ModuleType, handles: list[ActorHandle], land: Callable[[int, by
                     "finished are kept in requests.jsonl"
                 ) from None
             except ray.exceptions.RayError as exc:  # the actor, its process or its node is gone
-                node = handle.where.get("node") or "?"
-                host = handle.where.get("hostname", "?")
+                node = handle.node() or "?"
+                host = handle.where["hostname"] if handle.where else "?"
                 handle.lost = f"actor on node {node} ({host}) lost: {_first_line(exc)}"
                 del running[handle.share.worker]
 
 
-def lost_worker_warnings(described: dict[str, Any]) -> list[str]:
+def lost_worker_warnings(described: CaptureDescription) -> list[str]:
     """What the run says about the actors it lost, from what `capture_on_ray` told `on_capture`."""
     return [
         f"warning: capture worker {lost['worker']} was lost ({lost['reason']}); its {lost['unfinished']} "
@@ -303,8 +312,8 @@ async def capture_on_ray(
     ray: ModuleType,
     shares: list[WorkerShare],
     lander: Lander,
-    described: dict[str, Any],
-    on_capture: Callable[[dict[str, Any]], None] | None,
+    described: CaptureDescription,
+    on_capture: Callable[[CaptureDescription], None] | None,
 ) -> None:
     """Run the shares as actors and land their records; a lost actor's unfinished requests become
     `worker_lost` records, and meta.json (through `on_capture`) gets every actor's node, clock offset
@@ -329,7 +338,7 @@ async def capture_on_ray(
                 "lost_workers": [
                     {
                         "worker": worker,
-                        "node": handles[worker].where.get("node"),
+                        "node": handles[worker].node(),
                         "reason": handles[worker].lost,
                         "unfinished": len(records),
                     }

@@ -17,11 +17,12 @@ import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
-from itlaudit.capture.request_plan import PlannedRequest, plan_request
+from itlaudit.capture.request_plan import PlannedRequest, Prompt, plan_request
 from itlaudit.errors import ItlauditError, ServerRejectedError
 from itlaudit.model.datasets import REPLY_KINDS
+from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.scenario import Scenario
 from itlaudit.model.scenario_toml import Located
 from itlaudit.model.schedule import send_offsets_s
@@ -63,7 +64,15 @@ class Pacer:
         await asyncio.sleep(0)
 
 
-async def reset_prefix_cache(client: SideClient, base_url: str) -> dict[str, Any]:
+class PrefixCacheReset(TypedDict, total=False):
+    """meta.json's `reset_prefix_cache`: whether the cache was reset, and if not, why."""
+
+    done: bool
+    http_status: int
+    note: str
+
+
+async def reset_prefix_cache(client: SideClient, base_url: str) -> PrefixCacheReset:
     """POST vLLM's /reset_prefix_cache, so a variant does not start on what the one before it left in
     the cache. A dev-mode endpoint: where it is missing (404) or fails, the run goes on and the
     returned record (meta.json's `reset_prefix_cache`) carries the one line that says why."""
@@ -103,9 +112,9 @@ async def reply_lengths(
     try:
         for index, entry in enumerate(dataset.entries):
             await pacer.step(index)
-            body = {"model": model, "prompt": entry.reply, "add_special_tokens": False}
-            count = (await client.tokenize(base_url, body)).get("count")
-            if not isinstance(count, int) or count < 1:
+            body: JSONObject = {"model": model, "prompt": entry.reply, "add_special_tokens": False}
+            count = (await client.tokenize(base_url, body)).count
+            if count < 1:
                 return None
             lengths[index] = count
     except ItlauditError:
@@ -157,7 +166,7 @@ def _scenario_located(scenario: Scenario) -> Located:
     return Located(path if path is not None else Path("command line"), text)
 
 
-def sent_prompt(scenario: Scenario, index: int) -> str | list[int] | list[dict[str, Any]]:
+def sent_prompt(scenario: Scenario, index: int) -> Prompt:
     """What request `index` sends: its dataset line's messages or prompt, else the scenario's prompt
     (the distribution audit scores an output after the very prompt it followed)."""
     entry = scenario.entry_for(index)
@@ -205,6 +214,7 @@ async def plan_variant(
         index = position if is_warmup else position - warmup
         entry = scenario.entry_for(index)
         prompt = sent_prompt(scenario, index)
+        session, think_s = _session(scenario, index)
         params = workload.params
         if entry is not None:
             counted = (
@@ -229,17 +239,18 @@ async def plan_variant(
                 scheduled_ms=offset_s * 1000 if offset_s is not None else None,
                 warmup=is_warmup,
                 category=entry.category if entry is not None else None,
-                **_session(scenario, index),
+                session=session,
+                think_s=think_s,
             )
         )
     return plans
 
 
-def _session(scenario: Scenario, index: int) -> dict[str, Any]:
+def _session(scenario: Scenario, index: int) -> tuple[int | None, float]:
     """A multi-turn entry's session (one id per pass over the dataset, as num_requests may cycle
-    through it) and, past its first turn, the think time before it; nothing for any other request."""
+    through it) and, past its first turn, the think time before it; (None, 0.0) for any other request."""
     dataset, entry = scenario.workload.dataset, scenario.entry_for(index)
     if dataset is None or entry is None or entry.session is None:
-        return {}
+        return None, 0.0
     session = index // len(dataset.entries) * len(dataset.entries) + entry.session
-    return {"session": session, "think_s": dataset.think_time_s if (entry.turn or 1) > 1 else 0.0}
+    return session, dataset.think_time_s if (entry.turn or 1) > 1 else 0.0

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import msgspec
 
+from itlaudit.model.jsonvalue import JSONObject, JSONValue
 from itlaudit.model.records import RequestParams, RequestRecord
 from itlaudit.model.redact import redact_url
 from itlaudit.model.vocabulary import Endpoint
 
+# What a request sends as its prompt: text, token ids (completions), or a dataset's chat messages,
+# which are JSON objects passed through to the server as they are.
+Prompt: TypeAlias = str | list[int] | list[JSONObject]
+
 __all__ = [
     "PlannedRequest",
+    "Prompt",
     "build_body",
     "plan_request",
 ]
@@ -21,10 +27,10 @@ __all__ = [
 def build_body(
     endpoint: Endpoint,
     model: str,
-    prompt: str | list[int] | list[dict[str, Any]],
+    prompt: Prompt,
     params: RequestParams,
-    extra_body: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    extra_body: JSONObject | None = None,
+) -> JSONObject:
     """The request JSON. Unset limits are left out rather than sent as null or defaults, because
     what a request leaves to the server (e.g. no max_tokens) is itself what some findings audit.
 
@@ -33,12 +39,13 @@ def build_body(
     override anything, including the stream options. A prompt is text, token ids (completions: the
     server takes them as they are) or, for chat, a dataset's whole message list.
     """
-    body: dict[str, Any] = {"model": model}
+    body: JSONObject = {"model": model}
+    sent: JSONValue = prompt if isinstance(prompt, str) else list[JSONValue](prompt)
     if endpoint == Endpoint.COMPLETIONS:
-        body["prompt"] = prompt
+        body["prompt"] = sent
     elif endpoint == Endpoint.CHAT:
         is_messages = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], dict)
-        body["messages"] = prompt if is_messages else [{"role": "user", "content": prompt}]
+        body["messages"] = sent if is_messages else [{"role": "user", "content": sent}]
     else:
         raise ValueError(f"unknown endpoint {endpoint!r}; expected one of {', '.join(Endpoint)}")
     body["stream"] = True
@@ -102,11 +109,11 @@ def plan_request(
     base_url: str,
     endpoint: Endpoint,
     model: str,
-    prompt: str | list[int] | list[dict[str, Any]],
+    prompt: Prompt,
     params: RequestParams,
     request_id: str,
     variant: str,
-    extra_body: dict[str, Any] | None = None,
+    extra_body: JSONObject | None = None,
     scheduled_ms: float | None = None,
     warmup: bool = False,
     category: str | None = None,

@@ -13,10 +13,11 @@ import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgspec
 
+from itlaudit.capture.described import CaptureDescription, LostWorker, RandomChat, WorkerDescription
 from itlaudit.capture.telemetry import Telemetry
 from itlaudit.errors import CaptureWorkerError, ScenarioError, ServerRejectedError
 from itlaudit.model.access import Access
@@ -48,7 +49,7 @@ __all__ = [
 ]
 
 OnDone = Callable[[], None]  # one more record landed (progress: decoding waits until the capture ends)
-OnCapture = Callable[[dict[str, Any]], None]
+OnCapture = Callable[[CaptureDescription], None]
 _READ_SIZE = 1 << 16
 
 
@@ -132,12 +133,16 @@ class CapturePlan:
     base_url: str
     requests: list[PlannedRequest]
     reply_lengths: str | None = None  # "tokenize" or "estimated" for a dataset of replies
-    random_chat: dict[str, Any] | None = None
+    random_chat: RandomChat | None = None
 
-    def described(self) -> dict[str, Any]:
+    def described(self) -> CaptureDescription:
         """The plan's part of the workers' description that meta.json records."""
-        found = {"reply_lengths": self.reply_lengths, "random_chat": self.random_chat}
-        return {key: value for key, value in found.items() if value is not None}
+        found = CaptureDescription()
+        if self.reply_lengths is not None:
+            found["reply_lengths"] = self.reply_lengths
+        if self.random_chat is not None:
+            found["random_chat"] = self.random_chat
+        return found
 
 
 @dataclass(frozen=True)
@@ -146,9 +151,9 @@ class CaptureResult:
     of each phase as meta.json describes them (pid, clock offset, node), with any that were lost."""
 
     records: list[RequestRecord]
-    workers: list[dict[str, Any]] = field(default_factory=list)
-    warmup_workers: list[dict[str, Any]] = field(default_factory=list)
-    lost_workers: list[dict[str, Any]] = field(default_factory=list)
+    workers: list[WorkerDescription] = field(default_factory=list)
+    warmup_workers: list[WorkerDescription] = field(default_factory=list)
+    lost_workers: list[LostWorker] = field(default_factory=list)
 
 
 async def plan_capture(
@@ -225,9 +230,9 @@ async def capture(
     # grace is over too is cut (a timeout record, limit duration_cut_s), whenever it began.
     measured_timeouts = dataclasses.replace(timeouts, duration_cut_s=workload.arrivals.cut_after_s)
     described = plan.described()
-    seen: dict[str, Any] = {}
+    seen = CaptureDescription()
 
-    def told(description: dict[str, Any]) -> None:
+    def told(description: CaptureDescription) -> None:
         """What meta.json hears, kept for the result too."""
         seen.update(description)
         if on_capture is not None:
@@ -333,14 +338,22 @@ def _as_warmup_workers(on_capture: OnCapture | None) -> OnCapture | None:
         return None
     report = on_capture
 
-    def warmup_workers(described: dict[str, Any]) -> None:
-        report({f"warmup_{key}": described[key] for key in ("workers", "lost_workers") if key in described})
+    def warmup_workers(described: CaptureDescription) -> None:
+        filed = CaptureDescription()
+        if "workers" in described:
+            filed["warmup_workers"] = described["workers"]
+        if "lost_workers" in described:
+            filed["warmup_lost_workers"] = described["lost_workers"]
+        report(filed)
 
     return warmup_workers
 
 
 async def _capture_locally(
-    shares: list[WorkerShare], lander: RecordLander, described: dict[str, Any], on_capture: OnCapture | None
+    shares: list[WorkerShare],
+    lander: RecordLander,
+    described: CaptureDescription,
+    on_capture: OnCapture | None,
 ) -> None:
     """One process per share on this machine; a worker that dies stops the run (its finished records
     are kept)."""

@@ -27,7 +27,9 @@ from itlaudit.analysis.invariance import (
     parse_top_logprobs,
 )
 from itlaudit.analysis.lossless import output_token_ids, with_divergence_logprobs
+from itlaudit.capture.request_plan import Prompt
 from itlaudit.errors import ServerRejectedError
+from itlaudit.model.jsonvalue import JSONObject, JSONValue
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.vocabulary import Endpoint
 
@@ -60,15 +62,16 @@ class Scorer:
     model: str
     top_k: int = DEFAULT_TOP_K
     timeout_s: float = 120.0
-    extra_body: dict[str, Any] = field(default_factory=dict)
+    extra_body: JSONObject = field(default_factory=dict)
 
     async def complete(
         self, prompt: str | list[str] | list[int], max_tokens: int, **overrides: Any
-    ) -> dict[str, Any]:
-        """One greedy non-streaming completion with top-k logprobs keyed by token id."""
-        body = {
+    ) -> JSONObject:
+        """One greedy non-streaming completion with top-k logprobs keyed by token id (the server's
+        answer, unchecked)."""
+        body: JSONObject = {
             "model": self.model,
-            "prompt": prompt,
+            "prompt": list[JSONValue](prompt) if isinstance(prompt, list) else prompt,
             "max_tokens": max_tokens,
             "temperature": 0,
             "logprobs": self.top_k,
@@ -102,7 +105,7 @@ class Scorer:
                 f"{self.base_url} returned no prompt_token_ids for return_token_ids: true; the "
                 "distribution audit needs a vLLM that returns them (0.10.2 or later)"
             )
-        return ids
+        return [t for t in ids if isinstance(t, int)]
 
     async def output_logprobs(self, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
         """log p of each output token given the prompt and the output before it, from the server's
@@ -116,14 +119,27 @@ class Scorer:
                 "distribution audit scores outputs with it"
             )
         try:
-            return [float(rows[pos][str(ids[pos])]["logprob"]) for pos in range(len(prompt_ids), len(ids))]
+            return [_logprob(rows[pos], ids[pos]) for pos in range(len(prompt_ids), len(ids))]
         except (KeyError, TypeError, ValueError):
             raise ServerRejectedError(
                 f"{self.base_url}: a prompt_logprobs entry lacks its own token's logprob"
             ) from None
 
 
-def _first_choice(body: dict[str, Any]) -> dict[str, Any]:
+def _logprob(row: JSONValue, token: int) -> float:
+    """One prompt_logprobs entry's logprob of `token`; TypeError/KeyError/ValueError when it has none."""
+    if not isinstance(row, dict):
+        raise TypeError("a prompt_logprobs entry is not an object")
+    entry = row[str(token)]
+    if not isinstance(entry, dict):
+        raise TypeError("a prompt_logprobs candidate is not an object")
+    value = entry["logprob"]
+    if not isinstance(value, (int, float, str)):
+        raise TypeError("a logprob is not a number")
+    return float(value)
+
+
+def _first_choice(body: JSONObject) -> JSONObject:
     choices = body.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise ServerRejectedError(f"a scoring response without choices: {str(body)[:100]}")
@@ -133,7 +149,7 @@ def _first_choice(body: dict[str, Any]) -> dict[str, Any]:
 async def score_outputs(
     scorer: Scorer,
     records: Sequence[RequestRecord],
-    prompt_of: Callable[[RequestRecord], str | list[int] | list[dict[str, Any]]],
+    prompt_of: Callable[[RequestRecord], Prompt],
 ) -> list[ScoredOutput]:
     """Each record's output scored under `scorer`'s server, after the prompt it followed (text is
     tokenized by that server, once per distinct prompt; token ids are taken as they are). Left out:
@@ -144,7 +160,7 @@ async def score_outputs(
         prompt_ids[prompt] = await scorer.prompt_token_ids(prompt)
     gate = asyncio.Semaphore(SCORING_CONCURRENCY)
 
-    def ids_of(prompt: str | list[int] | list[dict[str, Any]]) -> list[int] | None:
+    def ids_of(prompt: Prompt) -> list[int] | None:
         if isinstance(prompt, str):
             return prompt_ids[prompt]
         ids = [t for t in prompt if isinstance(t, int)]

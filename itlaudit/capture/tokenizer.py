@@ -14,8 +14,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
+from itlaudit.capture.described import RandomChat
 from itlaudit.capture.planning import OnPrepare, Pacer
 from itlaudit.errors import ServerAnswerError, ServerStatusError
 from itlaudit.model.datasets import (
@@ -25,6 +25,7 @@ from itlaudit.model.datasets import (
     refit_rng,
     usable_text,
 )
+from itlaudit.model.jsonvalue import JSONObject, JSONValue
 from itlaudit.model.scenario import Scenario
 from itlaudit.model.vocabulary import Endpoint
 from itlaudit.serve.side_client import SideClient, server_error_message
@@ -47,14 +48,14 @@ class ChatPrompts:
     def note(self) -> str:
         return chat_prompt_note(self.input_lens, self.content_tokens, self.prompt_tokens)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> RandomChat:
         """meta.json's `random_chat`: enough to relate each record's prompt_tokens to its input_len."""
-        return {
-            "input_lens": self.input_lens,
-            "content_tokens": self.content_tokens,
-            "prompt_tokens": self.prompt_tokens,
-            "note": self.note(),
-        }
+        return RandomChat(
+            input_lens=self.input_lens,
+            content_tokens=self.content_tokens,
+            prompt_tokens=self.prompt_tokens,
+            note=self.note(),
+        )
 
 
 class ServerTokenizer:
@@ -65,7 +66,7 @@ class ServerTokenizer:
         self.base_url = base_url.rstrip("/")
         self.model = model
 
-    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def _post(self, path: str, body: JSONObject) -> JSONObject:
         url = self.base_url + path
         answer = await self.client.request(
             "POST", url, body={"model": self.model, **body}, timeout_s=_TIMEOUT_S
@@ -90,24 +91,25 @@ class ServerTokenizer:
         data = await self._post("/tokenize", {"prompt": text, "add_special_tokens": False})
         return _ids(data.get("tokens"), self.base_url + "/tokenize")
 
-    async def count_chat(self, messages: list[dict[str, Any]]) -> int:
+    async def count_chat(self, messages: list[JSONObject]) -> int:
         """What the server will count as prompt tokens for these messages: the chat template applied,
         with the generation prompt, as /v1/chat/completions applies it."""
-        data = await self._post("/tokenize", {"messages": messages, "add_generation_prompt": True})
+        body: JSONObject = {"messages": list[JSONValue](messages), "add_generation_prompt": True}
+        data = await self._post("/tokenize", body)
         return len(_ids(data.get("tokens"), self.base_url + "/tokenize"))
 
     async def detokenize(self, ids: list[int]) -> str:
-        data = await self._post("/detokenize", {"tokens": ids})
+        data = await self._post("/detokenize", {"tokens": list[JSONValue](ids)})
         text = data.get("prompt")
         if not isinstance(text, str):
             raise ServerAnswerError(f"POST {self.base_url}/detokenize answered without a `prompt` string")
         return text
 
 
-def _ids(value: Any, url: str) -> list[int]:
+def _ids(value: JSONValue, url: str) -> list[int]:
     if not isinstance(value, list) or not all(isinstance(v, int) for v in value):
         raise ServerAnswerError(f"POST {url} answered without a `tokens` list of integers")
-    return value
+    return [v for v in value if isinstance(v, int)]
 
 
 async def fit_text(

@@ -39,6 +39,7 @@ from multiprocessing.synchronize import Barrier
 from typing import Any
 
 from itlaudit.capture.client import stream_request
+from itlaudit.capture.described import WorkerDescription
 from itlaudit.capture.lagprobe import LagProbe, new_capture_loop
 from itlaudit.capture.request_plan import PlannedRequest
 from itlaudit.capture.transport import kernel_stamps_supported
@@ -334,7 +335,7 @@ class WorkerHandle:
         assert best is not None
         self.clock_offset_ns, self.clock_rtt_ns = best
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> WorkerDescription:
         return {
             "worker": self.share.worker,
             "pid": self.process.pid,

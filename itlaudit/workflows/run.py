@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 from itlaudit.analysis.summary import RunSummary
+from itlaudit.capture.described import CaptureDescription
 from itlaudit.capture.runner import CaptureOptions, variant_access
 from itlaudit.errors import ItlauditError, RunDirError, RunInterrupted, ScenarioError
 from itlaudit.model.access import NO_ACCESS, Access, url_credentials_problem
@@ -300,7 +301,7 @@ def _run_in_folder(
                         variant_started = time.monotonic()
 
                         def on_capture(
-                            workers: dict[str, Any], name: str = variant.name, url: str = base_url
+                            workers: CaptureDescription, name: str = variant.name, url: str = base_url
                         ) -> None:
                             """The phase line comes here, once the server has answered the model lookup."""
                             if "workers" in workers:

@@ -37,6 +37,7 @@ from itlaudit.analysis.sweep import (
     trial_figures,
 )
 from itlaudit.capture.cluster import lost_worker_warnings
+from itlaudit.capture.described import CaptureDescription
 from itlaudit.capture.runner import CaptureOptions
 from itlaudit.errors import RunInterrupted, ScenarioError, SweepError
 from itlaudit.model.formats import FORMAT_KEY
@@ -327,7 +328,7 @@ class _Sweeper:
         total = workload.num_requests + workload.arrivals.warmup_requests  # every record counts
         self.reporter.phase(f"{name}: {total} requests to {base_url}")
 
-        def on_capture(workers: dict[str, Any]) -> None:
+        def on_capture(workers: CaptureDescription) -> None:
             for warning in lost_worker_warnings(workers):
                 self.reporter.phase(warning)
 

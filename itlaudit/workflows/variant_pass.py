@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
+from itlaudit.capture.described import CaptureDescription
 from itlaudit.capture.runner import (
     CaptureOptions,
     CapturePlan,
@@ -168,7 +169,7 @@ class VariantPass:
             if plan.scenario is not self.scenario:
                 info["workload"] = workload_meta(plan.scenario)  # what was sent, fitted to this server
 
-            def described(workers: dict[str, Any]) -> None:
+            def described(workers: CaptureDescription) -> None:
                 """Capture workers (pids, clock offsets) reach meta.json before they stream."""
                 info.update(workers)
                 folder.save()
