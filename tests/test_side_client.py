@@ -10,6 +10,8 @@ import sys
 from collections.abc import Callable, Iterator
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 from simkit import sim_server
 
 from itlaudit.errors import (
@@ -55,6 +57,35 @@ async def test_identity_version_metrics_and_dev_endpoints_of_the_simulator(sim_u
             await client.tokenize(sim_url, {"model": "sim-tiny", "prompt": "The quick brown fox"})
     assert exc.value.status == 404
     assert _one_line(exc) == f"POST {sim_url}/tokenize answered HTTP 404: 404: Not Found"
+
+
+async def test_tokenize_reads_the_count_and_an_answer_without_one_is_one_line() -> None:
+    """vLLM's /tokenize answer decodes into TokenizeAnswer (what else it sends is left unread); one
+    without an integer count is ServerAnswerError naming the endpoint, not a KeyError downstream."""
+    answers: list[dict[str, object]] = [
+        {"count": 4, "max_model_len": 64, "tokens": [5, 6, 7, 8], "token_strs": None},
+        {"tokens": [5]},
+        {"count": True},
+    ]
+
+    async def tokenize(request: web.Request) -> web.Response:
+        return web.json_response(answers.pop(0))
+
+    app = web.Application()
+    app.router.add_post("/tokenize", tokenize)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    url = f"http://127.0.0.1:{server.port}"
+    body = {"model": "toy", "prompt": "The quick brown fox"}
+    try:
+        async with SideClient() as client:
+            assert (await client.tokenize(url, body)).count == 4
+            for _ in range(2):
+                with pytest.raises(ServerAnswerError) as exc:
+                    await client.tokenize(url, body)
+                assert _one_line(exc).startswith(f"POST {url}/tokenize did not answer with a token count")
+    finally:
+        await server.close()
 
 
 async def test_refused_is_unreachable_naming_the_url_and_what_to_check() -> None:

@@ -29,7 +29,9 @@ import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+import msgspec
 
 from itlaudit.errors import (
     ServerAnswerError,
@@ -38,6 +40,7 @@ from itlaudit.errors import (
     ServerUnreachableError,
 )
 from itlaudit.model.access import NO_ACCESS, TLS_ADVICE, Access
+from itlaudit.model.jsonvalue import JSONMapping, JSONObject, JSONValue
 from itlaudit.model.redact import redact_url
 
 if TYPE_CHECKING:
@@ -49,6 +52,7 @@ __all__ = [
     "BlockingSideClient",
     "SideAnswer",
     "SideClient",
+    "TokenizeAnswer",
     "describe_connection_failure",
     "server_error_message",
 ]
@@ -130,18 +134,19 @@ class SideAnswer:
     def text(self) -> str:
         return self.body.decode("utf-8", errors="replace")
 
-    def json(self) -> Any:
+    def json(self) -> JSONValue:
         """The body as JSON, whatever its shape; ServerAnswerError when it is not JSON."""
         try:
-            return json.loads(self.body)
+            value: JSONValue = json.loads(self.body)
+            return value
         except ValueError:
             raise ServerAnswerError(
                 f"{self.where()} answered with a body that is not JSON (got "
                 f"{self.body[:_SHOWN_BODY_BYTES]!r}); is this the server you meant?"
             ) from None
 
-    def json_object(self) -> dict[str, Any]:
-        """The body as a JSON object (what every OpenAI-style endpoint answers)."""
+    def json_object(self) -> JSONObject:
+        """The body as a JSON object (what every OpenAI-style endpoint answers), not yet checked further."""
         obj = self.json()
         if not isinstance(obj, dict):
             raise ServerAnswerError(
@@ -149,6 +154,13 @@ class SideAnswer:
                 f"{self.body[:_SHOWN_BODY_BYTES]!r}); is this a vLLM server?"
             )
         return obj
+
+
+class TokenizeAnswer(msgspec.Struct, frozen=True, kw_only=True):
+    """vLLM's /tokenize answer, the part itlaudit reads: how many tokens the prompt is. Its `tokens`
+    and `max_model_len` are left unread, so a server that sends only the count is answer enough."""
+
+    count: int
 
 
 class SideClient:
@@ -184,7 +196,7 @@ class SideClient:
         method: str,
         url: str,
         *,
-        body: Any = None,
+        body: JSONMapping | None = None,
         headers: Mapping[str, str] | None = None,
         timeout_s: float | None = None,
     ) -> SideAnswer:
@@ -220,13 +232,11 @@ class SideClient:
             raise error from None
         return SideAnswer(method, url, status, answer_headers, raw)
 
-    async def get_json(self, url: str, *, timeout_s: float | None = None) -> dict[str, Any]:
+    async def get_json(self, url: str, *, timeout_s: float | None = None) -> JSONObject:
         """GET a JSON object; any other answer raises, since a caller asking for one cannot go on."""
         return (await self.request("GET", url, timeout_s=timeout_s)).checked().json_object()
 
-    async def post_json(
-        self, url: str, body: Mapping[str, Any], *, timeout_s: float | None = None
-    ) -> dict[str, Any]:
+    async def post_json(self, url: str, body: JSONMapping, *, timeout_s: float | None = None) -> JSONObject:
         """POST a JSON body and read a JSON object back (completions, /tokenize, /detokenize)."""
         return (await self.request("POST", url, body=dict(body), timeout_s=timeout_s)).checked().json_object()
 
@@ -235,16 +245,18 @@ class SideClient:
         `max_model_len` in /v1/models), so a prompt that cannot fit is refused before it is built."""
         url = _join(base_url, "/v1/models")
         entries = (await self.get_json(url)).get("data")
-        if not isinstance(entries, list) or not all(isinstance(e, dict) and "id" in e for e in entries):
+        cards = [e for e in entries if isinstance(e, dict) and "id" in e] if isinstance(entries, list) else []
+        if not isinstance(entries, list) or len(cards) != len(entries):
             raise ServerAnswerError(
                 f"GET {redact_url(url)} did not list models as {{'data': [{{'id': ...}}]}}; "
                 "is this a vLLM server?"
             )
         served: dict[str, int | None] = {}
-        for entry in entries:
-            length = entry.get("max_model_len")
-            valid = isinstance(length, int) and not isinstance(length, bool) and length > 0
-            served[str(entry["id"])] = length if valid else None
+        for card in cards:
+            length = card.get("max_model_len")
+            if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+                length = None
+            served[str(card["id"])] = length
         return served
 
     async def version(self, base_url: str, *, timeout_s: float | None = None) -> str | None:
@@ -258,9 +270,17 @@ class SideClient:
         answer = await self.request("GET", _join(base_url, "/metrics"), timeout_s=timeout_s)
         return answer.checked().text()
 
-    async def tokenize(self, base_url: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        """vLLM's /tokenize with `body` (`model` and `prompt` or `messages`)."""
-        return await self.post_json(_join(base_url, "/tokenize"), body)
+    async def tokenize(self, base_url: str, body: JSONMapping) -> TokenizeAnswer:
+        """vLLM's /tokenize with `body` (`model` and `prompt` or `messages`); an answer without a
+        token count is ServerAnswerError."""
+        url = _join(base_url, "/tokenize")
+        answer = await self.post_json(url, body)
+        try:
+            return msgspec.convert(answer, TokenizeAnswer)
+        except msgspec.ValidationError as exc:
+            raise ServerAnswerError(
+                f"POST {redact_url(url)} did not answer with a token count ({exc}); is this a vLLM server?"
+            ) from None
 
     async def reset_prefix_cache(self, base_url: str) -> SideAnswer:
         """POST vLLM's dev-mode /reset_prefix_cache; the answer comes back whatever its status, since
@@ -300,7 +320,7 @@ class BlockingSideClient:
         method: str,
         url: str,
         *,
-        body: Any = None,
+        body: JSONMapping | None = None,
         headers: Mapping[str, str] | None = None,
         timeout_s: float | None = None,
     ) -> SideAnswer:
@@ -308,7 +328,7 @@ class BlockingSideClient:
             lambda client: client.request(method, url, body=body, headers=headers, timeout_s=timeout_s)
         )
 
-    def get_json(self, url: str, *, timeout_s: float | None = None) -> dict[str, Any]:
+    def get_json(self, url: str, *, timeout_s: float | None = None) -> JSONObject:
         return self._run(lambda client: client.get_json(url, timeout_s=timeout_s))
 
     def version(self, base_url: str, *, timeout_s: float | None = None) -> str | None:
