@@ -1,6 +1,7 @@
-"""What one probe measured, per variant: read back from its trial folders on disk (requests.jsonl,
-through the same metric and summary functions `itlaudit report` uses), never from memory, so a resumed
-bisection judges its old probes exactly as the original run did. The judges in verdict.py read these.
+"""What one probe measured, per variant, through the same metric and summary functions `itlaudit
+report` uses: a trial just run is figured from its run folder's own derivation (the records and summary
+it derived once), and a resumed bisection reads its old probes' trial folders back from disk, so it
+judges them exactly as the original run did. The judges in verdict.py read these.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ import numpy as np
 from itlaudit.analysis import findings
 from itlaudit.analysis.derive import summarize_run
 from itlaudit.analysis.metrics import request_metrics
+from itlaudit.analysis.summary import RunSummary
 from itlaudit.analysis.validity import Validity, block_validity
+from itlaudit.model.records import RequestRecord
 from itlaudit.store.jsonl import load_records
 from itlaudit.store.rundir import REQUESTS_FILE
 
-__all__ = ["ERROR_CODES", "Figures", "ProbeFigures", "median", "read_probe", "read_trial"]
+__all__ = ["ERROR_CODES", "Figures", "ProbeFigures", "median", "read_probe", "read_trial", "trial_figures"]
 
 ERROR_CODES = frozenset(
     {findings.STREAM_ERROR, findings.HTTP_ERROR, findings.CONNECTION_ERROR, findings.NO_DONE_SENTINEL}
@@ -99,10 +102,15 @@ class Figures:
 
 
 def read_trial(run_dir: Path) -> dict[str, Figures]:
-    """Every variant's figures in a trial folder, derived from its requests.jsonl by the functions
-    that write summary.json (so the verdict and the report cannot disagree)."""
+    """Every variant's figures in a finished trial folder, derived from its requests.jsonl by the
+    functions that write summary.json (so the verdict and the report cannot disagree)."""
     records = load_records(run_dir / REQUESTS_FILE)
-    summary = summarize_run(records)
+    return trial_figures(records, summarize_run(records))
+
+
+def trial_figures(records: Sequence[RequestRecord], summary: RunSummary) -> dict[str, Figures]:
+    """Every variant's figures in a trial: its records and the summary derived from them (the run
+    folder's own derivation right after a trial, so its requests.jsonl is not read a second time)."""
     trials: dict[str, Figures] = {}
     for name, block in summary.variants.items():
         derived = [request_metrics(r) for r in records if r.variant == name]

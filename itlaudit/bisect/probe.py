@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from itlaudit.bisect.build_range import Build
-from itlaudit.bisect.figures import Figures, ProbeFigures, read_trial
+from itlaudit.bisect.figures import Figures, ProbeFigures, trial_figures
 from itlaudit.bisect.prefetch import Prefetcher
 from itlaudit.bisect.verdict import Judge, Judgement, ScriptJudge
 from itlaudit.capture.runner import CaptureOptions
@@ -88,11 +88,12 @@ def run_trial(
     run_dir: Path,
     launched: LaunchSpec | None = None,
     server_log: Path | None = None,
-) -> Path:
+) -> dict[str, Figures]:
     """One pass of the workload for one variant (a VariantPass, with the bisection's capture options),
     added to the trial folder that holds every variant's pass of the same number; its figures are
-    derived over all of them. No plots or HTML report: they cost seconds per trial and a bisection
-    runs dozens (`itlaudit report TRIAL_DIR` draws them whenever one is wanted)."""
+    derived over all of them, once: each variant's figures come from that derivation. No plots or
+    HTML report: they cost seconds per trial and a bisection runs dozens (`itlaudit report TRIAL_DIR`
+    draws them whenever one is wanted)."""
     scenario = config.scenario
     folder = RunFolder.begin(run_dir, scenario, context={"bisect": {"trial": run_dir.name}}, extend=True)
     variant_spec = next(v for v in scenario.variants if v.name == variant)
@@ -109,8 +110,8 @@ def run_trial(
                 server_log=server_log,
             ).run()
         )
-    folder.finish(scenario.name, [v.name for v in scenario.variants], report=False)
-    return run_dir
+    derivation = folder.finish(scenario.name, [v.name for v in scenario.variants], report=False)
+    return trial_figures(derivation.records, derivation.summary)
 
 
 def _clear(
@@ -140,8 +141,8 @@ def _run_variant(
     trials = done.setdefault(name, [])
     while True:
         trial = probe_dir / f"trial-{len(trials) + 1}"
-        trial_dir = run_trial(config, name, url, trial, launched, probe_dir / server_log_name(name))
-        trials.append(read_trial(trial_dir)[name])
+        figures = run_trial(config, name, url, trial, launched, probe_dir / server_log_name(name))
+        trials.append(figures[name])
         if len(trials) >= config.max_trials or (
             len(trials) >= config.trials and _clear(config, name, done, reference)
         ):
