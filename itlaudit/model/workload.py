@@ -5,12 +5,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+import msgspec
 
 from itlaudit.errors import DatasetError
 from itlaudit.model.datasets import Dataset, load_dataset
+from itlaudit.model.jsonvalue import JSONObject, JSONValue
 from itlaudit.model.records import RequestParams, Timeouts
 from itlaudit.model.scenario_toml import (
     SEQUENCE_TOKENS,
@@ -18,6 +21,7 @@ from itlaudit.model.scenario_toml import (
     Located,
     check_bound,
     get_number,
+    get_table,
     get_value,
     int_list,
     reject_unknown_keys,
@@ -85,7 +89,7 @@ class Workload:
     num_requests: int
     concurrency: int
     params: RequestParams
-    extra_body: dict[str, Any] = field(default_factory=dict)
+    extra_body: JSONObject = field(default_factory=dict)  # sent as it is in every request
     timeouts: Timeouts = field(default_factory=Timeouts)
     arrivals: Arrivals = field(default_factory=Arrivals)
     dataset: Dataset | None = None  # [workload.dataset]: `prompts` then holds each entry's text
@@ -112,7 +116,7 @@ def _read_prompts_file(base: Path, name: str, loc: Located) -> list[str]:
     return prompts
 
 
-def parse_workload(src: dict[str, Any], loc: Located, base: Path, chat: bool) -> Workload:
+def parse_workload(src: Mapping[str, object], loc: Located, base: Path, chat: bool) -> Workload:
     table = "workload"
     allowed = {
         "prompts",
@@ -175,7 +179,8 @@ def parse_workload(src: dict[str, Any], loc: Located, base: Path, chat: bool) ->
     _check_span(arrivals, num_requests, loc, table)
     # With a rate, concurrency is only a cap; absent, nothing caps the open requests.
     uncapped = num_requests + arrivals.warmup_requests if arrivals.open_loop else 1
-    extra_body = get_value(src, loc, table, "extra_body", dict, {})
+    # msgspec's builtins: a TOML date or time becomes the ISO string msgspec would send for it.
+    extra_body: JSONObject = msgspec.to_builtins(get_table(src, loc, table, "extra_body", {}))
     _check_extra_body(extra_body, loc, table)
     return Workload(
         prompts=prompts,
@@ -189,12 +194,12 @@ def parse_workload(src: dict[str, Any], loc: Located, base: Path, chat: bool) ->
     )
 
 
-def _seed(src: dict[str, Any], loc: Located) -> int | None:
+def _seed(src: Mapping[str, object], loc: Located) -> int | None:
     seed: int | None = get_number(src, loc, "workload", "seed", int, BOUNDS["seed"], None)
     return seed
 
 
-def _num_requests(src: dict[str, Any], loc: Located, default: int) -> int:
+def _num_requests(src: Mapping[str, object], loc: Located, default: int) -> int:
     """num_requests as given, else `default` (which the arrivals or the prompts set), within bounds
     either way: a default can be as absurd as the rate and duration it came from."""
     value: int = get_value(src, loc, "workload", "num_requests", int, default)
@@ -234,7 +239,7 @@ def _check_span(arrivals: Arrivals, num_requests: int, loc: Located, table: str)
         )
 
 
-def _check_extra_body(extra_body: dict[str, Any], loc: Located, table: str) -> None:
+def _check_extra_body(extra_body: JSONObject, loc: Located, table: str) -> None:
     """extra_body goes into every request as it is: a nan or inf in it would reach the server as JSON
     it cannot parse, or a sampling value it would take without a word."""
     for key, value in extra_body.items():
@@ -252,7 +257,7 @@ def _check_extra_body(extra_body: dict[str, Any], loc: Located, table: str) -> N
             raise loc.error(table, "extra_body", f"sets {key}: {problem}")
 
 
-def _non_finite(value: Any) -> bool:
+def _non_finite(value: JSONValue) -> bool:
     """A nan or inf anywhere inside a nested value."""
     if isinstance(value, float):
         return not math.isfinite(value)
@@ -263,11 +268,11 @@ def _non_finite(value: Any) -> bool:
     return False
 
 
-def _dataset(src: dict[str, Any], loc: Located, base: Path, chat: bool, arrivals: Arrivals) -> Dataset:
+def _dataset(src: Mapping[str, object], loc: Located, base: Path, chat: bool, arrivals: Arrivals) -> Dataset:
     """[workload.dataset]; a random one draws as many requests as will be sent (num_requests, or what
     duration_s holds at the rate)."""
     table = "workload.dataset"
-    raw = get_value(src, loc, "workload", "dataset", dict)
+    raw = get_table(src, loc, "workload", "dataset")
     count = 0
     if raw.get("kind") in ("random", "prefix_repetition"):
         if "num_requests" in src:
@@ -298,7 +303,7 @@ ARRIVAL_KEYS = (
 
 
 def _dataset_arrivals(
-    src: dict[str, Any], loc: Located, arrivals: Arrivals, dataset: Dataset | None
+    src: Mapping[str, object], loc: Located, arrivals: Arrivals, dataset: Dataset | None
 ) -> Arrivals:
     """A trace brings its own schedule, so a rate or ramp beside it is refused, and `trace_scale`
     (default 1) stretches it; multi-turn sessions are a closed loop; any other workload leaves the
@@ -324,15 +329,15 @@ def _dataset_arrivals(
     return dataclasses.replace(arrivals, trace_s=trace_s, trace_scale=float(scale))
 
 
-def _number(src: dict[str, Any], loc: Located, table: str, key: str) -> float | None:
+def _number(src: Mapping[str, object], loc: Located, table: str, key: str) -> float | None:
     value = get_number(src, loc, table, key, (int, float), BOUNDS[key], None)
     return float(value) if value is not None else None
 
 
-def _arrivals(src: dict[str, Any], loc: Located, table: str) -> Arrivals:
+def _arrivals(src: Mapping[str, object], loc: Located, table: str) -> Arrivals:
     ramp = None
     if "ramp_up" in src:
-        raw = get_value(src, loc, table, "ramp_up", dict)
+        raw = get_table(src, loc, table, "ramp_up")
         reject_unknown_keys(raw, {"start_rate", "end_rate"}, loc, table)
         start = _number(raw, loc, table, "start_rate")
         end = _number(raw, loc, table, "end_rate")
@@ -368,7 +373,7 @@ def _arrivals(src: dict[str, Any], loc: Located, table: str) -> Arrivals:
     return arrivals
 
 
-def _default_count(src: dict[str, Any], arrivals: Arrivals, prompts: int, loc: Located) -> int:
+def _default_count(src: Mapping[str, object], arrivals: Arrivals, prompts: int, loc: Located) -> int:
     """num_requests when left out: enough arrivals to fill duration_s at the rate, else one per prompt."""
     rate = arrivals.mean_rate()
     if arrivals.duration_s is None or "num_requests" in src or arrivals.trace_s is not None:
@@ -386,7 +391,7 @@ def _default_count(src: dict[str, Any], arrivals: Arrivals, prompts: int, loc: L
 TIMEOUT_KEYS = ("connect_timeout_s", "ttft_timeout_s", "stall_timeout_s", "request_timeout_s")
 
 
-def _timeouts(src: dict[str, Any], loc: Located, table: str) -> Timeouts:
+def _timeouts(src: Mapping[str, object], loc: Located, table: str) -> Timeouts:
     """Each key overrides its default; 0 is refused (it would cut every request), and a limit is
     switched off by leaving it out where its default is none, or by a day (the longest taken)."""
     defaults = Timeouts()
@@ -397,7 +402,7 @@ def _timeouts(src: dict[str, Any], loc: Located, table: str) -> Timeouts:
     return Timeouts(**values)
 
 
-def _single_choice(extra_body: dict[str, Any], loc: Located, table: str) -> dict[str, Any]:
+def _single_choice(extra_body: JSONObject, loc: Located, table: str) -> JSONObject:
     """Records hold one choice per request: n > 1 (or best_of) would interleave several texts into
     one stream, so it is refused here rather than measured wrongly."""
     for key in ("n", "best_of"):
