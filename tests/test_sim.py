@@ -573,3 +573,26 @@ async def test_server_survives_client_disconnect() -> None:
             await resp.content.readline()
         frames = await stream(url, completion_body(3))
     assert len(ids(frames)) == 3
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "message"),
+    [
+        ({"stream_options": [True]}, "stream_options", "stream_options must be an object"),
+        ({"temperature": [0]}, "temperature", "temperature must be a number"),
+        ({"stop_token_ids": [1, "2"]}, "stop_token_ids", "stop_token_ids must be a list of integers"),
+        ({"stop_token_ids": 7}, "stop_token_ids", "stop_token_ids must be a list of integers"),
+        ({"seed": "7"}, "seed", "seed must be an integer"),
+    ],
+)
+async def test_a_body_field_of_the_wrong_json_type_is_a_400_naming_it(
+    extra: dict[str, Any], param: str, message: str
+) -> None:
+    """The incoming body is JSON checked once (sim/validation.py): a field of the wrong type is vLLM's
+    400 error body naming the parameter, never a 500 from a crash further in."""
+    async with run_sim(sim()) as url:
+        status, raw = await post(url, "/v1/completions", completion_body(2, **extra))
+    assert status == 400
+    assert json.loads(raw) == {
+        "error": {"message": message, "type": "BadRequestError", "param": param, "code": 400}
+    }

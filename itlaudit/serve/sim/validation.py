@@ -88,12 +88,15 @@ def parse_job(api: EndpointApi, body: JSONMapping, config: SimConfig) -> Job:
 
 
 def _stop_token_ids(body: JSONMapping) -> frozenset[int]:
-    value = body.get("stop_token_ids") or ()
-    if not isinstance(value, list | tuple) or not all(
-        isinstance(t, int) and not isinstance(t, bool) for t in value
-    ):
+    value = body.get("stop_token_ids") or []
+    ids = (
+        [t for t in value if isinstance(t, int) and not isinstance(t, bool)]
+        if isinstance(value, list)
+        else []
+    )
+    if not isinstance(value, list) or len(ids) != len(value):
         raise bad_request("stop_token_ids must be a list of integers", "stop_token_ids")
-    return frozenset(t for t in value if isinstance(t, int))
+    return frozenset(ids)
 
 
 def _logprobs_field(body: JSONMapping, name: str, kind: str) -> int | None:
