@@ -47,6 +47,7 @@ SURFACE = Surface(
         ),
         "telemetry": (
             "Telemetry",
+            "TelemetryRecord",
             "TelemetryWindow",
         ),
         "workers": ("prestart_workers",),

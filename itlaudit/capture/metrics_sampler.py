@@ -15,20 +15,30 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from itlaudit.analysis.server_metrics import Scrape, delta_row, parse_scrape
 from itlaudit.errors import ItlauditError
 from itlaudit.model.access import NO_ACCESS, Access
 from itlaudit.model.formats import stamped
+from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.redact import redact_text, redact_url
 from itlaudit.serve.side_client import BlockingSideClient
 from itlaudit.store.jsonl import RecordWriter
 
-__all__ = ["DEFAULT_PERIOD_S", "MetricsSampler", "PeriodicSampler", "SampleFailed"]
+__all__ = ["DEFAULT_PERIOD_S", "MetricsSampler", "PeriodicSampler", "SampleFailed", "SamplerRecord"]
 
 DEFAULT_PERIOD_S = 1.0
 _GIVE_UP_AFTER = 3  # failures before the first row: the source is not there
+
+
+class SamplerRecord(TypedDict):
+    """What meta.json records of one sampler over a variant's window."""
+
+    file: str
+    period_s: float
+    rows: int
+    gave_up: str | None
 
 
 class SampleFailed(Exception):
@@ -54,11 +64,11 @@ class PeriodicSampler:
         self._writer: RecordWriter | None = None
         self._failures = 0
 
-    def sample(self, t_ns: int) -> dict[str, Any]:
+    def sample(self, t_ns: int) -> JSONObject:
         """One row's figures (the caller adds t_ns and variant); SampleFailed when there are none."""
         raise NotImplementedError
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JSONObject:
         """What the variant's start line records besides its period."""
         return {}
 
@@ -74,7 +84,7 @@ class PeriodicSampler:
         self._thread = threading.Thread(target=self._loop, name=f"{self.kind}:{self.variant}", daemon=True)
         self._thread.start()
 
-    def stop(self) -> dict[str, Any]:
+    def stop(self) -> SamplerRecord:
         """Stop, take the last sample, close the file; what meta.json records of the sampling."""
         if self._thread is not None:
             self._stop.set()
@@ -83,7 +93,9 @@ class PeriodicSampler:
                 self._take()
         if self._writer is not None:
             self._writer.close()
-        return {"file": self.path.name, "period_s": self.period_s, "rows": self.rows, "gave_up": self.gave_up}
+        return SamplerRecord(
+            file=self.path.name, period_s=self.period_s, rows=self.rows, gave_up=self.gave_up
+        )
 
     def _loop(self) -> None:
         # Samples are due at fixed times from the start, so a slow one does not shift the ones after.
@@ -130,10 +142,10 @@ class MetricsSampler(PeriodicSampler):
         self._client = BlockingSideClient(access, timeout_s=max(period_s, 1.0))
         self._before: Scrape | None = None
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JSONObject:
         return {"url": redact_url(self.url)}  # user:password@ stays out of the file
 
-    def sample(self, t_ns: int) -> dict[str, Any]:
+    def sample(self, t_ns: int) -> JSONObject:
         try:
             text = self._client.request("GET", self.url).checked().text()
             now = parse_scrape(text)

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 from itlaudit.analysis.server_metrics import GPU_TELEMETRY_FILE
-from itlaudit.capture.metrics_sampler import DEFAULT_PERIOD_S, PeriodicSampler, SampleFailed
+from itlaudit.capture.metrics_sampler import DEFAULT_PERIOD_S, PeriodicSampler, SampleFailed, SamplerRecord
+from itlaudit.model.jsonvalue import JSONObject, JSONValue
 
 __all__ = ["GPU_TELEMETRY_FILE", "THROTTLE_REASONS", "NvmlSampler", "open_gpus", "throttle_names"]
 
@@ -87,7 +87,7 @@ class NvmlSampler(PeriodicSampler):
         renamed = getattr(self.nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
         self.reasons = renamed or self.nvml.nvmlDeviceGetCurrentClocksThrottleReasons
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JSONObject:
         names = [self.nvml.nvmlDeviceGetName(h) for h in self.handles]
         return {
             "gpus": {
@@ -96,9 +96,9 @@ class NvmlSampler(PeriodicSampler):
             }
         }
 
-    def sample(self, t_ns: int) -> dict[str, Any]:
+    def sample(self, t_ns: int) -> JSONObject:
         nvml = self.nvml
-        gpus = {}
+        gpus: JSONObject = {}
         try:
             for index, handle in zip(self.indices, self.handles, strict=True):
                 memory = nvml.nvmlDeviceGetMemoryInfo(handle)
@@ -113,13 +113,13 @@ class NvmlSampler(PeriodicSampler):
                     "memory_total_mib": memory.total / 2**20,
                     "gpu_util_pct": utilisation.gpu,
                     "mem_util_pct": utilisation.memory,
-                    "throttle": throttle_names(reasons),
+                    "throttle": list[JSONValue](throttle_names(reasons)),
                 }
         except nvml.NVMLError as exc:
             raise SampleFailed(f"NVML: {exc}") from None
         return {"gpus": gpus}
 
-    def stop(self) -> dict[str, Any]:
+    def stop(self) -> SamplerRecord:
         try:
             return super().stop()
         finally:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypedDict
 
 from itlaudit.errors import ItlauditError
 from itlaudit.model.access import NO_ACCESS, Access
 from itlaudit.serve.side_client import BlockingSideClient
 
-__all__ = ["PROFILE_TIMEOUT_S", "Profiler", "trace_dir"]
+__all__ = ["PROFILE_TIMEOUT_S", "ProfileRecord", "Profiler", "trace_dir"]
 
 # Stopping writes the trace, which takes a while on a long window: more than a side request's usual.
 PROFILE_TIMEOUT_S = 300.0
@@ -40,6 +41,14 @@ def trace_dir(server_args: Sequence[str], env: dict[str, str]) -> str | None:
             if isinstance(config, dict) and config.get("torch_profiler_dir"):
                 return str(config["torch_profiler_dir"])
     return env.get("VLLM_TORCH_PROFILER_DIR") or None
+
+
+class ProfileRecord(TypedDict):
+    """meta.json's `profile` of a variant."""
+
+    profiled: bool
+    trace: str | None
+    problem: str | None
 
 
 @dataclass
@@ -70,12 +79,10 @@ class Profiler:
         self.problem = self._post("/start_profile")
         self.started = self.problem is None
 
-    def stop(self) -> dict[str, object]:
+    def stop(self) -> ProfileRecord:
         """What meta.json records: whether a profile was taken, where it went, or why not."""
         if self.started:
             self.problem = self._post("/stop_profile")
-        return {
-            "profiled": self.started and self.problem is None,
-            "trace": self.trace,
-            "problem": self.problem,
-        }
+        return ProfileRecord(
+            profiled=self.started and self.problem is None, trace=self.trace, problem=self.problem
+        )

