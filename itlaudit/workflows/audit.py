@@ -8,13 +8,16 @@ import asyncio
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from itlaudit.analysis.invariance import PromptObservations, figures_json, prompt_figures, summarize
 from itlaudit.errors import ScenarioError
 from itlaudit.model.scenario import Variant, load_scenario
 from itlaudit.store.rundir import write_versioned
 from itlaudit.workflows.run import variant_target
+
+if TYPE_CHECKING:
+    from itlaudit.capture.server_info import ServerIdentity
 
 __all__ = [
     "DEFAULT_PROMPTS",
@@ -52,7 +55,7 @@ class VariantInvariance:
 
     name: str
     url: str
-    identity: dict[str, Any]
+    identity: ServerIdentity
     summary: dict[str, Any]
 
 
@@ -98,7 +101,7 @@ def invariance_audit(
 
 async def _score(
     base_url: str, settings: InvarianceSettings
-) -> tuple[str, dict[str, Any], list[PromptObservations]]:
+) -> tuple[str, ServerIdentity, list[PromptObservations]]:
     from itlaudit.capture.planning import resolve_model
     from itlaudit.capture.scoring import Scorer, observe
     from itlaudit.capture.server_info import server_identity

@@ -35,6 +35,7 @@ from itlaudit.store.rundir import REPORT_FILE, REQUESTS_FILE, new_run_dir, remov
 from itlaudit.workflows.run_folder import server_log_name
 
 if TYPE_CHECKING:
+    from itlaudit.capture.server_info import ServerIdentity
     from itlaudit.workflows.derive import Derivation
     from itlaudit.workflows.run_folder import RunFolder
     from itlaudit.workflows.variant_pass import WindowHook
@@ -67,7 +68,7 @@ class LedgerPolicy:
         scenario: Scenario,
         variant: str,
         base_url: str,
-        identity: dict[str, Any],
+        identity: ServerIdentity,
         run_dir: Path,
         console: Console | None,
     ) -> dict[str, Any]:
