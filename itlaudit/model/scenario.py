@@ -11,19 +11,21 @@ import math
 import os
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
 
 from itlaudit.errors import ScenarioError
 from itlaudit.model.access import header_problem
 from itlaudit.model.datasets import DATASET_KINDS, DatasetEntry
+from itlaudit.model.jsonvalue import JSONObject, JSONScalar
 from itlaudit.model.launch import READY_TIMEOUT_S, LaunchKind, LaunchSpec, launch_kind_problem
 from itlaudit.model.scenario_toml import (
     Bound,
     Located,
     dump_toml,
     get_number,
+    get_table,
     get_value,
     reject_unknown_keys,
     str_list,
@@ -99,7 +101,7 @@ class Scenario:
         return dataset.entries[index % len(dataset.entries)] if dataset is not None else None
 
 
-def _table(raw: dict[str, Any], key: str, loc: Located, fix: str) -> dict[str, Any]:
+def _table(raw: Mapping[str, object], key: str, loc: Located, fix: str) -> Mapping[str, object]:
     value = raw[key]
     if not isinstance(value, dict):
         raise loc.error("", key, f"must be a table, got {type(value).__name__} {value!r}; {fix}")
@@ -118,7 +120,7 @@ def _safe_name(value: str, loc: Located, table: str, key: str = "name") -> str:
     return value
 
 
-def _launch(src: dict[str, Any], loc: Located) -> LaunchSpec:
+def _launch(src: Mapping[str, object], loc: Located) -> LaunchSpec:
     table = "variants.launch"
     allowed = {"kind", "python", "image", "command", "model", "served_model_name", "server_args", "env"}
     allowed.add("ready_timeout_s")
@@ -130,8 +132,9 @@ def _launch(src: dict[str, Any], loc: Located) -> LaunchSpec:
     needed = LaunchKind(kind).needs
     if needed not in src:
         raise loc.error(table, needed, f"is missing; kind {kind!r} needs it")
-    env = get_value(src, loc, table, "env", dict, {})
-    if not all(isinstance(v, str) for v in env.values()):
+    given = get_table(src, loc, table, "env", {})
+    env = {name: value for name, value in given.items() if isinstance(value, str)}
+    if len(env) != len(given):
         raise loc.error(table, "env", "values must be strings (quote numbers)")
     return LaunchSpec(
         kind=LaunchKind(kind),
@@ -148,7 +151,7 @@ def _launch(src: dict[str, Any], loc: Located) -> LaunchSpec:
     )
 
 
-def _variants(raw: Any, loc: Located) -> list[Variant]:
+def _variants(raw: object, loc: Located) -> list[Variant]:
     if raw is not None and not isinstance(raw, list):
         raise loc.error("", "variants", f"must be [[variants]] tables, got {type(raw).__name__} {raw!r}")
     if not raw:
@@ -188,16 +191,17 @@ def _variants(raw: Any, loc: Located) -> list[Variant]:
     return out
 
 
-def _headers(src: dict[str, Any], loc: Located) -> dict[str, str]:
-    headers: dict[str, str] = get_value(src, loc, "variants", "headers", dict, {})
-    for name, value in headers.items():
+def _headers(src: Mapping[str, object], loc: Located) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for name, value in get_table(src, loc, "variants", "headers", {}).items():
         problem = header_problem(name, value)
         if problem is not None:
             raise loc.error("variants", "headers", f"{name!r}: {problem}")
+        headers[name] = str(value)  # (a str: header_problem refuses any other value)
     return headers
 
 
-def _execution_mode(src: dict[str, Any], loc: Located) -> str | None:
+def _execution_mode(src: Mapping[str, object], loc: Located) -> str | None:
     mode: str | None = get_value(src, loc, "variants", "execution_mode", str, None)
     if mode is not None and mode not in EXECUTION_MODES:
         raise loc.error(
@@ -210,7 +214,7 @@ GOODPUT_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
 GOODPUT_MS = Bound(0, LONGEST_SCHEDULE_S * 1000, open_low=True, unit="ms")
 
 
-def _goodput(raw: dict[str, Any], loc: Located) -> dict[str, float]:
+def _goodput(raw: Mapping[str, object], loc: Located) -> dict[str, float]:
     """[goodput]: a request counts toward goodput when it meets every limit given here."""
     if "goodput" not in raw:
         return {}
@@ -227,7 +231,7 @@ def parse_scenario(text: str, path: Path) -> Scenario:
     return scenario_from_raw(_toml(text, path), Located(path, text), path)
 
 
-def scenario_from_raw(raw: dict[str, Any], loc: Located, path: Path | None) -> Scenario:
+def scenario_from_raw(raw: Mapping[str, object], loc: Located, path: Path | None) -> Scenario:
     """The one validation of a scenario's tables, whether they came from a file, from flags, or both.
     Relative paths resolve against the file's folder (the working directory when there is none)."""
     top_keys = {"name", "endpoint", "model", "workload", "variants", "description", "goodput"}
@@ -251,7 +255,7 @@ def scenario_from_raw(raw: dict[str, Any], loc: Located, path: Path | None) -> S
     )
 
 
-def _toml(text: str, path: Path) -> dict[str, Any]:
+def _toml(text: str, path: Path) -> JSONObject:
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -272,10 +276,8 @@ def load_scenario(path: Path) -> Scenario:
 
 
 # A run from flags alone takes vllm bench serve's defaults, so the same flags mean the same workload.
-BENCH_DEFAULTS: dict[str, Any] = {
-    "dataset": {"kind": "random", "input_len": 1024, "output_len": 128},
-    "num_requests": 1000,
-}
+_BENCH_DATASET: JSONObject = {"kind": "random", "input_len": 1024, "output_len": 128}
+BENCH_DEFAULTS: JSONObject = {"dataset": _BENCH_DATASET, "num_requests": 1000}
 # Each flag of ScenarioFlags and the key it sets: (table, key). One table, read by build_scenario to
 # apply the flags and by scenario_toml to say which flag a written key stands for.
 FLAG_KEYS: dict[str, tuple[str, str]] = {
@@ -326,15 +328,17 @@ class ScenarioFlags:
     url: str | None = None  # every variant's server
     variant_urls: dict[str, str] = field(default_factory=dict)  # NAME=URL
 
-    def given(self) -> dict[str, Any]:
-        """The workload flags that were given, by field name."""
+    def given(self) -> dict[str, JSONScalar]:
+        """The workload flags that were given, by field name, as the values their keys take (a path
+        as its text)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name in FLAG_KEYS}
         return {
-            f.name: getattr(self, f.name)
-            for f in fields(self)
-            if f.name in FLAG_KEYS and getattr(self, f.name) is not None
+            name: str(value) if isinstance(value, Path) else value
+            for name, value in values.items()
+            if value is not None
         }
 
-    def apply(self, raw: dict[str, Any]) -> dict[str, Any]:
+    def apply(self, raw: JSONObject) -> JSONObject:
         """The scenario's tables with every given flag over its key (a copy)."""
         raw = copy.deepcopy(raw)
         workload = raw.setdefault("workload", {})
@@ -348,16 +352,16 @@ class ScenarioFlags:
             if table == "workload.dataset":
                 continue
             target = raw if table == "" else workload
-            if name == "request_rate" and math.isinf(value):
+            if name == "request_rate" and isinstance(value, float) and math.isinf(value):
                 target.pop(key, None)  # vllm bench serve's inf: every request at once, no schedule
                 continue
-            if name == "max_tokens" and "min_tokens" in workload:
+            if name == "max_tokens" and isinstance(value, int) and "min_tokens" in workload:
                 self._keep_min_tokens(workload, value)
             target[key] = value
         return raw
 
     @staticmethod
-    def _keep_min_tokens(workload: dict[str, Any], max_tokens: int) -> None:
+    def _keep_min_tokens(workload: JSONObject, max_tokens: int) -> None:
         """A forced-length scenario (min_tokens = max_tokens) stays forced at the new length; a floor
         above the new cap is named with the flag, not as the file's mistake."""
         floor = workload["min_tokens"]
@@ -369,18 +373,18 @@ class ScenarioFlags:
                 "edit min_tokens"
             )
 
-    def _apply_dataset(self, workload: dict[str, Any], given: dict[str, Any]) -> None:
+    def _apply_dataset(self, workload: JSONObject, given: Mapping[str, JSONScalar]) -> None:
         old = workload.get("dataset")
         old = old if isinstance(old, dict) else {}
         kind = given.get("dataset_name", old.get("kind"))
         if kind is None:
             named = next(n for n in _DATASET_FLAGS if n in given)
             raise ScenarioError(f"{_flag(named)} needs --dataset-name (the scenario has no dataset)")
-        dataset: dict[str, Any] = {"kind": kind}
+        dataset: JSONObject = {"kind": kind}
         if kind == "random":
             if "dataset_path" in given:
                 raise ScenarioError("--dataset-path is for --dataset-name jsonl or sharegpt, not random")
-            defaults = old if old.get("kind") == "random" else BENCH_DEFAULTS["dataset"]
+            defaults = old if old.get("kind") == "random" else _BENCH_DATASET
             dataset |= {k: v for k, v in defaults.items() if k != "kind"}
             for name in ("random_input_len", "random_output_len"):
                 if name in given:
@@ -402,20 +406,20 @@ class ScenarioFlags:
             elif path is None:
                 raise ScenarioError(f"--dataset-name {kind} needs --dataset-path FILE")
             else:
-                dataset["path"] = str(Path(path).resolve())  # a flag's path is the shell's: the cwd
+                dataset["path"] = str(Path(str(path)).resolve())  # a flag's path is the shell's: the cwd
         workload.pop("prompts", None)
         workload.pop("prompts_file", None)
         workload["dataset"] = dataset
 
 
-def _flags_only_tables(flags: ScenarioFlags) -> dict[str, Any]:
+def _flags_only_tables(flags: ScenarioFlags) -> JSONObject:
     """No scenario file: vllm bench serve's defaults, one variant per --variant, or `server` for --url."""
     servers = flags.variant_urls or ({"server": flags.url} if flags.url else {})
     if not servers:
         raise ScenarioError(
             "give a SCENARIO file, or a server: --url URL, or --variant NAME=URL (repeat for each)"
         )
-    raw: dict[str, Any] = {
+    raw: JSONObject = {
         "name": "run",
         "endpoint": Endpoint.COMPLETIONS,
         "model": "auto",
@@ -424,14 +428,15 @@ def _flags_only_tables(flags: ScenarioFlags) -> dict[str, Any]:
     }
     raw = flags.apply(raw)
     workload = raw["workload"]
-    if "concurrency" not in workload and "request_rate" not in workload:
-        # vllm bench serve with no --max-concurrency and no --request-rate sends every request at once
-        workload["concurrency"] = workload.get("num_requests", 1)
-    raw["name"] = _flags_name(workload)
+    if isinstance(workload, dict):  # (it is: apply keeps the table built above)
+        if "concurrency" not in workload and "request_rate" not in workload:
+            # vllm bench serve with no --max-concurrency and no --request-rate sends every request at once
+            workload["concurrency"] = workload.get("num_requests", 1)
+        raw["name"] = _flags_name(workload)
     return raw
 
 
-def _flags_name(workload: dict[str, Any]) -> str:
+def _flags_name(workload: Mapping[str, object]) -> str:
     """A run from flags is named after its dataset, so `ls reports/` tells the workloads apart."""
     dataset = workload.get("dataset")
     if not isinstance(dataset, dict) or dataset.get("kind") not in DATASET_KINDS:
@@ -445,7 +450,7 @@ def _flags_name(workload: dict[str, Any]) -> str:
     return f"{dataset['kind']}-{stem}" if stem else str(dataset["kind"])
 
 
-def build_scenario(path: Path | None, flags: ScenarioFlags) -> tuple[Scenario, dict[str, Any]]:
+def build_scenario(path: Path | None, flags: ScenarioFlags) -> tuple[Scenario, JSONObject]:
     """The scenario a command runs: the file's tables (with no file, vllm bench serve's defaults and the
     flags' servers) with every given flag over its key, validated by the parser a file goes through.
     Also returns the merged tables with the flags' servers in them, for --save-scenario."""
@@ -466,28 +471,31 @@ def build_scenario(path: Path | None, flags: ScenarioFlags) -> tuple[Scenario, d
     return scenario, _with_servers(raw, flags)
 
 
-def _with_servers(raw: dict[str, Any], flags: ScenarioFlags) -> dict[str, Any]:
+def _with_servers(raw: JSONObject, flags: ScenarioFlags) -> JSONObject:
     """The tables as run: a variant given a URL by flag is that server, not the one it would launch."""
     raw = copy.deepcopy(raw)
-    for variant in raw.get("variants") or []:
-        url = flags.url or flags.variant_urls.get(variant.get("name"))
-        if url:
+    variants = raw.get("variants")
+    for variant in variants if isinstance(variants, list) else []:
+        name = variant.get("name") if isinstance(variant, dict) else None
+        url = flags.url or (flags.variant_urls.get(name) if isinstance(name, str) else None)
+        if url and isinstance(variant, dict):
             variant["url"] = url
             variant.pop("launch", None)
     return raw
 
 
-def scenario_toml(raw: dict[str, Any], base: Path, target: Path, header: list[str]) -> str:
+def scenario_toml(raw: JSONObject, base: Path, target: Path, header: list[str]) -> str:
     """`raw` (tables whose relative paths are relative to `base`) as the commented TOML of a file at
     `target`: each path rewritten so it still names the same file from there, each key a flag sets
     commented with that flag."""
     raw = copy.deepcopy(raw)
     for table, key in _PATH_KEYS:
-        where = raw.get("workload", {})
-        if table == "workload.dataset":
-            where = where.get("dataset", {})
-        if isinstance(where, dict) and isinstance(where.get(key), str):
-            where[key] = _path_from(target.parent, Path(os.path.abspath(base / where[key])))
+        where = raw.get("workload")
+        if table == "workload.dataset" and isinstance(where, dict):
+            where = where.get("dataset")
+        name = where.get(key) if isinstance(where, dict) else None
+        if isinstance(where, dict) and isinstance(name, str):
+            where[key] = _path_from(target.parent, Path(os.path.abspath(base / name)))
     notes = {(table, key): f"--{name.replace('_', '-')}" for name, (table, key) in FLAG_KEYS.items()}
     return dump_toml(raw, header, notes)
 
