@@ -8,11 +8,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from itlaudit.analysis.server_metrics import SignalChange, signal_changes
+from itlaudit.analysis.summary import RunSummary
 from itlaudit.analysis.validity import NOT_COMPARABLE, block_validity
 from itlaudit.bisect.build_range import Build
-from itlaudit.bisect.state import State
+from itlaudit.bisect.state import ProbeRecord, State
+from itlaudit.errors import ItlauditError
 from itlaudit.model.vocabulary import Verdict
+from itlaudit.report.diff import why_it_moved
 from itlaudit.report.markdown import table_cell
+from itlaudit.store.rundir import SUMMARY_FILE, read_json
 
 __all__ = [
     "PLOT_FILE",
@@ -120,7 +125,41 @@ def render_markdown(state: State) -> str:
             "",
             f"{_UNLIKE} {NOT_COMPARABLE} (cut short, failing or gibberish): " + "; ".join(unlike) + ".",
         ]
+    moved = why_it_moved(boundary_moved(state))
+    if moved:
+        lines += ["", *moved[:-1]]  # the section ends the file; its trailing blank line is not needed
     return "\n".join(lines) + "\n"
+
+
+def boundary_moved(state: State) -> list[SignalChange]:
+    """The server and GPU signals that changed across the answer: the last good build's probe against
+    the first bad one's (hunting a fix, the last unfixed against the first fixed), compared as `diff`
+    compares two runs. Nothing while the answer is a range of candidates or a probe's files are gone."""
+    result = state.result
+    if result.first_bad is None or result.last_good is None:
+        return []
+    before, after = _probe_of_ref(state, result.last_good), _probe_of_ref(state, result.first_bad)
+    if before is None or after is None:
+        return []
+    return signal_changes(_server_blocks(Path(before["dir"])), _server_blocks(Path(after["dir"])))
+
+
+def _probe_of_ref(state: State, ref: str) -> ProbeRecord | None:
+    return next((p for p in state.probes if state.builds[p["index"]].ref == ref), None)
+
+
+def _server_blocks(probe_dir: Path) -> dict[str, dict[str, Any]]:
+    """Each variant's server block (summary.json's `server`) in its probe's last trial that has one:
+    the trial folders' derivation already holds them, so nothing is derived again."""
+    blocks: dict[str, dict[str, Any]] = {}
+    trials = sorted(probe_dir.glob("trial-*"), key=lambda p: int(p.name.split("-")[1]))
+    for trial in trials:
+        path = trial / SUMMARY_FILE
+        try:
+            blocks.update(RunSummary.from_json(read_json(path), path).server)
+        except (OSError, ValueError, ItlauditError):
+            continue  # a trial cut short has no summary; the others still tell
+    return blocks
 
 
 def render_plot(state: State, path: Path) -> None:

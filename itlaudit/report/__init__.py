@@ -11,7 +11,7 @@ SURFACE = Surface(
             "host_facts",
             "server_fact",
         ),
-        "diff": ("render_diff",),
+        "diff": ("render_diff", "why_it_moved"),
         "markdown": (
             "PARTIAL_HEADING",
             "table_cell",

@@ -11,6 +11,7 @@ SURFACE = Surface(
             "DEFAULT_PROMPTS",
             "INVARIANCE_FILE",
             "InvarianceSettings",
+            "VariantInvariance",
             "invariance_audit",
             "invariance_targets",
         ),
