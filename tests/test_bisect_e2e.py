@@ -231,3 +231,23 @@ def test_resume_after_sigkill_mid_probe(tmp_path: Path, monkeypatch: pytest.Monk
     assert cut_short.with_name(cut_short.name + ".interrupted-1").is_dir()
     assert (cut_short / "server-build.log").is_file()  # the probe was rerun in its own folder
     assert len({p["index"] for p in state["probes"]}) == len(state["probes"])
+
+
+def test_report_says_why_it_moved_at_the_boundary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From the culprit on the server's KV cache is tiny (it preempts): the report lists the server
+    signals that changed between the last good and the first bad build's probes (as `diff` does)."""
+    shas = _commits(tmp_path / "commits.txt", 6)
+    out = tmp_path / "bisect"
+    code = _bisect(
+        monkeypatch,
+        "--from", shas[0], "--to", shas[-1], "--commits-file", str(tmp_path / "commits.txt"),
+        *_args(tmp_path / "commits.txt", 3, "cap-kv"),
+        "--scenario", str(PROBE_SCENARIO), "--regress", "truncation", "--out", str(out),
+    )  # fmt: skip
+    assert code == 0
+    assert _state(out)["first_bad"] == shas[3]
+    report = (out / "report.md").read_text()
+    section = report.split("### Why it moved", 1)[1]
+    rows = [line for line in section.splitlines() if line.startswith("| build |")]
+    preempted = [row for row in rows if "| preemptions | 0 |" in row]
+    assert preempted and int(preempted[0].split("|")[4]) > 0, section
