@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+import msgspec
 
 from itlaudit.errors import RecordsError
+from itlaudit.model.jsonvalue import JSONObject
 
 __all__ = ["SEND_LOG_FORMAT", "ResponseSends", "SendLog"]
 
@@ -31,7 +33,8 @@ class ResponseSends:
 
 @dataclass
 class SendLog:
-    server: dict[str, Any] = field(default_factory=dict)
+    # What the server was (its kind, its config, its write counters): free-form, as each server has it.
+    server: JSONObject = field(default_factory=dict)
     responses: dict[str, ResponseSends] = field(default_factory=dict)
 
     def record(self, response_id: str, due_ns: int, sent_ns: int, tokens: int) -> None:
@@ -42,28 +45,32 @@ class SendLog:
         sends.sent_ns.append(sent_ns)
         sends.tokens.append(tokens)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
+        """The file's JSON form (and the truth server's /truth/log answer)."""
         return {
             "format": SEND_LOG_FORMAT,
             "clock": "CLOCK_MONOTONIC ns (time.monotonic_ns), taken right after the chunk's write",
             "server": self.server,
             "responses": {
-                rid: {"due_ns": s.due_ns, "sent_ns": s.sent_ns, "tokens": s.tokens}
+                rid: {"due_ns": [*s.due_ns], "sent_ns": [*s.sent_ns], "tokens": [*s.tokens]}
                 for rid, s in self.responses.items()
             },
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> SendLog:
+    def from_json(cls, data: JSONObject) -> SendLog:
         if data.get("format") != SEND_LOG_FORMAT:
             raise RecordsError(
                 f"not a send log (format {data.get('format')!r}, expected {SEND_LOG_FORMAT!r})"
             )
-        responses = {
-            rid: ResponseSends(list(s["due_ns"]), list(s["sent_ns"]), list(s["tokens"]))
-            for rid, s in data["responses"].items()
-        }
-        return cls(server=dict(data.get("server", {})), responses=responses)
+        server = data.get("server", {})
+        if not isinstance(server, dict):
+            raise RecordsError(f"send log: `server` must be an object, got {server!r}")
+        try:
+            responses = msgspec.convert(data["responses"], dict[str, ResponseSends])
+        except msgspec.ValidationError as exc:
+            raise RecordsError(f"send log: {exc}") from None
+        return cls(server=server, responses=responses)
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(self.to_json()), encoding="utf-8")
