@@ -19,15 +19,18 @@ def server_acceptance(record: RequestRecord) -> dict[str, int] | None:
     block = record.spec_decode
     if not isinstance(block, dict):
         return None
+    keys = {
+        "steps": "num_spec_steps",
+        "accepted": "num_accepted_draft_tokens",
+        "drafted": "num_draft_tokens",
+        "k": "num_spec_tokens",
+    }
+    values = {name: block.get(key) for name, key in keys.items()}
     try:
-        return {
-            "steps": int(block["num_spec_steps"]),
-            "accepted": int(block["num_accepted_draft_tokens"]),
-            "drafted": int(block["num_draft_tokens"]),
-            "k": int(block["num_spec_tokens"]),
-        }
-    except (KeyError, TypeError, ValueError):
+        counts = {name: int(v) for name, v in values.items() if isinstance(v, int | float | str)}
+    except ValueError:
         return None
+    return counts if len(counts) == len(keys) else None
 
 
 def pooled_server_acceptance(records: Iterable[RequestRecord]) -> dict[str, float | int] | None:

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
+from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.vocabulary import Endpoint, StampMode
 
 __all__ = [
@@ -163,11 +164,11 @@ class RequestRecord:
     category: str | None = None  # the dataset line's category, for the per-category breakdown
     # The server's own acceptance for this request: vLLM's `metrics.speculative_decoding` on the final
     # usage chunk (--per-request-spec-decode-metrics), as sent; None when the server sent none.
-    spec_decode: dict[str, Any] | None = None
+    spec_decode: JSONObject | None = None
     # Capture-side only, never written: the lag probe's sample positions while the stream was open.
     lag_window: tuple[int, int] | None = field(default=None, repr=False, compare=False)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         """Flat JSON: chunk arrays become top-level `chunk_*` keys (the requests.jsonl layout).
         Shallow (lists are shared, not copied): building it costs microseconds on the capture loop."""
         data = {f.name: getattr(self, f.name) for f in _RECORD_FIELDS}
@@ -184,6 +185,7 @@ class RequestRecord:
     def from_json(cls, data: dict[str, Any]) -> RequestRecord:
         """Inverse of to_json; derived keys (itl_ms, findings, ...) on the line are ignored."""
         known = {f.name for f in _RECORD_FIELDS}
+        # The constructor's keyword arguments, each checked by the field it fills (a bad one raises).
         kwargs: dict[str, Any] = {k: v for k, v in data.items() if k in known}
         kwargs["params"] = RequestParams(**data.get("params", {}))
         if "status" in kwargs:
