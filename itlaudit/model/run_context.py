@@ -10,7 +10,7 @@ asks `server_build` how to name it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict
 
 from itlaudit import __version__
 from itlaudit.model.scenario import Scenario
@@ -19,6 +19,7 @@ __all__ = [
     "SIMULATOR",
     "VariantMeta",
     "VariantView",
+    "WorkloadMeta",
     "is_simulator",
     "server_build",
     "simulator_version",
@@ -60,7 +61,26 @@ def _span(values: Iterable[int | None]) -> int | str | None:
     return known[0] if len(known) == 1 else f"{known[0]}–{known[-1]}"
 
 
-def workload_meta(scenario: Scenario) -> dict[str, Any]:
+class WorkloadMeta(TypedDict):
+    """meta.json's "workload" block (see workload_meta)."""
+
+    endpoint: str
+    model: str
+    dataset: str
+    input_len: int | str | None
+    num_prompts: int
+    max_concurrency: int
+    request_rate: float | None
+    burstiness: float
+    duration_s: float | None
+    duration_grace_s: float | None
+    num_warmups: int
+    max_tokens: int | str | None
+    ignore_eos: bool
+    temperature: float | None
+
+
+def workload_meta(scenario: Scenario) -> WorkloadMeta:
     """meta.json's "workload": what was asked of every variant, in vllm bench serve's terms where it
     has them (num_prompts, max_concurrency, request_rate None = no rate limit, vllm bench's "inf").
     The report's context block and the --save-result JSON read it."""

@@ -6,12 +6,20 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 from itlaudit.errors import ScenarioError
 from itlaudit.model.redact import redact_args, redact_text
 
-__all__ = ["RunLabels", "parse_metadata"]
+__all__ = ["LabelsMeta", "RunLabels", "parse_metadata"]
+
+
+class LabelsMeta(TypedDict):
+    """The run's labels as meta.json holds them (None where the run had no command line)."""
+
+    command_line: str | None
+    label: str | None
+    metadata: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -34,7 +42,7 @@ class RunLabels:
         line = redact_text(shlex.join(redact_args(list(argv))))
         return cls(command_line=line, label=label, metadata=dict(metadata or {}))
 
-    def to_meta(self) -> dict[str, Any]:
+    def to_meta(self) -> LabelsMeta:
         return {"command_line": self.command_line, "label": self.label, "metadata": dict(self.metadata)}
 
 
