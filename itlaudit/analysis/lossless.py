@@ -15,6 +15,7 @@ from dataclasses import replace
 
 from itlaudit.analysis.invariance import TopLogprobs
 from itlaudit.model.codes import SPEC_DECODE_OUTPUT_MISMATCH, Finding, Severity
+from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import RequestRecord, Status
 
 __all__ = [
@@ -62,8 +63,8 @@ def _greedy(record: RequestRecord) -> bool:
 def _mismatch(base: RequestRecord, spec: RequestRecord) -> Finding | None:
     base_ids, spec_ids = output_token_ids(base), output_token_ids(spec)
     unit = "token" if base_ids is not None and spec_ids is not None else "char"
-    a: Sequence[object] = base_ids if base_ids is not None and unit == "token" else base.text
-    b: Sequence[object] = spec_ids if spec_ids is not None and unit == "token" else spec.text
+    a: Sequence[int | str] = base_ids if base_ids is not None and unit == "token" else base.text
+    b: Sequence[int | str] = spec_ids if spec_ids is not None and unit == "token" else spec.text
     pos = _first_difference(a, b)
     if pos is None:
         return None
@@ -77,7 +78,7 @@ def _mismatch(base: RequestRecord, spec: RequestRecord) -> Finding | None:
         f"at {unit} {pos} ({base_at!r} vs {spec_at!r}); greedy speculative decoding should be exact, so "
         "this is a bug or batch variance breaking a near-tie (compare the top logprobs there)."
     )
-    evidence = {
+    evidence: JSONObject = {
         "prompt_index": prompt_index(base),
         "base_request_id": base.request_id,
         "spec_request_id": spec.request_id,
@@ -85,7 +86,7 @@ def _mismatch(base: RequestRecord, spec: RequestRecord) -> Finding | None:
         "position": pos,
         "base_value": base_at,
         "spec_value": spec_at,
-        "context_before": list(a[max(0, pos - _CONTEXT) : pos]),
+        "context_before": [*a[max(0, pos - _CONTEXT) : pos]],
         "base_length": len(a),
         "spec_length": len(b),
         "base_finish_reason": base.finish_reason,

@@ -26,6 +26,7 @@ from itlaudit.model.codes import (
     Finding,
     Severity,
 )
+from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import DURATION_CUT, RequestRecord, Status
 from itlaudit.model.vocabulary import StampMode
 
@@ -81,7 +82,7 @@ def usage_missing_finding(record: RequestRecord, metrics: RequestMetrics) -> Fin
             f"The server sent no per-chunk usage; ITL counts the returned token ids over "
             f"{metrics.content_chunks} chunks instead of the server's usage."
         )
-    evidence = {
+    evidence: JSONObject = {
         "token_source": metrics.token_source,
         "content_chunks": metrics.content_chunks,
         "final_completion_tokens": record.completion_tokens,

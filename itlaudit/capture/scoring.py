@@ -179,9 +179,9 @@ async def score_outputs(
 async def explain_mismatch(finding: Finding, prompt: str, base: Scorer, spec: Scorer) -> Finding:
     """A spec_decode_output_mismatch plus both servers' top logprobs at the differing token, re-scored
     on each server (greedy, so the prefix is reproduced); a text-only mismatch is returned unchanged."""
-    if finding.evidence.get("unit") != "token":
+    position = finding.evidence.get("position")
+    if finding.evidence.get("unit") != "token" or not isinstance(position, int):
         return finding
-    position = int(finding.evidence["position"])
     base_top, spec_top = await asyncio.gather(
         base.top_logprobs_at(prompt, position), spec.top_logprobs_at(prompt, position)
     )

@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from itlaudit.model.jsonvalue import JSONMapping
+
 __all__ = [
     "ACCEPTANCE_LENGTH_MISMATCH",
     "CHOICES_INTERLEAVED",
@@ -273,7 +275,7 @@ class Finding:
     code: str
     severity: Severity
     message: str
-    evidence: dict[str, Any] = field(default_factory=dict)
+    evidence: JSONMapping = field(default_factory=dict)
     request_id: str | None = None
 
     @classmethod
@@ -281,7 +283,7 @@ class Finding:
         cls,
         code: str,
         message: str,
-        evidence: dict[str, Any],
+        evidence: JSONMapping,
         request_id: str | None = None,
         *,
         severity: Severity | None = None,
