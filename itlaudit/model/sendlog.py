@@ -69,7 +69,7 @@ class SendLog:
         try:
             responses = msgspec.convert(data["responses"], dict[str, ResponseSends])
         except msgspec.ValidationError as exc:
-            raise RecordsError(f"send log: {exc}") from None
+            raise RecordsError(f"send log: `responses` holds a damaged entry ({exc})") from None
         return cls(server=server, responses=responses)
 
     def write(self, path: Path) -> None:
