@@ -59,6 +59,7 @@ class PeriodicSampler:
         self.period_s = period_s
         self.rows = 0  # rows written with figures (errors not counted)
         self.gave_up: str | None = None
+        self.last_error: str | None = None  # the latest failed sample's line, masked
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._writer: RecordWriter | None = None
@@ -115,7 +116,7 @@ class PeriodicSampler:
             self._failures += 1
             if self.rows == 0 and self._failures >= _GIVE_UP_AFTER:
                 self.gave_up = str(exc)
-            error = redact_text(redact_url(str(exc)))
+            error = self.last_error = redact_text(redact_url(str(exc)))
             self._writer.write({"t_ns": t_ns, "variant": self.variant, "error": error})
             return
         self._writer.write({"t_ns": t_ns, "variant": self.variant, **row})

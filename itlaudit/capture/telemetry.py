@@ -11,12 +11,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
+from urllib.parse import urlsplit
 
 from itlaudit.analysis.server_metrics import GPU_TELEMETRY_FILE, SERVER_METRICS_FILE
 from itlaudit.capture.metrics_sampler import DEFAULT_PERIOD_S, MetricsSampler, PeriodicSampler, SamplerRecord
 from itlaudit.errors import ScenarioError
 from itlaudit.model.access import NO_ACCESS, Access
 from itlaudit.model.launch import LaunchSpec
+from itlaudit.model.redact import redact_url
 
 if TYPE_CHECKING:
     from itlaudit.capture.profiler import Profiler, ProfileRecord
@@ -56,11 +58,13 @@ class TelemetryRecord(TypedDict, total=False):
 @dataclass(frozen=True)
 class Telemetry:
     """`metrics_period_s` None: no /metrics sampling (--no-server-metrics). `gpus`: indices named
-    with --gpu (else the GPUs of a server launched on this host). `profile`: --profile."""
+    with --gpu (else the GPUs of a server launched on this host). `profile`: --profile. `dcgm_url`:
+    a dcgm-exporter's /metrics (--dcgm-url), read in NVML's place."""
 
     metrics_period_s: float | None = DEFAULT_PERIOD_S
     gpus: tuple[int, ...] | None = None
     profile: bool = False
+    dcgm_url: str | None = None  # --dcgm-url: GPU telemetry from a dcgm-exporter instead of NVML
 
     @classmethod
     def from_flags(
@@ -69,13 +73,20 @@ class Telemetry:
         no_server_metrics: bool = False,
         gpu: str | None = None,
         profile: bool = False,
+        dcgm_url: str | None = None,
     ) -> Telemetry:
         if not no_server_metrics and not 0.05 <= metrics_period <= 3600:
             raise ScenarioError(
                 f"--metrics-period {metrics_period:g}: give seconds between 0.05 and 3600, "
                 "or --no-server-metrics"
             )
-        return cls(None if no_server_metrics else metrics_period, parse_gpus(gpu), profile)
+        if dcgm_url is not None and urlsplit(dcgm_url).scheme not in ("http", "https"):
+            raise ScenarioError(
+                f"--dcgm-url {redact_url(dcgm_url)}: give the exporter's http(s) URL, "
+                "e.g. http://gpu-node:9400/metrics"
+            )
+        period = None if no_server_metrics else metrics_period
+        return cls(period, parse_gpus(gpu), profile, dcgm_url)
 
     def window(
         self,
@@ -125,6 +136,9 @@ class TelemetryWindow:
         self._start_gpu(period or DEFAULT_PERIOD_S)
         for sampler in self.samplers.values():
             sampler.start()
+        dcgm = self.samplers.get("gpu_telemetry") if self.telemetry.dcgm_url is not None else None
+        if dcgm is not None and dcgm.rows == 0:  # its first scrape failed: say so once, go on
+            self._note(f"no DCGM telemetry yet: {dcgm.last_error}")
         if self.telemetry.profile:
             from itlaudit.capture.profiler import Profiler, trace_dir
 
@@ -135,8 +149,16 @@ class TelemetryWindow:
                 self._note(profiler.problem)
 
     def _start_gpu(self, period: float) -> None:
-        """NVML where a GPU is the server's and readable here: named with --gpu, or the server was
-        launched on this host (not in a container we cannot see into, not a URL)."""
+        """A dcgm-exporter's GPUs when --dcgm-url names one (one source per file: NVML is then not
+        read); else NVML where a GPU is the server's and readable here: named with --gpu, or the
+        server was launched on this host (not in a container we cannot see into, not a URL)."""
+        if self.telemetry.dcgm_url is not None:
+            from itlaudit.capture.dcgm import DcgmSampler
+
+            self.samplers["gpu_telemetry"] = DcgmSampler(
+                self.telemetry.dcgm_url, self.run_dir, self.variant, period_s=period
+            )
+            return
         named = self.telemetry.gpus
         local = self.launched is not None and self.launched.kind in ("python", "command")
         if named is None and not local:

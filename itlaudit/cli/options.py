@@ -288,6 +288,14 @@ def capture_options(
             rich_help_panel=WATCH,
         ),
     ] = False,
+    dcgm_url: Annotated[
+        str | None,
+        typer.Option(
+            metavar="URL",
+            help="A dcgm-exporter's /metrics to read GPU telemetry from, in NVML's place.",
+            rich_help_panel=WATCH,
+        ),
+    ] = None,
 ) -> CaptureOptions:
     """How requests are sent and their chunks stamped: the same options in every command that streams."""
     return CaptureOptions.from_flags(
@@ -299,7 +307,7 @@ def capture_options(
         request_timeout,
         access=access(api_key, header, insecure, ca_cert),
         cluster=cluster,
-        telemetry=Telemetry.from_flags(metrics_period, no_server_metrics, gpu, profile),
+        telemetry=Telemetry.from_flags(metrics_period, no_server_metrics, gpu, profile, dcgm_url),
     )
 
 
