@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import sqlalchemy as sa
 from simkit import itlaudit, sim_server
 from track_scale import synthetic_point
 from trackkit import FAMILY, MISSING, sixty_nightlies
@@ -29,6 +30,7 @@ from typer.testing import CliRunner
 
 from itlaudit.cli.app import app
 from itlaudit.serve.sim import SimConfig
+from itlaudit.track.changes import SERVER_SERIES, STREAM_SERIES
 from itlaudit.track.db import SCHEMA_VERSION, check_cache_table, open_history, schema_table
 
 FIXTURE_RUN = Path(__file__).parent / "fixtures" / "runfolder-v1"
@@ -527,3 +529,84 @@ def test_a_recovered_ttft_does_not_close_a_slower_token_itl(tmp_path: Path) -> N
         (30, "improvement"),
     ]
     assert code == 1
+
+
+def _sim_build(tmp_path: Path, db: str, build: int, kv_cache_tokens: int) -> None:
+    """One simulated nightly, `run --track` with /metrics sampled every 50 ms."""
+    config = SimConfig(ttft_ms=1, step_ms=4, seed=build, kv_cache_tokens=kv_cache_tokens)
+    with sim_server(config) as url:
+        done = itlaudit(
+            *("run", "--url", url, "--dataset-name", "random", "--random-input-len", "64"),
+            *("--random-output-len", "192", "--num-prompts", "8", "--max-concurrency", "4"),
+            *("--out", str(tmp_path / f"b{build}"), "--metrics-period", "0.05"),
+            *("--no-plots", "--metadata", f"build_order={build}", "--track", db),
+        )
+    assert done.returncode == 0, done.stderr
+
+
+def test_server_metrics_become_series_and_a_kv_usage_change_is_flagged(tmp_path: Path) -> None:
+    """A run folder's summary.json `server` block (the simulator's /metrics, sampled by default) is
+    recorded as the server series; the simulator's KV cache shrunk to a quarter from build 5 is one
+    `server` change on KV-cache usage, its figures in the evidence, and it counts as open."""
+    db = str(tmp_path / "h.sqlite")
+    for build in range(1, 9):
+        _sim_build(tmp_path, db, build, 8192 if build < 5 else 2048)
+    history = open_history(db)
+    points = history.points()
+    assert len(points) == 8 and all(p.values["kv_usage_p50"] for p in points)
+    first, last = (p.values["kv_usage_p50"] for p in (points[0], points[-1]))
+    assert first is not None and last is not None and 2.5 < last / first < 6
+    samples = history.samples([points[0].id])[points[0].id]
+    assert float(np.median(samples["server.kv_usage"])) == pytest.approx(first)
+    assert len(samples["server.kv_usage"]) > 8 and len(samples["itl_ms"]) == 8
+    history.close()
+    checked = itlaudit("track", "check", "--db", db, "--json")
+    changes = json.loads(checked.stdout)
+    kv = [c for c in changes if any(e["series"] == "kv_usage_p50" for e in c["evidence"])]
+    assert [(c["order"], c["kind"], c["state"]) for c in kv] == [(5, "regression", "confirmed")], changes
+    moved = {e["series"]: e for e in kv[0]["evidence"]}
+    assert moved["kv_usage_p50"]["ratio"] > 2.5
+    # On the loaded 2-core box TTFT may move at the same build: the change is then a speed change
+    # with the KV usage as its evidence; alone, it is a server change named by it.
+    if not {s.name for s in STREAM_SERIES} & set(moved):
+        assert kv[0]["class"] == "server" and "KV-cache usage" in kv[0]["summary"]
+    assert checked.returncode == 1
+
+
+def test_a_run_without_server_metrics_records_no_server_series(tmp_path: Path) -> None:
+    """An old folder (no server_metrics.jsonl) ingests as before: the stream's series, no server one."""
+    db = str(tmp_path / "h.sqlite")
+    result = CliRunner().invoke(app, ["track", "add", str(FIXTURE_RUN), "--db", db, "--order", "1"])
+    assert result.exit_code == 0, result.output
+    history = open_history(db)
+    points = history.points()
+    assert points and all(p.values[s.name] is None for p in points for s in SERVER_SERIES)
+    assert all(p.values["itl_p50"] for p in points if p.validity == "")
+    samples = history.samples([p.id for p in points])
+    assert not any(k.startswith("server.") for s in samples.values() for k in s)
+    history.close()
+
+
+def test_a_v2_history_is_upgraded_with_the_server_series(db: str) -> None:
+    """A history written before the server series (schema 2: no columns for them) is upgraded in
+    place on open: its points keep their figures, the server series read as absent, new points
+    carry them. On SQLite and on PostgreSQL."""
+    history = open_history(db)
+    history.add_rows(sixty_nightlies(3)[:4])
+    with history.engine.begin() as conn:
+        for spec in SERVER_SERIES:
+            conn.execute(sa.text(f"ALTER TABLE track_points DROP COLUMN {spec.name}"))
+        conn.execute(schema_table.delete().where(schema_table.c.version > 2))
+    assert history.schema_version() == 2
+    history.close()
+    upgraded = open_history(db)
+    assert upgraded.schema_version() == SCHEMA_VERSION == 3
+    points = upgraded.points()
+    assert len(points) == 4 and all(p.values["itl_p50"] for p in points)
+    assert all(p.values["kv_usage_p50"] is None for p in points)
+    newer = replace(
+        sixty_nightlies(3)[4], samples={**sixty_nightlies(3)[4].samples, "server.kv_usage": [0.25]}
+    )
+    upgraded.add([newer])
+    assert [p.values["kv_usage_p50"] for p in upgraded.points()][-1] == 0.25
+    upgraded.close()

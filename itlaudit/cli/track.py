@@ -173,9 +173,6 @@ def _provider_options(
     from itlaudit.serve.testbed import default_cache_dir
 
     # Unset: Settings' own defaults (bisect's), so both commands read one place.
-    extra: dict[str, Any] = {
-        k: v for k, v in (("wheels_url", wheels_url), ("index_url", index_url)) if v is not None
-    }
     return Settings(
         good="",
         bad="",
@@ -193,7 +190,8 @@ def _provider_options(
         build_cmd=build_cmd,
         package=package,
         github_repo=github_repo,
-        **extra,
+        wheels_url=Settings.wheels_url if wheels_url is None else wheels_url,
+        index_url=Settings.index_url if index_url is None else index_url,
     )
 
 

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import groupby
 from operator import attrgetter
-from typing import Any, overload
+from typing import TypedDict, overload
 
 import numpy as np
 
@@ -40,10 +40,15 @@ __all__ = [
     "BASE_VARIANT",
     "SAMPLE_FIELDS",
     "SERIES",
+    "SERVER",
+    "SERVER_SERIES",
     "SPEEDUP",
+    "STREAM_SERIES",
     "Change",
+    "ChangeJSON",
     "CheckSettings",
     "Evidence",
+    "EvidenceJSON",
     "Point",
     "SeriesSpec",
     "annotate",
@@ -70,11 +75,14 @@ LENGTH, CORRECTNESS, CLIENT = "length", "correctness", "client"
 # Change classes.
 LENGTH_CAP, SPEED, SPEEDUP_CLASS, METHOD = "length/cap", "speed", "speedup", "method"
 LENGTH_CHANGED = "length"
+SERVER = "server"  # a signal of the server or its GPU moved (issue 27): KV usage, acceptance, clocks
 _VALIDITY_CLASS = {LENGTH: LENGTH_CAP, CORRECTNESS: CORRECTNESS, CLIENT: CLIENT}
 # A family holding several classes at one build is named by the most telling one: a cap or broken
 # output explains every figure beside it, a changed method explains a speed, a lost speedup is more
 # specific than the slower ITL it is made of.
-_CLASS_ORDER = (LENGTH_CAP, CORRECTNESS, CLIENT, METHOD, SPEEDUP_CLASS, SPEED, LENGTH_CHANGED)
+# A server signal that moved with a speed is the speed change's evidence (why it moved); alone, it is
+# a change of its own.
+_CLASS_ORDER = (LENGTH_CAP, CORRECTNESS, CLIENT, METHOD, SPEEDUP_CLASS, SPEED, LENGTH_CHANGED, SERVER)
 REGRESSION, IMPROVEMENT, FIX = "regression", "improvement", "fix"
 SUSPECTED, CONFIRMED, EXPLAINED = "suspected", "confirmed", "explained"
 BASE_VARIANT = "K0"
@@ -92,7 +100,8 @@ class SeriesSpec:
     change_class: str = SPEED
 
 
-SERIES = (
+# The stream's series: a statistic of each request's figure (the point's samples).
+STREAM_SERIES = (
     SeriesSpec("itl_p50", "itl_ms", 0.5, True, "token ITL p50"),
     SeriesSpec("itl_p90", "itl_ms", 0.9, True, "token ITL p90"),
     SeriesSpec("tpot", "tpot_ms", 0.5, True, "TPOT p50"),
@@ -101,7 +110,28 @@ SERIES = (
     SeriesSpec("output_len", "completion_tokens", 0.5, False, "output length p50", LENGTH_CHANGED),
     SeriesSpec("acceptance", "decode_tokens_per_chunk", 0.5, False, "acceptance (tokens/chunk) p50"),
 )
-# The eighth series, derived across a family: base token ITL p50 / variant token ITL p50.
+# What the server and its GPU said during the measured window (issue 27; the figures of summary.json's
+# `server` block, analysis/server_metrics.py), from their raw samples as the stream's series are: each
+# /metrics scrape's KV-cache usage, each request's acceptance length as the server counted it (its
+# per-request spec-decode metrics), each NVML reading's SM clock and power. A point whose run sampled
+# none of them (an old folder, --no-server-metrics, no GPU) has no value there: absent, never zero.
+SERVER_SAMPLES = (
+    "server.kv_usage",
+    "server.acceptance_length",
+    "server.gpu_sm_clock_mhz",
+    "server.gpu_power_w",
+)
+SERVER_SERIES = (
+    SeriesSpec("kv_usage_p50", "server.kv_usage", 0.5, True, "KV-cache usage p50", SERVER),
+    SeriesSpec("kv_usage_max", "server.kv_usage", 1.0, True, "KV-cache usage max", SERVER),
+    SeriesSpec(
+        "server_acceptance", "server.acceptance_length", 0.5, False, "acceptance length (server) p50", SERVER
+    ),
+    SeriesSpec("gpu_sm_clock", "server.gpu_sm_clock_mhz", 0.5, False, "GPU SM clock p50", SERVER),
+    SeriesSpec("gpu_power_max", "server.gpu_power_w", 1.0, True, "GPU power max", SERVER),
+)
+SERIES = (*STREAM_SERIES, *SERVER_SERIES)
+# A series derived across a family: base token ITL p50 / variant token ITL p50.
 SPEEDUP = SeriesSpec("speedup", "itl_ms", 0.5, False, "token-ITL speedup over K0", SPEEDUP_CLASS)
 
 
@@ -165,8 +195,53 @@ class Evidence:
     p_value: float | None
     verdict: str
 
-    def to_json(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+    def to_json(self) -> EvidenceJSON:
+        return EvidenceJSON(
+            variant=self.variant,
+            series=self.series,
+            before=self.before,
+            after=self.after,
+            ratio=self.ratio,
+            p_value=self.p_value,
+            verdict=self.verdict,
+        )
+
+
+class EvidenceJSON(TypedDict):
+    """Evidence as `check --json`, the check cache and the dashboard write it."""
+
+    variant: str
+    series: str
+    before: float | None
+    after: float | None
+    ratio: float | None
+    p_value: float | None
+    verdict: str
+
+
+# A change's signals: each moved series' ratio (`K3.itl_p50`), `method_changed`, and what people and
+# bisections said of it (`explained`, `culprit`).
+Signals = dict[str, float | bool | str | None]
+
+
+ChangeJSON = TypedDict(
+    "ChangeJSON",
+    {
+        "id": str,
+        "family": str,
+        "order": int,
+        "build": str,
+        "last_good_order": int | None,
+        "last_good_build": str | None,
+        "class": str,
+        "kind": str,
+        "state": str,
+        "summary": str,
+        "closed_by": str | None,
+        "evidence": list[EvidenceJSON],
+        "signals": Signals,
+    },
+)
 
 
 @dataclass
@@ -184,7 +259,7 @@ class Change:
     summary: str
     state: str = CONFIRMED
     evidence: list[Evidence] = field(default_factory=list)
-    signals: dict[str, Any] = field(default_factory=dict)
+    signals: Signals = field(default_factory=dict)
     closed_by: str | None = None
 
     @property
@@ -193,7 +268,7 @@ class Change:
         text = f"{self.family}@{self.order}:{self.change_class}:{self.kind}"
         return hashlib.sha256(text.encode()).hexdigest()[:10]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ChangeJSON:
         return {
             "id": self.id,
             "family": self.family,
@@ -211,7 +286,7 @@ class Change:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Change:
+    def from_json(cls, data: ChangeJSON) -> Change:
         """The change as to_json wrote it (the incremental check's cache)."""
         return cls(
             family=data["family"],
@@ -549,7 +624,7 @@ def _group(family: str, members: Sequence[_Candidate], build_names: Mapping[int,
     order = members[0].order
     last_good = max((c.last_good for c in members if c.last_good is not None), default=None)
     build = build_names.get(order, str(order))
-    signals: dict[str, Any] = {
+    signals: Signals = {
         f"{c.variant}.{c.spec.name}": c.evidence.ratio for c in members if c.evidence is not None
     }
     if any(c.method_changed for c in members):

@@ -14,16 +14,19 @@ import gc
 import hashlib
 import json
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import sqlalchemy as sa
 
 from itlaudit.errors import TrackError
+from itlaudit.model.jsonvalue import JSONMapping, JSONObject
 from itlaudit.track.changes import (
+    SAMPLE_FIELDS,
     SERIES,
+    SERVER_SERIES,
     Change,
     CheckSettings,
     Point,
@@ -37,6 +40,7 @@ __all__ = [
     "DEFAULT_DB",
     "MIGRATIONS",
     "SCHEMA_VERSION",
+    "BisectRecord",
     "History",
     "NewPoint",
     "digest",
@@ -135,8 +139,20 @@ def _v2(conn: sa.Connection) -> None:
     _meta.create_all(conn, tables=[sources_table, builds_table, bisects_table, check_cache_table])
 
 
+def _v3(conn: sa.Connection) -> None:
+    """A column per server series (changes.SERVER_SERIES: KV usage, acceptance, GPU clock, ...) on
+    track_points; a point recorded before them has none (NULL). A history _v1 created from this
+    module's table already has them (the table is declared with every series), so only missing ones
+    are added."""
+    present = {column["name"] for column in sa.inspect(conn).get_columns(points_table.name)}
+    float_type = sa.Float().compile(dialect=conn.dialect)
+    for spec in SERVER_SERIES:
+        if spec.name not in present:
+            conn.execute(sa.text(f"ALTER TABLE {points_table.name} ADD COLUMN {spec.name} {float_type}"))
+
+
 # Append a step to change the schema (ALTER TABLE through conn); never edit one that has shipped.
-MIGRATIONS: Sequence[Callable[[sa.Connection], None]] = (_v1, _v2)
+MIGRATIONS: Sequence[Callable[[sa.Connection], None]] = (_v1, _v2, _v3)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -153,7 +169,7 @@ class NewPoint:
     workload, client settings); `method` is what may change between builds and is then a method
     change (server args, environment, build flavour)."""
 
-    series_fingerprint: Mapping[str, Any]
+    series_fingerprint: JSONMapping
     variant: str
     run_id: str
     run_dir: str | None
@@ -161,7 +177,7 @@ class NewPoint:
     build_version: str | None
     build_commit: str | None
     build_flavour: str | None
-    method: Mapping[str, Any]
+    method: JSONMapping
     validity: str
     reason: str | None
     cap: int | None
@@ -175,6 +191,15 @@ class NewPoint:
     @property
     def family(self) -> str:
         return digest(dict(self.series_fingerprint))
+
+
+class BisectRecord(TypedDict):
+    """A change's bisection as track_bisects holds it: its status, culprit, and the answer's JSON
+    (bisect.json's result, its folder, a failure's message)."""
+
+    status: str
+    culprit: str | None
+    result: JSONObject
 
 
 def _build_label(version: str | None, commit: str | None, order: int) -> str:
@@ -274,7 +299,7 @@ class History:
             "validity": point.validity,
             "reason": point.reason,
             "cap": point.cap,
-            "requests": max((len(v) for v in samples.values()), default=0),
+            "requests": max((len(samples.get(name, ())) for name in SAMPLE_FIELDS), default=0),
             "errors": point.errors,
             **point_values(samples),
             "samples": json.dumps(samples, separators=(",", ":")),
@@ -403,7 +428,7 @@ class History:
             row = conn.execute(query).first()
         return None if row is None else (row[0] or row[1])
 
-    def set_source(self, families: Iterable[str], settings: Mapping[str, Any]) -> None:
+    def set_source(self, families: Iterable[str], settings: JSONMapping) -> None:
         """Remember how a family's builds are had (the nightly's provider and scenario) for bisecting."""
         text = json.dumps(dict(settings), sort_keys=True)
         with self.engine.begin() as conn:
@@ -411,7 +436,7 @@ class History:
                 conn.execute(sa.delete(sources_table).where(sources_table.c.family == family))
                 conn.execute(sa.insert(sources_table).values(family=family, settings=text))
 
-    def source(self, family: str) -> dict[str, Any] | None:
+    def source(self, family: str) -> JSONObject | None:
         query = sa.select(sources_table.c.settings).where(sources_table.c.family == family)
         with self.engine.connect() as conn:
             found = conn.execute(query).scalar()
@@ -433,9 +458,7 @@ class History:
                 )
             )
 
-    def record_bisect(
-        self, change_id: str, status: str, culprit: str | None, result: Mapping[str, Any]
-    ) -> None:
+    def record_bisect(self, change_id: str, status: str, culprit: str | None, result: JSONMapping) -> None:
         """Write a bisection's answer onto a change (the last bisection of a change is the one kept)."""
         b = bisects_table
         with self.engine.begin() as conn:
@@ -450,12 +473,12 @@ class History:
                 )
             )
 
-    def bisects(self) -> dict[str, dict[str, Any]]:
+    def bisects(self) -> dict[str, BisectRecord]:
         """Every change's bisection: {change id: {status, culprit, result}}."""
         b = bisects_table
         with self.engine.connect() as conn:
             rows = conn.execute(sa.select(b.c.change_id, b.c.status, b.c.culprit, b.c.result))
-            return {r[0]: {"status": r[1], "culprit": r[2], "result": json.loads(r[3])} for r in rows}
+            return {r[0]: BisectRecord(status=r[1], culprit=r[2], result=json.loads(r[3])) for r in rows}
 
     def close(self) -> None:
         self.engine.dispose()

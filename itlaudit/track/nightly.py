@@ -24,7 +24,6 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import msgspec
 from rich.console import Console
@@ -36,6 +35,7 @@ from itlaudit.bisect.probe import run_probe
 from itlaudit.bisect.settings import Settings, list_builds, make_provider
 from itlaudit.bisect.state import State
 from itlaudit.errors import BisectError, TrackError
+from itlaudit.model.jsonvalue import JSONMapping, JSONObject, JSONValue
 from itlaudit.model.vocabulary import Verdict
 from itlaudit.store.rundir import META_FILE, REQUESTS_FILE, write_meta
 from itlaudit.track.changes import (
@@ -102,7 +102,7 @@ def source_key(settings: Settings) -> str:
     return digest(_template(settings))
 
 
-def _template(settings: Settings) -> dict[str, Any]:
+def _template(settings: Settings) -> JSONObject:
     return {k: v for k, v in settings.to_json().items() if k not in _RANGE}
 
 
@@ -262,14 +262,15 @@ def _threshold(change: Change) -> float:
     return max(1.0 + (smallest - 1.0) / 2, 1.05)
 
 
-def _variants(change: Change, template: Mapping[str, Any], base: str) -> list[str]:
+def _variants(change: Change, template: JSONMapping, base: str) -> list[JSONValue]:
     """A lost speedup is judged on the base and the variant that lost it; anything else runs every
     variant the nightly ran, so each of the family's series gets the probed builds and the change
     moves onto the culprit whole (not K0 at the culprit and K3 still at the nightly)."""
     if change.change_class == SPEEDUP_CLASS:
         lost = next(e.variant for e in change.evidence if e.series == "speedup")
         return [base, lost]
-    return list(template.get("variants") or [])
+    listed = template.get("variants")
+    return [v for v in listed if isinstance(v, str)] if isinstance(listed, Sequence) else []
 
 
 def bisect_change(
@@ -277,10 +278,10 @@ def bisect_change(
     change: Change,
     console: Console,
     *,
-    source: Mapping[str, Any] | None = None,
+    source: JSONObject | None = None,
     out_dir: Path | None = None,
     check: CheckSettings | None = None,
-) -> dict[str, Any]:
+) -> JSONObject:
     """Bisect one change between its last good and first bad build; record every probe; write the
     answer onto the change. Returns the bisection's result (bisect.json's answer)."""
     verdict = _VERDICT.get(change.change_class)
@@ -289,7 +290,7 @@ def bisect_change(
             f"{change.id}: a {change.change_class} {change.kind} is not bisected (bisect a length/cap, "
             "speed or speedup regression)"
         )
-    template = dict(source or history.source(change.family) or {})
+    template: JSONObject = dict(source or history.source(change.family) or {})
     if not template:
         raise TrackError(
             f"{change.id}: its builds were not probed by `track nightly`, so how to get them is unknown; "
@@ -301,7 +302,7 @@ def bisect_change(
     bad = history.commit_at(change.family, change.order)
     if not good or not bad:
         raise TrackError(f"{change.id}: its builds carry no commit or version; record them with --commit")
-    folder = out_dir or Path(template.pop("out_dir", ".")) / f"bisect-{change.id}"
+    folder = out_dir or Path(str(template.pop("out_dir", "."))) / f"bisect-{change.id}"
     template.pop("out_dir", None)
     timing = verdict != "truncation"
     try:
@@ -331,10 +332,13 @@ def bisect_change(
         history.record_bisect(change.id, "failed", None, {"message": str(exc), "dir": str(folder)})
         raise TrackError(f"{change.id}: bisect failed: {exc}") from None
     _record_probes(history, done, folder)
-    answer: dict[str, Any] = msgspec.to_builtins(done.result)
-    culprit = answer.get("first_bad") or (
-        f"one of {', '.join(c[:9] for c in answer.get('candidates') or [])}"
-        if answer.get("candidates")
+    answer: JSONObject = msgspec.to_builtins(done.result)
+    first_bad, candidates = answer.get("first_bad"), answer.get("candidates")
+    culprit = (
+        first_bad
+        if isinstance(first_bad, str) and first_bad
+        else f"one of {', '.join(str(c)[:9] for c in candidates)}"
+        if isinstance(candidates, list) and candidates
         else None
     )
     history.record_bisect(change.id, done.status, culprit, {**answer, "dir": str(folder)})
@@ -372,7 +376,7 @@ def _record_probes(history: History, state: State, folder: Path) -> None:
 
 def bisect_unexplained(
     history: History, changes: Sequence[Change], console: Console, check: CheckSettings | None = None
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, JSONObject]:
     """`--auto`: bisect each confirmed regression of a bisectable class that has no bisection yet
     (closed ones too: a cap that came and went still has a culprit). Returns {change id: answer}; a
     bisection that could not run is its one-line message."""
@@ -382,7 +386,7 @@ def bisect_unexplained(
         for c in changes
         if c.kind == REGRESSION and c.state == CONFIRMED and c.change_class in _VERDICT and c.id not in known
     ]
-    found: dict[str, dict[str, Any]] = {}
+    found: dict[str, JSONObject] = {}
     for change in wanted:
         started = time.monotonic()
         try:

@@ -41,6 +41,7 @@ from itlaudit.track.changes import (
     LENGTH_CHANGED,
     METHOD,
     SERIES,
+    SERVER,
     SPEED,
     SPEEDUP,
     SPEEDUP_CLASS,
@@ -68,6 +69,7 @@ CLASS_COLOURS = {
     SPEEDUP_CLASS: "#8e24aa",
     SPEED: "#e53935",
     LENGTH_CHANGED: "#c0a000",
+    SERVER: "#00897b",
 }
 _INVALID_CLASS = {LENGTH: LENGTH_CAP, CORRECTNESS: CORRECTNESS, CLIENT: CLIENT}
 _UNITS = {
@@ -79,6 +81,11 @@ _UNITS = {
     "output_len": "tokens",
     "acceptance": "tokens/chunk",
     "speedup": "×",
+    "kv_usage_p50": "fraction",
+    "kv_usage_max": "fraction",
+    "server_acceptance": "tokens/step",
+    "gpu_sm_clock": "MHz",
+    "gpu_power_max": "W",
 }
 _VARIANT_COLOURS = ("#1f77b4", "#2ca02c", "#ff7f0e", "#17becf", "#9467bd", "#bcbd22", "#e377c2")
 _SVG_LIMIT = 3000  # points a trace draws as SVG; past it WebGL (a 10,000-build series stays responsive)
@@ -450,7 +457,9 @@ class _Page:
         if len(self.variants) > 1 and self.base in self.variants:
             rows.append((SPEEDUP.name, f"speedup over {self.base} (×)", []))
         for spec in SERIES[2:]:
-            rows.append((spec.name, f"{spec.label} ({_UNITS[spec.name]})", []))
+            # A server series gets a row only where some point has it (a run that sampled /metrics).
+            if spec.change_class != SERVER or any(p.values.get(spec.name) is not None for p in self.points):
+                rows.append((spec.name, f"{spec.label} ({_UNITS[spec.name]})", []))
         lane_height = 0.025 * (len(self.variants) + 1)
         row_height = (1 - lane_height) / len(rows)
         layout: dict[str, Any] = {

@@ -21,13 +21,17 @@ from urllib.parse import urlsplit
 
 from itlaudit.analysis.derive import run_summary
 from itlaudit.analysis.metrics import request_metrics
+from itlaudit.analysis.request_acceptance import server_acceptance
+from itlaudit.analysis.server_metrics import KV_USAGE
 from itlaudit.analysis.validity import variant_validity
 from itlaudit.errors import ItlauditError, TrackError
 from itlaudit.model.codes import CLIENT_SATURATED, COMMON_CAP, TRUNCATION_CODES
+from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import RequestRecord
 from itlaudit.store.jsonl import load_records
 from itlaudit.store.ledger import run_fingerprints
 from itlaudit.store.rundir import META_FILE, REQUESTS_FILE, read_json
+from itlaudit.store.server_metrics import read_telemetry
 from itlaudit.track.changes import CLIENT, CORRECTNESS, LENGTH, SAMPLE_FIELDS, VALID
 from itlaudit.track.db import NewPoint, open_history
 
@@ -81,12 +85,34 @@ def _validity(summary: Mapping[str, Any], variant: str) -> tuple[str, str | None
     return VALID, None
 
 
-def _samples(records: Sequence[RequestRecord]) -> dict[str, list[float | None]]:
+def _samples(
+    records: Sequence[RequestRecord],
+    server_rows: Sequence[Mapping[str, Any]],
+    gpu_rows: Sequence[Mapping[str, Any]],
+) -> dict[str, list[float | None]]:
+    """Each request's figures, and the server's raw samples over the window (changes.SERVER_SERIES):
+    each /metrics scrape's KV-cache usage, each request's server-side acceptance length, each NVML
+    reading's SM clock and power; a sample the run did not take is left out."""
     metrics = [asdict(request_metrics(r)) for r in records]
-    return {name: [m[name] for m in metrics] for name in SAMPLE_FIELDS}
+    samples: dict[str, list[float | None]] = {name: [m[name] for m in metrics] for name in SAMPLE_FIELDS}
+    taken = [r for r in server_rows if "error" not in r]
+    gpus = [g for r in gpu_rows if "error" not in r for g in (r.get("gpus") or {}).values()]
+    acceptance = [c for c in map(server_acceptance, records) if c is not None and c["steps"]]
+    found: dict[str, list[float]] = {
+        "server.kv_usage": [float(r["gauges"][KV_USAGE]) for r in taken if KV_USAGE in r.get("gauges", {})],
+        "server.acceptance_length": [1.0 + c["accepted"] / c["steps"] for c in acceptance],
+        "server.gpu_sm_clock_mhz": [float(g["sm_clock_mhz"]) for g in gpus if _number(g.get("sm_clock_mhz"))],
+        "server.gpu_power_w": [float(g["power_w"]) for g in gpus if _number(g.get("power_w"))],
+    }
+    samples.update({name: list(values) for name, values in found.items() if values})
+    return samples
 
 
-def _platform(meta: Mapping[str, Any]) -> dict[str, Any]:
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _platform(meta: Mapping[str, Any]) -> JSONObject:
     environment = meta.get("environment") or {}
     gpus = environment.get("gpus") or []
     return {
@@ -112,6 +138,10 @@ def run_points(run_dir: Path, build: BuildInfo | None = None) -> list[NewPoint]:
     if meta.get("interrupted") or meta.get("failed"):
         raise TrackError(f"{run_dir}: the run did not finish; record a finished run")
     summary = run_summary(all_records, list(fingerprints))
+    try:
+        telemetry = read_telemetry(run_dir)
+    except (ItlauditError, OSError, ValueError) as exc:
+        raise TrackError(f"{run_dir}: its server metrics cannot be read ({exc})") from None
     metadata: Mapping[str, Any] = meta.get("metadata") or {}
     order = build.order
     if order is None and metadata.get("build_order") is not None:
@@ -157,7 +187,9 @@ def run_points(run_dir: Path, build: BuildInfo | None = None) -> list[NewPoint]:
                 reason=reason,
                 cap=_cap(summary, variant) if kind == LENGTH else None,
                 errors=int(((summary.get("variants") or {}).get(variant) or {}).get("errors") or 0),
-                samples=_samples(records),
+                samples=_samples(
+                    records, telemetry["server"].get(variant, []), telemetry["gpu"].get(variant, [])
+                ),
             )
         )
     return points
