@@ -84,7 +84,10 @@ SURFACE = Surface(
             "gibberish_reasons",
             "text_quality",
         ),
-        "request_acceptance": ("pooled_server_acceptance",),
+        "request_acceptance": (
+            "pooled_server_acceptance",
+            "server_acceptance",
+        ),
         "run_diff": (
             "MetricDiff",
             "RunDiff",
