@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from simkit import app_on_thread, sim_server
+from simkit import app_on_thread, itlaudit, sim_server
 
 from itlaudit.analysis.server_metrics import GPU_TELEMETRY_FILE, SERVER_METRICS_FILE, gpu_figures
 from itlaudit.capture.dcgm import dcgm_figures
@@ -113,3 +113,22 @@ def test_dcgm_url_is_checked() -> None:
     assert Telemetry.from_flags().dcgm_url is None
     with pytest.raises(ScenarioError, match=r"--dcgm-url ftp://x: give the exporter's http\(s\) URL"):
         Telemetry.from_flags(dcgm_url="ftp://x")
+
+
+def test_itlaudit_run_with_dcgm_url_records_and_reports_the_gpus(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    with app_on_thread(_exporter()) as exporter, sim_server(SimConfig(step_ms=3)) as url:
+        dcgm_url = exporter.replace("http://", "http://scraper:s3cret-pw@") + "/metrics"
+        flags = ["--num-prompts", "4", "--max-concurrency", "2", "--max-tokens", "40", "--out", str(out)]
+        result = itlaudit("run", "--url", url, "--metrics-period", "0.05", "--dcgm-url", dcgm_url, *flags)
+    assert result.returncode == 0, result.stderr
+    meta = json.loads((out / "meta.json").read_text())
+    (entry,) = meta["variants"].values()
+    assert entry["gpu_telemetry"]["rows"] >= 2 and "notes" not in entry
+    rows = [r for r in read_telemetry(out)["gpu"][next(iter(meta["variants"]))] if "t_ns" in r]
+    assert rows and all(r["source"] == "dcgm" for r in rows)
+    report = (out / "report.md").read_text()  # the report's server figures read the exporter's rows
+    assert "| GPU power max | 613 W |" in report and "| GPU temperature max | 71 °C |" in report
+    for path in out.rglob("*"):
+        if path.is_file():
+            assert b"s3cret-pw" not in path.read_bytes(), path
