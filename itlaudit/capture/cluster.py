@@ -33,6 +33,7 @@ from itlaudit.capture.lagprobe import new_capture_loop
 from itlaudit.capture.transport import kernel_stamps_supported
 from itlaudit.capture.workers import CLOCK_PINGS, START_MARGIN_NS, WorkerShare, capture_share
 from itlaudit.errors import ClusterError
+from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import RequestRecord, Status
 from itlaudit.model.vocabulary import StampMode
 from itlaudit.store.jsonl import RecordWriter
@@ -153,7 +154,7 @@ class CaptureActor:
         """Stream the share from `start_ns` (this actor's clock); returns the loop lag over the run."""
         loop, probe = new_capture_loop()
 
-        def finish(record: RequestRecord) -> dict[str, Any]:
+        def finish(record: RequestRecord) -> JSONObject:
             if record.lag_window is not None:
                 record.loop_lag_p99_ms, record.loop_lag_max_ms = probe.window(*record.lag_window)
             return record.to_json()

@@ -45,6 +45,7 @@ from itlaudit.capture.request_plan import PlannedRequest
 from itlaudit.capture.transport import kernel_stamps_supported
 from itlaudit.errors import RecordsError
 from itlaudit.model.access import Access
+from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import RequestRecord, Status, Timeouts
 from itlaudit.model.vocabulary import StampMode
 from itlaudit.store.jsonl import RecordWriter
@@ -282,7 +283,7 @@ def worker_main(share: WorkerShare, records_out: Connection, control: Connection
     _exit_with_coordinator(control)
     loop, probe = new_capture_loop()
 
-    def finish(record: RequestRecord) -> dict[str, Any]:
+    def finish(record: RequestRecord) -> JSONObject:
         if record.lag_window is not None:
             record.loop_lag_p99_ms, record.loop_lag_max_ms = probe.window(*record.lag_window)
         return record.to_json()
