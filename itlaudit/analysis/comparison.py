@@ -14,6 +14,7 @@ from itlaudit.analysis.specdecode import SpecDecodeStats
 from itlaudit.analysis.validity import COMPARABLE, comparison_validity, variant_validity
 from itlaudit.model.codes import ACCEPTANCE_LENGTH_MISMATCH, Finding
 from itlaudit.model.formats import FORMAT_KEY
+from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import RequestRecord, Status
 
 __all__ = [
@@ -59,9 +60,9 @@ class CompareResult(msgspec.Struct, kw_only=True, omit_defaults=True):
     findings: list[dict[str, Any]]
     distribution: dict[str, Any] | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         """compare.json's content (without `format`, which the writer stamps)."""
-        data: dict[str, Any] = msgspec.to_builtins(self)
+        data: JSONObject = msgspec.to_builtins(self)
         return data
 
     @classmethod

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.schedule import LONGEST_SCHEDULE_S
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ class Interval:
             return 0.0
         return math.inf if self.mean == 0 else 100.0 * width / abs(self.mean)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "mean": self.mean,
             "low": self.low,
@@ -152,7 +153,7 @@ class Progress:
     reason: str
     interval: Interval | None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "converged": self.converged,
             "reason": self.reason,

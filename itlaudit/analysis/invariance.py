@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from itlaudit.errors import ServerRejectedError
+from itlaudit.model.jsonvalue import JSONObject, JSONValue
 
 __all__ = [
     "DEFAULT_SWEEP_SIZES",
@@ -101,8 +102,8 @@ class PromptObservations:
     concurrent: list[list[TopLogprobs]] = field(default_factory=list)  # N × 2 separate requests
     sweep: dict[int, list[TopLogprobs]] = field(default_factory=dict)  # copies in one list → rows
 
-    def to_json(self) -> dict[str, Any]:
-        def rows(tops: Sequence[TopLogprobs]) -> list[dict[str, float]]:
+    def to_json(self) -> JSONObject:
+        def rows(tops: Sequence[TopLogprobs]) -> list[JSONValue]:
             return [{str(k): v for k, v in top.items()} for top in tops]
 
         return {

@@ -25,6 +25,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from itlaudit.model.jsonvalue import JSONObject
+
 if TYPE_CHECKING:  # numpy is imported where a figure is computed: the CLI shows these defaults
     import numpy as np
 
@@ -167,7 +169,7 @@ class TextQuality:
     compression_ratio: float  # UTF-8 bytes / zlib bytes: loops compress far better than prose
     text_sha256: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return asdict(self)
 
 

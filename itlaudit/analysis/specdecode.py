@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from itlaudit.errors import MetricsParseError
+from itlaudit.model.jsonvalue import JSONObject
 
 __all__ = [
     "ACCEPTED",
@@ -45,9 +46,9 @@ class CounterSnapshot:
     totals: dict[str, float] = field(default_factory=dict)
     accepted_per_pos: dict[int, float] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
-            "totals": self.totals,
+            "totals": dict(self.totals),
             "accepted_per_pos": {str(k): v for k, v in self.accepted_per_pos.items()},
         }
 
@@ -88,7 +89,7 @@ class SpecDecodeStats:
     acceptance_length: float | None
     per_position_acceptance: list[float]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "num_drafts": self.num_drafts,
             "num_draft_tokens": self.num_draft_tokens,
@@ -96,7 +97,7 @@ class SpecDecodeStats:
             "generation_tokens": self.generation_tokens,
             "acceptance_rate": self.acceptance_rate,
             "acceptance_length": self.acceptance_length,
-            "per_position_acceptance": self.per_position_acceptance,
+            "per_position_acceptance": list(self.per_position_acceptance),
         }
 
 

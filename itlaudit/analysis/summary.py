@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 
 from itlaudit.errors import RecordsError
+from itlaudit.model.jsonvalue import JSONObject
 
 __all__ = ["Figures", "LoopLag", "PartialBy", "RecordsSeen", "RunSummary", "VariantSummary"]
 
@@ -135,7 +136,7 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
                 f"derive it again: itlaudit report {path.parent}"
             ) from None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         """summary.json's content (without `format`, which the writer stamps)."""
-        data: dict[str, Any] = msgspec.to_builtins(self)
+        data: JSONObject = msgspec.to_builtins(self)
         return data

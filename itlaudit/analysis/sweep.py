@@ -20,6 +20,7 @@ from itlaudit.analysis.metrics import median, p50, speedup
 from itlaudit.analysis.validity import block_validity
 from itlaudit.errors import SweepError
 from itlaudit.model.formats import FORMAT_KEY
+from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import RequestRecord, Status
 from itlaudit.model.scenario import GOODPUT_KEYS
 from itlaudit.model.vocabulary import LoadAxis
@@ -451,9 +452,9 @@ class SweepResult(msgspec.Struct, kw_only=True, omit_defaults=True):
     headline: list[str]
     sla: SlaVerdicts | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         """sweep.json's content (without `format`, which the writer stamps)."""
-        data: dict[str, Any] = msgspec.to_builtins(self)
+        data: JSONObject = msgspec.to_builtins(self)
         return data
 
     @classmethod
