@@ -27,11 +27,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
-from typing import Any
+from typing import Any, TypedDict
 
 import sqlalchemy as sa
 
 from itlaudit.errors import TrackError
+from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.track.changes import (
     BASE_VARIANT,
     CLIENT,
@@ -48,12 +49,13 @@ from itlaudit.track.changes import (
     SUSPECTED,
     VALID,
     Change,
+    ChangeJSON,
     Point,
     Samples,
     SeriesSpec,
     open_changes,
 )
-from itlaudit.track.db import History, points_table, series_table
+from itlaudit.track.db import BisectRecord, History, points_table, series_table
 
 __all__ = ["CLASS_COLOURS", "DEFAULT_GITHUB_REPO", "MANIFEST", "Published", "publish"]
 
@@ -92,6 +94,111 @@ _SVG_LIMIT = 3000  # points a trace draws as SVG; past it WebGL (a 10,000-build 
 _SHA = re.compile(r"[0-9a-fA-F]{7,40}")
 
 
+class Line(TypedDict, total=False):
+    color: str
+    width: float
+    dash: str
+
+
+class Marker(TypedDict, total=False):
+    size: int
+    symbol: str | list[str]
+    color: str | list[str]
+    line: Line
+
+
+class TraceMeta(TypedDict, total=False):
+    """What dashboard.js reads off a clicked trace: what it is, its series, variant and sample."""
+
+    kind: str
+    series: str
+    variant: str
+    sample: str
+
+
+class Trace(TypedDict, total=False):
+    """A plotly.js scatter trace, as the page's JSON carries it to dashboard.js."""
+
+    type: str
+    mode: str
+    x: Sequence[int | None]
+    y: Sequence[float | None] | Sequence[str]
+    yaxis: str
+    name: str
+    legendgroup: str
+    showlegend: bool
+    line: Line
+    marker: Marker
+    customdata: Sequence[int | None]
+    text: Sequence[str | None]
+    hovertemplate: str
+    meta: TraceMeta
+
+
+class Shape(TypedDict, total=False):
+    """A plotly.js layout shape: a change's line or an invalid run's shaded band."""
+
+    type: str
+    xref: str
+    yref: str
+    x0: float
+    x1: float
+    y0: float
+    y1: float
+    line: Line
+    fillcolor: str
+    opacity: float
+    layer: str
+
+
+class Figure(TypedDict):
+    """A plotly.js figure. Its layout stays open: plotly names each extra y axis as a key of its own
+    (`yaxis2`, `yaxis3`, ...), one per row the page draws."""
+
+    data: list[Trace]
+    layout: Mapping[str, object]
+    config: dict[str, bool]
+
+
+class PointJSON(TypedDict):
+    """A point as the panel shows it."""
+
+    id: int
+    variant: str
+    order: int
+    build: str
+    commit: str | None
+    commit_url: str | None
+    flavour: str | None
+    run_dir: str | None
+    requests: int | None
+    errors: int | None
+    validity: str
+    reason: str | None
+    values: dict[str, float | None]
+
+
+class ChangeRow(ChangeJSON):
+    """A change as `check --json` gives it, with its bisection as the page shows it."""
+
+    bisect: str | None
+    culprit_url: str | None
+    compare_url: str | None
+    bisect_dir: str | None
+    colour: str
+
+
+class PageData(TypedDict):
+    """What a fingerprint page's panels read."""
+
+    family: str
+    base: str
+    points: dict[int, PointJSON]
+    samples: dict[int, dict[str, list[float | None]]]
+    changes: list[ChangeRow]
+    labels: dict[str, str]
+
+
 @dataclass(frozen=True)
 class Published:
     """What a publish wrote: the index and how many fingerprint pages."""
@@ -119,7 +226,7 @@ def _builds(history: History) -> dict[int, _Build]:
         return {int(r[0]): _Build(r[1], r[2], r[3], int(r[4]), int(r[5])) for r in conn.execute(query)}
 
 
-def _fingerprints(history: History) -> dict[str, dict[str, Any]]:
+def _fingerprints(history: History) -> dict[str, JSONObject]:
     """Each family's fingerprint (its series' fingerprint less the variant's name)."""
     query = sa.select(series_table.c.family, series_table.c.fingerprint)
     with history.engine.connect() as conn:
@@ -135,14 +242,14 @@ def _title(fingerprint: Mapping[str, Any], family: str) -> str:
     return " · ".join(parts) or family
 
 
-def _bisect_line(found: Mapping[str, Any] | None) -> str | None:
+def _bisect_line(found: BisectRecord | None) -> str | None:
     """What `track bisect` answered for a change (History.bisects): its culprit, or its status and
     message when it named none; None when the change was never bisected."""
     if found is None:
         return None
     if found.get("culprit"):
         return f"culprit {found['culprit']}"
-    message = (found.get("result") or {}).get("message")
+    message = found["result"].get("message")
     return f"{found['status']}: {message}" if message else str(found["status"])
 
 
@@ -220,7 +327,7 @@ class _Page:
         changes: Sequence[Change],
         builds: Mapping[int, _Build],
         samples: Mapping[int, Samples],
-        bisects: Mapping[str, Mapping[str, Any]],
+        bisects: Mapping[str, BisectRecord],
         base: str,
         github_repo: str,
     ) -> None:
@@ -238,7 +345,7 @@ class _Page:
         self.invalid_orders = {v: {p.order for p in self.points if p.variant == v and p.validity != VALID}
                                for v in variants}  # fmt: skip
 
-    def point_json(self, p: Point) -> dict[str, Any]:
+    def point_json(self, p: Point) -> PointJSON:
         b = self.builds.get(p.id)
         commit = b.commit if b else None
         return {
@@ -257,17 +364,18 @@ class _Page:
             "values": {k: _round(v) for k, v in p.values.items()},
         }
 
-    def change_json(self, change: Change) -> dict[str, Any]:
+    def change_json(self, change: Change) -> ChangeRow:
         """The change as `check --json` gives it, with its bisection: the answer's line, the culprit's
         commit link, GitHub's diff of the answer range and the bisect's folder."""
         found = self.bisects.get(change.id)
-        result: Mapping[str, Any] = (found or {}).get("result") or {}
+        result: JSONObject = found["result"] if found else {}
+        compare_url, bisect_dir = result.get("compare_url"), result.get("dir")
         return {
             **change.to_json(),
             "bisect": _bisect_line(found),
-            "culprit_url": _commit_url((found or {}).get("culprit"), self.github_repo),
-            "compare_url": result.get("compare_url"),
-            "bisect_dir": result.get("dir"),
+            "culprit_url": _commit_url(found["culprit"] if found else None, self.github_repo),
+            "compare_url": compare_url if isinstance(compare_url, str) else None,
+            "bisect_dir": bisect_dir if isinstance(bisect_dir, str) else None,
             "colour": CLASS_COLOURS.get(change.change_class, "#444"),
         }
 
@@ -275,8 +383,8 @@ class _Page:
     def open(self) -> list[Change]:
         return open_changes(self.changes)
 
-    def _series_traces(self, spec: SeriesSpec, axis: str) -> list[dict[str, Any]]:
-        traces = []
+    def _series_traces(self, spec: SeriesSpec, axis: str) -> list[Trace]:
+        traces: list[Trace] = []
         for variant in self.variants:
             rows = [
                 (p.order, p.values.get(spec.name), p.id)
@@ -287,7 +395,7 @@ class _Page:
             traces.append(self._trace(spec, variant, axis, xs, ys, ids))
         return traces
 
-    def _speedup_traces(self, axis: str) -> list[dict[str, Any]]:
+    def _speedup_traces(self, axis: str) -> list[Trace]:
         traces = []
         for variant, rows in _speedups(self.points, self.base).items():
             breaks = self.invalid_orders[variant] | self.invalid_orders.get(self.base, set())
@@ -305,7 +413,7 @@ class _Page:
         xs: list[int | None],
         ys: list[float | None],
         ids: list[int | None],
-    ) -> dict[str, Any]:
+    ) -> Trace:
         unit = _UNITS.get(spec.name, "")
         by_id = {p.id: p for p in self.points}
         text = [by_id[i].build if i is not None else None for i in ids]
@@ -329,10 +437,10 @@ class _Page:
             "meta": {"kind": "point", "series": spec.name, "variant": variant, "sample": spec.sample},
         }
 
-    def _lane_traces(self) -> list[dict[str, Any]]:
+    def _lane_traces(self) -> list[Trace]:
         """The validity lane: every point as a dot on its variant's line, an invalid one as a large
         cross in its class's colour, and the change markers on a line of their own."""
-        traces = []
+        traces: list[Trace] = []
         for variant in self.variants:
             mine = [p for p in self.points if p.variant == variant]
             for valid in (True, False):
@@ -398,10 +506,10 @@ class _Page:
         )
         return traces
 
-    def _shapes(self) -> list[dict[str, Any]]:
+    def _shapes(self) -> list[Shape]:
         """A line at each change (dashed for a fix or improvement) and a shaded band over each run of
         invalid builds, across every row."""
-        shapes: list[dict[str, Any]] = []
+        shapes: list[Shape] = []
         for change in self.changes:
             colour = CLASS_COLOURS.get(change.change_class, "#444")
             at = change.order - 0.5
@@ -450,19 +558,19 @@ class _Page:
             run = [order] if order is not None and order in invalid else []
         return shapes
 
-    def figure(self) -> dict[str, Any]:
-        rows: list[tuple[str, str, list[dict[str, Any]]]] = []
+    def figure(self) -> Figure:
+        rows: list[tuple[str, str]] = []
         for spec in SERIES[:2]:
-            rows.append((spec.name, f"{spec.label} ({_UNITS[spec.name]})", []))
+            rows.append((spec.name, f"{spec.label} ({_UNITS[spec.name]})"))
         if len(self.variants) > 1 and self.base in self.variants:
-            rows.append((SPEEDUP.name, f"speedup over {self.base} (×)", []))
+            rows.append((SPEEDUP.name, f"speedup over {self.base} (×)"))
         for spec in SERIES[2:]:
             # A server series gets a row only where some point has it (a run that sampled /metrics).
             if spec.change_class != SERVER or any(p.values.get(spec.name) is not None for p in self.points):
-                rows.append((spec.name, f"{spec.label} ({_UNITS[spec.name]})", []))
+                rows.append((spec.name, f"{spec.label} ({_UNITS[spec.name]})"))
         lane_height = 0.025 * (len(self.variants) + 1)
         row_height = (1 - lane_height) / len(rows)
-        layout: dict[str, Any] = {
+        layout: dict[str, object] = {
             "height": 120 + 40 * (len(self.variants) + 1) + 170 * len(rows),
             "margin": {"l": 70, "r": 20, "t": 30, "b": 40},
             "hovermode": "closest",
@@ -483,7 +591,7 @@ class _Page:
             "shapes": self._shapes(),
         }
         traces = self._lane_traces()
-        for i, (name, title, _) in enumerate(rows):
+        for i, (name, title) in enumerate(rows):
             axis = f"y{i + 2}"
             top = 1 - lane_height - i * row_height - 0.02
             layout[f"yaxis{i + 2}"] = {
@@ -497,7 +605,7 @@ class _Page:
                 traces += self._series_traces(next(s for s in SERIES if s.name == name), axis)
         return {"data": traces, "layout": layout, "config": {"responsive": True, "displaylogo": False}}
 
-    def data(self) -> dict[str, Any]:
+    def data(self) -> PageData:
         """What the panels read: every point, the embedded raw samples, every change."""
         return {
             "family": self.family,
@@ -510,10 +618,10 @@ class _Page:
             "labels": {spec.sample: spec.label.replace(" p50", "") for spec in SERIES},
         }
 
-    def sparkline(self) -> dict[str, Any]:
+    def sparkline(self) -> Figure:
         """Token-ITL p50 per variant, invalid builds as holes: the index's one-glance history."""
         spec = SERIES[0]
-        traces = []
+        traces: list[Trace] = []
         for variant in self.variants:
             rows = [
                 (p.order, p.values.get(spec.name), p.id)
@@ -532,7 +640,7 @@ class _Page:
                     "meta": {"kind": "spark", "variant": variant},
                 }
             )
-        layout = {
+        layout: dict[str, object] = {
             "height": 44,
             "width": 220,
             "margin": {"l": 0, "r": 0, "t": 2, "b": 2},
@@ -658,7 +766,7 @@ def _family_page(page: _Page, title: str, fingerprint: Mapping[str, Any], where:
 def _index_page(pages: Sequence[tuple[_Page, str]], where: str) -> str:
     rows = []
     figures = {}
-    still_open: list[dict[str, Any]] = []
+    still_open: list[ChangeRow] = []
     titles: dict[str, str] = {}
     for page, title in pages:
         css, status = page.status()
@@ -689,7 +797,7 @@ def _index_page(pages: Sequence[tuple[_Page, str]], where: str) -> str:
     return _page_html("itlaudit track", body, {"index": True}, figures)
 
 
-def _prepare(out: Path) -> dict[str, Any]:
+def _prepare(out: Path) -> None:
     """Make OUT ready: new, empty, or written by an earlier publish (whose pages are then replaced);
     any other folder is refused, so a publish never mixes its pages into someone's files."""
     if out.exists() and not out.is_dir():
@@ -708,7 +816,6 @@ def _prepare(out: Path) -> dict[str, Any]:
     for name in earlier.get("pages") or []:
         if re.fullmatch(r"[0-9a-f]{16}\.html", str(name)):
             (out / name).unlink(missing_ok=True)
-    return earlier
 
 
 def _sampled_orders(orders: Sequence[int], changes: Sequence[Change], newest: int, around: int) -> set[int]:
