@@ -23,6 +23,7 @@ from itlaudit.analysis.metrics import (
 from itlaudit.analysis.quality import text_quality
 from itlaudit.analysis.request_acceptance import server_acceptance
 from itlaudit.analysis.summary import LoopLag, RunSummary, VariantSummary
+from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import RequestRecord, Status
 
 __all__ = [
@@ -55,12 +56,12 @@ def derive_requests(records: Sequence[RequestRecord]) -> list[RequestDerivation]
     return derived
 
 
-def request_line(request: RequestDerivation) -> dict[str, Any]:
+def request_line(request: RequestDerivation) -> JSONObject:
     """derived.jsonl's line: metrics, text quality and findings, keyed by request_id and variant.
     requests.jsonl holds only the raw record; this is what derived.jsonl, requests.csv and every
     reader of per-request figures (diff, bisect, smoke, report) use."""
     record = request.record
-    line: dict[str, Any] = {"request_id": record.request_id, "variant": record.variant}
+    line: JSONObject = {"request_id": record.request_id, "variant": record.variant}
     derived = asdict(request.metrics)
     derived.pop("e2e_ms", None)  # already on the raw record, same value
     derived.pop("completion_tokens", None)
@@ -71,7 +72,7 @@ def request_line(request: RequestDerivation) -> dict[str, Any]:
     return line
 
 
-def derive_request(record: RequestRecord) -> dict[str, Any]:
+def derive_request(record: RequestRecord) -> JSONObject:
     """The one derivation of a single request's figures (request_line of derive_requests)."""
     return request_line(derive_requests([record])[0])
 

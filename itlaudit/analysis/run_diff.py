@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from itlaudit.analysis.convergence import median_ratio_interval
-from itlaudit.analysis.derive import run_summary
+from itlaudit.analysis.derive import summarize_run
 from itlaudit.analysis.metrics import RequestMetrics, request_metrics
 from itlaudit.analysis.stats import Comparison, compare_samples
 from itlaudit.analysis.validity import Validity, variant_validity
@@ -161,11 +161,11 @@ def diff_runs(
         )
         for variant in shared
     ]
-    base_summary, new_summary = run_summary(base), run_summary(new)
+    base_summary, new_summary = summarize_run(base), summarize_run(new)
     appeared, vanished = {}, {}
     for variant in shared:
-        b = Counter(base_summary["variants"][variant]["findings"])
-        n = Counter(new_summary["variants"][variant]["findings"])
+        b = Counter(base_summary.variants[variant].findings)
+        n = Counter(new_summary.variants[variant].findings)
         if added := {code: count for code, count in n.items() if code not in b}:
             appeared[variant] = added
         if gone := {code: count for code, count in b.items() if code not in n}:

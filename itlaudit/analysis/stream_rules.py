@@ -4,8 +4,6 @@ in, findings out (findings.request_findings runs them all)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from itlaudit.analysis.metrics import TOKEN_SOURCE_CHUNKS, TOKEN_SOURCE_USAGE, RequestMetrics, token_counts
@@ -144,14 +142,17 @@ def transport_findings(record: RequestRecord, metrics: RequestMetrics) -> list[F
     """Findings about how the request ended on the wire rather than what it generated."""
     out = []
     rid = record.request_id
-    seen = {"completion_tokens": record.completion_tokens, "content_chunks": metrics.content_chunks}
+    seen: JSONObject = {
+        "completion_tokens": record.completion_tokens,
+        "content_chunks": metrics.content_chunks,
+    }
     before = tokens_text(record.completion_tokens)
     if record.status == Status.STREAM_ERROR:
         message = f"The stream failed after {before} tokens: {record.error}"
         out.append(Finding.of(STREAM_ERROR, message, {"message": record.error, **seen}, rid))
     elif record.status == Status.HTTP_ERROR:
         message = f"The server answered HTTP {record.http_status}: {record.error}"
-        evidence: dict[str, Any] = {"http_status": record.http_status, "message": record.error}
+        evidence: JSONObject = {"http_status": record.http_status, "message": record.error}
         out.append(Finding.of(HTTP_ERROR, message, evidence, rid))
     elif record.status == Status.CONNECTION_ERROR:
         message = f"The connection failed after {before} tokens: {record.error}"
@@ -190,7 +191,7 @@ def transport_findings(record: RequestRecord, metrics: RequestMetrics) -> list[F
     return out
 
 
-def _cut(record: RequestRecord, seen: dict[str, Any]) -> Finding:
+def _cut(record: RequestRecord, seen: JSONObject) -> Finding:
     """The run's end cut the request: not a silence of the server's, so not a stall."""
     message = (
         f"Still streaming after {tokens_text(record.completion_tokens)} tokens when the run's duration_s "
@@ -200,7 +201,7 @@ def _cut(record: RequestRecord, seen: dict[str, Any]) -> Finding:
     return Finding.of(CUT_BY_DURATION, message, evidence, record.request_id)
 
 
-def _stalled(record: RequestRecord, seen: dict[str, Any]) -> Finding:
+def _stalled(record: RequestRecord, seen: JSONObject) -> Finding:
     """A timeout cut the request: how long the silence was, and after how much output."""
     last_ms = record.chunks.t_ms[-1] if len(record.chunks) else 0.0
     gap_ms = (record.e2e_ms or 0.0) - last_ms
