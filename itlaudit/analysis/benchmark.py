@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
@@ -81,7 +80,9 @@ def _peaks(records: Sequence[RequestRecord]) -> tuple[float | None, int | None]:
     return float(chunks.max()), int(open_requests.max())
 
 
-def benchmark_figures(records: Sequence[RequestRecord], metrics: Sequence[RequestMetrics]) -> dict[str, Any]:
+def benchmark_figures(
+    records: Sequence[RequestRecord], metrics: Sequence[RequestMetrics]
+) -> dict[str, float | int | dict[str, float | int | None] | None]:
     """summary.json's block["benchmark"] for one variant's measured records and their metrics."""
     ok = [(r, m) for r, m in zip(records, metrics, strict=True) if r.status == Status.OK]
     ok_records = [r for r, _ in ok]

@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -30,6 +29,7 @@ from itlaudit.analysis.lossless import output_token_ids
 from itlaudit.analysis.quality import gibberish_reasons, text_quality
 from itlaudit.analysis.stats import compare_samples, min_achievable_p
 from itlaudit.model.codes import SPEC_DECODE_DISTRIBUTION_SHIFT, Finding
+from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import RequestRecord, Status
 
 __all__ = [
@@ -91,7 +91,7 @@ def speculates(row: VariantComparison) -> bool:
     return stream is not None and stream > 1.0
 
 
-def quality_figures(records: Sequence[RequestRecord]) -> dict[str, Any]:
+def quality_figures(records: Sequence[RequestRecord]) -> JSONObject:
     """Output-quality figures of one variant, beside its likelihood: a broken sampler that writes
     loops or digit soup shows here too."""
     judged = [text_quality(r.text) for r in records]
@@ -121,7 +121,7 @@ def _cliffs_delta(base: np.ndarray, spec: np.ndarray) -> float:
     return float(diff.mean())
 
 
-def _excerpt(item: ScoredOutput) -> dict[str, Any]:
+def _excerpt(item: ScoredOutput) -> JSONObject:
     text = item.record.text
     return {
         "request_id": item.record.request_id,
@@ -139,13 +139,13 @@ def distribution_shift(
     *,
     alpha: float = ALPHA,
     min_effect: float = MIN_EFFECT_NATS,
-) -> tuple[dict[str, Any], Finding | None]:
+) -> tuple[JSONObject, Finding | None]:
     """The variant's figures against the baseline's (compare.json's distribution block) and a
     spec_decode_distribution_shift finding when the shift is both significant and large enough.
     `verdict` is "shift", "same" or "unknown" (too few samples for p < alpha to be possible)."""
     b = np.array([s.mean for s in base if s.logprobs], dtype=float)
     s = np.array([x.mean for x in spec if x.logprobs], dtype=float)
-    figures: dict[str, Any] = {
+    figures: JSONObject = {
         "baseline": baseline,
         "n_base": int(b.size),
         "n_spec": int(s.size),

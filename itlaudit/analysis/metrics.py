@@ -247,6 +247,6 @@ def p50(block: Mapping[str, Any], key: str) -> float | None:
     return None if value is None else float(value)
 
 
-def variant_summary(metrics: Sequence[RequestMetrics]) -> dict[str, dict[str, Any]]:
+def variant_summary(metrics: Sequence[RequestMetrics]) -> dict[str, dict[str, float | int | None]]:
     """summarize() of each SUMMARY_METRICS field across a variant's requests."""
     return {name: summarize([getattr(m, name) for m in metrics]) for name in SUMMARY_METRICS}
