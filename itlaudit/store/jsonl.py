@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from itlaudit.errors import RecordsError
+from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import RequestRecord
 from itlaudit.store.rundir import check_records_format
 
@@ -38,7 +39,7 @@ class RecordWriter:
 
     FSYNC_INTERVAL_S = 1.0
 
-    def __init__(self, target: Path | int, prepare: Callable[[Any], dict[str, Any]] | None = None) -> None:
+    def __init__(self, target: Path | int, prepare: Callable[[Any], JSONObject] | None = None) -> None:
         """`target` is a file to append to, or an open descriptor (a worker's pipe to the coordinator).
         `prepare`, when given, turns each handed-over item into its line on the writer thread."""
         self.path = target if isinstance(target, Path) else Path(f"<fd {target}>")
@@ -113,7 +114,7 @@ class RecordWriter:
         self.close()
 
 
-_NO_LINE: dict[str, Any] = {}  # the writer thread's "nothing came within the fsync interval"
+_NO_LINE: JSONObject = {}  # the writer thread's "nothing came within the fsync interval"
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -152,7 +153,7 @@ def _write_failure(path: Path, exc: OSError) -> RecordsError:
     )
 
 
-def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+def iter_jsonl(path: Path) -> Iterator[JSONObject]:
     """Yield JSON objects from a JSONL file; a truncated last line (crash mid-write) is skipped."""
     if not path.is_file():
         raise RecordsError(f"{path}: no such file; point at a run folder that contains requests.jsonl")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from itlaudit.model.formats import RECORDS_FORMAT, RECORDS_FORMAT_KEY, check_format, stamped
+from itlaudit.model.jsonvalue import JSONMapping
 
 __all__ = [
     "COMPARE_FILE",
@@ -103,7 +104,7 @@ def check_records_format(run_dir: Path) -> None:
     )
 
 
-def write_jsonl(path: Path, lines: Sequence[dict[str, Any]]) -> None:
+def write_jsonl(path: Path, lines: Sequence[JSONMapping]) -> None:
     """A whole derived file at once, replaced atomically, so a reader never sees half of it."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(

@@ -5,36 +5,43 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from itlaudit.analysis.request_acceptance import pooled_server_acceptance
 from itlaudit.analysis.server_metrics import GPU_TELEMETRY_FILE, SERVER_METRICS_FILE, variant_server_figures
 from itlaudit.model.formats import FORMAT_KEY, check_format
+from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import RequestRecord
 from itlaudit.store.jsonl import iter_jsonl
 
 __all__ = ["read_server_metrics", "read_telemetry", "server_blocks"]
 
 
-def read_server_metrics(run_dir: Path, name: str = SERVER_METRICS_FILE) -> dict[str, list[dict[str, Any]]]:
+def read_server_metrics(run_dir: Path, name: str = SERVER_METRICS_FILE) -> dict[str, list[JSONObject]]:
     """{variant: rows} with a time (`t_ns`): figures and error rows; empty when the run sampled
     nothing. `name`: the sampler's file (server_metrics.jsonl, or the GPU's gpu_telemetry.jsonl). A
     file in a format this itlaudit does not read is one RecordsError line."""
     path = run_dir / name
     if not path.is_file():
         return {}
-    by_variant: dict[str, list[dict[str, Any]]] = {}
+    by_variant: dict[str, list[JSONObject]] = {}
     for line in iter_jsonl(path):
         if FORMAT_KEY in line:
             check_format(path, line)
-        elif "t_ns" in line and isinstance(line.get("variant"), str):
-            by_variant.setdefault(line["variant"], []).append(line)
+        elif isinstance(line.get("t_ns"), int | float) and isinstance(variant := line.get("variant"), str):
+            by_variant.setdefault(variant, []).append(line)
     for rows in by_variant.values():
-        rows.sort(key=lambda row: row["t_ns"])
+        rows.sort(key=_t_ns)
     return by_variant
 
 
-def read_telemetry(run_dir: Path) -> dict[str, dict[str, list[dict[str, Any]]]]:
+def _t_ns(row: JSONObject) -> float:
+    """A row's time; read_server_metrics keeps only rows whose `t_ns` is a number."""
+    t_ns = row["t_ns"]
+    assert isinstance(t_ns, int | float)
+    return t_ns
+
+
+def read_telemetry(run_dir: Path) -> dict[str, dict[str, list[JSONObject]]]:
     """Both samplers' rows: {"server": {variant: rows}, "gpu": {variant: rows}}."""
     return {"server": read_server_metrics(run_dir), "gpu": read_server_metrics(run_dir, GPU_TELEMETRY_FILE)}
 
@@ -42,8 +49,8 @@ def read_telemetry(run_dir: Path) -> dict[str, dict[str, list[dict[str, Any]]]]:
 def server_blocks(
     run_dir: Path,
     records: Sequence[RequestRecord],
-    telemetry: dict[str, dict[str, list[dict[str, Any]]]] | None = None,
-) -> dict[str, dict[str, Any]]:
+    telemetry: dict[str, dict[str, list[JSONObject]]] | None = None,
+) -> dict[str, JSONObject]:
     """summary.json's `server`: per variant, what its server and GPU said during the measured window
     and its per-request acceptance (analysis.server_metrics.variant_server_figures); a variant with
     none of them has no block."""

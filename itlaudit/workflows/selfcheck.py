@@ -182,11 +182,12 @@ def grade_run(run_dir: Path, sent: SendLog) -> Fidelity:
     joins: dict[str, ChunkJoin] = {}
     reported: dict[str, float | None] = {}
     for line in iter_jsonl(run_dir / REQUESTS_FILE):
-        rid = line.get("response_id")
-        if rid not in sent.responses:
+        record = RequestRecord.from_json(line)
+        rid = record.response_id
+        if rid is None or rid not in sent.responses:
             continue
-        joins[rid] = join_chunks(line["chunk_t_ms"], line["chunk_tokens"], sent.responses[rid])
-        reported[rid] = request_metrics(RequestRecord.from_json(line)).itl_ms
+        joins[rid] = join_chunks(record.chunks.t_ms, record.chunks.completion_tokens, sent.responses[rid])
+        reported[rid] = request_metrics(record).itl_ms
     return grade(joins, reported, sent)
 
 
