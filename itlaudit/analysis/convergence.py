@@ -17,7 +17,7 @@ import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.schedule import LONGEST_SCHEDULE_S
@@ -202,7 +202,7 @@ class ConvergenceRule:
 
 def trials_settings(
     trials: str, ci_width: float, max_trials: int, cooldown: float
-) -> tuple[int, dict[str, Any] | None]:
+) -> tuple[int, dict[str, str | float | int] | None]:
     """The --trials N|auto, --ci-width, --max-trials and --cooldown flags as (the most trials, the
     rule's settings or None for a fixed count); a bad one raises ValueError with its one line."""
     if trials != "auto":
@@ -217,5 +217,9 @@ def trials_settings(
         ) from None
     if not 0 <= cooldown <= LONGEST_SCHEDULE_S:
         raise ValueError(f"--cooldown {cooldown:g}: must be within [0, {LONGEST_SCHEDULE_S:g}] s")
-    settings = {"ci_width_pct": ci_width, "min_trials": DEFAULT_MIN_TRIALS, "max_trials": max_trials}
+    settings: dict[str, str | float | int] = {
+        "ci_width_pct": ci_width,
+        "min_trials": DEFAULT_MIN_TRIALS,
+        "max_trials": max_trials,
+    }
     return max_trials, {**settings, "metric": "itl_ms", "cooldown_s": cooldown}

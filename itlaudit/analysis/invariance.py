@@ -194,7 +194,7 @@ def prompt_figures(obs: PromptObservations, choices: Sequence[int] | None = None
     )
 
 
-def _total(pairs: Sequence[PairFigures]) -> dict[str, Any]:
+def _total(pairs: Sequence[PairFigures]) -> dict[str, float | int]:
     return {
         "vs_alone": max(p.vs_alone for p in pairs),
         "repeat": max(p.repeat for p in pairs),
@@ -236,5 +236,5 @@ def summarize(figures: Sequence[PromptFigures]) -> dict[str, Any]:
     return out
 
 
-def figures_json(figures: Sequence[PromptFigures]) -> list[dict[str, Any]]:
+def figures_json(figures: Sequence[PromptFigures]) -> list[JSONObject]:
     return [asdict(f) for f in figures]
