@@ -22,7 +22,7 @@ from itlaudit.analysis.metrics import (
 )
 from itlaudit.analysis.quality import text_quality
 from itlaudit.analysis.request_acceptance import server_acceptance
-from itlaudit.analysis.summary import LoopLag, RunSummary, VariantSummary
+from itlaudit.analysis.summary import Figures, LoopLag, RunSummary, VariantSummary
 from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import RequestRecord, Status
 
@@ -107,7 +107,9 @@ def _variant_block(requests: Sequence[RequestDerivation]) -> VariantSummary:
 CATEGORY_METRICS = ("itl_ms", "tpot_ms", "decode_tokens_per_chunk")
 
 
-def by_category(records: Sequence[RequestRecord], metrics: Sequence[RequestMetrics]) -> dict[str, Any]:
+def by_category(
+    records: Sequence[RequestRecord], metrics: Sequence[RequestMetrics]
+) -> dict[str, dict[str, int | Figures]]:
     """Token ITL, TPOT and stream acceptance (decode tokens per chunk) per dataset category: draft
     acceptance, and so a speculative server's speedup, depends on what is being written. Requests
     without a category are left out; no categories, no breakdown."""

@@ -9,14 +9,12 @@ server without the counters (the simulator, a server with prefix caching off) ha
 
 from __future__ import annotations
 
-from typing import Any
-
 from itlaudit.analysis.specdecode import PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES, CounterSnapshot
 
 __all__ = ["prefix_cache_delta"]
 
 
-def prefix_cache_delta(before: CounterSnapshot, after: CounterSnapshot) -> dict[str, Any] | None:
+def prefix_cache_delta(before: CounterSnapshot, after: CounterSnapshot) -> dict[str, float | None] | None:
     """Tokens queried and hit over the window and their ratio (None where nothing was queried);
     None when the server reports no prefix-cache counters."""
     if PREFIX_CACHE_QUERIES not in after.totals or PREFIX_CACHE_HITS not in after.totals:
