@@ -47,7 +47,7 @@ class VariantComparison(msgspec.Struct, kw_only=True):
     stream_acceptance_length: float | None = None
     stream_accepted_tokens: int | None = None
     spec_decode: dict[str, Any] | None = None  # SpecDecodeStats.to_json over the variant's window
-    prefix_cache: dict[str, Any] | None = None  # the server's prefix-cache counters over the window
+    prefix_cache: dict[str, float | None] | None = None  # the server's prefix-cache counters over the window
 
 
 class CompareResult(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -177,7 +177,7 @@ def goodput(
     return sum(1 for r in requests if meets(r)) / span
 
 
-def request_figures(record: RequestRecord, derived: Mapping[str, Any]) -> dict[str, Any]:
+def request_figures(record: RequestRecord, derived: Mapping[str, Any]) -> dict[str, str | float | None]:
     """The per-request figures goodput reads: derived.jsonl's line plus the raw status and e2e."""
     return {
         "status": record.status,
