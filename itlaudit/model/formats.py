@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from itlaudit.errors import RecordsError
 
@@ -43,8 +43,12 @@ RECORDS_FORMAT_KEY = "records_format"
 RECORDS_FORMAT = 1
 
 
-def stamped(data: Mapping[str, object]) -> dict[str, object]:
-    """`data` with the current format first (a format a reader left in it is replaced)."""
+_V = TypeVar("_V")
+
+
+def stamped(data: Mapping[str, _V]) -> dict[str, _V | int]:
+    """`data` with the current format first (a format a reader left in it is replaced); JSON in, JSON
+    out, so a writer's typed JSON object stays typed."""
     return {FORMAT_KEY: FORMAT, **{k: v for k, v in data.items() if k != FORMAT_KEY}}
 
 

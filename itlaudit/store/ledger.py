@@ -21,13 +21,16 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict, cast
+
+import msgspec
 
 from itlaudit.analysis.derive import summarize_run
 from itlaudit.analysis.quality import text_quality
 from itlaudit.analysis.summary import RunSummary, VariantSummary
 from itlaudit.errors import DuplicateRunError, ItlauditError, RecordsError
 from itlaudit.model.formats import check_format, stamped
+from itlaudit.model.jsonvalue import JSONObject, JSONValue
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.redact import redact_args, redact_env, redact_json
 from itlaudit.model.run_context import SIMULATOR, server_build
@@ -74,15 +77,29 @@ _ENV_RE = re.compile(r"^(VLLM_|CUDA_|TORCH_|NCCL_|OMP_|SGLANG_|PYTHONPATH$|LD_LI
 _FINGERPRINT_VERSION_RE = re.compile(rf"^(vllm|{SIMULATOR})-(.+)-[0-9a-f]{{8}}$")
 
 
+class FingerprintBuild(TypedDict):
+    """A fingerprint's build: what the server said it is, and where it ran. The launch keys are there
+    only for a launched server, so a connected server's digest is the one it always had."""
+
+    version: str | None
+    system_fingerprint: str | None
+    url: str | None
+    gpus: list[str] | None
+    kind: NotRequired[str]
+    python: NotRequired[str | None]
+    image: NotRequired[str | None]
+    command: NotRequired[list[str]]
+
+
 @dataclass(frozen=True)
 class Fingerprint:
     """What decides a variant's outcome; two runs with equal digests repeat one experiment."""
 
     variant: str
-    build: dict[str, Any]
+    build: FingerprintBuild
     server_args: list[str]
     env: dict[str, str]
-    workload: dict[str, Any]
+    workload: JSONObject
 
     @property
     def digest(self) -> str:
@@ -96,11 +113,8 @@ class Fingerprint:
         canonical = json.dumps(parts, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return hashlib.sha256(canonical.encode()).hexdigest()[:DIGEST_CHARS]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {**asdict(self), "digest": self.digest}
-
-
-_FINGERPRINT_FIELDS = tuple(f.name for f in fields(Fingerprint))
 
 
 def version_from_system_fingerprint(system_fingerprint: str | None) -> str | None:
@@ -147,7 +161,7 @@ def variant_fingerprint(
     workload = scenario.workload
     system_fingerprint = server.get("system_fingerprint")
     launch = chosen.launch
-    build: dict[str, Any] = {
+    build: FingerprintBuild = {
         "version": server.get("version") or version_from_system_fingerprint(system_fingerprint),
         "system_fingerprint": system_fingerprint,
         "url": None if launch is not None else url,
@@ -156,14 +170,15 @@ def variant_fingerprint(
     env: dict[str, str] = {}
     args: list[str] = []
     if launch is not None:
-        build.update(
-            kind=launch.kind, python=launch.python, image=launch.image, command=redact_args(launch.command)
-        )
+        build["kind"] = launch.kind
+        build["python"] = launch.python
+        build["image"] = launch.image
+        build["command"] = redact_args(launch.command)
         args = ["--model", str(launch.model), "--served-model-name", str(launch.served_model_name)]
         args = redact_args([*args, *launch.server_args])
         env = redact_env({**relevant_env(environ or {}), **launch.env})
     prompts = json.dumps(workload.prompts, ensure_ascii=False).encode()
-    workload_print: dict[str, Any] = {
+    workload_print: JSONObject = {
         "endpoint": scenario.endpoint,
         "model": scenario.model,
         "prompts_sha256": hashlib.sha256(prompts).hexdigest(),
@@ -193,7 +208,7 @@ def variant_fingerprint(
     )
 
 
-def load_ledger(path: Path) -> list[dict[str, Any]]:
+def load_ledger(path: Path) -> list[JSONObject]:
     """Every ledger line in order; a ledger that does not exist yet is empty. A line in a format this
     itlaudit does not read (model/formats.py) is refused in one line naming it."""
     if not path.exists():
@@ -248,7 +263,7 @@ def outputs_sha256(records: Sequence[RequestRecord]) -> str:
     return hashlib.sha256(joined.encode()).hexdigest()
 
 
-def variant_result(block: VariantSummary | None, records: Sequence[RequestRecord]) -> dict[str, Any]:
+def variant_result(block: VariantSummary | None, records: Sequence[RequestRecord]) -> JSONObject:
     """The matrix's result cell: what a reader needs to recall the outcome (seed 003's columns).
     `block` is None for a variant that recorded no request."""
     qualities = [text_quality(r.text) for r in records]
@@ -270,7 +285,7 @@ def run_line(
     fingerprint: Fingerprint,
     result: Mapping[str, Any],
     repeat_of: str | None = None,
-) -> dict[str, Any]:
+) -> JSONObject:
     return stamped(
         {
             "kind": KIND_RUN,
@@ -286,7 +301,7 @@ def run_line(
     )
 
 
-def conclusion_line(run_id: str, variant: str, text: str) -> dict[str, Any]:
+def conclusion_line(run_id: str, variant: str, text: str) -> JSONObject:
     return stamped(
         {
             "kind": KIND_CONCLUSION,
@@ -347,7 +362,7 @@ def _repeat_note(line: Mapping[str, Any]) -> str:
     return " (forced)" if line.get("forced") else ""  # ledgers written before repeats were allowed
 
 
-def _read_meta(path: Path) -> dict[str, Any]:
+def _read_meta(path: Path) -> JSONObject:
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -359,12 +374,47 @@ def _read_meta(path: Path) -> dict[str, Any]:
     return meta
 
 
-def _server_from_records(records: Sequence[RequestRecord], meta_variant: Mapping[str, Any]) -> dict[str, Any]:
+def _server_from_records(records: Sequence[RequestRecord], meta_variant: JSONObject) -> JSONObject:
     fingerprints = Counter(r.system_fingerprint for r in records if r.system_fingerprint)
     system_fingerprint = fingerprints.most_common(1)[0][0] if fingerprints else None
-    environment = meta_variant.get("environment") or {}
-    version = environment.get("server_version") or environment.get("vllm_version")
+    environment = meta_variant.get("environment")
+    version = (
+        environment.get("server_version") or environment.get("vllm_version")
+        if isinstance(environment, dict)
+        else None
+    )
     return {"version": version, "system_fingerprint": system_fingerprint}
+
+
+def _json_object(path: Path, key: str, value: JSONValue) -> JSONObject:
+    """meta.json's `key`, an object (absent or null reads as empty); anything else is one line."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise RecordsError(f"{path}: `{key}` is not an object; the run folder's metadata is damaged")
+    return value
+
+
+def _stored_fingerprint(path: Path, stored: JSONObject) -> Fingerprint:
+    """The fingerprint `run` stored in meta.json, checked field by field; its build and workload are
+    kept exactly as stored (a key this itlaudit does not know still counts in the digest)."""
+    try:
+        build = stored["build"]
+        msgspec.convert(build, FingerprintBuild)
+        workload = stored["workload"]
+        if not isinstance(workload, dict):
+            raise msgspec.ValidationError("`workload` is not an object")
+        return Fingerprint(
+            variant=msgspec.convert(stored["variant"], str),
+            build=cast(FingerprintBuild, build),
+            server_args=msgspec.convert(stored["server_args"], list[str]),
+            env=msgspec.convert(stored["env"], dict[str, str]),
+            workload=workload,
+        )
+    except (KeyError, msgspec.ValidationError) as exc:
+        raise RecordsError(
+            f"{path}: a stored fingerprint is damaged ({exc}); rerun `itlaudit run` for this folder"
+        ) from None
 
 
 def run_fingerprints(
@@ -372,26 +422,32 @@ def run_fingerprints(
 ) -> dict[str, Fingerprint]:
     """Each variant's fingerprint for a finished run folder: the one `run` stored in meta.json when it
     did, else rebuilt from the scenario file and the records (the environment is then today's)."""
-    meta = _read_meta(run_dir / META_FILE)
-    check_format(run_dir / META_FILE, meta)
-    variants: Mapping[str, Any] = meta.get("variants") or {}
+    path = run_dir / META_FILE
+    meta = _read_meta(path)
+    check_format(path, meta)
+    variants = _json_object(path, "variants", meta.get("variants"))
+    environment = _json_object(path, "environment", meta.get("environment"))
+    listed = environment.get("gpus")
+    gpus = [gpu for gpu in listed if isinstance(gpu, dict)] if isinstance(listed, list) else None
     out: dict[str, Fingerprint] = {}
     scenario = None
-    for name, info in variants.items():
+    for name, value in variants.items():
+        info = _json_object(path, f"variants.{name}", value)
         stored = info.get("fingerprint")
         if stored:
-            out[name] = Fingerprint(**{k: stored[k] for k in _FINGERPRINT_FIELDS})
+            out[name] = _stored_fingerprint(path, _json_object(path, f"variants.{name}.fingerprint", stored))
             continue
         if scenario is None:
-            if not meta.get("scenario_path"):
-                raise RecordsError(
-                    f"{run_dir / META_FILE}: no scenario_path, so the run cannot be fingerprinted"
-                )
-            scenario = load_scenario(Path(meta["scenario_path"]))
+            scenario_path = meta.get("scenario_path")
+            if not isinstance(scenario_path, str) or not scenario_path:
+                raise RecordsError(f"{path}: no scenario_path, so the run cannot be fingerprinted")
+            scenario = load_scenario(Path(scenario_path))
         mine = [r for r in records if r.variant == name]
-        gpus = (meta.get("environment") or {}).get("gpus")
         server = _server_from_records(mine, info)
-        out[name] = variant_fingerprint(scenario, name, server, environ, url=info.get("url"), gpus=gpus)
+        url = info.get("url")
+        out[name] = variant_fingerprint(
+            scenario, name, server, environ, url=url if isinstance(url, str) else None, gpus=gpus
+        )
     return out
 
 
@@ -403,7 +459,7 @@ def record_run(
     environ: Mapping[str, str] | None = None,
     summary: RunSummary | None = None,
     records: Sequence[RequestRecord] | None = None,
-) -> list[dict[str, Any]]:
+) -> list[JSONObject]:
     """Add a finished run's variants to the ledger, each repeat marked with the run it repeats; with
     `no_repeat` a repeat is refused and nothing is written. `summary` and `records` are the run's, as
     its one derivation gave them; without them (`itlaudit ledger add` of a past folder) requests.jsonl
