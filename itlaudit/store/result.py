@@ -29,6 +29,7 @@ from itlaudit.analysis.validity import variant_validity
 from itlaudit.errors import ItlauditError
 from itlaudit.model.codes import TRUNCATION_CODES
 from itlaudit.model.formats import FORMAT, FORMAT_KEY
+from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.run_context import is_simulator, server_build, variant_view
 from itlaudit.model.vocabulary import Endpoint
 from itlaudit.store.rundir import COMPARE_FILE, META_FILE, SUMMARY_FILE, read_versioned, write_json
@@ -64,7 +65,7 @@ _AFTER_GOODPUT = (
 )
 
 
-def _statistics(name: str, figures: Mapping[str, Any]) -> dict[str, Any]:
+def _statistics(name: str, figures: Mapping[str, Any]) -> JSONObject:
     """vllm bench's keys for one metric: mean_, median_, std_, then p50_/p90_/p99_ (its --metric-percentiles
     50,90,99; its default is 99 alone)."""
     figures = figures or {}
@@ -74,7 +75,7 @@ def _statistics(name: str, figures: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _spec_decode(stats: Mapping[str, Any] | None) -> dict[str, Any]:
+def _spec_decode(stats: Mapping[str, Any] | None) -> JSONObject:
     """compare.json's /metrics acceptance as vllm bench writes it (rate in percent, counts as ints);
     nothing when the server drafted nothing, as vllm bench leaves the keys out."""
     if not stats or not stats.get("num_draft_tokens"):
@@ -95,7 +96,7 @@ def result_json(
     meta: Mapping[str, Any],
     variant: str,
     compare: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> JSONObject:
     """One variant's result, in vllm bench serve's key order: setup, metadata, traffic, figures.
     `compare` is compare.json's dict, when `itlaudit compare` made the run."""
     block, bench, workload, info, version = variant_view(summary, meta, variant)
@@ -104,7 +105,7 @@ def result_json(
     rate = workload.get("request_rate")
     validity = variant_validity(summary, variant)
     findings: Mapping[str, int] = block.get("findings") or {}
-    result: dict[str, Any] = {
+    result: JSONObject = {
         "date": time.strftime("%Y%m%d-%H%M%S", time.localtime(started)) if started else None,
         "endpoint_type": backend,
         "backend": backend,
