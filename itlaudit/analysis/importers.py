@@ -14,6 +14,7 @@ from typing import Any
 
 from itlaudit.analysis.metrics import summarize
 from itlaudit.errors import RecordsError
+from itlaudit.model.jsonvalue import JSONMapping
 
 __all__ = ["AIPERF", "VLLM_BENCH", "ImportedBenchmark", "Stats", "parse_import"]
 
@@ -60,7 +61,7 @@ def _number(value: Any) -> float | None:
 _VLLM_REPORTED = {"chunk_itl_ms": "itl", "tpot_ms": "tpot", "ttft_ms": "ttft", "e2e_ms": "e2el"}
 
 
-def _vllm_stats(data: dict[str, Any], stem: str) -> Stats:
+def _vllm_stats(data: JSONMapping, stem: str) -> Stats:
     return {
         "mean": _number(data.get(f"mean_{stem}_ms")),
         "p50": _number(data.get(f"median_{stem}_ms", data.get(f"p50_{stem}_ms"))),
@@ -69,7 +70,7 @@ def _vllm_stats(data: dict[str, Any], stem: str) -> Stats:
     }
 
 
-def _per_request(data: dict[str, Any]) -> dict[str, list[float | None]]:
+def _per_request(data: JSONMapping) -> dict[str, list[float | None]]:
     """Token-true figures recomputed from the tool's own per-request lists (--save-detailed).
 
     vllm bench keeps each request's chunk gaps (`itls`, seconds) and the server's output token count
@@ -89,7 +90,7 @@ def _per_request(data: dict[str, Any]) -> dict[str, list[float | None]]:
     return out
 
 
-def _vllm_bench(data: dict[str, Any], source: str) -> ImportedBenchmark:
+def _vllm_bench(data: JSONMapping, source: str) -> ImportedBenchmark:
     figures = {key: _vllm_stats(data, stem) for key, stem in _VLLM_REPORTED.items()}
     names = {
         "chunk_itl_ms": "ITL (mean_itl_ms, median_itl_ms, …): every gap between SSE chunks, pooled",
@@ -120,8 +121,8 @@ def _vllm_bench(data: dict[str, Any], source: str) -> ImportedBenchmark:
     return ImportedBenchmark(
         tool=VLLM_BENCH,
         source=source,
-        model=data.get("model_id") if isinstance(data.get("model_id"), str) else None,
-        requests=data.get("completed") if isinstance(data.get("completed"), int) else None,
+        model=model if isinstance(model := data.get("model_id"), str) else None,
+        requests=completed if isinstance(completed := data.get("completed"), int) else None,
         figures=figures,
         names=names,
         notes=notes,
@@ -150,7 +151,7 @@ _AIPERF_KEYS = tuple(tag for tags, _ in _AIPERF_METRICS.values() for tag in tags
 _TO_MS = {"ms": 1.0, "s": 1000.0, "sec": 1000.0, "us": 1e-3, "ns": 1e-6}
 
 
-def _aiperf_stats(block: dict[str, Any]) -> Stats:
+def _aiperf_stats(block: JSONMapping) -> Stats:
     unit = str(block.get("unit", "")).lower()
     scale = _TO_MS.get(unit, 1.0)  # token counts and tokens/s carry their own units: leave them be
 
@@ -161,11 +162,11 @@ def _aiperf_stats(block: dict[str, Any]) -> Stats:
     return {"mean": get("avg"), "p50": get("p50"), "p90": get("p90"), "p99": get("p99")}
 
 
-def _aiperf(data: dict[str, Any], source: str) -> ImportedBenchmark:
+def _aiperf(data: JSONMapping, source: str) -> ImportedBenchmark:
     figures: dict[str, Stats] = {}
     names: dict[str, str] = {}
     for key, (tags, name) in _AIPERF_METRICS.items():
-        block = next((data[t] for t in tags if isinstance(data.get(t), dict)), None)
+        block = next((b for t in tags if isinstance(b := data.get(t), dict)), None)
         if block is not None:
             figures[key], names[key] = _aiperf_stats(block), name
     config = data.get("input_config")
@@ -173,11 +174,8 @@ def _aiperf(data: dict[str, Any], source: str) -> ImportedBenchmark:
     endpoint = config.get("endpoint")
     endpoint = endpoint if isinstance(endpoint, dict) else {}
     models = endpoint.get("model_names")
-    count = (
-        _number((data.get("request_count") or {}).get("avg"))
-        if isinstance(data.get("request_count"), dict)
-        else None
-    )
+    request_count = data.get("request_count")
+    count = _number(request_count.get("avg")) if isinstance(request_count, dict) else None
     notes = [
         "AIPerf's ITL is itlaudit's TPOT (it includes the last chunk's gap and counts tokens with its "
         "tokenizer); its ICL is chunk ITL. The file holds aggregates only, so token ITL cannot be "
