@@ -20,6 +20,7 @@ from typing import Any
 
 from itlaudit.analysis.specdecode import ACCEPTED_PER_POS, DRAFTS, PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES
 from itlaudit.errors import MetricsParseError
+from itlaudit.model.jsonvalue import JSONObject
 
 __all__ = [
     "GPU_TELEMETRY_FILE",
@@ -110,9 +111,11 @@ def _delta(now: float, before: float) -> float:
     return now - before if now >= before else now
 
 
-def delta_row(now: Scrape, before: Scrape | None) -> dict[str, Any]:
+def delta_row(now: Scrape, before: Scrape | None) -> JSONObject:
     """One server_metrics.jsonl row's figures (the sampler adds its time and variant). The first
     scrape of a variant (before None) is its baseline: its gauges, and zero deltas."""
+    counters: JSONObject
+    histograms: JSONObject
     if before is None:
         counters = dict.fromkeys(now.counters, 0.0)
         histograms = {name: dict.fromkeys(parts, 0.0) for name, parts in now.histograms.items()}
@@ -124,7 +127,7 @@ def delta_row(now: Scrape, before: Scrape | None) -> dict[str, Any]:
             }
             for name, parts in now.histograms.items()
         }
-    return {"gauges": now.gauges, "counters": counters, "histograms": histograms}
+    return {"gauges": dict(now.gauges), "counters": counters, "histograms": histograms}
 
 
 def _gauge_values(rows: list[dict[str, Any]], name: str) -> list[float]:
