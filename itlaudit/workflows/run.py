@@ -14,7 +14,7 @@ from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
@@ -23,6 +23,7 @@ from itlaudit.capture.described import CaptureDescription
 from itlaudit.capture.runner import CaptureOptions, variant_access
 from itlaudit.errors import ItlauditError, RunDirError, RunInterrupted, ScenarioError
 from itlaudit.model.access import NO_ACCESS, Access, url_credentials_problem
+from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.redact import launch_secret_values, redact_file, remember_secrets
 from itlaudit.model.run_labels import RunLabels
@@ -71,7 +72,7 @@ class LedgerPolicy:
         identity: ServerIdentity,
         run_dir: Path,
         console: Console | None,
-    ) -> dict[str, Any]:
+    ) -> JSONObject:
         """Fingerprint the variant's server from its identity (read by the variant's pass before its
         /metrics window opens: the identity ping is a request of itlaudit's own and must not count in
         the server's figures); a repeat is named, or refused with no_repeat."""
@@ -110,7 +111,7 @@ class RunOutcome:
     derivation: Derivation
 
     @property
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> JSONObject:
         """summary.json's form, which compare, smoke and trials read (as for a past folder)."""
         return self.derivation.summary.to_json()
 
@@ -278,7 +279,9 @@ def _run_in_folder(
     from itlaudit.workflows.variant_pass import VariantPass
 
     tag = _append_tag(run_dir / REQUESTS_FILE) if append else None
-    context = {"appended_at_unix": time.time(), "append_tag": tag} if tag is not None else None
+    context: JSONObject | None = (
+        {"appended_at_unix": time.time(), "append_tag": tag} if tag is not None else None
+    )
     folder = RunFolder.begin(run_dir, scenario, labels=labels, context=context, extend=tag is not None)
     workload = scenario.workload
     total = (workload.num_requests + workload.arrivals.warmup_requests) * len(scenario.variants)

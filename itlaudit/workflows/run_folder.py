@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from itlaudit import __version__
 from itlaudit.model.access import Access
+from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.redact import redact_json
 from itlaudit.model.run_context import workload_meta
 from itlaudit.model.run_labels import RunLabels
@@ -48,7 +49,7 @@ META_KEYS = (
 )
 
 # The labels' keys of a run no command line named (a bisect trial, a sweep's trial).
-_UNLABELLED: dict[str, Any] = {"command_line": None, "label": None, "metadata": {}}
+_UNLABELLED: JSONObject = {"command_line": None, "label": None, "metadata": {}}
 
 
 def server_log_name(variant: str) -> str:
@@ -70,7 +71,7 @@ class RunFolder:
         scenario: Scenario,
         *,
         labels: RunLabels | None = None,
-        context: dict[str, Any] | None = None,
+        context: JSONObject | None = None,
         extend: bool = False,
     ) -> RunFolder:
         """Start the folder's meta.json. With `extend`, a meta.json already there (an --append round, a
@@ -112,7 +113,7 @@ class RunFolder:
     def save(self) -> None:
         write_meta(self.path, redact_json(self.meta))
 
-    def mark(self, key: str, value: dict[str, Any]) -> None:
+    def mark(self, key: str, value: JSONObject) -> None:
         """How the run ended when it did not finish (`interrupted`, `failed`), written at once."""
         self.meta[key] = value
         self.save()

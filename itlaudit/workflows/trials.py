@@ -31,8 +31,8 @@ class TrialsOutcome:
 
 
 def _figure(outcome: RunOutcome, variant: str) -> float:
-    block = outcome.summary["variants"].get(variant) or {}
-    value = (block.get(METRIC) or {}).get("p50")
+    block = outcome.derivation.summary.variants.get(variant)
+    value = None if block is None else block.itl_ms.get("p50")
     return float(value) if isinstance(value, int | float) else math.nan
 
 
