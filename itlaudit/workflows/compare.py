@@ -7,6 +7,7 @@ disturb the timing it sits beside.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
@@ -27,6 +28,7 @@ from itlaudit.capture.server_info import scrape_counters
 from itlaudit.errors import ItlauditError
 from itlaudit.model.access import Access
 from itlaudit.model.codes import SPEC_DECODE_OUTPUT_MISMATCH
+from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.run_labels import RunLabels
 from itlaudit.model.scenario import COMPILED, EAGER, Scenario, Variant
@@ -42,24 +44,20 @@ from itlaudit.workflows.variant_pass import WindowHook
 __all__ = ["CounterWindow", "audit_distribution", "execution_mode", "explain_mismatches", "run_compare"]
 
 
-def _judged_by_modes(
-    found: dict[str, Any], modes: dict[str, str | None], variant_of: dict[str, str]
-) -> dict[str, Any]:
-    if found["code"] != SPEC_DECODE_OUTPUT_MISMATCH:
+def _judged_by_modes(found: Finding, modes: dict[str, str | None], variant_of: dict[str, str]) -> Finding:
+    if found.code != SPEC_DECODE_OUTPUT_MISMATCH:
         return found
-    evidence = found.get("evidence", {})
-    base = variant_of.get(str(evidence.get("base_request_id")))
-    spec = variant_of.get(str(evidence.get("spec_request_id")))
-    judged = with_execution_modes(Finding.from_json(found), modes.get(str(base)), modes.get(str(spec)))
-    return judged.to_json()
+    base = variant_of.get(str(found.evidence.get("base_request_id")))
+    spec = variant_of.get(str(found.evidence.get("spec_request_id")))
+    return with_execution_modes(found, modes.get(str(base)), modes.get(str(spec)))
 
 
 async def explain_mismatches(
     scenario: Scenario,
     records: list[RequestRecord],
-    findings: list[dict[str, Any]],
+    findings: Sequence[Finding],
     live_urls: dict[str, str | None],
-) -> list[dict[str, Any]]:
+) -> list[Finding]:
     """Add both servers' top logprobs at each greedy divergence, so a human can tell batch variance
     from a bug. Only servers still running can be asked: launched ones are gone by now, and their
     mismatch findings keep the position alone."""
@@ -67,25 +65,24 @@ async def explain_mismatches(
     out = []
     async with SideClient() as client:
         for found in findings:
-            evidence = found.get("evidence", {})
             base, spec = (
-                by_id.get(evidence.get("base_request_id")),
-                by_id.get(evidence.get("spec_request_id")),
+                by_id.get(str(found.evidence.get("base_request_id"))),
+                by_id.get(str(found.evidence.get("spec_request_id"))),
             )
             urls = (
                 (live_urls.get(base.variant), live_urls.get(spec.variant)) if base and spec else (None, None)
             )
-            if found["code"] != SPEC_DECODE_OUTPUT_MISMATCH or base is None or spec is None or None in urls:
+            if found.code != SPEC_DECODE_OUTPUT_MISMATCH or base is None or spec is None or None in urls:
                 out.append(found)
                 continue
             prompt = scenario.prompt_for(int(prompt_index(base)))
             explained = await explain_mismatch(
-                Finding.from_json(found),
+                found,
                 prompt,
                 Scorer(client, str(urls[0]), base.model),
                 Scorer(client, str(urls[1]), spec.model),
             )
-            out.append(explained.to_json())
+            out.append(explained)
     return out
 
 
@@ -95,9 +92,9 @@ async def _score_distribution(
     audited: list[str],
     url: str,
     access: Access,
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+) -> tuple[JSONObject, list[Finding]]:
     baseline = scenario.variants[0].name
-    figures_by_variant: dict[str, Any] = {}
+    figures_by_variant: JSONObject = {}
     findings = []
 
     def prompt_of(record: RequestRecord) -> str | list[int] | list[dict[str, Any]]:
@@ -111,7 +108,7 @@ async def _score_distribution(
             spec = await score_outputs(scorer, sampled_by_variant[name], prompt_of)
             figures_by_variant[name], finding = distribution_shift(baseline, name, base, spec)
             if finding is not None:
-                findings.append(finding.to_json())
+                findings.append(finding)
     return figures_by_variant, findings
 
 
@@ -123,7 +120,7 @@ def audit_distribution(
     forced: bool | None = None,
     capture: CaptureOptions | None = None,
     console: Console | None = None,
-) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+) -> tuple[JSONObject | None, list[Finding]]:
     """Lossless at temperature > 0 (analysis/distribution.py): every sampled output of the baseline
     and of each audited variant scored under the baseline's server, per-token log-likelihoods
     compared. Audited: each variant that speculates and sampled (forced None), every variant that
@@ -142,7 +139,7 @@ def audit_distribution(
     ]
     if forced is False or not audited:
         return None, []
-    block: dict[str, Any] = {"scorer": baseline.name, "variants": {}}
+    block: JSONObject = {"scorer": baseline.name, "variants": {}}
     if scenario.endpoint != Endpoint.COMPLETIONS:
         return {**block, "skipped": "outputs are scored on /v1/completions: run the scenario there"}, []
     if not mine.get(baseline.name):
@@ -219,24 +216,24 @@ class CounterWindow(WindowHook):
     def __init__(self, scenario: Scenario, capture: CaptureOptions | None) -> None:
         self.scenario = scenario
         self.capture = capture
-        self.snapshots: dict[str, dict[str, Any]] = {}
+        self.snapshots: dict[str, JSONObject] = {}
 
-    def _scrape(self, edge: str, variant: str, base_url: str) -> dict[str, Any]:
+    def _scrape(self, edge: str, variant: str, base_url: str) -> JSONObject:
         access = variant_access(self.scenario, variant, self.capture)
         self.snapshots[f"{variant}/{edge}"] = scrape_counters(base_url, access=access)
         return {edge: self.snapshots[f"{variant}/{edge}"]}
 
-    def opened(self, variant: str, base_url: str, folder: RunFolder) -> dict[str, Any]:
+    def opened(self, variant: str, base_url: str, folder: RunFolder) -> JSONObject:
         return self._scrape("before", variant, base_url)
 
-    def closed(self, variant: str, base_url: str, folder: RunFolder) -> dict[str, Any]:
+    def closed(self, variant: str, base_url: str, folder: RunFolder) -> JSONObject:
         return self._scrape("after", variant, base_url)
 
 
 def _compare(
     scenario: Scenario,
     outcome: RunOutcome,
-    snapshots: dict[str, dict[str, Any]],
+    snapshots: dict[str, JSONObject],
     url: str | None,
     variant_urls: dict[str, str] | None,
     capture: CaptureOptions | None,
@@ -257,13 +254,14 @@ def _compare(
     # Servers given by URL are still up; launched ones were stopped after their variant.
     overrides = variant_urls or {}
     live = {v.name: url or overrides.get(v.name) or (None if v.launch else v.url) for v in scenario.variants}
-    explained = asyncio.run(explain_mismatches(scenario, outcome.records, comparison.findings, live))
+    found = [Finding.from_json(line) for line in comparison.findings]
+    explained = asyncio.run(explain_mismatches(scenario, outcome.records, found, live))
     modes = {v.name: execution_mode(v, bool(url or overrides.get(v.name))) for v in scenario.variants}
     by_id = {r.request_id: r.variant for r in outcome.records}
-    comparison.findings = [_judged_by_modes(found, modes, by_id) for found in explained]
+    judged = [_judged_by_modes(finding, modes, by_id) for finding in explained]
     block, shifts = audit_distribution(scenario, outcome, comparison, live, distribution, capture, console)
     if block is not None:
         comparison.distribution = block
-        comparison.findings += shifts
+    comparison.findings = [finding.to_json() for finding in judged + shifts]
     write_versioned(outcome.run_dir / COMPARE_FILE, comparison.to_json())
     return comparison
