@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +16,7 @@ from itlaudit.analysis.derive import derive_requests, request_line, summarize_ru
 from itlaudit.analysis.importers import ImportedBenchmark
 from itlaudit.analysis.summary import PartialBy, RecordsSeen, RunSummary
 from itlaudit.model.codes import Finding
+from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import RequestRecord
 from itlaudit.report.markdown import PARTIAL_HEADING
 from itlaudit.report.progress import Reporter
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
-def _csv_frame(records: Sequence[RequestRecord], derived: Sequence[dict[str, Any]]) -> pd.DataFrame:
+def _csv_frame(records: Sequence[RequestRecord], derived: Sequence[JSONObject]) -> pd.DataFrame:
     """One row per request: the raw scalars and the derived figures (chunk arrays stay in
     requests.jsonl, finding details in derived.jsonl)."""
     import pandas as pd  # pandas and matplotlib cost seconds to import: only when files are derived
@@ -51,10 +52,12 @@ def _csv_frame(records: Sequence[RequestRecord], derived: Sequence[dict[str, Any
     rows = []
     for record, figures in zip(records, derived, strict=True):
         line = {**record.to_json(), **figures}
-        params = line.pop("params")
+        del line["params"]  # flattened below from the record's own, typed
+        params = asdict(record.params)
         row = {k: v for k, v in line.items() if not isinstance(v, list | dict) and k != "text"}
         row.update({f"param_{k}": v for k, v in params.items() if not isinstance(v, list)})
-        row["findings"] = ";".join(figures["findings"])
+        codes = figures["findings"]
+        row["findings"] = ";".join(str(code) for code in codes) if isinstance(codes, list) else ""
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -78,7 +81,7 @@ class Derivation:
     title: str
     records: list[RequestRecord]
     summary: RunSummary
-    derived: list[dict[str, Any]]
+    derived: list[JSONObject]
     findings: list[Finding]  # each request's, then the run-level ones
 
 
