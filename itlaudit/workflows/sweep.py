@@ -41,6 +41,7 @@ from itlaudit.capture.described import CaptureDescription
 from itlaudit.capture.runner import CaptureOptions
 from itlaudit.errors import RunInterrupted, ScenarioError, SweepError
 from itlaudit.model.formats import FORMAT_KEY
+from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.launch import LaunchSpec
 from itlaudit.model.redact import launch_secret_values, redact_file
 from itlaudit.model.scenario import Scenario, Variant
@@ -95,7 +96,7 @@ class SweepConfig:
     # --trials auto: ConvergenceRule's fields, the metric and cooldown_s; `trials` is then the most.
     convergence: dict[str, Any] | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         data = dataclasses.asdict(self)
         if self.convergence is None:
             del data["convergence"]  # a fixed-trials config reads as it did before --trials auto
@@ -156,9 +157,9 @@ def _finished_trials(sweep_dir: Path, variant: str) -> Iterator[tuple[float, Pat
             yield load, point.parent
 
 
-def variant_points(sweep_dir: Path, config: SweepConfig, variant: str) -> dict[float, dict[str, Any]]:
+def variant_points(sweep_dir: Path, config: SweepConfig, variant: str) -> dict[float, JSONObject]:
     """Every finished load of a variant (grid and SLA probes), pooled over its trials."""
-    trials: dict[float, list[dict[str, Any]]] = {}
+    trials: dict[float, list[JSONObject]] = {}
     for load, folder in _finished_trials(sweep_dir, variant):
         records = load_records(folder / REQUESTS_FILE)
         derived = {line["request_id"]: line for line in iter_jsonl(folder / DERIVED_FILE)}
