@@ -20,6 +20,7 @@ SURFACE = Surface(
             "resolve_model",
             "sent_prompt",
         ),
+        "request_plan": ("Prompt",),
         "runner": (
             "CaptureOptions",
             "CapturePlan",

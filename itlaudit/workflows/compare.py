@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 
@@ -22,6 +21,7 @@ from itlaudit.analysis.lossless import prompt_index, with_execution_modes
 from itlaudit.analysis.specdecode import CounterSnapshot, spec_decode_delta
 from itlaudit.analysis.workloads import prefix_cache_delta
 from itlaudit.capture.planning import sent_prompt
+from itlaudit.capture.request_plan import Prompt
 from itlaudit.capture.runner import CaptureOptions, variant_access
 from itlaudit.capture.scoring import Scorer, explain_mismatch, score_outputs
 from itlaudit.capture.server_info import scrape_counters
@@ -97,7 +97,7 @@ async def _score_distribution(
     figures_by_variant: JSONObject = {}
     findings = []
 
-    def prompt_of(record: RequestRecord) -> str | list[int] | list[dict[str, Any]]:
+    def prompt_of(record: RequestRecord) -> Prompt:
         return sent_prompt(scenario, int(prompt_index(record)))
 
     async with SideClient(access) as client:
