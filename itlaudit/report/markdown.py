@@ -192,7 +192,8 @@ def _figures(value: int | Figures | None) -> Figures | None:
 SERVER_HEADING = "Server during the measured window"
 SERVER_NOTE = (
     "From the server's /metrics sampled during the measured requests (server_metrics.jsonl), its "
-    "per-request acceptance, and NVML for a GPU watched here (gpu_telemetry.jsonl)."
+    "per-request acceptance, and the GPU's own figures: NVML on this host or a DCGM exporter "
+    "(--gpu, --dcgm-url; gpu_telemetry.jsonl)."
 )
 
 
