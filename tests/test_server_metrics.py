@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -146,6 +147,39 @@ def test_sampler_gives_up_on_a_server_without_metrics(tmp_path: Path) -> None:
     assert info["rows"] == 0
     assert info["gave_up"] and "404" in info["gave_up"]
     assert read_server_metrics(tmp_path)["v"][-1]["error"] == info["gave_up"]
+
+
+@pytest.mark.parametrize("thread_ran", [False, True], ids=["before-the-thread-runs", "after-it-runs"])
+def test_a_signal_inside_the_samplers_start_leaves_stop_one_clean_exit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, thread_ran: bool
+) -> None:
+    """SIGTERM during a sweep trial once landed inside the sampler's Thread.start() (which waits for the
+    new thread): the run's way out called stop(), whose join() raised "cannot join thread before it is
+    started" and printed a traceback instead of exiting 143. Here the signal is a KeyboardInterrupt
+    raised from start(), before the thread was started or just after: stop() still closes the file
+    with the first sample kept, and no sampler thread is left running."""
+    real_start = threading.Thread.start
+
+    def interrupted_start(thread: threading.Thread) -> None:
+        if thread.name != "server_metrics:v":  # the scrape's own resolver threads start as usual
+            return real_start(thread)
+        if thread_ran:
+            real_start(thread)
+        raise KeyboardInterrupt
+
+    with sim_server(SimConfig()) as url:
+        sampler = MetricsSampler(url, tmp_path / "server_metrics.jsonl", "v", period_s=0.01)
+        monkeypatch.setattr(threading.Thread, "start", interrupted_start)
+        with pytest.raises(KeyboardInterrupt):
+            sampler.start()
+        monkeypatch.undo()
+        info = sampler.stop()
+    assert info["rows"] == 1  # the sample start() takes before its thread
+    deadline = time.monotonic() + 5
+    while any(t.name == "server_metrics:v" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not any(t.name == "server_metrics:v" for t in threading.enumerate())
+    assert len(read_server_metrics(tmp_path)["v"]) == 1
 
 
 def _run_against(config: SimConfig, tmp_path: Path) -> Path:

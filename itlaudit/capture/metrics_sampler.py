@@ -82,13 +82,18 @@ class PeriodicSampler:
             {"variant": self.variant, "period_s": self.period_s, "start": True, **self.describe()}
         )
         self._take()
-        self._thread = threading.Thread(target=self._loop, name=f"{self.kind}:{self.variant}", daemon=True)
-        self._thread.start()
+        thread = threading.Thread(target=self._loop, name=f"{self.kind}:{self.variant}", daemon=True)
+        thread.start()
+        # Kept only once started: a SIGINT/SIGTERM raised inside start() (it waits for the new thread)
+        # leaves a thread that join() refuses, and stop() runs on that way out.
+        self._thread = thread
 
     def stop(self) -> SamplerRecord:
-        """Stop, take the last sample, close the file; what meta.json records of the sampling."""
+        """Stop, take the last sample, close the file; what meta.json records of the sampling. The
+        stop event is set even when no thread was kept, so one that a signal cut off in start()
+        returns on its first wait instead of sampling into a closed file."""
+        self._stop.set()
         if self._thread is not None:
-            self._stop.set()
             self._thread.join()
             if self.gave_up is None:
                 self._take()
