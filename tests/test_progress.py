@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -55,6 +56,33 @@ def test_a_step_without_a_terminal_is_a_line_then_heartbeats_with_the_time_spent
     count = len(lines)
     time.sleep(0.25)
     assert len(sink.getvalue().splitlines()) == count  # the heartbeat stops with the step
+
+
+@pytest.mark.parametrize("thread_ran", [False, True], ids=["before-the-thread-runs", "after-it-runs"])
+def test_a_signal_inside_the_heartbeats_start_is_one_clean_exit_and_no_heartbeat_after(
+    monkeypatch: pytest.MonkeyPatch, thread_ran: bool
+) -> None:
+    """A SIGINT/SIGTERM can land inside Thread.start() (it waits for the new thread). The step's way
+    out must not meet join()'s "cannot join thread before it is started", and no heartbeat may follow
+    the interrupted step; the next step beats again."""
+    real_start = threading.Thread.start
+
+    def interrupted_start(thread: threading.Thread) -> None:
+        if thread_ran:
+            real_start(thread)
+        raise KeyboardInterrupt
+
+    sink = io.StringIO()
+    reporter = Reporter(Console(file=sink, width=200), period_s=0.05)
+    monkeypatch.setattr(threading.Thread, "start", interrupted_start)
+    with pytest.raises(KeyboardInterrupt), reporter.step("drawing the plots"):
+        pass
+    monkeypatch.undo()
+    time.sleep(0.2)
+    assert sink.getvalue().splitlines() == ["drawing the plots…"]
+    with reporter.step("writing the report"):
+        time.sleep(0.2)
+    assert sink.getvalue().splitlines()[1:3] == ["writing the report…", "writing the report… (0:00)"]
 
 
 def test_the_default_period_is_10_s(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -226,17 +226,20 @@ class Reporter:
         capture) the inner status is shown until the block ends."""
         outer = self._status
         self._status = status
-        if self._ticker is None:
-            self._stop.clear()
-            self._ticker = threading.Thread(target=self._tick, name="progress", daemon=True)
-            self._ticker.start()
         try:
+            if self._ticker is None:
+                self._stop.clear()
+                self._ticker = threading.Thread(target=self._tick, name="progress", daemon=True)
+                self._ticker.start()
             yield
         finally:
             self._status = outer
             if outer is None and self._ticker is not None:
                 self._stop.set()
-                self._ticker.join()
+                # Not alive: a signal cut start() short (join() would refuse it); if it runs after
+                # all, the stop event ends it at its first wait.
+                if self._ticker.is_alive():
+                    self._ticker.join()
                 self._ticker = None
 
     def _tick(self) -> None:
