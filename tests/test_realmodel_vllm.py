@@ -22,7 +22,10 @@ from gemmakit import EOS_IDS, SERVED_MODEL, GemmaServers, capture, dropping_prox
 
 from itlaudit.analysis.findings import request_findings
 from itlaudit.analysis.metrics import request_metrics
+from itlaudit.analysis.request_acceptance import server_acceptance
 from itlaudit.model.records import RequestParams, RequestRecord
+from itlaudit.store.jsonl import load_records
+from itlaudit.store.server_metrics import read_server_metrics
 
 pytestmark = pytest.mark.vllm
 
@@ -105,7 +108,7 @@ def test_stop_token_ids_honoured_is_quiet_and_dropped_fires(
 
 def _compare(tmp_path: Path, urls: dict[str, str], prompts: list[str], max_tokens: int) -> dict:
     """`itlaudit compare` over running servers (url variants): the project's own lossless and acceptance
-    audits, at temperature 0, two requests a variant, one at a time."""
+    audits, at temperature 0, two requests a variant, one at a time. The run folder is tmp_path/cmp."""
     variants = "".join(f'\n[[variants]]\nname = "{name}"\nurl = "{url}"\n' for name, url in urls.items())
     scenario = tmp_path / "gemma.toml"
     scenario.write_text(
@@ -130,6 +133,15 @@ def test_ngram_on_free_text_partial_acceptance_agrees_with_metrics_and_is_lossle
     urls = {"K0": gemma.url("K0"), "ngram-K3": gemma.url("ngram-K3")}
     comparison = _compare(tmp_path, urls, FREE_TEXT, 64)
     assert comparison["findings"] == []  # no spec_decode_output_mismatch, no acceptance_length_mismatch
+    # Issue 27's done-when on a real model: /metrics sampled through each variant's window, the server's
+    # own acceptance on every speculating request (the launcher asks for it), the timeline drawn.
+    out = tmp_path / "cmp"
+    sampled = read_server_metrics(out)
+    assert set(sampled) == set(urls) and all(sampled.values()), {k: len(v) for k, v in sampled.items()}
+    records = [r for r in load_records(out / "requests.jsonl") if r.variant == "ngram-K3" and not r.warmup]
+    assert len(records) == len(FREE_TEXT) and all(server_acceptance(r) for r in records)
+    assert (out / "server_timeline.png").stat().st_size > 0
+    assert "(server_timeline.png)" in (out / "report.md").read_text()
     ngram = comparison["variants"]["ngram-K3"]
     spec = ngram["spec_decode"]
     # Partial acceptance: ngram drafts from the context, which free text repeats only in part.
