@@ -1,7 +1,8 @@
 """The one rule for "may this variant be ranked?" (analysis.validity) on hand-built summary.json
-dicts: it fires for a truncated, failing or mostly gibberish variant with the numbers in its reason,
-stays quiet for a clean one and for one gibberish request in ten, and a comparison against a base
-that breaks it is not comparable either."""
+dicts: it fires for a truncated, failing, or mostly gibberish variant (against a clean baseline) with
+the numbers in its reason, stays quiet for a clean one, for one gibberish request in ten and for
+gibberish on both sides (then its phrase says so), and a comparison against a base that breaks it is
+not comparable either. Pure functions on dicts: about 1 s for the file."""
 
 from __future__ import annotations
 
@@ -17,19 +18,27 @@ from itlaudit.analysis.validity import (
     Validity,
     block_validity,
     comparison_validity,
+    quality_note,
     variant_validity,
 )
+from itlaudit.model.vocabulary import QualityGate
 
 
 def summary(
-    findings: dict[str, int] | None = None, *, requests: int = 6, errors: int = 0, **extra: Any
+    findings: dict[str, int] | None = None,
+    *,
+    requests: int = 6,
+    errors: int = 0,
+    base: dict[str, int] | None = None,
+    **extra: Any,
 ) -> dict:
     return {
         "variants": {
-            "K0": {"requests": 6, "errors": 0, "findings": {}},
+            "K0": {"requests": 6, "errors": 0, "findings": base or {}},
             "K3": {"requests": requests, "errors": errors, "findings": findings or {}},
         },
         "run_findings": extra.get("run_findings", []),
+        **{k: v for k, v in extra.items() if k != "run_findings"},
     }
 
 
@@ -67,26 +76,57 @@ def test_gibberish_counts_only_on_most_requests() -> None:
     assert variant_validity(summary({"gibberish_suspected": 1}, requests=10), "K3").comparable
     assert variant_validity(summary({"gibberish_suspected": 5}, requests=10), "K3").comparable  # half
     assert variant_validity(summary({"gibberish_suspected": 6}, requests=10), "K3") == Validity(
-        False, "6 of 10 requests look like gibberish"
+        False, "6 of 10 requests look like gibberish where the baseline's do not"
     )
 
 
-def test_gibberish_declared_expected_is_waived_but_caps_and_failures_are_not() -> None:
-    """A random-weight model writes gibberish by construction; a caller that says so may compare its
-    speed. Only gibberish is waived: a cap or a failure still makes the variant incomparable."""
-    mostly_gibberish = summary({"gibberish_suspected": 6})["variants"]["K3"]
-    assert not block_validity(mostly_gibberish).comparable
-    assert block_validity(mostly_gibberish, gibberish_expected=True) == COMPARABLE
-    capped = summary({"gibberish_suspected": 6, "truncated_below_max_tokens": 1}, errors=1)["variants"]["K3"]
-    assert block_validity(capped, gibberish_expected=True) == Validity(
-        False, "1 of 6 requests cut short; 1 of 6 requests failed"
+def test_gibberish_gates_only_where_the_baseline_writes_clean_text() -> None:
+    """Seed 003's case (K3 broken, K0 clean) is not comparable; dummy weights or a stand-in server
+    (gibberish on both sides) are compared, and the phrase says quality was not judged."""
+    broken = summary({"gibberish_suspected": 6})
+    assert variant_validity(broken, "K3") == Validity(
+        False, "6 of 6 requests look like gibberish where the baseline's do not"
     )
+    assert quality_note(broken) is None  # its label says it
+    both = summary({"gibberish_suspected": 6}, base={"gibberish_suspected": 6}, dummy_weights=["K0", "K3"])
+    assert variant_validity(both, "K3") == COMPARABLE and variant_validity(both, "K0") == COMPARABLE
+    assert quality_note(both) == (
+        "outputs are gibberish in both variants (K0, K3: dummy weights, --load-format dummy): "
+        "speed compared, quality not judged"
+    )
+    assert quality_note(summary({"gibberish_suspected": 1})) is None  # nothing to say
+
+
+def test_a_baseline_or_a_single_variant_never_hides_behind_quality() -> None:
+    only = {"variants": {"K0": {"requests": 4, "errors": 0, "findings": {"gibberish_suspected": 4}}}}
+    assert variant_validity(only, "K0") == COMPARABLE
+    assert quality_note(only) == "outputs are gibberish: speed measured, quality not judged"
+    base_broken = summary(base={"gibberish_suspected": 6})
+    assert variant_validity(base_broken, "K0") == COMPARABLE
+    assert quality_note(base_broken) == "outputs are gibberish in K0: speed compared, quality not judged"
+
+
+def test_strict_and_off_gates() -> None:
+    """`quality_gate = "strict"` is the earlier rule (gibberish gates every variant); "off" never gates
+    on it, but a cap or a failure still makes the variant incomparable."""
+    both = {"base": {"gibberish_suspected": 6}}
+    strict = summary({"gibberish_suspected": 6}, quality_gate="strict", **both)
+    assert variant_validity(strict, "K0").reason == "6 of 6 requests look like gibberish"
+    assert variant_validity(strict, "K3").reason == "6 of 6 requests look like gibberish"
+    assert quality_note(strict) is None
+    off = summary({"gibberish_suspected": 6, "truncated_below_max_tokens": 1}, errors=1, quality_gate="off")
+    assert variant_validity(off, "K3") == Validity(False, "1 of 6 requests cut short; 1 of 6 requests failed")
+    assert variant_validity(summary({"gibberish_suspected": 6}, quality_gate="off"), "K3") == COMPARABLE
+    block = summary({"gibberish_suspected": 6})["variants"]["K3"]
+    assert block_validity(block) == COMPARABLE  # alone: nothing to be relative to
+    assert not block_validity(block, gate=QualityGate.STRICT).comparable
 
 
 def test_every_reason_is_given_together() -> None:
     found = summary({"truncated_below_max_tokens": 2, "gibberish_suspected": 4}, errors=1)
     assert variant_validity(found, "K3").reason == (
-        "2 of 6 requests cut short; 1 of 6 requests failed; 4 of 6 requests look like gibberish"
+        "2 of 6 requests cut short; 1 of 6 requests failed; "
+        "4 of 6 requests look like gibberish where the baseline's do not"
     )
 
 
@@ -178,7 +218,7 @@ def test_bisect_marks_and_never_ranks_a_variant_that_breaks_the_rule() -> None:
         return Figures([itl] * 8, [512] * 8, requests=8, errors=0, findings=Counter(found))
 
     capped = {"K0": figures(10.0), "K3": figures(3.0, truncated_below_max_tokens=8)}
-    assert capped["K3"].validity == Validity(False, "8 of 8 requests cut short")
+    assert capped["K3"].validity(capped["K0"]) == Validity(False, "8 of 8 requests cut short")
     verdict = parse_regress("speedup").judge(capped, None, ["K0", "K3"], threshold=1.5, alpha=0.05)
     assert verdict == verdict.__class__(None, "K3 not comparable: 8 of 8 requests cut short")
     state = State(

@@ -11,7 +11,7 @@ import msgspec
 from itlaudit.analysis.lossless import spec_decode_mismatches
 from itlaudit.analysis.metrics import p50, ratio, token_counts
 from itlaudit.analysis.specdecode import SpecDecodeStats
-from itlaudit.analysis.validity import COMPARABLE, comparison_validity, variant_validity
+from itlaudit.analysis.validity import COMPARABLE, comparison_validity, quality_note, variant_validity
 from itlaudit.model.codes import ACCEPTANCE_LENGTH_MISMATCH, Finding
 from itlaudit.model.formats import FORMAT_KEY
 from itlaudit.model.jsonvalue import JSONObject
@@ -59,6 +59,8 @@ class CompareResult(msgspec.Struct, kw_only=True, omit_defaults=True):
     variants: dict[str, VariantComparison]
     findings: list[dict[str, Any]]
     distribution: dict[str, Any] | None = None
+    # analysis.validity's phrase when gibberish was measured and did not gate (both sides write it)
+    quality: str | None = None
 
     def to_json(self) -> JSONObject:
         """compare.json's content (without `format`, which the writer stamps)."""
@@ -177,7 +179,9 @@ def build_comparison(
     names = list(variants)
     base = variants[names[0]] if names else {}
     base_validity = variant_validity(summary, names[0]) if names else COMPARABLE
-    out = CompareResult(baseline=names[0] if names else None, variants={}, findings=[])
+    out = CompareResult(
+        baseline=names[0] if names else None, variants={}, findings=[], quality=quality_note(summary)
+    )
     for name in names:
         block = variants[name]
         stats = spec_stats.get(name)

@@ -7,9 +7,11 @@ re-derive a run's results with a newer itlaudit.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any, NamedTuple
+
+import msgspec
 
 from itlaudit.analysis.benchmark import benchmark_figures
 from itlaudit.analysis.findings import Finding, request_findings, run_findings
@@ -23,8 +25,10 @@ from itlaudit.analysis.metrics import (
 from itlaudit.analysis.quality import text_quality
 from itlaudit.analysis.request_acceptance import server_acceptance
 from itlaudit.analysis.summary import Figures, LoopLag, RunSummary, VariantSummary
+from itlaudit.model.codes import REGISTRY, Scope
 from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import RequestRecord, Status
+from itlaudit.model.run_context import QualitySettings
 
 __all__ = [
     "CATEGORY_METRICS",
@@ -36,6 +40,7 @@ __all__ = [
     "run_summary",
     "schedule_lag_ms",
     "summarize_run",
+    "with_comparison_findings",
 ]
 
 
@@ -105,6 +110,8 @@ def _variant_block(requests: Sequence[RequestDerivation]) -> VariantSummary:
 
 
 CATEGORY_METRICS = ("itl_ms", "tpot_ms", "decode_tokens_per_chunk")
+# A folder's quality settings when nothing says otherwise (no meta.json, an older itlaudit's).
+JUDGED_RELATIVELY = QualitySettings()
 
 
 def by_category(
@@ -152,9 +159,13 @@ def summarize_run(
     records: Sequence[RequestRecord],
     variant_order: Sequence[str] | None = None,
     derived: Sequence[RequestDerivation] | None = None,
+    *,
+    quality: QualitySettings = JUDGED_RELATIVELY,
 ) -> RunSummary:
     """summary.json: per-variant blocks in scenario order, then run-level findings. `derived` is
-    derive_requests(records) when the caller has it already (each request's findings once)."""
+    derive_requests(records) when the caller has it already (each request's findings once); `quality`
+    is meta.json's gate and dummy-weight variants (run_context.quality_settings), which the summary
+    carries for the validity rule."""
     requests = derived if derived is not None else derive_requests(records)
     names = list(variant_order or [])
     names += [r.variant for r in records if r.variant not in names]
@@ -166,11 +177,54 @@ def summarize_run(
         block = variants.get(str(finding.evidence.get("variant")))
         if block is not None:
             block.findings[finding.code] = block.findings.get(finding.code, 0) + 1
-    return RunSummary(variants=variants, run_findings=[f.to_json() for f in run_level])
+    return RunSummary(
+        variants=variants,
+        run_findings=[f.to_json() for f in run_level],
+        quality_gate=quality.gate,
+        dummy_weights=[name for name in quality.dummy_weights if name in variants],
+    )
+
+
+def _finding_variant(finding: Finding, variant_of: Mapping[str, str]) -> str | None:
+    """The variant a comparison finding judges: named in its evidence, else its request's variant."""
+    named = finding.evidence.get("variant")
+    if isinstance(named, str):
+        return named
+    return variant_of.get(finding.request_id) if finding.request_id else None
+
+
+def with_comparison_findings(
+    summary: RunSummary, findings: Sequence[Finding], records: Sequence[RequestRecord]
+) -> RunSummary:
+    """The summary with compare.json's findings (lossless mismatches, acceptance disagreement,
+    distribution shifts) among its run-level findings and counted in their variant's block, so that
+    summary.json, the terminal block and both reports name the findings compare.json holds. Comparison
+    findings already there (an earlier compare of an --append folder) are replaced, not added twice."""
+    variant_of = {r.request_id: r.variant for r in records}
+    counts = {name: Counter(block.findings) for name, block in summary.variants.items()}
+    kept: list[dict[str, Any]] = []
+    for line in summary.run_findings:
+        old = Finding.from_json(line)
+        if REGISTRY[old.code].scope is not Scope.COMPARISON:
+            kept.append(line)
+        elif (name := _finding_variant(old, variant_of)) in counts:
+            counts[name][old.code] -= 1
+    for finding in findings:
+        if (name := _finding_variant(finding, variant_of)) in counts:
+            counts[name][finding.code] += 1
+    blocks = {
+        name: msgspec.structs.replace(block, findings=dict(sorted((+counts[name]).items())))
+        for name, block in summary.variants.items()
+    }
+    merged = [*kept, *(f.to_json() for f in findings)]
+    return msgspec.structs.replace(summary, variants=blocks, run_findings=merged)
 
 
 def run_summary(
-    records: Sequence[RequestRecord], variant_order: Sequence[str] | None = None
+    records: Sequence[RequestRecord],
+    variant_order: Sequence[str] | None = None,
+    *,
+    quality: QualitySettings = JUDGED_RELATIVELY,
 ) -> dict[str, Any]:
     """summarize_run as summary.json's dict, for readers not yet moved to the struct (track/)."""
-    return summarize_run(records, variant_order).to_json()
+    return summarize_run(records, variant_order, quality=quality).to_json()

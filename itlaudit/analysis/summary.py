@@ -17,6 +17,7 @@ import msgspec
 
 from itlaudit.errors import RecordsError
 from itlaudit.model.jsonvalue import JSONObject
+from itlaudit.model.vocabulary import QualityGate
 
 __all__ = ["Figures", "LoopLag", "PartialBy", "RecordsSeen", "RunSummary", "VariantSummary"]
 
@@ -117,6 +118,11 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     # Per variant, what its server and GPU said during the measured window and its per-request
     # acceptance (analysis.server_metrics.variant_server_figures); absent when nothing was sampled.
     server: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
+    # How output quality gates the figures (analysis.validity; the scenario's `quality_gate`), and the
+    # variants whose launched server loads dummy weights (gibberish by construction): what the rule
+    # and its phrase read, kept here so every reader of the folder judges it the same way.
+    quality_gate: QualityGate = QualityGate.RELATIVE
+    dummy_weights: list[str] = msgspec.field(default_factory=list)
 
     @classmethod
     def from_json(cls, data: object, path: Path) -> RunSummary:

@@ -23,7 +23,7 @@ from itlaudit.model.formats import FORMAT_KEY
 from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import RequestRecord, Status
 from itlaudit.model.scenario import GOODPUT_KEYS
-from itlaudit.model.vocabulary import LoadAxis
+from itlaudit.model.vocabulary import LoadAxis, QualityGate
 from itlaudit.model.workload import BOUNDS as WORKLOAD_BOUNDS
 
 __all__ = [
@@ -193,9 +193,13 @@ def trial_figures(
     records: Sequence[RequestRecord],
     requests: Sequence[Mapping[str, Any]],
     slo: Mapping[str, float],
+    *,
+    base: Mapping[str, Any] | None = None,
+    gate: QualityGate = QualityGate.RELATIVE,
 ) -> dict[str, Any]:
     """One trial of one point: a summary.json variant block plus what needs the records (span,
-    throughput, goodput)."""
+    throughput, goodput). `base` is the baseline variant's block at the same load (None for the
+    baseline itself), against which the quality gate judges this one."""
     span = span_s(records)
     ok = [r for r in records if r.status == Status.OK]
     tokens = sum(r.completion_tokens or 0 for r in ok)
@@ -210,7 +214,7 @@ def trial_figures(
         "goodput_rps": goodput(requests, slo, span, "tpot_ms"),
         "goodput_chunk_rps": goodput(requests, slo, span, "chunk_itl_ms"),
         # analysis.validity's rule: a point cut short, failing or gibberish is never ranked.
-        "not_comparable": block_validity(block).reason,
+        "not_comparable": block_validity(block, base=base, gate=gate).reason,
     }
     for name in LATENCY_FIGURES:
         stats = block.get(name) or {}

@@ -1,25 +1,33 @@
 """Whether a variant's figures may be compared at all: THE one rule behind every "faster", "better"
-and "worse" that itlaudit writes (report, plots, diff, sweep, bisect, the terminal).
+and "worse" that itlaudit writes (report, plots, diff, sweep, bisect, smoke, track, the terminal).
 
-A variant whose outputs were cut short, whose requests failed, or whose text is mostly gibberish did
-not run the workload that was asked for, so its latency is not a speed (vLLM #47297's K=3 "regression"
-was a server stopping at 128 tokens; the same cap reads as a speedup just as easily). Such a variant
-is never ranked; it is labelled "not comparable" with the numbers that say why, and a comparison
-against a base that is itself not comparable is not comparable either.
+A variant whose outputs were cut short or whose requests failed did not run the workload that was
+asked for, so its latency is not a speed (vLLM #47297's K=3 "regression" was a server stopping at 128
+tokens; the same cap reads as a speedup just as easily). Such a variant is never ranked; it is
+labelled "not comparable" with the numbers that say why, and a comparison against a base that is
+itself not comparable is not comparable either.
+
+Output quality gates relatively (QualityGate.RELATIVE, the default): a variant whose text is mostly
+gibberish where its baseline's is not (seed 003: K3 broken, K0 clean) is not comparable; when the
+baseline writes gibberish too — random weights (`--load-format dummy`, how most vLLM performance work
+runs), a stand-in server — both ran the same workload, their speeds are compared, and every output
+says so in one phrase (`quality_note`). A baseline, or a single variant, never hides its figures behind
+a quality warning. STRICT is the earlier rule (gibberish gates every variant), OFF never gates on it.
 
 The rule reads a run's summary only (per-variant finding counts, errors, the run-level common_cap
-evidence), typed or as summary.json's dict, so every reader of a run folder, old or new, applies the
-same rule to the same file.
+evidence, the gate and the variants on dummy weights), typed or as summary.json's dict, so every reader
+of a run folder, old or new, applies the same rule to the same file.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from itlaudit.analysis.summary import RunSummary
 from itlaudit.model.codes import COMMON_CAP, GIBBERISH_SUSPECTED, TRUNCATION_CODES
+from itlaudit.model.vocabulary import QualityGate
 
 __all__ = [
     "COMPARABLE",
@@ -27,6 +35,8 @@ __all__ = [
     "Validity",
     "block_validity",
     "comparison_validity",
+    "mostly_gibberish",
+    "quality_note",
     "variant_validity",
 ]
 
@@ -67,64 +77,113 @@ def _truncation_reason(cap: Mapping[str, Any] | None, cut: int, requests: int) -
     return f"{cut} of {requests} requests cut short, {at_cap} of them capped at {cap['cap']} tokens"
 
 
+def mostly_gibberish(block: Mapping[str, Any]) -> bool:
+    """gibberish_suspected on most (more than half) of a block's requests: one gibberish request in
+    ten is a sampling accident, not what the variant writes."""
+    counts: Mapping[str, int] = block.get("findings") or {}
+    return int(counts.get(GIBBERISH_SUSPECTED, 0)) * 2 > int(block.get("requests") or 0)
+
+
+def _quality_gates(gate: QualityGate, own: bool, base: Mapping[str, Any] | None) -> bool:
+    """Whether gibberish takes this block out: STRICT whenever it is mostly gibberish, RELATIVE only
+    against a baseline (`base`, None for the baseline itself or a single variant) whose outputs are
+    not, OFF never."""
+    if gate is QualityGate.OFF or not own:
+        return False
+    return gate is QualityGate.STRICT or (base is not None and not mostly_gibberish(base))
+
+
 def block_validity(
-    block: Mapping[str, Any], common_cap: Mapping[str, Any] | None = None, *, gibberish_expected: bool = False
+    block: Mapping[str, Any],
+    common_cap: Mapping[str, Any] | None = None,
+    *,
+    base: Mapping[str, Any] | None = None,
+    gate: QualityGate = QualityGate.RELATIVE,
 ) -> Validity:
-    """The rule on one summary.json variant block (a sweep trial has no run-level findings beside it;
-    `common_cap` is the common_cap finding's evidence, when known, to name the cap in the reason).
-    `gibberish_expected` is for a model that writes gibberish by construction (the CPU testbed's
-    random-weight model), declared so by the caller: its speed can still be compared, gibberish is still
-    reported, and truncation and failures still count. Nothing sets it by default.
+    """The rule on one summary.json variant block (a sweep trial or a bisect probe has no run-level
+    findings beside it; `common_cap` is the common_cap finding's evidence, when known, to name the cap
+    in the reason). `base` is the baseline's block measured beside it (same load, same build), None
+    when `block` is the baseline or stands alone.
 
     Not comparable when any request was cut short (any of TRUNCATION_CODES), any request failed, or
-    gibberish_suspected fires on most (more than half) of the requests. One gibberish request in ten
-    is a sampling accident and leaves the variant comparable; a single truncated or failed request is
-    not an accident: the workload was not the one asked for.
+    the quality gate takes it out (`_quality_gates`). A single truncated or failed request is not an
+    accident: the workload was not the one asked for.
     """
-    return _rule(
-        int(block.get("requests") or 0),
-        int(block.get("errors") or 0),
-        block.get("findings") or {},
-        common_cap,
-        gibberish_expected,
-    )
-
-
-def _rule(
-    requests: int,
-    errors: int,
-    counts: Mapping[str, int],
-    common_cap: Mapping[str, Any] | None,
-    gibberish_expected: bool,
-) -> Validity:
-    """block_validity's rule on a block's request, failure and finding counts."""
+    requests = int(block.get("requests") or 0)
     if requests == 0:
         return Validity(False, "no requests recorded")
+    counts: Mapping[str, int] = block.get("findings") or {}
     reasons = []
     # A request may carry several truncation codes: the most frequent one counts the cut requests.
     cut = max((int(counts.get(code, 0)) for code in TRUNCATION_CODES), default=0)
     if cut:
         reasons.append(_truncation_reason(common_cap, cut, requests))
-    if errors:
+    if errors := int(block.get("errors") or 0):
         reasons.append(f"{errors} of {requests} requests failed")
-    gibberish = int(counts.get(GIBBERISH_SUSPECTED, 0))
-    if gibberish * 2 > requests and not gibberish_expected:
-        reasons.append(f"{gibberish} of {requests} requests look like gibberish")
+    if _quality_gates(gate, mostly_gibberish(block), base):
+        gibberish = int(counts.get(GIBBERISH_SUSPECTED, 0))
+        where = " where the baseline's do not" if base is not None and not mostly_gibberish(base) else ""
+        reasons.append(f"{gibberish} of {requests} requests look like gibberish{where}")
     return Validity(False, "; ".join(reasons)) if reasons else COMPARABLE
+
+
+def _blocks(summary: RunSummary | Mapping[str, Any]) -> tuple[dict[str, Mapping[str, Any]], QualityGate]:
+    """Each variant's block as summary.json holds it, in scenario order, and the run's gate."""
+    if isinstance(summary, RunSummary):
+        blocks: dict[str, Mapping[str, Any]] = {
+            name: {"requests": b.requests, "errors": b.errors, "findings": b.findings}
+            for name, b in summary.variants.items()
+        }
+        return blocks, summary.quality_gate
+    variants = summary.get("variants") or {}
+    return dict(variants), QualityGate(summary.get("quality_gate") or QualityGate.RELATIVE)
+
+
+def _run_findings(summary: RunSummary | Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
+    return summary.run_findings if isinstance(summary, RunSummary) else summary.get("run_findings") or []
 
 
 def variant_validity(summary: RunSummary | Mapping[str, Any], variant: str) -> Validity:
     """The rule on a run's summary (the struct, or summary.json's dict as a reader of a past folder
-    holds it): block_validity of the variant's block, its cap named from the run-level common_cap
-    finding. A variant the summary does not hold has no requests recorded."""
-    if isinstance(summary, RunSummary):
-        typed = summary.variants.get(variant)
-        if typed is None:
-            return _rule(0, 0, {}, None, False)
-        cap = _common_cap(summary.run_findings, variant)
-        return _rule(typed.requests, typed.errors, typed.findings, cap, False)
-    block: Mapping[str, Any] = (summary.get("variants") or {}).get(variant) or {}
-    return block_validity(block, _common_cap(summary.get("run_findings") or [], variant))
+    holds it): block_validity of the variant's block against the run's baseline (its first variant),
+    under the run's quality gate, its cap named from the run-level common_cap finding. A variant the
+    summary does not hold has no requests recorded."""
+    blocks, gate = _blocks(summary)
+    block = blocks.get(variant)
+    if block is None:
+        return Validity(False, "no requests recorded")
+    base_name = next(iter(blocks))
+    base = None if variant == base_name else blocks[base_name]
+    return block_validity(block, _common_cap(_run_findings(summary), variant), base=base, gate=gate)
+
+
+def quality_note(summary: RunSummary | Mapping[str, Any]) -> str | None:
+    """The one phrase every output writes when gibberish was measured and did not gate (the baseline
+    writes it too, a single variant, or the gate is off): the speeds stand, the text was not judged.
+    The variants whose servers load dummy weights are named as the reason. None when no variant is
+    mostly gibberish, or every one that is was taken out (its validity label says so)."""
+    blocks, gate = _blocks(summary)
+    if not blocks:
+        return None
+    names = list(blocks)
+    judged = [n for n in names if mostly_gibberish(blocks[n]) and variant_validity(summary, n).comparable]
+    if not judged:
+        return None
+    if len(names) == 1:
+        where, speed = "outputs are gibberish", "speed measured"
+    elif len(judged) == len(names):
+        where = (
+            "outputs are gibberish in both variants"
+            if len(names) == 2
+            else (f"outputs are gibberish in all {len(names)} variants")
+        )
+        speed = "speed compared"
+    else:
+        where, speed = f"outputs are gibberish in {', '.join(judged)}", "speed compared"
+    dummy = summary.dummy_weights if isinstance(summary, RunSummary) else summary.get("dummy_weights") or []
+    why = f" ({', '.join(dummy)}: dummy weights, --load-format dummy)" if dummy else ""
+    gated = " (--quality-gate off)" if gate is QualityGate.OFF else ""
+    return f"{where}{why}: {speed}, quality not judged{gated}"
 
 
 def comparison_validity(variant: Validity, base: Validity, base_name: str) -> Validity:

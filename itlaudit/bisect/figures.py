@@ -18,7 +18,7 @@ from itlaudit.analysis import findings
 from itlaudit.analysis.derive import summarize_run
 from itlaudit.analysis.metrics import request_metrics
 from itlaudit.analysis.summary import RunSummary
-from itlaudit.analysis.validity import Validity, block_validity
+from itlaudit.analysis.validity import Validity, block_validity, mostly_gibberish
 from itlaudit.model.records import RequestRecord
 from itlaudit.store.jsonl import load_records
 from itlaudit.store.rundir import REQUESTS_FILE
@@ -83,10 +83,16 @@ class Figures:
     def failures(self) -> int:
         return self.errors + sum(self.findings[c] for c in ERROR_CODES)
 
+    def validity(self, base: Figures | None = None) -> Validity:
+        """analysis.validity's rule on these figures: whether this variant may be ranked at all, its
+        quality judged against `base`, the baseline variant's figures at the same build (None for the
+        baseline itself)."""
+        return block_validity(self.summary(), base=base.summary() if base is not None else None)
+
     @property
-    def validity(self) -> Validity:
-        """analysis.validity's rule on these figures: whether this variant may be ranked at all."""
-        return block_validity(self.summary())
+    def gibberish(self) -> bool:
+        """Most requests' text looks like gibberish (analysis.validity.mostly_gibberish)."""
+        return mostly_gibberish(self.summary())
 
     def summary(self) -> ProbeFigures:
         """The per-probe figures kept in bisect.json and plotted: medians over all trials' requests."""

@@ -5,6 +5,7 @@ Pure rendering from the state; rerunnable at any time, so an interrupted bisecti
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +107,7 @@ def render_markdown(state: State) -> str:
         figures = ""
         for name in names:
             m = probe.get("metrics", {}).get(name, {})
-            validity = block_validity(m) if m else None
+            validity = block_validity(m, base=_base_metrics(probe, names, name)) if m else None
             mark = f" {_UNLIKE}" if validity and not validity.comparable else ""
             if validity and mark:
                 unlike.append(f"#{n} {name}: {validity.reason}")
@@ -162,6 +163,15 @@ def _server_blocks(probe_dir: Path) -> dict[str, dict[str, Any]]:
     return blocks
 
 
+def _base_metrics(probe: ProbeRecord, names: Sequence[str], name: str) -> Mapping[str, Any] | None:
+    """The baseline variant's figures in the same probe, which `name`'s quality is judged against
+    (None for the baseline itself or a probe without it)."""
+    if not names or name == names[0]:
+        return None
+    base: Mapping[str, Any] | None = probe.get("metrics", {}).get(names[0])
+    return base or None
+
+
 def render_plot(state: State, path: Path) -> None:
     import matplotlib
 
@@ -177,7 +187,8 @@ def render_plot(state: State, path: Path) -> None:
             metrics = probe.get("metrics", {}).get(name, {})
             value = metrics.get(key)
             verdict_colour = _COLOURS.get(probe["verdict"], "black")
-            hollow = bool(metrics) and not block_validity(metrics).comparable
+            base = _base_metrics(probe, variant_names(state), name)
+            hollow = bool(metrics) and not block_validity(metrics, base=base).comparable
             # No figure: a cross at 0 (an unfilled marker takes no edge colour).
             if not isinstance(value, (int, float)):
                 ax.scatter(probe["index"], 0, color=verdict_colour, marker="x", s=40, zorder=3)

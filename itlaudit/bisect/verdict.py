@@ -221,9 +221,8 @@ class SpeedupJudge(Judge, name="speedup"):
     ) -> Judgement:
         base, spec = names
         # The one validity rule: a capped or failing variant's ITL is no speed, so no speedup either.
-        unlike = [
-            f"{n} {probe[n].validity.label}" for n in names if n in probe and not probe[n].validity.comparable
-        ]
+        validity = {n: probe[n].validity(probe.get(base) if n != base else None) for n in names if n in probe}
+        unlike = [f"{n} {v.label}" for n, v in validity.items() if not v.comparable]
         if unlike:
             return Judgement(None, "; ".join(unlike))
         samples = _normalised(probe[spec], probe[base]) if spec in probe and base in probe else []
@@ -340,6 +339,10 @@ def _signals(probe: Figures, ref: Figures, cmp: stats.Comparison) -> list[str]:
         flipped.append("errors")
     if probe.truncated and not ref.truncated:
         flipped.append("truncation")
+    # Quality, relative to the good end (analysis.validity's rule): text broken where it was clean
+    # (seed 003); a dummy-weight build range writes gibberish at both ends and is bisected by speed.
+    if probe.gibberish and not ref.gibberish:
+        flipped.append("gibberish")
     if cmp.verdict == Shift.WORSE:
         flipped.append("itl")
     return flipped

@@ -74,10 +74,12 @@ if TYPE_CHECKING:  # members are str at run time too
     Stamp: TypeAlias = str
     Endpoint: TypeAlias = str
     DatasetName: TypeAlias = str
+    QualityGate: TypeAlias = str
 else:
     Stamp = choices("Stamp", vocabulary.StampMode)
     Endpoint = choices("Endpoint", vocabulary.Endpoint)
     DatasetName = choices("DatasetName", DATASET_KINDS)
+    QualityGate = choices("QualityGate", vocabulary.QualityGate)
 
 
 CAPTURE = "Capture and access"
@@ -365,6 +367,14 @@ def workload_flags(
     temperature: Annotated[float | None, _bench("Sampling temperature (0: greedy).", "T")] = None,
     max_tokens: Annotated[int | None, _bench("Most tokens per request.", "N")] = None,
     seed: Annotated[int | None, _bench("Seed for random prompts, arrivals and sampling.", "N")] = None,
+    quality_gate: Annotated[
+        QualityGate | None,
+        typer.Option(
+            help="How gibberish output gates a variant's figures: relative (only where the baseline's "
+            "outputs are clean; default), strict (always), off (never). Truncation and failures always gate.",
+            rich_help_panel="Verdicts",
+        ),
+    ] = None,
 ) -> ScenarioFlags:
     """The servers and the workload from flags: with no scenario file they are the whole experiment,
     with one they replace the keys they name."""
@@ -384,6 +394,7 @@ def workload_flags(
         temperature=temperature,
         max_tokens=max_tokens,
         seed=seed,
+        quality_gate=quality_gate,
         url=parse_url(url, f"--url {url!r}") if url else None,
         variant_urls=parse_variant_urls(variant or []),
     )

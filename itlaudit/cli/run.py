@@ -360,6 +360,8 @@ def compare(
             highlight=False,
             soft_wrap=True,
         )
+    if comparison.quality:
+        out.print(f"quality: {comparison.quality}", markup=False, highlight=False, soft_wrap=True)
     _print_distribution(comparison)
     for finding in comparison.findings:
         out.print(

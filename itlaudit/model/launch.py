@@ -63,6 +63,15 @@ class LaunchSpec:
             raise LaunchError(f"launch kind {self.kind!r}: use one of {', '.join(LaunchKind)}")
         object.__setattr__(self, "kind", LaunchKind(self.kind))
 
+    @property
+    def dummy_weights(self) -> bool:
+        """Whether the server loads random weights (vLLM's `--load-format dummy`): the way most vLLM
+        performance work runs, and a model that writes gibberish by construction, which the quality
+        rule must not read as a broken decode path (analysis.validity)."""
+        args = [*self.command, *self.server_args]
+        pairs = zip(args, [*args[1:], ""], strict=True)
+        return any(a == "--load-format=dummy" or (a == "--load-format" and b == "dummy") for a, b in pairs)
+
 
 def launch_kind_problem(kind: str) -> str | None:
     """Why a [launch] table may not name `kind` (None: it may): the one message scenarios and smoke

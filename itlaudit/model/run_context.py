@@ -13,14 +13,18 @@ from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple, TypedDict
 
 from itlaudit import __version__
+from itlaudit.errors import ItlauditError
 from itlaudit.model.scenario import Scenario
+from itlaudit.model.vocabulary import QualityGate
 
 __all__ = [
     "SIMULATOR",
+    "QualitySettings",
     "VariantMeta",
     "VariantView",
     "WorkloadMeta",
     "is_simulator",
+    "quality_settings",
     "server_build",
     "simulator_version",
     "variant_meta",
@@ -143,3 +147,30 @@ def variant_view(summary: Mapping[str, Any], meta: Mapping[str, Any], variant: s
     """Read one variant out of summary.json's and meta.json's dicts; a part a run did not write is empty."""
     block: Mapping[str, Any] = summary["variants"][variant]
     return VariantView(block, block.get("benchmark") or {}, *variant_meta(meta, variant))
+
+
+class QualitySettings(NamedTuple):
+    """What the validity rule needs of meta.json beyond the records: the run's quality gate and the
+    variants whose launched server loads dummy weights (their gibberish is by construction)."""
+
+    gate: QualityGate = QualityGate.RELATIVE
+    dummy_weights: tuple[str, ...] = ()
+
+
+def quality_settings(meta: Mapping[str, Any] | None) -> QualitySettings:
+    """From meta.json's dict; a folder written before the gate existed is judged relatively, and an
+    unknown gate (a damaged file) is one ItlauditError line naming the fix."""
+    if not isinstance(meta, Mapping):
+        return QualitySettings()
+    gate = meta.get("quality_gate") or QualityGate.RELATIVE
+    if gate not in tuple(QualityGate):
+        raise ItlauditError(
+            f"meta.json: quality_gate {gate!r} is not one of {', '.join(QualityGate)}; fix or remove the key"
+        )
+    variants = meta.get("variants")
+    dummy = tuple(
+        str(name)
+        for name, info in (variants.items() if isinstance(variants, Mapping) else ())
+        if isinstance(info, Mapping) and info.get("load_format") == "dummy"
+    )
+    return QualitySettings(QualityGate(gate), dummy)

@@ -31,7 +31,7 @@ from itlaudit.model.scenario_toml import (
     str_list,
 )
 from itlaudit.model.schedule import LONGEST_SCHEDULE_S
-from itlaudit.model.vocabulary import Endpoint
+from itlaudit.model.vocabulary import Endpoint, QualityGate
 from itlaudit.model.workload import SECONDS, Workload, parse_workload
 
 __all__ = [
@@ -84,6 +84,8 @@ class Scenario:
     path: Path | None = None
     # [goodput]: per-request SLOs in ms (ttft_ms, tpot_ms, e2e_ms) that `sweep` counts goodput against.
     goodput: dict[str, float] = field(default_factory=dict)
+    # How output quality gates the figures (analysis.validity): against the baseline by default.
+    quality_gate: QualityGate = QualityGate.RELATIVE
 
     @property
     def folder_name(self) -> str:
@@ -234,12 +236,15 @@ def parse_scenario(text: str, path: Path) -> Scenario:
 def scenario_from_raw(raw: Mapping[str, object], loc: Located, path: Path | None) -> Scenario:
     """The one validation of a scenario's tables, whether they came from a file, from flags, or both.
     Relative paths resolve against the file's folder (the working directory when there is none)."""
-    top_keys = {"name", "endpoint", "model", "workload", "variants", "description", "goodput"}
+    top_keys = {"name", "endpoint", "model", "workload", "variants", "description", "goodput", "quality_gate"}
     reject_unknown_keys(raw, top_keys, loc, "")
     name = get_value(raw, loc, "", "endpoint", str, Endpoint.COMPLETIONS)
     if name not in tuple(Endpoint):
         raise loc.error("", "endpoint", f"must be one of {', '.join(Endpoint)}, got {name!r}")
     endpoint = Endpoint(name)
+    gate = get_value(raw, loc, "", "quality_gate", str, QualityGate.RELATIVE)
+    if gate not in tuple(QualityGate):
+        raise loc.error("", "quality_gate", f"must be one of {', '.join(QualityGate)}, got {gate!r}")
     if "workload" not in raw:
         raise loc.error("", "workload", "is missing; add a [workload] table with prompts and max_tokens")
     workload = _table(raw, "workload", loc, "write a [workload] table with prompts and max_tokens")
@@ -252,6 +257,7 @@ def scenario_from_raw(raw: Mapping[str, object], loc: Located, path: Path | None
         variants=_variants(raw.get("variants"), loc),
         path=path,
         goodput=_goodput(raw, loc),
+        quality_gate=QualityGate(gate),
     )
 
 
@@ -283,6 +289,7 @@ BENCH_DEFAULTS: JSONObject = {"dataset": _BENCH_DATASET, "num_requests": 1000}
 FLAG_KEYS: dict[str, tuple[str, str]] = {
     "model": ("", "model"),
     "endpoint": ("", "endpoint"),
+    "quality_gate": ("", "quality_gate"),
     "dataset_name": ("workload.dataset", "kind"),
     "random_input_len": ("workload.dataset", "input_len"),
     "random_output_len": ("workload.dataset", "output_len"),
@@ -312,6 +319,7 @@ class ScenarioFlags:
 
     model: str | None = None
     endpoint: str | None = None
+    quality_gate: str | None = None
     dataset_name: str | None = None
     random_input_len: int | None = None
     random_output_len: int | None = None

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["Endpoint", "LoadAxis", "Shift", "StampMode", "Verdict"]
+__all__ = ["Endpoint", "LoadAxis", "QualityGate", "Shift", "StampMode", "Verdict"]
 
 
 class Endpoint(StrEnum):
@@ -38,6 +38,17 @@ class StampMode(StrEnum):
 
     KERNEL = "kernel"
     LOOP = "loop"
+
+
+class QualityGate(StrEnum):
+    """How output quality (the gibberish rule) gates a variant's figures (analysis.validity): against
+    the baseline's outputs (a variant broken where its baseline is clean: seed 003's K3), on every
+    variant whatever its baseline writes (the old rule, which vetoes every dummy-weight server), or
+    never. Truncation and failed requests gate under all three."""
+
+    RELATIVE = "relative"
+    STRICT = "strict"
+    OFF = "off"
 
 
 class LoadAxis(StrEnum):

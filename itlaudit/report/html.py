@@ -30,12 +30,10 @@ from itlaudit.report.markdown import (
     finding_groups,
     headline,
     import_rows,
-    partial_warning,
+    report_warnings,
     result_rows,
-    saturation_warning,
     server_rows,
     summary_rows,
-    usage_warning,
 )
 
 __all__ = ["figure_html", "inline_markdown", "page_html", "render_html", "table_html"]
@@ -133,9 +131,8 @@ def render_html(
         facts = "".join(f"<li><strong>{html.escape(k)}</strong>: {html.escape(v)}</li>" for k, v in context)
         parts.append(f'<ul class="context">{facts}</ul>')
     parts.append(f'<div class="headline"><ul>{sentences}</ul></div>')
-    for warning in (partial_warning(summary), usage_warning(summary), saturation_warning(summary)):
-        if warning:
-            parts.append(f'<p class="warning">{inline_markdown(warning)}</p>')
+    for warning in report_warnings(summary):
+        parts.append(f'<p class="warning">{inline_markdown(warning)}</p>')
     figures = [figure_html(caption, png) for caption, png in images]
     parts += figures[:1]
     parts += ["<h2>Result</h2>", f"<p>{inline_markdown(RESULT_NOTE)}</p>"]

@@ -11,7 +11,7 @@ from itlaudit.analysis.metrics import p50, ratio
 from itlaudit.analysis.server_metrics import SIGNALS
 from itlaudit.analysis.stats import SAME_BAND
 from itlaudit.analysis.summary import Figures, RunSummary, VariantSummary
-from itlaudit.analysis.validity import Validity, comparison_validity, variant_validity
+from itlaudit.analysis.validity import Validity, comparison_validity, quality_note, variant_validity
 from itlaudit.model.codes import CLIENT_SATURATED, TRUNCATION_CODES, Finding
 
 __all__ = [
@@ -352,6 +352,24 @@ def usage_warning(summary: RunSummary) -> str | None:
     )
 
 
+def quality_warning(summary: RunSummary) -> str | None:
+    """analysis.validity's phrase when gibberish was measured and did not gate: the speeds stand,
+    the text was not judged (dummy weights, a stand-in server, a single variant)."""
+    note = quality_note(summary)
+    return None if note is None else f"**Output quality not judged:** {escape(note)}."
+
+
+def report_warnings(summary: RunSummary) -> list[str]:
+    """The notes above the figures, in both report forms: what limits how they may be read."""
+    found = (
+        partial_warning(summary),
+        quality_warning(summary),
+        usage_warning(summary),
+        saturation_warning(summary),
+    )
+    return [warning for warning in found if warning]
+
+
 PARTIAL_HEADING = "partial: run still in progress"
 
 
@@ -402,9 +420,8 @@ def render_report(
     if context:
         lines += [*context_section(context), ""]
     lines += [f"- {line}" for line in headline(summary)] + [""]
-    for warning in (partial_warning(summary), usage_warning(summary), saturation_warning(summary)):
-        if warning:
-            lines += [f"> {warning}", ""]
+    for warning in report_warnings(summary):
+        lines += [f"> {warning}", ""]
     lines += ["## Result", "", RESULT_NOTE, ""]
     lines.append("| figure | " + " | ".join(escape(n) for n in names) + " |")
     lines.append("|---|" + "---|" * len(names))

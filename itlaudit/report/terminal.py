@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from itlaudit.analysis.summary import Figures, RunSummary, VariantSummary
-from itlaudit.analysis.validity import variant_validity
+from itlaudit.analysis.validity import mostly_gibberish, quality_note, variant_validity
 from itlaudit.model.codes import CUT_BY_DURATION
 from itlaudit.model.run_context import server_build, variant_meta
 
@@ -62,6 +62,10 @@ def result_block(summary: RunSummary, meta: Mapping[str, Any], variant: str) -> 
     validity = variant_validity(summary, variant)
     if not validity.comparable:
         lines.append((f"{variant}: {validity.label}", "bold red"))
+    elif (note := quality_note(summary)) and mostly_gibberish(
+        {"requests": block.requests, "findings": block.findings}
+    ):
+        lines.append((f"{variant}: {note}", "yellow"))
     plain = [
         _row("Server:", f"{info.get('url') or _NONE}, {server_build(version)}"),
         _row("Successful requests:", bench.get("completed")),

@@ -21,6 +21,7 @@ from itlaudit.analysis.validity import block_validity
 from itlaudit.model.codes import Finding
 from itlaudit.model.jsonvalue import JSONObject, JSONValue
 from itlaudit.model.records import RequestRecord, Status
+from itlaudit.model.vocabulary import QualityGate
 from itlaudit.smoke.suite import DEFAULT_METRIC, CheckParams, CheckSpec, Suite
 
 __all__ = [
@@ -304,12 +305,15 @@ def _speedup(ctx: _Ctx) -> Outcome:
     evidence: JSONObject = {path: this, f"{over} {path}": base}
     # analysis.validity: a capped or failing variant's ITL is no speed, so no speedup to pass on.
     other = ctx.others.get(over)
-    sides = (("this variant", ctx.figures.validity_block()), (over, other.validity_block() if other else {}))
-    unlike = [
-        f"{name} {v.label}"
-        for name, block in sides
-        if not (v := block_validity(block, gibberish_expected=params.gibberish_expected)).comparable
-    ]
+    # Quality is judged relatively (the variant against the one it is compared over); a suite whose
+    # model writes gibberish by construction may still say `gibberish_expected` to turn it off.
+    gate = QualityGate.OFF if params.gibberish_expected else QualityGate.RELATIVE
+    theirs = other.validity_block() if other else {}
+    sides = (
+        ("this variant", block_validity(ctx.figures.validity_block(), base=theirs or None, gate=gate)),
+        (over, block_validity(theirs, gate=gate)),
+    )
+    unlike = [f"{name} {v.label}" for name, v in sides if not v.comparable]
     if unlike:
         return Outcome(FAIL, "–", threshold, None, "; ".join(unlike) + ", so no speedup", evidence)
     if this is None or not base or not this:

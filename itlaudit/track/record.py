@@ -28,6 +28,7 @@ from itlaudit.errors import ItlauditError, TrackError
 from itlaudit.model.codes import CLIENT_SATURATED, COMMON_CAP, TRUNCATION_CODES
 from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import RequestRecord
+from itlaudit.model.run_context import quality_settings
 from itlaudit.store.jsonl import load_records
 from itlaudit.store.ledger import run_fingerprints
 from itlaudit.store.rundir import META_FILE, REQUESTS_FILE, read_json
@@ -137,7 +138,11 @@ def run_points(run_dir: Path, build: BuildInfo | None = None) -> list[NewPoint]:
         raise TrackError(f"{run_dir}: cannot be recorded ({exc})") from None
     if meta.get("interrupted") or meta.get("failed"):
         raise TrackError(f"{run_dir}: the run did not finish; record a finished run")
-    summary = run_summary(all_records, list(fingerprints))
+    try:
+        quality = quality_settings(meta)
+    except ItlauditError as exc:
+        raise TrackError(f"{run_dir}: cannot be recorded ({exc})") from None
+    summary = run_summary(all_records, list(fingerprints), quality=quality)
     try:
         telemetry = read_telemetry(run_dir)
     except (ItlauditError, OSError, ValueError) as exc:

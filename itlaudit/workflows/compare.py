@@ -36,7 +36,7 @@ from itlaudit.model.vocabulary import Endpoint
 from itlaudit.report.progress import Reporter
 from itlaudit.serve.side_client import SideClient
 from itlaudit.store.rundir import COMPARE_FILE, write_versioned
-from itlaudit.workflows.derive import write_report
+from itlaudit.workflows.derive import with_comparison, write_report
 from itlaudit.workflows.run import LedgerPolicy, RunOutcome, run_scenario, variant_target
 from itlaudit.workflows.run_folder import RunFolder
 from itlaudit.workflows.variant_pass import WindowHook
@@ -204,6 +204,9 @@ def run_compare(
         comparison = _compare(
             scenario, outcome, window.snapshots, url, variant_urls, capture, console, distribution
         )
+        # compare.json's findings are the run's: summary.json, the terminal block and the report
+        # name them as compare.json does.
+        outcome = replace(outcome, derivation=with_comparison(outcome.derivation, comparison))
     finally:
         write_report(outcome.derivation, reporter=Reporter(console))
     return outcome, comparison

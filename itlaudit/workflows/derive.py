@@ -5,19 +5,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from itlaudit.analysis.comparison import CompareResult
-from itlaudit.analysis.derive import derive_requests, request_line, summarize_run
+from itlaudit.analysis.derive import derive_requests, request_line, summarize_run, with_comparison_findings
 from itlaudit.analysis.importers import ImportedBenchmark
 from itlaudit.analysis.summary import PartialBy, RecordsSeen, RunSummary
 from itlaudit.model.codes import Finding
 from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import RequestRecord
+from itlaudit.model.run_context import quality_settings
 from itlaudit.report.markdown import PARTIAL_HEADING
 from itlaudit.report.progress import Reporter
 from itlaudit.report.writer import write_reports
@@ -38,7 +39,7 @@ from itlaudit.store.rundir import (
 )
 from itlaudit.store.server_metrics import read_telemetry, server_blocks
 
-__all__ = ["Derivation", "derive_figures", "write_derived", "write_report"]
+__all__ = ["Derivation", "derive_figures", "with_comparison", "write_derived", "write_report"]
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -106,12 +107,16 @@ def derive_figures(
         loaded = read_records(run_dir / REQUESTS_FILE)
         records = loaded.records
         requests = derive_requests(records)
+        quality = quality_settings(_optional_json(run_dir / META_FILE))
         summary = msgspec.structs.replace(
-            summarize_run(records, variant_order, requests),
+            summarize_run(records, variant_order, requests, quality=quality),
             records=RecordsSeen(file=REQUESTS_FILE, lines=loaded.lines, warmup=loaded.warmup),
             partial=None if live is None else PartialBy(pid=live.pid, host=live.host),
             server=server_blocks(run_dir, records),
         )
+        compared = CompareResult.from_json(_optional_json(run_dir / COMPARE_FILE))
+        if compared is not None:  # compare.json's findings are the run's too: one set in every output
+            summary = with_comparison_findings(summary, _findings(compared), records)
         derived = [request_line(request) for request in requests]
         if live is not None:
             title = f"{PARTIAL_HEADING}: {title}"
@@ -125,6 +130,21 @@ def derive_figures(
     return Derivation(
         out=out, title=title, records=records, summary=summary, derived=derived, findings=findings
     )
+
+
+def _findings(comparison: CompareResult) -> list[Finding]:
+    return [Finding.from_json(line) for line in comparison.findings]
+
+
+def with_comparison(derivation: Derivation, comparison: CompareResult) -> Derivation:
+    """The derivation with compare.json's findings merged into its summary (rewritten) and its
+    findings list: what `compare` hands the terminal block and the report once compare.json exists."""
+    summary = with_comparison_findings(derivation.summary, _findings(comparison), derivation.records)
+    write_versioned(derivation.out / SUMMARY_FILE, summary.to_json())
+    # Derivation.findings is each request's findings, then the summary's run-level ones.
+    requests = derivation.findings[: len(derivation.findings) - len(derivation.summary.run_findings)]
+    findings = requests + [Finding.from_json(line) for line in summary.run_findings]
+    return replace(derivation, summary=summary, findings=findings)
 
 
 def write_report(

@@ -45,7 +45,7 @@ from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.launch import LaunchSpec
 from itlaudit.model.redact import launch_secret_values, redact_file
 from itlaudit.model.scenario import Scenario, Variant
-from itlaudit.model.vocabulary import LoadAxis
+from itlaudit.model.vocabulary import LoadAxis, QualityGate
 from itlaudit.report.progress import Reporter, duration
 from itlaudit.store.jsonl import iter_jsonl, load_records
 from itlaudit.store.rundir import (
@@ -157,17 +157,36 @@ def _finished_trials(sweep_dir: Path, variant: str) -> Iterator[tuple[float, Pat
             yield load, point.parent
 
 
+def _base_blocks(sweep_dir: Path, config: SweepConfig, variant: str) -> dict[float, JSONObject]:
+    """The baseline variant's summary block at each load it finished (its first trial there), which a
+    later variant's quality is judged against (analysis.validity); none for the baseline itself."""
+    base = config.variants[0] if config.variants else variant
+    if base == variant:
+        return {}
+    blocks: dict[float, JSONObject] = {}
+    for load, folder in _finished_trials(sweep_dir, base):
+        block = read_versioned(folder / SUMMARY_FILE)["variants"].get(base)
+        if isinstance(block, dict):
+            blocks.setdefault(load, block)
+    return blocks
+
+
 def variant_points(sweep_dir: Path, config: SweepConfig, variant: str) -> dict[float, JSONObject]:
-    """Every finished load of a variant (grid and SLA probes), pooled over its trials."""
+    """Every finished load of a variant (grid and SLA probes), pooled over its trials; each trial's
+    validity judged against the baseline's block at the same load."""
     trials: dict[float, list[JSONObject]] = {}
+    bases = _base_blocks(sweep_dir, config, variant)
     for load, folder in _finished_trials(sweep_dir, variant):
         records = load_records(folder / REQUESTS_FILE)
         derived = {line["request_id"]: line for line in iter_jsonl(folder / DERIVED_FILE)}
-        block = read_versioned(folder / SUMMARY_FILE)["variants"].get(variant)
+        summary = read_versioned(folder / SUMMARY_FILE)
+        block = summary["variants"].get(variant)
         if block is None:
             continue
         requests = [request_figures(r, derived.get(r.request_id, {})) for r in records]
-        trials.setdefault(load, []).append(trial_figures(block, records, requests, config.goodput))
+        gate = QualityGate(summary.get("quality_gate") or QualityGate.RELATIVE)
+        figures = trial_figures(block, records, requests, config.goodput, base=bases.get(load), gate=gate)
+        trials.setdefault(load, []).append(figures)
     points = {load: pool_trials(config.axis, load, found) for load, found in sorted(trials.items())}
     for load, point in points.items():
         stopped = _convergence_file(sweep_dir, variant, config.axis, load)

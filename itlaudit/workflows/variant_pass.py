@@ -207,6 +207,8 @@ class VariantPass:
             except ItlauditError:
                 version = None  # a server without /version (SGLang, a gateway) still has a record
         launched = self.launched
+        if launched is not None and launched.dummy_weights:
+            info["load_format"] = "dummy"  # gibberish by construction (analysis.validity's phrase)
         info["environment"] = environment_record(
             base_url,
             version,
