@@ -3,8 +3,9 @@ nightlies into it and bisect its changes (track/nightly.py).
 
 Exit codes of `track check` and `track nightly`, as `git bisect run` reads a script's: 0 no open
 regression (suspected changes may be listed), 1 at least one confirmed regression is open, 2 bad
-input (a history that cannot be opened, a bad option), 125 (`nightly` only) there were new builds
-and none of them could be probed.
+input (a history that cannot be opened, a bad option), 125 cannot tell: a family's latest builds hold
+no valid point (all capped, failing, or gibberish where their baseline is clean), or (`nightly`) there
+were new builds and none of them could be probed.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ __all__ = ["track_app"]
 
 if TYPE_CHECKING:
     from itlaudit.bisect.settings import Settings
-    from itlaudit.track.changes import Change, CheckSettings
+    from itlaudit.track.changes import Blind, Change, CheckSettings
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -92,20 +93,25 @@ def check(
     """Print the open changes of the history; exit 1 when a confirmed regression is open."""
     from itlaudit.track.changes import CheckSettings, open_changes
     from itlaudit.track.db import open_history
+    from itlaudit.track.nightly import EXIT_CANNOT_TELL, EXIT_REGRESSION
 
     if not 0 < min_effect < 10:
         raise _fail(ItlauditError(f"--min-effect {min_effect}: give a fraction such as 0.1 (10 %)"))
+    settings = CheckSettings(min_effect=min_effect)
     try:
         history = open_history(db)
-        changes = history.check(CheckSettings(min_effect=min_effect))
+        changes = history.check(settings)
+        blind = history.blind(settings.blind_builds)
         history.close()
     except ItlauditError as exc:
         raise _fail(exc) from None
     if auto:
-        changes = _bisect_open(db, changes, CheckSettings(min_effect=min_effect))
-    _print_changes(changes, show_all=show_all, as_json=as_json, where=history.where)
+        changes = _bisect_open(db, changes, settings)
+    _print_changes(changes, show_all=show_all, as_json=as_json, where=history.where, blind=blind)
     if open_changes(changes):
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_REGRESSION)
+    if blind:
+        raise typer.Exit(EXIT_CANNOT_TELL)
 
 
 def _bisect_open(db: str | None, changes: list[Change], settings: CheckSettings) -> list[Change]:
@@ -125,11 +131,17 @@ def _bisect_open(db: str | None, changes: list[Change], settings: CheckSettings)
         history.close()
 
 
-def _print_changes(changes: list[Change], *, show_all: bool, as_json: bool, where: str) -> None:
+def _print_changes(
+    changes: list[Change], *, show_all: bool, as_json: bool, where: str, blind: list[Blind]
+) -> None:
+    """The changes (all, or the open and suspected ones), then the families nothing could be told
+    about, then the count line; --json prints the changes alone on stdout and the rest on stderr."""
     from itlaudit.track.changes import SUSPECTED, open_changes
 
     still_open = open_changes(changes)
     suspected = [c for c in changes if c.state == SUSPECTED]
+    for family in blind:
+        (err if as_json else out).print(family.sentence, markup=False)
     if as_json:
         out.print_json(json.dumps([c.to_json() for c in changes]))
     else:
@@ -266,7 +278,7 @@ def nightly(
     except ItlauditError as exc:
         raise _fail(exc) from None
     out.print(f"nightly: {len(result.probed)} build(s) probed, {len(result.skipped)} skipped", markup=False)
-    _print_changes(result.changes, show_all=True, as_json=False, where=history.where)
+    _print_changes(result.changes, show_all=True, as_json=False, where=history.where, blind=result.blind)
     raise typer.Exit(result.exit_code)
 
 

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import groupby
 from operator import attrgetter
-from typing import TypedDict, overload
+from typing import NamedTuple, TypedDict, overload
 
 import numpy as np
 
@@ -44,14 +44,17 @@ __all__ = [
     "SERVER_SERIES",
     "SPEEDUP",
     "STREAM_SERIES",
+    "Blind",
     "Change",
     "ChangeJSON",
     "CheckSettings",
     "Evidence",
     "EvidenceJSON",
     "Point",
+    "PointState",
     "SeriesSpec",
     "annotate",
+    "blind_families",
     "find_changes",
     "open_changes",
     "point_values",
@@ -181,6 +184,8 @@ class CheckSettings:
     window: int = 5
     penalty: float = 4.0
     base_variant: str = BASE_VARIANT
+    # A family none of whose latest `blind_builds` builds holds a valid point cannot be told about.
+    blind_builds: int = 10
 
 
 @dataclass(frozen=True)
@@ -315,6 +320,14 @@ class _Candidate:
     suspected: bool = False
     reason: str | None = None
     method_changed: bool = False
+    waits_for: str | None = None  # what confirms a suspected candidate
+
+
+# What confirms a suspected change (docs/track.md): the newest build alone off its series needs one
+# more build that is off it the same way (a change holds on two builds after it); a move whose
+# samples either side are too few to test needs more of them.
+_ONE_MORE_BUILD = "1 more build off the series the same way confirms it"
+_MORE_SAMPLES = "too few samples either side to test it: more builds or trials confirm it"
 
 
 _ORDER = attrgetter("order")
@@ -366,6 +379,14 @@ def _tail_candidate(logs: np.ndarray, min_effect: float) -> list[int]:
     return [logs.size - 1] if abs(logs[-1] - before) > math.log1p(min_effect) else []
 
 
+def _holds(logs: np.ndarray, low: int, cut: int, high: int, window: int, step: float) -> bool:
+    """A change at `cut` (its segment [low, high)) holds: each of the first two builds after it is off
+    the builds before it by half the minimum effect at least, the same way (one slow nightly is noise)."""
+    before = float(np.median(logs[max(low, cut - window) : cut]))
+    moves = logs[cut : min(high, cut + 2)] - before
+    return moves.size >= 2 and bool(np.all(moves > step / 2) or np.all(moves < -step / 2))
+
+
 def _per_build(points: Sequence[Point]) -> list[tuple[int, list[Point]]]:
     """(order, the build's points) in build order (a history reads sorted, so the sort is one pass)."""
     ordered = sorted(points, key=_ORDER)
@@ -382,22 +403,23 @@ def _series_candidates(
 ) -> list[_Candidate]:
     """Change points of one series over its valid builds, each tested on raw samples."""
     logs = np.log(np.asarray(values, dtype=float))
-    cuts = _breakpoints(logs, settings.penalty)
-    tail = _tail_candidate(logs, settings.min_effect)
-    bounds = [0, *sorted({*cuts, *tail}), len(builds)]
+    cuts = sorted(_breakpoints(logs, settings.penalty))
     step = math.log1p(settings.min_effect)
+    edges = [0, *cuts, len(builds)]
+    holding = {
+        c for k, c in enumerate(cuts, 1) if _holds(logs, edges[k - 1], c, edges[k + 1], settings.window, step)
+    }
+    # The newest build right after a change that holds belongs to that change (a change holds on its
+    # two builds after it); split off as a tail of its own, it left the change one build long, dropped.
+    tail = [t for t in _tail_candidate(logs, settings.min_effect) if t - 1 not in holding]
+    bounds = [0, *sorted({*cuts, *tail}), len(builds)]
     found = []
     for k in range(1, len(bounds) - 1):
         cut = bounds[k]
         left = builds[max(bounds[k - 1], cut - settings.window) : cut]
         right = builds[cut : min(bounds[k + 1], cut + settings.window)]
-        if cut not in tail:
-            # A change holds: each of the first two builds after it is off the builds before it by
-            # half the minimum effect at least, the same way (one slow nightly is noise).
-            before = float(np.median(logs[max(bounds[k - 1], cut - settings.window) : cut]))
-            moves = logs[cut : min(bounds[k + 1], cut + 2)] - before
-            if moves.size < 2 or not (np.all(moves > step / 2) or np.all(moves < -step / 2)):
-                continue
+        if cut not in tail and not _holds(logs, bounds[k - 1], cut, bounds[k + 1], settings.window, step):
+            continue
         comparison = compare_samples(
             samples_of([p for _, pts in left for p in pts]),
             samples_of([p for _, pts in right for p in pts]),
@@ -406,6 +428,8 @@ def _series_candidates(
             alpha=settings.alpha,
         )
         verdict = comparison.verdict
+        if comparison.ratio is None or abs(math.log(comparison.ratio)) < step:
+            continue  # below the minimum effect, whatever the test says: in every class and series
         suspected = cut in tail and verdict != Shift.SAME
         if verdict in (Shift.SAME, Shift.UNKNOWN) and not suspected:
             continue
@@ -438,16 +462,27 @@ def _series_candidates(
                 evidence,
                 suspected=suspected or verdict == Shift.UNKNOWN,
                 method_changed=methods_before != methods_after,
+                waits_for=_MORE_SAMPLES
+                if verdict == Shift.UNKNOWN
+                else _ONE_MORE_BUILD
+                if suspected
+                else None,
             )
         )
     return found
+
+
+def _waits_for(verdict: Shift, suspected: bool) -> str | None:
+    if verdict == Shift.UNKNOWN:
+        return _MORE_SAMPLES
+    return _ONE_MORE_BUILD if suspected else None
 
 
 def _validity_candidates(variant: str, builds: Sequence[tuple[int, Sequence[Point]]]) -> list[_Candidate]:
     """Every change of validity along a series: valid → invalid is a regression of that kind,
     invalid → valid a fix. A build is invalid when any of its points is."""
     found = []
-    previous: tuple[int, str] | None = None
+    previous: tuple[int, str, Sequence[Point]] | None = None
     for order, points in builds:
         bad = next((p for p in points if p.validity != VALID), None)
         state = bad.validity if bad else VALID
@@ -457,9 +492,23 @@ def _validity_candidates(variant: str, builds: Sequence[tuple[int, Sequence[Poin
             reason = _validity_line(bad) if bad else _restored_line(before_state)
             cls = _VALIDITY_CLASS[bad.validity if bad else before_state]
             spec = SeriesSpec("validity", "completion_tokens", 0.5, False, "validity", cls)
-            found.append(_Candidate(variant, spec, order, previous[0], kind, None, reason=reason))
-        previous = (order, state)
+            evidence = _length_evidence(variant, previous[2], points, reason)
+            found.append(_Candidate(variant, spec, order, previous[0], kind, evidence, reason=reason))
+        previous = (order, state, points)
     return found
+
+
+def _length_evidence(variant: str, before: Sequence[Point], after: Sequence[Point], reason: str) -> Evidence:
+    """A validity change's evidence: the output-length medians of the builds either side (what a cap
+    moves first) and what changed, in the verdict's place."""
+
+    def length(points: Sequence[Point]) -> float | None:
+        values = [float(v) for p in points if (v := p.values.get("output_len")) is not None]
+        return float(np.median(values)) if values else None
+
+    old, new = length(before), length(after)
+    ratio = new / old if old and new is not None else None
+    return Evidence(variant, "output_len", old, new, ratio, None, reason)
 
 
 def _validity_line(point: Point) -> str:
@@ -629,6 +678,11 @@ def _group(family: str, members: Sequence[_Candidate], build_names: Mapping[int,
     }
     if any(c.method_changed for c in members):
         signals["method_changed"] = True
+    suspected = all(c.suspected for c in members)
+    summary = _describe(cls, kind, build, members)
+    if suspected:
+        waits = next((c.waits_for for c in members if c.waits_for), _ONE_MORE_BUILD)
+        summary += f"; suspected: {waits}"
     return Change(
         family=family,
         order=order,
@@ -637,8 +691,8 @@ def _group(family: str, members: Sequence[_Candidate], build_names: Mapping[int,
         last_good_build=build_names.get(last_good) if last_good is not None else None,
         change_class=cls,
         kind=kind,
-        summary=_describe(cls, kind, build, members),
-        state=SUSPECTED if all(c.suspected for c in members) else CONFIRMED,
+        summary=summary,
+        state=SUSPECTED if suspected else CONFIRMED,
         evidence=[c.evidence for c in members if c.evidence is not None],
         signals=signals,
     )
@@ -699,6 +753,65 @@ def _close(changes: Sequence[Change]) -> None:
             if later.change_class == change.change_class and later.kind in (FIX, IMPROVEMENT) and same:
                 change.closed_by = later.build
                 break
+
+
+class PointState(NamedTuple):
+    """What `blind_families` reads of a point: its family, build and validity."""
+
+    family: str
+    order: int
+    validity: str
+    reason: str | None
+    cap: int | None
+
+
+@dataclass(frozen=True)
+class Blind:
+    """A family whose latest builds hold no valid point: nothing in them was tested for speed, so a
+    check over them can tell nothing (git bisect run's 125), never "no regression"."""
+
+    family: str
+    builds: int
+    points: int
+    why: dict[str, int]
+
+    @property
+    def sentence(self) -> str:
+        causes = ", ".join(f"{n} of {self.points} {cause}" for cause, n in self.why.items())
+        return (
+            f"0 valid points in {self.builds} build(s) of family {self.family[:12]}: cannot tell — {causes}"
+        )
+
+
+def _cause(point: PointState) -> str:
+    """A point's invalidity in a few words, so that like ones are counted together."""
+    if point.validity == LENGTH:
+        return f"capped at {point.cap} tokens" if point.cap else "cut short"
+    if point.validity == CLIENT:
+        return "timed by a saturated client"
+    reason = point.reason or ""
+    if "gibberish" in reason:
+        return "gibberish where the baseline's outputs are clean" if "baseline" in reason else "gibberish"
+    return "with failed requests" if "failed" in reason else "invalid"
+
+
+def blind_families(points: Iterable[PointState], builds: int) -> list[Blind]:
+    """The families none of whose latest `builds` builds (all of them, when fewer) holds a valid
+    point, with how many points were invalid for what."""
+    by_family: dict[str, list[PointState]] = defaultdict(list)
+    for point in points:
+        by_family[point.family].append(point)
+    found = []
+    for family, members in sorted(by_family.items()):
+        latest = sorted({p.order for p in members})[-builds:]
+        recent = [p for p in members if p.order >= latest[0]]
+        if any(p.validity == VALID for p in recent):
+            continue
+        why: dict[str, int] = defaultdict(int)
+        for point in recent:
+            why[_cause(point)] += 1
+        found.append(Blind(family, len(latest), len(recent), dict(why)))
+    return found
 
 
 def open_changes(changes: Iterable[Change]) -> list[Change]:

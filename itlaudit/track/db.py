@@ -27,11 +27,14 @@ from itlaudit.track.changes import (
     SAMPLE_FIELDS,
     SERIES,
     SERVER_SERIES,
+    Blind,
     Change,
     CheckSettings,
     Point,
+    PointState,
     Samples,
     annotate,
+    blind_families,
     find_changes,
     point_values,
 )
@@ -203,8 +206,10 @@ class BisectRecord(TypedDict):
 
 
 def _build_label(version: str | None, commit: str | None, order: int) -> str:
-    parts = [p for p in (version, (commit or "")[:12] or None) if p]
-    return " ".join(parts) if parts else f"#{order}"
+    """A build as a change names it: its first-parent order and commit, the server's version string
+    only beside them (two nightlies of one release share it: "vLLM 0.32.0" names neither)."""
+    label = f"#{order} {commit[:12]}" if commit else f"#{order}"
+    return f"{label} ({version})" if version else label
 
 
 class History:
@@ -342,6 +347,15 @@ class History:
                     )
                 )
         return out
+
+    def blind(self, builds: int) -> list[Blind]:
+        """The families whose latest `builds` builds hold no valid point (changes.blind_families),
+        read from the validity columns alone."""
+        p, s = points_table, series_table
+        query = sa.select(s.c.family, p.c.build_order, p.c.validity, p.c.reason, p.c.cap)
+        with self.engine.connect() as conn:
+            rows = conn.execute(query.join(s, s.c.id == p.c.series_id)).all()
+        return blind_families((PointState(r[0], int(r[1]), r[2], r[3], r[4]) for r in rows), builds)
 
     def samples(self, ids: Sequence[int]) -> dict[int, Samples]:
         """Raw per-request figures of the given points."""

@@ -44,6 +44,7 @@ from itlaudit.track.changes import (
     REGRESSION,
     SPEED,
     SPEEDUP_CLASS,
+    Blind,
     Change,
     CheckSettings,
     open_changes,
@@ -52,7 +53,7 @@ from itlaudit.track.db import History, NewPoint, digest
 from itlaudit.track.record import BuildInfo, run_points
 
 __all__ = [
-    "EXIT_NOTHING_PROBED",
+    "EXIT_CANNOT_TELL",
     "EXIT_REGRESSION",
     "NightlyResult",
     "bisect_change",
@@ -61,10 +62,11 @@ __all__ = [
     "nightly_builds",
 ]
 
-# `track nightly` exit codes, as `git bisect run` reads a script's: 0 good, 1 bad (a confirmed
-# regression is open), 125 cannot tell (there were new builds and none could be probed); 2 is bad input.
+# `track nightly` and `track check` exit codes, as `git bisect run` reads a script's: 0 good, 1 bad (a
+# confirmed regression is open), 125 cannot tell (there were new builds and none could be probed, or a
+# family's latest builds hold no valid point: nothing was tested); 2 is bad input.
 EXIT_REGRESSION = 1
-EXIT_NOTHING_PROBED = 125
+EXIT_CANNOT_TELL = 125
 PROBED, SKIPPED, FAILED = "probed", "skipped", "failed"
 # The bisect verdict each change class is bisected with; other classes are not a build's doing alone.
 _VERDICT = {LENGTH_CAP: "truncation", SPEED: "itl", SPEEDUP_CLASS: "speedup"}
@@ -86,13 +88,14 @@ class NightlyResult:
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)
     changes: list[Change] = dataclasses.field(default_factory=list)
     bisected: dict[str, str | None] = dataclasses.field(default_factory=dict)
+    blind: list[Blind] = dataclasses.field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
         if open_changes(self.changes):
             return EXIT_REGRESSION
-        if self.skipped and not self.probed:
-            return EXIT_NOTHING_PROBED
+        if (self.skipped and not self.probed) or self.blind:
+            return EXIT_CANNOT_TELL
         return 0
 
 
@@ -247,6 +250,7 @@ def nightly(
         prefetcher.close()
     history.set_source(families, {**_template(settings), "out_dir": str(out_dir)})
     result.changes = history.check(check)
+    result.blind = history.blind((check or CheckSettings()).blind_builds)
     return result
 
 
