@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
-import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
