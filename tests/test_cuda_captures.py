@@ -139,7 +139,13 @@ def test_near_tie_between_eager_and_cuda_graphs_is_a_warning() -> None:
     assert max(f.evidence["base_top2_margin"] for f in findings) < 0.004
     judged = [with_execution_modes(f, "eager", "compiled") for f in findings]
     assert {f.severity for f in judged} == {Severity.WARNING}
-    assert all("different execution modes (eager vs compiled)" in f.message for f in judged)
+    assert all(
+        f.message.endswith(
+            f"Conclusion: numerics differ between execution modes (eager vs compiled) at a near tie "
+            f"(margin {f.evidence['base_top2_margin']:.3g} nats): warning."
+        )
+        for f in judged
+    )
 
 
 def test_clear_margin_or_same_mode_or_unknown_mode_keeps_the_error() -> None:
@@ -148,6 +154,19 @@ def test_clear_margin_or_same_mode_or_unknown_mode_keeps_the_error() -> None:
     assert with_execution_modes(clear, "eager", "compiled").severity == Severity.ERROR
     assert with_execution_modes(near, "eager", "eager").severity == Severity.ERROR
     assert with_execution_modes(near, None, "compiled").severity == Severity.ERROR
+
+
+def test_execution_modes_without_speculation_are_never_judged_as_spec_decode() -> None:
+    """G0 eager vs G0 with CUDA graphs (no drafts on either side): even a clear margin is the two
+    execution paths' numerics, a warning that says so with the margin."""
+    near = _cudagraph_findings()[0]
+    clear = replace(near, evidence={**near.evidence, "base_top2_margin": 3.0, "near_tie": False})
+    judged = with_execution_modes(clear, "eager", "compiled", speculates=False)
+    assert judged.severity == Severity.WARNING
+    assert judged.message.endswith(
+        "Conclusion: numerics differ between execution modes (eager vs compiled) and neither speculates "
+        "(margin 3 nats): warning."
+    )
 
 
 # --- itlaudit's own requests stay outside the /metrics window ---------------------------------------

@@ -8,6 +8,7 @@ from itlaudit.analysis.lossless import (
     SPEC_DECODE_OUTPUT_MISMATCH,
     spec_decode_mismatches,
     with_divergence_logprobs,
+    without_logprobs,
 )
 from itlaudit.capture.client import stream_request
 from itlaudit.capture.request_plan import plan_request
@@ -83,7 +84,11 @@ def test_sampled_failed_and_unpaired_requests_are_skipped() -> None:
 
 @pytest.mark.parametrize(
     ("base_top", "near_tie", "words"),
-    [({5: -1.0, 6: -1.05}, True, "near-tie"), ({5: -0.1, 6: -4.0}, False, "likely a bug")],
+    [
+        ({5: -1.0, 6: -1.05}, True, "ranks 2nd (margin 0.05 nats, replay disagrees): error."),
+        ({5: -0.1, 6: -4.0}, False, "ranks 2nd (margin 3.9 nats, replay disagrees): error."),
+        ({5: -0.1, 7: -3.0}, False, "ranks below its top 2 (margin 2.9 nats, replay disagrees): error."),
+    ],
 )
 def test_divergence_logprobs_tell_variance_from_a_bug(
     base_top: dict[int, float], near_tie: bool, words: str
@@ -93,7 +98,10 @@ def test_divergence_logprobs_tell_variance_from_a_bug(
     assert explained.evidence["near_tie"] is near_tie
     assert explained.evidence["base_top_logprobs"] == {str(k): v for k, v in base_top.items()}
     assert explained.evidence["spec_top_logprobs"] == {"6": -1.0, "5": -1.02}
-    assert words in explained.message
+    assert explained.message.endswith(
+        f"Conclusion: the speculating server produced a token the baseline {words}"
+    )
+    assert explained.message.count("Conclusion:") == 1 and " or " not in explained.message
 
 
 async def _records(url: str, variant: str, model: str) -> list[RequestRecord]:
@@ -138,9 +146,28 @@ def test_a_near_tie_the_speculating_server_replays_as_k0_did_is_a_warning() -> N
     batch broke a tie. A replay that disagrees, or a wide margin, keeps the error."""
     (finding,) = spec_decode_mismatches([_record("K0", 0, [1, 5])], [_record("K3", 0, [1, 6])])
     agrees = with_divergence_logprobs(finding, {5: -1.0, 6: -1.125}, {5: -1.0, 6: -1.125})
-    assert agrees.severity is Severity.WARNING and "batch variance at a near tie" in agrees.message
+    assert agrees.severity is Severity.WARNING
+    assert agrees.message.endswith(
+        "Conclusion: batch variance at a near tie (margin 0.125 nats, replay agrees): warning."
+    )
     tied = with_divergence_logprobs(finding, {5: -1.0, 6: -1.0}, {6: -1.0, 5: -1.0})
     assert tied.severity is Severity.WARNING
     disagrees = with_divergence_logprobs(finding, {5: -1.0, 6: -1.125}, {6: -1.0, 5: -1.125})
     wide = with_divergence_logprobs(finding, {5: -0.1, 6: -4.0}, {5: -0.1, 6: -4.0})
     assert disagrees.severity is wide.severity is Severity.ERROR
+
+
+def test_a_mismatch_no_server_could_score_says_it_is_not_concluded() -> None:
+    """Launched servers stop after their variant: the mismatch says no conclusion was drawn and how to
+    have one, at the registry's severity; its first form says the same before any scoring."""
+    (finding,) = spec_decode_mismatches([_record("K0", 0, [1, 5])], [_record("K3", 0, [1, 6])])
+    assert finding.message.endswith(
+        "Conclusion: not drawn, the servers' top logprobs at the divergence were not read: error."
+    )
+    unscored = without_logprobs(finding)
+    assert unscored.severity is Severity.ERROR and unscored.message.count("Conclusion:") == 1
+    assert unscored.message.endswith(
+        "give both servers by URL (--variant NAME=URL) so compare scores it: error."
+    )
+    scored = with_divergence_logprobs(finding, {5: -1.0, 6: -1.125}, {5: -1.0, 6: -1.125})
+    assert without_logprobs(scored) == scored

@@ -447,11 +447,14 @@ def _nightly_repo(path: Path, plan_path: Path, seed: int) -> dict[str, str]:
             kind = CULPRIT_DAYS[day] if day in CULPRIT_DAYS and n == 1 else f"c{day}.{n}"
             marks.append((previous, kind))
             plan[str(previous)] = {
-                "step_ms": 5.0 * (1.3 if state["slow"] else 1.0) * float(np.exp(rng.normal(0, 0.02))),
+                "step_ms": 5.0 * (1.5 if state["slow"] else 1.0) * float(np.exp(rng.normal(0, 0.02))),
                 "cap_tokens": 128 if state["cap"] else None,
                 "acceptance_prob": 0.05 if state["lost"] else 0.9,
                 "seed": int(rng.integers(1 << 30)),
                 "ttft_ms": 150.0,  # the loaded box stalls a request's start by up to ~40 ms
+                # Every build writes digit-heavy text, as vLLM on --load-format dummy does: gibberish on
+                # both sides is a speed history all the same (analysis.validity's relative rule).
+                "gibberish_after_tokens": 0,
             }
         marks.append((previous, f"nightly-{day}"))
     path.mkdir(parents=True)
@@ -468,9 +471,11 @@ def _nightly_repo(path: Path, plan_path: Path, seed: int) -> dict[str, str]:
 
 
 def test_nightly_over_sixty_simulated_nightlies_finds_classifies_and_bisects(db: str, tmp_path: Path) -> None:
-    """`track nightly --auto` over the generated history: exactly the cap (bisected to the commit that
-    brought it, closed by its fix), the slowdown and the lost speedup, each bisected to the commit
-    that brought it, and nothing else; the unbuildable build is skipped, the missing days are gaps."""
+    """`track nightly --auto` over the generated history, every build writing gibberish as a dummy-weight
+    server does: exactly the cap (bisected to the commit that brought it, closed by its fix), the 1.5×
+    slowdown and the lost speedup, each confirmed and bisected to the commit that brought it, and
+    nothing else; the unbuildable build is skipped, the missing days are gaps. About 4 minutes on the
+    2-core CI machine (54 builds × 2 servers, 3 bisections)."""
     shas = _nightly_repo(tmp_path / "vllm", tmp_path / "plan.json", seed=0)
     serve = f"{sys.executable} {NIGHTLY_SIM} --plan {tmp_path / 'plan.json'} {{commit}} {{port}}"
     (tmp_path / "broken").mkdir()
@@ -503,6 +508,33 @@ def test_nightly_over_sixty_simulated_nightlies_finds_classifies_and_bisects(db:
         assert shas[kind][:12] in change["build"], change
     assert {e["variant"] for e in speedup["evidence"]} == {"K3"}
     assert done.returncode == code == 1  # the slowdown and the lost speedup are open
+    assert all(c["state"] == "confirmed" for c in (cap, slow, speedup))
+    ratios = [e["ratio"] for e in slow["evidence"] if e["series"] == "itl_p50"]
+    assert ratios and all(1.35 < r < 1.7 for r in ratios), slow["evidence"]
+
+
+def test_nightly_over_capped_builds_cannot_tell_exit_125(tmp_path: Path) -> None:
+    """Every new build capped at 128 of 136 tokens: nothing was tested for speed, so `track nightly`
+    says "cannot tell" in one sentence and exits 125, not 0. Two builds of K0: about 10 s."""
+    commits = tmp_path / "commits.txt"
+    shas = [f"{n:040x}" for n in range(1, 3)]
+    commits.write_text("".join(f"{sha}\n" for sha in shas))
+    plan = {
+        sha: {"step_ms": 2.0, "cap_tokens": 128, "seed": n, "ttft_ms": 20.0} for n, sha in enumerate(shas)
+    }
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    serve = f"{sys.executable} {NIGHTLY_SIM} --plan {tmp_path / 'plan.json'} {{commit}} {{port}}"
+    done = itlaudit(
+        "track", "nightly", "--db", str(tmp_path / "h.sqlite"), "--last", "2", "--out", str(tmp_path / "n"),
+        "--provider", "command", "--commits-file", str(commits), "--scenario", str(NIGHTLY_SCENARIO),
+        "--variant", "K0", "--server-cmd", serve, "--ready-timeout", "30",
+    )  # fmt: skip
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 125, done.stdout + done.stderr
+    assert re.search(
+        r"0 valid points in 2 build\(s\) of family \w{12}: cannot tell — 2 of 2 capped at 128 tokens",
+        done.stdout,
+    ), done.stdout
 
 
 def test_incremental_check_searches_only_families_with_new_points(tmp_path: Path) -> None:

@@ -5,7 +5,8 @@ argmax), so any difference is either a bug or bf16 batch variance: verifying K+1
 is a different batch shape than decoding one, and a near-tie between the top two candidates can flip.
 The check cannot tell which from the outputs alone, so it reports the first differing position, and
 `with_divergence_logprobs` adds both servers' top candidates there so a human can: a margin of a few
-hundredths of a nat is variance, a margin of several nats is a bug. Pure: records in, findings out.
+hundredths of a nat is variance, a margin of several nats is a bug. Each finding ends with one
+conclusion, never the two alternatives. Pure: records in, findings out.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import replace
 
 from itlaudit.analysis.invariance import TopLogprobs
 from itlaudit.model.codes import SPEC_DECODE_OUTPUT_MISMATCH, Finding, Severity
-from itlaudit.model.jsonvalue import JSONObject
+from itlaudit.model.jsonvalue import JSONMapping, JSONObject, ReadOnlyJSON
 from itlaudit.model.records import RequestRecord, Status
 
 __all__ = [
@@ -25,11 +26,15 @@ __all__ = [
     "spec_decode_mismatches",
     "with_divergence_logprobs",
     "with_execution_modes",
+    "without_logprobs",
 ]
 
 # Seed 000 measured bf16 batch variance of up to ~0.2 nats on a real model: a base-server margin
 # below that between its top two candidates is a tie that variance can legitimately break.
 NEAR_TIE_NATS = 0.2
+# Every mismatch message ends with one conclusion sentence: "Conclusion: <what it is>: <severity>."
+CONCLUSION = "Conclusion:"
+UNSCORED = "not drawn, the servers' top logprobs at the divergence were not read"
 _CONTEXT = 5
 _SHOWN_CANDIDATES = 5
 
@@ -75,8 +80,8 @@ def _mismatch(base: RequestRecord, spec: RequestRecord) -> Finding | None:
     spec_at = b[pos] if pos < len(b) else None
     message = (
         f"Prompt {prompt_index(base)}: at temperature 0 the speculative output differs from the K=0 output "
-        f"at {unit} {pos} ({base_at!r} vs {spec_at!r}); greedy speculative decoding should be exact, so "
-        "this is a bug or batch variance breaking a near-tie (compare the top logprobs there)."
+        f"at {unit} {pos} ({base_at!r} vs {spec_at!r}); greedy speculative decoding is exact. "
+        f"{CONCLUSION} {UNSCORED}: error."
     )
     evidence: JSONObject = {
         "prompt_index": prompt_index(base),
@@ -119,59 +124,95 @@ def _margin(top: TopLogprobs) -> float | None:
     return ranked[0] - ranked[1] if len(ranked) > 1 else None
 
 
+def _concluded(finding: Finding, conclusion: str, severity: Severity, evidence: JSONMapping) -> Finding:
+    """The finding with its conclusion (the message's last sentence, "Conclusion: …: severity.")
+    replaced: each reading of the divergence refines the one before, and only the last is said."""
+    facts = finding.message.partition(f" {CONCLUSION} ")[0]
+    message = f"{facts} {CONCLUSION} {conclusion}: {severity}."
+    return replace(
+        finding, severity=severity, message=message, evidence={**evidence, "conclusion": conclusion}
+    )
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def _rank(top: TopLogprobs, token: object) -> str:
+    """Where the baseline ranks a token among the candidates it returned ("3rd"), or that it is not
+    among them."""
+    ranked = sorted(top, key=lambda t: top[t], reverse=True)
+    if isinstance(token, int) and token in top:
+        return _ordinal(ranked.index(token) + 1)
+    return f"below its top {len(ranked)}"
+
+
 def with_divergence_logprobs(finding: Finding, base_top: TopLogprobs, spec_top: TopLogprobs) -> Finding:
-    """The finding plus both servers' top candidates at the differing position and a reading of them:
-    a base margin under NEAR_TIE_NATS is consistent with batch variance, a larger one points at a bug. A
-    near tie where the speculating server's own replay agrees with K=0 is a warning: nothing is wrong with
-    its sampler, only the live batch shape broke the tie."""
+    """The finding plus both servers' top candidates at the differing position, and its conclusion. A
+    base margin under NEAR_TIE_NATS (one bf16 step and a little) where the speculating server's own
+    replay ranks K=0's token first is batch variance at a near tie: a warning, nothing is wrong with its
+    verification, only the live batch shape broke the tie. Anything else is the speculating server
+    writing a token the baseline ranks N-th: an error."""
     margin = _margin(base_top)
-    if margin is None:
-        verdict = "the base server returned one candidate, so the margin is unknown"
-    elif margin < NEAR_TIE_NATS:
-        verdict = f"the K=0 top-2 margin is {margin:.3g} nats, a near-tie batch variance can break"
-    else:
-        verdict = f"the K=0 top-2 margin is {margin:.3g} nats, too wide for batch variance: likely a bug"
     near_tie = margin is not None and margin < NEAR_TIE_NATS
-    evidence = {
+    evidence: dict[str, ReadOnlyJSON] = {
         **finding.evidence,
         "base_top_logprobs": _shown(base_top),
         "spec_top_logprobs": _shown(spec_top),
         "base_top2_margin": margin,
         "near_tie": near_tie,
     }
-    message = f"{finding.message} Here {verdict}."
     base_token = finding.evidence.get("base_value")
-    if (
-        near_tie
-        and isinstance(base_token, int)
-        and bool(spec_top)
-        and spec_top.get(base_token) == max(spec_top.values())
-    ):
-        # Replayed alone on the same prefix, the speculating server also ranks K=0's token first: its
-        # verification picks the target's argmax, and the flip came from the batch shape of the live run
-        # at a near tie. Gemma 3 270M on an H200 (bf16, eager) showed 6 such flips in 16 greedy requests,
-        # each at a margin of 0 or 0.125 nats (one bf16 step): real, reported, but not a spec-decode bug.
-        message += (
-            f" Replayed on its own, the speculating server also ranks token {base_token} first, so its"
-            " verification is exact: batch variance at a near tie, not a speculative-decoding bug."
-        )
-        return replace(finding, severity=Severity.WARNING, message=message, evidence=evidence)
-    return replace(finding, message=message, evidence=evidence)
+    replay_agrees = (
+        isinstance(base_token, int) and bool(spec_top) and spec_top.get(base_token) == max(spec_top.values())
+    )
+    evidence["replay_agrees"] = replay_agrees
+    shown = "unknown (one candidate returned)" if margin is None else f"{margin:.3g} nats"
+    if near_tie and replay_agrees:
+        # Gemma 3 270M on an H200 (bf16, eager) showed 6 such flips in 16 greedy requests, each at a
+        # margin of 0 or 0.125 nats (one bf16 step): real, reported, but not a spec-decode bug.
+        conclusion = f"batch variance at a near tie (margin {shown}, replay agrees)"
+        return _concluded(finding, conclusion, Severity.WARNING, evidence)
+    replay = "replay agrees" if replay_agrees else "replay disagrees"
+    rank = _rank(base_top, finding.evidence.get("spec_value"))
+    conclusion = (
+        f"the speculating server produced a token the baseline ranks {rank} (margin {shown}, {replay})"
+    )
+    return _concluded(finding, conclusion, Severity.ERROR, evidence)
 
 
-def with_execution_modes(finding: Finding, base_mode: str | None, spec_mode: str | None) -> Finding:
-    """A re-scored mismatch between servers of different execution modes (scenario.EXECUTION_MODES):
-    at a near tie it is the two execution paths' numerics, so it becomes a warning that says so; a
-    clear margin (or unknown modes) keeps the error. vLLM 0.24.0 on an H200: eager K0 vs CUDA-graph K3
-    diverged on every prompt, each at a K0 top-2 margin of 0 to 0.004 nats."""
+def with_execution_modes(
+    finding: Finding, base_mode: str | None, spec_mode: str | None, *, speculates: bool = True
+) -> Finding:
+    """A mismatch between servers of different execution modes (scenario.EXECUTION_MODES) is the two
+    execution paths' numerics where it sits at a near tie, and always where the variant does not
+    speculate (eager against CUDA graphs, no drafts): a warning that says so, with the margin, never
+    the speculative-decoding rule's error. A clear margin under speculation (or unknown modes) keeps
+    its conclusion. Measured: vLLM 0.24.0 on an H200, eager K0 vs CUDA-graph K3 diverged on every
+    prompt at a K0 top-2 margin of 0 to 0.004 nats; Gemma 3 270M G0 eager vs graphs on an H100 raised
+    8 mismatches, all at near ties."""
     if finding.code != SPEC_DECODE_OUTPUT_MISMATCH:
         return finding
-    evidence = {**finding.evidence, "base_execution_mode": base_mode, "spec_execution_mode": spec_mode}
+    evidence: JSONMapping = {
+        **finding.evidence,
+        "base_execution_mode": base_mode,
+        "spec_execution_mode": spec_mode,
+    }
     differ = base_mode is not None and spec_mode is not None and base_mode != spec_mode
-    if not (differ and finding.evidence.get("near_tie")):
+    if not (differ and (finding.evidence.get("near_tie") or not speculates)):
         return replace(finding, evidence=evidence)
-    note = (
-        f" The servers run in different execution modes ({base_mode} vs {spec_mode}), whose numerics "
-        "differ: at a near tie this is expected, not a speculative-decoding bug."
-    )
-    return replace(finding, severity=Severity.WARNING, message=finding.message + note, evidence=evidence)
+    margin = finding.evidence.get("base_top2_margin")
+    shown = f"margin {margin:.3g} nats" if isinstance(margin, int | float) else "margin not scored"
+    why = "at a near tie" if finding.evidence.get("near_tie") else "and neither speculates"
+    conclusion = f"numerics differ between execution modes ({base_mode} vs {spec_mode}) {why} ({shown})"
+    return _concluded(finding, conclusion, Severity.WARNING, evidence)
+
+
+def without_logprobs(finding: Finding) -> Finding:
+    """A mismatch no running server could score (a launched server stops after its variant): said as
+    not concluded, with how to have it concluded, at the registry's severity."""
+    if finding.code != SPEC_DECODE_OUTPUT_MISMATCH or "conclusion" in finding.evidence:
+        return finding
+    note = f"{UNSCORED}; to conclude it, give both servers by URL (--variant NAME=URL) so compare scores it"
+    return _concluded(finding, note, finding.severity, finding.evidence)

@@ -17,7 +17,7 @@ from rich.console import Console
 from itlaudit.analysis.comparison import CompareResult, build_comparison
 from itlaudit.analysis.distribution import distribution_shift, sampled, speculates
 from itlaudit.analysis.findings import Finding
-from itlaudit.analysis.lossless import prompt_index, with_execution_modes
+from itlaudit.analysis.lossless import prompt_index, with_execution_modes, without_logprobs
 from itlaudit.analysis.specdecode import CounterSnapshot, spec_decode_delta
 from itlaudit.analysis.workloads import prefix_cache_delta
 from itlaudit.capture.planning import sent_prompt
@@ -44,12 +44,18 @@ from itlaudit.workflows.variant_pass import WindowHook
 __all__ = ["CounterWindow", "audit_distribution", "execution_mode", "explain_mismatches", "run_compare"]
 
 
-def _judged_by_modes(found: Finding, modes: dict[str, str | None], variant_of: dict[str, str]) -> Finding:
+def _judged_by_modes(
+    found: Finding, modes: dict[str, str | None], variant_of: dict[str, str], comparison: CompareResult
+) -> Finding:
+    """A mismatch between servers of different execution modes is judged as numerics, never by the
+    speculative-decoding rule, where it sits at a near tie or its variant does not speculate."""
     if found.code != SPEC_DECODE_OUTPUT_MISMATCH:
         return found
     base = variant_of.get(str(found.evidence.get("base_request_id")))
     spec = variant_of.get(str(found.evidence.get("spec_request_id")))
-    return with_execution_modes(found, modes.get(str(base)), modes.get(str(spec)))
+    row = comparison.variants.get(str(spec))
+    drafts = row is None or speculates(row)
+    return with_execution_modes(found, modes.get(str(base)), modes.get(str(spec)), speculates=drafts)
 
 
 async def explain_mismatches(
@@ -73,7 +79,7 @@ async def explain_mismatches(
                 (live_urls.get(base.variant), live_urls.get(spec.variant)) if base and spec else (None, None)
             )
             if found.code != SPEC_DECODE_OUTPUT_MISMATCH or base is None or spec is None or None in urls:
-                out.append(found)
+                out.append(without_logprobs(found))
                 continue
             prompt = scenario.prompt_for(int(prompt_index(base)))
             explained = await explain_mismatch(
@@ -261,7 +267,7 @@ def _compare(
     explained = asyncio.run(explain_mismatches(scenario, outcome.records, found, live))
     modes = {v.name: execution_mode(v, bool(url or overrides.get(v.name))) for v in scenario.variants}
     by_id = {r.request_id: r.variant for r in outcome.records}
-    judged = [_judged_by_modes(finding, modes, by_id) for finding in explained]
+    judged = [_judged_by_modes(finding, modes, by_id, comparison) for finding in explained]
     block, shifts = audit_distribution(scenario, outcome, comparison, live, distribution, capture, console)
     if block is not None:
         comparison.distribution = block
