@@ -288,6 +288,36 @@ def test_why_it_moved_lists_the_signals_that_changed() -> None:
     assert signal_changes(base, base) == []
 
 
+def test_a_signal_below_its_resolution_has_not_moved_and_no_table_writes_exponents() -> None:
+    """Queue time 2.59e-07 s → 3.4e-07 s (issue 34: listed as a cause) is below a millisecond: not a
+    move; a move of 40 ms is, and both figures read fixed-point."""
+    tiny = signal_changes({"k3": {"queue_time_mean_s": 2.59e-07}}, {"k3": {"queue_time_mean_s": 3.4e-07}})
+    assert tiny == []
+    (moved,) = signal_changes({"k3": {"queue_time_mean_s": 0.002}}, {"k3": {"queue_time_mean_s": 0.042}})
+    assert (moved.base, moved.new) == ("0.002 s", "0.042 s")
+
+
+def test_a_gauge_with_no_sample_inside_the_window_is_a_dash_with_the_reason() -> None:
+    """Samples taken only before the first request and after the last say 0 running and 0 % KV cache
+    of a window they never saw: those gauges are "–" and the report says why; a sample inside the
+    window gives the figure."""
+    rows = [
+        {"t_ns": t, "gauges": {RUNNING: 0.0, WAITING: 0.0, KV_USAGE: 0.0}, "counters": {}, "histograms": {}}
+        for t in (1_000, 9_000_000_000)
+    ]
+    edges = variant_server_figures(rows, [], None, window=(500_000_000, 1_000_000_000))
+    assert edges["running_max"] is None and edges["kv_usage_max"] is None and edges["samples_in_window"] == 0
+    assert edges["note"] == "no /metrics sample in the 0.5 s window: lower --metrics-period"
+    summary = RunSummary(variants={"k3": block()}, run_findings=[], server={"k3": edges})
+    table = {row[0]: row[1] for row in server_rows(summary)}
+    assert "running requests max" not in table and "KV-cache usage max" not in table
+    assert table["why a gauge is –"] == "no /metrics sample in the 0.5 s window: lower --metrics-period"
+    inside = [*rows, {**rows[0], "t_ns": 700_000_000, "gauges": {RUNNING: 3.0, WAITING: 1.0, KV_USAGE: 0.25}}]
+    seen = variant_server_figures(inside, [], None, window=(500_000_000, 1_000_000_000))
+    assert (seen["running_max"], seen["kv_usage_max"], seen["samples_in_window"]) == (3.0, 0.25, 1)
+    assert "note" not in seen
+
+
 def test_a_real_vllm_page_parses_into_the_series() -> None:
     """vLLM 0.32.0's own /metrics (the testbed, ngram K3, three short requests): the page the truth
     server serves to samplers."""

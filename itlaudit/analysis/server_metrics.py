@@ -16,7 +16,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from itlaudit.analysis.specdecode import ACCEPTED_PER_POS, DRAFTS, PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES
 from itlaudit.errors import MetricsParseError
@@ -32,6 +32,7 @@ __all__ = [
     "SIGNAL_CHANGE",
     "WAITING",
     "Scrape",
+    "Signal",
     "SignalChange",
     "delta_row",
     "gpu_figures",
@@ -156,20 +157,31 @@ def per_position_series(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def summarize_series(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize_series(rows: list[dict[str, Any]], window: tuple[int, int] | None = None) -> dict[str, Any]:
     """One variant's figures from its rows (error rows left out). A figure the server does not export
-    is None: absent is not zero."""
+    is None: absent is not zero. `window` is the measured span (monotonic ns, first send to last
+    end): a gauge (KV-cache usage, running and waiting requests) is read only from the samples taken
+    inside it, since one taken before the first request or after the last says 0 of a window it never
+    saw; with none inside, the gauges are None and `note` says why. Counters are deltas across the
+    whole window, edges included."""
     rows = [r for r in rows if "t_ns" in r and "error" not in r]
-    kv = _gauge_values(rows, KV_USAGE)
-    running, waiting = _gauge_values(rows, RUNNING), _gauge_values(rows, WAITING)
+    inside = rows if window is None else [r for r in rows if window[0] <= r["t_ns"] <= window[1]]
+    kv = _gauge_values(inside, KV_USAGE)
+    running, waiting = _gauge_values(inside, RUNNING), _gauge_values(inside, WAITING)
     queries, hits = _counter_total(rows, PREFIX_CACHE_QUERIES), _counter_total(rows, PREFIX_CACHE_HITS)
     queue: dict[str, float] = defaultdict(float)
     for row in rows:
         for part, value in row.get("histograms", {}).get(QUEUE_TIME, {}).items():
             queue[part] += value
     spans = [r["t_ns"] for r in rows]
+    note = {}
+    if window is not None and rows and not inside:
+        seconds = (window[1] - window[0]) / 1e9
+        note["note"] = f"no /metrics sample in the {seconds:.1f} s window: lower --metrics-period"
     return {
+        **note,
         "samples": len(rows),
+        "samples_in_window": len(inside),
         "span_s": (max(spans) - min(spans)) / 1e9 if spans else 0.0,
         "kv_usage_p50": statistics.median(kv) if kv else None,
         "kv_usage_max": max(kv) if kv else None,
@@ -207,12 +219,16 @@ def gpu_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def variant_server_figures(
-    server_rows: list[dict[str, Any]], gpu_rows: list[dict[str, Any]], acceptance: dict[str, Any] | None
+    server_rows: list[dict[str, Any]],
+    gpu_rows: list[dict[str, Any]],
+    acceptance: dict[str, Any] | None,
+    window: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """One variant's block of summary.json's `server`: the /metrics figures (acceptance per position
-    pooled over the window, not per interval), the GPU's, and the server's per-request acceptance
-    (analysis.request_acceptance.pooled_server_acceptance) when it sent one."""
-    figures = summarize_series(server_rows) if server_rows else {}
+    pooled over the window, not per interval; gauges from the samples inside `window`), the GPU's, and
+    the server's per-request acceptance (analysis.request_acceptance.pooled_server_acceptance) when it
+    sent one."""
+    figures = summarize_series(server_rows, window) if server_rows else {}
     series = figures.pop("acceptance_per_position", [])
     drafts = sum(p["drafts"] for p in series)
     if drafts:
@@ -228,20 +244,32 @@ def variant_server_figures(
     return figures
 
 
-# (key in a variant's `server` block, label, format): the signals `diff` compares between two runs.
-SIGNALS: tuple[tuple[str, str, str], ...] = (
-    ("kv_usage_p50", "KV-cache usage p50", "{:.1%}"),
-    ("kv_usage_max", "KV-cache usage max", "{:.1%}"),
-    ("running_max", "running requests max", "{:g}"),
-    ("waiting_max", "waiting requests max", "{:g}"),
-    ("preemptions", "preemptions", "{:g}"),
-    ("queue_time_mean_s", "time in the waiting queue, mean", "{:.3g} s"),
-    ("prefix_hit_rate", "prefix-cache hit rate", "{:.1%}"),
-    ("server_acceptance_length", "acceptance length (server, per request)", "{:.2f}"),
-    ("gpu_sm_clock_p50_mhz", "GPU SM clock p50", "{:.0f} MHz"),
-    ("gpu_power_max_w", "GPU power max", "{:.0f} W"),
-    ("gpu_temperature_max_c", "GPU temperature max", "{:.0f} °C"),
-    ("gpu_util_p50_pct", "GPU utilisation p50", "{:.0f} %"),
+class Signal(NamedTuple):
+    """A figure of a variant's `server` block as tables and `diff` show it: its key, label, format
+    (fixed-point: no table writes 2.59e-07) and resolution, the smallest difference that means
+    anything (a gauge's step, a histogram's first bucket)."""
+
+    key: str
+    label: str
+    fmt: str
+    resolution: float
+
+
+# The signals `diff` and "Why it moved" compare between two runs, and the report's server table.
+SIGNALS: tuple[Signal, ...] = (
+    Signal("kv_usage_p50", "KV-cache usage p50", "{:.1%}", 0.001),
+    Signal("kv_usage_max", "KV-cache usage max", "{:.1%}", 0.001),
+    Signal("running_max", "running requests max", "{:g}", 1),
+    Signal("waiting_max", "waiting requests max", "{:g}", 1),
+    Signal("preemptions", "preemptions", "{:g}", 1),
+    # vLLM's queue-time histogram starts at 0.3 ms; a sum over a few requests below 1 ms is noise
+    Signal("queue_time_mean_s", "time in the waiting queue, mean", "{:.3f} s", 0.001),
+    Signal("prefix_hit_rate", "prefix-cache hit rate", "{:.1%}", 0.001),
+    Signal("server_acceptance_length", "acceptance length (server, per request)", "{:.2f}", 0.01),
+    Signal("gpu_sm_clock_p50_mhz", "GPU SM clock p50", "{:.0f} MHz", 1),
+    Signal("gpu_power_max_w", "GPU power max", "{:.0f} W", 1),
+    Signal("gpu_temperature_max_c", "GPU temperature max", "{:.0f} °C", 1),
+    Signal("gpu_util_p50_pct", "GPU utilisation p50", "{:.0f} %", 1),
 )
 SIGNAL_CHANGE = 0.10  # a signal moved when it changed by more than this fraction (or from/to zero)
 
@@ -258,9 +286,10 @@ class SignalChange:
     ratio: float | None = None
 
 
-def _moved(x: float, y: float, threshold: float) -> bool:
-    """Changed by more than `threshold` of the larger value (so 0 → anything has moved)."""
-    return abs(y - x) > threshold * max(abs(x), abs(y))
+def _moved(x: float, y: float, threshold: float, resolution: float = 0.0) -> bool:
+    """Changed by more than `threshold` of the larger value (so 0 → anything has moved) and by more
+    than the figure's resolution (2.6e-07 s → 3.4e-07 s of queue time has not moved)."""
+    return abs(y - x) > max(threshold * max(abs(x), abs(y)), resolution)
 
 
 def signal_changes(
@@ -272,11 +301,11 @@ def signal_changes(
     out = []
     for variant in [v for v in base if v in new]:
         a, b = base[variant], new[variant]
-        for key, label, fmt in SIGNALS:
+        for key, label, fmt, resolution in SIGNALS:
             x, y = a.get(key), b.get(key)
             if not isinstance(x, int | float) or not isinstance(y, int | float):
                 continue
-            if _moved(x, y, threshold):
+            if _moved(x, y, threshold, resolution):
                 ratio = y / x if x else None
                 out.append(SignalChange(variant, label, fmt.format(x), fmt.format(y), ratio))
         for i, (x, y) in enumerate(

@@ -203,10 +203,14 @@ def server_rows(summary: RunSummary) -> list[list[str]]:
     server = summary.server
     names = list(summary.variants)
     rows = []
-    for key, label, fmt in SIGNALS:
+    for key, label, fmt, _ in SIGNALS:
         cells = [server.get(n, {}).get(key) for n in names]
         if any(isinstance(c, int | float) for c in cells):
             rows.append([label, *(fmt.format(c) if isinstance(c, int | float) else "–" for c in cells)])
+    notes = [server.get(n, {}).get("note") for n in names]
+    if any(notes):
+        # A "–" above is a figure not measured, never a zero: say why.
+        rows.append(["why a gauge is –", *(str(n) if n else "" for n in notes)])
     throttle = [server.get(n, {}).get("gpu_throttle") for n in names]
     if any(t is not None for t in throttle):
         rows.append(

@@ -12,6 +12,7 @@ from itlaudit.model.formats import FORMAT_KEY, check_format
 from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import RequestRecord
 from itlaudit.store.jsonl import iter_jsonl
+from itlaudit.store.rundir import META_FILE, read_json
 
 __all__ = ["read_server_metrics", "read_telemetry", "server_blocks"]
 
@@ -46,6 +47,37 @@ def read_telemetry(run_dir: Path) -> dict[str, dict[str, list[JSONObject]]]:
     return {"server": read_server_metrics(run_dir), "gpu": read_server_metrics(run_dir, GPU_TELEMETRY_FILE)}
 
 
+def _clock_offsets(run_dir: Path) -> dict[str, dict[int, int]]:
+    """Per variant, each capture worker's monotonic clock offset from the coordinator's (meta.json's
+    workers; theirs − ours), so a worker's send time reads on the samplers' clock. A folder without
+    them (or a worker on this host) has none: offset 0."""
+    try:
+        meta = read_json(run_dir / META_FILE)
+    except (OSError, ValueError):
+        return {}
+    offsets: dict[str, dict[int, int]] = {}
+    for name, info in (meta.get("variants") or {}).items():
+        workers = info.get("workers") if isinstance(info, dict) else None
+        for worker in workers if isinstance(workers, list) else []:
+            if isinstance(worker, dict) and isinstance(worker.get("clock_offset_ns"), int):
+                offsets.setdefault(name, {})[int(worker.get("worker") or 0)] = worker["clock_offset_ns"]
+    return offsets
+
+
+def _window(records: Sequence[RequestRecord], offsets: dict[int, int]) -> tuple[int, int] | None:
+    """The variant's measured span on the samplers' monotonic clock: first send to last end; None
+    without timed records."""
+    spans = [
+        (start, start + int(r.e2e_ms * 1e6))
+        for r in records
+        if r.sent_monotonic_ns is not None and r.e2e_ms is not None
+        for start in [r.sent_monotonic_ns - offsets.get(r.worker, 0)]
+    ]
+    if not spans:
+        return None
+    return min(a for a, _ in spans), max(b for _, b in spans)
+
+
 def server_blocks(
     run_dir: Path,
     records: Sequence[RequestRecord],
@@ -57,10 +89,13 @@ def server_blocks(
     telemetry = telemetry if telemetry is not None else read_telemetry(run_dir)
     server, gpu = telemetry["server"], telemetry["gpu"]
     names = list(dict.fromkeys([*(r.variant for r in records), *server, *gpu]))
+    offsets = _clock_offsets(run_dir)
     blocks = {}
     for name in names:
-        acceptance = pooled_server_acceptance(r for r in records if r.variant == name)
-        block = variant_server_figures(server.get(name, []), gpu.get(name, []), acceptance)
+        mine = [r for r in records if r.variant == name]
+        acceptance = pooled_server_acceptance(mine)
+        window = _window(mine, offsets.get(name, {}))
+        block = variant_server_figures(server.get(name, []), gpu.get(name, []), acceptance, window)
         if block:
             blocks[name] = block
     return blocks
