@@ -1,0 +1,106 @@
+"""One set of findings in every output of a run (issue 34): a real `compare` against simulators that
+each fault in their own way fires request-, variant- and comparison-scope codes, and the terminal
+block, the compare lines, report.md, report.html, summary.json, compare.json and derived.jsonl all
+name every code that fired, at the same severity where they state one; "No findings" and "Findings:
+none" appear only in a run with none anywhere (its clean neighbour). About 15 s: nine in-process
+simulators, 3 requests of up to 256 tokens each."""
+
+from __future__ import annotations
+
+import json
+import re
+from contextlib import ExitStack
+from pathlib import Path
+
+from simkit import itlaudit, sim_server
+
+from itlaudit.report.markdown import NO_FINDINGS
+from itlaudit.serve.sim import SimConfig
+
+FAST = {"step_ms": 1.0, "ttft_ms": 2.0}
+# Each variant's server and the codes it must fire (K0, the baseline, is clean).
+FAULTS: dict[str, tuple[SimConfig, set[str]]] = {
+    "K0": (SimConfig(**FAST), set()),
+    "CAP": (SimConfig(**FAST, cap_tokens=16), {"truncated_below_max_tokens", "common_cap"}),
+    "GIB": (SimConfig(**FAST, gibberish_after_tokens=0), {"gibberish_suspected"}),
+    "EOS": (
+        SimConfig(**FAST, num_speculative_tokens=3, natural_eos_at=7),
+        {"spec_decode_output_mismatch"},
+    ),
+    "LIE": (
+        SimConfig(
+            **FAST,
+            num_speculative_tokens=3,
+            acceptance_prob=0.5,
+            per_request_spec_metrics=True,
+            spec_metrics_lie=True,
+        ),
+        {"spec_decode_metrics_disagree"},
+    ),
+    "NOUSE": (SimConfig(**FAST, drop_usage=True), {"usage_missing"}),
+    "NODONE": (SimConfig(**FAST, no_done=True), {"no_done_sentinel"}),
+    "ERR": (SimConfig(**FAST, error_after_tokens=5), {"stream_error"}),
+}
+WORKLOAD = ["--num-prompts", "3", "--random-output-len", "256", "--temperature", "0", "--no-distribution-audit"]
+
+
+def _compare(tmp_path: Path, variants: dict[str, SimConfig]) -> tuple[str, Path]:
+    out = tmp_path / "run"
+    with ExitStack() as stack:
+        urls = {name: stack.enter_context(sim_server(config)) for name, config in variants.items()}
+        args = [a for name, url in urls.items() for a in ("--variant", f"{name}={url}")]
+        done = itlaudit("compare", *args, *WORKLOAD, "--out", str(out), "--no-plots")
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout, out
+
+
+def _summary_codes(out: Path) -> dict[str, set[str]]:
+    """Per variant, the codes summary.json counts in its block."""
+    summary = json.loads((out / "summary.json").read_text())
+    return {name: set(block["findings"]) for name, block in summary["variants"].items()}
+
+
+def test_every_fired_code_is_named_in_every_output(tmp_path: Path) -> None:
+    stdout, out = _compare(tmp_path, {name: config for name, (config, _) in FAULTS.items()})
+    counted = _summary_codes(out)
+    for name, (_, codes) in FAULTS.items():
+        assert codes <= counted[name], (name, counted[name])
+    fired = set().union(*counted.values())
+    assert fired >= set().union(*(codes for _, codes in FAULTS.values()))
+    report_md = (out / "report.md").read_text()
+    report_html = (out / "report.html").read_text()
+    derived = {
+        c for line in (out / "derived.jsonl").read_text().splitlines() for c in json.loads(line)["findings"]
+    }
+    compared = json.loads((out / "compare.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
+    for code in fired:
+        assert code in report_md and code in report_html, code
+        assert re.search(rf"Findings:\s.*{code}×", stdout), code  # the terminal block's Findings row
+    # A comparison finding is compare.json's and summary.json's, with the same severity, and is named
+    # in the compare command's lines too.
+    for finding in compared["findings"]:
+        assert finding in summary["run_findings"], finding["code"]
+        assert finding["code"] in stdout
+    mismatch = next(f for f in compared["findings"] if f["code"] == "spec_decode_output_mismatch")
+    assert mismatch["severity"] == "error" and mismatch["message"].count("Conclusion:") == 1
+    # Request-level codes are each request's line in derived.jsonl as well.
+    assert {"usage_missing", "no_done_sentinel", "stream_error", "truncated_below_max_tokens"} <= derived
+    assert NO_FINDINGS not in report_md and "No findings" not in report_html
+    assert stdout.count("Findings:                                none") == 1  # the clean K0's block only
+    # The gibberish variant against a clean baseline is not comparable, everywhere it is ranked.
+    assert compared["variants"]["GIB"]["not_comparable"] == (
+        "3 of 3 requests look like gibberish where the baseline's do not"
+    )
+    assert "GIB: not comparable: 3 of 3 requests look like gibberish" in stdout
+
+
+def test_a_clean_run_says_no_findings_in_every_output(tmp_path: Path) -> None:
+    stdout, out = _compare(
+        tmp_path, {"K0": FAULTS["K0"][0], "K3": SimConfig(**FAST, num_speculative_tokens=3)}
+    )
+    assert _summary_codes(out) == {"K0": set(), "K3": set()}
+    assert json.loads((out / "compare.json").read_text())["findings"] == []
+    assert NO_FINDINGS in (out / "report.md").read_text()
+    assert stdout.count("Findings:                                none") == 2
