@@ -41,7 +41,15 @@ FAULTS: dict[str, tuple[SimConfig, set[str]]] = {
     "NODONE": (SimConfig(**FAST, no_done=True), {"no_done_sentinel"}),
     "ERR": (SimConfig(**FAST, error_after_tokens=5), {"stream_error"}),
 }
-WORKLOAD = ["--num-prompts", "3", "--random-output-len", "256", "--temperature", "0", "--no-distribution-audit"]
+WORKLOAD = [
+    "--num-prompts",
+    "3",
+    "--random-output-len",
+    "256",
+    "--temperature",
+    "0",
+    "--no-distribution-audit",
+]
 
 
 def _compare(tmp_path: Path, variants: dict[str, SimConfig]) -> tuple[str, Path]:

@@ -6,12 +6,16 @@ not comparable either. Pure functions on dicts: about 1 s for the file."""
 
 from __future__ import annotations
 
+import json
+import re
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from matplotlib.figure import Figure
+from simkit import itlaudit
 
 from itlaudit.analysis.validity import (
     COMPARABLE,
@@ -273,3 +277,68 @@ def test_a_smoke_speedup_check_fails_for_a_capped_variant() -> None:
     capped = by_variant["K3-capped"]
     assert capped.status == "FAIL"
     assert capped.message == "this variant not comparable: 4 of 4 requests cut short, so no speedup"
+
+
+DUMMY_SIM = Path(__file__).parent / "fixtures" / "track" / "nightly_sim.py"
+
+
+def _launched(name: str, plan: Path, *extra: str) -> str:
+    """A [[variants]] table launching the stand-in server with vLLM's dummy loader in its arguments."""
+    argv = [
+        sys.executable,
+        str(DUMMY_SIM),
+        "--plan",
+        str(plan),
+        "c1",
+        "{port}",
+        "--load-format",
+        "dummy",
+        *extra,
+    ]
+    return (
+        f'[[variants]]\nname = "{name}"\n[variants.launch]\nkind = "command"\ncommand = {json.dumps(argv)}\n'
+    )
+
+
+@pytest.mark.parametrize("gate", ["relative", "strict"])
+def test_dummy_weight_servers_are_compared_with_the_phrase_unless_strict(tmp_path: Path, gate: str) -> None:
+    """K0 and K3 launched with `--load-format dummy`, both writing digit soup: compare gives the
+    speedup and every output says "outputs are gibberish in both variants (…dummy weights…): speed
+    compared, quality not judged"; meta.json records the loader. `--quality-gate strict` is the old
+    rule: no ratio. Two launched stand-in servers, 3 requests of 256 tokens: about 6 s."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"c1": {"step_ms": 1.0, "ttft_ms": 5.0, "gibberish_after_tokens": 0, "acceptance_prob": 0.8}}))
+    spec = '--speculative-config={"method":"mtp","num_speculative_tokens":3}'
+    scenario = tmp_path / "dummy.toml"
+    scenario.write_text(
+        'name = "dummy"\nendpoint = "completions"\nmodel = "auto"\n'
+        '[workload]\nprompts = ["Tell me about speculative decoding."]\n'
+        "num_requests = 3\nmax_tokens = 256\nignore_eos = true\ntemperature = 0\n"
+        + _launched("K0", plan)
+        + _launched("K3", plan, spec.split("=", 1)[0], spec.split("=", 1)[1])
+    )
+    out = tmp_path / "run"
+    done = itlaudit("compare", str(scenario), "--out", str(out), "--no-plots", "--quality-gate", gate)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stdout + done.stderr
+    compared = json.loads((out / "compare.json").read_text())
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["quality_gate"] == gate
+    assert {name: info.get("load_format") for name, info in meta["variants"].items()} == {
+        "K0": "dummy",
+        "K3": "dummy",
+    }
+    phrase = (
+        "outputs are gibberish in both variants (K0, K3: dummy weights, --load-format dummy): "
+        "speed compared, quality not judged"
+    )
+    report = (out / "report.md").read_text()
+    if gate == "relative":
+        assert compared["variants"]["K3"]["not_comparable"] is None and compared["quality"] == phrase
+        assert re.search(r"K3: token-ITL speedup \d+\.\d\d×", done.stdout), done.stdout
+        assert f"quality: {phrase}" in done.stdout and phrase in report
+        assert json.loads((out / "summary.json").read_text())["dummy_weights"] == ["K0", "K3"]
+    else:
+        assert compared["variants"]["K3"]["not_comparable"] == (
+            "3 of 3 requests look like gibberish; base K0: 3 of 3 requests look like gibberish"
+        )
+        assert compared.get("quality") is None and phrase not in report and "speedup" not in done.stdout
