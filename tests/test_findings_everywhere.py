@@ -112,3 +112,32 @@ def test_a_clean_run_says_no_findings_in_every_output(tmp_path: Path) -> None:
     assert json.loads((out / "compare.json").read_text())["findings"] == []
     assert NO_FINDINGS in (out / "report.md").read_text()
     assert stdout.count("Findings:                                none") == 2
+
+
+def test_a_server_that_truncates_the_prompt_is_a_finding_and_the_block_says_so(tmp_path: Path) -> None:
+    """vLLM's `truncate_prompt_tokens` (sent through extra_body) makes the server keep 7 of the 32 token
+    ids: prompt_tokens_mismatch on every request, and the result block gives the sent total beside the
+    server's; the same workload without it is quiet. Two runs of 3 requests on one simulator: ~2 s."""
+    scenario = tmp_path / "s.toml"
+    body = (
+        'name = "p"\nendpoint = "completions"\nmodel = "auto"\n[workload]\nnum_requests = 3\n'
+        '[workload.dataset]\nkind = "random"\ninput_len = 32\noutput_len = 16\n{extra}'
+        '[[variants]]\nname = "K0"\nurl = "{url}"\n'
+    )
+    with sim_server(SimConfig(**FAST)) as url:
+        found = {}
+        for name, extra in (("cut", "[workload.extra_body]\ntruncate_prompt_tokens = 7\n"), ("whole", "")):
+            scenario.write_text(body.replace("{extra}", extra).replace("{url}", url))
+            done = itlaudit("run", str(scenario), "--out", str(tmp_path / name), "--no-plots")
+            assert done.returncode == 0, done.stdout + done.stderr
+            found[name] = (done.stdout, _summary_codes(tmp_path / name)["K0"])
+    stdout, codes = found["cut"]
+    assert codes == {"prompt_tokens_mismatch"}
+    assert re.search(r"Total input tokens:\s+21\n", stdout) and re.search(
+        r"Input tokens sent \(the server counted\):\s+96\s+21", stdout
+    ), stdout
+    assert (
+        "counted 7 prompt tokens for a prompt of 32 token ids" in (tmp_path / "cut" / "report.md").read_text()
+    )
+    stdout, codes = found["whole"]
+    assert codes == set() and "Input tokens sent" not in stdout

@@ -307,7 +307,11 @@ def test_dummy_weight_servers_are_compared_with_the_phrase_unless_strict(tmp_pat
     compared, quality not judged"; meta.json records the loader. `--quality-gate strict` is the old
     rule: no ratio. Two launched stand-in servers, 3 requests of 256 tokens: about 6 s."""
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"c1": {"step_ms": 1.0, "ttft_ms": 5.0, "gibberish_after_tokens": 0, "acceptance_prob": 0.8}}))
+    plan.write_text(
+        json.dumps(
+            {"c1": {"step_ms": 1.0, "ttft_ms": 5.0, "gibberish_after_tokens": 0, "acceptance_prob": 0.8}}
+        )
+    )
     spec = '--speculative-config={"method":"mtp","num_speculative_tokens":3}'
     scenario = tmp_path / "dummy.toml"
     scenario.write_text(

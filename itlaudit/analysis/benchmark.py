@@ -80,6 +80,11 @@ def _peaks(records: Sequence[RequestRecord]) -> tuple[float | None, int | None]:
     return float(chunks.max()), int(open_requests.max())
 
 
+def _sent_total(records: Sequence[RequestRecord]) -> int | None:
+    sent = [r.sent_prompt_tokens for r in records]
+    return sum(t for t in sent if t is not None) if sent and None not in sent else None
+
+
 def benchmark_figures(
     records: Sequence[RequestRecord], metrics: Sequence[RequestMetrics]
 ) -> dict[str, float | int | dict[str, float | int | None] | None]:
@@ -101,6 +106,9 @@ def benchmark_figures(
         "duration_s": duration_s,
         "total_input_tokens": int(total_input),
         "input_tokens_unknown": sum(1 for t in input_tokens if t is None),
+        # The prompts' token count as sent, where every one is known (token-id prompts): beside the
+        # server's count, which vllm bench 0.32 prints too, so a server that truncated says so.
+        "total_input_tokens_sent": _sent_total(ok_records),
         "total_output_tokens": int(total_output),
         "request_throughput": ratio(len(ok), duration_s),
         "output_throughput": ratio(total_output, duration_s),

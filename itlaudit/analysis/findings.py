@@ -25,6 +25,7 @@ from itlaudit.analysis.output_rules import (
     gibberish_finding,
     ignore_eos_finding,
     min_tokens_finding,
+    prompt_tokens_finding,
     stop_ids_finding,
     stop_reason_finding,
     truncation_finding,
@@ -92,6 +93,7 @@ def request_findings(
         coalesced_finding(record, metrics),
         client_saturated_finding(record, metrics),
         server_acceptance_finding(record),
+        prompt_tokens_finding(record),
     ]
     found = [f for f in candidates if f is not None] + transport_findings(record, metrics)
     gibberish = gibberish_finding(record, quality)

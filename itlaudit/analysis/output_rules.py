@@ -13,6 +13,7 @@ from itlaudit.model.codes import (
     GIBBERISH_SUSPECTED,
     IGNORE_EOS_VIOLATED,
     MIN_TOKENS_VIOLATED,
+    PROMPT_TOKENS_MISMATCH,
     STOP_REASON_UNEXPECTED,
     STOP_TOKEN_IDS_IGNORED,
     TRUNCATED_BELOW_MAX_TOKENS,
@@ -29,6 +30,7 @@ __all__ = [
     "gibberish_finding",
     "ignore_eos_finding",
     "min_tokens_finding",
+    "prompt_tokens_finding",
     "stop_ids_finding",
     "stop_reason_finding",
     "truncation_finding",
@@ -176,6 +178,26 @@ def stop_reason_finding(record: RequestRecord) -> Finding | None:
         return None
     evidence = {"finish_reason": finish, "stop_reason": reason, "stop_token_ids": list(stop_ids)}
     return Finding.of(STOP_REASON_UNEXPECTED, message, evidence, record.request_id)
+
+
+# Slack for a server that adds one token to a token-id prompt (a BOS): anything more is another prompt.
+PROMPT_TOKENS_SLACK = 1
+
+
+def prompt_tokens_finding(record: RequestRecord) -> Finding | None:
+    """The server's count of the prompt against the token-id prompt's length as sent: a server that
+    truncated it (`truncate_prompt_tokens`, a context limit) or re-tokenized it ran a shorter or
+    longer prefill than the workload's, so its TTFT and throughput describe another workload."""
+    sent, counted = record.sent_prompt_tokens, record.prompt_tokens
+    if sent is None or counted is None or abs(counted - sent) <= PROMPT_TOKENS_SLACK:
+        return None
+    message = (
+        f"The server counted {counted} prompt tokens for a prompt of {sent} token ids as sent: it "
+        f"{'truncated' if counted < sent else 'extended'} the prompt, so this request's prefill (and "
+        "its TTFT) is not the workload's."
+    )
+    evidence = {"sent_prompt_tokens": sent, "server_prompt_tokens": counted}
+    return Finding.of(PROMPT_TOKENS_MISMATCH, message, evidence, record.request_id)
 
 
 def gibberish_finding(record: RequestRecord, thresholds: GibberishThresholds) -> Finding | None:

@@ -86,6 +86,7 @@ class PlannedRequest:
     record_url: str | None = None  # the url as records keep it, userinfo masked; None: the url itself
     session: int | None = None  # a multi-turn session: its requests run in order on one capture worker
     think_s: float = 0.0  # in a session: the pause after the previous turn's reply before this one
+    sent_prompt_tokens: int | None = None  # a token-id prompt's length (the record's, for its rule)
 
     def new_record(self, **outcome: Any) -> RequestRecord:
         """The record this request's outcome fills in: who it was and what it asked for come from the
@@ -100,6 +101,7 @@ class PlannedRequest:
             scheduled_ms=self.scheduled_ms,
             warmup=self.warmup,
             category=self.category,
+            sent_prompt_tokens=self.sent_prompt_tokens,
             **outcome,
         )
 
@@ -138,4 +140,13 @@ def plan_request(
         redact_url(url),
         session,
         think_s,
+        _token_count(prompt),
     )
+
+
+def _token_count(prompt: Prompt) -> int | None:
+    """A token-id prompt's length: the tokens the server must count as usage.prompt_tokens. A text
+    prompt or chat messages are tokenized by the server (and a chat template adds its own): None."""
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return len(prompt)
+    return None

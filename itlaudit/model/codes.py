@@ -30,6 +30,7 @@ __all__ = [
     "INVALID_UTF8",
     "MIN_TOKENS_VIOLATED",
     "NO_DONE_SENTINEL",
+    "PROMPT_TOKENS_MISMATCH",
     "RATE_LIMITED",
     "REGISTRY",
     "SPEC_DECODE_DISTRIBUTION_SHIFT",
@@ -173,6 +174,13 @@ COMMON_CAP = _register(
     Scope.VARIANT,
     "3 or more requests, at least half of a variant's finished ones, stopped at one identical length "
     "with finish_reason 'length' below max_tokens: a server-side cap, not latency, explains its numbers",
+)
+PROMPT_TOKENS_MISMATCH = _register(
+    "prompt_tokens_mismatch",
+    _WARNING,
+    Scope.REQUEST,
+    "the server's usage.prompt_tokens differs from the token-id prompt's length as sent (by more than "
+    "one token): it truncated or re-tokenized the prompt, so this request ran another workload",
 )
 GIBBERISH_SUSPECTED = _register(
     "gibberish_suspected",

@@ -165,6 +165,9 @@ class RequestRecord:
     # The server's own acceptance for this request: vLLM's `metrics.speculative_decoding` on the final
     # usage chunk (--per-request-spec-decode-metrics), as sent; None when the server sent none.
     spec_decode: JSONObject | None = None
+    # The prompt's length in tokens as sent, where the client knows it (a token-id prompt): what the
+    # server's usage.prompt_tokens must match (prompt_tokens_mismatch); None for a text prompt.
+    sent_prompt_tokens: int | None = None
     # Capture-side only, never written: the lag probe's sample positions while the stream was open.
     lag_window: tuple[int, int] | None = field(default=None, repr=False, compare=False)
 

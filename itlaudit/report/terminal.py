@@ -53,6 +53,15 @@ def _cut_rows(block: VariantSummary) -> list[str]:
     return [_row("Cut at the run's end (duration_s):", cut)] if cut else []
 
 
+def _sent_rows(bench: Mapping[str, Any]) -> list[str]:
+    """The input total above is the server's usage count (as vllm bench prints it); where the client
+    knows what it sent (token-id prompts) and the two differ, the sent total is given beside it."""
+    sent, counted = bench.get("total_input_tokens_sent"), bench.get("total_input_tokens")
+    if sent is None or sent == counted:
+        return []
+    return [_row("Input tokens sent (the server counted):", sent, counted)]
+
+
 def result_block(summary: RunSummary, meta: Mapping[str, Any], variant: str) -> list[Line]:
     """One variant's block. `meta` is meta.json's dict (the workload and the server's /version)."""
     block = summary.variants[variant]
@@ -78,6 +87,7 @@ def result_block(summary: RunSummary, meta: Mapping[str, Any], variant: str) -> 
     plain += [
         _row("Benchmark duration (s):", bench.get("duration_s")),
         _row("Total input tokens:", bench.get("total_input_tokens")),
+        *_sent_rows(bench),
         _row("Total generated tokens:", bench.get("total_output_tokens")),
         _row("Request throughput (req/s):", bench.get("request_throughput")),
         _row("Output token throughput (tok/s):", bench.get("output_throughput")),

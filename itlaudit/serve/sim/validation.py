@@ -40,6 +40,10 @@ def parse_job(api: EndpointApi, body: JSONMapping, config: SimConfig) -> Job:
     if _int_field(body, "n", 1) != 1:
         raise bad_request("the simulator supports n=1 only", "n")
     prompt_ids, prompt_text = api.prompt(body, config)
+    # vLLM's truncate_prompt_tokens: only the last N prompt tokens are kept (and counted in usage).
+    keep = _int_field(body, "truncate_prompt_tokens", None)
+    if keep is not None and 0 < keep < len(prompt_ids):
+        prompt_ids = prompt_ids[-keep:]
     param = api.max_tokens_param(body)
     requested = _int_field(body, param, api.default_max_tokens)
     if requested is not None and requested > config.max_model_len:
