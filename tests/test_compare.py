@@ -8,6 +8,8 @@ import pytest
 
 from itlaudit.analysis.comparison import (
     ACCEPTANCE_LENGTH_MISMATCH,
+    VariantComparison,
+    acceptance_reading,
     build_comparison,
     stream_acceptance_length,
 )
@@ -121,6 +123,26 @@ def test_acceptance_length_mismatch_fires_past_tolerance() -> None:
     (finding,) = comparison.findings
     assert finding["code"] == ACCEPTANCE_LENGTH_MISMATCH
     assert finding["evidence"]["stream"] == 4.0 and finding["evidence"]["metrics"] == 2.0
+
+
+def test_an_ngram_drafter_that_skips_steps_is_explained_not_left_standing() -> None:
+    """vLLM 0.24.0 on an H200, ngram K=3: the stream carried 4088 tokens in 1484 decode chunks (2.75 per
+    chunk), /metrics 2612 accepted over 1000 drafting steps (3.61): the server divides by the steps
+    that drafted, and the two agree on the accepted tokens. Agreeing figures, or accepted tokens that
+    disagree too, get no reading (the latter is acceptance_length_mismatch's)."""
+
+    def row(server_al: float, server_accepted: float) -> VariantComparison:
+        spec = {"acceptance_length": server_al, "num_accepted_tokens": server_accepted, "num_drafts": 1000}
+        return VariantComparison(
+            stream_acceptance_length=4088 / 1484, stream_accepted_tokens=4088 - 1484, spec_decode=spec
+        )
+
+    assert acceptance_reading(row(3.612, 2612)) == (
+        "the server drafted on 1000 of 1484 decode steps: its acceptance length counts those only, the "
+        "stream's every step; both count 2604 vs 2612 accepted tokens"
+    )
+    assert acceptance_reading(row(2.8, 2612)) is None
+    assert acceptance_reading(row(3.612, 4000)) is None
 
 
 def _greedy_record(variant: str, ids: list[int]) -> RequestRecord:

@@ -118,6 +118,27 @@ def stream_accepted_tokens(records: Sequence[RequestRecord]) -> int | None:
     return accepted if seen else None
 
 
+def acceptance_reading(row: VariantComparison) -> str | None:
+    """Why the server's acceptance length and the stream's tokens per decode chunk differ, when they
+    do and the accepted tokens agree: the server divides by the steps that drafted, the stream by
+    every decode step (ngram proposes nothing without a match). None when they agree, or when the
+    difference is not explained that way (then acceptance_length_mismatch fires)."""
+    spec = row.spec_decode or {}
+    server_al, stream_al = spec.get("acceptance_length"), row.stream_acceptance_length
+    accepted, server_accepted = row.stream_accepted_tokens, spec.get("num_accepted_tokens")
+    drafts = spec.get("num_drafts")
+    gap = _apart(stream_al, server_al)
+    if gap is None or gap <= ACCEPTANCE_TOLERANCE or not accepted or stream_al is None or stream_al <= 1:
+        return None
+    if not server_accepted or not drafts or (_apart(accepted, server_accepted) or 0) > ACCEPTANCE_TOLERANCE:
+        return None
+    steps = accepted / (stream_al - 1)
+    return (
+        f"the server drafted on {drafts:.0f} of {steps:.0f} decode steps: its acceptance length counts "
+        f"those only, the stream's every step; both count {accepted} vs {server_accepted:.0f} accepted tokens"
+    )
+
+
 def _apart(a: float | None, b: float | None) -> float | None:
     """Relative gap of a from the reference b; None when either is unknown or b is zero."""
     return abs(a - b) / b if a is not None and b else None

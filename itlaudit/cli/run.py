@@ -320,6 +320,7 @@ def compare(
     """`run` plus each server's /metrics scraped around its variant: spec-decode acceptance from the
     server beside the stream's, output mismatches explained, compare.json. The first variant is the
     baseline (K0)."""
+    from itlaudit.analysis.comparison import acceptance_reading
     from itlaudit.workflows.compare import run_compare
 
     count, convergence = _trials_settings(trials, ci_width, max_trials, cooldown)
@@ -354,8 +355,10 @@ def compare(
         out.print(
             f"{name}: {speed}, "
             f"acceptance rate {_fmt(spec.get('acceptance_rate'))}, "
-            f"acceptance length /metrics {_fmt(spec.get('acceptance_length'))} vs stream "
-            f"{_fmt(row.stream_acceptance_length)}" + _prefix_cache_text(row),
+            f"acceptance length /metrics {_fmt(spec.get('acceptance_length'))} (per drafting step) vs "
+            f"stream {_fmt(row.stream_acceptance_length)} (tokens per decode chunk, every step)"
+            + (f": {reading}" if (reading := acceptance_reading(row)) else "")
+            + _prefix_cache_text(row),
             markup=False,
             highlight=False,
             soft_wrap=True,

@@ -193,7 +193,10 @@ SERVER_HEADING = "Server during the measured window"
 SERVER_NOTE = (
     "From the server's /metrics sampled during the measured requests (server_metrics.jsonl), its "
     "per-request acceptance, and the GPU's own figures: NVML on this host or a DCGM exporter "
-    "(--gpu, --dcgm-url; gpu_telemetry.jsonl)."
+    "(--gpu, --dcgm-url; gpu_telemetry.jsonl). The server's acceptance length counts only the "
+    "steps that drafted (1 + accepted drafts per drafting step); the result table's tokens per decode "
+    "chunk counts every decode step, so a drafter that proposes nothing on some steps (ngram without a "
+    "match) shows a lower stream figure while both agree on the accepted tokens."
 )
 
 
