@@ -346,3 +346,39 @@ def test_dummy_weight_servers_are_compared_with_the_phrase_unless_strict(tmp_pat
             "3 of 3 requests look like gibberish; base K0: 3 of 3 requests look like gibberish"
         )
         assert compared.get("quality") is None and phrase not in report and "speedup" not in done.stdout
+
+
+def test_a_sweep_judges_each_point_against_the_baselines_at_the_same_load(tmp_path: Path) -> None:
+    """Sweep trials are one variant each: K3's gibberish counts against K0's at the same load. Both
+    gibberish (dummy weights): comparable, so the crossover has its points; K3 gibberish where K0 is
+    clean: not comparable. Trial folders written by hand, no server: well under a second."""
+    from itlaudit.model.vocabulary import LoadAxis
+    from itlaudit.store.rundir import write_versioned
+    from itlaudit.workflows.sweep import POINT_FILE, SweepConfig, variant_points
+
+    def trial(variant: str, gibberish: int) -> None:
+        folder = tmp_path / variant / "c1-t1"
+        folder.mkdir(parents=True)
+        for name in ("requests.jsonl", "derived.jsonl"):
+            (folder / name).write_text("")
+        block = {
+            "requests": 4,
+            "errors": 0,
+            "findings": {"gibberish_suspected": gibberish} if gibberish else {},
+        }
+        write_versioned(folder / "summary.json", {"variants": {variant: block}, "run_findings": []})
+        write_versioned(folder / POINT_FILE, {"load": 1})
+
+    config = SweepConfig(scenario="s", axis=LoadAxis.CONCURRENCY, values=[1], variants=["K0", "K3"])
+    trial("K0", 4)
+    trial("K3", 4)
+    assert "not_comparable" not in variant_points(tmp_path, config, "K3")[1.0]
+    assert "not_comparable" not in variant_points(tmp_path, config, "K0")[1.0]
+    for variant in ("K0", "K3"):
+        for path in sorted((tmp_path / variant).rglob("*"), reverse=True):
+            path.unlink() if path.is_file() else path.rmdir()
+    trial("K0", 0)
+    trial("K3", 4)
+    assert variant_points(tmp_path, config, "K3")[1.0]["not_comparable"] == (
+        "4 of 4 requests look like gibberish where the baseline's do not"
+    )
