@@ -141,3 +141,15 @@ def test_a_server_that_truncates_the_prompt_is_a_finding_and_the_block_says_so(t
     )
     stdout, codes = found["whole"]
     assert codes == set() and "Input tokens sent" not in stdout
+
+
+def test_diff_names_the_comparison_findings_that_appeared(tmp_path: Path) -> None:
+    """`diff` of a clean compare against one whose K3 left K0's greedy text: the lossless mismatch
+    compare.json holds is among the findings that appeared, as the new run's report names it. ~3 s."""
+    k3 = SimConfig(**FAST, num_speculative_tokens=3)
+    _, base = _compare(tmp_path / "base", {"K0": FAULTS["K0"][0], "K3": k3})
+    _, new = _compare(tmp_path / "new", {"K0": FAULTS["K0"][0], "K3": FAULTS["EOS"][0]})
+    done = itlaudit("diff", str(base), str(new))
+    assert done.returncode == 0, done.stdout + done.stderr
+    appeared = done.stdout[done.stdout.index("Findings that appeared") :]
+    assert "spec_decode_output_mismatch" in appeared, done.stdout

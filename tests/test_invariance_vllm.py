@@ -1,11 +1,16 @@
 """All correctness audits against real vLLM 0.32 CPU servers, in one module so they share two server
-starts (~50 s each): K0 for invariance, K0 vs K3 self-draft for lossless spec decode."""
+starts (~50 s each): K0 for invariance, K0 vs K3 self-draft for lossless spec decode and for the
+quality rule on the real engine's digit soup."""
 
 from __future__ import annotations
 
 import json
+import re
+import urllib.request
+from pathlib import Path
 
 import pytest
+from simkit import itlaudit
 from vllm_server import SERVED_MODEL, vllm_server
 
 from itlaudit.analysis.invariance import prompt_figures, summarize
@@ -79,3 +84,37 @@ async def test_real_k3_self_draft_is_lossless_at_temperature_0(k0_url: str, k3_u
             explained = await explain_mismatch(found[0], PROMPTS[index], *scorers)
         pytest.fail(f"{explained.message} evidence: {json.dumps(explained.evidence)}")
     print("real vLLM 0.32 CPU lossless: K0 == K3 on", len(PROMPTS), "prompts × 48 tokens")
+
+
+def test_digit_soup_on_both_real_servers_is_compared_with_the_phrase(
+    k0_url: str, k3_url: str, tmp_path: Path
+) -> None:
+    """The real engine made to write digit soup (vLLM's `allowed_token_ids`: the digits and a space, the
+    way a dummy-weight model's text trips the quality rule): K0 and K3 both write gibberish, so compare
+    gives K3's token-ITL ratio and says "outputs are gibberish in both variants: speed compared, quality
+    not judged" (issue 34's done-when, on the two servers this module already holds: ~20 s)."""
+    ask = json.dumps({"model": SERVED_MODEL, "prompt": " 0 1 2 3 4 5 6 7 8 9"}).encode()
+    request = urllib.request.Request(f"{k0_url}/tokenize", ask, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        allowed = sorted(set(json.load(answer)["tokens"]))
+    scenario = tmp_path / "digits.toml"
+    scenario.write_text(
+        f'name = "digits"\nendpoint = "completions"\nmodel = "{SERVED_MODEL}"\n[workload]\n'
+        'prompts = ["Count for me:"]\nnum_requests = 3\nmax_tokens = 256\nignore_eos = true\n'
+        "temperature = 0\n"
+        f"[workload.extra_body]\nallowed_token_ids = {allowed}\n"
+        f'[[variants]]\nname = "K0"\nurl = "{k0_url}"\n[[variants]]\nname = "K3"\nurl = "{k3_url}"\n'
+    )
+    out = tmp_path / "run"
+    done = itlaudit("compare", str(scenario), "--out", str(out), "--no-plots", "--no-distribution-audit")
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    for name in ("K0", "K3"):
+        assert summary["variants"][name]["findings"].get("gibberish_suspected") == 3, summary["variants"][
+            name
+        ]
+    compared = json.loads((out / "compare.json").read_text())
+    phrase = "outputs are gibberish in both variants: speed compared, quality not judged"
+    assert compared["variants"]["K3"]["not_comparable"] is None and compared["quality"] == phrase
+    assert re.search(r"K3: token-ITL speedup \d+\.\d\d×", done.stdout) and f"quality: {phrase}" in done.stdout
+    assert phrase in (out / "report.md").read_text()

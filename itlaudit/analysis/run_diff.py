@@ -14,11 +14,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from itlaudit.analysis.convergence import median_ratio_interval
-from itlaudit.analysis.derive import summarize_run
+from itlaudit.analysis.derive import JUDGED_RELATIVELY, summarize_run, with_comparison_findings
 from itlaudit.analysis.metrics import RequestMetrics, request_metrics
 from itlaudit.analysis.stats import Comparison, compare_samples
 from itlaudit.analysis.validity import Validity, variant_validity
+from itlaudit.model.codes import Finding
 from itlaudit.model.records import RequestRecord, Status
+from itlaudit.model.run_context import QualitySettings
 from itlaudit.model.vocabulary import Shift
 
 __all__ = [
@@ -138,8 +140,12 @@ def diff_runs(
     *,
     threshold: float = 1.1,
     alpha: float = 0.05,
+    compared: tuple[Sequence[Finding], Sequence[Finding]] = ((), ()),
+    quality: tuple[QualitySettings, QualitySettings] = (JUDGED_RELATIVELY, JUDGED_RELATIVELY),
 ) -> RunDiff:
-    """Variants are matched by name, in BASE's order; a variant in one run only is listed, not judged."""
+    """Variants are matched by name, in BASE's order; a variant in one run only is listed, not judged.
+    `compared` is each run's compare.json findings and `quality` its meta.json's quality settings, so
+    the findings and the validity diffed are the ones each run's own report names."""
     base_names = list(dict.fromkeys(r.variant for r in base))
     new_names = list(dict.fromkeys(r.variant for r in new))
     shared = [n for n in base_names if n in new_names]
@@ -161,7 +167,10 @@ def diff_runs(
         )
         for variant in shared
     ]
-    base_summary, new_summary = summarize_run(base), summarize_run(new)
+    base_summary, new_summary = (
+        with_comparison_findings(summarize_run(records, quality=settings), found, records)
+        for records, found, settings in zip((base, new), compared, quality, strict=True)
+    )
     appeared, vanished = {}, {}
     for variant in shared:
         b = Counter(base_summary.variants[variant].findings)

@@ -20,6 +20,7 @@ from itlaudit.analysis.run_diff import diff_runs, workload_differences, workload
 from itlaudit.analysis.server_metrics import signal_changes
 from itlaudit.cli.options import choices
 from itlaudit.errors import RecordsError
+from itlaudit.model.run_context import quality_settings
 from itlaudit.model.vocabulary import Shift
 from itlaudit.report.diff import render_diff
 from itlaudit.report.markdown import PARTIAL_HEADING
@@ -160,7 +161,14 @@ def diff(
             f"{base_dir} and {new_dir} ran different workloads ({'; '.join(differences)}); "
             "a diff would compare unlike things: pass --force to compare anyway"
         )
-    result = diff_runs(base.records, new.records, threshold=threshold, alpha=alpha)
+    result = diff_runs(
+        base.records,
+        new.records,
+        threshold=threshold,
+        alpha=alpha,
+        compared=(base.compared, new.compared),
+        quality=(quality_settings(base.meta), quality_settings(new.meta)),
+    )
     moved = signal_changes(server_blocks(base.path, base.records), server_blocks(new.path, new.records))
     text = render_diff(result, str(base_dir), str(new_dir), moved)
     if partial:

@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from itlaudit.analysis.comparison import CompareResult
 from itlaudit.analysis.derive import derive_requests, summarize_run
 from itlaudit.analysis.importers import ImportedBenchmark
 from itlaudit.analysis.summary import PartialBy
@@ -24,6 +25,7 @@ from itlaudit.report.progress import Reporter
 from itlaudit.store.jsonl import load_records
 from itlaudit.store.lock import Holder, live_holder
 from itlaudit.store.rundir import (
+    COMPARE_FILE,
     META_FILE,
     PARTIAL_DIR,
     REQUESTS_FILE,
@@ -45,6 +47,8 @@ class Run:
     order: list[str]
     records: list[RequestRecord]
     meta: dict[str, Any]
+    # compare.json's findings, when the folder has one (a reader of its findings names them too)
+    compared: list[Finding] = dataclasses.field(default_factory=list)
 
 
 def still_written(path: Path, live: bool) -> Holder | None:
@@ -78,7 +82,17 @@ def load_run(path: Path) -> Run:
         order=list(variants) if isinstance(variants, dict) else [],
         records=load_records(path / REQUESTS_FILE),
         meta=meta,
+        compared=_compared(path),
     )
+
+
+def _compared(path: Path) -> list[Finding]:
+    """compare.json's findings (none without one, or one cut short: another command writes it)."""
+    try:
+        comparison = CompareResult.from_json(read_versioned(path / COMPARE_FILE))
+    except (OSError, ValueError):
+        return []
+    return [Finding.from_json(line) for line in comparison.findings] if comparison is not None else []
 
 
 def combine_runs(runs: Sequence[Run], labels: dict[Path, str]) -> tuple[list[RequestRecord], list[str]]:
