@@ -341,6 +341,7 @@ def test_dummy_weight_servers_are_compared_with_the_phrase_unless_strict(tmp_pat
         assert re.search(r"K3: token-ITL speedup \d+\.\d\d×", done.stdout), done.stdout
         assert f"quality: {phrase}" in done.stdout and phrase in report
         assert json.loads((out / "summary.json").read_text())["dummy_weights"] == ["K0", "K3"]
+        assert "**weights**: dummy (--load-format dummy): K0, K3" in report
     else:
         assert compared["variants"]["K3"]["not_comparable"] == (
             "3 of 3 requests look like gibberish; base K0: 3 of 3 requests look like gibberish"

@@ -16,6 +16,7 @@ from typing import Any
 
 from itlaudit.analysis.summary import RunSummary
 from itlaudit.model.run_context import server_build
+from itlaudit.model.vocabulary import QualityGate
 
 __all__ = ["Fact", "context_facts", "host_facts", "server_fact", "workload_text"]
 
@@ -114,6 +115,10 @@ def context_facts(meta: Mapping[str, Any], summary: RunSummary) -> list[Fact]:
             facts.append((f"server {name}", server_fact(info.get("environment") or {}, info.get("url"))))
     models = sorted({b.model for b in summary.variants.values() if b.model})
     facts.append(("model", ", ".join(models) or "unknown"))
+    if summary.dummy_weights:
+        facts.append(("weights", f"dummy (--load-format dummy): {', '.join(summary.dummy_weights)}"))
+    if summary.quality_gate is not QualityGate.RELATIVE:
+        facts.append(("quality gate", str(summary.quality_gate)))
     facts += host_facts(host)[1:]
     if meta.get("workload"):
         facts.append(("workload", workload_text(meta["workload"])))
