@@ -167,10 +167,11 @@ def run_settings(
     )
 
 
-def _print_outcome(outcome: RunOutcome) -> None:
+def _print_outcome(outcome: RunOutcome, comparison: CompareResult | None = None) -> None:
     """Per variant, vllm bench serve's result block with the token ITL beside its chunk ITL
-    (report.terminal), then where both reports are. Lines are never wrapped: a label stays with its
-    value in a CI log or a narrow terminal."""
+    (report.terminal; compare's adds the Speculative Decoding section from its /metrics window), then
+    where both reports are. Lines are never wrapped: a label stays with its value in a CI log or a
+    narrow terminal."""
     from itlaudit.report.terminal import result_block
     from itlaudit.report.writer import REPORT_HTML, REPORT_MD
 
@@ -180,7 +181,8 @@ def _print_outcome(outcome: RunOutcome) -> None:
         meta = {}
     summary = outcome.derivation.summary
     for name in summary.variants:
-        for line, style in result_block(summary, meta, name):
+        row = comparison.variants.get(name) if comparison is not None else None
+        for line, style in result_block(summary, meta, name, row):
             out.print(line, style=style, markup=False, highlight=False, soft_wrap=True)
     for report in (REPORT_MD, REPORT_HTML):
         where = (outcome.run_dir / report).resolve()
@@ -342,7 +344,7 @@ def compare(
             capture=capture,
             distribution=distribution_audit,
         )
-    _print_outcome(outcome)
+    _print_outcome(outcome, comparison)
     for name, row in comparison.variants.items():
         spec = row.spec_decode or {}
         # analysis.validity: a capped or failing variant's speedup is not printed as one.

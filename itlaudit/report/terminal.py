@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from itlaudit.analysis.comparison import VariantComparison
 from itlaudit.analysis.summary import Figures, RunSummary, VariantSummary
 from itlaudit.analysis.validity import mostly_gibberish, quality_note, variant_validity
 from itlaudit.model.codes import CUT_BY_DURATION
@@ -62,8 +63,40 @@ def _sent_rows(bench: Mapping[str, Any]) -> list[str]:
     return [_row("Input tokens sent (the server counted):", sent, counted)]
 
 
-def result_block(summary: RunSummary, meta: Mapping[str, Any], variant: str) -> list[Line]:
-    """One variant's block. `meta` is meta.json's dict (the workload and the server's /version)."""
+def _spec_decode_rows(row: VariantComparison | None) -> list[str]:
+    """vllm bench 0.32's Speculative Decoding section, from compare's /metrics window (a variant
+    whose server drafted), with the stream's acceptance length and accepted tokens beside the
+    server's: the server counts drafting steps only, the stream every decode step."""
+    if row is None or not row.spec_decode or not row.spec_decode.get("num_drafts"):
+        return []
+    spec = row.spec_decode
+    rate = spec.get("acceptance_rate")
+    rows = [
+        _section("Speculative Decoding"),
+        _row("", "/metrics", "stream"),
+        _row("Acceptance rate (%):", rate * 100 if isinstance(rate, int | float) else None),
+        _row("Acceptance length:", spec.get("acceptance_length"), row.stream_acceptance_length),
+        _row("Drafts:", _count(spec.get("num_drafts"))),
+        _row("Draft tokens:", _count(spec.get("num_draft_tokens"))),
+        _row("Accepted tokens:", _count(spec.get("num_accepted_tokens")), row.stream_accepted_tokens),
+    ]
+    per_position = spec.get("per_position_acceptance") or []
+    if per_position:
+        rows.append("Per-position acceptance (%):")
+        rows += [_row(f"  Position {i}:", rate * 100) for i, rate in enumerate(per_position)]
+    return rows
+
+
+def _count(value: object) -> int | None:
+    """A /metrics counter delta (a float on the wire) as the integer vllm bench prints."""
+    return int(value) if isinstance(value, int | float) else None
+
+
+def result_block(
+    summary: RunSummary, meta: Mapping[str, Any], variant: str, comparison: VariantComparison | None = None
+) -> list[Line]:
+    """One variant's block. `meta` is meta.json's dict (the workload and the server's /version);
+    `comparison` its compare.json row, for the Speculative Decoding section (compare only)."""
     block = summary.variants[variant]
     bench = block.benchmark
     workload, info, version = variant_meta(meta, variant)
@@ -91,6 +124,8 @@ def result_block(summary: RunSummary, meta: Mapping[str, Any], variant: str) -> 
         _row("Total generated tokens:", bench.get("total_output_tokens")),
         _row("Request throughput (req/s):", bench.get("request_throughput")),
         _row("Output token throughput (tok/s):", bench.get("output_throughput")),
+        _row("Peak output token throughput (tok/s):", bench.get("max_output_tokens_per_s")),
+        _row("Peak concurrent requests:", bench.get("max_concurrent_requests")),
         _row("Total token throughput (tok/s):", bench.get("total_token_throughput")),
         _section("Time to First Token"),
         *_statistics("TTFT", bench.get("ttft_ms")),
@@ -102,6 +137,7 @@ def result_block(summary: RunSummary, meta: Mapping[str, Any], variant: str) -> 
         _row("Tokens per decode chunk:", bench.get("tokens_per_decode_chunk")),
         _section("End-to-end Latency"),
         *_statistics("E2EL", bench.get("e2el_ms")),
+        *_spec_decode_rows(comparison),
     ]
     lines += [(line, None) for line in plain]
     found = ", ".join(f"{code}×{n}" for code, n in block.findings.items()) or "none"
