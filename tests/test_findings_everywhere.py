@@ -143,6 +143,18 @@ def test_a_server_that_truncates_the_prompt_is_a_finding_and_the_block_says_so(t
     assert codes == set() and "Input tokens sent" not in stdout
 
 
+def test_compare_fails_on_a_comparison_finding_when_asked(tmp_path: Path) -> None:
+    """`compare --fail-on-findings` exits 1 on a lossless mismatch alone (a comparison finding, counted
+    with the run's), 0 on a clean pair. Two compares of 3 requests: ~3 s."""
+    k0, eos = FAULTS["K0"][0], FAULTS["EOS"][0]
+    for name, k3, code in (("clean", SimConfig(**FAST, num_speculative_tokens=3), 0), ("eos", eos, 1)):
+        with sim_server(k0) as k0_url, sim_server(k3) as k3_url:
+            out = tmp_path / name
+            args = ["--variant", f"K0={k0_url}", "--variant", f"K3={k3_url}", *WORKLOAD, "--out", str(out)]
+            done = itlaudit("compare", *args, "--no-plots", "--fail-on-findings")
+        assert done.returncode == code, (name, done.stdout + done.stderr)
+
+
 def test_diff_names_the_comparison_findings_that_appeared(tmp_path: Path) -> None:
     """`diff` of a clean compare against one whose K3 left K0's greedy text: the lossless mismatch
     compare.json holds is among the findings that appeared, as the new run's report names it. ~3 s."""

@@ -208,14 +208,17 @@ def _track(settings: RunSettings, run_dir: Path) -> None:
     out.print(f"track: {written} points recorded in {where}", markup=False, highlight=False, soft_wrap=True)
 
 
+FailOnFindingsOption = Annotated[
+    bool, typer.Option("--fail-on-findings", help="Exit 1 when any finding fires (comparison findings too).")
+]
+
+
 @with_options("capture", capture_options)
 @with_options("flags", workload_flags)
 @with_options("settings", run_settings)
 def run(
     scenario: ScenarioArgument = None,
-    fail_on_findings: Annotated[
-        bool, typer.Option("--fail-on-findings", help="Exit 1 when any finding fires.")
-    ] = False,
+    fail_on_findings: FailOnFindingsOption = False,
     trials: TrialsOption = "1",
     ci_width: CiWidthOption = DEFAULT_CI_WIDTH_PCT,
     max_trials: MaxTrialsOption = DEFAULT_MAX_TRIALS,
@@ -302,6 +305,7 @@ def _run_trials(
 @with_options("settings", run_settings)
 def compare(
     scenario: ScenarioArgument = None,
+    fail_on_findings: FailOnFindingsOption = False,
     distribution_audit: Annotated[
         bool | None,
         typer.Option(
@@ -333,9 +337,11 @@ def compare(
             # judged on the outcome's summary, as run's trials are
             return run_compare(scenario, **kwargs, distribution=distribution_audit)[0]
 
-        _run_trials(
+        findings = _run_trials(
             settings.scenario(scenario, flags), settings, flags, capture, count, convergence, compare_once
         )
+        if fail_on_findings and findings:
+            raise typer.Exit(1)
         return
     with settings.reporting():
         outcome, comparison = run_compare(
@@ -375,6 +381,8 @@ def compare(
     out.print(f"compare: {outcome.run_dir / COMPARE_FILE}")
     _save_result(settings, outcome.run_dir)
     _track(settings, outcome.run_dir)
+    if fail_on_findings and outcome.finding_count:  # the comparison findings are counted in it
+        raise typer.Exit(1)
 
 
 def _prefix_cache_text(row: VariantComparison) -> str:
