@@ -165,3 +165,19 @@ def test_diff_names_the_comparison_findings_that_appeared(tmp_path: Path) -> Non
     assert done.returncode == 0, done.stdout + done.stderr
     appeared = done.stdout[done.stdout.index("Findings that appeared") :]
     assert "spec_decode_output_mismatch" in appeared, done.stdout
+
+
+def test_a_report_written_elsewhere_is_the_report_written_in_place(tmp_path: Path) -> None:
+    """`report RUN --out DIR` writes what `report RUN` writes in the run folder: the context block, the
+    findings compare.json added, the server section (issue 36 item 5). One compare: ~2 s."""
+    _, run = _compare(tmp_path, {"K0": FAULTS["K0"][0], "K3": FAULTS["EOS"][0]})
+    elsewhere = tmp_path / "elsewhere"
+    for args in ([str(run)], [str(run), "--out", str(elsewhere)]):
+        done = itlaudit("report", *args)
+        assert done.returncode == 0, done.stdout + done.stderr
+    in_place = (run / "report.md").read_text()
+    assert (elsewhere / "report.md").read_text() == in_place
+    assert "spec_decode_output_mismatch" in in_place and "## Server during the measured window" in in_place
+    assert json.loads((elsewhere / "summary.json").read_text()) == json.loads(
+        (run / "summary.json").read_text()
+    )

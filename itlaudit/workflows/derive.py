@@ -78,7 +78,8 @@ class Derivation:
     request's derived line (findings included) and every finding, for the report to draw without
     deriving again."""
 
-    out: Path  # where the files went: the run folder, or its partial/ for `report --live`
+    out: Path  # where the files went: the run folder, its partial/ (`report --live`), or `report --out`
+    run_dir: Path  # the run folder read (its meta.json, compare.json and telemetry)
     title: str
     records: list[RequestRecord]
     summary: RunSummary
@@ -93,16 +94,18 @@ def derive_figures(
     *,
     reporter: Reporter | None = None,
     live: Holder | None = None,
+    out_dir: Path | None = None,
 ) -> Derivation:
     """(Re)derive summary.json, derived.jsonl, requests.csv and chunks.csv from requests.jsonl, reading
-    it once and computing each request's figures and findings once.
+    it once and computing each request's figures and findings once. `out_dir` (`report RUN --out
+    DIR`) writes them there instead of into the run folder: the same files the folder would get.
 
     summary.json carries how many lines requests.jsonl held when it was derived (`records`), so a
     reader can tell a summary that covers the whole file from one that does not. With `live` (the run
     still writing the folder: `report --live`), every file goes to DIR/partial/ instead, titled and
     marked partial: the run's own files are the run's, and it rewrites them when it ends."""
     steps = reporter.step if reporter is not None else _unnamed
-    out = run_dir / PARTIAL_DIR if live is not None else run_dir
+    out = run_dir / PARTIAL_DIR if live is not None else out_dir or run_dir
     with steps("deriving figures"):
         loaded = read_records(run_dir / REQUESTS_FILE)
         records = loaded.records
@@ -120,7 +123,7 @@ def derive_figures(
         derived = [request_line(request) for request in requests]
         if live is not None:
             title = f"{PARTIAL_HEADING}: {title}"
-        out.mkdir(exist_ok=True)
+        out.mkdir(parents=True, exist_ok=True)
         write_versioned(out / SUMMARY_FILE, summary.to_json())
         write_jsonl(out / DERIVED_FILE, derived)
         _csv_frame(records, derived).to_csv(out / CSV_FILE, index=False)
@@ -128,7 +131,13 @@ def derive_figures(
     findings = [f for request in requests for f in request.findings]
     findings += [Finding.from_json(f) for f in summary.run_findings]
     return Derivation(
-        out=out, title=title, records=records, summary=summary, derived=derived, findings=findings
+        out=out,
+        run_dir=run_dir,
+        title=title,
+        records=records,
+        summary=summary,
+        derived=derived,
+        findings=findings,
     )
 
 
@@ -157,7 +166,7 @@ def write_report(
     and meta.json's context when the run folder has them). With a reporter, the step (seconds on a
     long run) is named while it runs."""
     steps = reporter.step if reporter is not None else _unnamed
-    run_dir = derivation.out.parent if derivation.out.name == PARTIAL_DIR else derivation.out
+    run_dir = derivation.run_dir
     compare = CompareResult.from_json(_optional_json(run_dir / COMPARE_FILE))
     meta = _optional_json(run_dir / META_FILE)
     with steps("drawing the plots and writing the report"):
@@ -182,9 +191,10 @@ def write_derived(
     imported: Sequence[tuple[ImportedBenchmark, str]] = (),
     reporter: Reporter | None = None,
     live: Holder | None = None,
+    out_dir: Path | None = None,
 ) -> Derivation:
     """Every derived file of a run folder: the figures (`derive_figures`), then the report."""
-    derivation = derive_figures(run_dir, title, variant_order, reporter=reporter, live=live)
+    derivation = derive_figures(run_dir, title, variant_order, reporter=reporter, live=live, out_dir=out_dir)
     write_report(derivation, imported=imported, reporter=reporter)
     return derivation
 

@@ -126,8 +126,8 @@ def report_runs(
     reporter: Reporter,
 ) -> Path:
     """One run's files derived again and its reports rewritten in its folder (read live: apart, in
-    DIR/partial/), or one report over several runs (`combined`: combine_runs' records and variant
-    order) in `out_dir`; the folder the reports are in."""
+    DIR/partial/) or in `out_dir`, or one report over several runs (`combined`: combine_runs' records
+    and variant order) in `out_dir`; the folder the reports are in."""
     if len(runs) == 1 and out_dir is None:
         run = runs[0]
         holder = holders[0] if holders else None
@@ -138,6 +138,12 @@ def report_runs(
             remove_partial(run.path)
             return run.path
         return run.path / PARTIAL_DIR
+    if len(runs) == 1 and not holders and out_dir is not None:
+        # Elsewhere, the same files an in-place report writes: its context, server section and
+        # timeline come from the run folder, wherever the report goes.
+        run = runs[0]
+        write_derived(run.path, run.title, run.order, imported=imported, reporter=reporter, out_dir=out_dir)
+        return out_dir
     records, order = combined
     target = out_dir or new_run_dir(Path("reports"), "report")
     requests = derive_requests(records)
