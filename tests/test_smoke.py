@@ -328,3 +328,46 @@ def test_smoke_reads_version_once_per_pass(tmp_path: Path) -> None:
     assert seen == passes and all(passes.values())
     servers = outcome.smoke.environment.servers
     assert {servers[name]["server_version"] for name in seen} == {SIM_VERSION}
+
+
+def test_smoke_sends_the_api_key_and_headers_run_sends(tmp_path: Path) -> None:
+    """`smoke --api-key/--header` (run's capture options, declared once): every request of the pass
+    carries them; a server that wants the key answers 401 without it, and
+    the run stops there with that line. One scenario on two simulators, twice: ~2 s."""
+    from aiohttp import web
+    from simkit import app_on_thread
+
+    from itlaudit.capture.runner import CaptureOptions
+    from itlaudit.cli.options import access
+    from itlaudit.errors import ServerRejectedError
+    from itlaudit.serve.sim import make_app
+    from itlaudit.smoke.runner import run_smoke
+    from itlaudit.smoke.suite import load_suite
+
+    seen: list[tuple[str | None, str | None]] = []
+
+    def keyed(config: SimConfig) -> web.Application:
+        @web.middleware
+        async def wants_key(request: web.Request, handler: Any) -> web.StreamResponse:
+            if request.path.startswith("/v1/completions") or request.path.startswith("/v1/chat"):
+                seen.append((request.headers.get("Authorization"), request.headers.get("X-Team")))
+                if request.headers.get("Authorization") != "Bearer sk-smoke":
+                    return web.json_response({"error": {"message": "unauthorized"}}, status=401)
+            response: web.StreamResponse = await handler(request)
+            return response
+
+        app = make_app(config)
+        app.middlewares.append(wants_key)
+        return app
+
+    suite = load_suite(SIM_SUITE)
+    one = replace(suite, scenarios=[suite.scenario("stop-token-ids")], checks=[])
+    keyed_access = CaptureOptions(access=access("sk-smoke", ["X-Team: perf"], False, None))
+    with app_on_thread(keyed(K0)) as k0_url, app_on_thread(keyed(K3)) as k3_url:
+        urls = {"K0": k0_url, "K3": k3_url}
+        sent = run_smoke(one, urls=urls, out_dir=tmp_path / "keyed", capture=keyed_access)
+        assert seen and set(seen) == {("Bearer sk-smoke", "perf")}
+        with pytest.raises(ServerRejectedError, match="HTTP 401: unauthorized"):
+            run_smoke(one, urls=urls, out_dir=tmp_path / "bare")
+    figures = sent.smoke.results["stop-token-ids"].values()
+    assert all(f.errors == 0 and f.requests > 0 for f in figures)

@@ -8,7 +8,15 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from itlaudit.cli.options import UrlOption, VariantOption, parse_url, parse_variant_urls
+from itlaudit.capture.runner import CaptureOptions
+from itlaudit.cli.options import (
+    UrlOption,
+    VariantOption,
+    parse_url,
+    parse_variant_urls,
+    trial_capture_options,
+    with_options,
+)
 from itlaudit.errors import ItlauditError
 from itlaudit.smoke.junit import write_junit_error
 from itlaudit.smoke.output import table_lines, verdict_line
@@ -33,6 +41,7 @@ def _servers(url: str | None, variant: list[str] | None) -> dict[str, str]:
     return urls
 
 
+@with_options("capture", trial_capture_options)
 def smoke(
     suite: Annotated[
         Path,
@@ -55,6 +64,8 @@ def smoke(
     out_dir: Annotated[
         Path | None, typer.Option("--out", help="Smoke folder (default reports/smoke-<suite>-<time>/).")
     ] = None,
+    *,
+    capture: CaptureOptions,
 ) -> None:
     """Pre-release go/no-go: full-length K0/K3 decode, stop tokens, caps, ITL vs thresholds and baseline."""
     from itlaudit.smoke.runner import REPORT_FILE, run_smoke  # the capture stack: only to run
@@ -70,6 +81,7 @@ def smoke(
             out_dir=out_dir,
             junit=junit,
             console=err,
+            capture=capture,
         )
     except ItlauditError as exc:
         if junit is not None:

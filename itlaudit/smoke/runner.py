@@ -17,8 +17,10 @@ from pathlib import Path
 import msgspec
 from rich.console import Console
 
+from itlaudit.capture.runner import CaptureOptions
 from itlaudit.capture.server_info import environment_record
 from itlaudit.errors import ItlauditError, RecordsError, RunInterrupted, SuiteError
+from itlaudit.model.access import NO_ACCESS
 from itlaudit.model.codes import Finding
 from itlaudit.model.scenario import Variant
 from itlaudit.report.progress import Reporter
@@ -138,8 +140,10 @@ def run_smoke(
     out_dir: Path | None = None,
     junit: Path | None = None,
     console: Console | None = None,
+    capture: CaptureOptions | None = None,
 ) -> SmokeOutcome:
-    """Run the suite; `urls` maps server names (or "*" for all) to running servers."""
+    """Run the suite; `urls` maps server names (or "*" for all) to running servers; `capture` is how
+    requests are sent (--api-key, --header, --workers, --stamp: run's options of the same names)."""
     urls = urls or {}
     _check_servers(suite, urls, launch, model)
     baseline_results = load_baseline(baseline) if baseline is not None else None
@@ -162,7 +166,10 @@ def run_smoke(
         with ExitStack() as running:
             starting = reporter.step(f"{server.name}: starting its server") if not override else None
             with starting or nullcontext():
-                server_at = variant_target(Variant(name=server.name, launch=config), override, out_dir)
+                access = capture.access if capture is not None else NO_ACCESS
+                server_at = variant_target(
+                    Variant(name=server.name, launch=config), override, out_dir, access
+                )
                 base_url = running.enter_context(server_at)
             for scenario in users:
                 single = replace(scenario, variants=[v for v in scenario.variants if v.name == server.name])
@@ -171,7 +178,11 @@ def run_smoke(
                 reporter.phase(f"smoke run {done + 1} of {total}: {scenario.name} on {server.name}")
                 try:
                     outcome, comparison = run_compare(
-                        single, variant_urls={server.name: base_url}, run_dir=out_dir / rel, console=console
+                        single,
+                        variant_urls={server.name: base_url},
+                        run_dir=out_dir / rel,
+                        console=console,
+                        capture=capture,
                     )
                 except RunInterrupted as exc:
                     raise RunInterrupted(
@@ -186,7 +197,8 @@ def run_smoke(
                     outcome.records,
                     summary.variants[server.name],
                     comparison.variants.get(server.name),
-                    [Finding.from_json(f) for f in [*summary.run_findings, *comparison.findings]],
+                    # compare.json's findings are among the summary's run findings (one set everywhere)
+                    [Finding.from_json(f) for f in summary.run_findings],
                     scenario.workload.params.max_tokens,
                 )
                 fingerprints += [r.system_fingerprint for r in outcome.records]
