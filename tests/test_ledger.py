@@ -124,6 +124,11 @@ def test_matrix_attaches_the_latest_conclusion(tmp_path: Path) -> None:
     assert row["conclusion"] == "FULL graph is not the cause"
     assert row["hash"] == "ab" * 8
     assert row["build"] == "vLLM 0.32.0 (vllm-0.32.0-67068cd2)"
+    unnamed = ledger.variant_fingerprint(
+        _launched(tmp_path, []), "K0", {"version": None, "system_fingerprint": None}
+    )
+    (bare,) = ledger.matrix([ledger.run_line("run-2", tmp_path, unnamed, {"requests": 2})])
+    assert bare["build"] == "unknown (no /version)"  # never "(None)"
 
 
 def test_ledger_command_names_a_repeat_and_refuses_it_with_no_repeat(tmp_path: Path) -> None:

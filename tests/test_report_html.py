@@ -11,8 +11,8 @@ from reportkit import k0_k3, request_findings, sampled_window, spec_decode, stre
 
 from itlaudit.analysis.derive import summarize_run
 from itlaudit.model.codes import Finding, Severity
-from itlaudit.report.html import render_html
-from itlaudit.report.markdown import headline, table_cell
+from itlaudit.report.html import inline_markdown, render_html
+from itlaudit.report.markdown import escape, headline, table_cell
 from itlaudit.report.plots import PLOTS
 from itlaudit.report.writer import write_reports
 from itlaudit.store.jsonl import RecordWriter
@@ -62,6 +62,15 @@ def test_planted_script_in_generated_text_and_names_is_escaped(tmp_path: Path) -
     page = target.read_text()
     assert "<script" not in page
     assert "&lt;script&gt;" in page
+
+
+def test_foreign_text_reads_as_typed_in_both_reports() -> None:
+    """No HTML entity in report.md's text for a `>` (it opens nothing), and the page shows `<`, `>` and
+    `&` as typed, never "&lt;" in the reader's eyes (issue 36 item 6)."""
+    said = "digit_ratio 0.5 > 0.35 & <b>"
+    written = escape(said)
+    assert written == "digit\\_ratio 0.5 > 0.35 &amp; &lt;b>"
+    assert inline_markdown(written) == "digit\\_ratio 0.5 &gt; 0.35 &amp; &lt;b&gt;"
 
 
 def test_headline_says_faster_per_token_though_chunk_itl_larger_and_calls_out_truncation() -> None:

@@ -56,8 +56,10 @@ code { background: #f4f4f4; padding: 0 .2em; }
 
 def inline_markdown(markdown_text: str) -> str:
     """One of itlaudit's own Markdown sentences as HTML: escaped first, so only the few marks our
-    sentences use (bold, italics, code) become tags and nothing inside them can."""
-    text = html.escape(markdown_text)
+    sentences use (bold, italics, code) become tags and nothing inside them can. The entities that
+    markdown.escape put around foreign text are read back first, so the page shows "<" and "&", not
+    "&lt;"."""
+    text = html.escape(html.unescape(markdown_text))
     text = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", text)
     text = re.sub(r"\*(.+?)\*", r"<em>\1</em>", text)
     return re.sub(r"`(.+?)`", r"<code>\1</code>", text)

@@ -260,10 +260,11 @@ def cell(stats: Figures | None, fmt: str) -> str:
     return f"{fmt.format(stats['p50'])} / {fmt.format(stats['p90'])} / {fmt.format(stats['p99'])}"
 
 
-# Markdown's inline punctuation, backslash-escaped; `<`, `>` and `&` become entities, so no server
-# string (an error message, a model name) is rendered as HTML or as emphasis, a link or an image.
+# Markdown's inline punctuation, backslash-escaped; `<` and `&` become entities, so no server string
+# (an error message, a model name) is rendered as HTML or as emphasis, a link or an image. `>` stays
+# as typed: without `<` it opens no tag, and mid-line it quotes nothing ("digit_ratio 0.5 > 0.35").
 _MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]|])")
-_HTML_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+_HTML_ENTITIES = {"&": "&amp;", "<": "&lt;"}
 
 
 def escape(text: str) -> str:

@@ -346,7 +346,7 @@ def matrix(lines: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
             {
                 "run": str(line.get("run_id")),
                 "variant": str(line.get("variant")),
-                "build": f"{server_build(build.get('version'))} ({build.get('system_fingerprint')})",
+                "build": _build_text(build),
                 "result": format_result(line.get("result") or {}) + _repeat_note(line),
                 "hash": str((line.get("result") or {}).get("outputs_sha256", ""))[:DIGEST_CHARS],
                 "fingerprint": str(line.get("fingerprint")),
@@ -354,6 +354,14 @@ def matrix(lines: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
             }
         )
     return rows
+
+
+def _build_text(build: Mapping[str, Any]) -> str:
+    """The build as the matrix names it, its system_fingerprint beside it when the server sent one
+    (never "(None)")."""
+    named = server_build(build.get("version"))
+    fingerprint = build.get("system_fingerprint")
+    return f"{named} ({fingerprint})" if fingerprint else named
 
 
 def _repeat_note(line: Mapping[str, Any]) -> str:
