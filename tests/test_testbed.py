@@ -43,6 +43,26 @@ def test_install_runs_steps_then_writes_marker_and_is_idempotent(tmp_path: Path)
     assert len(calls.read_text().splitlines()) == 3  # marker present: nothing re-run
 
 
+def test_testbed_install_says_when_it_reused_the_cache(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`itlaudit testbed install` prints the python either way, and says on stderr that it reused the
+    cached testbed (and how to install afresh) only when it did."""
+    from typer.testing import CliRunner
+
+    from itlaudit.cli.app import app
+
+    monkeypatch.setenv("ITLAUDIT_CACHE", str(tmp_path))
+    python = _fake_venv(tmp_path, "true\n")
+    first = CliRunner().invoke(app, ["testbed", "install", "--version", "9.9.9"])
+    assert first.exit_code == 0 and first.stdout.strip() == str(python) and "reused" not in first.stderr
+    again = CliRunner().invoke(app, ["testbed", "install", "--version", "9.9.9"])
+    assert again.stdout.strip() == str(python)
+    assert again.stderr.strip() == (
+        f"reused the testbed installed earlier in {python.parent.parent} (delete it to install again)"
+    )
+
+
 def test_install_failure_names_step_and_log_and_writes_no_marker(tmp_path: Path) -> None:
     python = _fake_venv(
         tmp_path, 'case "$*" in *"import vllm"*) echo "No module named vllm"; exit 1;; esac\n'

