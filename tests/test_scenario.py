@@ -231,6 +231,25 @@ def test_flags_only_takes_vllm_bench_serves_defaults() -> None:
     assert [(v.name, v.url) for v in scenario.variants] == [("server", "http://h:1")]
 
 
+def test_max_tokens_is_a_random_requests_length_or_refused_never_ignored(tmp_path: Path) -> None:
+    """A random request's max_tokens is its output length: `--max-tokens 40` on the default random
+    dataset makes 40-token requests (it was silently 128), a different --random-output-len beside it
+    is one line, and a dataset whose requests carry their own lengths refuses it in one line."""
+    scenario, _ = build_scenario(None, ScenarioFlags(url="http://h:1", num_prompts=2, max_tokens=40))
+    dataset = scenario.workload.dataset
+    assert dataset is not None and {e.max_tokens for e in dataset.entries} == {40}
+    same = ScenarioFlags(url="http://h:1", num_prompts=2, max_tokens=40, random_output_len=40)
+    assert build_scenario(None, same)[0].workload.dataset is not None
+    with pytest.raises(ScenarioError, match="--max-tokens 40 and --random-output-len 64 disagree"):
+        build_scenario(None, ScenarioFlags(url="http://h:1", max_tokens=40, random_output_len=64))
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 8, "output_length": 4, "hash_ids": [1]}\n')
+    with pytest.raises(ScenarioError, match="--max-tokens does not reach a trace dataset's requests"):
+        build_scenario(
+            None, ScenarioFlags(url="http://h:1", dataset_name="trace", dataset_path=trace, max_tokens=9)
+        )
+
+
 def test_flags_replace_the_files_keys_and_the_copy_still_finds_its_prompts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

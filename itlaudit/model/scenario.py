@@ -308,6 +308,10 @@ _DATASET_FLAGS = ("dataset_name", "random_input_len", "random_output_len", "data
 _PATH_KEYS = (("workload", "prompts_file"), ("workload.dataset", "path"))
 
 
+# Dataset kinds whose every request carries its own max_tokens (DatasetEntry.max_tokens).
+_OWN_LENGTH_KINDS = ("trace", "prefix_repetition", "sharegpt", "multi_turn")
+
+
 def _flag(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
 
@@ -355,6 +359,8 @@ class ScenarioFlags:
         given = self.given()
         if any(name in given for name in _DATASET_FLAGS):
             self._apply_dataset(workload, given)
+        if "max_tokens" in given:
+            self._max_tokens_reaches(workload, given)
         for name, value in given.items():
             table, key = FLAG_KEYS[name]
             if table == "workload.dataset":
@@ -367,6 +373,28 @@ class ScenarioFlags:
                 self._keep_min_tokens(workload, value)
             target[key] = value
         return raw
+
+    @staticmethod
+    def _max_tokens_reaches(workload: JSONObject, given: Mapping[str, JSONScalar]) -> None:
+        """--max-tokens sets the workload's max_tokens, which a dataset that gives every request its own
+        length overrides. A random dataset's output length is its requests' max_tokens (vllm bench's
+        --random-output-len), so --max-tokens sets it, unless --random-output-len says another length;
+        any other such dataset refuses it in one line, never ignores it in silence."""
+        dataset = workload.get("dataset")
+        kind = dataset.get("kind") if isinstance(dataset, dict) else None
+        max_tokens = given["max_tokens"]
+        if isinstance(dataset, dict) and kind == "random":
+            if given.get("random_output_len", max_tokens) != max_tokens:
+                raise ScenarioError(
+                    f"--max-tokens {max_tokens} and --random-output-len {given['random_output_len']} "
+                    "disagree: a random request's max_tokens is its output length; give one of them"
+                )
+            dataset["output_len"] = max_tokens
+        elif kind in _OWN_LENGTH_KINDS:
+            raise ScenarioError(
+                f"--max-tokens does not reach a {kind} dataset's requests: each takes its max_tokens from "
+                "the dataset (its output_len or recorded reply); set the length there"
+            )
 
     @staticmethod
     def _keep_min_tokens(workload: JSONObject, max_tokens: int) -> None:
