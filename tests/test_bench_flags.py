@@ -1,0 +1,44 @@
+"""A `vllm bench serve` line pasted after `itlaudit run` (cli/bench_flags): it runs against a simulator
+with vllm bench's meanings — --base-url, --backend, --endpoint as a path, --header KEY=VALUE,
+--served-model-name, the boolean --save-result with --result-dir and vllm bench's own file name — and
+an option itlaudit has no meaning for is one line, exit 2. ~2 s."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from simkit import itlaudit, sim_server
+
+from itlaudit.serve.sim import SimConfig
+
+
+def test_a_pasted_vllm_bench_line_runs_and_saves_its_result_as_vllm_bench_names_it(tmp_path: Path) -> None:
+    with sim_server(SimConfig(step_ms=1.0, ttft_ms=2.0)) as url:
+        done = itlaudit(
+            "run", "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions",
+            "--model", "org/sim-tiny", "--served-model-name", "sim-tiny", "--dataset-name", "random",
+            "--random-input-len", "32", "--random-output-len", "16", "--num-prompts", "4",
+            "--max-concurrency", "2", "--header", "X-Team=perf", "--save-result", "--result-dir",
+            str(tmp_path / "results"), "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "99",
+            "--disable-tqdm", "--trust-remote-code", "--out", str(tmp_path / "run"),
+        )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "--disable-tqdm: accepted, itlaudit prints its own progress" in done.stderr
+    (saved,) = (tmp_path / "results").iterdir()
+    assert re.fullmatch(r"openai-infqps-concurrency2-sim-tiny-\d{8}-\d{6}\.json", saved.name), saved.name
+    result = json.loads(saved.read_text())
+    assert result["completed"] == 4 and result["model_id"] == "sim-tiny"
+    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    (variant,) = meta["variants"].values()
+    assert variant["headers"] == ["X-Team"] and meta["endpoint"] == "completions"
+
+
+def test_an_option_with_no_itlaudit_meaning_is_one_line() -> None:
+    done = itlaudit("run", "--base-url", "http://127.0.0.1:9", "--no-stream")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip() == (
+        "itlaudit: error: --no-stream: not accepted: itlaudit measures streamed completions: run without "
+        "--no-stream"
+    )
