@@ -42,3 +42,25 @@ def test_an_option_with_no_itlaudit_meaning_is_one_line() -> None:
         "itlaudit: error: --no-stream: not accepted: itlaudit measures streamed completions: run without "
         "--no-stream"
     )
+
+
+def test_itlaudit_own_spellings_pass_through_beside_vllm_benchs() -> None:
+    """itlaudit's `--header 'Name: value'`, `--save-result FILE` and `--endpoint chat` keep their
+    meaning (a SCENARIO after them stays the scenario); vllm bench's KEY=VALUE lists become one option
+    each; --host/--port make the URL."""
+    from itlaudit.cli.bench_flags import bench_argv
+
+    assert bench_argv(["--header", "A: b", "s.toml"]).argv == ["--header", "A: b", "s.toml"]
+    assert bench_argv(["--header", "Cookie: a=b", "s.toml"]).argv == ["--header", "Cookie: a=b", "s.toml"]
+    assert bench_argv(["--header", "A=b", "C=d", "s.toml"]).argv == [
+        "--header",
+        "A: b",
+        "--header",
+        "C: d",
+        "s.toml",
+    ]
+    assert bench_argv(["--metadata", "a=b", "c=d"]).argv == ["--metadata", "a=b", "--metadata", "c=d"]
+    assert bench_argv(["--save-result", "r.json", "s.toml"]).argv == ["--save-result", "r.json", "s.toml"]
+    assert bench_argv(["--endpoint", "chat"]).argv == ["--endpoint", "chat"]
+    assert bench_argv(["--host", "gb10", "--port", "8001"]).argv == ["--url", "http://gb10:8001"]
+    assert bench_argv(["--model", "org/m", "--served-model-name", "m"]).argv == ["--model", "m"]

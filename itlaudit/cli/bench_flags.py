@@ -166,14 +166,23 @@ def _split(argv: Sequence[str]) -> list[tuple[str, list[str], bool]]:
             continue
         values: list[str] = []
         if name in _MANY:
-            while i < len(argv) and not argv[i].startswith("--"):
+            # vllm bench's KEY=VALUE list; itlaudit's own one 'Name: value' (then a SCENARIO may follow)
+            while i < len(argv) and not argv[i].startswith("--") and (not values or _key_value(argv[i])):
                 values.append(argv[i])
                 i += 1
+                if not _key_value(values[0]):
+                    break
         elif i < len(argv) and (name not in _FLAGS or _saves_to(name, argv[i])):
             values.append(argv[i])
             i += 1
         out.append((name, values, False))
     return out
+
+
+def _key_value(token: str) -> bool:
+    """vllm bench's KEY=VALUE (a header, a metadata item, a goodput), not itlaudit's 'Name: value'."""
+    key, eq, _ = token.partition("=")
+    return bool(eq) and ":" not in key
 
 
 def _saves_to(name: str, following: str) -> bool:
@@ -207,9 +216,8 @@ def _rewrite(line: BenchLine, option: str, values: list[str], inline: bool) -> N
             )
     elif option == "--header":
         for value in values:
-            key, eq, text = value.partition("=")
-            native = ":" in value.split("=", 1)[0] or not eq
-            line.argv += ["--header", value if native else f"{key}: {text}"]
+            key, _, text = value.partition("=")
+            line.argv += ["--header", f"{key}: {text}" if _key_value(value) else value]
     elif option == "--backend":
         value = _one(option, values)
         if value not in _BACKENDS:
