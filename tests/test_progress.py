@@ -14,7 +14,7 @@ import pytest
 from rich.console import Console
 from simkit import itlaudit, sim_server
 
-from itlaudit.report.progress import DEFAULT_PERIOD_S, PERIOD_ENV, Reporter
+from itlaudit.report.progress import DEFAULT_PERIOD_S, PERIOD_ENV, CaptureProgress, Reporter
 from itlaudit.serve.sim import SimConfig
 
 HEARTBEAT = re.compile(r"^A @ http://\S+: \d+/8 requests, \d+ tokens/s, elapsed \d+:\d\d, ETA (\?|\d+:\d\d)$")
@@ -109,3 +109,24 @@ def test_on_a_terminal_the_capture_is_a_bar_with_tokens_per_s_and_eta_and_a_step
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", sink.getvalue())  # the terminal's codes out
     assert re.search(r"K0 @ http://127\.0\.0\.1:8000 \S+ 1/4 \d+ tok/s 0:00:\d\d ETA", text), text
     assert "drawing the plots…" in text
+
+
+def test_each_variant_counts_its_own_requests_and_its_eta_starts_when_it_sends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two variants of 4 requests: every heartbeat says n/4 of the variant it names, never n/8 (the
+    run's total), and B's count starts from 0 (issue 36 item 4). ~3 s."""
+    monkeypatch.setenv(PERIOD_ENV, "0.2")
+    with sim_server(SimConfig(step_ms=20)) as url:
+        result = itlaudit(
+            "run", "--num-prompts", "4", "--max-concurrency", "1", "--max-tokens", "16",
+            "--variant", f"A={url}", "--variant", f"B={url}", "--out", str(tmp_path / "run"),
+        )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    beats = [m.groups() for m in re.finditer(r"^([AB]) @ \S+: (\d+)/(\d+) requests", result.stderr, re.M)]
+    assert {total for _, _, total in beats} == {"4"}, result.stderr
+    assert any(name == "B" for name, _, _ in beats), result.stderr
+    counts = CaptureProgress("x", 8)
+    counts.landed()
+    counts.begin("B @ u", 4)
+    assert (counts.done, counts.total, counts.eta()) == (0, 4, "?")

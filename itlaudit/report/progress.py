@@ -67,12 +67,20 @@ class CaptureProgress:
     rate_started: float = field(default_factory=time.monotonic)
     preparing: str | None = None  # what the variant does before its first request, and how far
 
-    def begin(self, description: str) -> None:
-        """A new variant (or trial): its name, and its own tokens/s from now."""
+    def begin(self, description: str, total: int | None = None) -> None:
+        """A new variant (or trial): its name, its own count of `total` requests (the run's until
+        then), and its own tokens/s and ETA from now (its server, if any, has started by now)."""
         self.description = description
         self.preparing = None
         self.tokens = 0
-        self.rate_started = time.monotonic()
+        if total is not None:
+            self.total, self.done = total, 0
+        self.started = self.rate_started = time.monotonic()
+
+    def sending(self) -> None:
+        """The variant's requests go out now: its ETA counts from here, not from its preparation
+        (encoding bodies, the model lookup) or its server's start."""
+        self.started = self.rate_started = time.monotonic()
 
     def prepare(self, what: str, done: int, total: int) -> None:
         """Preparation's progress (capture's OnPrepare), shown beside the name until a record lands."""
@@ -215,6 +223,7 @@ class Reporter:
     def _refresh(bar: Progress, task: TaskID, counts: CaptureProgress) -> None:
         bar.update(
             task,
+            total=counts.total,
             completed=counts.done,
             description=redact_url(counts.shown()),
             rate=f"{counts.tokens_per_s():.0f} tok/s",

@@ -284,7 +284,8 @@ def _run_in_folder(
     )
     folder = RunFolder.begin(run_dir, scenario, labels=labels, context=context, extend=tag is not None)
     workload = scenario.workload
-    total = (workload.num_requests + workload.arrivals.warmup_requests) * len(scenario.variants)
+    per_variant = workload.num_requests + workload.arrivals.warmup_requests  # every record counts
+    total = per_variant * len(scenario.variants)
     reporter = Reporter(console)
     writer = folder.records()
     try:
@@ -301,7 +302,7 @@ def _run_in_folder(
                             base_url = server.enter_context(
                                 variant_target(variant, override, run_dir, access)
                             )
-                        counts.begin(f"{variant.name} @ {base_url}")
+                        counts.begin(f"{variant.name} @ {base_url}", per_variant)
                         variant_started = time.monotonic()
 
                         def on_capture(
@@ -309,6 +310,7 @@ def _run_in_folder(
                         ) -> None:
                             """The phase line comes here, once the server has answered the model lookup."""
                             if "workers" in workers:
+                                counts.sending()
                                 count = len(workers["workers"])
                                 reporter.phase(
                                     f"{name}: {workload.num_requests} requests to {url} over "
