@@ -171,6 +171,9 @@ def test_save_result_has_every_key_vllm_bench_writes(saved: dict[str, Any], refe
             else type(value)
         )
         assert isinstance(saved[key], expected), (key, saved[key], value)
+    # The two per-request arrays vllm bench keeps without --save-detailed: one value a request, seconds.
+    assert len(saved["latencies"]) == len(saved["queue_times"]) == 6
+    assert all(0 < s < 10 for s in saved["latencies"]) and all(q >= 0 for q in saved["queue_times"])
 
 
 def test_save_result_keeps_vllm_bench_meanings_and_adds_the_token_itl(saved: dict[str, Any]) -> None:

@@ -8,7 +8,8 @@ vllm bench does not use: the token-true ITL (`mean_token_itl_ms`, `p99_token_itl
 per decode chunk, the findings and whether the variant may be compared at all.
 
 Left out: vllm bench's per-request arrays (`PER_REQUEST_ARRAYS`), which it writes only with
---save-detailed and which requests.jsonl holds in full; `request_goodput` is null as in a vllm bench
+--save-detailed and which requests.jsonl holds in full (`latencies` and `queue_times`, which it keeps
+without, are there); `request_goodput` is null as in a vllm bench
 run without --goodput. The spec-decode keys (`spec_decode_*`, from the server's /metrics around the
 variant, acceptance rate in percent as vllm bench writes it) are there when `itlaudit compare` made
 the run: `run` reads no /metrics.
@@ -19,9 +20,10 @@ it can be written again for any past run.
 
 from __future__ import annotations
 
+import math
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +32,18 @@ from itlaudit.errors import ItlauditError
 from itlaudit.model.codes import TRUNCATION_CODES
 from itlaudit.model.formats import FORMAT, FORMAT_KEY
 from itlaudit.model.jsonvalue import JSONObject
+from itlaudit.model.records import RequestRecord, Status
 from itlaudit.model.run_context import is_simulator, server_build, variant_view
 from itlaudit.model.vocabulary import Endpoint
-from itlaudit.store.rundir import COMPARE_FILE, META_FILE, SUMMARY_FILE, read_versioned, write_json
+from itlaudit.store.jsonl import load_records
+from itlaudit.store.rundir import (
+    COMPARE_FILE,
+    META_FILE,
+    REQUESTS_FILE,
+    SUMMARY_FILE,
+    read_versioned,
+    write_json,
+)
 
 __all__ = [
     "BACKENDS",
@@ -47,19 +58,10 @@ __all__ = [
 
 # In a --save-result file name, the place for vllm bench serve's own default name (bench_flags).
 VLLM_NAME = "{vllm_name}"
-# vllm bench serve's per-request arrays (written with --save-detailed): left out, requests.jsonl has them.
+# vllm bench serve's per-request arrays written only with --save-detailed: left out, requests.jsonl
+# has them (`latencies` and `queue_times`, which it keeps without, are written).
 PER_REQUEST_ARRAYS = frozenset(
-    {
-        "input_lens",
-        "output_lens",
-        "ttfts",
-        "itls",
-        "latencies",
-        "start_times",
-        "queue_times",
-        "generated_texts",
-        "errors",
-    }
+    {"input_lens", "output_lens", "ttfts", "itls", "start_times", "generated_texts", "errors"}
 )
 # vllm bench serve's --backend for each itlaudit endpoint (its result's `backend`/`endpoint_type`).
 BACKENDS: dict[str, str] = {Endpoint.COMPLETIONS: "openai", Endpoint.CHAT: "openai-chat"}  # by endpoint name
@@ -107,9 +109,11 @@ def result_json(
     meta: Mapping[str, Any],
     variant: str,
     compare: Mapping[str, Any] | None = None,
+    records: Sequence[RequestRecord] = (),
 ) -> JSONObject:
     """One variant's result, in vllm bench serve's key order: setup, metadata, traffic, figures.
-    `compare` is compare.json's dict, when `itlaudit compare` made the run."""
+    `compare` is compare.json's dict, when `itlaudit compare` made the run; `records` the variant's
+    measured requests, for the two per-request arrays vllm bench keeps without --save-detailed."""
     block, bench, workload, info, version = variant_view(summary, meta, variant)
     started = meta.get("started_at_unix")
     backend = BACKENDS.get(str(meta.get("endpoint")), str(meta.get("endpoint")))
@@ -134,6 +138,7 @@ def result_json(
         "request_goodput": None,
         **{key: bench.get(key) for key in _AFTER_GOODPUT},
         "rtfx": 0.0,  # vllm bench's audio input duration / duration: no audio here
+        **_kept_arrays(records),
     }
     compared = ((compare or {}).get("variants") or {}).get(variant)
     result.update(_spec_decode(compared.get("spec_decode") if isinstance(compared, Mapping) else None))
@@ -185,6 +190,23 @@ def vllm_file_name(meta: Mapping[str, Any], summary: Mapping[str, Any], variant:
     return "".join(parts)
 
 
+def _kept_arrays(records: Sequence[RequestRecord]) -> JSONObject:
+    """`latencies` and `queue_times`, seconds, one per request in dispatch order, which vllm bench
+    0.32 writes even without --save-detailed: a request's end-to-end latency (0.0 for one that
+    failed), and how long it waited in the client after its arrival (the schedule's due time, or the
+    start in a closed loop) before it went out. None where a record lacks the times."""
+    ordered = sorted(records, key=lambda r: r.sent_offset_ms if r.sent_offset_ms is not None else math.inf)
+    if not ordered:
+        return {}
+    return {
+        "latencies": [(r.e2e_ms or 0.0) / 1000 if r.status == Status.OK else 0.0 for r in ordered],
+        "queue_times": [
+            (r.sent_offset_ms - (r.scheduled_ms or 0.0)) / 1000 if r.sent_offset_ms is not None else None
+            for r in ordered
+        ],
+    }
+
+
 def result_paths(path: Path, variants: list[str]) -> dict[str, Path]:
     """FILE for a single variant; `<stem>-<variant><suffix>` beside it for each of several."""
     if len(variants) == 1:
@@ -203,13 +225,18 @@ def save_result(path: Path, run_dir: Path) -> list[Path]:
     names = list(summary.get("variants") or {})
     if not names:
         raise ItlauditError(f"--save-result: {run_dir} recorded no requests, so there is no result")
+    try:
+        records = [r for r in load_records(run_dir / REQUESTS_FILE) if not r.warmup]
+    except (OSError, ValueError) as exc:
+        raise ItlauditError(f"--save-result: cannot read {run_dir / REQUESTS_FILE} ({exc})") from None
     written = []
     for variant, target in result_paths(path, names).items():
         if VLLM_NAME in target.name:
             target = target.with_name(target.name.replace(VLLM_NAME, vllm_file_name(meta, summary, variant)))
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            write_json(target, result_json(summary, meta, variant, compare))
+            mine = [r for r in records if r.variant == variant]
+            write_json(target, result_json(summary, meta, variant, compare, mine))
         except OSError as exc:
             raise ItlauditError(f"--save-result {target}: {exc.strerror or exc}") from None
         written.append(target)
