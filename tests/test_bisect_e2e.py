@@ -139,7 +139,7 @@ def test_speedup_runs_k0_and_k3_in_each_probe_and_judges_their_ratio(
         monkeypatch,
         "--from", shas[0], "--to", shas[-1], "--commits-file", str(tmp_path / "commits.txt"),
         *_args(tmp_path / "commits.txt", 6, "mtp-collapse"), "--scenario", str(FIXTURES / "probe-k0-k3.toml"),
-        "--variant", "K0", "--variant", "K3", "--regress", "speedup", "--trials", "2", "--out", str(out),
+        "--only", "K0", "--only", "K3", "--regress", "speedup", "--trials", "2", "--out", str(out),
     )  # fmt: skip
     assert code == 0
     state = _state(out)

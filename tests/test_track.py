@@ -527,7 +527,7 @@ def test_nightly_over_capped_builds_cannot_tell_exit_125(tmp_path: Path) -> None
     done = itlaudit(
         "track", "nightly", "--db", str(tmp_path / "h.sqlite"), "--last", "2", "--out", str(tmp_path / "n"),
         "--provider", "command", "--commits-file", str(commits), "--scenario", str(NIGHTLY_SCENARIO),
-        "--variant", "K0", "--server-cmd", serve, "--ready-timeout", "30",
+        "--only", "K0", "--server-cmd", serve, "--ready-timeout", "30",
     )  # fmt: skip
     assert "Traceback" not in done.stderr, done.stderr
     assert done.returncode == 125, done.stdout + done.stderr

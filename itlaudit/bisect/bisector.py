@@ -49,13 +49,11 @@ def probe_scenario(settings: Settings) -> tuple[Scenario, dict[str, LaunchSpec]]
     wanted = settings.variants or names
     for name in wanted:
         if name not in names:
-            raise BisectError(
-                f"--variant {name!r} is not in {settings.scenario} (variants: {', '.join(names)})"
-            )
+            raise BisectError(f"--only {name!r} is not in {settings.scenario} (variants: {', '.join(names)})")
     if settings.regress_rule.across_variants and len(wanted) != 2:
         raise BisectError(
             f"--regress speedup compares two variants, the baseline first; {settings.scenario} has "
-            f"{len(wanted)}: pick two with --variant K0 --variant K3"
+            f"{len(wanted)}: pick two with --only K0 --only K3"
         )
     variants = [next(v for v in scenario.variants if v.name == name) for name in wanted]
     specs: dict[str, LaunchSpec] = {}

@@ -13,7 +13,7 @@ from itlaudit.bisect.providers import PROVIDERS
 from itlaudit.bisect.settings import DEFAULT_SCENARIO, DEFAULTS, Settings
 from itlaudit.bisect.verdict import JUDGES
 from itlaudit.capture.runner import CaptureOptions
-from itlaudit.cli.options import choices, cluster_option, trial_capture_options, with_options
+from itlaudit.cli.options import ONLY_HELP, choices, cluster_option, trial_capture_options, with_options
 from itlaudit.errors import BisectError, RunInterrupted
 from itlaudit.serve.testbed import default_cache_dir
 from itlaudit.workflows.run import interruption
@@ -100,10 +100,7 @@ def bisect(
     max_trials: Annotated[
         int, Opt(VERDICT, help="Trials before an unclear probe counts as unknown.")
     ] = DEFAULTS["max_trials"],
-    variant: Annotated[
-        list[str] | None,
-        Opt(GENERAL, help="Scenario variant each probe runs (repeat; default: all, in order)."),
-    ] = None,
+    only: Annotated[list[str] | None, Opt(GENERAL, "--only", metavar="NAME", help=ONLY_HELP)] = None,
     model: Annotated[str | None, Opt(GENERAL, help="Model to serve (else the scenario's).")] = None,
     server_arg: Annotated[list[str] | None, Opt(GENERAL, help="Extra server argument (repeat).")] = None,
     ready_timeout: Annotated[float | None, Opt(GENERAL, help="Seconds to wait for each server.")] = None,
@@ -208,7 +205,7 @@ def bisect(
             alpha=alpha,
             trials=trials,
             max_trials=max_trials,
-            variants=variant or [],
+            variants=only or [],
             model=model,
             server_args=server_arg or [],
             ready_timeout_s=ready_timeout,

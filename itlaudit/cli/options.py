@@ -96,6 +96,9 @@ def parse_url(text: str, given: str) -> str:
     return text.rstrip("/")
 
 
+ONLY_HELP = "Run only this variant of the scenario (repeat; in this order)."
+
+
 def parse_variant_urls(pairs: list[str]) -> dict[str, str]:
     """--variant NAME=URL, repeated: one server per variant (the same syntax in every command)."""
     urls: dict[str, str] = {}
@@ -367,6 +370,7 @@ def workload_flags(
     temperature: Annotated[float | None, _bench("Sampling temperature (0: greedy).", "T")] = None,
     max_tokens: Annotated[int | None, _bench("Most tokens per request.", "N")] = None,
     seed: Annotated[int | None, _bench("Seed for random prompts, arrivals and sampling.", "N")] = None,
+    only: Annotated[list[str] | None, typer.Option(metavar="NAME", help=ONLY_HELP)] = None,
     quality_gate: Annotated[
         QualityGate | None,
         typer.Option(
@@ -395,6 +399,7 @@ def workload_flags(
         max_tokens=max_tokens,
         seed=seed,
         quality_gate=quality_gate,
+        only=list(only or []),
         url=parse_url(url, f"--url {url!r}") if url else None,
         variant_urls=parse_variant_urls(variant or []),
     )

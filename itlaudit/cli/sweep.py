@@ -43,10 +43,6 @@ def sweep(
     rate: Annotated[
         str | None, typer.Option(metavar="R,R,...", help="Loads: request rates (requests/s), e.g. 1,2,4.")
     ] = None,
-    only: Annotated[
-        list[str] | None,
-        typer.Option(metavar="NAME", help="Sweep only this variant (repeat; in this order)."),
-    ] = None,
     trials: TrialsOption = "1",
     ci_width: CiWidthOption = DEFAULT_CI_WIDTH_PCT,
     max_trials: MaxTrialsOption = DEFAULT_MAX_TRIALS,
@@ -109,7 +105,7 @@ def sweep(
         scenario=scenario.name,
         axis=axis,
         values=[float(v) for v in values],
-        variants=selected_variants(scenario, only or []),
+        variants=selected_variants(scenario, flags.only),
         trials=count,
         convergence=convergence,
         sla=sla,

@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from itlaudit.cli.options import ONLY_HELP
 from itlaudit.errors import ItlauditError
 
 __all__ = ["track_app"]
@@ -235,7 +236,7 @@ def nightly(
     scenario: Annotated[
         Path | None, _opt("Scenario each build runs (default: the seed's K0/K3 long decode).")
     ] = None,
-    variant: Annotated[list[str] | None, _opt("Scenario variant to run (repeat; default all).")] = None,
+    only: Annotated[list[str] | None, _opt(ONLY_HELP, "NAME")] = None,
     model: Annotated[str | None, _opt("Model to serve (else the scenario's).")] = None,
     server_arg: Annotated[list[str] | None, _opt("Extra server argument (repeat).")] = None,
     ready_timeout: Annotated[float | None, _opt("Seconds to wait for each server.")] = None,
@@ -257,7 +258,7 @@ def nightly(
         raise _fail(ItlauditError(f"--min-effect {min_effect}: give a fraction such as 0.1 (10 %)"))
     try:
         settings = _provider_options(
-            provider, repo, commits_file, server_cmd, build_cmd, scenario, variant, model, server_arg,
+            provider, repo, commits_file, server_cmd, build_cmd, scenario, only, model, server_arg,
             ready_timeout, cache_dir, wheels_url, package, index_url, github_repo,
         )  # fmt: skip
         builds = nightly_builds(settings, since=since, last=last, every_commit=every_commit)

@@ -12,7 +12,7 @@ import os
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from itlaudit.errors import ScenarioError
@@ -339,6 +339,7 @@ class ScenarioFlags:
     seed: int | None = None
     url: str | None = None  # every variant's server
     variant_urls: dict[str, str] = field(default_factory=dict)  # NAME=URL
+    only: list[str] = field(default_factory=list)  # --only NAME: these variants, in this order
 
     def given(self) -> dict[str, JSONScalar]:
         """The workload flags that were given, by field name, as the values their keys take (a path
@@ -504,6 +505,12 @@ def build_scenario(path: Path | None, flags: ScenarioFlags) -> tuple[Scenario, J
     unknown = [name for name in flags.variant_urls if name not in known]
     if unknown:
         raise ScenarioError(f"--variant names {', '.join(unknown)}, not in the scenario ({', '.join(known)})")
+    for name in flags.only:
+        if name not in known:
+            raise ScenarioError(f"--only {name!r} is not in the scenario ({', '.join(known)})")
+    if flags.only:
+        by_name = {v.name: v for v in scenario.variants}
+        scenario = replace(scenario, variants=[by_name[n] for n in dict.fromkeys(flags.only)])
     return scenario, _with_servers(raw, flags)
 
 
@@ -511,6 +518,9 @@ def _with_servers(raw: JSONObject, flags: ScenarioFlags) -> JSONObject:
     """The tables as run: a variant given a URL by flag is that server, not the one it would launch."""
     raw = copy.deepcopy(raw)
     variants = raw.get("variants")
+    if flags.only and isinstance(variants, list):  # --only: the variants that run, in their order
+        named = {v.get("name"): v for v in variants if isinstance(v, dict)}
+        variants = raw["variants"] = [named[n] for n in dict.fromkeys(flags.only) if n in named]
     for variant in variants if isinstance(variants, list) else []:
         name = variant.get("name") if isinstance(variant, dict) else None
         url = flags.url or (flags.variant_urls.get(name) if isinstance(name, str) else None)
