@@ -65,7 +65,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Site:
     history.record_bisect(cap.id, "failed", None, {"message": UNBUILT, "dir": str(tmp / "bisect-25")})
     points, changes = history.points(), history.check()
     history.close()
-    done = itlaudit("track", "publish", str(tmp / "site"), "--db", db)
+    done = itlaudit("track", "publish", "--out", str(tmp / "site"), "--db", db)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("published 2 fingerprint page(s), 4 change(s)")
     family = slowdown.family
@@ -295,7 +295,7 @@ def test_publish_refuses_a_folder_it_did_not_write_and_replaces_its_own(site: Si
     foreign = tmp_path / "mine"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("keep me")
-    done = itlaudit("track", "publish", str(foreign), "--db", site.db)
+    done = itlaudit("track", "publish", "--out", str(foreign), "--db", site.db)
     assert done.returncode == 2
     assert "holds other files" in done.stderr and "Traceback" not in done.stderr
     assert [p.name for p in foreign.iterdir()] == ["notes.txt"]
@@ -305,7 +305,7 @@ def test_publish_refuses_a_folder_it_did_not_write_and_replaces_its_own(site: Si
     manifest = json.loads((again / MANIFEST).read_text())
     manifest["pages"].append(f"{'f' * 16}.html")
     (again / MANIFEST).write_text(json.dumps(manifest))
-    done = itlaudit("track", "publish", str(again), "--db", site.db)
+    done = itlaudit("track", "publish", "--out", str(again), "--db", site.db)
     assert done.returncode == 0, done.stderr
     assert not (again / f"{'f' * 16}.html").exists()
     assert sorted(json.loads((again / MANIFEST).read_text())["pages"]) == sorted(
@@ -325,7 +325,7 @@ def test_bad_publish_input_is_one_line_exit_2(site: Site, tmp_path: Path, args: 
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     if "--db" not in args:
         args += ["--db", site.db]
-    done = itlaudit("track", "publish", str(tmp_path / "site"), *args)
+    done = itlaudit("track", "publish", "--out", str(tmp_path / "site"), *args)
     assert done.returncode == 2
     assert says in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
@@ -333,7 +333,7 @@ def test_bad_publish_input_is_one_line_exit_2(site: Site, tmp_path: Path, args: 
 def test_a_page_keeps_only_the_samples_asked_for_and_says_so(site: Site, page: Any, tmp_path: Path) -> None:
     """--sample-builds 0: only the builds around each change carry their requests; another build's
     panel says why it has none rather than drawing an empty distribution."""
-    done = itlaudit("track", "publish", str(tmp_path / "lean"), "--db", site.db, "--sample-builds", "0")
+    done = itlaudit("track", "publish", "--out", str(tmp_path / "lean"), "--db", site.db, "--sample-builds", "0")
     assert done.returncode == 0, done.stderr
     _open(page, tmp_path / "lean" / f"{site.family}.html")
     by_order = {p.order: p for p in site.points if p.family == site.family and p.variant == "K0"}

@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from itlaudit.cli.bisect import ProviderName
 from itlaudit.cli.options import ONLY_HELP
 from itlaudit.errors import ItlauditError
 
@@ -228,7 +229,7 @@ def nightly(
         typer.Option("--out", metavar="DIR", help="Probe folders (default reports/track-nightly-...)."),
     ] = None,
     min_effect: MinEffectOption = 0.10,
-    provider: Annotated[str, _opt("wheels, docker, pip or command.")] = "wheels",
+    provider: Annotated[ProviderName, _opt("Where builds come from (as bisect's --provider).")] = "wheels",
     repo: Annotated[Path | None, _opt("A vLLM clone: the first-parent commits and their dates.")] = None,
     commits_file: Annotated[Path | None, _opt("File of commit shas, oldest first.")] = None,
     server_cmd: Annotated[str | None, _opt("command provider: server command ({commit} {port}).")] = None,
@@ -335,7 +336,8 @@ def explain(
 @track_app.command("publish")
 def publish(
     out_dir: Annotated[
-        Path, typer.Argument(metavar="OUT", help="The site's folder (new, empty, or an earlier publish).")
+        Path,
+        typer.Option("--out", metavar="DIR", help="The site's folder (new, empty, or an earlier publish)."),
     ],
     db: DbOption = None,
     github_repo: Annotated[
