@@ -106,3 +106,18 @@ def test_a_url_without_scheme_says_so(args: list[str], needle: str) -> None:
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [result.stderr.strip()], result.stderr
     assert needle in result.stderr
+
+
+def test_the_option_table_in_the_docs_is_the_parsers() -> None:
+    """docs/options.md is generated from the parser (`python -m itlaudit.cli.reference`): an option
+    added, renamed or re-described without regenerating it fails here (issue 36 item 3)."""
+    from pathlib import Path
+
+    from itlaudit.cli.reference import option_table
+
+    page = Path(__file__).resolve().parents[1] / "docs" / "options.md"
+    assert page.read_text() == option_table(), (
+        "regenerate: .venv/bin/python -m itlaudit.cli.reference > docs/options.md"
+    )
+    shared = [line for line in option_table().splitlines() if "`--variant`" in line]
+    assert shared and all("NAME=URL" in line for line in shared)  # one meaning everywhere

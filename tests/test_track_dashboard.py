@@ -333,7 +333,9 @@ def test_bad_publish_input_is_one_line_exit_2(site: Site, tmp_path: Path, args: 
 def test_a_page_keeps_only_the_samples_asked_for_and_says_so(site: Site, page: Any, tmp_path: Path) -> None:
     """--sample-builds 0: only the builds around each change carry their requests; another build's
     panel says why it has none rather than drawing an empty distribution."""
-    done = itlaudit("track", "publish", "--out", str(tmp_path / "lean"), "--db", site.db, "--sample-builds", "0")
+    done = itlaudit(
+        "track", "publish", "--out", str(tmp_path / "lean"), "--db", site.db, "--sample-builds", "0"
+    )
     assert done.returncode == 0, done.stderr
     _open(page, tmp_path / "lean" / f"{site.family}.html")
     by_order = {p.order: p for p in site.points if p.family == site.family and p.variant == "K0"}
