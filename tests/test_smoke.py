@@ -210,6 +210,10 @@ def test_each_fault_fails_its_check(fault: str, tmp_path: Path) -> None:
         assert case in failed, f"{case} did not fail; failed: {sorted(failed)}"
         assert evidence in failed[case]
         assert f"FAIL  {case.split(': ')[0]}" in text
+        # the FAIL line carries the reason the JUnit case has (issue 36 item 4)
+        (line,) = [t for t in text.splitlines() if t.startswith("FAIL") and case.split(": ")[1] in t][:1]
+        assert evidence in line, line
+    assert text.splitlines()[0] == f"smoke suite sim: {SIM_SUITE / 'suite.toml'}"  # named first
 
 
 def test_slower_server_fails_the_baseline_ratio(clean: Clean, tmp_path: Path) -> None:

@@ -72,6 +72,7 @@ def smoke(
 
     try:
         loaded = load_suite(suite)
+        out.print(f"smoke suite {loaded.name}: {loaded.path}", markup=False)
         outcome = run_smoke(
             loaded,
             urls=_servers(url, variant),

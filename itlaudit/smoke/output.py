@@ -27,11 +27,15 @@ def verdict_line(results: Sequence[CheckResult], runtime_s: float) -> str:
 
 
 def table_lines(results: Sequence[CheckResult]) -> list[str]:
-    """One aligned line per check: status, case, check, figure, threshold (plain text, CI-log safe)."""
+    """One aligned line per check: status, case, check, figure, threshold (plain text, CI-log safe),
+    and a failed check's reason after it: a FAIL line says why without opening the report."""
     rows = [(r.status, r.case, r.name, r.figure, r.threshold) for r in results]
     widths = [max((len(row[i]) for row in rows), default=0) for i in range(4)]
     return [
-        "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:4])) + f"  {row[4]}" for row in rows
+        "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:4]))
+        + f"  {row[4]}"
+        + (f": {result.message}" if result.status == FAIL and result.message else "")
+        for row, result in zip(rows, results, strict=True)
     ]
 
 
