@@ -56,7 +56,7 @@ def _state(folder: Path) -> dict:
 
 
 def test_git_repo_truncation_found_within_probe_bound(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     shas = make_repo(tmp_path / "vllm", 130)
     culprit = 83
@@ -88,6 +88,11 @@ def test_git_repo_truncation_found_within_probe_bound(
     assert f"first bad build: {shas[culprit][:9]}" in report
     assert f"https://github.com/vllm-project/vllm/commit/{shas[culprit]}" in report
     assert (out / "bisect.png").stat().st_size > 1000
+    # Piped, a line is never broken at 80 columns: each probe's line stays whole in a CI log.
+    said = capsys.readouterr()
+    lines = [*said.out.splitlines(), *said.err.splitlines()]
+    probes = [line for line in lines if line.startswith("  ")]
+    assert probes and all(line.endswith("probe(s) to go") for line in probes), lines
 
 
 def test_unavailable_builds_next_to_the_culprit_give_an_honest_range(

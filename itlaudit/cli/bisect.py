@@ -23,8 +23,8 @@ __all__ = ["Opt", "bisect", "err", "out"]
 if TYPE_CHECKING:
     from itlaudit.bisect.state import State
 
-err = Console(stderr=True)
-out = Console()
+err = Console(stderr=True, soft_wrap=True)  # a piped log keeps each line whole
+out = Console(soft_wrap=True)
 
 GENERAL, PROVIDER, VERDICT, OUTPUT = "General", "Build provider", "Verdict", "Output"
 
