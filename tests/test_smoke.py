@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -298,29 +299,42 @@ def test_unknown_server_in_url_is_exit_2(tmp_path: Path) -> None:
     assert "--variant names K9, not a server of the suite" in result.stderr
 
 
+def _sim_app(config: SimConfig, watch: Callable[[Any], Any]) -> Any:
+    """The simulator with `watch` shown each request first; a response it returns is the answer."""
+    from aiohttp import web
+
+    from itlaudit.serve.sim import make_app
+
+    @web.middleware
+    async def watched(request: web.Request, handler: Any) -> web.StreamResponse:
+        answer: web.StreamResponse | None = watch(request)
+        if answer is not None:
+            return answer
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    app = make_app(config)
+    app.middlewares.append(watched)
+    return app
+
+
 def test_smoke_reads_version_once_per_pass(tmp_path: Path) -> None:
     """The smoke's server record takes /version from what each variant's pass read: one /version
     request per pass (one per scenario on that server), counted on the simulators themselves."""
     from aiohttp import web
     from simkit import app_on_thread
 
-    from itlaudit.serve.sim import make_app
     from itlaudit.smoke.runner import run_smoke
     from itlaudit.smoke.suite import load_suite
 
     seen: dict[str, int] = {"K0": 0, "K3": 0}
 
     def counting(name: str, config: SimConfig) -> web.Application:
-        @web.middleware
-        async def count(request: web.Request, handler: Any) -> web.StreamResponse:
+        def count(request: web.Request) -> None:
             if request.path == "/version":
                 seen[name] += 1
-            response: web.StreamResponse = await handler(request)
-            return response
 
-        app = make_app(config)
-        app.middlewares.append(count)
-        return app
+        return _sim_app(config, count)
 
     suite = load_suite(SIM_SUITE)
     two = replace(
@@ -344,25 +358,21 @@ def test_smoke_sends_the_api_key_and_headers_run_sends(tmp_path: Path) -> None:
     from itlaudit.capture.runner import CaptureOptions
     from itlaudit.cli.options import access
     from itlaudit.errors import ServerRejectedError
-    from itlaudit.serve.sim import make_app
     from itlaudit.smoke.runner import run_smoke
     from itlaudit.smoke.suite import load_suite
 
     seen: list[tuple[str | None, str | None]] = []
 
-    def keyed(config: SimConfig) -> web.Application:
-        @web.middleware
-        async def wants_key(request: web.Request, handler: Any) -> web.StreamResponse:
-            if request.path.startswith("/v1/completions") or request.path.startswith("/v1/chat"):
-                seen.append((request.headers.get("Authorization"), request.headers.get("X-Team")))
-                if request.headers.get("Authorization") != "Bearer sk-smoke":
-                    return web.json_response({"error": {"message": "unauthorized"}}, status=401)
-            response: web.StreamResponse = await handler(request)
-            return response
+    def wants_key(request: web.Request) -> web.StreamResponse | None:
+        if not request.path.startswith(("/v1/completions", "/v1/chat")):
+            return None
+        seen.append((request.headers.get("Authorization"), request.headers.get("X-Team")))
+        if request.headers.get("Authorization") != "Bearer sk-smoke":
+            return web.json_response({"error": {"message": "unauthorized"}}, status=401)
+        return None
 
-        app = make_app(config)
-        app.middlewares.append(wants_key)
-        return app
+    def keyed(config: SimConfig) -> web.Application:
+        return _sim_app(config, wants_key)
 
     suite = load_suite(SIM_SUITE)
     one = replace(suite, scenarios=[suite.scenario("stop-token-ids")], checks=[])
