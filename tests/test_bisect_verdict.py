@@ -178,3 +178,24 @@ def test_truncation_judge_reads_analysis_truncation_codes() -> None:
     """One definition of truncated: every code analysis calls truncation makes the judge fire."""
     for code in TRUNCATION_CODES:
         assert _one(parse_regress("truncation"), [_trial([1.0] * 3, **{code: 1})]).present is True
+
+
+def test_bisect_png_draws_the_signal_that_flipped() -> None:
+    """--regress auto that found a cap plots output length (its flipped signal), not token ITL; a
+    slowdown, or a rule of one figure, plots that figure (issue 36 item 6)."""
+    from itlaudit.bisect.build_range import Build
+    from itlaudit.bisect.report import plotted_figure
+    from itlaudit.bisect.settings import Settings
+    from itlaudit.bisect.state import BisectResult, State
+
+    def plotted(regress: str, signals: list[str]) -> str:
+        builds = [Build("a1", "commit"), Build("b2", "commit")]
+        state = State(Settings(good="a1", bad="b2", regress=regress), builds)
+        state.result = BisectResult(signals=signals)
+        return plotted_figure(state)[0]
+
+    assert plotted("auto", ["truncation"]) == "completion_tokens_p50"
+    assert plotted("auto", ["errors"]) == "errors"
+    assert plotted("auto", ["truncation", "itl"]) == "itl_p50_ms"
+    assert plotted("auto", []) == "itl_p50_ms"
+    assert plotted("truncation", []) == "completion_tokens_p50"

@@ -172,13 +172,32 @@ def _base_metrics(probe: ProbeRecord, names: Sequence[str], name: str) -> Mappin
     return base or None
 
 
+# What bisect.png draws when the answer's flipped signal is not the rule's own figure (--regress auto
+# judges several): the figure that moved, so the picture shows why the boundary is where it is.
+_SIGNAL_FIGURES = {
+    "truncation": ("completion_tokens_p50", "completion tokens p50"),
+    "errors": ("errors", "failed requests"),
+}
+
+
+def plotted_figure(state: State) -> tuple[str, str]:
+    """(probe figure key, axis label): the rule's figure, or the one of the signal that flipped at
+    the answer when token ITL did not (a cap found by `--regress auto` plots output length)."""
+    flipped = state.result.signals
+    if "itl" not in flipped:
+        for signal in flipped:
+            if signal in _SIGNAL_FIGURES:
+                return _SIGNAL_FIGURES[signal]
+    return state.settings.regress_rule.plotted
+
+
 def render_plot(state: State, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    key, label = state.settings.regress_rule.plotted
+    key, label = plotted_figure(state)
     probes = sorted(state.probes, key=lambda p: p["index"])
     fig, ax = plt.subplots(figsize=(9, 4))
     markers = "os^Dv"
