@@ -62,3 +62,6 @@ def test_installed_script_imports_every_command_module(installed: Path) -> None:
         result = _run(installed, command, "--help")
         assert result.returncode == 0, f"{command}: {result.stderr}"
     assert sys.executable not in installed.read_text()  # it is the fresh venv's own script
+    # `track publish` works from the default install: plotly is a dependency, not an extra.
+    charts = subprocess.run([str(installed.parent / "python"), "-c", "import plotly.offline"], check=False)
+    assert charts.returncode == 0

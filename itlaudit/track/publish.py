@@ -841,8 +841,10 @@ def publish(
     """Write the site for every family of the history into `out`."""
     try:
         from plotly.offline import get_plotlyjs  # type: ignore[import-untyped]
-    except ModuleNotFoundError:
-        raise TrackError("track publish needs plotly: pip install 'itlaudit[dashboard]'") from None
+    except ModuleNotFoundError:  # a core dependency: only an install that skipped dependencies lacks it
+        raise TrackError(
+            "track publish needs plotly, one of itlaudit's dependencies: pip install plotly"
+        ) from None
     if not re.fullmatch(r"[\w.-]+/[\w.-]+", github_repo):
         raise TrackError(f"--github-repo {github_repo}: give OWNER/NAME, e.g. {DEFAULT_GITHUB_REPO}")
     points = history.points()
