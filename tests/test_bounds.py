@@ -347,7 +347,7 @@ FLAG_CASES = [
     (
         "max_tokens",
         {"max_tokens": 10**8},
-        {"max_tokens": 64},
+        {"max_tokens": 8},  # a random request's max_tokens is its output length: the same, or refused
         "--max-tokens: `workload.max_tokens` must be an integer in [1, 10000000]",
     ),
     ("seed", {"seed": -3}, {"seed": 3}, "--seed: `workload.seed` must be an integer in [0,"),

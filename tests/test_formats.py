@@ -70,13 +70,17 @@ def test_a_run_writes_its_format_into_every_file(tmp_path: Path) -> None:
 
 
 def test_a_previous_format_folder_reads_as_it_is(old_folder: Path, tmp_path: Path) -> None:
-    """The unversioned folder gives the result file it gave when written (plus `format`), its ledger
-    lines make the matrix, and `itlaudit report` re-derives it into the current format."""
+    """The unversioned folder gives the result file it gave when written (plus `format`, and the
+    `latencies` and `queue_times` vllm bench keeps, from its records), its ledger lines make the
+    matrix, and `itlaudit report` re-derives it into the current format."""
     written = save_result(tmp_path / "again.json", old_folder)
     for path in written:
         variant = path.stem.removeprefix("again-")
         if variant == "K0":
-            assert read_json(path) == {**read_json(FIXTURE / "result-K0.json"), "format": FORMAT}
+            again = read_json(path)
+            arrays = {key: again.pop(key) for key in ("latencies", "queue_times")}
+            assert again == {**read_json(FIXTURE / "result-K0.json"), "format": FORMAT}
+            assert [len(values) for values in arrays.values()] == [3, 3]
     assert [row["variant"] for row in matrix(load_ledger(old_folder / "ledger.jsonl"))] == ["K0", "K3"]
     assert len(load_records(old_folder / "requests.jsonl")) == 6
 

@@ -194,7 +194,8 @@ def _run_against(config: SimConfig, tmp_path: Path) -> Path:
             encoding="utf-8",
         )
         out = tmp_path / "run"
-        result = itlaudit("run", str(scenario), "--out", str(out))
+        # a period well under the run's ~0.5 s, so samples fall inside its measured window
+        result = itlaudit("run", str(scenario), "--out", str(out), "--metrics-period", "0.05")
     assert result.returncode == 0, result.stderr
     return out
 

@@ -10,6 +10,7 @@ SURFACE = Surface(
         "comparison": (
             "CompareResult",
             "VariantComparison",
+            "acceptance_reading",
             "build_comparison",
         ),
         "convergence": (
@@ -28,6 +29,7 @@ SURFACE = Surface(
             "request_line",
             "run_summary",
             "summarize_run",
+            "with_comparison_findings",
         ),
         "distribution": (
             "ScoredOutput",
@@ -67,6 +69,7 @@ SURFACE = Surface(
             "prompt_index",
             "with_divergence_logprobs",
             "with_execution_modes",
+            "without_logprobs",
         ),
         "metrics": (
             "SUMMARY_METRICS",
@@ -146,6 +149,8 @@ SURFACE = Surface(
             "Validity",
             "block_validity",
             "comparison_validity",
+            "mostly_gibberish",
+            "quality_note",
             "variant_validity",
         ),
         "workloads": ("prefix_cache_delta",),

@@ -107,8 +107,9 @@ def benchmark_figures(
         "total_input_tokens": int(total_input),
         "input_tokens_unknown": sum(1 for t in input_tokens if t is None),
         # The prompts' token count as sent, where every one is known (token-id prompts): beside the
-        # server's count, which vllm bench 0.32 prints too, so a server that truncated says so.
-        "total_input_tokens_sent": _sent_total(ok_records),
+        # server's count, which vllm bench 0.32 prints too, so a server that truncated says so. Absent
+        # otherwise, so a summary of text prompts reads as it did.
+        **({"total_input_tokens_sent": sent} if (sent := _sent_total(ok_records)) is not None else {}),
         "total_output_tokens": int(total_output),
         "request_throughput": ratio(len(ok), duration_s),
         "output_throughput": ratio(total_output, duration_s),

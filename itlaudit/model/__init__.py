@@ -33,7 +33,9 @@ SURFACE = Surface(
             "INVALID_UTF8",
             "MIN_TOKENS_VIOLATED",
             "NO_DONE_SENTINEL",
+            "PROMPT_TOKENS_MISMATCH",
             "RATE_LIMITED",
+            "REGISTRY",
             "SPEC_DECODE_DISTRIBUTION_SHIFT",
             "SPEC_DECODE_METRICS_DISAGREE",
             "SPEC_DECODE_OUTPUT_MISMATCH",
@@ -98,7 +100,9 @@ SURFACE = Surface(
         "registry": ("Registry",),
         "run_context": (
             "SIMULATOR",
+            "QualitySettings",
             "is_simulator",
+            "quality_settings",
             "server_build",
             "simulator_version",
             "variant_meta",
@@ -135,6 +139,7 @@ SURFACE = Surface(
         "vocabulary": (
             "Endpoint",
             "LoadAxis",
+            "QualityGate",
             "Shift",
             "StampMode",
             "Verdict",

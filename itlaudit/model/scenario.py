@@ -21,6 +21,7 @@ from itlaudit.model.datasets import DATASET_KINDS, DatasetEntry
 from itlaudit.model.jsonvalue import JSONObject, JSONScalar
 from itlaudit.model.launch import READY_TIMEOUT_S, LaunchKind, LaunchSpec, launch_kind_problem
 from itlaudit.model.scenario_toml import (
+    SEQUENCE_TOKENS,
     Bound,
     Located,
     dump_toml,
@@ -384,6 +385,8 @@ class ScenarioFlags:
         dataset = workload.get("dataset")
         kind = dataset.get("kind") if isinstance(dataset, dict) else None
         max_tokens = given["max_tokens"]
+        if not isinstance(max_tokens, int) or SEQUENCE_TOKENS.problem(max_tokens):
+            return  # the parser names the flag and its bound
         if isinstance(dataset, dict) and kind == "random":
             if given.get("random_output_len", max_tokens) != max_tokens:
                 raise ScenarioError(

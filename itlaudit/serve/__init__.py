@@ -44,6 +44,7 @@ SURFACE = Surface(
             "default_cache_dir",
             "default_real_model_dir",
             "install",
+            "installed",
         ),
         "truth": ("TruthConfig",),
     },

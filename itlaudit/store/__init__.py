@@ -24,7 +24,10 @@ SURFACE = Surface(
             "live_holder",
             "refuse_if_live",
         ),
-        "result": ("save_result",),
+        "result": (
+            "VLLM_NAME",
+            "save_result",
+        ),
         "rundir": (
             "COMPARE_FILE",
             "CSV_FILE",

@@ -55,8 +55,9 @@ def _clock_offsets(run_dir: Path) -> dict[str, dict[int, int]]:
         meta = read_json(run_dir / META_FILE)
     except (OSError, ValueError):
         return {}
+    variants = meta.get("variants") if isinstance(meta, dict) else None  # a damaged meta.json: none
     offsets: dict[str, dict[int, int]] = {}
-    for name, info in (meta.get("variants") or {}).items():
+    for name, info in (variants if isinstance(variants, dict) else {}).items():
         workers = info.get("workers") if isinstance(info, dict) else None
         for worker in workers if isinstance(workers, list) else []:
             if isinstance(worker, dict) and isinstance(worker.get("clock_offset_ns"), int):

@@ -11,12 +11,15 @@ SURFACE = Surface(
     {
         "changes": (
             "SUSPECTED",
+            "Blind",
             "Change",
             "CheckSettings",
             "open_changes",
         ),
         "db": ("open_history",),
         "nightly": (
+            "EXIT_CANNOT_TELL",
+            "EXIT_REGRESSION",
             "bisect_change",
             "bisect_unexplained",
             "nightly",
