@@ -123,6 +123,16 @@ def test_acceptance_length_mismatch_fires_past_tolerance() -> None:
     (finding,) = comparison.findings
     assert finding["code"] == ACCEPTANCE_LENGTH_MISMATCH
     assert finding["evidence"]["stream"] == 4.0 and finding["evidence"]["metrics"] == 2.0
+    # one conclusion, from the counts: more drafting steps than the stream had is other traffic
+    assert finding["message"].endswith(
+        "Conclusion: /metrics counts 10 drafting steps against the stream's 3 decode steps, so other "
+        "requests reached the server in the window."
+    )
+    single = [_record("K0", list(range(1, 14))), _record("K3", list(range(1, 14)))]
+    (lost,) = build_comparison(run_summary(single, ["K0", "K3"]), single, {"K3": _stats(4.0)}).findings
+    assert lost["message"].endswith(
+        "Conclusion: the server's accepted drafts did not reach this stream as tokens: chunks were lost."
+    )
 
 
 def test_an_ngram_drafter_that_skips_steps_is_explained_not_left_standing() -> None:

@@ -166,12 +166,19 @@ def _acceptance_mismatch(
         if stream_accepted is not None
         else ""
     )
+    if not skipped_steps:
+        conclusion = (
+            f"/metrics counts {stats.num_drafts:.0f} drafting steps against the stream's {steps} decode "
+            "steps, so other requests reached the server in the window"
+        )
+    else:
+        conclusion = "the server's accepted drafts did not reach this stream as tokens: chunks were lost"
     return Finding.of(
         ACCEPTANCE_LENGTH_MISMATCH,
         message=(
             f"Variant {name!r}: the stream shows {stream_al:.2f} tokens per decode chunk but /metrics "
-            f"says acceptance length {metrics_al:.2f} ({length_gap:.0%} apart){accepted_text}: chunks "
-            "were merged or lost on the way, or other traffic reached the server."
+            f"says acceptance length {metrics_al:.2f} ({length_gap:.0%} apart){accepted_text}. "
+            f"Conclusion: {conclusion}."
         ),
         evidence={
             "variant": name,
