@@ -310,7 +310,7 @@ def test_flags_only_run_sends_the_flags_workload_and_saves_it(sim, tmp_path: Pat
     saved_result = json.loads((tmp_path / "result.json").read_text())
     assert saved_result["label"] == "nightly" and saved_result["gpu"] == "h200"
     assert saved_result["completed"] == 5 and saved_result["total_output_tokens"] == 5 * 24
-    assert "result: result.json" in result.stdout
+    assert f"result: {(tmp_path / 'result.json').resolve()}" in result.stdout  # paths printed one way
     saved = load_scenario(tmp_path / "saved.toml")
     assert (saved.workload.num_requests, saved.workload.concurrency) == (5, 2)
     assert saved.variants[0].url == url

@@ -246,7 +246,8 @@ def bisect(
     err.print(
         f"bisecting {count} builds ({state.builds[0].label} … {state.builds[-1].label}); "
         f"{plan} after checking both ends; scenario "
-        f"{state.settings.scenario}, verdict --regress {state.settings.regress}; folder {bisect_dir}",
+        f"{state.settings.scenario}, verdict --regress {state.settings.regress}; "
+        f"folder {bisect_dir.resolve()}",
         highlight=False,
         soft_wrap=True,
     )
@@ -265,4 +266,4 @@ def bisect(
     if state.result.explanation:
         out.print(state.result.explanation, highlight=False, markup=False, soft_wrap=True)
     out.print(f"compare: {state.result.compare_url}", highlight=False, soft_wrap=True)
-    out.print(f"report: {bisect_dir / REPORT_FILE}", highlight=False, soft_wrap=True)
+    out.print(f"report: {(bisect_dir / REPORT_FILE).resolve()}", highlight=False, soft_wrap=True)

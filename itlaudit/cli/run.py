@@ -195,7 +195,7 @@ def _save_result(settings: RunSettings, run_dir: Path) -> None:
     from itlaudit.store.result import save_result
 
     for path in save_result(settings.save_result, run_dir):
-        out.print(f"result: {path}", markup=False, highlight=False, soft_wrap=True)
+        out.print(f"result: {path.resolve()}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _track(settings: RunSettings, run_dir: Path) -> None:
@@ -296,7 +296,9 @@ def _run_trials(
         out.print(
             f"{name}: itl_ms p50 {interval}; {progress.reason}", markup=False, highlight=False, soft_wrap=True
         )
-    out.print(f"trials: {done.folder / TRIALS_FILE}", markup=False, highlight=False, soft_wrap=True)
+    out.print(
+        f"trials: {(done.folder / TRIALS_FILE).resolve()}", markup=False, highlight=False, soft_wrap=True
+    )
     return sum(outcome.finding_count for outcome in done.outcomes)
 
 
@@ -378,7 +380,7 @@ def compare(
         out.print(
             f"[bold red]{finding['code']}[/bold red]: {finding['message']}", highlight=False, soft_wrap=True
         )
-    out.print(f"compare: {outcome.run_dir / COMPARE_FILE}")
+    out.print(f"compare: {(outcome.run_dir / COMPARE_FILE).resolve()}", markup=False, soft_wrap=True)
     _save_result(settings, outcome.run_dir)
     _track(settings, outcome.run_dir)
     if fail_on_findings and outcome.finding_count:  # the comparison findings are counted in it

@@ -72,7 +72,7 @@ def smoke(
 
     try:
         loaded = load_suite(suite)
-        out.print(f"smoke suite {loaded.name}: {loaded.path}", markup=False)
+        out.print(f"smoke suite {loaded.name}: {loaded.path.resolve()}", markup=False)
         outcome = run_smoke(
             loaded,
             urls=_servers(url, variant),
@@ -91,6 +91,6 @@ def smoke(
     for line, result in zip(table_lines(outcome.results), outcome.results, strict=True):
         out.print(line, style=_STYLES[result.status], markup=False)
     out.print(verdict_line(outcome.results, outcome.smoke.runtime_s), style="bold", markup=False)
-    out.print(f"report: {outcome.out_dir / REPORT_FILE}", markup=False)
+    out.print(f"report: {(outcome.out_dir / REPORT_FILE).resolve()}", markup=False)
     if outcome.exit_code:
         raise typer.Exit(outcome.exit_code)

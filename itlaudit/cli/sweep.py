@@ -118,4 +118,4 @@ def sweep(
     )
     for sentence in result.headline:
         out.print(sentence, markup=False)
-    out.print(f"sweep: {sweep_dir / 'report.md'}", markup=False)
+    out.print(f"sweep: {(sweep_dir / 'report.md').resolve()}", markup=False)
