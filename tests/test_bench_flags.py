@@ -64,3 +64,28 @@ def test_itlaudit_own_spellings_pass_through_beside_vllm_benchs() -> None:
     assert bench_argv(["--endpoint", "chat"]).argv == ["--endpoint", "chat"]
     assert bench_argv(["--host", "gb10", "--port", "8001"]).argv == ["--url", "http://gb10:8001"]
     assert bench_argv(["--model", "org/m", "--served-model-name", "m"]).argv == ["--model", "m"]
+
+
+def test_sampling_options_become_the_body_keys_vllm_bench_sends() -> None:
+    """--top-p, --top-k, … and --extra-body / --chat-template-kwargs merge into one itlaudit
+    --extra-body, which the scenario parser bounds as it bounds a file's [workload.extra_body]."""
+    import pytest
+
+    from itlaudit.cli.bench_flags import bench_argv
+    from itlaudit.errors import ScenarioError
+    from itlaudit.model.scenario import ScenarioFlags, build_scenario
+
+    argv = ["--top-p", "0.9", "--top-k", "20", "--extra-body", '{"min_p": 0.05}']
+    argv += ["--chat-template-kwargs", '{"enable_thinking": false}']
+    assert bench_argv(argv).argv == [
+        "--extra-body",
+        '{"top_p": 0.9, "top_k": 20, "min_p": 0.05, "chat_template_kwargs": {"enable_thinking": false}}',
+    ]
+    body = {"top_p": 0.9, "top_k": 20}
+    assert (
+        build_scenario(None, ScenarioFlags(url="http://h:1", extra_body=body))[0].workload.extra_body == body
+    )
+    with pytest.raises(ScenarioError, match="--top-k 'many': give an integer"):
+        bench_argv(["--top-k", "many"])
+    with pytest.raises(ScenarioError, match=r"top_p: must be a finite number in \(0, 1\], got 7"):
+        build_scenario(None, ScenarioFlags(url="http://h:1", extra_body={"top_p": 7}))

@@ -11,10 +11,12 @@ testbed and runs every option through here and then through `run`'s parser.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from itlaudit.errors import ScenarioError
+from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.store.result import VLLM_NAME
 
 __all__ = ["BENCH_OPTIONS", "BenchLine", "bench_argv"]
@@ -59,21 +61,23 @@ _REFUSED = {
     "--random-batch-size": "batched prompts are for rerankers, which itlaudit does not stream",
     "--input-len": "give --random-input-len (or the dataset's own lengths)",
     "--output-len": "give --random-output-len (or the dataset's own lengths)",
-    "--logprobs": f"logprobs is a request parameter: [workload.extra_body] logprobs = N; {_SCENARIO}",
-    "--top-p": f"[workload.extra_body] top_p = …; {_SCENARIO}",
-    "--top-k": f"[workload.extra_body] top_k = …; {_SCENARIO}",
-    "--min-p": f"[workload.extra_body] min_p = …; {_SCENARIO}",
-    "--frequency-penalty": f"[workload.extra_body] frequency_penalty = …; {_SCENARIO}",
-    "--presence-penalty": f"[workload.extra_body] presence_penalty = …; {_SCENARIO}",
-    "--repetition-penalty": f"[workload.extra_body] repetition_penalty = …; {_SCENARIO}",
-    "--extra-body": f"[workload.extra_body]; {_SCENARIO}",
-    "--chat-template-kwargs": f"[workload.extra_body] chat_template_kwargs = {{ … }}; {_SCENARIO}",
     "--ramp-up-strategy": f"a ramp is [workload] ramp_up (docs/scenarios.md, Arrivals); {_SCENARIO}",
     "--ramp-up-start-rps": f"a ramp is [workload] ramp_up (docs/scenarios.md, Arrivals); {_SCENARIO}",
     "--ramp-up-end-rps": f"a ramp is [workload] ramp_up (docs/scenarios.md, Arrivals); {_SCENARIO}",
     "--skip-chat-template": "itlaudit sends chat messages for the server's own template",
     "--enable-multimodal-chat": "itlaudit sends text prompts only",
     "--custom-ensure-client-side-data": "itlaudit sends a jsonl dataset's lines as they are",
+}
+# Sampling options: each a key of the requests' body, as vllm bench sends it (itlaudit's --extra-body,
+# whose values the scenario parser bounds as it bounds a file's [workload.extra_body]).
+_SAMPLING: dict[str, tuple[str, type[int] | type[float]]] = {
+    "--top-p": ("top_p", float),
+    "--top-k": ("top_k", int),
+    "--min-p": ("min_p", float),
+    "--frequency-penalty": ("frequency_penalty", float),
+    "--presence-penalty": ("presence_penalty", float),
+    "--repetition-penalty": ("repetition_penalty", float),
+    "--logprobs": ("logprobs", int),
 }
 # A dataset's own options: set in the scenario's [workload.dataset] (the datasets itlaudit reads), or
 # datasets itlaudit does not read at all.
@@ -107,10 +111,12 @@ _UNREAD_DATASETS = (
 _REWRITTEN = (
     "--base-url", "--host", "--port", "--endpoint", "--header", "--backend", "--served-model-name",
     "--save-result", "--result-dir", "--result-filename", "--metadata", "--dataset-name",
-    "--percentile-metrics", "--metric-percentiles",
+    "--percentile-metrics", "--metric-percentiles", "--extra-body", "--chat-template-kwargs",
 )  # fmt: skip
 # Every vllm bench option this module knows; a newer vLLM's option outside it is one line too.
-BENCH_OPTIONS = frozenset([*_SAME, *_NOTED, *_REFUSED, *_DATASET_KEYS, *_UNREAD_DATASETS, *_REWRITTEN])
+BENCH_OPTIONS = frozenset(
+    [*_SAME, *_NOTED, *_REFUSED, *_SAMPLING, *_DATASET_KEYS, *_UNREAD_DATASETS, *_REWRITTEN]
+)
 # vllm bench's options that take no value, and those that take all the values after them (nargs * or +).
 _FLAGS = frozenset(
     {
@@ -142,6 +148,7 @@ class BenchLine:
     save_result: bool = False
     result_dir: str | None = None
     result_filename: str | None = None
+    extra_body: JSONObject = field(default_factory=dict)  # sampling options and --extra-body, merged
 
     def note(self, option: str, why: str) -> None:
         line = f"{option}: accepted, {why}"
@@ -239,6 +246,15 @@ def _rewrite(line: BenchLine, option: str, values: list[str], inline: bool) -> N
     elif option == "--metadata":
         for value in values:
             line.argv += ["--metadata", value]
+    elif option in ("--extra-body", "--chat-template-kwargs"):
+        value = _one(option, values)
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            raise ScenarioError(f"{option} {value!r}: not JSON") from None
+        if not isinstance(parsed, dict):
+            raise ScenarioError(f"{option} {value!r}: give a JSON object")
+        line.extra_body.update(parsed if option == "--extra-body" else {"chat_template_kwargs": parsed})
     elif option == "--dataset-name":
         value = _one(option, values)
         if value in _UNREAD_DATASET_NAMES:
@@ -258,6 +274,18 @@ def _rewrite(line: BenchLine, option: str, values: list[str], inline: bool) -> N
         line.note(option, "the block prints mean, median and P99 of each; the result file has p50, p90, p99")
 
 
+def _sampling(line: BenchLine, option: str, values: list[str]) -> None:
+    """A sampling option as the body key vllm bench sends, typed as its parser types it."""
+    key, kind = _SAMPLING[option]
+    value = _one(option, values)
+    try:
+        line.extra_body[key] = kind(value)
+    except ValueError:
+        raise ScenarioError(
+            f"{option} {value!r}: give {'an integer' if kind is int else 'a number'}"
+        ) from None
+
+
 def bench_argv(argv: Sequence[str]) -> BenchLine:
     """`run`'s or `compare`'s arguments with every vllm bench serve option made itlaudit's (see the
     module docstring); one ScenarioError line for an option with no itlaudit meaning."""
@@ -265,6 +293,8 @@ def bench_argv(argv: Sequence[str]) -> BenchLine:
     for option, values, inline in _split(argv):
         if option in _REWRITTEN:
             _rewrite(line, option, values, inline)
+        elif option in _SAMPLING:
+            _sampling(line, option, values)
         elif option in _NOTED:
             line.note(option, _NOTED[option])
         elif option in _REFUSED:
@@ -283,6 +313,8 @@ def bench_argv(argv: Sequence[str]) -> BenchLine:
 
 def _finish(line: BenchLine) -> None:
     """What the gathered settings make, once the whole line has been read."""
+    if line.extra_body:
+        line.argv += ["--extra-body", json.dumps(line.extra_body)]
     if line.host is not None or line.port is not None:
         line.argv += ["--url", f"http://{line.host or '127.0.0.1'}:{line.port or '8000'}"]
     if line.backend is not None and "--endpoint" not in line.argv:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import os
 from collections.abc import Callable, Iterable
 from enum import StrEnum
@@ -26,6 +27,7 @@ from itlaudit.errors import ScenarioError
 from itlaudit.model import vocabulary
 from itlaudit.model.access import Access, api_key_header, header_problem, tls_problem
 from itlaudit.model.datasets import DATASET_KINDS
+from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.scenario import ScenarioFlags
 
 __all__ = [
@@ -97,6 +99,20 @@ def parse_url(text: str, given: str) -> str:
 
 
 ONLY_HELP = "Run only this variant of the scenario (repeat; in this order)."
+
+
+def _json_object(option: str, text: str | None) -> JSONObject:
+    """A JSON object given on the command line (vllm bench serve's --extra-body), or one line saying
+    what is wrong with it."""
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ScenarioError(f"{option} {text!r}: not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise ScenarioError(f"{option} {text!r}: give a JSON object, e.g. '{{\"top_k\": 20}}'")
+    return value
 
 
 def parse_variant_urls(pairs: list[str]) -> dict[str, str]:
@@ -370,6 +386,10 @@ def workload_flags(
     temperature: Annotated[float | None, _bench("Sampling temperature (0: greedy).", "T")] = None,
     max_tokens: Annotated[int | None, _bench("Most tokens per request.", "N")] = None,
     seed: Annotated[int | None, _bench("Seed for random prompts, arrivals and sampling.", "N")] = None,
+    extra_body: Annotated[
+        str | None,
+        _bench("JSON merged into every request's body (sampling options: top_p, top_k, …).", "JSON"),
+    ] = None,
     only: Annotated[list[str] | None, typer.Option(metavar="NAME", help=ONLY_HELP)] = None,
     quality_gate: Annotated[
         QualityGate | None,
@@ -400,6 +420,7 @@ def workload_flags(
         seed=seed,
         quality_gate=quality_gate,
         only=list(only or []),
+        extra_body=_json_object("--extra-body", extra_body),
         url=parse_url(url, f"--url {url!r}") if url else None,
         variant_urls=parse_variant_urls(variant or []),
     )

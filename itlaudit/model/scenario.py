@@ -341,6 +341,8 @@ class ScenarioFlags:
     url: str | None = None  # every variant's server
     variant_urls: dict[str, str] = field(default_factory=dict)  # NAME=URL
     only: list[str] = field(default_factory=list)  # --only NAME: these variants, in this order
+    # --extra-body JSON (vllm bench serve's): merged over the workload's extra_body, in every request
+    extra_body: JSONObject = field(default_factory=dict)
 
     def given(self) -> dict[str, JSONScalar]:
         """The workload flags that were given, by field name, as the values their keys take (a path
@@ -363,6 +365,9 @@ class ScenarioFlags:
             self._apply_dataset(workload, given)
         if "max_tokens" in given:
             self._max_tokens_reaches(workload, given)
+        if self.extra_body:
+            kept = workload.get("extra_body")
+            workload["extra_body"] = {**(kept if isinstance(kept, dict) else {}), **self.extra_body}
         for name, value in given.items():
             table, key = FLAG_KEYS[name]
             if table == "workload.dataset":
