@@ -340,3 +340,30 @@ def test_only_picks_and_orders_the_variants_and_names_an_unknown_one() -> None:
     assert [v.name for v in build_scenario(path, ScenarioFlags(only=["K3"]))[0].variants] == ["K3"]
     with pytest.raises(ScenarioError, match=r"--only 'K9' is not in the scenario \(K0, K3\)"):
         build_scenario(path, ScenarioFlags(only=["K9"]))
+
+
+def test_random_range_ratio_draws_lengths_as_vllm_bench_does() -> None:
+    """--random-range-ratio R: each random length L is drawn uniformly from [floor(L(1−R)), ceil(L(1+R))],
+    or per side from vllm bench's {"input": R, "output": R}; R outside [0, 1) is one line."""
+
+    def lengths(ratio: str) -> tuple[set[int], set[int | None]]:
+        flags = ScenarioFlags(
+            url="http://h:1",
+            num_prompts=200,
+            random_input_len=100,
+            random_output_len=20,
+            random_range_ratio=ratio,
+        )
+        dataset = build_scenario(None, flags)[0].workload.dataset
+        assert dataset is not None
+        return {len(e.prompt or []) for e in dataset.entries}, {e.max_tokens for e in dataset.entries}
+
+    inputs, outputs = lengths("0.5")
+    assert min(inputs) >= 50 and max(inputs) <= 150 and len(inputs) > 20
+    assert min(o or 0 for o in outputs) >= 10 and max(o or 0 for o in outputs) <= 30
+    inputs, outputs = lengths('{"input": 0.1, "output": 0}')
+    assert (
+        min(inputs) >= 90 and max(inputs) <= 111 and outputs == {20}
+    )  # ceil(100 × 1.1) is 111 in floats, in vLLM too
+    with pytest.raises(ScenarioError, match=r"--random-range-ratio '1.5': each ratio must be in \[0, 1\)"):
+        lengths("1.5")

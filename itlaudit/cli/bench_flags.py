@@ -24,6 +24,7 @@ __all__ = ["BENCH_OPTIONS", "BenchLine", "bench_argv"]
 # Options itlaudit's run has under vllm bench's name, syntax and meaning: passed on as they are.
 _SAME = (
     "--seed", "--num-prompts", "--dataset-path", "--random-input-len", "--random-output-len",
+    "--random-range-ratio",
     "--label", "--max-concurrency", "--model", "--request-rate", "--burstiness", "--num-warmups",
     "--profile", "--ignore-eos", "--temperature", "--insecure",
 )  # fmt: skip
@@ -56,7 +57,6 @@ _REFUSED = {
     "--goodput": "itlaudit counts goodput per load in `itlaudit sweep --goodput tpot_ms=20`",
     "--lora-modules": "LoRA adapters are not a workload itlaudit sends: give the adapter as --model",
     "--lora-assignment": "LoRA adapters are not a workload itlaudit sends: give the adapter as --model",
-    "--random-range-ratio": f"a length range is input_len = {{ min = …, max = … }}: {_SCENARIO}",
     "--random-prefix-len": f"a shared prefix is the prefix_repetition dataset: {_SCENARIO}",
     "--random-batch-size": "batched prompts are for rerankers, which itlaudit does not stream",
     "--input-len": "give --random-input-len (or the dataset's own lengths)",

@@ -370,6 +370,10 @@ def workload_flags(
     random_output_len: Annotated[
         int | None, _bench("Tokens each random request generates (ignore_eos).", "N")
     ] = None,
+    random_range_ratio: Annotated[
+        str | None,
+        _bench("Random lengths drawn uniformly within ±R of --random-input-len/--random-output-len.", "R"),
+    ] = None,
     dataset_path: Annotated[
         Path | None, _bench("The dataset's file (speed_bench: its folder).", "FILE")
     ] = None,
@@ -408,6 +412,7 @@ def workload_flags(
         dataset_name=dataset_name,
         random_input_len=random_input_len,
         random_output_len=random_output_len,
+        random_range_ratio=random_range_ratio,
         dataset_path=dataset_path,
         num_prompts=num_prompts,
         max_concurrency=max_concurrency,

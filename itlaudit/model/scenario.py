@@ -7,6 +7,7 @@ and every error names the file, the key and its line.
 from __future__ import annotations
 
 import copy
+import json
 import math
 import os
 import re
@@ -328,6 +329,8 @@ class ScenarioFlags:
     dataset_name: str | None = None
     random_input_len: int | None = None
     random_output_len: int | None = None
+    # vllm bench's --random-range-ratio: a random dataset's lengths drawn uniformly around their means
+    random_range_ratio: str | None = None
     dataset_path: Path | None = None
     num_prompts: int | None = None
     max_concurrency: int | None = None
@@ -365,6 +368,8 @@ class ScenarioFlags:
             self._apply_dataset(workload, given)
         if "max_tokens" in given:
             self._max_tokens_reaches(workload, given)
+        if self.random_range_ratio is not None:
+            _range_lengths(workload, self.random_range_ratio)
         if self.extra_body:
             kept = workload.get("extra_body")
             workload["extra_body"] = {**(kept if isinstance(kept, dict) else {}), **self.extra_body}
@@ -455,6 +460,33 @@ class ScenarioFlags:
         workload.pop("prompts", None)
         workload.pop("prompts_file", None)
         workload["dataset"] = dataset
+
+
+def _range_lengths(workload: JSONObject, text: str) -> None:
+    """--random-range-ratio R (or vllm bench's JSON {"input": R, "output": R}): each random length L
+    becomes { min = floor(L·(1−R)), max = ceil(L·(1+R)) }, drawn uniformly, as vllm bench draws it."""
+    dataset = workload.get("dataset")
+    if not isinstance(dataset, dict) or dataset.get("kind") != "random":
+        raise ScenarioError("--random-range-ratio is for --dataset-name random")
+    try:
+        parsed = json.loads(text)
+        ratios = (parsed["input"], parsed["output"]) if isinstance(parsed, dict) else (parsed, parsed)
+        ratios = (float(ratios[0]), float(ratios[1]))
+    except (ValueError, KeyError, TypeError):
+        raise ScenarioError(
+            f'--random-range-ratio {text!r}: give a number in [0, 1), or {{"input": R, "output": R}}'
+        ) from None
+    for ratio, key in zip(ratios, ("input_len", "output_len"), strict=True):
+        if not 0 <= ratio < 1:
+            raise ScenarioError(
+                f"--random-range-ratio {text!r}: each ratio must be in [0, 1), as in vllm bench"
+            )
+        length = dataset.get(key)
+        if ratio and isinstance(length, int):
+            dataset[key] = {
+                "min": max(1, math.floor(length * (1 - ratio))),
+                "max": math.ceil(length * (1 + ratio)),
+            }
 
 
 def _flags_only_tables(flags: ScenarioFlags) -> JSONObject:
