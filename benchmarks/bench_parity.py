@@ -13,6 +13,9 @@ round's ratio, vllm bench over itlaudit, and how many rounds fall within 5 %.
 
 Prints a Markdown table; `--json FILE` keeps the rounds. The tests (`tests/test_workloads_vllm.py`) run
 one round through `run_round`.
+
+`run_pasted` runs one pasted vllm bench serve line twice at the same moment, as vllm bench and as
+`itlaudit run` with the same arguments, each in its own folder (tests/test_bench_lines_vllm.py, issue 36).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -84,13 +87,17 @@ class Round:
         return self.bench_ttft_ms / self.itlaudit_ttft_ms
 
 
-def _wait_for(ready: Callable[[], bool], process: subprocess.Popen[str], what: str) -> None:
+def _tail(log: Path) -> str:
+    return log.read_text(encoding="utf-8", errors="replace")[-3000:] if log.exists() else ""
+
+
+def _wait_for(ready: Callable[[], bool], process: subprocess.Popen[str], what: str, log: Path) -> None:
     deadline = time.monotonic() + _READY_TIMEOUT_S
     while not ready():
         if process.poll() is not None:
-            raise RuntimeError(f"{what} exited with {process.returncode} before it was ready")
+            raise RuntimeError(f"{what} exited with {process.returncode} before it was ready: {_tail(log)}")
         if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} was not ready in {_READY_TIMEOUT_S:g} s")
+            raise RuntimeError(f"{what} was not ready in {_READY_TIMEOUT_S:g} s: {_tail(log)}")
         time.sleep(0.005)
 
 
@@ -98,6 +105,61 @@ def _capturing(run_dir: Path) -> bool:
     """meta.json names the capture workers just before they start sending."""
     meta = run_dir / "meta.json"
     return meta.exists() and '"workers"' in meta.read_text(encoding="utf-8", errors="replace")
+
+
+@dataclass(frozen=True)
+class _Client:
+    """One client process: its command, working folder, environment, and the file its output goes to
+    (stdout and stderr together: a file, not a pipe, so a full pipe never stalls a client mid-run)."""
+
+    command: list[str]
+    cwd: Path
+    env: Mapping[str, str] | None
+    log: Path
+
+
+def _run_at_once(bench: _Client, ours: _Client, gate: Path, run_dir: Path) -> None:
+    """vllm bench (started by vllm_bench_client.py --start-when `gate`) and itlaudit (writing `run_dir`)
+    sending at the same moment: vllm bench is held after its imports and dataset until itlaudit's capture
+    workers are about to send. Raises with the tail of a client's output when it fails; a client still
+    running when the other fails, or when this is interrupted, is killed, so none waits on a gate forever."""
+    with (
+        bench.log.open("w", encoding="utf-8") as bench_out,
+        subprocess.Popen(
+            bench.command, cwd=bench.cwd, env=dict(bench.env or os.environ), stdout=bench_out,
+            stderr=subprocess.STDOUT, text=True,
+        ) as bench_process,
+    ):  # fmt: skip
+        try:
+            _wait_for(
+                gate.with_name(gate.name + ".ready").exists, bench_process, "vllm bench serve", bench.log
+            )
+            with (
+                ours.log.open("w", encoding="utf-8") as ours_out,
+                subprocess.Popen(
+                    ours.command, cwd=ours.cwd, env=dict(ours.env or os.environ), stdout=ours_out,
+                    stderr=subprocess.STDOUT, text=True,
+                ) as ours_process,
+            ):  # fmt: skip
+                try:
+                    _wait_for(lambda: _capturing(run_dir), ours_process, "itlaudit run", ours.log)
+                    gate.touch()
+                    ours_process.wait(timeout=_RUN_TIMEOUT_S)
+                finally:
+                    if ours_process.poll() is None:
+                        ours_process.kill()
+            bench_process.wait(timeout=_RUN_TIMEOUT_S)
+        finally:
+            if bench_process.poll() is None:
+                bench_process.kill()
+    if ours_process.returncode != 0:
+        raise RuntimeError(f"itlaudit run exited with {ours_process.returncode}: {_tail(ours.log)}")
+    if bench_process.returncode != 0:
+        raise RuntimeError(f"vllm bench serve exited with {bench_process.returncode}: {_tail(bench.log)}")
+
+
+def _bench_command(vllm_python: Path, gate: Path, bench_args: Sequence[str]) -> list[str]:
+    return [str(vllm_python), str(HERE / "vllm_bench_client.py"), "--start-when", str(gate), *bench_args]
 
 
 def run_round(
@@ -111,12 +173,12 @@ def run_round(
     bench_env: Mapping[str, str] | None = None,
     itlaudit_env: Mapping[str, str] | None = None,
 ) -> Round:
-    """Both clients at once against `url`; their output stays in `workdir` (vllm.json, run/)."""
+    """Both clients at once against `url`; their output stays in `workdir` (vllm.json, run/, and what
+    each printed: vllm-bench.log, itlaudit.log)."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "s.toml").write_text(workload.scenario_toml(), encoding="utf-8")
     gate = workdir / "go"
-    bench_command = [
-        str(vllm_python), str(HERE / "vllm_bench_client.py"), "--start-when", str(gate),
+    bench_args = [
         "--base-url", url, "--model", str(tokenizer), "--served-model-name", served_model_name,
         *workload.bench_args(), "--save-result", "--save-detailed", "--result-dir", str(workdir),
         "--result-filename", "vllm.json", "--disable-tqdm",
@@ -132,22 +194,14 @@ def run_round(
         "--out",
         str(workdir / "run"),
     ]
-    with subprocess.Popen(
-        bench_command, cwd=workdir, env=dict(bench_env or os.environ), stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True,
-    ) as bench:  # fmt: skip
-        _wait_for(gate.with_name(gate.name + ".ready").exists, bench, "vllm bench serve")
-        with subprocess.Popen(
-            ours_command, cwd=workdir, env=dict(itlaudit_env or os.environ), stderr=subprocess.PIPE, text=True
-        ) as ours:
-            _wait_for(lambda: _capturing(workdir / "run"), ours, "itlaudit run")
-            gate.touch()
-            _, ours_err = ours.communicate(timeout=_RUN_TIMEOUT_S)
-        bench_out, _ = bench.communicate(timeout=_RUN_TIMEOUT_S)
-    if ours.returncode != 0:
-        raise RuntimeError(f"itlaudit run exited with {ours.returncode}: {ours_err[-3000:]}")
-    if bench.returncode != 0:
-        raise RuntimeError(f"vllm bench serve exited with {bench.returncode}: {bench_out[-3000:]}")
+    _run_at_once(
+        _Client(
+            _bench_command(vllm_python, gate, bench_args), workdir, bench_env, workdir / "vllm-bench.log"
+        ),
+        _Client(ours_command, workdir, itlaudit_env, workdir / "itlaudit.log"),
+        gate,
+        workdir / "run",
+    )
     theirs = parse_import(json.loads((workdir / "vllm.json").read_text(encoding="utf-8")), "vllm.json")
     summary = json.loads((workdir / "run" / "summary.json").read_text(encoding="utf-8"))["variants"]["A"]
     if theirs.requests != workload.requests or summary["requests"] != workload.requests:
@@ -161,6 +215,56 @@ def run_round(
         itlaudit_ttft_ms=summary["ttft_ms"]["mean"],
         itlaudit_tpot_ms=summary["tpot_ms"]["mean"],
         requests=workload.requests,
+    )
+
+
+@dataclass(frozen=True)
+class Pasted:
+    """One pasted line run by both clients: each one's working folder, where a relative --result-dir
+    of the line lands, and what each printed."""
+
+    vllm_dir: Path
+    itlaudit_dir: Path
+    run_dir: Path  # itlaudit's run folder
+    vllm_output: str
+    itlaudit_output: str
+
+
+def run_pasted(
+    bench_args: Sequence[str],
+    workdir: Path,
+    *,
+    vllm_python: Path,
+    itlaudit_args: Sequence[str] = (),
+    bench_env: Mapping[str, str] | None = None,
+    itlaudit_env: Mapping[str, str] | None = None,
+) -> Pasted:
+    """`vllm bench serve BENCH_ARGS` and `itlaudit run BENCH_ARGS` at the same moment (as run_round),
+    each in its own folder under `workdir` (vllm/, itlaudit/) so that the line's own --result-dir and
+    --result-filename serve both without a clash. itlaudit gets the line unchanged, then `--out`
+    (its run folder, workdir/run) and `itlaudit_args`: its own options, none of vllm bench's."""
+    vllm_dir, itlaudit_dir, run_dir = workdir / "vllm", workdir / "itlaudit", workdir / "run"
+    for folder in (vllm_dir, itlaudit_dir):
+        folder.mkdir(parents=True, exist_ok=True)
+    gate = workdir / "go"
+    ours_command = [
+        sys.executable, "-m", "itlaudit", "run", *bench_args, "--out", str(run_dir), *itlaudit_args,
+    ]  # fmt: skip
+    # vllm bench sends a ready check (the first prompt, at its full output length) after the gate and
+    # waits for it before its run starts: seconds on a loaded CPU server, while itlaudit is already
+    # sending. Skipped here (its own option, the last given wins), so both start at the same moment.
+    held_args = [*bench_args, "--ready-check-timeout-sec", "0"]
+    bench = _Client(
+        _bench_command(vllm_python, gate, held_args), vllm_dir, bench_env, workdir / "vllm-bench.log"
+    )
+    ours = _Client(ours_command, itlaudit_dir, itlaudit_env, workdir / "itlaudit.log")
+    _run_at_once(bench, ours, gate, run_dir)
+    return Pasted(
+        vllm_dir=vllm_dir,
+        itlaudit_dir=itlaudit_dir,
+        run_dir=run_dir,
+        vllm_output=bench.log.read_text(encoding="utf-8", errors="replace"),
+        itlaudit_output=ours.log.read_text(encoding="utf-8", errors="replace"),
     )
 
 

@@ -1,7 +1,8 @@
 """A `vllm bench serve` line pasted after `itlaudit run` (cli/bench_flags): it runs against a simulator
 with vllm bench's meanings — --base-url, --backend, --endpoint as a path, --header KEY=VALUE,
 --served-model-name, the boolean --save-result with --result-dir and vllm bench's own file name — and
-an option itlaudit has no meaning for is one line, exit 2. ~2 s."""
+--goodput, the percentile options, --random-prefix-len, --save-detailed and --append-result as vllm
+bench writes them; an option itlaudit has no meaning for is one line, exit 2. ~4 s."""
 
 from __future__ import annotations
 
@@ -33,6 +34,32 @@ def test_a_pasted_vllm_bench_line_runs_and_saves_its_result_as_vllm_bench_names_
     meta = json.loads((tmp_path / "run" / "meta.json").read_text())
     (variant,) = meta["variants"].values()
     assert variant["headers"] == ["X-Team"] and meta["endpoint"] == "completions"
+
+
+def test_goodput_percentiles_prefix_and_detailed_arrays_as_vllm_bench_gives_them(tmp_path: Path) -> None:
+    """vllm bench's --goodput KEY:VALUE, --metric-percentiles/--percentile-metrics (the block's rows
+    and the result's keys), --random-prefix-len, --save-detailed's arrays and --append-result (two
+    runs, two JSON lines): an SLO every request meets gives goodput = throughput, one none meets 0."""
+    common = (
+        "--dataset-name", "random", "--random-input-len", "24", "--random-prefix-len", "8",
+        "--random-output-len", "16", "--num-prompts", "4", "--max-concurrency", "2",
+        "--metric-percentiles", "90,95", "--percentile-metrics", "ttft,tpot,itl", "--save-result",
+        "--save-detailed", "--append-result", "--result-dir", str(tmp_path), "--result-filename", "r.json",
+    )  # fmt: skip
+    with sim_server(SimConfig(step_ms=1.0, ttft_ms=2.0)) as url:
+        met = itlaudit("run", "--base-url", url, *common, "--goodput", "tpot:1000", "e2el:60000")
+        missed = itlaudit("run", "--base-url", url, *common, "--goodput", "ttft:0.001")
+    assert met.returncode == 0 and missed.returncode == 0, met.stderr + missed.stderr
+    rows = {line[:40].strip(): line[41:].strip() for line in met.stdout.splitlines() if len(line) > 41}
+    assert {"P90 TTFT (ms):", "P95 TPOT (ms):", "P95 ITL (ms):", "Request goodput (req/s):"} <= set(rows)
+    assert "P99 TTFT (ms):" not in rows and "End-to-end Latency" not in met.stdout
+    first, second = (json.loads(line) for line in (tmp_path / "r.json").read_text().splitlines())
+    assert first["request_goodput"] == first["request_throughput"] > 0 and second["request_goodput"] == 0
+    assert first["p95_ttft_ms"] >= first["p90_ttft_ms"] > 0 and "p95_e2el_ms" in first
+    # --save-detailed: one entry a request, in vllm bench's units; a prompt is prefix + input tokens
+    assert first["input_lens"] == [32] * 4 and first["output_lens"] == [16] * 4
+    assert [len(gaps) for gaps in first["itls"]] == [15] * 4 and all(0 < t < 1 for t in first["ttfts"])
+    assert first["errors"] == [""] * 4 and len(first["generated_texts"]) == len(first["start_times"]) == 4
 
 
 def test_an_option_with_no_itlaudit_meaning_is_one_line() -> None:

@@ -123,6 +123,10 @@ def test_terminal_block_reads_like_vllm_bench_and_marks_the_capped_variant() -> 
     # Counts 1, 5, 9, 13, 16 every 13 ms: four gaps over 15 decode tokens.
     assert float(chunk_itl) == pytest.approx(13.0) and float(token_itl) == pytest.approx(52 / 15, abs=0.005)
     assert rows["Tokens per decode chunk:"] == "3.75"
+    # No --goodput: no goodput row; vllm bench's default percentiles: P99 alone, every metric's section
+    assert (
+        "Request goodput (req/s):" not in rows and "P90 TTFT (ms):" not in rows and "P99 E2EL (ms):" in rows
+    )
     assert all(line == line.rstrip() for line in text)  # no trailing blanks in a CI log
     assert "K0" not in "".join(text)
 
@@ -191,4 +195,5 @@ def test_save_result_keeps_vllm_bench_meanings_and_adds_the_token_itl(saved: dic
     assert saved["spec_decode_acceptance_rate"] == pytest.approx(100.0)  # percent, as vllm bench
     assert saved["spec_decode_acceptance_length"] == pytest.approx(4.0)
     assert saved["comparable"] is True and saved["not_comparable_reason"] is None
+    assert saved["request_goodput"] is None and "ttfts" not in saved  # no --goodput, no --save-detailed
     assert saved["simulated"] is True and saved["server_build"].startswith("itlaudit simulator")

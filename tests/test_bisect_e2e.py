@@ -156,6 +156,27 @@ def test_speedup_runs_k0_and_k3_in_each_probe_and_judges_their_ratio(
     assert bad and all(p["detail"]["ratio"] > 1.5 and p["detail"]["p_value"] < 0.05 for p in bad)
 
 
+def test_a_launch_table_without_kind_gives_the_command_providers_server_its_arguments(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """probe-k0-k3.toml's launch tables name no `kind` and no dummy `python` (issue 36 item 6): bisect
+    with `--provider command` runs it, and K3's --speculative-config reaches its server command (the
+    stand-in serves K=3 only when given it: ~3.9 tokens per chunk, where it would send 1). CI cost:
+    ~2-5 s (two probes, the ends, of one variant: two server starts)."""
+    shas = _commits(tmp_path / "commits.txt", 2)
+    out = tmp_path / "bisect"
+    code = _bisect(
+        monkeypatch,
+        "--from", shas[0], "--to", shas[-1], "--commits-file", str(tmp_path / "commits.txt"),
+        *_args(tmp_path / "commits.txt", 1, "cap"), "--scenario", str(FIXTURES / "probe-k0-k3.toml"),
+        "--only", "K3", "--regress", "truncation", "--out", str(out),
+    )  # fmt: skip
+    assert code == 0
+    state = _state(out)
+    assert state["first_bad"] == shas[1] and state["last_good"] == shas[0]
+    assert [p["metrics"]["K3"]["tokens_per_chunk_p50"] > 2 for p in state["probes"]] == [True, True]
+
+
 def test_find_fix_with_a_git_bisect_run_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     shas = _commits(tmp_path / "commits.txt", 10)
     out = tmp_path / "bisect"

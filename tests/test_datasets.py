@@ -42,6 +42,17 @@ def test_random_prompts_are_token_ids_of_exactly_input_len_and_outputs_are_force
     assert body["prompt"] == entries[0].prompt and body["max_tokens"] == 7 and body["ignore_eos"] is True  # type: ignore[union-attr]
 
 
+def test_random_prefix_len_puts_one_shared_prefix_before_each_prompt_and_zero_changes_nothing() -> None:
+    """vllm bench's --random-prefix-len: prefix_len + input_len tokens, the prefix the same in every
+    prompt, the rest drawn apart; prefix_len 0 draws exactly what a table without it draws."""
+    table = 'num_requests = 4\nseed = 3\n[workload.dataset]\nkind = "random"\ninput_len = 6\noutput_len = 2'
+    plain = [load(Path("."), table).entry_for(i).prompt for i in range(4)]  # type: ignore[union-attr]
+    prefixed = [load(Path("."), table + "\nprefix_len = 5").entry_for(i).prompt for i in range(4)]  # type: ignore[union-attr]
+    assert all(len(p) == 11 for p in prefixed) and len({tuple(p[:5]) for p in prefixed}) == 1
+    assert len({tuple(p[5:]) for p in prefixed}) == 4 and len({tuple(p[:5]) for p in plain}) == 4
+    assert [load(Path("."), table + "\nprefix_len = 0").entry_for(i).prompt for i in range(4)] == plain  # type: ignore[union-attr]
+
+
 def test_random_lengths_as_uniform_range_and_normal_are_drawn_from_the_seed() -> None:
     workload = (
         'num_requests = 400\nseed = 2\n[workload.dataset]\nkind = "random"\n'

@@ -82,6 +82,9 @@ def test_version_flag_and_command() -> None:
         (["export", ".", "--format", "xls"], "'csv', 'parquet'"),
         (["bisect", "--from", "a", "--to", "b", "--provider", "x"], "'x' is not one of"),
         (["diff", ".", ".", "--fail-on", "x"], "'x' is not one of"),
+        (["bisect", "--from", "a", "--to", "b", "--trials", "x"], "--trials x: must be a whole number"),
+        (["run", "--url", "http://127.0.0.1:9", "--goodput", "itl:3"], "cannot read 'itl:3'"),
+        (["run", "--url", "http://127.0.0.1:9", "--metric-percentiles", "101"], "'101' is not a percentile"),
     ],
 )
 def test_a_bad_choice_is_refused_in_one_line(args: list[str], needle: str) -> None:
@@ -119,5 +122,22 @@ def test_the_option_table_in_the_docs_is_the_parsers() -> None:
     assert page.read_text() == option_table(), (
         "regenerate: .venv/bin/python -m itlaudit.cli.reference > docs/options.md"
     )
-    shared = [line for line in option_table().splitlines() if "`--variant`" in line]
-    assert shared and all("NAME=URL" in line for line in shared)  # one meaning everywhere
+    # One name, one meaning: each option shared by commands takes the same value everywhere (and
+    # --trials/--max-trials the same help), and `--version` is only the program's own.
+    rows = [line.split(" | ") for line in option_table().splitlines() if line.startswith("| itlaudit ")]
+    shared = ("--variant", "--only", "--trials", "--max-trials", "--provider", "--api-key", "--header")
+    shared += (
+        "--goodput",
+        "--metric-percentiles",
+        "--percentile-metrics",
+        "--fail-on-findings",
+        "--threshold",
+    )
+    for name in shared:
+        seen = {
+            (value, help_ if name in ("--trials", "--max-trials") else "")
+            for _, o, value, help_ in rows
+            if f"`{name}`" in o
+        }
+        assert len(seen) == 1, (name, seen)
+    assert not [row for row in rows if "`--version`" in row[1]]

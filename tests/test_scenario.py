@@ -367,3 +367,37 @@ def test_random_range_ratio_draws_lengths_as_vllm_bench_does() -> None:
     )  # ceil(100 × 1.1) is 111 in floats, in vLLM too
     with pytest.raises(ScenarioError, match=r"--random-range-ratio '1.5': each ratio must be in \[0, 1\)"):
         lengths("1.5")
+
+
+K0_K3 = REPO / "tests" / "fixtures" / "bisect" / "probe-k0-k3.toml"
+SPEC_ARGS = ["--speculative-config", '{"method":"mtp","num_speculative_tokens":3}']
+
+
+def test_a_launch_table_without_kind_is_server_arguments_that_run_refuses_in_one_line(
+    tmp_path: Path,
+) -> None:
+    """probe-k0-k3.toml's [variants.launch] tables have no `kind`: server arguments for a server
+    bisect's provider supplies (tests/test_bisect_e2e.py bisects it). run, compare and sweep have no
+    provider: each stops on it with one line naming the fix, before any server or folder; a server
+    given by flag (or --only leaving the variant out) makes the table moot. CI cost: ~0.2 s (parsing
+    only, the commands in-process; ~1 s when it is the first test to import the CLI)."""
+    from simkit import itlaudit
+
+    k3 = load_scenario(K0_K3, provided=True).variants[1].launch
+    assert k3 is not None and k3.server_args == SPEC_ARGS and k3.ready_timeout_s == 30
+    line = (
+        f"itlaudit: error: {K0_K3}:19: `variants.launch` has no `kind`: server arguments alone are for "
+        "bisect and track nightly, whose --provider starts the server; to start it here give kind and "
+        'its key (kind = "python" with python, "docker" with image, "command" with command), or give '
+        "variant 'K0' a `url`"
+    )
+    for command in (["run"], ["compare"], ["sweep", "--rate", "1"]):
+        done = itlaudit(*command, str(K0_K3), "--out", str(tmp_path / command[0]))
+        assert (done.returncode, done.stdout, done.stderr.splitlines()) == (2, "", [line]), command
+    assert not list(tmp_path.iterdir())
+    by_url, _ = build_scenario(K0_K3, ScenarioFlags(url="http://127.0.0.1:9"))
+    only, _ = build_scenario(K0_K3, ScenarioFlags(only=["K3"], variant_urls={"K3": "http://127.0.0.1:9"}))
+    assert [v.launch for v in [*by_url.variants, *only.variants]] == [None, None, None]
+    with pytest.raises(ScenarioError) as info:
+        parse(GOOD.replace('kind = "python"\n', ""))
+    assert "`variants.launch.kind` is missing; `python` needs kind = 'python'" in str(info.value)

@@ -108,13 +108,25 @@ def test_resume_after_sigkill_skips_finished_points(tmp_path: Path) -> None:
     _one_line_error(changed, "started with other", "trials", "values")
 
 
+def test_fail_on_findings_exits_1_when_a_point_has_findings(tmp_path: Path) -> None:
+    """A server capping every reply at 4 tokens: the sweep finishes, writes its report, and exits 1
+    (as run and compare do). ~6 s."""
+    path = _scenario(tmp_path, {"K0": ["--step-ms", "1", "--cap-tokens", "4"]})
+    out = tmp_path / "sw"
+    result = _sweep(tmp_path, str(path), "--concurrency", "1", "--out", str(out), "--fail-on-findings")
+    assert result.returncode == 1, result.stderr
+    assert (out / "report.md").is_file() and json.loads((out / "sweep.json").read_text())["variants"]["K0"][
+        0
+    ]["findings"]
+
+
 def test_rate_sweep_runs_open_loop_points_at_the_asked_rates(tmp_path: Path) -> None:
     """--rate: each point is the scenario on open-loop arrivals at that rate, not capped by the
     scenario's closed-loop concurrency."""
     path = _scenario(tmp_path, {"K0": ["--step-ms", "2"]}, "concurrency = 1\nseed = 3")
     out = tmp_path / "sw"
-    result = _sweep(tmp_path, str(path), "--rate", "5,50", "--out", str(out))
-    assert result.returncode == 0, result.stderr
+    result = _sweep(tmp_path, str(path), "--rate", "5,50", "--out", str(out), "--fail-on-findings")
+    assert result.returncode == 0, result.stderr  # no finding: --fail-on-findings keeps quiet
     points = json.loads((out / "sweep.json").read_text())["variants"]["K0"]
     assert [p["rate"] for p in points] == [5, 50]
     assert all(p["requests"] == 2 for p in points)

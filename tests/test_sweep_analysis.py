@@ -10,13 +10,13 @@ import pytest
 from itlaudit.analysis.sweep import (
     crossover,
     goodput,
-    parse_goodput,
     parse_points,
     parse_sla,
     pool_trials,
     sla_search,
 )
 from itlaudit.errors import ScenarioError, SweepError
+from itlaudit.model.block import parse_goodput
 from itlaudit.model.scenario import parse_scenario
 from itlaudit.model.vocabulary import LoadAxis
 
@@ -50,8 +50,15 @@ def test_sla_and_goodput_parse_and_refuse_unknown_figures() -> None:
     with pytest.raises(SweepError, match="cannot read 'speed_p99_ms<=3'"):
         parse_sla("speed_p99_ms<=3")
     assert parse_goodput("ttft_ms=500,tpot_ms=20") == {"ttft_ms": 500.0, "tpot_ms": 20.0}
-    with pytest.raises(SweepError, match="cannot read 'itl_ms=3'"):
-        parse_goodput("itl_ms=3")
+    # vllm bench's spelling (--goodput ttft:500 tpot:20 e2el:4000) is the same SLO
+    assert parse_goodput("ttft:500 tpot:20 e2el:4000") == {
+        "ttft_ms": 500.0,
+        "tpot_ms": 20.0,
+        "e2e_ms": 4000.0,
+    }
+    for bad in ("itl_ms=3", "tpot:0", "tpot:inf", "tpot"):
+        with pytest.raises(ScenarioError, match=f"cannot read '{bad}'"):
+            parse_goodput(bad)
 
 
 def _linear_tpot(load: float) -> dict[str, Any]:

@@ -54,9 +54,9 @@ def test_testbed_install_says_when_it_reused_the_cache(
 
     monkeypatch.setenv("ITLAUDIT_CACHE", str(tmp_path))
     python = _fake_venv(tmp_path, "true\n")
-    first = CliRunner().invoke(app, ["testbed", "install", "--version", "9.9.9"])
+    first = CliRunner().invoke(app, ["testbed", "install", "--vllm-version", "9.9.9"])
     assert first.exit_code == 0 and first.stdout.strip() == str(python) and "reused" not in first.stderr
-    again = CliRunner().invoke(app, ["testbed", "install", "--version", "9.9.9"])
+    again = CliRunner().invoke(app, ["testbed", "install", "--vllm-version", "9.9.9"])
     assert again.stdout.strip() == str(python)
     assert again.stderr.strip() == (
         f"reused the testbed installed earlier in {python.parent.parent} (delete it to install again)"

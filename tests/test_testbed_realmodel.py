@@ -100,5 +100,5 @@ def test_a_folder_without_only_tiny_is_a_usage_error(tmp_path: Path) -> None:
         timeout=120,
     )
     assert done.returncode == 2
-    assert done.stderr.count("\n") == 1 and "--only tiny" in done.stderr and "OUT_DIR" in done.stderr
+    assert done.stderr.count("\n") == 1 and "--which tiny" in done.stderr and "OUT_DIR" in done.stderr
     assert not (tmp_path / "m").exists()

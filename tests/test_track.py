@@ -178,7 +178,7 @@ def test_a_newest_build_off_its_series_is_suspected_not_an_alarm(tmp_path: Path)
 
 
 def test_a_move_below_the_minimum_effect_is_no_change_in_any_series(tmp_path: Path) -> None:
-    """--min-effect applies to every series, the server's and the suspected newest build's too: a
+    """--threshold applies to every series, the server's and the suspected newest build's too: a
     newest build 5 % off (token ITL, and the server's KV-cache usage with it) lists nothing at 10 %;
     the same history at 3 % lists the move, suspected."""
     db = str(tmp_path / "h.sqlite")
@@ -201,7 +201,7 @@ def test_a_move_below_the_minimum_effect_is_no_change_in_any_series(tmp_path: Pa
     history.add_rows(points)
     history.close()
     assert _check(db, "--all") == (0, [])
-    code, changes = _check(db, "--all", "--min-effect", "0.03")
+    code, changes = _check(db, "--all", "--threshold", "1.03")
     assert code == 0 and [(c["order"], c["state"]) for c in changes] == [(30, "suspected")]
 
 
@@ -485,11 +485,11 @@ def test_nightly_over_sixty_simulated_nightlies_finds_classifies_and_bisects(db:
         "track", "nightly", "--db", db, "--since", "2026-09-01", "--auto", "--out", str(tmp_path / "n"),
         "--provider", "command", "--repo", str(tmp_path / "vllm"), "--server-cmd", serve,
         "--build-cmd", build, "--scenario", str(NIGHTLY_SCENARIO), "--ready-timeout", "30",
-        "--min-effect", "0.2",  # the planted steps are 30 % and more; the box's load moves timings ~15 %
+        "--threshold", "1.2",  # the planted steps are 30 % and more; the box's load moves timings ~15 %
     )  # fmt: skip
     assert "Traceback" not in done.stderr, done.stderr
     assert "nightly: 54 build(s) probed, 1 skipped" in done.stdout, done.stdout + done.stderr
-    code, everything = _check(db, "--all", "--min-effect", "0.2")
+    code, everything = _check(db, "--all", "--threshold", "1.2")
     # A newest build alone off its series is suspected, not an alarm (it waits for another trial); a
     # client saturated by the loaded 2-core box is a client change, never a speed one (as above).
     changes = [c for c in everything if c["state"] != "suspected" and c["class"] != "client"]

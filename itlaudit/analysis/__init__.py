@@ -73,6 +73,7 @@ SURFACE = Surface(
         ),
         "metrics": (
             "SUMMARY_METRICS",
+            "decode_gaps",
             "content_chunk_mask",
             "p50",
             "per_chunk_itl_ms",
@@ -134,7 +135,6 @@ SURFACE = Surface(
         ),
         "sweep": (
             "SweepResult",
-            "parse_goodput",
             "parse_points",
             "parse_sla",
             "pool_trials",

@@ -20,14 +20,15 @@ are never records here), summed over --append rounds, which share no clock zero.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from itlaudit.analysis.metrics import RequestMetrics, decode_gaps, distribution, ratio, token_counts
+from itlaudit.model.block import BlockSettings
 from itlaudit.model.records import RequestRecord, Status
 
-__all__ = ["benchmark_figures", "request_span_ms"]
+__all__ = ["benchmark_figures", "meets_slo", "request_span_ms"]
 
 
 def request_span_ms(record: RequestRecord) -> tuple[float, float] | None:
@@ -85,10 +86,30 @@ def _sent_total(records: Sequence[RequestRecord]) -> int | None:
     return sum(t for t in sent if t is not None) if sent and None not in sent else None
 
 
+def meets_slo(figures: Mapping[str, float | None], slo: Mapping[str, float]) -> bool:
+    """vllm bench's good request (calculate_metrics): each figure the SLO names at or under its limit,
+    a figure the request cannot have (the TPOT of a one-token reply) counted as 0, as vllm bench
+    counts it."""
+    return all((figures.get(key) or 0.0) <= limit for key, limit in slo.items())
+
+
+def _goodput(
+    ok: Sequence[RequestMetrics], slo: Mapping[str, float], duration_s: float | None
+) -> float | None:
+    """vllm bench's request_goodput: completed requests that met every SLO, per second."""
+    good = sum(
+        1 for m in ok if meets_slo({"ttft_ms": m.ttft_ms, "tpot_ms": m.tpot_ms, "e2e_ms": m.e2e_ms}, slo)
+    )
+    return ratio(good, duration_s)
+
+
 def benchmark_figures(
-    records: Sequence[RequestRecord], metrics: Sequence[RequestMetrics]
+    records: Sequence[RequestRecord], metrics: Sequence[RequestMetrics], block: BlockSettings | None = None
 ) -> dict[str, float | int | dict[str, float | int | None] | None]:
-    """summary.json's block["benchmark"] for one variant's measured records and their metrics."""
+    """summary.json's block["benchmark"] for one variant's measured records and their metrics;
+    `block` (meta.json's choice) adds request_goodput and the percentiles beyond p50/p90/p99."""
+    block = block or BlockSettings()
+    extra = [q for q in block.percentiles if q not in (50, 90, 99)]
     ok = [(r, m) for r, m in zip(records, metrics, strict=True) if r.status == Status.OK]
     ok_records = [r for r, _ in ok]
     duration_s = _duration_s(records)
@@ -116,11 +137,19 @@ def benchmark_figures(
         "total_token_throughput": ratio(total_input + total_output, duration_s),
         "max_output_tokens_per_s": peak_chunks,
         "max_concurrent_requests": peak_open,
-        "ttft_ms": distribution([m.ttft_ms for _, m in ok]),
-        "tpot_ms": distribution([m.tpot_ms for _, m in ok]),
-        "e2el_ms": distribution([m.e2e_ms for _, m in ok]),
-        "chunk_itl_ms": distribution(chunk_gaps),
-        "token_itl_ms": distribution(chunk_gaps[positive] / increments[positive], increments[positive]),
+        # vllm bench's --goodput: absent without SLOs, as summary.json was before them
+        **(
+            {"request_goodput": _goodput([m for _, m in ok], block.goodput, duration_s)}
+            if block.goodput
+            else {}
+        ),
+        "ttft_ms": distribution([m.ttft_ms for _, m in ok], extra=extra),
+        "tpot_ms": distribution([m.tpot_ms for _, m in ok], extra=extra),
+        "e2el_ms": distribution([m.e2e_ms for _, m in ok], extra=extra),
+        "chunk_itl_ms": distribution(chunk_gaps, extra=extra),
+        "token_itl_ms": distribution(
+            chunk_gaps[positive] / increments[positive], increments[positive], extra=extra
+        ),
         "decode_chunks": int(chunk_gaps.size),
         "tokens_per_decode_chunk": ratio(float(increments.sum()), float(chunk_gaps.size)),
     }

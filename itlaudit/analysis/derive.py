@@ -25,6 +25,7 @@ from itlaudit.analysis.metrics import (
 from itlaudit.analysis.quality import text_quality
 from itlaudit.analysis.request_acceptance import server_acceptance
 from itlaudit.analysis.summary import Figures, LoopLag, RunSummary, VariantSummary
+from itlaudit.model.block import BlockSettings
 from itlaudit.model.codes import REGISTRY, Scope
 from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import RequestRecord, Status
@@ -82,7 +83,7 @@ def derive_request(record: RequestRecord) -> JSONObject:
     return request_line(derive_requests([record])[0])
 
 
-def _variant_block(requests: Sequence[RequestDerivation]) -> VariantSummary:
+def _variant_block(requests: Sequence[RequestDerivation], block: BlockSettings) -> VariantSummary:
     """summary.json's block for one variant: per-request distributions (p50/p90/p99 over requests),
     the run-level figures vllm bench reports (`benchmark`: totals, throughputs, pooled ITL), how the
     chunks were stamped, and finding counts."""
@@ -102,7 +103,7 @@ def _variant_block(requests: Sequence[RequestDerivation]) -> VariantSummary:
         client_loop_lag_ms=_loop_lag(records),
         schedule_lag_ms=summarize([schedule_lag_ms(r) for r in records]),
         **variant_summary(metrics),
-        benchmark=benchmark_figures(records, metrics),
+        benchmark=benchmark_figures(records, metrics, block),
         stamp=dict(Counter(r.stamp or "unknown" for r in records)),
         findings=dict(sorted(codes.items())),
         categories=by_category(records, metrics),
@@ -112,6 +113,7 @@ def _variant_block(requests: Sequence[RequestDerivation]) -> VariantSummary:
 CATEGORY_METRICS = ("itl_ms", "tpot_ms", "decode_tokens_per_chunk")
 # A folder's quality settings when nothing says otherwise (no meta.json, an older itlaudit's).
 JUDGED_RELATIVELY = QualitySettings()
+DEFAULT_BLOCK = BlockSettings()  # nor goodput SLOs, and the block's default percentiles
 
 
 def by_category(
@@ -161,22 +163,23 @@ def summarize_run(
     derived: Sequence[RequestDerivation] | None = None,
     *,
     quality: QualitySettings = JUDGED_RELATIVELY,
+    block: BlockSettings = DEFAULT_BLOCK,
 ) -> RunSummary:
     """summary.json: per-variant blocks in scenario order, then run-level findings. `derived` is
     derive_requests(records) when the caller has it already (each request's findings once); `quality`
     is meta.json's gate and dummy-weight variants (run_context.quality_settings), which the summary
-    carries for the validity rule."""
+    carries for the validity rule; `block` meta.json's goodput SLOs and percentiles (BlockSettings)."""
     requests = derived if derived is not None else derive_requests(records)
     names = list(variant_order or [])
     names += [r.variant for r in records if r.variant not in names]
     variants: dict[str, VariantSummary] = {}
     for name in dict.fromkeys(names):
-        variants[name] = _variant_block([r for r in requests if r.record.variant == name])
+        variants[name] = _variant_block([r for r in requests if r.record.variant == name], block)
     run_level: list[Finding] = run_findings(records)
     for finding in run_level:
-        block = variants.get(str(finding.evidence.get("variant")))
-        if block is not None:
-            block.findings[finding.code] = block.findings.get(finding.code, 0) + 1
+        judged = variants.get(str(finding.evidence.get("variant")))
+        if judged is not None:
+            judged.findings[finding.code] = judged.findings.get(finding.code, 0) + 1
     return RunSummary(
         variants=variants,
         run_findings=[f.to_json() for f in run_level],

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from itlaudit.model.block import percentile_key
 from itlaudit.model.records import ChunkSeries, RequestRecord, Status
 
 __all__ = [
@@ -194,13 +195,15 @@ def request_metrics(record: RequestRecord) -> RequestMetrics:
 PERCENTILES = (50, 90, 99)
 
 
-def _weighted_percentiles(values: np.ndarray, weights: np.ndarray) -> list[float]:
+def _weighted_percentiles(
+    values: np.ndarray, weights: np.ndarray, percentiles: Sequence[float] = PERCENTILES
+) -> list[float]:
     """np.percentile's linear interpolation over `values` each repeated `weights` times, without
     building the repeated array (a long run has millions of token gaps)."""
     order = np.argsort(values, kind="stable")
     ordered, ends = values[order], np.cumsum(weights[order])
     out = []
-    for q in PERCENTILES:
+    for q in percentiles:
         position = q / 100 * (ends[-1] - 1)
         low, high = int(np.floor(position)), int(np.ceil(position))
         at_low = ordered[np.searchsorted(ends, low, side="right")]
@@ -210,21 +213,25 @@ def _weighted_percentiles(values: np.ndarray, weights: np.ndarray) -> list[float
 
 
 def distribution(
-    values: Sequence[float | None] | np.ndarray, weights: Sequence[int] | np.ndarray | None = None
+    values: Sequence[float | None] | np.ndarray,
+    weights: Sequence[int] | np.ndarray | None = None,
+    extra: Sequence[float] = (),
 ) -> dict[str, float | int | None]:
     """count/mean/std/p50/p90/p99 of the defined values, each counted `weights` times (integers; all
     1 when None), as np.mean/np.std/np.percentile give them on the repeated values: vllm bench's
-    statistics. Undefined values are dropped, not counted as zero; `count` is the weighted count."""
+    statistics. Undefined values are dropped, not counted as zero; `count` is the weighted count.
+    `extra` percentiles (--metric-percentiles) come beside them, keyed as vllm bench keys them."""
     raw = np.array([np.nan if v is None else v for v in values], dtype=float)
     counts = np.ones(raw.size, dtype=np.int64) if weights is None else np.asarray(weights, dtype=np.int64)
     keep = ~np.isnan(raw) & (counts > 0)
     kept, counts = raw[keep], counts[keep]
+    keys = [percentile_key(q) for q in (*PERCENTILES, *extra)]
     if kept.size == 0:
-        return {"count": 0, "mean": None, "std": None, "p50": None, "p90": None, "p99": None}
+        return {"count": 0, "mean": None, "std": None, **dict.fromkeys(keys)}
     mean = float(np.average(kept, weights=counts))
     std = float(np.sqrt(np.average((kept - mean) ** 2, weights=counts)))
-    p50, p90, p99 = _weighted_percentiles(kept, counts)
-    return {"count": int(counts.sum()), "mean": mean, "std": std, "p50": p50, "p90": p90, "p99": p99}
+    found = _weighted_percentiles(kept, counts, (*PERCENTILES, *extra))
+    return {"count": int(counts.sum()), "mean": mean, "std": std, **dict(zip(keys, found, strict=True))}
 
 
 def summarize(values: Sequence[float | None]) -> dict[str, float | int | None]:

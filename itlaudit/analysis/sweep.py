@@ -16,13 +16,13 @@ from typing import Any
 
 import msgspec
 
+from itlaudit.analysis.benchmark import meets_slo
 from itlaudit.analysis.metrics import median, p50, speedup
 from itlaudit.analysis.validity import block_validity
 from itlaudit.errors import SweepError
 from itlaudit.model.formats import FORMAT_KEY
 from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import RequestRecord, Status
-from itlaudit.model.scenario import GOODPUT_KEYS
 from itlaudit.model.vocabulary import LoadAxis, QualityGate
 from itlaudit.model.workload import BOUNDS as WORKLOAD_BOUNDS
 
@@ -39,7 +39,6 @@ __all__ = [
     "crossover",
     "goodput",
     "meets_sla",
-    "parse_goodput",
     "parse_points",
     "parse_sla",
     "per_token_speedup",
@@ -127,24 +126,6 @@ def parse_sla(text: str) -> list[SlaTerm]:
     return terms
 
 
-def parse_goodput(text: str) -> dict[str, float]:
-    """`ttft_ms=500,tpot_ms=20,e2e_ms=4000`: a request counts when it meets every one given."""
-    slo: dict[str, float] = {}
-    for part in text.split(","):
-        key, sep, value = part.strip().partition("=")
-        try:
-            limit = float(value)
-        except ValueError:
-            limit = -1.0
-        if not sep or key not in GOODPUT_KEYS or not limit > 0:
-            raise SweepError(
-                f"--goodput {text!r}: cannot read {part.strip()!r}; write KEY=MS joined by commas, KEY one "
-                f"of {', '.join(GOODPUT_KEYS)}, MS above 0"
-            )
-        slo[key] = limit
-    return slo
-
-
 def span_s(records: Sequence[RequestRecord]) -> float | None:
     """First send to last end of a point, on the capture workers' monotonic clock (CLOCK_MONOTONIC is
     one clock for every process on the host): what throughput divides by."""
@@ -168,11 +149,8 @@ def goodput(
         return None
 
     def meets(request: Mapping[str, Any]) -> bool:
-        for key, limit in slo.items():
-            value = request.get(tpot_key if key == "tpot_ms" else key)
-            if value is None or value > limit:
-                return False
-        return request.get("status") == Status.OK
+        figures = {key: request.get(tpot_key if key == "tpot_ms" else key) for key in slo}
+        return request.get("status") == Status.OK and meets_slo(figures, slo)
 
     return sum(1 for r in requests if meets(r)) / span
 

@@ -43,8 +43,9 @@ __all__ = ["Bisection", "probe_config", "probe_scenario"]
 
 def probe_scenario(settings: Settings) -> tuple[Scenario, dict[str, LaunchSpec]]:
     """The scenario reduced to the chosen variants (default: all of them, in its order), and the
-    server settings (model, args, env) each asks for; the provider then decides which build serves them."""
-    scenario = load_scenario(Path(settings.scenario))
+    server settings (model, args, env) each asks for; the provider then decides which build serves them,
+    so a variant's [variants.launch] table needs no `kind`: its server arguments are what count."""
+    scenario = load_scenario(Path(settings.scenario), provided=True)
     names = [v.name for v in scenario.variants]
     wanted = settings.variants or names
     for name in wanted:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from itlaudit.analysis.convergence import DEFAULT_MAX_TRIALS
 from itlaudit.bisect import build_range, github
 from itlaudit.bisect.build_cache import BuildCache, parse_size
 from itlaudit.bisect.build_range import Build
@@ -51,7 +52,7 @@ class Settings:
     threshold: float = 1.5
     alpha: float = 0.05
     trials: int | None = None
-    max_trials: int = 8
+    max_trials: int = DEFAULT_MAX_TRIALS  # run's and sweep's too: one default
     variants: list[str] = field(default_factory=list)  # empty: every variant of the scenario
     model: str | None = None
     server_args: list[str] = field(default_factory=list)

@@ -21,23 +21,27 @@ from itlaudit.store.result import VLLM_NAME
 
 __all__ = ["BENCH_OPTIONS", "BenchLine", "bench_argv"]
 
+# itlaudit counts tokens from the server's usage (stream_options.include_usage), never a local tokenizer.
+_NO_TOKENIZER = (
+    "itlaudit loads no tokenizer: it counts the server's usage.completion_tokens; a server that sends "
+    "none is counted by chunks and marked so (token_source: chunks, a finding)"
+)
 # Options itlaudit's run has under vllm bench's name, syntax and meaning: passed on as they are.
 _SAME = (
     "--seed", "--num-prompts", "--dataset-path", "--random-input-len", "--random-output-len",
-    "--random-range-ratio",
+    "--random-range-ratio", "--random-prefix-len", "--percentile-metrics", "--metric-percentiles",
     "--label", "--max-concurrency", "--model", "--request-rate", "--burstiness", "--num-warmups",
     "--profile", "--ignore-eos", "--temperature", "--insecure",
 )  # fmt: skip
 # Accepted, with the line said once: they steer vllm bench's own client, not what is measured.
 _NOTED = {
-    "--trust-remote-code": "itlaudit loads no tokenizer: it counts the server's usage.completion_tokens",
-    "--tokenizer": "itlaudit loads no tokenizer: it counts the server's usage.completion_tokens",
-    "--tokenizer-mode": "itlaudit loads no tokenizer: it counts the server's usage.completion_tokens",
-    "--skip-tokenizer-init": "itlaudit loads no tokenizer: it counts the server's usage.completion_tokens",
+    "--trust-remote-code": _NO_TOKENIZER,
+    "--tokenizer": _NO_TOKENIZER,
+    "--tokenizer-mode": _NO_TOKENIZER,
+    "--skip-tokenizer-init": _NO_TOKENIZER,
     "--disable-tqdm": "itlaudit prints its own progress (one line a period when piped)",
     "--request-id-prefix": "itlaudit names each request VARIANT-INDEX, so variants pair by prompt",
     "--ready-check-timeout-sec": "itlaudit checks the server once before sending (launched: ready_timeout_s)",
-    "--save-detailed": "requests.jsonl in the run folder holds every request's chunks and timings",
     "--plot-timeline": "the report draws itlaudit's own plots (report.html)",
     "--timeline-itl-thresholds": "the report draws itlaudit's own plots (report.html)",
     "--plot-dataset-stats": "the report draws itlaudit's own plots (report.html)",
@@ -53,11 +57,8 @@ _REFUSED = {
     "--no-stream": "itlaudit measures streamed completions: run without --no-stream",
     "--use-beam-search": "beam search is not streamed token by token: itlaudit cannot time it",
     "--probe-request-rate": "itlaudit sends no probe requests beside the workload",
-    "--append-result": "itlaudit writes one result file per variant: give --save-result and merge them",
-    "--goodput": "itlaudit counts goodput per load in `itlaudit sweep --goodput tpot_ms=20`",
     "--lora-modules": "LoRA adapters are not a workload itlaudit sends: give the adapter as --model",
     "--lora-assignment": "LoRA adapters are not a workload itlaudit sends: give the adapter as --model",
-    "--random-prefix-len": f"a shared prefix is the prefix_repetition dataset: {_SCENARIO}",
     "--random-batch-size": "batched prompts are for rerankers, which itlaudit does not stream",
     "--input-len": "give --random-input-len (or the dataset's own lengths)",
     "--output-len": "give --random-output-len (or the dataset's own lengths)",
@@ -111,7 +112,7 @@ _UNREAD_DATASETS = (
 _REWRITTEN = (
     "--base-url", "--host", "--port", "--endpoint", "--header", "--backend", "--served-model-name",
     "--save-result", "--result-dir", "--result-filename", "--metadata", "--dataset-name",
-    "--percentile-metrics", "--metric-percentiles", "--extra-body", "--chat-template-kwargs",
+    "--extra-body", "--chat-template-kwargs", "--goodput", "--save-detailed", "--append-result",
 )  # fmt: skip
 # Every vllm bench option this module knows; a newer vLLM's option outside it is one line too.
 BENCH_OPTIONS = frozenset(
@@ -132,7 +133,6 @@ _BACKENDS = {"openai": "completions", "vllm": "completions", "openai-chat": "cha
 _ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 _DATASETS = {"custom": "jsonl"}  # vllm bench's name → itlaudit's (the same lines)
 _UNREAD_DATASET_NAMES = ("burstgpt", "random-mm", "random-rerank", "hf", "custom_audio")
-_SUMMARY_PERCENTILES = {"50", "90", "99"}
 
 
 @dataclass
@@ -146,6 +146,9 @@ class BenchLine:
     backend: str | None = None
     served_model_name: str | None = None
     save_result: bool = False
+    own_result_file: bool = False  # itlaudit's own --save-result FILE was given
+    save_detailed: bool = False
+    append_result: bool = False
     result_dir: str | None = None
     result_filename: str | None = None
     extra_body: JSONObject = field(default_factory=dict)  # sampling options and --extra-body, merged
@@ -174,10 +177,10 @@ def _split(argv: Sequence[str]) -> list[tuple[str, list[str], bool]]:
         values: list[str] = []
         if name in _MANY:
             # vllm bench's KEY=VALUE list; itlaudit's own one 'Name: value' (then a SCENARIO may follow)
-            while i < len(argv) and not argv[i].startswith("--") and (not values or _key_value(argv[i])):
+            while i < len(argv) and not argv[i].startswith("--") and (not values or _listed(name, argv[i])):
                 values.append(argv[i])
                 i += 1
-                if not _key_value(values[0]):
+                if not _listed(name, values[0]):
                     break
         elif i < len(argv) and (name not in _FLAGS or _saves_to(name, argv[i])):
             values.append(argv[i])
@@ -190,6 +193,11 @@ def _key_value(token: str) -> bool:
     """vllm bench's KEY=VALUE (a header, a metadata item, a goodput), not itlaudit's 'Name: value'."""
     key, eq, _ = token.partition("=")
     return bool(eq) and ":" not in key
+
+
+def _listed(name: str, token: str) -> bool:
+    """One item of vllm bench's lists: KEY=VALUE, and for --goodput its KEY:VALUE."""
+    return _key_value(token) or (name == "--goodput" and ":" in token)
 
 
 def _saves_to(name: str, following: str) -> bool:
@@ -232,13 +240,21 @@ def _rewrite(line: BenchLine, option: str, values: list[str], inline: bool) -> N
                 f"--backend {value}: itlaudit streams completions (openai, vllm) and chat (openai-chat)"
             )
         line.backend = value
+        line.argv += ["--backend", value]  # the result file names it, as vllm bench's does
     elif option == "--served-model-name":
         line.served_model_name = _one(option, values)
     elif option == "--save-result":
         if values and not inline:
             line.argv += ["--save-result", values[0]]  # itlaudit's own --save-result FILE
+            line.own_result_file = True
         else:
             line.save_result = True
+    elif option == "--save-detailed":
+        line.save_detailed = True
+    elif option == "--append-result":
+        line.append_result = True  # vllm bench writes the file with it alone, appending
+    elif option == "--goodput":
+        line.argv += ["--goodput", " ".join(values)]
     elif option == "--result-dir":
         line.result_dir = _one(option, values)
     elif option == "--result-filename":
@@ -255,7 +271,7 @@ def _rewrite(line: BenchLine, option: str, values: list[str], inline: bool) -> N
         if not isinstance(parsed, dict):
             raise ScenarioError(f"{option} {value!r}: give a JSON object")
         line.extra_body.update(parsed if option == "--extra-body" else {"chat_template_kwargs": parsed})
-    elif option == "--dataset-name":
+    else:  # --dataset-name
         value = _one(option, values)
         if value in _UNREAD_DATASET_NAMES:
             raise ScenarioError(
@@ -263,15 +279,6 @@ def _rewrite(line: BenchLine, option: str, values: list[str], inline: bool) -> N
                 "custom (as jsonl) and the kinds of docs/scenarios.md"
             )
         line.argv += ["--dataset-name", _DATASETS.get(value, value)]
-    else:  # --percentile-metrics, --metric-percentiles
-        value = _one(option, values)
-        wanted = {p.strip() for p in value.split(",")} if option == "--metric-percentiles" else set()
-        if wanted - _SUMMARY_PERCENTILES:
-            raise ScenarioError(
-                f"--metric-percentiles {value}: itlaudit keeps p50, p90 and p99 of every figure "
-                "(summary.json, --save-result); ask for those"
-            )
-        line.note(option, "the block prints mean, median and P99 of each; the result file has p50, p90, p99")
 
 
 def _sampling(line: BenchLine, option: str, values: list[str]) -> None:
@@ -337,8 +344,13 @@ def _finish(line: BenchLine) -> None:
         line.note(
             "--result-dir/--result-filename", "no file is written without --save-result, as in vllm bench"
         )
-    if line.save_result:
+    saving = line.save_result or line.append_result or line.own_result_file
+    if line.save_detailed and not saving:
+        line.note("--save-detailed", "no file is written without --save-result, as in vllm bench")
+    if (line.save_result or line.append_result) and not line.own_result_file:
         folder = (line.result_dir or ".").rstrip("/") + "/"
         # store.result names the file as vllm bench does (label-rateqps-model-date.json) in place of
         # the placeholder, once the run knows its model and start time.
         line.argv += ["--save-result", folder + (line.result_filename or f"{VLLM_NAME}.json")]
+    if saving:
+        line.argv += ["--save-detailed"] * line.save_detailed + ["--append-result"] * line.append_result

@@ -9,11 +9,20 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeAlias
 import typer
 from rich.console import Console
 
+from itlaudit.analysis.convergence import DEFAULT_MAX_TRIALS
 from itlaudit.bisect.providers import PROVIDERS
 from itlaudit.bisect.settings import DEFAULT_SCENARIO, DEFAULTS, Settings
 from itlaudit.bisect.verdict import JUDGES
 from itlaudit.capture.runner import CaptureOptions
-from itlaudit.cli.options import ONLY_HELP, choices, cluster_option, trial_capture_options, with_options
+from itlaudit.cli.options import (
+    MAX_TRIALS_HELP,
+    ONLY_HELP,
+    TRIALS_HELP,
+    choices,
+    cluster_option,
+    trial_capture_options,
+    with_options,
+)
 from itlaudit.errors import BisectError, RunInterrupted
 from itlaudit.serve.testbed import default_cache_dir
 from itlaudit.workflows.run import interruption
@@ -38,6 +47,15 @@ if TYPE_CHECKING:
     ProviderName: TypeAlias = str
 else:
     ProviderName = choices("ProviderName", PROVIDERS.names())
+
+
+def _probe_trials(trials: str) -> int | None:
+    """--trials N (at least N trials a probe), or auto (None: the judge's own, 3 for timing, else 1)."""
+    if trials == "auto":
+        return None
+    if not trials.isdigit() or int(trials) < 1:
+        raise BisectError(f"--trials {trials}: must be a whole number of at least 1, or auto")
+    return int(trials)
 
 
 def _new_state(settings: Settings, out_dir: Path | None) -> tuple[State, Path]:
@@ -89,17 +107,13 @@ def bisect(
         str | None, Opt(VERDICT, help="Judge with CMD RUN_DIR: exit 0 good, 125 skip, 1-127 bad.")
     ] = None,
     threshold: Annotated[
-        float, Opt(VERDICT, help="ITL ratio vs the good end that counts as bad.")
+        float, Opt(VERDICT, metavar="R", help="ITL ratio vs the good end that counts as bad.")
     ] = DEFAULTS["threshold"],
     alpha: Annotated[float, Opt(VERDICT, help="Significance level of the Mann-Whitney U test.")] = DEFAULTS[
         "alpha"
     ],
-    trials: Annotated[
-        int | None, Opt(VERDICT, help="Trials per probe (default 3 for auto/itl/speedup, else 1).")
-    ] = None,
-    max_trials: Annotated[
-        int, Opt(VERDICT, help="Trials before an unclear probe counts as unknown.")
-    ] = DEFAULTS["max_trials"],
+    trials: Annotated[str, Opt(VERDICT, metavar="N|auto", help=TRIALS_HELP)] = "auto",
+    max_trials: Annotated[int, Opt(VERDICT, metavar="N", help=MAX_TRIALS_HELP)] = DEFAULT_MAX_TRIALS,
     only: Annotated[list[str] | None, Opt(GENERAL, "--only", metavar="NAME", help=ONLY_HELP)] = None,
     model: Annotated[str | None, Opt(GENERAL, help="Model to serve (else the scenario's).")] = None,
     server_arg: Annotated[list[str] | None, Opt(GENERAL, help="Extra server argument (repeat).")] = None,
@@ -203,7 +217,7 @@ def bisect(
             script=script,
             threshold=threshold,
             alpha=alpha,
-            trials=trials,
+            trials=_probe_trials(trials),
             max_trials=max_trials,
             variants=only or [],
             model=model,

@@ -157,18 +157,22 @@ PlotsOption = Annotated[
 
 # --trials N|auto and its rule's flags, the same on `run` and `sweep` (analysis.convergence.trials_settings
 # reads them).
-TrialsOption = Annotated[
-    str,
-    typer.Option(
-        metavar="N|auto",
-        help="Trials: N runs, or auto: until the 95% CI of each one's mean p50 token ITL is --ci-width % "
-        "of it wide (3 trials at least, --max-trials at most).",
-    ),
+FailOnFindingsOption = Annotated[
+    bool, typer.Option("--fail-on-findings", help="Exit 1 when any finding fires (comparison findings too).")
 ]
+# --trials and --max-trials mean the same on run, compare, sweep and bisect: a count, or auto (until the
+# figures are clear), bounded by one default.
+TRIALS_HELP = (
+    "Trials: N, or auto: until the figures are clear, at most --max-trials (run/compare/sweep: the 95% CI "
+    "of each mean p50 token ITL is --ci-width % of it wide, 3 at least; bisect: a probe's verdict, "
+    "3 at least for a timing judge)."
+)
+MAX_TRIALS_HELP = "--trials auto: the most trials (bisect: an unclear probe then counts as unknown)."
+TrialsOption = Annotated[str, typer.Option(metavar="N|auto", help=TRIALS_HELP)]
 CiWidthOption = Annotated[
     float, typer.Option(metavar="PCT", help="--trials auto: the interval's width, % of the mean.")
 ]
-MaxTrialsOption = Annotated[int, typer.Option(metavar="N", help="--trials auto: the most trials.")]
+MaxTrialsOption = Annotated[int, typer.Option(metavar="N", help=MAX_TRIALS_HELP)]
 CooldownOption = Annotated[float, typer.Option(metavar="S", help="Seconds the server idles between trials.")]
 
 
@@ -374,6 +378,10 @@ def workload_flags(
         str | None,
         _bench("Random lengths drawn uniformly within ±R of --random-input-len/--random-output-len.", "R"),
     ] = None,
+    random_prefix_len: Annotated[
+        int | None,
+        _bench("Random tokens before every random prompt, the same for all (prefix caching).", "N"),
+    ] = None,
     dataset_path: Annotated[
         Path | None, _bench("The dataset's file (speed_bench: its folder).", "FILE")
     ] = None,
@@ -394,6 +402,16 @@ def workload_flags(
         str | None,
         _bench("JSON merged into every request's body (sampling options: top_p, top_k, …).", "JSON"),
     ] = None,
+    goodput: Annotated[
+        str | None,
+        _bench("SLOs a request must meet to count as goodput: 'ttft:500 tpot:20' or 'tpot_ms=20'.", "SLOS"),
+    ] = None,
+    metric_percentiles: Annotated[
+        str | None, _bench("Percentiles the block and the result file give (default 99).", "P,P")
+    ] = None,
+    percentile_metrics: Annotated[
+        str | None, _bench("Metrics the block gives them for (default ttft,tpot,itl,e2el).", "M,M")
+    ] = None,
     only: Annotated[list[str] | None, typer.Option(metavar="NAME", help=ONLY_HELP)] = None,
     quality_gate: Annotated[
         QualityGate | None,
@@ -413,6 +431,10 @@ def workload_flags(
         random_input_len=random_input_len,
         random_output_len=random_output_len,
         random_range_ratio=random_range_ratio,
+        random_prefix_len=random_prefix_len,
+        goodput=goodput,
+        metric_percentiles=metric_percentiles,
+        percentile_metrics=percentile_metrics,
         dataset_path=dataset_path,
         num_prompts=num_prompts,
         max_concurrency=max_concurrency,

@@ -135,7 +135,7 @@ def diff(
         typer.Option(help="Exit 1 when any metric is worse / unknown, or on new findings. Repeatable."),
     ] = None,
     threshold: Annotated[
-        float, typer.Option(help="Smallest ratio of medians that counts (1.1 = 10 %).")
+        float, typer.Option(metavar="R", help="Smallest ratio of medians that counts (1.1 = 10 %).")
     ] = 1.1,
     alpha: Annotated[float, typer.Option(help="Significance level of the Mann–Whitney U test.")] = 0.05,
     out_file: Annotated[Path | None, typer.Option("--out", help="Also write the Markdown here.")] = None,

@@ -20,6 +20,7 @@ from itlaudit.cli.options import (
     DEFAULT_MAX_TRIALS,
     CiWidthOption,
     CooldownOption,
+    FailOnFindingsOption,
     MaxTrialsOption,
     PlotsOption,
     ScenarioArgument,
@@ -69,6 +70,8 @@ class RunSettings:
     save_result: Path | None
     labels: RunLabels
     plots: bool
+    save_detailed: bool = False  # --save-detailed: the result file's per-request arrays too
+    append_result: bool = False  # --append-result: a JSON line added to the file, as vllm bench adds it
     track: str | None = None  # --track DB: record the finished run in that history (itlaudit track)
 
     def scenario(self, path: Path | None, flags: ScenarioFlags) -> Scenario:
@@ -135,12 +138,34 @@ def run_settings(
         Path | None,
         typer.Option(metavar="FILE", help="Also write a vllm bench serve style result JSON (its key names)."),
     ] = None,
+    save_detailed: Annotated[
+        bool,
+        typer.Option(
+            "--save-detailed",
+            help="The result file also holds vllm bench's per-request arrays (ttfts, itls, …).",
+        ),
+    ] = False,
+    append_result: Annotated[
+        bool,
+        typer.Option(
+            "--append-result",
+            help="Add the result to the --save-result file as one more JSON line, as vllm bench does.",
+        ),
+    ] = False,
     label: Annotated[
         str | None, typer.Option(metavar="TEXT", help="A label carried into every result file.")
     ] = None,
     metadata: Annotated[
         list[str] | None,
         typer.Option(metavar="KEY=VALUE", help="Carried into every result file (repeatable)."),
+    ] = None,
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            metavar="openai|vllm|openai-chat",
+            help="vllm bench's --backend: picks the endpoint (openai, vllm: completions; openai-chat: chat) "
+            "and is the result file's backend.",
+        ),
     ] = None,
     plots: PlotsOption = True,
     track: Annotated[
@@ -159,9 +184,11 @@ def run_settings(
         append=append,
         save_scenario=save_scenario,
         save_result=save_result,
+        save_detailed=save_detailed,
+        append_result=append_result,
         plots=plots,
         labels=RunLabels.from_argv(
-            ["itlaudit", *sys.argv[1:]], label=label, metadata=parse_metadata(metadata or [])
+            ["itlaudit", *sys.argv[1:]], label=label, metadata=parse_metadata(metadata or []), backend=backend
         ),
         track=track,
     )
@@ -194,7 +221,10 @@ def _save_result(settings: RunSettings, run_dir: Path) -> None:
         return
     from itlaudit.store.result import save_result
 
-    for path in save_result(settings.save_result, run_dir):
+    written = save_result(
+        settings.save_result, run_dir, detailed=settings.save_detailed, append=settings.append_result
+    )
+    for path in written:
         out.print(f"result: {path.resolve()}", markup=False, highlight=False, soft_wrap=True)
 
 
@@ -206,11 +236,6 @@ def _track(settings: RunSettings, run_dir: Path) -> None:
 
     written, _, where = record(settings.track, [run_dir])
     out.print(f"track: {written} points recorded in {where}", markup=False, highlight=False, soft_wrap=True)
-
-
-FailOnFindingsOption = Annotated[
-    bool, typer.Option("--fail-on-findings", help="Exit 1 when any finding fires (comparison findings too).")
-]
 
 
 @with_options("capture", capture_options)

@@ -9,13 +9,14 @@ import typer
 from rich.console import Console
 
 from itlaudit.analysis.convergence import trials_settings
-from itlaudit.analysis.sweep import parse_goodput, parse_points, parse_sla
+from itlaudit.analysis.sweep import parse_points, parse_sla
 from itlaudit.capture.runner import CaptureOptions
 from itlaudit.cli.options import (
     DEFAULT_CI_WIDTH_PCT,
     DEFAULT_MAX_TRIALS,
     CiWidthOption,
     CooldownOption,
+    FailOnFindingsOption,
     MaxTrialsOption,
     ScenarioArgument,
     TrialsOption,
@@ -57,10 +58,6 @@ def sweep(
             metavar="X", help="Stop bisecting when the bracket is this narrow (default 1 for concurrency)."
         ),
     ] = None,
-    goodput: Annotated[
-        str | None,
-        typer.Option(metavar="SLOS", help="SLOs for goodput, e.g. 'ttft_ms=500,tpot_ms=20,e2e_ms=4000'."),
-    ] = None,
     out_dir: Annotated[
         Path | None,
         typer.Option("--out", metavar="DIR", help="Sweep folder (default reports/sweep-<scenario>-<time>/)."),
@@ -68,6 +65,7 @@ def sweep(
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue the sweep in --out, skipping finished points.")
     ] = False,
+    fail_on_findings: FailOnFindingsOption = False,
     *,
     flags: ScenarioFlags,
     capture: CaptureOptions,
@@ -100,7 +98,6 @@ def sweep(
             "--rate cannot pace multi_turn sessions (each turn follows the last one's reply): sweep "
             "--concurrency, the number of sessions at once"
         )
-    slo = parse_goodput(goodput) if goodput else scenario.goodput
     config = SweepConfig(
         scenario=scenario.name,
         axis=axis,
@@ -110,7 +107,7 @@ def sweep(
         convergence=convergence,
         sla=sla,
         sla_precision=precision,
-        goodput=dict(slo),
+        goodput=dict(scenario.goodput),
     )
     urls = {v.name: flags.url for v in scenario.variants} if flags.url else flags.variant_urls
     sweep_dir, result = run_sweep(
@@ -119,3 +116,5 @@ def sweep(
     for sentence in result.headline:
         out.print(sentence, markup=False)
     out.print(f"sweep: {(sweep_dir / 'report.md').resolve()}", markup=False)
+    if fail_on_findings and any(point["findings"] for points in result.variants.values() for point in points):
+        raise typer.Exit(1)

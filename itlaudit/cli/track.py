@@ -46,14 +46,25 @@ DbOption = Annotated[
 ]
 
 
-MinEffectOption = Annotated[
-    float, typer.Option(metavar="F", help="Smallest relative move that counts (0.1 = 10 %).")
+ThresholdOption = Annotated[
+    float,
+    typer.Option(
+        metavar="R",
+        help="Smallest ratio of medians that counts (1.1 = 10 %), as diff's and bisect's --threshold.",
+    ),
 ]
 
 
 def _fail(exc: ItlauditError) -> typer.Exit:
     err.print(escape(str(exc)), highlight=False)
     return typer.Exit(exc.exit_code)
+
+
+def _min_effect(threshold: float) -> float:
+    """--threshold R (a ratio, as diff's and bisect's) as the relative move a change must make."""
+    if not 1 < threshold < 11:
+        raise _fail(ItlauditError(f"--threshold {threshold}: give a ratio above 1, such as 1.1 (10 %)"))
+    return threshold - 1
 
 
 @track_app.command("add")
@@ -64,7 +75,9 @@ def add(
         int | None,
         typer.Option(metavar="N", help="Build position: git rev-list --first-parent --count SHA."),
     ] = None,
-    version: Annotated[str | None, typer.Option(metavar="V", help="The build's version.")] = None,
+    version: Annotated[
+        str | None, typer.Option("--build-version", metavar="V", help="The build's version.")
+    ] = None,
     commit: Annotated[str | None, typer.Option(metavar="SHA", help="The build's commit.")] = None,
     flavour: Annotated[str | None, typer.Option(metavar="NAME", help="Build variant: cu130, cpu.")] = None,
 ) -> None:
@@ -84,7 +97,7 @@ def check(
     db: DbOption = None,
     show_all: Annotated[bool, typer.Option("--all", help="Closed and explained changes too.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="The changes as JSON on stdout.")] = False,
-    min_effect: MinEffectOption = 0.10,
+    threshold: ThresholdOption = 1.10,
     auto: Annotated[
         bool,
         typer.Option(
@@ -97,9 +110,7 @@ def check(
     from itlaudit.track.db import open_history
     from itlaudit.track.nightly import EXIT_CANNOT_TELL, EXIT_REGRESSION
 
-    if not 0 < min_effect < 10:
-        raise _fail(ItlauditError(f"--min-effect {min_effect}: give a fraction such as 0.1 (10 %)"))
-    settings = CheckSettings(min_effect=min_effect)
+    settings = CheckSettings(min_effect=_min_effect(threshold))
     try:
         history = open_history(db)
         changes = history.check(settings)
@@ -228,7 +239,7 @@ def nightly(
         Path | None,
         typer.Option("--out", metavar="DIR", help="Probe folders (default reports/track-nightly-...)."),
     ] = None,
-    min_effect: MinEffectOption = 0.10,
+    threshold: ThresholdOption = 1.10,
     provider: Annotated[ProviderName, _opt("Where builds come from (as bisect's --provider).")] = "wheels",
     repo: Annotated[Path | None, _opt("A vLLM clone: the first-parent commits and their dates.")] = None,
     commits_file: Annotated[Path | None, _opt("File of commit shas, oldest first.")] = None,
@@ -255,8 +266,7 @@ def nightly(
     from itlaudit.track.nightly import nightly as run_nightly
     from itlaudit.workflows.run import DEFAULT_REPORTS
 
-    if not 0 < min_effect < 10:
-        raise _fail(ItlauditError(f"--min-effect {min_effect}: give a fraction such as 0.1 (10 %)"))
+    min_effect = _min_effect(threshold)
     try:
         settings = _provider_options(
             provider, repo, commits_file, server_cmd, build_cmd, scenario, only, model, server_arg,

@@ -97,6 +97,7 @@ SURFACE = Surface(
             "redact_url",
             "remember_secrets",
         ),
+        "block": ("BlockSettings", "parse_goodput", "percentile_key"),
         "registry": ("Registry",),
         "run_context": (
             "SIMULATOR",
@@ -116,7 +117,6 @@ SURFACE = Surface(
         "scenario": (
             "COMPILED",
             "EAGER",
-            "GOODPUT_KEYS",
             "Scenario",
             "ScenarioFlags",
             "Variant",

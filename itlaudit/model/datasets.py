@@ -217,10 +217,11 @@ def _length(spec: Any, key: str, rng: np.random.Generator, count: int) -> list[i
 
 
 def random_dataset(table: Mapping[str, object], count: int, seed: int) -> Dataset:
-    unknown = set(table) - {"kind", "input_len", "output_len", "vocab_size"}
+    unknown = set(table) - {"kind", "input_len", "output_len", "vocab_size", "prefix_len"}
     if unknown:
         raise DatasetError(
-            sorted(unknown)[0], "is not a key of a random dataset (input_len, output_len, vocab_size)"
+            sorted(unknown)[0],
+            "is not a key of a random dataset (input_len, output_len, vocab_size, prefix_len)",
         )
     for key in ("input_len", "output_len"):
         if key not in table:
@@ -232,9 +233,16 @@ def random_dataset(table: Mapping[str, object], count: int, seed: int) -> Datase
     import numpy as np  # numpy loads when a dataset is drawn, not when the CLI starts
 
     rng = np.random.default_rng(seed)
+    given = table.get("prefix_len", 0)
+    prefix_len = (
+        0 if given == 0 and type(given) is int else _dataset_number(table, "prefix_len")
+    )  # 0: vllm's default
     inputs = _length(table["input_len"], "input_len", rng, count)
     outputs = _length(table["output_len"], "output_len", rng, count)
-    drawn = sum(inputs)
+    # vllm bench's --random-prefix-len: one random prefix before every prompt (the server's prefix
+    # cache sees it shared); a prompt is prefix_len + its input_len tokens, as vllm bench counts it.
+    prefix = rng.integers(FIRST_TOKEN_ID, vocab, size=prefix_len).tolist() if prefix_len else []
+    drawn = sum(inputs) + prefix_len * count
     if drawn > MAX_DRAWN_TOKENS:
         raise DatasetError(
             "input_len",
@@ -245,7 +253,7 @@ def random_dataset(table: Mapping[str, object], count: int, seed: int) -> Datase
     # entries (a per-id Python loop took 185 s for a 1e9-token prompt, deaf to SIGINT).
     entries = [
         DatasetEntry(
-            prompt=rng.integers(FIRST_TOKEN_ID, vocab, size=n_in).tolist(),
+            prompt=prefix + rng.integers(FIRST_TOKEN_ID, vocab, size=n_in).tolist(),
             max_tokens=n_out,
             ignore_eos=True,
         )

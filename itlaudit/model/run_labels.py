@@ -1,5 +1,6 @@
 """What a run's result files carry to say which run they are: the command line that made it (secrets
-masked), a free `--label` and `--metadata KEY=VALUE` pairs, as vllm bench serve's result files do."""
+masked), a free `--label` and `--metadata KEY=VALUE` pairs, and vllm bench's `--backend` when a pasted
+line gave it, as vllm bench serve's result files do."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ class LabelsMeta(TypedDict):
     command_line: str | None
     label: str | None
     metadata: dict[str, str]
+    backend: str | None  # vllm bench's --backend, as given (the result file's `backend`)
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,7 @@ class RunLabels:
     command_line: str
     label: str | None = None
     metadata: dict[str, str] = field(default_factory=dict)
+    backend: str | None = None
 
     @classmethod
     def from_argv(
@@ -36,14 +39,20 @@ class RunLabels:
         argv: Sequence[str],
         label: str | None = None,
         metadata: dict[str, str] | None = None,
+        backend: str | None = None,
     ) -> RunLabels:
         """`--api-key X` loses its value by name; a value sent in a header (`--header 'Authorization:
         Bearer X'`) is masked wherever it appears (redact_text knows every credential sent)."""
         line = redact_text(shlex.join(redact_args(list(argv))))
-        return cls(command_line=line, label=label, metadata=dict(metadata or {}))
+        return cls(command_line=line, label=label, metadata=dict(metadata or {}), backend=backend)
 
     def to_meta(self) -> LabelsMeta:
-        return {"command_line": self.command_line, "label": self.label, "metadata": dict(self.metadata)}
+        return {
+            "command_line": self.command_line,
+            "label": self.label,
+            "metadata": dict(self.metadata),
+            "backend": self.backend,
+        }
 
 
 def parse_metadata(pairs: Iterable[str]) -> dict[str, str]:

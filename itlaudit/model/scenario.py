@@ -18,6 +18,15 @@ from pathlib import Path
 
 from itlaudit.errors import ScenarioError
 from itlaudit.model.access import header_problem
+from itlaudit.model.block import (
+    BLOCK_METRICS,
+    DEFAULT_BLOCK_PERCENTILES,
+    GOODPUT_KEYS,
+    BlockSettings,
+    parse_goodput,
+    parse_metric_percentiles,
+    parse_percentile_metrics,
+)
 from itlaudit.model.datasets import DATASET_KINDS, DatasetEntry
 from itlaudit.model.jsonvalue import JSONObject, JSONScalar
 from itlaudit.model.launch import READY_TIMEOUT_S, LaunchKind, LaunchSpec, launch_kind_problem
@@ -32,7 +41,6 @@ from itlaudit.model.scenario_toml import (
     reject_unknown_keys,
     str_list,
 )
-from itlaudit.model.schedule import LONGEST_SCHEDULE_S
 from itlaudit.model.vocabulary import Endpoint, QualityGate
 from itlaudit.model.workload import SECONDS, Workload, parse_workload
 
@@ -41,7 +49,6 @@ __all__ = [
     "EAGER",
     "EXECUTION_MODES",
     "FLAG_KEYS",
-    "GOODPUT_KEYS",
     "Scenario",
     "ScenarioFlags",
     "Variant",
@@ -84,10 +91,19 @@ class Scenario:
     workload: Workload
     variants: list[Variant]
     path: Path | None = None
-    # [goodput]: per-request SLOs in ms (ttft_ms, tpot_ms, e2e_ms) that `sweep` counts goodput against.
+    # [goodput]: per-request SLOs in ms (ttft_ms, tpot_ms, e2e_ms) that run's block (vllm bench's
+    # request goodput) and `sweep` count goodput against.
     goodput: dict[str, float] = field(default_factory=dict)
+    # The block's percentiles and the metrics they are given for (vllm bench's --metric-percentiles,
+    # --percentile-metrics); summary.json keeps p50/p90/p99 whatever they say.
+    metric_percentiles: tuple[float, ...] = DEFAULT_BLOCK_PERCENTILES
+    percentile_metrics: tuple[str, ...] = BLOCK_METRICS
     # How output quality gates the figures (analysis.validity): against the baseline by default.
     quality_gate: QualityGate = QualityGate.RELATIVE
+
+    @property
+    def block(self) -> BlockSettings:
+        return BlockSettings(dict(self.goodput), self.metric_percentiles, self.percentile_metrics)
 
     @property
     def folder_name(self) -> str:
@@ -124,18 +140,25 @@ def _safe_name(value: str, loc: Located, table: str, key: str = "name") -> str:
     return value
 
 
-def _launch(src: Mapping[str, object], loc: Located) -> LaunchSpec:
+# The key that makes a [variants.launch] table start a server, and the kind it starts it with.
+_STARTED_BY = {kind.needs: kind for kind in LaunchKind if kind is not LaunchKind.URL}
+
+
+def _launch(src: Mapping[str, object], loc: Located, variant: str, provided: bool) -> LaunchSpec:
     table = "variants.launch"
     allowed = {"kind", "python", "image", "command", "model", "served_model_name", "server_args", "env"}
     allowed.add("ready_timeout_s")
     reject_unknown_keys(src, allowed, loc, table)
-    kind = get_value(src, loc, table, "kind", str)
-    problem = launch_kind_problem(kind)
-    if problem is not None:
-        raise loc.error(table, "kind", problem)
-    needed = LaunchKind(kind).needs
-    if needed not in src:
-        raise loc.error(table, needed, f"is missing; kind {kind!r} needs it")
+    if "kind" in src:
+        kind = get_value(src, loc, table, "kind", str)
+        problem = launch_kind_problem(kind)
+        if problem is not None:
+            raise loc.error(table, "kind", problem)
+        needed = LaunchKind(kind).needs
+        if needed not in src:
+            raise loc.error(table, needed, f"is missing; kind {kind!r} needs it")
+    else:
+        kind = _kindless(src, loc, variant, provided)
     given = get_table(src, loc, table, "env", {})
     env = {name: value for name, value in given.items() if isinstance(value, str)}
     if len(env) != len(given):
@@ -155,7 +178,30 @@ def _launch(src: Mapping[str, object], loc: Located) -> LaunchSpec:
     )
 
 
-def _variants(raw: object, loc: Located) -> list[Variant]:
+def _kindless(src: Mapping[str, object], loc: Located, variant: str, provided: bool) -> LaunchKind:
+    """A [variants.launch] table without `kind` starts nothing: it holds the server arguments (and env,
+    model, served_model_name, ready_timeout_s) for a server someone else supplies, which is what a
+    bisect (or track nightly) provider does for every build it probes. Until the provider points it at
+    a build it is LaunchKind.URL, as bisect's spec for a variant with no table is. Where nothing supplies
+    the server (run, compare, sweep, smoke, the invariance audit) it is refused in one line, never
+    started or dropped in silence; build_scenario drops it first where a flag gives the server."""
+    starter = next((key for key in _STARTED_BY if key in src), None)
+    if starter is not None:
+        raise loc.error(
+            "variants.launch", "kind", f"is missing; `{starter}` needs kind = {_STARTED_BY[starter].value!r}"
+        )
+    if not provided:
+        raise loc.error(
+            "variants",
+            "launch",
+            "has no `kind`: server arguments alone are for bisect and track nightly, whose --provider "
+            'starts the server; to start it here give kind and its key (kind = "python" with python, '
+            f'"docker" with image, "command" with command), or give variant {variant!r} a `url`',
+        )
+    return LaunchKind.URL
+
+
+def _variants(raw: object, loc: Located, provided: bool) -> list[Variant]:
     if raw is not None and not isinstance(raw, list):
         raise loc.error("", "variants", f"must be [[variants]] tables, got {type(raw).__name__} {raw!r}")
     if not raw:
@@ -181,7 +227,7 @@ def _variants(raw: object, loc: Located) -> list[Variant]:
             raise where.error(table, "url", f"must start with http:// or https://, got {url!r}")
         if "launch" in src and not isinstance(src["launch"], dict):
             raise where.error(table, "launch", "must be a [variants.launch] table")
-        launch = _launch(src["launch"], where) if "launch" in src else None
+        launch = _launch(src["launch"], where, name, provided) if "launch" in src else None
         out.append(
             Variant(
                 name=name,
@@ -214,8 +260,8 @@ def _execution_mode(src: Mapping[str, object], loc: Located) -> str | None:
     return mode
 
 
-GOODPUT_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
-GOODPUT_MS = Bound(0, LONGEST_SCHEDULE_S * 1000, open_low=True, unit="ms")
+# An SLO far above any run's length means "no limit" (vllm bench's auto_tune.sh passes e2el:1e11).
+GOODPUT_MS = Bound(0, 1e15, open_low=True, unit="ms")
 
 
 def _goodput(raw: Mapping[str, object], loc: Located) -> dict[str, float]:
@@ -230,15 +276,37 @@ def _goodput(raw: Mapping[str, object], loc: Located) -> dict[str, float]:
     return limits
 
 
-def parse_scenario(text: str, path: Path) -> Scenario:
-    """A scenario from its TOML text; relative paths in it resolve against `path`'s folder."""
-    return scenario_from_raw(_toml(text, path), Located(path, text), path)
+def _block_choice(raw: Mapping[str, object], loc: Located) -> tuple[tuple[float, ...], tuple[str, ...]]:
+    """metric_percentiles = [90, 99] and percentile_metrics = ["ttft", "tpot"]: read as their flags are."""
+    chosen = []
+    for key, default, parse in (
+        ("metric_percentiles", DEFAULT_BLOCK_PERCENTILES, parse_metric_percentiles),
+        ("percentile_metrics", BLOCK_METRICS, parse_percentile_metrics),
+    ):
+        value = raw.get(key, default)
+        if not isinstance(value, list | tuple) or not value:
+            raise loc.error("", key, f"must be a non-empty list, got {value!r}")
+        try:
+            chosen.append(parse(",".join(str(v) for v in value)))
+        except ScenarioError as exc:
+            raise loc.error("", key, str(exc).partition(": ")[2]) from None
+    return chosen[0], chosen[1]  # type: ignore[return-value]
 
 
-def scenario_from_raw(raw: Mapping[str, object], loc: Located, path: Path | None) -> Scenario:
+def parse_scenario(text: str, path: Path, *, provided: bool = False) -> Scenario:
+    """A scenario from its TOML text; relative paths in it resolve against `path`'s folder. `provided`:
+    something else supplies every variant's server (bisect's --provider), so a [variants.launch] table
+    may leave out `kind` and give only that server's arguments."""
+    return scenario_from_raw(_toml(text, path), Located(path, text), path, provided=provided)
+
+
+def scenario_from_raw(
+    raw: Mapping[str, object], loc: Located, path: Path | None, *, provided: bool = False
+) -> Scenario:
     """The one validation of a scenario's tables, whether they came from a file, from flags, or both.
     Relative paths resolve against the file's folder (the working directory when there is none)."""
     top_keys = {"name", "endpoint", "model", "workload", "variants", "description", "goodput", "quality_gate"}
+    top_keys |= {"metric_percentiles", "percentile_metrics"}
     reject_unknown_keys(raw, top_keys, loc, "")
     name = get_value(raw, loc, "", "endpoint", str, Endpoint.COMPLETIONS)
     if name not in tuple(Endpoint):
@@ -251,15 +319,18 @@ def scenario_from_raw(raw: Mapping[str, object], loc: Located, path: Path | None
         raise loc.error("", "workload", "is missing; add a [workload] table with prompts and max_tokens")
     workload = _table(raw, "workload", loc, "write a [workload] table with prompts and max_tokens")
     base = path.parent if path is not None else Path.cwd()
+    percentiles, metrics = _block_choice(raw, loc)
     return Scenario(
         name=_safe_name(get_value(raw, loc, "", "name", str), loc, ""),
         endpoint=endpoint,
         model=get_value(raw, loc, "", "model", str, "auto"),
         workload=parse_workload(workload, loc, base, endpoint is Endpoint.CHAT),
-        variants=_variants(raw.get("variants"), loc),
+        variants=_variants(raw.get("variants"), loc, provided),
         path=path,
         goodput=_goodput(raw, loc),
         quality_gate=QualityGate(gate),
+        metric_percentiles=percentiles,
+        percentile_metrics=metrics,
     )
 
 
@@ -279,8 +350,9 @@ def _read(path: Path) -> str:
         raise ScenarioError(f"{path}: cannot read scenario ({exc})") from None
 
 
-def load_scenario(path: Path) -> Scenario:
-    return parse_scenario(_read(path), path)
+def load_scenario(path: Path, *, provided: bool = False) -> Scenario:
+    """The scenario in a file (`provided` as for parse_scenario)."""
+    return parse_scenario(_read(path), path, provided=provided)
 
 
 # A run from flags alone takes vllm bench serve's defaults, so the same flags mean the same workload.
@@ -295,6 +367,7 @@ FLAG_KEYS: dict[str, tuple[str, str]] = {
     "dataset_name": ("workload.dataset", "kind"),
     "random_input_len": ("workload.dataset", "input_len"),
     "random_output_len": ("workload.dataset", "output_len"),
+    "random_prefix_len": ("workload.dataset", "prefix_len"),
     "dataset_path": ("workload.dataset", "path"),
     "num_prompts": ("workload", "num_requests"),
     "max_concurrency": ("workload", "concurrency"),
@@ -306,7 +379,13 @@ FLAG_KEYS: dict[str, tuple[str, str]] = {
     "max_tokens": ("workload", "max_tokens"),
     "seed": ("workload", "seed"),
 }
-_DATASET_FLAGS = ("dataset_name", "random_input_len", "random_output_len", "dataset_path")
+_DATASET_FLAGS = (
+    "dataset_name",
+    "random_input_len",
+    "random_output_len",
+    "random_prefix_len",
+    "dataset_path",
+)
 _PATH_KEYS = (("workload", "prompts_file"), ("workload.dataset", "path"))
 
 
@@ -331,6 +410,8 @@ class ScenarioFlags:
     random_output_len: int | None = None
     # vllm bench's --random-range-ratio: a random dataset's lengths drawn uniformly around their means
     random_range_ratio: str | None = None
+    # vllm bench's --random-prefix-len: this many random tokens before every random prompt, shared
+    random_prefix_len: int | None = None
     dataset_path: Path | None = None
     num_prompts: int | None = None
     max_concurrency: int | None = None
@@ -346,6 +427,10 @@ class ScenarioFlags:
     only: list[str] = field(default_factory=list)  # --only NAME: these variants, in this order
     # --extra-body JSON (vllm bench serve's): merged over the workload's extra_body, in every request
     extra_body: JSONObject = field(default_factory=dict)
+    # What the block reports (model.block): --goodput, --metric-percentiles, --percentile-metrics
+    goodput: str | None = None
+    metric_percentiles: str | None = None
+    percentile_metrics: str | None = None
 
     def given(self) -> dict[str, JSONScalar]:
         """The workload flags that were given, by field name, as the values their keys take (a path
@@ -370,6 +455,12 @@ class ScenarioFlags:
             self._max_tokens_reaches(workload, given)
         if self.random_range_ratio is not None:
             _range_lengths(workload, self.random_range_ratio)
+        if self.goodput is not None:
+            raw["goodput"] = dict(parse_goodput(self.goodput))
+        if self.metric_percentiles is not None:
+            raw["metric_percentiles"] = list(parse_metric_percentiles(self.metric_percentiles))
+        if self.percentile_metrics is not None:
+            raw["percentile_metrics"] = list(parse_percentile_metrics(self.percentile_metrics))
         if self.extra_body:
             kept = workload.get("extra_body")
             workload["extra_body"] = {**(kept if isinstance(kept, dict) else {}), **self.extra_body}
@@ -436,7 +527,7 @@ class ScenarioFlags:
                 raise ScenarioError("--dataset-path is for --dataset-name jsonl or sharegpt, not random")
             defaults = old if old.get("kind") == "random" else _BENCH_DATASET
             dataset |= {k: v for k, v in defaults.items() if k != "kind"}
-            for name in ("random_input_len", "random_output_len"):
+            for name in ("random_input_len", "random_output_len", "random_prefix_len"):
                 if name in given:
                     dataset[FLAG_KEYS[name][1]] = given[name]
         elif kind == "prefix_repetition":  # its lengths have no flags here: the scenario's table
@@ -447,7 +538,7 @@ class ScenarioFlags:
                 )
             dataset = dict(old)
         else:
-            for name in ("random_input_len", "random_output_len"):
+            for name in ("random_input_len", "random_output_len", "random_prefix_len"):
                 if name in given:
                     raise ScenarioError(f"{_flag(name)} is for --dataset-name random, not {kind}")
             path = given.get("dataset_path")
@@ -540,7 +631,7 @@ def build_scenario(path: Path | None, flags: ScenarioFlags) -> tuple[Scenario, J
         text = _read(path)
         raw = flags.apply(_toml(text, path))
         loc = Located(path, text, by_flag)
-    scenario = scenario_from_raw(raw, loc, path)
+    scenario = scenario_from_raw(_unstarted_dropped(raw, flags), loc, path)
     known = [v.name for v in scenario.variants]
     unknown = [name for name in flags.variant_urls if name not in known]
     if unknown:
@@ -552,6 +643,23 @@ def build_scenario(path: Path | None, flags: ScenarioFlags) -> tuple[Scenario, J
         by_name = {v.name: v for v in scenario.variants}
         scenario = replace(scenario, variants=[by_name[n] for n in dict.fromkeys(flags.only)])
     return scenario, _with_servers(raw, flags)
+
+
+def _unstarted_dropped(raw: JSONObject, flags: ScenarioFlags) -> JSONObject:
+    """The tables less each [variants.launch] without `kind` (server arguments for a server a bisect
+    provider starts) that has nothing to do here: its variant gets its server from --url or --variant
+    NAME=URL, or --only leaves it out. Any other is refused by the parser in one line (a copy)."""
+    raw = copy.deepcopy(raw)
+    variants = raw.get("variants")
+    for variant in variants if isinstance(variants, list) else []:
+        launch = variant.get("launch") if isinstance(variant, dict) else None
+        if not isinstance(variant, dict) or not isinstance(launch, dict) or "kind" in launch:
+            continue
+        name = variant.get("name")
+        served = flags.url is not None or (isinstance(name, str) and name in flags.variant_urls)
+        if served or (flags.only and name not in flags.only):
+            del variant["launch"]
+    return raw
 
 
 def _with_servers(raw: JSONObject, flags: ScenarioFlags) -> JSONObject:

@@ -16,6 +16,7 @@ from typing import Any
 from itlaudit.analysis.comparison import VariantComparison
 from itlaudit.analysis.summary import Figures, RunSummary, VariantSummary
 from itlaudit.analysis.validity import mostly_gibberish, quality_note, variant_validity
+from itlaudit.model.block import BlockSettings, percentile_key
 from itlaudit.model.codes import CUT_BY_DURATION
 from itlaudit.model.run_context import server_build, variant_meta
 
@@ -38,14 +39,40 @@ def _section(title: str) -> str:
     return f"{title:-^{WIDTH}}"
 
 
-def _statistics(label: str, *figures: float | Figures | None) -> list[str]:
-    """Mean, Median and P99 rows for one metric (vllm bench's three), one column per figure set (a
-    block["benchmark"] distribution; a figure the run lacks is unknown)."""
+def _statistics(label: str, percentiles: tuple[float, ...], *figures: float | Figures | None) -> list[str]:
+    """Mean, Median and a row per chosen percentile for one metric (vllm bench's rows: P99 alone by
+    default), one column per figure set (a block["benchmark"] distribution; a figure the run lacks
+    is unknown)."""
     sets = [s if isinstance(s, dict) else {} for s in figures]
-    return [
-        _row(f"{word} {label} (ms):", *(s.get(key) for s in sets))
-        for word, key in (("Mean", "mean"), ("Median", "p50"), ("P99", "p99"))
-    ]
+    rows = [("Mean", "mean"), ("Median", "p50")]
+    rows += [(percentile_key(q).upper(), percentile_key(q)) for q in percentiles]
+    return [_row(f"{word} {label} (ms):", *(s.get(key) for s in sets)) for word, key in rows]
+
+
+def _metric_rows(block: BlockSettings, bench: Mapping[str, Any]) -> list[str]:
+    """The sections of the metrics --percentile-metrics chose, in vllm bench's order; ITL with the
+    per-token column beside vllm bench's per-chunk one."""
+    sections = {
+        "ttft": [
+            _section("Time to First Token"),
+            *_statistics("TTFT", block.percentiles, bench.get("ttft_ms")),
+        ],
+        "tpot": [
+            _section("Time per Output Token (excl. 1st token)"),
+            *_statistics("TPOT", block.percentiles, bench.get("tpot_ms")),
+        ],
+        "itl": [
+            _section("Inter-token Latency"),
+            _row("", "per chunk", "per token"),
+            *_statistics("ITL", block.percentiles, bench.get("chunk_itl_ms"), bench.get("token_itl_ms")),
+            _row("Tokens per decode chunk:", bench.get("tokens_per_decode_chunk")),
+        ],
+        "e2el": [
+            _section("End-to-end Latency"),
+            *_statistics("E2EL", block.percentiles, bench.get("e2el_ms")),
+        ],
+    }
+    return [row for metric in block.metrics for row in sections[metric]]
 
 
 def _cut_rows(block: VariantSummary) -> list[str]:
@@ -99,6 +126,7 @@ def result_block(
     `comparison` its compare.json row, for the Speculative Decoding section (compare only)."""
     block = summary.variants[variant]
     bench = block.benchmark
+    block_settings = BlockSettings.from_meta(meta)
     workload, info, version = variant_meta(meta, variant)
     lines: list[Line] = [(f"{f' Serving Benchmark Result: {variant} ':=^{WIDTH}}", "bold")]
     validity = variant_validity(summary, variant)
@@ -123,20 +151,12 @@ def result_block(
         *_sent_rows(bench),
         _row("Total generated tokens:", bench.get("total_output_tokens")),
         _row("Request throughput (req/s):", bench.get("request_throughput")),
+        *([_row("Request goodput (req/s):", bench.get("request_goodput"))] if block_settings.goodput else []),
         _row("Output token throughput (tok/s):", bench.get("output_throughput")),
         _row("Peak output token throughput (tok/s):", bench.get("max_output_tokens_per_s")),
         _row("Peak concurrent requests:", bench.get("max_concurrent_requests")),
         _row("Total token throughput (tok/s):", bench.get("total_token_throughput")),
-        _section("Time to First Token"),
-        *_statistics("TTFT", bench.get("ttft_ms")),
-        _section("Time per Output Token (excl. 1st token)"),
-        *_statistics("TPOT", bench.get("tpot_ms")),
-        _section("Inter-token Latency"),
-        _row("", "per chunk", "per token"),
-        *_statistics("ITL", bench.get("chunk_itl_ms"), bench.get("token_itl_ms")),
-        _row("Tokens per decode chunk:", bench.get("tokens_per_decode_chunk")),
-        _section("End-to-end Latency"),
-        *_statistics("E2EL", bench.get("e2el_ms")),
+        *_metric_rows(block_settings, bench),
         *_spec_decode_rows(comparison),
     ]
     lines += [(line, None) for line in plain]

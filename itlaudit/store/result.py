@@ -7,12 +7,13 @@ under speculative decoding a per-chunk figure. itlaudit's own figures stand besi
 vllm bench does not use: the token-true ITL (`mean_token_itl_ms`, `p99_token_itl_ms`, ...), tokens
 per decode chunk, the findings and whether the variant may be compared at all.
 
-Left out: vllm bench's per-request arrays (`PER_REQUEST_ARRAYS`), which it writes only with
---save-detailed and which requests.jsonl holds in full (`latencies` and `queue_times`, which it keeps
-without, are there); `request_goodput` is null as in a vllm bench
-run without --goodput. The spec-decode keys (`spec_decode_*`, from the server's /metrics around the
-variant, acceptance rate in percent as vllm bench writes it) are there when `itlaudit compare` made
-the run: `run` reads no /metrics.
+vllm bench's per-request arrays (`PER_REQUEST_ARRAYS`) are there with --save-detailed, as in vllm
+bench (requests.jsonl holds them in full either way; `latencies` and `queue_times`, which it keeps
+without, are always there); `request_goodput` is null as in a vllm bench run without --goodput. The
+percentiles are p50, p90, p99 and those --metric-percentiles chose. --append-result adds the result to
+the file as one more JSON line, as vllm bench does. The spec-decode keys (`spec_decode_*`, from the
+server's /metrics around the variant, acceptance rate in percent as vllm bench writes it) are there
+when `itlaudit compare` made the run: `run` reads no /metrics.
 
 The file is built from the run folder alone (summary.json, meta.json, compare.json when present), so
 it can be written again for any past run.
@@ -20,6 +21,7 @@ it can be written again for any past run.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import time
@@ -27,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from itlaudit.analysis.metrics import decode_gaps, request_metrics
 from itlaudit.analysis.validity import variant_validity
 from itlaudit.errors import ItlauditError
 from itlaudit.model.codes import TRUNCATION_CODES
@@ -58,8 +61,8 @@ __all__ = [
 
 # In a --save-result file name, the place for vllm bench serve's own default name (bench_flags).
 VLLM_NAME = "{vllm_name}"
-# vllm bench serve's per-request arrays written only with --save-detailed: left out, requests.jsonl
-# has them (`latencies` and `queue_times`, which it keeps without, are written).
+# vllm bench serve's per-request arrays written only with --save-detailed (`latencies` and
+# `queue_times`, which it keeps without, are always written).
 PER_REQUEST_ARRAYS = frozenset(
     {"input_lens", "output_lens", "ttfts", "itls", "start_times", "generated_texts", "errors"}
 )
@@ -79,12 +82,12 @@ _AFTER_GOODPUT = (
 
 
 def _statistics(name: str, figures: Mapping[str, Any]) -> JSONObject:
-    """vllm bench's keys for one metric: mean_, median_, std_, then p50_/p90_/p99_ (its --metric-percentiles
-    50,90,99; its default is 99 alone)."""
+    """vllm bench's keys for one metric: mean_, median_, std_, then one per percentile summary.json
+    holds (p50, p90, p99 and those --metric-percentiles chose: p95_, p99.9_)."""
     figures = figures or {}
     out = {f"{stat}_{name}_ms": figures.get(key) for stat, key in (("mean", "mean"), ("median", "p50"))}
     out[f"std_{name}_ms"] = figures.get("std")
-    out.update({f"{p}_{name}_ms": figures.get(p) for p in ("p50", "p90", "p99")})
+    out.update({f"{key}_{name}_ms": value for key, value in figures.items() if _PERCENTILE.match(key)})
     return out
 
 
@@ -110,19 +113,23 @@ def result_json(
     variant: str,
     compare: Mapping[str, Any] | None = None,
     records: Sequence[RequestRecord] = (),
+    *,
+    detailed: bool = False,
 ) -> JSONObject:
     """One variant's result, in vllm bench serve's key order: setup, metadata, traffic, figures.
     `compare` is compare.json's dict, when `itlaudit compare` made the run; `records` the variant's
-    measured requests, for the two per-request arrays vllm bench keeps without --save-detailed."""
+    measured requests, for the two per-request arrays vllm bench keeps without --save-detailed, and
+    with `detailed` (--save-detailed) the others."""
     block, bench, workload, info, version = variant_view(summary, meta, variant)
     started = meta.get("started_at_unix")
-    backend = BACKENDS.get(str(meta.get("endpoint")), str(meta.get("endpoint")))
+    # a pasted line's --backend as given, else the one vllm bench would need for the endpoint
+    backend = meta.get("backend") or BACKENDS.get(str(meta.get("endpoint")), str(meta.get("endpoint")))
     rate = workload.get("request_rate")
     validity = variant_validity(summary, variant)
     findings: Mapping[str, int] = block.get("findings") or {}
     result: JSONObject = {
         "date": time.strftime("%Y%m%d-%H%M%S", time.localtime(started)) if started else None,
-        "endpoint_type": backend,
+        "endpoint_type": backend,  # vllm bench writes its --backend in both
         "backend": backend,
         "label": meta.get("label"),
         "model_id": block.get("model") or workload.get("model"),
@@ -132,13 +139,14 @@ def result_json(
         **dict(meta.get("metadata") or {}),
         "request_rate": "inf" if rate is None else rate,
         "burstiness": workload.get("burstiness", 1.0),
-        "max_concurrency": workload.get("max_concurrency"),
+        "max_concurrency": _cap(workload),
         "duration": bench.get("duration_s"),
         **{key: bench.get(key) for key in _BEFORE_GOODPUT},
-        "request_goodput": None,
+        "request_goodput": bench.get("request_goodput"),  # null without --goodput, as vllm bench's
         **{key: bench.get(key) for key in _AFTER_GOODPUT},
         "rtfx": 0.0,  # vllm bench's audio input duration / duration: no audio here
         **_kept_arrays(records),
+        **(_detailed_arrays(records) if detailed else {}),
     }
     compared = ((compare or {}).get("variants") or {}).get(variant)
     result.update(_spec_decode(compared.get("spec_decode") if isinstance(compared, Mapping) else None))
@@ -170,6 +178,7 @@ def result_json(
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_PERCENTILE = re.compile(r"^p\d+(\.\d+)?$")  # a distribution's percentile key: p50, p99.9
 
 
 def vllm_file_name(meta: Mapping[str, Any], summary: Mapping[str, Any], variant: str) -> str:
@@ -178,8 +187,8 @@ def vllm_file_name(meta: Mapping[str, Any], summary: Mapping[str, Any], variant:
     model's last path part, the date the run started in local time."""
     view = variant_view(summary, meta, variant)
     rate = view.workload.get("request_rate")
-    concurrency = view.workload.get("max_concurrency")
-    label = meta.get("label") or BACKENDS.get(str(meta.get("endpoint")), "openai")
+    concurrency = _cap(view.workload)
+    label = meta.get("label") or meta.get("backend") or BACKENDS.get(str(meta.get("endpoint")), "openai")
     model = str(view.block.get("model") or "model").split("/")[-1]
     started = time.localtime(float(meta.get("started_at_unix") or time.time()))
     parts = [
@@ -188,6 +197,15 @@ def vllm_file_name(meta: Mapping[str, Any], summary: Mapping[str, Any], variant:
         f"-{model}-{time.strftime('%Y%m%d-%H%M%S', started)}",
     ]
     return "".join(parts)
+
+
+def _cap(workload: Mapping[str, Any]) -> int | None:
+    """vllm bench's max_concurrency: None where nothing caps the open requests (no --max-concurrency:
+    itlaudit's closed loop of every request at once, or an open loop's cap of all of them), as vllm
+    bench writes it; a cap at or above every request sent cannot bind, so it reads the same."""
+    cap = workload.get("max_concurrency")
+    sent = (workload.get("num_prompts") or 0) + (workload.get("num_warmups") or 0)
+    return None if cap is None or (sent and cap >= sent) else int(cap)
 
 
 def _kept_arrays(records: Sequence[RequestRecord]) -> JSONObject:
@@ -207,6 +225,37 @@ def _kept_arrays(records: Sequence[RequestRecord]) -> JSONObject:
     }
 
 
+def _detailed_arrays(records: Sequence[RequestRecord]) -> JSONObject:
+    """vllm bench's --save-detailed arrays, one entry per request in dispatch order, in its units
+    (seconds) and with its values for a failed request (0 tokens, TTFT 0.0, no gaps, its error):
+    prompt and output tokens (the server's usage), TTFT, the chunk gaps (vllm bench's ITL, per chunk),
+    the send time on the capture clock, the text and the error ("" for none)."""
+    ordered = sorted(records, key=lambda r: r.sent_offset_ms if r.sent_offset_ms is not None else math.inf)
+    ok = [r.status == Status.OK for r in ordered]
+    return {
+        "input_lens": [r.prompt_tokens or 0 for r in ordered],
+        "output_lens": [
+            (r.completion_tokens or 0) if good else 0 for r, good in zip(ordered, ok, strict=True)
+        ],
+        "ttfts": [_ttft_s(r) if good else 0.0 for r, good in zip(ordered, ok, strict=True)],
+        "itls": [
+            [float(g) / 1000 for g in decode_gaps(r)[0]] if good else []
+            for r, good in zip(ordered, ok, strict=True)
+        ],
+        "start_times": [
+            r.sent_monotonic_ns / 1e9 if r.sent_monotonic_ns is not None else None for r in ordered
+        ],
+        "generated_texts": [r.text for r in ordered],
+        "errors": ["" if good else (r.error or str(r.status)) for r, good in zip(ordered, ok, strict=True)],
+    }
+
+
+def _ttft_s(record: RequestRecord) -> float:
+    """The first content chunk's arrival, seconds after the send (0.0 for a stream without one)."""
+    ttft = request_metrics(record).ttft_ms
+    return ttft / 1000 if ttft is not None else 0.0
+
+
 def result_paths(path: Path, variants: list[str]) -> dict[str, Path]:
     """FILE for a single variant; `<stem>-<variant><suffix>` beside it for each of several."""
     if len(variants) == 1:
@@ -214,8 +263,10 @@ def result_paths(path: Path, variants: list[str]) -> dict[str, Path]:
     return {v: path.with_name(f"{path.stem}-{_UNSAFE.sub('_', v)}{path.suffix}") for v in variants}
 
 
-def save_result(path: Path, run_dir: Path) -> list[Path]:
-    """Write the vllm bench style result file(s) of a finished run folder; returns what was written."""
+def save_result(path: Path, run_dir: Path, *, detailed: bool = False, append: bool = False) -> list[Path]:
+    """Write the vllm bench style result file(s) of a finished run folder; returns what was written.
+    `detailed`: --save-detailed's per-request arrays; `append`: --append-result, the result added to
+    what the file holds as one more JSON line (a newline between), as vllm bench appends it."""
     try:
         summary = read_versioned(run_dir / SUMMARY_FILE)
         meta = read_versioned(run_dir / META_FILE)
@@ -236,7 +287,14 @@ def save_result(path: Path, run_dir: Path) -> list[Path]:
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             mine = [r for r in records if r.variant == variant]
-            write_json(target, result_json(summary, meta, variant, compare, mine))
+            result = result_json(summary, meta, variant, compare, mine, detailed=detailed)
+            if append:
+                with target.open("a+", encoding="utf-8") as file:
+                    if file.tell():
+                        file.write("\n")
+                    json.dump(result, file, ensure_ascii=False)
+            else:
+                write_json(target, result)
         except OSError as exc:
             raise ItlauditError(f"--save-result {target}: {exc.strerror or exc}") from None
         written.append(target)

@@ -15,6 +15,7 @@ from itlaudit.analysis.comparison import CompareResult
 from itlaudit.analysis.derive import derive_requests, request_line, summarize_run, with_comparison_findings
 from itlaudit.analysis.importers import ImportedBenchmark
 from itlaudit.analysis.summary import PartialBy, RecordsSeen, RunSummary
+from itlaudit.model.block import BlockSettings
 from itlaudit.model.codes import Finding
 from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import RequestRecord
@@ -110,9 +111,15 @@ def derive_figures(
         loaded = read_records(run_dir / REQUESTS_FILE)
         records = loaded.records
         requests = derive_requests(records)
-        quality = quality_settings(_optional_json(run_dir / META_FILE))
+        meta = _optional_json(run_dir / META_FILE)
         summary = msgspec.structs.replace(
-            summarize_run(records, variant_order, requests, quality=quality),
+            summarize_run(
+                records,
+                variant_order,
+                requests,
+                quality=quality_settings(meta),
+                block=BlockSettings.from_meta(meta),
+            ),
             records=RecordsSeen(file=REQUESTS_FILE, lines=loaded.lines, warmup=loaded.warmup),
             partial=None if live is None else PartialBy(pid=live.pid, host=live.host),
             server=server_blocks(run_dir, records),

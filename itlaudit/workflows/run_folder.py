@@ -40,6 +40,9 @@ META_KEYS = (
     "scenario_path",
     "endpoint",
     "quality_gate",
+    "goodput",
+    "metric_percentiles",
+    "percentile_metrics",
     "workload",
     "started_at_unix",
     "environment",
@@ -50,7 +53,7 @@ META_KEYS = (
 )
 
 # The labels' keys of a run no command line named (a bisect trial, a sweep's trial).
-_UNLABELLED: JSONObject = {"command_line": None, "label": None, "metadata": {}}
+_UNLABELLED: JSONObject = {"command_line": None, "label": None, "metadata": {}, "backend": None}
 
 
 def server_log_name(variant: str) -> str:
@@ -88,6 +91,7 @@ class RunFolder:
                 "scenario_path": str(scenario.path) if scenario.path else None,
                 "endpoint": scenario.endpoint,
                 "quality_gate": scenario.quality_gate,
+                **scenario.block.to_meta(),
                 "workload": workload_meta(scenario),
                 "started_at_unix": time.time(),
                 "environment": host_environment(),
