@@ -94,6 +94,7 @@ def test_rule_modules_emit_registered_codes() -> None:
     assert set(findings.CODES) == set(codes_in(Scope.REQUEST, Scope.VARIANT))
     assert set(CODES) - set(findings.CODES) == {
         comparison.ACCEPTANCE_LENGTH_MISMATCH,
+        comparison.STREAM_BUNDLED,
         lossless.SPEC_DECODE_OUTPUT_MISMATCH,
         distribution.SPEC_DECODE_DISTRIBUTION_SHIFT,
     }

@@ -14,7 +14,7 @@ from itlaudit.analysis.comparison import (
     stream_acceptance_length,
 )
 from itlaudit.analysis.derive import run_summary
-from itlaudit.analysis.specdecode import CounterSnapshot, parse_counters, spec_decode_delta
+from itlaudit.analysis.specdecode import CounterSnapshot, parse_counters, spec_decode_delta, step_token_limit
 from itlaudit.errors import ItlauditError
 from itlaudit.model.records import ChunkSeries, RequestParams, RequestRecord
 
@@ -133,6 +133,37 @@ def test_acceptance_length_mismatch_fires_past_tolerance() -> None:
     assert lost["message"].endswith(
         "Conclusion: the server's accepted drafts did not reach this stream as tokens: chunks were lost."
     )
+
+
+def test_chunks_of_more_tokens_than_a_step_makes_are_named_bundled_and_step_sized_ones_are_not() -> None:
+    """step_token_limit: K+1 from the drafts, 1 for a vLLM that generated and drafted nothing, unknown
+    otherwise. K0 chunks of 4 tokens and K3 chunks of 8 (two steps a chunk) are stream_bundled, and the
+    K3 stream's 8 tokens a chunk against /metrics' 4 is that, not an acceptance_length_mismatch; chunks
+    of a step's size are quiet, and nothing is said where /metrics cannot give the limit."""
+    generated = CounterSnapshot(totals={"vllm:generation_tokens_total": 50.0})
+    assert step_token_limit(CounterSnapshot(), generated) == 1
+    assert step_token_limit(CounterSnapshot(), CounterSnapshot()) is None
+    before = CounterSnapshot(totals={"vllm:spec_decode_num_drafts_total": 0.0})
+    after = CounterSnapshot(
+        totals={"vllm:spec_decode_num_drafts_total": 10.0, "vllm:spec_decode_num_draft_tokens_total": 30.0}
+    )
+    assert step_token_limit(before, after) == 4
+    bundled = [_record("K0", [1, 5, 9, 13, 17]), _record("K3", [1, 9, 17, 25, 33])]
+    summary = run_summary(bundled, ["K0", "K3"])
+    found = build_comparison(summary, bundled, {"K0": None, "K3": _stats(4.0)}, {"K0": 1, "K3": 4}).findings
+    assert [(f["code"], f["evidence"]["variant"]) for f in found] == [
+        ("stream_bundled", "K0"),
+        ("stream_bundled", "K3"),
+    ]
+    assert [f["evidence"]["steps_per_chunk"] for f in found] == [4.0, 2.0]
+    assert build_comparison(summary, bundled, {"K0": None, "K3": _stats(4.0)}).findings[0]["code"] == (
+        ACCEPTANCE_LENGTH_MISMATCH  # no limit known: the bundling cannot be told, the mismatch stands
+    )
+    stepwise = [_record("K0", list(range(1, 14))), _record("K3", [1, 5, 9, 13])]
+    quiet = build_comparison(
+        run_summary(stepwise, ["K0", "K3"]), stepwise, {"K3": _stats(4.0)}, {"K0": 1, "K3": 4}
+    )
+    assert quiet.findings == []
 
 
 def test_an_ngram_drafter_that_skips_steps_is_explained_not_left_standing() -> None:

@@ -71,7 +71,8 @@ def test_a_run_writes_its_format_into_every_file(tmp_path: Path) -> None:
 
 def test_a_previous_format_folder_reads_as_it_is(old_folder: Path, tmp_path: Path) -> None:
     """The unversioned folder gives the result file it gave when written (plus `format`, and the
-    `latencies` and `queue_times` vllm bench keeps, from its records), its ledger lines make the
+    `latencies` and `queue_times` vllm bench keeps, from its records, and max_concurrency read as
+    vllm bench writes it), its ledger lines make the
     matrix, and `itlaudit report` re-derives it into the current format."""
     written = save_result(tmp_path / "again.json", old_folder)
     for path in written:
@@ -79,7 +80,12 @@ def test_a_previous_format_folder_reads_as_it_is(old_folder: Path, tmp_path: Pat
         if variant == "K0":
             again = read_json(path)
             arrays = {key: again.pop(key) for key in ("latencies", "queue_times")}
-            assert again == {**read_json(FIXTURE / "result-K0.json"), "format": FORMAT}
+            # max_concurrency is now vllm bench's: null where the cap (3) cannot bind (3 requests)
+            assert again == {
+                **read_json(FIXTURE / "result-K0.json"),
+                "format": FORMAT,
+                "max_concurrency": None,
+            }
             assert [len(values) for values in arrays.values()] == [3, 3]
     assert [row["variant"] for row in matrix(load_ledger(old_folder / "ledger.jsonl"))] == ["K0", "K3"]
     assert len(load_records(old_folder / "requests.jsonl")) == 6

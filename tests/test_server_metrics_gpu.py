@@ -15,7 +15,8 @@ import pytest
 from reportkit import block
 from simkit import sim_server
 
-from itlaudit.analysis.server_metrics import GPU_TELEMETRY_FILE
+from itlaudit.analysis.server_metrics import GPU_TELEMETRY_FILE, gpu_figures
+from itlaudit.capture.metrics_sampler import SampleFailed
 from itlaudit.capture.nvml import NvmlSampler, open_gpus, throttle_names
 from itlaudit.capture.telemetry import Telemetry
 from itlaudit.errors import ScenarioError
@@ -90,6 +91,79 @@ def test_nvml_rows_on_the_capture_clock(fake_nvml: types.ModuleType, tmp_path: P
     assert gpu["memory_used_mib"] == 80 * 1024 and gpu["gpu_util_pct"] == 97
     assert rows[-1]["gpus"]["1"]["sm_clock_mhz"] < gpu["sm_clock_mhz"]
     assert [r["t_ns"] for r in rows] == sorted(r["t_ns"] for r in rows)
+
+
+def test_a_gb10_like_nvml_loses_the_memory_figures_not_the_sample(tmp_path: Path) -> None:
+    """DGX Spark's GB10 through NVML: its framebuffer queries answer NOT_SUPPORTED (unified memory;
+    pynvml's own NVMLError_NotSupported here), while clocks, power, utilisation and the energy counter
+    answer. Each row keeps those, names what the GPU does not report, and the refused query is asked
+    once; a transient error drops one figure from one row; the window's energy is the counter's
+    difference. ~0.1 s."""
+    import pynvml
+
+    nvml = _fake_nvml(gpus=1)
+    calls = {"memory": 0, "power": 0, "energy_mj": 100_000}
+
+    def memory(handle: int) -> None:
+        calls["memory"] += 1
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)  # pynvml makes it NVMLError_NotSupported
+
+    def power(handle: int) -> int:
+        calls["power"] += 1
+        if calls["power"] == 2:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return 41_000
+
+    def energy(handle: int) -> int:
+        calls["energy_mj"] += 250
+        return calls["energy_mj"]
+
+    for name, value in {
+        "NVMLError": pynvml.NVMLError,
+        "NVMLError_NotSupported": pynvml.NVMLError_NotSupported,
+        "nvmlDeviceGetMemoryInfo": memory,
+        "nvmlDeviceGetPowerUsage": power,
+        "nvmlDeviceGetTotalEnergyConsumption": energy,
+    }.items():
+        setattr(nvml, name, value)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(sys.modules, "pynvml", nvml)
+        sampler = NvmlSampler(tmp_path / GPU_TELEMETRY_FILE, "k0", [0], period_s=0.01)
+        rows = [sampler.sample(t) for t in range(4)]
+    first, lost = rows[0]["gpus"]["0"], rows[1]["gpus"]["0"]
+    assert first["not_supported"] == ["memory"] and "memory_used_mib" not in first
+    assert first["power_w"] == 41.0 and first["gpu_util_pct"] == 97 and first["sm_clock_mhz"] > 0
+    assert "power_w" not in lost and lost["energy_j"] > first["energy_j"]  # one figure, one row
+    assert calls["memory"] == 1  # NOT_SUPPORTED is not asked again
+    figures = gpu_figures([{"t_ns": t, **row} for t, row in enumerate(rows)])
+    assert figures["gpu_not_supported"] == ["memory"] and figures["gpu_energy_j"] == pytest.approx(0.75)
+    assert figures["gpu_memory_used_max_mib"] is None and figures["gpu_power_max_w"] == 41.0
+
+
+def test_an_nvml_that_answers_nothing_fails_the_sample_in_one_line(tmp_path: Path) -> None:
+    """Every query refused or failing: the row is an error naming them, never an empty row."""
+    import pynvml
+
+    nvml = _fake_nvml(gpus=1)
+
+    def lost(*args: object) -> None:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+
+    for name in (
+        "nvmlDeviceGetClockInfo",
+        "nvmlDeviceGetPowerUsage",
+        "nvmlDeviceGetTemperature",
+        "nvmlDeviceGetMemoryInfo",
+        "nvmlDeviceGetUtilizationRates",
+        "nvmlDeviceGetCurrentClocksEventReasons",
+    ):
+        setattr(nvml, name, lost)
+    nvml.NVMLError = pynvml.NVMLError
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(sys.modules, "pynvml", nvml)
+        sampler = NvmlSampler(tmp_path / GPU_TELEMETRY_FILE, "k0", [0], period_s=0.01)
+        with pytest.raises(SampleFailed, match=r"^NVML: GPU 0 sm_clock_mhz: GPU is lost"):
+            sampler.sample(0)
 
 
 def test_no_gpu_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -120,6 +120,7 @@ SURFACE = Surface(
             "SpecDecodeStats",
             "parse_counters",
             "spec_decode_delta",
+            "step_token_limit",
         ),
         "stats": (
             "SAME_BAND",

@@ -3,16 +3,16 @@ acceptance cross-check. The baseline is the scenario's first variant, normally K
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
 
 from itlaudit.analysis.lossless import spec_decode_mismatches
-from itlaudit.analysis.metrics import p50, ratio, token_counts
+from itlaudit.analysis.metrics import decode_gaps, p50, ratio, token_counts
 from itlaudit.analysis.specdecode import SpecDecodeStats
 from itlaudit.analysis.validity import COMPARABLE, comparison_validity, quality_note, variant_validity
-from itlaudit.model.codes import ACCEPTANCE_LENGTH_MISMATCH, Finding
+from itlaudit.model.codes import ACCEPTANCE_LENGTH_MISMATCH, STREAM_BUNDLED, Finding
 from itlaudit.model.formats import FORMAT_KEY
 from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import RequestRecord, Status
@@ -48,6 +48,8 @@ class VariantComparison(msgspec.Struct, kw_only=True):
     stream_accepted_tokens: int | None = None
     spec_decode: dict[str, Any] | None = None  # SpecDecodeStats.to_json over the variant's window
     prefix_cache: dict[str, float | None] | None = None  # the server's prefix-cache counters over the window
+    # engine steps a decode chunk carries where the server bundles them (stream_bundled); None: one
+    steps_per_chunk: float | None = None
 
 
 class CompareResult(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -194,15 +196,61 @@ def _acceptance_mismatch(
     )
 
 
+BUNDLED_SHARE = 0.10  # of decode chunks over one step's tokens: a rare one is a retransmit, not a habit
+BUNDLED_CHUNKS = 3
+
+
+def _bundled(
+    name: str, records: Sequence[RequestRecord], limit: int | None, stats: SpecDecodeStats | None
+) -> tuple[Finding, float] | None:
+    """Fires when the variant's decode chunks carry more tokens than one engine step can make (K+1)
+    often enough to be the server's way of streaming: it sends several steps a chunk. How many is
+    estimated as the stream's tokens per decode chunk over the server's tokens per step (its
+    acceptance length; 1 without speculation): the finding, and that estimate."""
+    if limit is None:
+        return None
+    increments = [
+        int(k) for record in records if record.status == Status.OK for k in decode_gaps(record)[1] if k > 0
+    ]
+    over = sum(1 for k in increments if k > limit)
+    if over < BUNDLED_CHUNKS or over < BUNDLED_SHARE * len(increments):
+        return None
+    per_chunk = sum(increments) / len(increments)
+    per_step = (stats.acceptance_length if stats is not None else None) or 1.0
+    steps = per_chunk / per_step
+    finding = Finding.of(
+        STREAM_BUNDLED,
+        message=(
+            f"Variant {name!r}: {over} of {len(increments)} decode chunks carried more than {limit} "
+            f"token{'s' if limit > 1 else ''}, the most one engine step makes here "
+            f"({'K=' + str(limit - 1) if limit > 1 else 'no speculative decoding'}, from /metrics): the "
+            f"server sends about {steps:.1f} steps a chunk (--stream-interval or its like). Its chunk ITL "
+            f"is per chunk of ~{steps:.1f} steps, not a step time, and its {per_chunk:.2f} tokens per "
+            "decode chunk is not an acceptance length; the token ITL is unaffected."
+        ),
+        evidence={
+            "variant": name,
+            "step_tokens": limit,
+            "chunks_over": over,
+            "decode_chunks": len(increments),
+            "tokens_per_decode_chunk": per_chunk,
+            "steps_per_chunk": steps,
+        },
+    )
+    return finding, steps
+
+
 def build_comparison(
     summary: dict[str, Any],
     records: Sequence[RequestRecord],
     spec_stats: dict[str, SpecDecodeStats | None],
+    step_tokens: Mapping[str, int | None] | None = None,
 ) -> CompareResult:
     """compare.json: per-variant figures, speedups vs the first variant, cross-check findings
     (stream vs /metrics acceptance; greedy outputs that differ from the baseline's). `not_comparable`
     is analysis.validity's reason when the variant or the baseline breaks the rule (None otherwise):
-    its speedups are figures, not a result, and no reader may print them as one."""
+    its speedups are figures, not a result, and no reader may print them as one. `step_tokens`: the
+    most tokens one engine step makes per variant (specdecode.step_token_limit), for stream_bundled."""
     variants: dict[str, Any] = summary["variants"]
     names = list(variants)
     base = variants[names[0]] if names else {}
@@ -233,8 +281,12 @@ def build_comparison(
             stream_accepted_tokens=stream_accepted,
             spec_decode=stats.to_json() if stats else None,
         )
-        mismatch = _acceptance_mismatch(name, mine, stats)
-        if mismatch is not None:
+        # Bundled steps explain a stream acceptance above the server's: one finding says so, not two.
+        bundled = _bundled(name, mine, (step_tokens or {}).get(name), stats)
+        if bundled is not None:
+            out.findings.append(bundled[0].to_json())
+            out.variants[name].steps_per_chunk = bundled[1]
+        elif (mismatch := _acceptance_mismatch(name, mine, stats)) is not None:
             out.findings.append(mismatch.to_json())
     baseline = [r for r in records if r.variant == out.baseline]
     for name in names[1:]:

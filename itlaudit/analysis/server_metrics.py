@@ -207,7 +207,11 @@ def gpu_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
     clock, util = values("sm_clock_mhz"), values("gpu_util_pct")
     power, temperature, memory = values("power_w"), values("temperature_c"), values("memory_used_mib")
+    refused = {name for g in gpus for name in g.get("not_supported", [])}
     return {
+        **({"gpu_energy_j": energy} if (energy := _window_energy(rows)) is not None else {}),
+        # queries the GPU answers NOT_SUPPORTED (GB10: its framebuffer), so their figures are absent
+        **({"gpu_not_supported": sorted(refused)} if refused else {}),
         "gpu_sm_clock_p50_mhz": statistics.median(clock) if clock else None,
         "gpu_sm_clock_min_mhz": min(clock) if clock else None,
         "gpu_power_max_w": max(power) if power else None,
@@ -216,6 +220,19 @@ def gpu_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "gpu_util_p50_pct": statistics.median(util) if util else None,
         "gpu_throttle": sorted({reason for g in gpus for reason in g.get("throttle", [])}),
     }
+
+
+def _window_energy(rows: list[dict[str, Any]]) -> float | None:
+    """Joules the watched GPUs drew over the rows: each GPU's energy counter (NVML's total since the
+    driver loaded) last minus first, summed; None where a GPU's counter is not read twice."""
+    readings: dict[str, list[float]] = {}
+    for row in rows:
+        if "t_ns" in row and "error" not in row:
+            for gpu, figures in row.get("gpus", {}).items():
+                if isinstance(figures.get("energy_j"), int | float):
+                    readings.setdefault(gpu, []).append(float(figures["energy_j"]))
+    spans = [r[-1] - r[0] for r in readings.values() if len(r) >= 2]
+    return sum(spans) if spans else None
 
 
 def variant_server_figures(
@@ -270,6 +287,7 @@ SIGNALS: tuple[Signal, ...] = (
     Signal("gpu_power_max_w", "GPU power max", "{:.0f} W", 1),
     Signal("gpu_temperature_max_c", "GPU temperature max", "{:.0f} °C", 1),
     Signal("gpu_util_p50_pct", "GPU utilisation p50", "{:.0f} %", 1),
+    Signal("gpu_energy_j", "GPU energy over the window", "{:.1f} J", 0.1),
 )
 SIGNAL_CHANGE = 0.10  # a signal moved when it changed by more than this fraction (or from/to zero)
 

@@ -26,6 +26,7 @@ __all__ = [
     "SpecDecodeStats",
     "parse_counters",
     "spec_decode_delta",
+    "step_token_limit",
 ]
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
@@ -99,6 +100,17 @@ class SpecDecodeStats:
             "acceptance_length": self.acceptance_length,
             "per_position_acceptance": list(self.per_position_acceptance),
         }
+
+
+def step_token_limit(before: CounterSnapshot, after: CounterSnapshot) -> int | None:
+    """The most tokens one engine step makes for a request over the window: K+1 with K the drafts'
+    tokens per drafting step, 1 for a vLLM server that counts generated tokens and drafts none (no
+    speculative decoding), None where /metrics cannot say (not vLLM, no generation in the window)."""
+    stats = spec_decode_delta(before, after)
+    if stats is not None and stats.num_drafts > 0:
+        return 1 + round(stats.num_draft_tokens / stats.num_drafts)
+    generated = after.totals.get(GENERATION_TOKENS, 0.0) - before.totals.get(GENERATION_TOKENS, 0.0)
+    return 1 if stats is None and generated > 0 else None
 
 
 def spec_decode_delta(before: CounterSnapshot, after: CounterSnapshot) -> SpecDecodeStats | None:

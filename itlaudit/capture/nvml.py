@@ -5,13 +5,19 @@ each watched GPU, a row a period in gpu_telemetry.jsonl on the capture's clock.
 Only where the GPU can be read: the server itlaudit launched on this host (its CUDA_VISIBLE_DEVICES,
 else every GPU here), or GPUs the user names (--gpu). Without NVML, a driver or a GPU, `open_gpus`
 says why in one line and nothing else happens.
+
+Each query is read on its own: a GPU that does not report one (NVML's NOT_SUPPORTED: DGX Spark's GB10
+has no framebuffer queries, its memory being unified) loses that figure, not the sample, and the
+figure is named in the row's `not_supported` and never asked again; another NVML error drops the
+figure from that one row. A row fails only when no figure of any GPU could be read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from itlaudit.analysis.server_metrics import GPU_TELEMETRY_FILE
 from itlaudit.capture.metrics_sampler import DEFAULT_PERIOD_S, PeriodicSampler, SampleFailed, SamplerRecord
@@ -86,6 +92,10 @@ class NvmlSampler(PeriodicSampler):
         # nvidia-ml-py 12.535 renamed throttle reasons to clock-event reasons; older ones have the first.
         renamed = getattr(self.nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
         self.reasons = renamed or self.nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        self.queries = self._queries()
+        # Per GPU, the queries NVML answered NOT_SUPPORTED: skipped from then on (the GPU will not
+        # start reporting them mid-run).
+        self.not_supported: dict[str, list[str]] = {}
 
     def describe(self) -> JSONObject:
         names = [self.nvml.nvmlDeviceGetName(h) for h in self.handles]
@@ -96,27 +106,59 @@ class NvmlSampler(PeriodicSampler):
             }
         }
 
+    def _queries(self) -> dict[str, Callable[[Any], JSONObject]]:
+        """Each NVML query by the figures it gives, one call each."""
+        nvml = self.nvml
+
+        def memory(handle: Any) -> JSONObject:
+            info = nvml.nvmlDeviceGetMemoryInfo(handle)
+            return {"memory_used_mib": info.used / 2**20, "memory_total_mib": info.total / 2**20}
+
+        def utilisation(handle: Any) -> JSONObject:
+            rates = nvml.nvmlDeviceGetUtilizationRates(handle)
+            return {"gpu_util_pct": rates.gpu, "mem_util_pct": rates.memory}
+
+        queries: dict[str, Callable[[Any], JSONObject]] = {
+            "sm_clock_mhz": lambda h: {"sm_clock_mhz": nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM)},
+            "mem_clock_mhz": lambda h: {"mem_clock_mhz": nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_MEM)},
+            "power_w": lambda h: {"power_w": nvml.nvmlDeviceGetPowerUsage(h) / 1000.0},
+            # mJ since the driver loaded (Volta and later): a window's energy is the difference
+            "temperature_c": lambda h: {
+                "temperature_c": nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU)
+            },
+            "memory": memory,
+            "utilisation": utilisation,
+            "throttle": lambda h: {"throttle": list[JSONValue](throttle_names(int(self.reasons(h))))},
+        }
+        energy = getattr(nvml, "nvmlDeviceGetTotalEnergyConsumption", None)  # nvidia-ml-py 11+
+        if energy is not None:
+            # mJ since the driver loaded (Volta and later): a window's energy is the difference
+            queries["energy_j"] = lambda h: {"energy_j": energy(h) / 1000.0}
+        return queries
+
     def sample(self, t_ns: int) -> JSONObject:
         nvml = self.nvml
+        not_supported = getattr(nvml, "NVMLError_NotSupported", ())
         gpus: JSONObject = {}
-        try:
-            for index, handle in zip(self.indices, self.handles, strict=True):
-                memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-                utilisation = nvml.nvmlDeviceGetUtilizationRates(handle)
-                reasons = int(self.reasons(handle))
-                gpus[str(index)] = {
-                    "sm_clock_mhz": nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM),
-                    "mem_clock_mhz": nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_MEM),
-                    "power_w": nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,
-                    "temperature_c": nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU),
-                    "memory_used_mib": memory.used / 2**20,
-                    "memory_total_mib": memory.total / 2**20,
-                    "gpu_util_pct": utilisation.gpu,
-                    "mem_util_pct": utilisation.memory,
-                    "throttle": list[JSONValue](throttle_names(reasons)),
-                }
-        except nvml.NVMLError as exc:
-            raise SampleFailed(f"NVML: {exc}") from None
+        errors: list[str] = []
+        for index, handle in zip(self.indices, self.handles, strict=True):
+            figures: JSONObject = {}
+            refused = self.not_supported.setdefault(str(index), [])
+            for name, query in self.queries.items():
+                if name in refused:
+                    continue
+                try:
+                    figures.update(query(handle))
+                except not_supported:
+                    refused.append(name)
+                except nvml.NVMLError as exc:
+                    errors.append(f"GPU {index} {name}: {exc}")
+            if refused:
+                figures["not_supported"] = list[JSONValue](refused)
+            if len(figures) > bool(refused):
+                gpus[str(index)] = figures
+        if not gpus:
+            raise SampleFailed(f"NVML: {'; '.join(errors) or 'no figure is supported on the watched GPUs'}")
         return {"gpus": gpus}
 
     def stop(self) -> SamplerRecord:

@@ -41,6 +41,7 @@ SURFACE = Surface(
             "SPEC_DECODE_OUTPUT_MISMATCH",
             "STOP_REASON_UNEXPECTED",
             "STOP_TOKEN_IDS_IGNORED",
+            "STREAM_BUNDLED",
             "STREAM_ERROR",
             "STREAM_STALLED",
             "TRUNCATED_BELOW_MAX_TOKENS",

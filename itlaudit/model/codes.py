@@ -38,6 +38,7 @@ __all__ = [
     "SPEC_DECODE_OUTPUT_MISMATCH",
     "STOP_REASON_UNEXPECTED",
     "STOP_TOKEN_IDS_IGNORED",
+    "STREAM_BUNDLED",
     "STREAM_ERROR",
     "STREAM_STALLED",
     "TRUNCATED_BELOW_MAX_TOKENS",
@@ -248,6 +249,13 @@ ACCEPTANCE_LENGTH_MISMATCH = _register(
     Scope.COMPARISON,
     "stream and /metrics acceptance length more than 10% apart, and their accepted tokens disagree "
     "too or /metrics counts more drafting steps than the stream has decode steps",
+)
+STREAM_BUNDLED = _register(
+    "stream_bundled",
+    _WARNING,
+    Scope.COMPARISON,
+    "decode chunks carried more tokens than one engine step makes (K+1, K from the /metrics window): the "
+    "server bundles steps into a chunk (--stream-interval), so chunk ITL is per chunk of several steps",
 )
 SPEC_DECODE_OUTPUT_MISMATCH = _register(
     "spec_decode_output_mismatch",

@@ -214,6 +214,11 @@ def server_rows(summary: RunSummary) -> list[list[str]]:
     if any(notes):
         # A "–" above is a figure not measured, never a zero: say why.
         rows.append(["why a gauge is –", *(str(n) if n else "" for n in notes)])
+    refused = [server.get(n, {}).get("gpu_not_supported") for n in names]
+    if any(refused):
+        rows.append(
+            ["GPU figures not reported (NOT_SUPPORTED)", *(", ".join(r or []) or "–" for r in refused)]
+        )
     throttle = [server.get(n, {}).get("gpu_throttle") for n in names]
     if any(t is not None for t in throttle):
         rows.append(

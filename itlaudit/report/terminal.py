@@ -49,9 +49,11 @@ def _statistics(label: str, percentiles: tuple[float, ...], *figures: float | Fi
     return [_row(f"{word} {label} (ms):", *(s.get(key) for s in sets)) for word, key in rows]
 
 
-def _metric_rows(block: BlockSettings, bench: Mapping[str, Any]) -> list[str]:
+def _metric_rows(block: BlockSettings, bench: Mapping[str, Any], steps_per_chunk: float | None) -> list[str]:
     """The sections of the metrics --percentile-metrics chose, in vllm bench's order; ITL with the
-    per-token column beside vllm bench's per-chunk one."""
+    per-token column beside vllm bench's per-chunk one, which says how many engine steps a chunk
+    carries where the server bundles them (stream_bundled): then it is no step time."""
+    per_chunk = "per chunk" if steps_per_chunk is None else f"per chunk of ~{steps_per_chunk:.1f} steps"
     sections = {
         "ttft": [
             _section("Time to First Token"),
@@ -63,7 +65,7 @@ def _metric_rows(block: BlockSettings, bench: Mapping[str, Any]) -> list[str]:
         ],
         "itl": [
             _section("Inter-token Latency"),
-            _row("", "per chunk", "per token"),
+            _row("", per_chunk, "per token"),
             *_statistics("ITL", block.percentiles, bench.get("chunk_itl_ms"), bench.get("token_itl_ms")),
             _row("Tokens per decode chunk:", bench.get("tokens_per_decode_chunk")),
         ],
@@ -156,7 +158,7 @@ def result_block(
         _row("Peak output token throughput (tok/s):", bench.get("max_output_tokens_per_s")),
         _row("Peak concurrent requests:", bench.get("max_concurrent_requests")),
         _row("Total token throughput (tok/s):", bench.get("total_token_throughput")),
-        *_metric_rows(block_settings, bench),
+        *_metric_rows(block_settings, bench, comparison.steps_per_chunk if comparison else None),
         *_spec_decode_rows(comparison),
     ]
     lines += [(line, None) for line in plain]

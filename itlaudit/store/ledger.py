@@ -449,7 +449,9 @@ def run_fingerprints(
             scenario_path = meta.get("scenario_path")
             if not isinstance(scenario_path, str) or not scenario_path:
                 raise RecordsError(f"{path}: no scenario_path, so the run cannot be fingerprinted")
-            scenario = load_scenario(Path(scenario_path))
+            # read for its workload: the servers ran already, whoever started them (a bisect or
+            # track nightly trial's provider, whose launch tables name no kind)
+            scenario = load_scenario(Path(scenario_path), provided=True)
         mine = [r for r in records if r.variant == name]
         server = _server_from_records(mine, info)
         url = info.get("url")

@@ -18,7 +18,7 @@ from itlaudit.analysis.comparison import CompareResult, build_comparison
 from itlaudit.analysis.distribution import distribution_shift, sampled, speculates
 from itlaudit.analysis.findings import Finding
 from itlaudit.analysis.lossless import prompt_index, with_execution_modes, without_logprobs
-from itlaudit.analysis.specdecode import CounterSnapshot, spec_decode_delta
+from itlaudit.analysis.specdecode import CounterSnapshot, spec_decode_delta, step_token_limit
 from itlaudit.analysis.workloads import prefix_cache_delta
 from itlaudit.capture.planning import sent_prompt
 from itlaudit.capture.request_plan import Prompt
@@ -250,14 +250,15 @@ def _compare(
     distribution: bool | None,
 ) -> CompareResult:
     """compare.json from a finished run and its /metrics windows."""
-    spec_stats, prefix_cache = {}, {}
+    spec_stats, prefix_cache, step_tokens = {}, {}, {}
     for variant in scenario.variants:
         pre, post = snapshots.get(f"{variant.name}/before", {}), snapshots.get(f"{variant.name}/after", {})
         usable = "error" not in pre and "error" not in post
         counters = (CounterSnapshot.from_json(pre), CounterSnapshot.from_json(post))
         spec_stats[variant.name] = spec_decode_delta(*counters) if usable else None
+        step_tokens[variant.name] = step_token_limit(*counters) if usable else None
         prefix_cache[variant.name] = prefix_cache_delta(*counters) if usable else None
-    comparison = build_comparison(outcome.summary, outcome.records, spec_stats)
+    comparison = build_comparison(outcome.summary, outcome.records, spec_stats, step_tokens)
     for name, row in comparison.variants.items():
         row.prefix_cache = prefix_cache.get(name)
     # Servers given by URL are still up; launched ones were stopped after their variant.
