@@ -16,10 +16,12 @@ from reportkit import block
 from simkit import sim_server
 
 from itlaudit.analysis.server_metrics import GPU_TELEMETRY_FILE, gpu_figures
+from itlaudit.analysis.summary import RunSummary
 from itlaudit.capture.metrics_sampler import SampleFailed
 from itlaudit.capture.nvml import NvmlSampler, open_gpus, throttle_names
 from itlaudit.capture.telemetry import Telemetry
 from itlaudit.errors import ScenarioError
+from itlaudit.report.markdown import server_rows
 from itlaudit.serve.sim import SimConfig
 from itlaudit.store.server_metrics import read_server_metrics
 
@@ -138,6 +140,14 @@ def test_a_gb10_like_nvml_loses_the_memory_figures_not_the_sample(tmp_path: Path
     figures = gpu_figures([{"t_ns": t, **row} for t, row in enumerate(rows)])
     assert figures["gpu_not_supported"] == ["memory"] and figures["gpu_energy_j"] == pytest.approx(0.75)
     assert figures["gpu_memory_used_max_mib"] is None and figures["gpu_power_max_w"] == 41.0
+    # The report's server table: the figures the GPU does not report, and energy per output token.
+    summary = RunSummary(
+        variants={"k0": block(benchmark={"total_output_tokens": 3})}, run_findings=[], server={"k0": figures}
+    )
+    table = {row[0]: row[1] for row in server_rows(summary)}
+    assert table["GPU figures not reported (NOT_SUPPORTED)"] == "memory"
+    assert table["GPU energy per output token"] == "0.250 J (4.0 tok/J)"
+    assert table["GPU energy over the window"] == "0.8 J" and "GPU SM clock p50" in table
 
 
 def test_an_nvml_that_answers_nothing_fails_the_sample_in_one_line(tmp_path: Path) -> None:

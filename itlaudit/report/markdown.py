@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from itlaudit.analysis.importers import ImportedBenchmark
 from itlaudit.analysis.metrics import p50, ratio
@@ -214,6 +215,14 @@ def server_rows(summary: RunSummary) -> list[list[str]]:
     if any(notes):
         # A "–" above is a figure not measured, never a zero: say why.
         rows.append(["why a gauge is –", *(str(n) if n else "" for n in notes)])
+    per_token = [_joules_per_token(server.get(n, {}), summary.variants[n].benchmark) for n in names]
+    if any(j is not None for j in per_token):
+        rows.append(
+            [
+                "GPU energy per output token",
+                *("–" if j is None else f"{j:.3f} J ({1 / j:.1f} tok/J)" for j in per_token),
+            ]
+        )
     refused = [server.get(n, {}).get("gpu_not_supported") for n in names]
     if any(refused):
         rows.append(
@@ -225,6 +234,13 @@ def server_rows(summary: RunSummary) -> list[list[str]]:
             ["GPU throttle reasons", *("–" if t is None else ", ".join(t) or "none" for t in throttle)]
         )
     return rows
+
+
+def _joules_per_token(server: Mapping[str, Any], bench: Mapping[str, Any]) -> float | None:
+    """The watched GPUs' energy over the window per output token the variant's requests got: the
+    server's whole draw (other traffic included) over this client's tokens."""
+    energy, tokens = server.get("gpu_energy_j"), bench.get("total_output_tokens")
+    return energy / tokens if isinstance(energy, int | float) and energy > 0 and tokens else None
 
 
 def server_section(summary: RunSummary) -> list[str]:
