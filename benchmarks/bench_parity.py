@@ -21,6 +21,7 @@ one round through `run_round`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -28,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -118,40 +119,35 @@ class _Client:
     log: Path
 
 
+@contextlib.contextmanager
+def _started(client: _Client) -> Iterator[subprocess.Popen[str]]:
+    """The client's process, its output to its log; killed on the way out if it is still running (the
+    other client failed, or this was interrupted), so none waits on a gate forever."""
+    with (
+        client.log.open("w", encoding="utf-8") as log,
+        subprocess.Popen(
+            client.command, cwd=client.cwd, env=dict(client.env or os.environ), stdout=log,
+            stderr=subprocess.STDOUT, text=True,
+        ) as process,
+    ):  # fmt: skip
+        try:
+            yield process
+        finally:
+            if process.poll() is None:
+                process.kill()
+
+
 def _run_at_once(bench: _Client, ours: _Client, gate: Path, run_dir: Path) -> None:
     """vllm bench (started by vllm_bench_client.py --start-when `gate`) and itlaudit (writing `run_dir`)
     sending at the same moment: vllm bench is held after its imports and dataset until itlaudit's capture
-    workers are about to send. Raises with the tail of a client's output when it fails; a client still
-    running when the other fails, or when this is interrupted, is killed, so none waits on a gate forever."""
-    with (
-        bench.log.open("w", encoding="utf-8") as bench_out,
-        subprocess.Popen(
-            bench.command, cwd=bench.cwd, env=dict(bench.env or os.environ), stdout=bench_out,
-            stderr=subprocess.STDOUT, text=True,
-        ) as bench_process,
-    ):  # fmt: skip
-        try:
-            _wait_for(
-                gate.with_name(gate.name + ".ready").exists, bench_process, "vllm bench serve", bench.log
-            )
-            with (
-                ours.log.open("w", encoding="utf-8") as ours_out,
-                subprocess.Popen(
-                    ours.command, cwd=ours.cwd, env=dict(ours.env or os.environ), stdout=ours_out,
-                    stderr=subprocess.STDOUT, text=True,
-                ) as ours_process,
-            ):  # fmt: skip
-                try:
-                    _wait_for(lambda: _capturing(run_dir), ours_process, "itlaudit run", ours.log)
-                    gate.touch()
-                    ours_process.wait(timeout=_RUN_TIMEOUT_S)
-                finally:
-                    if ours_process.poll() is None:
-                        ours_process.kill()
-            bench_process.wait(timeout=_RUN_TIMEOUT_S)
-        finally:
-            if bench_process.poll() is None:
-                bench_process.kill()
+    workers are about to send. Raises with the tail of a client's output when it fails."""
+    with _started(bench) as bench_process:
+        _wait_for(gate.with_name(gate.name + ".ready").exists, bench_process, "vllm bench serve", bench.log)
+        with _started(ours) as ours_process:
+            _wait_for(lambda: _capturing(run_dir), ours_process, "itlaudit run", ours.log)
+            gate.touch()
+            ours_process.wait(timeout=_RUN_TIMEOUT_S)
+        bench_process.wait(timeout=_RUN_TIMEOUT_S)
     if ours_process.returncode != 0:
         raise RuntimeError(f"itlaudit run exited with {ours_process.returncode}: {_tail(ours.log)}")
     if bench_process.returncode != 0:
