@@ -14,7 +14,7 @@ round's ratio, vllm bench over itlaudit, and how many rounds fall within 5 %.
 Prints a Markdown table; `--json FILE` keeps the rounds. The tests (`tests/test_workloads_vllm.py`) run
 one round through `run_round`.
 
-`run_pasted` runs one pasted vllm bench serve line twice at the same moment, as vllm bench and as
+`run_pasted` runs one pasted vllm bench serve line twice, one after the other, as vllm bench and as
 `itlaudit run` with the same arguments, each in its own folder (tests/test_bench_lines_vllm.py, issue 36).
 """
 
@@ -154,8 +154,17 @@ def _run_at_once(bench: _Client, ours: _Client, gate: Path, run_dir: Path) -> No
         raise RuntimeError(f"vllm bench serve exited with {bench_process.returncode}: {_tail(bench.log)}")
 
 
-def _bench_command(vllm_python: Path, gate: Path, bench_args: Sequence[str]) -> list[str]:
-    return [str(vllm_python), str(HERE / "vllm_bench_client.py"), "--start-when", str(gate), *bench_args]
+def _run_alone(client: _Client, what: str) -> None:
+    """One client to its end, the server to itself; raises with the tail of its output when it fails."""
+    with _started(client) as process:
+        process.wait(timeout=_RUN_TIMEOUT_S)
+    if process.returncode != 0:
+        raise RuntimeError(f"{what} exited with {process.returncode}: {_tail(client.log)}")
+
+
+def _bench_command(vllm_python: Path, gate: Path | None, bench_args: Sequence[str]) -> list[str]:
+    held = ["--start-when", str(gate)] if gate is not None else []
+    return [str(vllm_python), str(HERE / "vllm_bench_client.py"), *held, *bench_args]
 
 
 def run_round(
@@ -235,26 +244,30 @@ def run_pasted(
     bench_env: Mapping[str, str] | None = None,
     itlaudit_env: Mapping[str, str] | None = None,
 ) -> Pasted:
-    """`vllm bench serve BENCH_ARGS` and `itlaudit run BENCH_ARGS` at the same moment (as run_round),
-    each in its own folder under `workdir` (vllm/, itlaudit/) so that the line's own --result-dir and
-    --result-filename serve both without a clash. itlaudit gets the line unchanged, then `--out`
-    (its run folder, workdir/run) and `itlaudit_args`: its own options, none of vllm bench's."""
+    """`vllm bench serve BENCH_ARGS`, then `itlaudit run BENCH_ARGS`, one after the other, each with
+    the server to itself: sent at once (as run_round does, for one workload's means), a burst line's
+    requests queue behind the other client's, so one side's TTFT is the other's run (seen: vllm
+    bench's median TTFT 1220 ms against itlaudit's 45 ms for --request-rate inf, concurrency 12 each).
+    Each client writes in its own folder under `workdir` (vllm/, itlaudit/) so that the line's own
+    --result-dir and --result-filename serve both without a clash. itlaudit gets the line unchanged,
+    then `--out` (its run folder, workdir/run) and `itlaudit_args`: its own options, none of vllm
+    bench's."""
     vllm_dir, itlaudit_dir, run_dir = workdir / "vllm", workdir / "itlaudit", workdir / "run"
     for folder in (vllm_dir, itlaudit_dir):
         folder.mkdir(parents=True, exist_ok=True)
-    gate = workdir / "go"
     ours_command = [
         sys.executable, "-m", "itlaudit", "run", *bench_args, "--out", str(run_dir), *itlaudit_args,
     ]  # fmt: skip
-    # vllm bench sends a ready check (the first prompt, at its full output length) after the gate and
-    # waits for it before its run starts: seconds on a loaded CPU server, while itlaudit is already
-    # sending. Skipped here (its own option, the last given wins), so both start at the same moment.
-    held_args = [*bench_args, "--ready-check-timeout-sec", "0"]
+    # vllm bench's ready check (the first prompt at its full output length, before its run) is a
+    # request itlaudit does not send: skipped (its own option, the last given wins), as the server
+    # is known to be up.
+    quick_args = [*bench_args, "--ready-check-timeout-sec", "0"]
     bench = _Client(
-        _bench_command(vllm_python, gate, held_args), vllm_dir, bench_env, workdir / "vllm-bench.log"
+        _bench_command(vllm_python, None, quick_args), vllm_dir, bench_env, workdir / "vllm-bench.log"
     )
     ours = _Client(ours_command, itlaudit_dir, itlaudit_env, workdir / "itlaudit.log")
-    _run_at_once(bench, ours, gate, run_dir)
+    _run_alone(bench, "vllm bench serve")
+    _run_alone(ours, "itlaudit run")
     return Pasted(
         vllm_dir=vllm_dir,
         itlaudit_dir=itlaudit_dir,
