@@ -93,6 +93,23 @@ def test_itlaudit_own_spellings_pass_through_beside_vllm_benchs() -> None:
     assert bench_argv(["--model", "org/m", "--served-model-name", "m"]).argv == ["--model", "m"]
 
 
+def test_a_local_tokenizer_is_passed_and_a_hub_name_noted(tmp_path: Path) -> None:
+    """vllm bench's --tokenizer: a local folder is itlaudit's --tokenizer; a hub name (what CI lines
+    give) is accepted with its note, since itlaudit downloads nothing; a scenario's tokenizer that has
+    no tokenizer.json is one line naming the key."""
+    from itlaudit.cli.bench_flags import bench_argv
+
+    assert bench_argv(["--tokenizer", str(tmp_path)]).argv == ["--tokenizer", str(tmp_path)]
+    line = bench_argv(["--tokenizer", "meta-llama/Llama-3.1-8B-Instruct"])
+    assert line.argv == [] and line.notes[0].startswith(
+        "--tokenizer meta-llama/Llama-3.1-8B-Instruct: accepted"
+    )
+    done = itlaudit("run", "--url", "http://127.0.0.1:9", "--tokenizer", str(tmp_path))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "tokenizer" in done.stderr and "no tokenizer.json there" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
 def test_sampling_options_become_the_body_keys_vllm_bench_sends() -> None:
     """--top-p, --top-k, … and --extra-body / --chat-template-kwargs merge into one itlaudit
     --extra-body, which the scenario parser bounds as it bounds a file's [workload.extra_body]."""

@@ -20,6 +20,7 @@ from itlaudit.analysis.metrics import (
     speedup,
     summarize,
     token_counts,
+    tokens_at_chunk_ends,
     tokens_per_chunk_hist,
     variant_summary,
 )
@@ -142,6 +143,22 @@ def test_usage_missing_without_ids_counts_chunks() -> None:
     assert m.itl_inflation == pytest.approx(1.0)
     assert m.completion_tokens == 9  # the server's final total is still the completion length
     assert m.tokens_per_chunk == pytest.approx(1.0)
+
+
+def test_a_local_tokenizers_counts_stand_in_for_usage_and_ids() -> None:
+    """--tokenizer: the tokens that end inside each chunk's text, scaled to the server's final total;
+    a chunk that only began a token is no content chunk until one ends in it. (Real: the bundled vLLM
+    stream of tests/test_stream_bundled_vllm.py.)"""
+    # "ab" "c" "de": tokens "abc" (ends at 3) and "de" (5); the first chunk completes none
+    assert tokens_at_chunk_ends([2, 1, 2], [3, 5]) == [0, 1, 2]
+    assert tokens_at_chunk_ends([2, 1, 2], [3, 5], total=4) == [0, 2, 4]  # the server said 4 tokens
+    rec = record(*[(t, None, n) for t, _, n in K3_ROWS], (91, 9, 0, False), completion_tokens=9)
+    rec.chunks.tokenized = [1, 5, 9, 9]
+    t, cumulative, source = token_counts(rec)
+    assert source == "tokenizer" and cumulative.tolist() == [1, 5, 9] and t.tolist() == [10, 50, 90]
+    assert request_metrics(rec).itl_ms == pytest.approx(10.0)  # not the chunk count's 40
+    rec.chunks.tokenized = [0, 4, 9, 9]  # the first chunk completed no token: TTFT is the second's
+    assert token_counts(rec)[0].tolist() == [50, 90]
 
 
 def test_partial_usage_on_content_chunks_is_not_trusted() -> None:

@@ -4,7 +4,11 @@ chunk would take for an acceptance length. `compare` names it (stream_bundled, w
 chunk); the quiet case, a default K0 and K3 on the same engine, is tests/test_vllm_integration.py's
 compare (its compare.json findings are empty).
 
-CI cost: ~40 s (the server's start, ~30 s on 2 cores; 2 requests of 64 tokens, ~5 s)."""
+The same server, told to send no usage or token ids per chunk, is the case for --tokenizer (vllm bench's):
+a chunk count reads its 4-token chunks as one token each; the model's tokenizer.json restores them.
+
+CI cost: ~55 s (the server's start, ~30 s on 2 cores; a compare and three runs of 2 requests of 64
+tokens, ~20 s)."""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from vllm_server import vllm_server
+from vllm_server import tiny_model, vllm_server
 
 pytestmark = pytest.mark.vllm
 
@@ -42,3 +46,44 @@ def test_a_k0_server_streaming_four_steps_a_chunk_is_named(bundled_url: str, tmp
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["variants"]["server"]["findings"]["stream_bundled"] == 1
     assert "stream_bundled" in done.stdout and "per chunk of ~" in done.stdout
+
+
+# A stream that counts its tokens nowhere: vLLM sends usage on the last chunk only and no token ids.
+UNCOUNTED = json.dumps({"stream_options": {"include_usage": True}, "return_token_ids": False})
+
+
+def _run(url: str, out: Path, *extra: str) -> list[dict[str, object]]:
+    """`itlaudit run` of 2 requests of 64 tokens (--ignore-eos); derived.jsonl's lines."""
+    argv = [
+        sys.executable, "-m", "itlaudit", "run", "--url", url, "--model", "tiny", "--dataset-name", "random",
+        "--random-input-len", "16", "--random-output-len", "64", "--ignore-eos", "--num-prompts", "2",
+        "--max-concurrency", "1", "--out", str(out), "--no-plots", *extra,
+    ]  # fmt: skip
+    done = subprocess.run(argv, cwd=out.parent, capture_output=True, text=True, timeout=600)
+    assert (out / "derived.jsonl").exists(), done.stdout[-3000:] + done.stderr[-3000:]
+    return [json.loads(line) for line in (out / "derived.jsonl").read_text().splitlines()]
+
+
+def test_a_stream_without_counts_is_counted_by_the_local_tokenizer(bundled_url: str, tmp_path: Path) -> None:
+    """vllm bench's --tokenizer, for a server that sends no usage or ids per chunk: counted by chunks,
+    ~4 tokens a chunk read as one (token ITL = chunk ITL, usage_missing an error); with the model's own
+    tokenizer, the tokens each chunk's text completed, scaled to the server's final total (the tiny random
+    model's 64 tokens re-encode to 87-106); with usage sent, the tokenizer is not read. CI cost: ~15 s
+    (three runs of 2 requests, on the module's server)."""
+    tokenizer = str(tiny_model())
+    for line in _run(bundled_url, tmp_path / "chunks", "--extra-body", UNCOUNTED):
+        assert (line["token_source"], line["decode_tokens_per_chunk"]) == ("chunks", 1.0), line
+        assert line["itl_ms"] == line["chunk_itl_ms"]
+        assert ("usage_missing", "error") in [(f["code"], f["severity"]) for f in line["finding_details"]]
+    with_usage = _run(bundled_url, tmp_path / "usage", "--tokenizer", tokenizer)
+    local = _run(bundled_url, tmp_path / "local", "--extra-body", UNCOUNTED, "--tokenizer", tokenizer)
+    for line, counted in zip(local, with_usage, strict=True):
+        assert line["token_source"] == "tokenizer" and counted["token_source"] == "usage"
+        assert "usage_missing" not in counted["findings"]
+        # the bundles of ~4 tokens come back: within a token a chunk of the server's own counts
+        assert abs(line["decode_tokens_per_chunk"] - counted["decode_tokens_per_chunk"]) < 1.0, (
+            line,
+            counted,
+        )
+        (missing,) = [f for f in line["finding_details"] if f["code"] == "usage_missing"]
+        assert missing["severity"] == "warning" and "64 tokens" in missing["message"]

@@ -73,6 +73,8 @@ SURFACE = Surface(
         ),
         "metrics": (
             "SUMMARY_METRICS",
+            "TOKEN_SOURCE_CHUNKS",
+            "tokens_at_chunk_ends",
             "decode_gaps",
             "content_chunk_mask",
             "p50",

@@ -24,6 +24,7 @@ __all__ = [
     "PERCENTILES",
     "SUMMARY_METRICS",
     "TOKEN_SOURCE_CHUNKS",
+    "TOKEN_SOURCE_TOKENIZER",
     "TOKEN_SOURCE_TOKEN_IDS",
     "TOKEN_SOURCE_USAGE",
     "RequestMetrics",
@@ -38,12 +39,17 @@ __all__ = [
     "speedup",
     "summarize",
     "token_counts",
+    "tokens_at_chunk_ends",
     "tokens_per_chunk_hist",
     "variant_summary",
 ]
 
 TOKEN_SOURCE_USAGE = "usage"
 TOKEN_SOURCE_TOKEN_IDS = "token_ids"
+# A local tokenizer over the streamed text (--tokenizer): the tokens each chunk completed, re-counted.
+# Exact where the model's output re-tokenizes to itself (a trained model's text mostly does); a guess
+# where it does not, so the final count is shown beside the server's usage total.
+TOKEN_SOURCE_TOKENIZER = "tokenizer"
 TOKEN_SOURCE_CHUNKS = "chunks"
 
 SUMMARY_METRICS = (
@@ -86,8 +92,31 @@ def content_chunk_mask(chunks: ChunkSeries) -> tuple[np.ndarray, np.ndarray, str
     if (has_choice & (n_ids >= 0)).any():
         mask = has_choice & (n_ids > 0)
         return mask, np.cumsum(n_ids[mask]), TOKEN_SOURCE_TOKEN_IDS
+    if chunks.tokenized is not None:
+        tokenized = np.asarray(chunks.tokenized, dtype=np.int64)
+        # as under usage: a chunk that completed a token; one that only began one (a split word) waits
+        highest_before = np.maximum.accumulate(np.concatenate(([0], tokenized)))[:-1]
+        mask = has_choice & (tokenized > highest_before)
+        return mask, tokenized[mask], TOKEN_SOURCE_TOKENIZER
     mask = has_choice & (text_len > 0)
     return mask, np.arange(1, int(mask.sum()) + 1, dtype=np.int64), TOKEN_SOURCE_CHUNKS
+
+
+def tokens_at_chunk_ends(
+    text_lens: Sequence[int], token_ends: Sequence[int], total: int | None = None
+) -> list[int]:
+    """For each chunk, how many tokens end at or before the chunk's last character: `text_lens` the
+    chunks' lengths in characters, `token_ends` each token's end offset in the whole text (a local
+    tokenizer's). With the server's `total` (its final usage), the counts are scaled to it: the
+    re-encoded text spreads the tokens over the chunks, the server says how many there were (a
+    model's output need not re-encode to the tokens it generated: the tiny random model's 64 tokens
+    re-encode to 87-106)."""
+    chunk_ends = np.cumsum(np.asarray(text_lens, dtype=np.int64))
+    ends = np.sort(np.asarray(token_ends, dtype=np.int64))
+    counts = np.searchsorted(ends, chunk_ends, side="right")
+    if total is not None and ends.size:
+        counts = np.rint(counts * (total / ends.size)).astype(np.int64)
+    return [int(c) for c in counts]
 
 
 def token_counts(record: RequestRecord) -> tuple[np.ndarray, np.ndarray, str]:

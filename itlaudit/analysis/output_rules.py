@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from itlaudit.analysis.metrics import TOKEN_SOURCE_CHUNKS, RequestMetrics
+from itlaudit.analysis.metrics import TOKEN_SOURCE_CHUNKS, TOKEN_SOURCE_TOKENIZER, RequestMetrics
 from itlaudit.analysis.quality import GibberishThresholds, gibberish_reasons, text_quality
 from itlaudit.analysis.stream_rules import tokens_text
 from itlaudit.model.codes import (
@@ -39,10 +39,12 @@ __all__ = [
 
 def exact_tokens(record: RequestRecord, metrics: RequestMetrics) -> int | None:
     """The completion length when it is really known: a chunk count undercounts MTP output and would
-    turn every speculative run into a false truncation."""
+    turn every speculative run into a false truncation, and a local tokenizer's re-count is near, not
+    exact."""
     if record.completion_tokens is not None:
         return record.completion_tokens
-    return metrics.completion_tokens if metrics.token_source != TOKEN_SOURCE_CHUNKS else None
+    estimated = (TOKEN_SOURCE_CHUNKS, TOKEN_SOURCE_TOKENIZER)
+    return metrics.completion_tokens if metrics.token_source not in estimated else None
 
 
 def cut_short(record: RequestRecord, tokens: int | None) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from itlaudit.analysis.metrics import TOKEN_SOURCE_CHUNKS, token_counts
+from itlaudit.analysis.metrics import TOKEN_SOURCE_CHUNKS, TOKEN_SOURCE_TOKENIZER, token_counts
 from itlaudit.model.codes import SPEC_DECODE_METRICS_DISAGREE, Finding
 from itlaudit.model.records import RequestRecord, Status
 
@@ -59,8 +59,8 @@ def server_acceptance_finding(record: RequestRecord) -> Finding | None:
     if counts is None or record.status != Status.OK:
         return None
     _, cumulative, source = token_counts(record)
-    if source == TOKEN_SOURCE_CHUNKS or cumulative.size == 0:
-        return None  # tokens per chunk unknown: nothing to check against
+    if source in (TOKEN_SOURCE_CHUNKS, TOKEN_SOURCE_TOKENIZER) or cumulative.size == 0:
+        return None  # tokens per chunk unknown (or re-counted, near but not exact): nothing to check
     stream_accepted = int(cumulative[-1]) - int(cumulative.size)
     if counts["accepted"] <= stream_accepted + counts["k"]:
         return None

@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from itlaudit.analysis.metrics import TOKEN_SOURCE_CHUNKS, TOKEN_SOURCE_USAGE, RequestMetrics, token_counts
+from itlaudit.analysis.metrics import (
+    TOKEN_SOURCE_CHUNKS,
+    TOKEN_SOURCE_TOKENIZER,
+    TOKEN_SOURCE_USAGE,
+    RequestMetrics,
+    token_counts,
+)
 from itlaudit.model.codes import (
     CHOICES_INTERLEAVED,
     CHUNKS_COALESCED,
@@ -72,6 +78,17 @@ def usage_missing_finding(record: RequestRecord, metrics: RequestMetrics) -> Fin
         message = (
             f"The server sent no per-chunk usage, so ITL counts {metrics.content_chunks} chunks as tokens: "
             "it is chunk-based, inflated under speculative decoding, and not comparable."
+        )
+    elif metrics.token_source == TOKEN_SOURCE_TOKENIZER:
+        # Re-tokenized text is the model's own tokens where its output re-encodes to itself; the
+        # server's final total, where it sent one, says how near that came.
+        severity = Severity.WARNING
+        counted = int(token_counts(record)[1][-1])
+        scaled = "" if record.completion_tokens is None else ", spread as the re-encoded text spreads them"
+        message = (
+            f"The server sent no per-chunk usage or token ids; ITL counts {counted} tokens over "
+            f"{metrics.content_chunks} chunks from the local tokenizer (--tokenizer){scaled}: "
+            "an estimate of how many each chunk carried."
         )
     else:
         # Token ids still count every token, so the ITL stays token-true; worth knowing, not wrong.

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from itlaudit.errors import ScenarioError
 from itlaudit.model.jsonvalue import JSONObject
@@ -21,10 +22,11 @@ from itlaudit.store.result import VLLM_NAME
 
 __all__ = ["BENCH_OPTIONS", "BenchLine", "bench_argv"]
 
-# itlaudit counts tokens from the server's usage (stream_options.include_usage), never a local tokenizer.
+# itlaudit counts tokens from the server's usage (stream_options.include_usage); its --tokenizer, a local
+# folder, counts only a server that sends no usage or ids per chunk.
 _NO_TOKENIZER = (
-    "itlaudit loads no tokenizer: it counts the server's usage.completion_tokens; a server that sends "
-    "none is counted by chunks and marked so (token_source: chunks, a finding)"
+    "itlaudit counts the server's usage.completion_tokens, and reads a tokenizer (--tokenizer, a local "
+    "folder) only for a server that sends none"
 )
 # Options itlaudit's run has under vllm bench's name, syntax and meaning: passed on as they are.
 _SAME = (
@@ -36,7 +38,6 @@ _SAME = (
 # Accepted, with the line said once: they steer vllm bench's own client, not what is measured.
 _NOTED = {
     "--trust-remote-code": _NO_TOKENIZER,
-    "--tokenizer": _NO_TOKENIZER,
     "--tokenizer-mode": _NO_TOKENIZER,
     "--skip-tokenizer-init": _NO_TOKENIZER,
     "--disable-tqdm": "itlaudit prints its own progress (one line a period when piped)",
@@ -113,6 +114,7 @@ _REWRITTEN = (
     "--base-url", "--host", "--port", "--endpoint", "--header", "--backend", "--served-model-name",
     "--save-result", "--result-dir", "--result-filename", "--metadata", "--dataset-name",
     "--extra-body", "--chat-template-kwargs", "--goodput", "--save-detailed", "--append-result",
+    "--tokenizer",
 )  # fmt: skip
 # Every vllm bench option this module knows; a newer vLLM's option outside it is one line too.
 BENCH_OPTIONS = frozenset(
@@ -255,6 +257,12 @@ def _rewrite(line: BenchLine, option: str, values: list[str], inline: bool) -> N
         line.append_result = True  # vllm bench writes the file with it alone, appending
     elif option == "--goodput":
         line.argv += ["--goodput", " ".join(values)]
+    elif option == "--tokenizer":
+        value = _one(option, values)
+        if Path(value).exists():
+            line.argv += ["--tokenizer", value]
+        else:  # a hub name, as CI lines give it: vllm bench downloads it, itlaudit downloads nothing
+            line.note(f"--tokenizer {value}", f"not a local path, so not read; {_NO_TOKENIZER}")
     elif option == "--result-dir":
         line.result_dir = _one(option, values)
     elif option == "--result-filename":

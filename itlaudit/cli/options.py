@@ -412,6 +412,14 @@ def workload_flags(
     percentile_metrics: Annotated[
         str | None, _bench("Metrics the block gives them for (default ttft,tpot,itl,e2el).", "M,M")
     ] = None,
+    tokenizer: Annotated[
+        Path | None,
+        _bench(
+            "A local model folder (or its tokenizer.json) that counts the tokens of a server sending "
+            "no usage or token ids per chunk; a server that sends them is counted by them.",
+            "PATH",
+        ),
+    ] = None,
     only: Annotated[list[str] | None, typer.Option(metavar="NAME", help=ONLY_HELP)] = None,
     quality_gate: Annotated[
         QualityGate | None,
@@ -435,6 +443,7 @@ def workload_flags(
         goodput=goodput,
         metric_percentiles=metric_percentiles,
         percentile_metrics=percentile_metrics,
+        tokenizer=None if tokenizer is None else tokenizer.absolute(),
         dataset_path=dataset_path,
         num_prompts=num_prompts,
         max_concurrency=max_concurrency,

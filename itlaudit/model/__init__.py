@@ -127,6 +127,7 @@ SURFACE = Surface(
             "scenario_toml",
         ),
         "scenario_toml": ("Located",),
+        "tokenizer": ("LocalTokenizer",),
         "schedule": (
             "DURATION_GRACE_S",
             "LONGEST_SCHEDULE_S",

@@ -136,7 +136,8 @@ USAGE_MISSING = _register(
     "usage_missing",
     (Severity.ERROR, Severity.WARNING),
     Scope.REQUEST,
-    "no per-chunk usage: ITL counts chunks as tokens (error), or the returned token ids (warning)",
+    "no per-chunk usage: ITL counts chunks as tokens (error), or the returned token ids or a local "
+    "tokenizer's counts (`--tokenizer`; warning)",
 )
 USAGE_NON_MONOTONIC = _register(
     "usage_non_monotonic",

@@ -114,6 +114,10 @@ class ChunkSeries:
     text_len: list[int] = field(default_factory=list)
     has_choice: list[bool] = field(default_factory=list)
     token_ids: list[list[int] | None] = field(default_factory=list)
+    # Derived, never written: the tokens a local tokenizer (--tokenizer) finds complete in the text up
+    # to the end of each chunk, for a stream that says neither usage nor ids per chunk. Filled by the
+    # derivation (workflows.derive) from requests.jsonl's text, so the raw record stays what was sent.
+    tokenized: list[int] | None = field(default=None, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.t_ms)
@@ -208,7 +212,7 @@ class RequestRecord:
             has_choice=list(data.get("chunk_has_choice", [])),
             token_ids=list(data.get("chunk_token_ids", absent)),
         )
-        lengths = {len(getattr(chunks, f.name)) for f in fields(ChunkSeries)}
+        lengths = {len(getattr(chunks, f.name)) for f in fields(ChunkSeries) if f.name != "tokenized"}
         if len(lengths) > 1:
             raise ValueError(f"chunk arrays of unequal lengths {sorted(lengths)}: the line is damaged")
         kwargs["chunks"] = chunks

@@ -41,6 +41,7 @@ from itlaudit.model.scenario_toml import (
     reject_unknown_keys,
     str_list,
 )
+from itlaudit.model.tokenizer import tokenizer_file
 from itlaudit.model.vocabulary import Endpoint, QualityGate
 from itlaudit.model.workload import SECONDS, Workload, parse_workload
 
@@ -100,6 +101,9 @@ class Scenario:
     percentile_metrics: tuple[str, ...] = BLOCK_METRICS
     # How output quality gates the figures (analysis.validity): against the baseline by default.
     quality_gate: QualityGate = QualityGate.RELATIVE
+    # A local tokenizer.json (model.tokenizer) that counts a stream's tokens where the server sends
+    # neither usage nor ids per chunk (vllm bench's --tokenizer); None: such a stream counts chunks.
+    tokenizer: Path | None = None
 
     @property
     def block(self) -> BlockSettings:
@@ -306,7 +310,7 @@ def scenario_from_raw(
     """The one validation of a scenario's tables, whether they came from a file, from flags, or both.
     Relative paths resolve against the file's folder (the working directory when there is none)."""
     top_keys = {"name", "endpoint", "model", "workload", "variants", "description", "goodput", "quality_gate"}
-    top_keys |= {"metric_percentiles", "percentile_metrics"}
+    top_keys |= {"metric_percentiles", "percentile_metrics", "tokenizer"}
     reject_unknown_keys(raw, top_keys, loc, "")
     name = get_value(raw, loc, "", "endpoint", str, Endpoint.COMPLETIONS)
     if name not in tuple(Endpoint):
@@ -320,6 +324,7 @@ def scenario_from_raw(
     workload = _table(raw, "workload", loc, "write a [workload] table with prompts and max_tokens")
     base = path.parent if path is not None else Path.cwd()
     percentiles, metrics = _block_choice(raw, loc)
+    tokenizer = get_value(raw, loc, "", "tokenizer", str, None)
     return Scenario(
         name=_safe_name(get_value(raw, loc, "", "name", str), loc, ""),
         endpoint=endpoint,
@@ -331,7 +336,16 @@ def scenario_from_raw(
         quality_gate=QualityGate(gate),
         metric_percentiles=percentiles,
         percentile_metrics=metrics,
+        tokenizer=None if tokenizer is None else _tokenizer(base / tokenizer, loc),
     )
+
+
+def _tokenizer(path: Path, loc: Located) -> Path:
+    try:
+        tokenizer_file(path)
+    except ScenarioError as exc:
+        raise loc.error("", "tokenizer", f"{path}: {str(exc).partition(': ')[2]}") from None
+    return path
 
 
 def _toml(text: str, path: Path) -> JSONObject:
@@ -364,6 +378,7 @@ FLAG_KEYS: dict[str, tuple[str, str]] = {
     "model": ("", "model"),
     "endpoint": ("", "endpoint"),
     "quality_gate": ("", "quality_gate"),
+    "tokenizer": ("", "tokenizer"),
     "dataset_name": ("workload.dataset", "kind"),
     "random_input_len": ("workload.dataset", "input_len"),
     "random_output_len": ("workload.dataset", "output_len"),
@@ -431,6 +446,7 @@ class ScenarioFlags:
     goodput: str | None = None
     metric_percentiles: str | None = None
     percentile_metrics: str | None = None
+    tokenizer: Path | None = None  # vllm bench's --tokenizer, a local folder or tokenizer.json
 
     def given(self) -> dict[str, JSONScalar]:
         """The workload flags that were given, by field name, as the values their keys take (a path

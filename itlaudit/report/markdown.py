@@ -371,6 +371,14 @@ def headline(summary: RunSummary) -> list[str]:
 
 def usage_warning(summary: RunSummary) -> str | None:
     chunk_fallback = [n for n, b in summary.variants.items() if "chunks" in b.token_source]
+    retokenized = [n for n, b in summary.variants.items() if "tokenizer" in b.token_source]
+    if retokenized and not chunk_fallback:
+        return (
+            f"**Tokens re-counted for {escape(', '.join(retokenized))}.** The server sent no per-chunk "
+            "`usage.completion_tokens` or token ids; the local tokenizer (`--tokenizer`) counted the "
+            "tokens each chunk's text completed. Near the server's own count where the text re-encodes "
+            "to the tokens generated; the per-request `usage_missing` findings give both totals."
+        )
     if not chunk_fallback:
         return None
     return (

@@ -10,16 +10,18 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from itlaudit.errors import RecordsError
+from itlaudit.analysis.metrics import TOKEN_SOURCE_CHUNKS, content_chunk_mask, tokens_at_chunk_ends
+from itlaudit.errors import RecordsError, ScenarioError
 from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import RequestRecord
+from itlaudit.model.tokenizer import LocalTokenizer
 from itlaudit.store.rundir import check_records_format
 
 __all__ = ["RecordFile", "RecordWriter", "iter_jsonl", "load_records", "read_records"]
@@ -186,7 +188,7 @@ def read_records(path: Path) -> RecordFile:
     Warmup requests stay in requests.jsonl but are dropped here: this is the one door every
     figure, count, finding and report goes through, so excluding them here excludes them everywhere.
     Records of a format this itlaudit does not read (meta.json says which) are refused first."""
-    check_records_format(path.parent)
+    meta = check_records_format(path.parent)
     out = []
     lines = 0
     for obj in iter_jsonl(path):
@@ -197,7 +199,27 @@ def read_records(path: Path) -> RecordFile:
         lines += 1
         if not record.warmup:
             out.append(record)
+    tokenizer = meta.get("tokenizer") if isinstance(meta, Mapping) else None
+    if isinstance(tokenizer, str):
+        count_tokens_locally(out, Path(tokenizer))
     return RecordFile(records=out, lines=lines, warmup=lines - len(out))
+
+
+def count_tokens_locally(records: Sequence[RequestRecord], tokenizer: Path) -> None:
+    """Each record whose stream counts its tokens nowhere (neither usage nor ids per chunk) gets its
+    chunks' token counts from the run's --tokenizer (ChunkSeries.tokenized, never written back). The
+    tokenizer is loaded only when such a record is there; one that is gone (the folder was copied to
+    a machine without it) leaves them counted by chunks, as the findings then say."""
+    uncounted = [r for r in records if content_chunk_mask(r.chunks)[2] == TOKEN_SOURCE_CHUNKS]
+    if not uncounted:
+        return
+    try:
+        local = LocalTokenizer(tokenizer)
+    except ScenarioError:
+        return
+    for record in uncounted:
+        ends = local.token_ends(record.text)
+        record.chunks.tokenized = tokens_at_chunk_ends(record.chunks.text_len, ends, record.completion_tokens)
 
 
 def load_records(path: Path) -> list[RequestRecord]:

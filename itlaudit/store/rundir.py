@@ -87,13 +87,14 @@ def write_meta(run_dir: Path, meta: Mapping[str, object]) -> None:
     write_versioned(run_dir / META_FILE, {**meta, RECORDS_FORMAT_KEY: RECORDS_FORMAT})
 
 
-def check_records_format(run_dir: Path) -> None:
-    """Refuse records of a format this itlaudit does not read, as meta.json states it; a folder
-    without a readable meta.json (records alone, or a run that died first) is read as it is."""
+def check_records_format(run_dir: Path) -> Mapping[str, Any] | None:
+    """Refuse records of a format this itlaudit does not read, as meta.json states it, and give the
+    meta.json read for it; a folder without a readable meta.json (records alone, or a run that died
+    first) is read as it is (None)."""
     try:
         meta = read_json(run_dir / META_FILE)
     except (OSError, ValueError):
-        return
+        return None
     check_format(run_dir / META_FILE, meta)
     check_format(
         run_dir / META_FILE,
@@ -102,6 +103,7 @@ def check_records_format(run_dir: Path) -> None:
         current=RECORDS_FORMAT,
         readable=(RECORDS_FORMAT,),
     )
+    return meta if isinstance(meta, Mapping) else None
 
 
 def write_jsonl(path: Path, lines: Sequence[JSONMapping]) -> None:
