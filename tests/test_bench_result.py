@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from reportkit import k0_k3
 from simkit import itlaudit, sim_server
@@ -19,7 +20,7 @@ from itlaudit.analysis.metrics import request_metrics
 from itlaudit.model.records import ChunkSeries, RequestParams, RequestRecord, Status
 from itlaudit.report.terminal import WIDTH, result_block
 from itlaudit.serve.sim import SimConfig
-from itlaudit.store.result import PER_REQUEST_ARRAYS, result_paths
+from itlaudit.store.result import PER_REQUEST_ARRAYS, result_json, result_paths
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # Real vllm bench serve results: 0.32.0 (CPU testbed, --metric-percentiles 50,90,99, e2el, spec
@@ -129,6 +130,25 @@ def test_terminal_block_reads_like_vllm_bench_and_marks_the_capped_variant() -> 
     )
     assert all(line == line.rstrip() for line in text)  # no trailing blanks in a CI log
     assert "K0" not in "".join(text)
+
+
+def test_gpu_energy_is_in_the_block_and_the_result_file_where_nvml_gave_it() -> None:
+    """The server block's energy (analysis.server_metrics.gpu_energy): a "GPU Energy" section in the
+    terminal block and the same keys in the --save-result file; none of either without it. ~0 s."""
+    summary = summarize_run(k0_k3(3))
+    meta = {"workload": {}, "variants": {}}
+    energy = {"gpu_energy_j": 96.0, "gpu_joules_per_output_token": 2.0, "output_tokens_per_joule": 0.5}
+    energy |= {"gpu_energy_per_gpu_j": {"0": 96.0}, "gpu_energy_source": "nvml_energy_counter"}
+    with_energy = msgspec.structs.replace(summary, server={"K0": energy})
+    rows = {line[:40].strip(): line[41:] for line, _ in result_block(with_energy, meta, "K0")}
+    assert rows["GPU energy (J):"] == "96.00" and rows["Energy per output token (J):"] == "2.0000"
+    assert rows["Output tokens per joule:"] == "0.50"
+    saved = result_json(msgspec.to_builtins(with_energy.to_json()), meta, "K0")
+    assert {k: saved[k] for k in energy} == energy
+    plain = {line[:40].strip() for line, _ in result_block(summary, meta, "K0")}
+    assert "GPU energy (J):" not in plain and "gpu_energy_j" not in result_json(
+        msgspec.to_builtins(summary.to_json()), meta, "K0"
+    )
 
 
 def test_one_result_file_per_variant_when_there_are_several(tmp_path: Path) -> None:

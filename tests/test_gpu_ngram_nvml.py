@@ -35,15 +35,20 @@ def _json(path: Path) -> Any:
 
 
 # The gauges read from the samples inside the measured window only (issue 34): the H200 run's own
-# summary predates that and took every sample, the edges' idle ones too.
+# summary predates that and took every sample, the edges' idle ones too. Nor did it integrate power
+# into energy (issue 35 item 5): those keys are new.
 WINDOW_GAUGES = ("kv_usage_p50", "kv_usage_max", "running_max", "waiting_max", "samples_in_window")
+ENERGY = (
+    "gpu_energy_j", "gpu_energy_per_gpu_j", "gpu_energy_source", "gpu_energy_coverage",
+    "gpu_joules_per_output_token", "output_tokens_per_joule",
+)  # fmt: skip
 
 
 def test_the_server_block_rederived_on_cpu_is_the_one_the_h200_run_wrote(reported: Path) -> None:
     rederived, written = _json(reported / "summary.json")["server"], _json(FIXTURE / "summary.json")["server"]
     assert set(rederived) == set(written) == {"K0", "NG"}
     for variant, block in rederived.items():
-        assert {k: v for k, v in block.items() if k not in WINDOW_GAUGES} == {
+        assert {k: v for k, v in block.items() if k not in (*WINDOW_GAUGES, *ENERGY)} == {
             k: v for k, v in written[variant].items() if k not in WINDOW_GAUGES
         }
         # the edges' samples are left out of the gauges: fewer samples, never a 0 that was not seen
@@ -73,6 +78,14 @@ def test_the_gpu_figures_are_nvmls_and_ngram_shows_partial_acceptance(reported: 
         assert block["gpu_sm_clock_p50_mhz"] == 1980.0  # the H200's boost clock under a light load
         assert 80 < block["gpu_power_max_w"] < 700 and block["gpu_memory_used_max_mib"] > 10_000
         assert block["gpu_throttle"] == [] and block["preemptions"] == 0.0
+        # this fixture's NVML rows predate the energy counter: its power samples, integrated over the
+        # window, give the joules, and the report says which (issue 35 item 5)
+        assert block["gpu_energy_source"] == "power_samples" and block["gpu_energy_coverage"] > 0.5
+        bench = _json(reported / "summary.json")["variants"][variant]["benchmark"]
+        mean_w = block["gpu_energy_j"] / bench["duration_s"]  # the window is first send to last end
+        assert 60 < mean_w <= block["gpu_power_max_w"], (mean_w, block)
+        tokens = bench["total_output_tokens"]
+        assert block["gpu_joules_per_output_token"] == pytest.approx(block["gpu_energy_j"] / tokens)
     assert "acceptance_per_position" not in server["K0"]  # no drafts, no acceptance
     accept = server["NG"]["acceptance_per_position"]
     assert len(accept) == 3 and 0 < accept[2] <= accept[1] <= accept[0] < 1  # partial, falling with depth

@@ -15,7 +15,7 @@ import pytest
 from reportkit import block
 from simkit import sim_server
 
-from itlaudit.analysis.server_metrics import GPU_TELEMETRY_FILE, gpu_figures
+from itlaudit.analysis.server_metrics import GPU_TELEMETRY_FILE, gpu_energy, gpu_figures
 from itlaudit.analysis.summary import RunSummary
 from itlaudit.capture.metrics_sampler import SampleFailed
 from itlaudit.capture.nvml import NvmlSampler, open_gpus, throttle_names
@@ -137,17 +137,43 @@ def test_a_gb10_like_nvml_loses_the_memory_figures_not_the_sample(tmp_path: Path
     assert first["power_w"] == 41.0 and first["gpu_util_pct"] == 97 and first["sm_clock_mhz"] > 0
     assert "power_w" not in lost and lost["energy_j"] > first["energy_j"]  # one figure, one row
     assert calls["memory"] == 1  # NOT_SUPPORTED is not asked again
-    figures = gpu_figures([{"t_ns": t, **row} for t, row in enumerate(rows)])
+    figures = gpu_figures([{"t_ns": t, **row} for t, row in enumerate(rows)], output_tokens=3)
     assert figures["gpu_not_supported"] == ["memory"] and figures["gpu_energy_j"] == pytest.approx(0.75)
+    assert figures["gpu_energy_source"] == "nvml_energy_counter" and figures["gpu_energy_coverage"] == 1.0
     assert figures["gpu_memory_used_max_mib"] is None and figures["gpu_power_max_w"] == 41.0
     # The report's server table: the figures the GPU does not report, and energy per output token.
-    summary = RunSummary(
-        variants={"k0": block(benchmark={"total_output_tokens": 3})}, run_findings=[], server={"k0": figures}
-    )
+    summary = RunSummary(variants={"k0": block()}, run_findings=[], server={"k0": figures})
     table = {row[0]: row[1] for row in server_rows(summary)}
     assert table["GPU figures not reported (NOT_SUPPORTED)"] == "memory"
-    assert table["GPU energy per output token"] == "0.250 J (4.0 tok/J)"
+    assert (
+        table["GPU energy per output token"] == "0.2500 J"
+        and table["output tokens per joule"] == "4.00 tok/J"
+    )
     assert table["GPU energy over the window"] == "0.8 J" and "GPU SM clock p50" in table
+    assert table["GPU energy read from"] == "NVML energy counter"
+
+
+def test_energy_over_the_measured_window_from_the_counter_or_the_power_samples() -> None:
+    """The window's joules read off the counter at its edges (interpolated between readings); a GPU
+    without a counter integrates its power samples (trapezoids), said so; readings that start inside
+    the window stand in for the rest at their mean power (coverage). Two GPUs sum. ~0 s."""
+    seconds = [0, 1, 2, 3, 4]
+    rows = [
+        {"t_ns": int(t * 1e9), "gpus": {"0": {"energy_j": 1000.0 + 100 * t}, "1": {"power_w": 50.0}}}
+        for t in seconds
+    ]
+    figures = gpu_energy(rows, window=(int(1.5e9), int(3.5e9)), output_tokens=40)
+    assert figures["gpu_energy_per_gpu_j"] == pytest.approx({"0": 200.0, "1": 100.0})
+    assert figures["gpu_energy_j"] == pytest.approx(300.0) and figures["gpu_energy_source"] == "mixed"
+    assert figures["gpu_joules_per_output_token"] == pytest.approx(7.5)
+    assert figures["output_tokens_per_joule"] == pytest.approx(40 / 300)
+    # readings from 2 s on, window from 0 s: half read, the other half at the read half's mean power
+    late = gpu_energy(rows[2:], window=(0, int(4e9)))
+    assert late["gpu_energy_coverage"] == pytest.approx(0.5)
+    assert late["gpu_energy_per_gpu_j"]["0"] == pytest.approx(400.0)
+    assert late["gpu_energy_source"] == "mixed"
+    # one reading per GPU knows no energy: nothing is claimed
+    assert gpu_energy(rows[:1]) == {}
 
 
 def test_an_nvml_that_answers_nothing_fails_the_sample_in_one_line(tmp_path: Path) -> None:

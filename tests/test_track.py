@@ -713,7 +713,7 @@ def test_a_v2_history_is_upgraded_with_the_server_series(db: str) -> None:
     assert history.schema_version() == 2
     history.close()
     upgraded = open_history(db)
-    assert upgraded.schema_version() == SCHEMA_VERSION == 3
+    assert upgraded.schema_version() == SCHEMA_VERSION == 4
     points = upgraded.points()
     assert len(points) == 4 and all(p.values["itl_p50"] for p in points)
     assert all(p.values["kv_usage_p50"] is None for p in points)

@@ -102,6 +102,8 @@ SURFACE = Surface(
             "workload_of",
         ),
         "server_metrics": (
+            "ENERGY_COUNTER",
+            "ENERGY_POWER",
             "GPU_TELEMETRY_FILE",
             "KV_USAGE",
             "RUNNING",

@@ -18,6 +18,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from itlaudit.analysis.specdecode import ACCEPTED_PER_POS, DRAFTS, PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES
 from itlaudit.errors import MetricsParseError
 from itlaudit.model.jsonvalue import JSONObject
@@ -195,9 +197,13 @@ def summarize_series(rows: list[dict[str, Any]], window: tuple[int, int] | None 
     }
 
 
-def gpu_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def gpu_figures(
+    rows: list[dict[str, Any]], window: tuple[int, int] | None = None, output_tokens: int | None = None
+) -> dict[str, Any]:
     """The watched GPUs over the window (all GPUs pooled): SM clock p50 and min, power and temperature
-    max, memory used max, utilisation p50, and every throttle reason seen. Empty without rows."""
+    max, memory used max, utilisation p50, and every throttle reason seen; the energy drawn over the
+    measured `window` (gpu_energy) and, with the variant's `output_tokens`, per output token. Empty
+    without rows."""
     gpus = [g for r in rows if "t_ns" in r and "error" not in r for g in r.get("gpus", {}).values()]
     if not gpus:
         return {}
@@ -209,7 +215,7 @@ def gpu_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     power, temperature, memory = values("power_w"), values("temperature_c"), values("memory_used_mib")
     refused = {name for g in gpus for name in g.get("not_supported", [])}
     return {
-        **({"gpu_energy_j": energy} if (energy := _window_energy(rows)) is not None else {}),
+        **gpu_energy(rows, window, output_tokens),
         # queries the GPU answers NOT_SUPPORTED (GB10: its framebuffer), so their figures are absent
         **({"gpu_not_supported": sorted(refused)} if refused else {}),
         "gpu_sm_clock_p50_mhz": statistics.median(clock) if clock else None,
@@ -222,17 +228,71 @@ def gpu_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _window_energy(rows: list[dict[str, Any]]) -> float | None:
-    """Joules the watched GPUs drew over the rows: each GPU's energy counter (NVML's total since the
-    driver loaded) last minus first, summed; None where a GPU's counter is not read twice."""
-    readings: dict[str, list[float]] = {}
+# How a GPU's joules were found: NVML's energy counter (nvmlDeviceGetTotalEnergyConsumption, mJ since
+# the driver loaded), or, where the GPU has none (pre-Volta, or a query it refuses), its power samples
+# integrated (trapezoids between readings: a spike between two samples is missed).
+ENERGY_COUNTER = "nvml_energy_counter"
+ENERGY_POWER = "power_samples"
+
+
+def _cumulative_joules(points: list[tuple[int, dict[str, Any]]]) -> tuple[np.ndarray, np.ndarray, str] | None:
+    """(t_ns, joules so far, source) for one GPU's readings: the counter where read twice, else the
+    power samples' running integral; None with neither."""
+    counter = [(t, float(g["energy_j"])) for t, g in points if isinstance(g.get("energy_j"), int | float)]
+    if len(counter) >= 2:
+        t, joules = (np.array(column, dtype=float) for column in zip(*counter, strict=True))
+        return t, joules, ENERGY_COUNTER
+    watts = [(t, float(g["power_w"])) for t, g in points if isinstance(g.get("power_w"), int | float)]
+    if len(watts) < 2:
+        return None
+    t, power = (np.array(column, dtype=float) for column in zip(*watts, strict=True))
+    steps = np.diff(t) / 1e9 * (power[1:] + power[:-1]) / 2
+    return t, np.concatenate(([0.0], np.cumsum(steps))), ENERGY_POWER
+
+
+def gpu_energy(
+    rows: list[dict[str, Any]], window: tuple[int, int] | None = None, output_tokens: int | None = None
+) -> dict[str, Any]:
+    """Joules the watched GPUs drew over the measured `window` (monotonic ns; all the rows without
+    one), per GPU and summed, read off each GPU's cumulative joules at the window's edges. Where the
+    readings cover only part of the window (the sampler's first reading comes a period in), the
+    covered part's mean power stands in for the rest, and `gpu_energy_coverage` says how much was
+    read. With `output_tokens`: joules per output token and tokens per joule, the server's whole
+    draw (other traffic included) over this variant's tokens. Empty where no GPU's energy is known."""
+    readings: dict[str, list[tuple[int, dict[str, Any]]]] = {}
     for row in rows:
         if "t_ns" in row and "error" not in row:
-            for gpu, figures in row.get("gpus", {}).items():
-                if isinstance(figures.get("energy_j"), int | float):
-                    readings.setdefault(gpu, []).append(float(figures["energy_j"]))
-    spans = [r[-1] - r[0] for r in readings.values() if len(r) >= 2]
-    return sum(spans) if spans else None
+            for gpu, reading in row.get("gpus", {}).items():
+                readings.setdefault(gpu, []).append((int(row["t_ns"]), reading))
+    per_gpu: dict[str, float] = {}
+    sources, coverage = set(), []
+    for gpu, points in sorted(readings.items()):
+        found = _cumulative_joules(points)
+        if found is None:
+            continue
+        t, joules, source = found
+        start, end = (t[0], t[-1]) if window is None else (float(window[0]), float(window[1]))
+        low, high = max(start, t[0]), min(end, t[-1])
+        if high <= low:
+            continue
+        read = float(np.interp(high, t, joules) - np.interp(low, t, joules))
+        share = (high - low) / (end - start)
+        per_gpu[gpu] = read / share
+        sources.add(source)
+        coverage.append(share)
+    if not per_gpu:
+        return {}
+    energy = sum(per_gpu.values())
+    figures: dict[str, Any] = {
+        "gpu_energy_j": energy,
+        "gpu_energy_per_gpu_j": per_gpu,
+        "gpu_energy_source": sources.pop() if len(sources) == 1 else "mixed",
+        "gpu_energy_coverage": min(coverage),
+    }
+    if output_tokens and energy > 0:
+        figures["gpu_joules_per_output_token"] = energy / output_tokens
+        figures["output_tokens_per_joule"] = output_tokens / energy
+    return figures
 
 
 def variant_server_figures(
@@ -240,11 +300,12 @@ def variant_server_figures(
     gpu_rows: list[dict[str, Any]],
     acceptance: dict[str, Any] | None,
     window: tuple[int, int] | None = None,
+    output_tokens: int | None = None,
 ) -> dict[str, Any]:
     """One variant's block of summary.json's `server`: the /metrics figures (acceptance per position
-    pooled over the window, not per interval; gauges from the samples inside `window`), the GPU's, and
-    the server's per-request acceptance (analysis.request_acceptance.pooled_server_acceptance) when it
-    sent one."""
+    pooled over the window, not per interval; gauges from the samples inside `window`), the GPU's
+    (energy over `window`, per of the variant's `output_tokens`), and the server's per-request
+    acceptance (analysis.request_acceptance.pooled_server_acceptance) when it sent one."""
     figures = summarize_series(server_rows, window) if server_rows else {}
     series = figures.pop("acceptance_per_position", [])
     drafts = sum(p["drafts"] for p in series)
@@ -254,7 +315,7 @@ def variant_server_figures(
             sum(p["acceptance"][i] * p["drafts"] for p in series if i < len(p["acceptance"])) / drafts
             for i in range(width)
         ]
-    figures.update(gpu_figures(gpu_rows))
+    figures.update(gpu_figures(gpu_rows, window, output_tokens))
     if acceptance is not None:
         figures["server_acceptance_length"] = acceptance["acceptance_length"]
         figures["server_acceptance_rate"] = acceptance["acceptance_rate"]
@@ -288,6 +349,8 @@ SIGNALS: tuple[Signal, ...] = (
     Signal("gpu_temperature_max_c", "GPU temperature max", "{:.0f} °C", 1),
     Signal("gpu_util_p50_pct", "GPU utilisation p50", "{:.0f} %", 1),
     Signal("gpu_energy_j", "GPU energy over the window", "{:.1f} J", 0.1),
+    Signal("gpu_joules_per_output_token", "GPU energy per output token", "{:.4f} J", 0.0001),
+    Signal("output_tokens_per_joule", "output tokens per joule", "{:.2f} tok/J", 0.01),
 )
 SIGNAL_CHANGE = 0.10  # a signal moved when it changed by more than this fraction (or from/to zero)
 

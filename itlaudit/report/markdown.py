@@ -5,11 +5,10 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from itlaudit.analysis.importers import ImportedBenchmark
 from itlaudit.analysis.metrics import p50, ratio
-from itlaudit.analysis.server_metrics import SIGNALS
+from itlaudit.analysis.server_metrics import ENERGY_COUNTER, ENERGY_POWER, SIGNALS
 from itlaudit.analysis.stats import SAME_BAND
 from itlaudit.analysis.summary import Figures, RunSummary, VariantSummary
 from itlaudit.analysis.validity import Validity, comparison_validity, quality_note, variant_validity
@@ -201,6 +200,13 @@ SERVER_NOTE = (
 )
 
 
+_ENERGY_SOURCES = {
+    ENERGY_COUNTER: "NVML energy counter",
+    ENERGY_POWER: "power samples, integrated",
+    "mixed": "counter or power samples, per GPU",
+}
+
+
 def server_rows(summary: RunSummary) -> list[list[str]]:
     """A row per signal any variant has (raw strings): summary.json's `server` blocks, in SIGNALS'
     order, throttle reasons last."""
@@ -215,14 +221,10 @@ def server_rows(summary: RunSummary) -> list[list[str]]:
     if any(notes):
         # A "–" above is a figure not measured, never a zero: say why.
         rows.append(["why a gauge is –", *(str(n) if n else "" for n in notes)])
-    per_token = [_joules_per_token(server.get(n, {}), summary.variants[n].benchmark) for n in names]
-    if any(j is not None for j in per_token):
-        rows.append(
-            [
-                "GPU energy per output token",
-                *("–" if j is None else f"{j:.3f} J ({1 / j:.1f} tok/J)" for j in per_token),
-            ]
-        )
+    sources = [server.get(n, {}).get("gpu_energy_source") for n in names]
+    if any(sources):
+        # how the joules were found: the counter, or power samples integrated (docs/server-metrics.md)
+        rows.append(["GPU energy read from", *(_ENERGY_SOURCES.get(str(s), "–") for s in sources)])
     refused = [server.get(n, {}).get("gpu_not_supported") for n in names]
     if any(refused):
         rows.append(
@@ -234,13 +236,6 @@ def server_rows(summary: RunSummary) -> list[list[str]]:
             ["GPU throttle reasons", *("–" if t is None else ", ".join(t) or "none" for t in throttle)]
         )
     return rows
-
-
-def _joules_per_token(server: Mapping[str, Any], bench: Mapping[str, Any]) -> float | None:
-    """The watched GPUs' energy over the window per output token the variant's requests got: the
-    server's whole draw (other traffic included) over this client's tokens."""
-    energy, tokens = server.get("gpu_energy_j"), bench.get("total_output_tokens")
-    return energy / tokens if isinstance(energy, int | float) and energy > 0 and tokens else None
 
 
 def server_section(summary: RunSummary) -> list[str]:

@@ -116,6 +116,19 @@ def _spec_decode_rows(row: VariantComparison | None) -> list[str]:
     return rows
 
 
+def _energy_rows(server: Mapping[str, Any]) -> list[str]:
+    """The watched GPUs' energy over the measured window (analysis.server_metrics.gpu_energy), where
+    NVML gave it: vllm bench 0.32 has no such section (its energy PRs, #38647 and #56354, are open)."""
+    if not isinstance(server.get("gpu_energy_j"), int | float):
+        return []
+    return [
+        _section("GPU Energy"),
+        _row("GPU energy (J):", server["gpu_energy_j"]),
+        _row("Energy per output token (J):", server.get("gpu_joules_per_output_token"), fmt="{:.4f}"),
+        _row("Output tokens per joule:", server.get("output_tokens_per_joule")),
+    ]
+
+
 def _count(value: object) -> int | None:
     """A /metrics counter delta (a float on the wire) as the integer vllm bench prints."""
     return int(value) if isinstance(value, int | float) else None
@@ -160,6 +173,7 @@ def result_block(
         _row("Total token throughput (tok/s):", bench.get("total_token_throughput")),
         *_metric_rows(block_settings, bench, comparison.steps_per_chunk if comparison else None),
         *_spec_decode_rows(comparison),
+        *_energy_rows(summary.server.get(variant) or {}),
     ]
     lines += [(line, None) for line in plain]
     found = ", ".join(f"{code}×{n}" for code, n in block.findings.items()) or "none"

@@ -174,7 +174,25 @@ def result_json(
             FORMAT_KEY: FORMAT,  # vllm bench writes no `format`; after --metadata, so it wins a clash
         }
     )
+    result.update(_energy((summary.get("server") or {}).get(variant)))
     return result
+
+
+# The GPU energy keys (analysis.server_metrics.gpu_energy), where NVML gave it: vllm bench 0.32 writes
+# none, and its energy PRs (#38647, #56354) are not merged, so the names are summary.json's own.
+_ENERGY_KEYS = (
+    "gpu_energy_j",
+    "gpu_joules_per_output_token",
+    "output_tokens_per_joule",
+    "gpu_energy_per_gpu_j",
+    "gpu_energy_source",
+)
+
+
+def _energy(server: Mapping[str, Any] | None) -> JSONObject:
+    if not isinstance(server, Mapping) or server.get("gpu_energy_j") is None:
+        return {}
+    return {key: server.get(key) for key in _ENERGY_KEYS}
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")

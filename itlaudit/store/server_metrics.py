@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from itlaudit.analysis.metrics import request_metrics
 from itlaudit.analysis.request_acceptance import pooled_server_acceptance
 from itlaudit.analysis.server_metrics import GPU_TELEMETRY_FILE, SERVER_METRICS_FILE, variant_server_figures
 from itlaudit.model.formats import FORMAT_KEY, check_format
 from itlaudit.model.jsonvalue import JSONObject
-from itlaudit.model.records import RequestRecord
+from itlaudit.model.records import RequestRecord, Status
 from itlaudit.store.jsonl import iter_jsonl
 from itlaudit.store.rundir import META_FILE, read_json
 
@@ -79,6 +80,16 @@ def _window(records: Sequence[RequestRecord], offsets: dict[int, int]) -> tuple[
     return min(a for a, _ in spans), max(b for _, b in spans)
 
 
+def _output_tokens(records: Sequence[RequestRecord]) -> int:
+    """The variant's output tokens as its block's total_output_tokens counts them (benchmark_figures):
+    each completed request's usage, or its counted tokens where the server sent none."""
+    return sum(
+        r.completion_tokens if r.completion_tokens is not None else request_metrics(r).completion_tokens or 0
+        for r in records
+        if r.status == Status.OK
+    )
+
+
 def server_blocks(
     run_dir: Path,
     records: Sequence[RequestRecord],
@@ -96,7 +107,9 @@ def server_blocks(
         mine = [r for r in records if r.variant == name]
         acceptance = pooled_server_acceptance(mine)
         window = _window(mine, offsets.get(name, {}))
-        block = variant_server_figures(server.get(name, []), gpu.get(name, []), acceptance, window)
+        block = variant_server_figures(
+            server.get(name, []), gpu.get(name, []), acceptance, window, _output_tokens(mine)
+        )
         if block:
             blocks[name] = block
     return blocks

@@ -123,6 +123,7 @@ SERVER_SAMPLES = (
     "server.acceptance_length",
     "server.gpu_sm_clock_mhz",
     "server.gpu_power_w",
+    "server.gpu_joules_per_token",
 )
 SERVER_SERIES = (
     SeriesSpec("kv_usage_p50", "server.kv_usage", 0.5, True, "KV-cache usage p50", SERVER),
@@ -132,6 +133,10 @@ SERVER_SERIES = (
     ),
     SeriesSpec("gpu_sm_clock", "server.gpu_sm_clock_mhz", 0.5, False, "GPU SM clock p50", SERVER),
     SeriesSpec("gpu_power_max", "server.gpu_power_w", 1.0, True, "GPU power max", SERVER),
+    # one sample a point: the window's joules per output token (NVML's counter, or power integrated)
+    SeriesSpec(
+        "gpu_joules_per_token", "server.gpu_joules_per_token", 0.5, True, "GPU J per output token", SERVER
+    ),
 )
 SERIES = (*STREAM_SERIES, *SERVER_SERIES)
 # A series derived across a family: base token ITL p50 / variant token ITL p50.

@@ -154,8 +154,13 @@ def _v3(conn: sa.Connection) -> None:
             conn.execute(sa.text(f"ALTER TABLE {points_table.name} ADD COLUMN {spec.name} {float_type}"))
 
 
+def _v4(conn: sa.Connection) -> None:
+    """The energy series (gpu_joules_per_token), added as _v3 added the first server series."""
+    _v3(conn)
+
+
 # Append a step to change the schema (ALTER TABLE through conn); never edit one that has shipped.
-MIGRATIONS: Sequence[Callable[[sa.Connection], None]] = (_v1, _v2, _v3)
+MIGRATIONS: Sequence[Callable[[sa.Connection], None]] = (_v1, _v2, _v3, _v4)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -90,10 +90,12 @@ def _samples(
     records: Sequence[RequestRecord],
     server_rows: Sequence[Mapping[str, Any]],
     gpu_rows: Sequence[Mapping[str, Any]],
+    joules_per_token: float | None = None,
 ) -> dict[str, list[float | None]]:
     """Each request's figures, and the server's raw samples over the window (changes.SERVER_SERIES):
     each /metrics scrape's KV-cache usage, each request's server-side acceptance length, each NVML
-    reading's SM clock and power; a sample the run did not take is left out."""
+    reading's SM clock and power, the window's GPU joules per output token; a sample the run did not
+    take is left out."""
     metrics = [asdict(request_metrics(r)) for r in records]
     samples: dict[str, list[float | None]] = {name: [m[name] for m in metrics] for name in SAMPLE_FIELDS}
     taken = [r for r in server_rows if "error" not in r]
@@ -104,9 +106,16 @@ def _samples(
         "server.acceptance_length": [1.0 + c["accepted"] / c["steps"] for c in acceptance],
         "server.gpu_sm_clock_mhz": [float(g["sm_clock_mhz"]) for g in gpus if _number(g.get("sm_clock_mhz"))],
         "server.gpu_power_w": [float(g["power_w"]) for g in gpus if _number(g.get("power_w"))],
+        # the window's figure (summary.json's server block), one sample: energy is not per request
+        "server.gpu_joules_per_token": [] if joules_per_token is None else [joules_per_token],
     }
     samples.update({name: list(values) for name, values in found.items() if values})
     return samples
+
+
+def _joules_per_token(summary: Mapping[str, Any], variant: str) -> float | None:
+    value = ((summary.get("server") or {}).get(variant) or {}).get("gpu_joules_per_output_token")
+    return float(value) if isinstance(value, int | float) else None
 
 
 def _number(value: object) -> bool:
@@ -193,7 +202,10 @@ def run_points(run_dir: Path, build: BuildInfo | None = None) -> list[NewPoint]:
                 cap=_cap(summary, variant) if kind == LENGTH else None,
                 errors=int(((summary.get("variants") or {}).get(variant) or {}).get("errors") or 0),
                 samples=_samples(
-                    records, telemetry["server"].get(variant, []), telemetry["gpu"].get(variant, [])
+                    records,
+                    telemetry["server"].get(variant, []),
+                    telemetry["gpu"].get(variant, []),
+                    _joules_per_token(summary, variant),
                 ),
             )
         )
