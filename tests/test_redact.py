@@ -39,6 +39,15 @@ def test_experiment_parameters_are_not(name: str) -> None:
     assert not is_secret_name(name)
 
 
+def test_a_number_under_a_secret_looking_name_is_a_shape_not_a_key() -> None:
+    """A model's config.json (meta.json's roofline) has num_key_value_heads and kv_lora_rank: numbers,
+    kept; the same names' text is masked, as any credential-named text is."""
+    config = {"num_key_value_heads": 8, "kv_lora_rank": 512, "api_key": "sk-abcdefgh", "auth": {"key": "x"}}
+    assert redact_json(config) == {
+        "num_key_value_heads": 8, "kv_lora_rank": 512, "api_key": MASK, "auth": {"key": MASK},
+    }  # fmt: skip
+
+
 def test_args_and_env_keep_names_and_lose_values() -> None:
     args = ["--model", "/m", "--api-key", "sk-1", "--api-key=sk-2", "-e", "HF_TOKEN=hf-3", "--port", "1"]
     assert redact_args(args) == [

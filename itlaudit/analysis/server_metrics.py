@@ -351,6 +351,9 @@ SIGNALS: tuple[Signal, ...] = (
     Signal("gpu_energy_j", "GPU energy over the window", "{:.1f} J", 0.1),
     Signal("gpu_joules_per_output_token", "GPU energy per output token", "{:.4f} J", 0.0001),
     Signal("output_tokens_per_joule", "output tokens per joule", "{:.2f} tok/J", 0.01),
+    # analysis.roofline: the fastest a K0 token can be on this device, and the token ITL's share of it
+    Signal("floor_ms", "memory-bandwidth floor per K0 token", "{:.3f} ms", 0.001),
+    Signal("floor_share", "token ITL at the floor (floor / ITL p50)", "{:.1%}", 0.001),
 )
 SIGNAL_CHANGE = 0.10  # a signal moved when it changed by more than this fraction (or from/to zero)
 

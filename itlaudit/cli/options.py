@@ -420,6 +420,32 @@ def workload_flags(
             "PATH",
         ),
     ] = None,
+    model_config: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="PATH",
+            help="The served model's config.json (or its folder): its bytes per decode step give each "
+            "variant's memory-bandwidth floor.",
+            rich_help_panel="Verdicts",
+        ),
+    ] = None,
+    mem_bandwidth: Annotated[
+        float | None,
+        typer.Option(
+            metavar="GBPS",
+            help="The device's memory bandwidth in GB/s, where NVML's device name is not in the table "
+            "(docs/roofline.md).",
+            rich_help_panel="Verdicts",
+        ),
+    ] = None,
+    bytes_per_token: Annotated[
+        float | None,
+        typer.Option(
+            metavar="BYTES",
+            help="Bytes a decode step reads per token, in place of the config.json estimate.",
+            rich_help_panel="Verdicts",
+        ),
+    ] = None,
     only: Annotated[list[str] | None, typer.Option(metavar="NAME", help=ONLY_HELP)] = None,
     quality_gate: Annotated[
         QualityGate | None,
@@ -444,6 +470,9 @@ def workload_flags(
         metric_percentiles=metric_percentiles,
         percentile_metrics=percentile_metrics,
         tokenizer=None if tokenizer is None else tokenizer.absolute(),
+        model_config=None if model_config is None else model_config.absolute(),
+        mem_bandwidth_gbps=mem_bandwidth,
+        bytes_per_token=bytes_per_token,
         dataset_path=dataset_path,
         num_prompts=num_prompts,
         max_concurrency=max_concurrency,

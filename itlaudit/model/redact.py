@@ -122,7 +122,7 @@ def redact_args(args: Sequence[str]) -> list[str]:
 
 
 def redact_json(data: Any) -> Any:
-    """A JSON-like value with every secret-named key's scalar value masked, every list of strings
+    """A JSON-like value with every secret-named key's text value masked, every list of strings
     treated as a command line, and every string masked as free text (redact_text)."""
     return _redact_json(data, _longest_first(known_secrets()))
 
@@ -143,7 +143,9 @@ def _redact_json(data: Any, values: list[str]) -> Any:
 
 
 def _is_scalar(value: Any) -> bool:
-    return value is not None and not isinstance(value, Mapping | list | tuple | bool)
+    """A value a credential can be: text. A number under a secret-looking name is a model's shape
+    (config.json's num_key_value_heads, kv_lora_rank), never a key, and a reader needs it."""
+    return isinstance(value, str)
 
 
 def secret_values(env: Mapping[str, str], args: Sequence[str]) -> set[str]:

@@ -15,6 +15,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 
 from itlaudit.errors import ScenarioError
 from itlaudit.model.access import header_problem
@@ -104,6 +105,12 @@ class Scenario:
     # A local tokenizer.json (model.tokenizer) that counts a stream's tokens where the server sends
     # neither usage nor ids per chunk (vllm bench's --tokenizer); None: such a stream counts chunks.
     tokenizer: Path | None = None
+    # The memory-bandwidth floor (analysis.roofline): the served model's config.json as read (its
+    # bytes per decode step), the device's bandwidth where NVML's name is not in the table, or the
+    # bytes per token outright; each None where not given.
+    model_config: Mapping[str, Any] | None = None
+    mem_bandwidth_gbps: float | None = None
+    bytes_per_token: float | None = None
 
     @property
     def block(self) -> BlockSettings:
@@ -310,7 +317,7 @@ def scenario_from_raw(
     """The one validation of a scenario's tables, whether they came from a file, from flags, or both.
     Relative paths resolve against the file's folder (the working directory when there is none)."""
     top_keys = {"name", "endpoint", "model", "workload", "variants", "description", "goodput", "quality_gate"}
-    top_keys |= {"metric_percentiles", "percentile_metrics", "tokenizer"}
+    top_keys |= {"metric_percentiles", "percentile_metrics", "tokenizer", *_ROOFLINE_KEYS}
     reject_unknown_keys(raw, top_keys, loc, "")
     name = get_value(raw, loc, "", "endpoint", str, Endpoint.COMPLETIONS)
     if name not in tuple(Endpoint):
@@ -337,7 +344,38 @@ def scenario_from_raw(
         metric_percentiles=percentiles,
         percentile_metrics=metrics,
         tokenizer=None if tokenizer is None else _tokenizer(base / tokenizer, loc),
+        **_roofline(raw, loc, base),
     )
+
+
+_ROOFLINE_KEYS = ("model_config", "mem_bandwidth_gbps", "bytes_per_token")
+# A device's memory bandwidth in GB/s, and a step's bytes: from a phone's to a rack's, with room.
+_GBPS = Bound(0, 1e6, open_low=True, unit="GB/s")
+_BYTES = Bound(0, 1e15, open_low=True, unit="bytes")
+
+
+def _roofline(raw: Mapping[str, object], loc: Located, base: Path) -> dict[str, Any]:
+    """model_config = "PATH" (a config.json, or the model folder holding one), mem_bandwidth_gbps and
+    bytes_per_token: the floor's inputs, read as their flags are."""
+    found: dict[str, Any] = {}
+    path = get_value(raw, loc, "", "model_config", str, None)
+    if path is not None:
+        found["model_config"] = _model_config(base / path, loc)
+    for key, bounds in (("mem_bandwidth_gbps", _GBPS), ("bytes_per_token", _BYTES)):
+        if key in raw:
+            found[key] = float(get_number(raw, loc, "", key, (int, float), bounds))
+    return found
+
+
+def _model_config(path: Path, loc: Located) -> Mapping[str, Any]:
+    found = path / "config.json" if path.is_dir() else path
+    try:
+        config = json.loads(found.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise loc.error("", "model_config", f"{found}: not a readable config.json ({exc})") from None
+    if not isinstance(config, dict):
+        raise loc.error("", "model_config", f"{found}: not a JSON object")
+    return config
 
 
 def _tokenizer(path: Path, loc: Located) -> Path:
@@ -379,6 +417,9 @@ FLAG_KEYS: dict[str, tuple[str, str]] = {
     "endpoint": ("", "endpoint"),
     "quality_gate": ("", "quality_gate"),
     "tokenizer": ("", "tokenizer"),
+    "model_config": ("", "model_config"),
+    "mem_bandwidth_gbps": ("", "mem_bandwidth_gbps"),
+    "bytes_per_token": ("", "bytes_per_token"),
     "dataset_name": ("workload.dataset", "kind"),
     "random_input_len": ("workload.dataset", "input_len"),
     "random_output_len": ("workload.dataset", "output_len"),
@@ -447,6 +488,9 @@ class ScenarioFlags:
     metric_percentiles: str | None = None
     percentile_metrics: str | None = None
     tokenizer: Path | None = None  # vllm bench's --tokenizer, a local folder or tokenizer.json
+    model_config: Path | None = None  # the bandwidth floor's config.json (or its model folder)
+    mem_bandwidth_gbps: float | None = None
+    bytes_per_token: float | None = None
 
     def given(self) -> dict[str, JSONScalar]:
         """The workload flags that were given, by field name, as the values their keys take (a path

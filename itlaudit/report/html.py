@@ -28,6 +28,7 @@ from itlaudit.report.markdown import (
     SERVER_NOTE,
     category_rows,
     finding_groups,
+    floor_lines,
     headline,
     import_rows,
     report_warnings,
@@ -156,6 +157,9 @@ def render_html(
             f"<h2>{SERVER_HEADING}</h2><p>{inline_markdown(SERVER_NOTE)}</p>",
             table_html(["signal", *variants], server),
         ]
+    floors = [line.removeprefix("- ") for line in floor_lines(summary) if line]
+    if floors:
+        parts.append("<ul>" + "".join(f"<li>{inline_markdown(line)}</li>" for line in floors) + "</ul>")
     parts += figures[1:]
     parts += [_imported(imp, variant, variants.get(variant)) for imp, variant in imported]
     return page_html(f"itlaudit: {title}", parts)

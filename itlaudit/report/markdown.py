@@ -37,6 +37,7 @@ __all__ = [
     "context_section",
     "escape",
     "finding_groups",
+    "floor_lines",
     "group_findings",
     "headline",
     "import_rows",
@@ -241,13 +242,42 @@ def server_rows(summary: RunSummary) -> list[list[str]]:
 def server_section(summary: RunSummary) -> list[str]:
     rows = server_rows(summary)
     if not rows:
-        return []
+        return floor_lines(summary)
     names = list(summary.variants)
     out = [f"## {SERVER_HEADING}", "", SERVER_NOTE, ""]
     out.append("| signal | " + " | ".join(escape(n) for n in names) + " |")
     out.append("|---|" + "---|" * len(names))
     out += ["| " + " | ".join(escape(c) for c in row) + " |" for row in rows]
-    return [*out, ""]
+    return [*out, "", *floor_lines(summary)]
+
+
+def floor_lines(summary: RunSummary) -> list[str]:
+    """Each variant's token ITL said against its memory-bandwidth floor (analysis.roofline), or why
+    there is none."""
+    out = []
+    for name in summary.variants:
+        server = summary.server.get(name) or {}
+        if note := server.get("floor_note"):
+            out.append(f"- {escape(name)}: {escape(str(note))}")
+            continue
+        floor, share = server.get("floor_ms"), server.get("floor_share")
+        if not isinstance(floor, int | float) or not isinstance(share, int | float):
+            continue
+        itl = floor / share
+        device = server.get("floor_device") or "the device"
+        where = (
+            f"{share:.0%} of {escape(str(device))}'s bandwidth floor {floor:.3g} ms"
+            if share <= 1
+            else f"below {escape(str(device))}'s K0 bandwidth floor {floor:.3g} ms ({share:.2f}x): more "
+            "than one token a step, which only speculation gives"
+        )
+        out.append(
+            f"- {escape(name)}: {itl:.3g} ms/token = {where} "
+            f"({server['floor_bytes_per_step'] / 1e9:.3g} GB a step at "
+            f"{server['floor_bandwidth_gbps']:.0f} GB/s, batch {server['floor_batch']}, "
+            f"{server['floor_context_tokens']:.0f} tokens of context)"
+        )
+    return [*out, ""] if out else []
 
 
 def category_section(variants: Mapping[str, VariantSummary]) -> list[str]:

@@ -129,6 +129,22 @@ def _energy_rows(server: Mapping[str, Any]) -> list[str]:
     ]
 
 
+def _floor_rows(server: Mapping[str, Any]) -> list[str]:
+    """The memory-bandwidth floor (analysis.roofline), where the run named the model's config."""
+    if note := server.get("floor_note"):
+        return [_section("Bandwidth Floor"), str(note)]
+    if not isinstance(server.get("floor_ms"), int | float):
+        return []
+    share = server.get("floor_share")
+    return [
+        _section("Bandwidth Floor"),
+        _row("Floor per K0 token (ms):", server["floor_ms"], fmt="{:.3f}"),
+        _row("Token ITL at the floor (%):", share * 100 if isinstance(share, int | float) else None),
+        _row("Bytes per step (GB):", server["floor_bytes_per_step"] / 1e9, fmt="{:.3f}"),
+        _row("Memory bandwidth (GB/s):", server.get("floor_bandwidth_gbps"), fmt="{:.0f}"),
+    ]
+
+
 def _count(value: object) -> int | None:
     """A /metrics counter delta (a float on the wire) as the integer vllm bench prints."""
     return int(value) if isinstance(value, int | float) else None
@@ -174,6 +190,7 @@ def result_block(
         *_metric_rows(block_settings, bench, comparison.steps_per_chunk if comparison else None),
         *_spec_decode_rows(comparison),
         *_energy_rows(summary.server.get(variant) or {}),
+        *_floor_rows(summary.server.get(variant) or {}),
     ]
     lines += [(line, None) for line in plain]
     found = ", ".join(f"{code}×{n}" for code, n in block.findings.items()) or "none"

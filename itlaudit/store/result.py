@@ -174,25 +174,43 @@ def result_json(
             FORMAT_KEY: FORMAT,  # vllm bench writes no `format`; after --metadata, so it wins a clash
         }
     )
-    result.update(_energy((summary.get("server") or {}).get(variant)))
+    result.update(_server_figures((summary.get("server") or {}).get(variant)))
     return result
 
 
 # The GPU energy keys (analysis.server_metrics.gpu_energy), where NVML gave it: vllm bench 0.32 writes
-# none, and its energy PRs (#38647, #56354) are not merged, so the names are summary.json's own.
-_ENERGY_KEYS = (
-    "gpu_energy_j",
-    "gpu_joules_per_output_token",
-    "output_tokens_per_joule",
-    "gpu_energy_per_gpu_j",
-    "gpu_energy_source",
-)
+# none, and its energy PRs (#38647, #56354) are not merged, so the names are summary.json's own. The
+# memory-bandwidth floor's (analysis.roofline), where the run named the model's config, likewise.
+_SERVER_KEYS = {
+    "gpu_energy_j": (
+        "gpu_energy_j",
+        "gpu_joules_per_output_token",
+        "output_tokens_per_joule",
+        "gpu_energy_per_gpu_j",
+        "gpu_energy_source",
+    ),
+    "floor_ms": (
+        "floor_ms",
+        "floor_share",
+        "floor_bytes_per_step",
+        "floor_bandwidth_gbps",
+        "floor_bandwidth_source",
+        "floor_device",
+        "floor_batch",
+        "floor_context_tokens",
+    ),
+}
 
 
-def _energy(server: Mapping[str, Any] | None) -> JSONObject:
-    if not isinstance(server, Mapping) or server.get("gpu_energy_j") is None:
+def _server_figures(server: Mapping[str, Any] | None) -> JSONObject:
+    if not isinstance(server, Mapping):
         return {}
-    return {key: server.get(key) for key in _ENERGY_KEYS}
+    return {
+        key: server.get(key)
+        for present, keys in _SERVER_KEYS.items()
+        if server.get(present) is not None
+        for key in keys
+    }
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")

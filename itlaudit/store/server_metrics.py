@@ -3,11 +3,14 @@ time order (the file's format is checked from its header line)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import statistics
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from itlaudit.analysis.metrics import request_metrics
 from itlaudit.analysis.request_acceptance import pooled_server_acceptance
+from itlaudit.analysis.roofline import variant_floor
 from itlaudit.analysis.server_metrics import GPU_TELEMETRY_FILE, SERVER_METRICS_FILE, variant_server_figures
 from itlaudit.model.formats import FORMAT_KEY, check_format
 from itlaudit.model.jsonvalue import JSONObject
@@ -80,6 +83,54 @@ def _window(records: Sequence[RequestRecord], offsets: dict[int, int]) -> tuple[
     return min(a for a, _ in spans), max(b for _, b in spans)
 
 
+def _meta(run_dir: Path) -> dict[str, Any]:
+    try:
+        meta = read_json(run_dir / META_FILE)
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def _device(gpu_rows: Sequence[JSONObject], meta: Mapping[str, Any]) -> str | None:
+    """The device the variant's server ran on, as NVML names it: the GPU sampler's start row, else
+    the host environment meta.json recorded (its first GPU)."""
+    for row in gpu_rows:
+        names = row.get("gpus") if row.get("start") else None
+        if isinstance(names, dict):
+            found = [str(v) for v in names.values() if isinstance(v, str)]
+            if found:
+                return found[0]
+    gpus = (meta.get("environment") or {}).get("gpus") or []
+    named = [g.get("name") for g in gpus if isinstance(g, dict) and isinstance(g.get("name"), str)]
+    return named[0] if named else None
+
+
+def _floor(
+    meta: Mapping[str, Any], records: Sequence[RequestRecord], gpu_rows: Sequence[JSONObject]
+) -> JSONObject:
+    """The variant's memory-bandwidth floor (analysis.roofline.variant_floor) at the run's mean context
+    (prompt plus half the reply: the middle of a decode) and batch (the concurrency cap, or every
+    request where none), beside its token ITL p50."""
+    roofline = meta.get("roofline")
+    ok = [r for r in records if r.status == Status.OK]
+    if not isinstance(roofline, dict) or not ok:
+        return {}
+    metrics = [request_metrics(r) for r in ok]
+    contexts = [
+        (r.prompt_tokens or 0) + (m.completion_tokens or 0) / 2 for r, m in zip(ok, metrics, strict=True)
+    ]
+    cap = (meta.get("workload") or {}).get("max_concurrency")
+    batch = min(cap, len(ok)) if isinstance(cap, int) and cap > 0 else len(ok)
+    itl = [m.itl_ms for m in metrics if m.itl_ms is not None]
+    return variant_floor(
+        roofline,
+        _device(gpu_rows, meta),
+        statistics.fmean(contexts),
+        batch,
+        statistics.median(itl) if itl else None,
+    )
+
+
 def _output_tokens(records: Sequence[RequestRecord]) -> int:
     """The variant's output tokens as its block's total_output_tokens counts them (benchmark_figures):
     each completed request's usage, or its counted tokens where the server sent none."""
@@ -102,6 +153,7 @@ def server_blocks(
     server, gpu = telemetry["server"], telemetry["gpu"]
     names = list(dict.fromkeys([*(r.variant for r in records), *server, *gpu]))
     offsets = _clock_offsets(run_dir)
+    meta = _meta(run_dir)
     blocks = {}
     for name in names:
         mine = [r for r in records if r.variant == name]
@@ -110,6 +162,7 @@ def server_blocks(
         block = variant_server_figures(
             server.get(name, []), gpu.get(name, []), acceptance, window, _output_tokens(mine)
         )
+        block.update(_floor(meta, mine, gpu.get(name, [])))
         if block:
             blocks[name] = block
     return blocks

@@ -44,6 +44,7 @@ META_KEYS = (
     "metric_percentiles",
     "percentile_metrics",
     "tokenizer",
+    "roofline",
     "workload",
     "started_at_unix",
     "environment",
@@ -94,6 +95,12 @@ class RunFolder:
                 "quality_gate": scenario.quality_gate,
                 **scenario.block.to_meta(),
                 "tokenizer": None if scenario.tokenizer is None else str(scenario.tokenizer.absolute()),
+                # the bandwidth floor's inputs as given (analysis.roofline reads them when deriving)
+                "roofline": {
+                    "model_config": scenario.model_config,
+                    "mem_bandwidth_gbps": scenario.mem_bandwidth_gbps,
+                    "bytes_per_token": scenario.bytes_per_token,
+                },
                 "workload": workload_meta(scenario),
                 "started_at_unix": time.time(),
                 "environment": host_environment(),
