@@ -24,6 +24,7 @@ from itlaudit.analysis.metrics import (
 )
 from itlaudit.analysis.quality import text_quality
 from itlaudit.analysis.request_acceptance import server_acceptance
+from itlaudit.analysis.roofline import launch_bound_finding
 from itlaudit.analysis.summary import Figures, LoopLag, RunSummary, VariantSummary
 from itlaudit.model.block import BlockSettings
 from itlaudit.model.codes import REGISTRY, Scope
@@ -164,11 +165,14 @@ def summarize_run(
     *,
     quality: QualitySettings = JUDGED_RELATIVELY,
     block: BlockSettings = DEFAULT_BLOCK,
+    server: Mapping[str, JSONObject] | None = None,
 ) -> RunSummary:
     """summary.json: per-variant blocks in scenario order, then run-level findings. `derived` is
     derive_requests(records) when the caller has it already (each request's findings once); `quality`
     is meta.json's gate and dummy-weight variants (run_context.quality_settings), which the summary
-    carries for the validity rule; `block` meta.json's goodput SLOs and percentiles (BlockSettings)."""
+    carries for the validity rule; `block` meta.json's goodput SLOs and percentiles (BlockSettings);
+    `server` each variant's server block (store.server_metrics.server_blocks), kept in the summary and
+    judged for launch_bound."""
     requests = derived if derived is not None else derive_requests(records)
     names = list(variant_order or [])
     names += [r.variant for r in records if r.variant not in names]
@@ -176,6 +180,10 @@ def summarize_run(
     for name in dict.fromkeys(names):
         variants[name] = _variant_block([r for r in requests if r.record.variant == name], block)
     run_level: list[Finding] = run_findings(records)
+    server = dict(server or {})
+    run_level += filter(
+        None, (launch_bound_finding(name, server[name]) for name in variants if name in server)
+    )
     for finding in run_level:
         judged = variants.get(str(finding.evidence.get("variant")))
         if judged is not None:
@@ -185,6 +193,7 @@ def summarize_run(
         run_findings=[f.to_json() for f in run_level],
         quality_gate=quality.gate,
         dummy_weights=[name for name in quality.dummy_weights if name in variants],
+        server=server,
     )
 
 

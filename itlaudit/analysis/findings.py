@@ -66,7 +66,8 @@ __all__ = [
     "truncated_requests",
 ]
 
-# The codes these rules emit (the comparison codes come from comparison and lossless).
+# The codes these rules emit (the comparison codes come from comparison and lossless; launch_bound, a
+# variant's, from roofline, which judges the server block beside the floor).
 CODES = codes_in(Scope.REQUEST, Scope.VARIANT)
 
 # A shared cap needs repeated evidence: one or two requests ending at the same length can be chance

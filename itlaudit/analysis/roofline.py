@@ -21,12 +21,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from itlaudit.model.codes import LAUNCH_BOUND, Finding
+
 __all__ = [
     "BANDWIDTHS",
     "Bandwidth",
     "ModelBytes",
     "bandwidth_for",
     "decode_floor",
+    "launch_bound_finding",
     "model_bytes",
     "variant_floor",
 ]
@@ -317,3 +320,36 @@ def variant_floor(
     if itl_p50_ms:
         figures["floor_share"] = figures["floor_ms"] / itl_p50_ms
     return figures
+
+
+# A step this far from the floor, on a GPU this idle, is not waiting on memory (issue 35 item 8: the
+# GPU lane's eager Gemma 3 270M ran 33 ms a token against a 0.1 ms floor with NVML at 12-25 %).
+LAUNCH_BOUND_SHARE = 0.10
+LAUNCH_BOUND_UTIL_PCT = 50.0
+
+
+def launch_bound_finding(variant: str, server: Mapping[str, Any]) -> Finding | None:
+    """launch_bound for a variant whose token ITL p50 is under LAUNCH_BOUND_SHARE of its floor's speed
+    while NVML's utilisation p50 is under LAUNCH_BOUND_UTIL_PCT: neither memory nor compute is the
+    limit, kernel launches or the host CPU are (eager mode, CUDA graphs off, a small model), so a
+    ratio against another variant measures the host as much as the server. Needs both figures."""
+    share, util, floor = server.get("floor_share"), server.get("gpu_util_p50_pct"), server.get("floor_ms")
+    if not all(isinstance(v, int | float) for v in (share, util, floor)):
+        return None
+    if share >= LAUNCH_BOUND_SHARE or util >= LAUNCH_BOUND_UTIL_PCT:  # type: ignore[operator]
+        return None
+    itl = floor / share  # type: ignore[operator]
+    message = (
+        f"Variant {variant!r}: token ITL p50 {itl:.3g} ms is {share:.2%} of the memory-bandwidth floor's "
+        f"speed ({floor:.3g} ms a step) while NVML saw the GPU busy {util:.0f}% of the time (p50): the step "
+        "waits on kernel launches or the CPU, not on the GPU (eager mode? CUDA graphs off?). Its speed "
+        "moves with the host: compare repeated trials (--trials), not one ratio."
+    )
+    evidence = {
+        "variant": variant,
+        "token_itl_p50_ms": itl,
+        "floor_ms": floor,
+        "floor_share": share,
+        "gpu_util_p50_pct": util,
+    }
+    return Finding.of(LAUNCH_BOUND, message, evidence)

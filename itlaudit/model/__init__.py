@@ -31,6 +31,7 @@ SURFACE = Surface(
             "HTTP_ERROR",
             "IGNORE_EOS_VIOLATED",
             "INVALID_UTF8",
+            "LAUNCH_BOUND",
             "MIN_TOKENS_VIOLATED",
             "NO_DONE_SENTINEL",
             "PROMPT_TOKENS_MISMATCH",

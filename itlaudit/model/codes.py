@@ -177,6 +177,13 @@ COMMON_CAP = _register(
     "3 or more requests, at least half of a variant's finished ones, stopped at one identical length "
     "with finish_reason 'length' below max_tokens: a server-side cap, not latency, explains its numbers",
 )
+LAUNCH_BOUND = _register(
+    "launch_bound",
+    _WARNING,
+    Scope.VARIANT,
+    "the token ITL sits under 10% of the memory-bandwidth floor's speed while NVML saw the GPU busy "
+    "under half the time: the step waits on kernel launches or the CPU, so its speed moves with the host",
+)
 PROMPT_TOKENS_MISMATCH = _register(
     "prompt_tokens_mismatch",
     _WARNING,

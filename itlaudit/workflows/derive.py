@@ -119,10 +119,10 @@ def derive_figures(
                 requests,
                 quality=quality_settings(meta),
                 block=BlockSettings.from_meta(meta),
+                server=server_blocks(run_dir, records),
             ),
             records=RecordsSeen(file=REQUESTS_FILE, lines=loaded.lines, warmup=loaded.warmup),
             partial=None if live is None else PartialBy(pid=live.pid, host=live.host),
-            server=server_blocks(run_dir, records),
         )
         compared = CompareResult.from_json(_optional_json(run_dir / COMPARE_FILE))
         if compared is not None:  # compare.json's findings are the run's too: one set in every output
