@@ -44,6 +44,10 @@ def launched(name: str, headers: str, *server_args: str) -> str:
     env = (
         f'{{ VLLM_API_KEY = "{PLANTED}LaunchEnv1", MY_PASSWORD = "{PLANTED}LaunchPw1", '
         f'AUTH_HEADER = "{PLANTED}LaunchAuth1", HF_TOKEN = "{PLANTED}LaunchHf1", '
+        # credentials by kind (issue 39 item 4): named otherwise than key/token/secret/password, or
+        # named innocently with a bearer token's look
+        f'MY_PASSWD = "{PLANTED}Passwd1", DB_PWD = "{PLANTED}Pwd1", SESSION_COOKIE = "{PLANTED}Cookie1", '
+        f'SERVICE_CREDENTIALS = "{PLANTED}Credentials1", UPSTREAM = "Bearer {PLANTED}Bearer1", '
         'VLLM_LOGGING_LEVEL = "INFO" }'
     )
     return (
@@ -56,7 +60,12 @@ def launched(name: str, headers: str, *server_args: str) -> str:
 @pytest.mark.fault_row("N15")
 def test_no_planted_secret_reaches_a_file_or_a_terminal_stream(tmp_path: Path) -> None:
     variants = launched(
-        "K0", f'{{ "X-Api-Token" = "{PLANTED}VariantToken1" }}', "--api-key", f"{PLANTED}ServerArg1"
+        "K0",
+        f'{{ "X-Api-Token" = "{PLANTED}VariantToken1" }}',
+        "--api-key",
+        f"{PLANTED}ServerArg1",
+        "--db-passwd",
+        f"{PLANTED}DbPasswd1",
     ) + launched(
         "K1", f'{{ "Authorization" = "Bearer {PLANTED}VariantAuth1" }}', f"--api-key={PLANTED}ServerArg2"
     )

@@ -1,13 +1,16 @@
 """The one redaction policy: every file itlaudit writes (meta.json, the ledger, reports, copied server
 logs) passes what it records from environments and command lines through here.
 
-A name containing KEY, TOKEN, SECRET, PASSWORD or AUTH (any case) marks a credential: the name stays,
-so a reader still sees that HF_TOKEN or --api-key was set, and the value becomes `***`. Run folders and
+A name containing KEY, TOKEN, SECRET, PASSWORD, PASSWD, PWD, COOKIE, CREDENTIAL or AUTH (any case;
+the words below) marks a credential, and so does a value that looks like one whatever its name (a
+bearer token, an sk-/hf_/ghp_ key): the name stays, so a reader still sees that HF_TOKEN or --api-key
+was set, and the value becomes `***`. Run folders and
 ledgers get shared and committed; a credential in one is leaked for good.
 
 "Contains" is judged per word of the name (split at `-`, `_`, `.`): a word that ends in key, token,
-secret or password, or starts with auth, secret or password (HF_TOKEN, --api-key, APIKEY,
-AUTHORIZATION). A plain substring test would also mask --max-num-batched-tokens, --tokenizer and
+secret, password, passwd, pwd, cookie or credential(s), starts with auth, secret, passw or credential,
+or is `pass` (HF_TOKEN, --api-key, APIKEY, AUTHORIZATION, DB_PWD, SESSION_COOKIE, --db-passwd); the
+shell's PWD and OLDPWD are directories, not passwords. A plain substring test would also mask --max-num-batched-tokens, --tokenizer and
 TOKENIZERS_PARALLELISM, which are experiment parameters a reader must see.
 
 A URL's userinfo is a credential wherever the URL appears (`http://user:pw@host`, fault row N15b): the
@@ -38,6 +41,7 @@ __all__ = [
     "is_secret_name",
     "known_secrets",
     "launch_secret_values",
+    "looks_secret",
     "redact_args",
     "redact_bytes",
     "redact_env",
@@ -54,7 +58,21 @@ if TYPE_CHECKING:  # scenario imports access, which imports this module
     from itlaudit.model.launch import LaunchSpec
 
 MASK = "***"
-_SECRET_WORD = re.compile(r"^(.*(key|token|secret|password)|(auth|secret|password).*)$", re.IGNORECASE)
+# A credential's name by kind: a word ending in key, token, secret, password, passwd, pwd, cookie or
+# credential(s), starting with auth, secret, passw or credential, or the word pass (DB_PASS).
+_SECRET_WORD = re.compile(
+    r"^(.*(key|token|secret|password|passwd|pwd|cookies?|credentials?)|(auth|secret|passw|credential).*|pass)$",
+    re.IGNORECASE,
+)
+# The shell's working directories: named like a password's abbreviation, never one, and masking their
+# value would blank every path in a log.
+_NOT_SECRET = frozenset({"PWD", "OLDPWD"})
+# A credential by its look, whatever it is called: a bearer token, an OpenAI/Anthropic-style sk- key,
+# a Hugging Face, GitHub or Slack token.
+_SECRET_VALUE = re.compile(
+    r"^(Bearer\s+\S{8,}|sk-[A-Za-z0-9_-]{16,}|hf_[A-Za-z0-9]{16,}|gh[pousr]_[A-Za-z0-9]{20,}"
+    r"|github_pat_\w{20,}|xox[abpr]-[\w-]{10,})$"
+)
 _WORD_SPLIT = re.compile(r"[^A-Za-z0-9]+")
 # `--api-key=X`, `-e HF_TOKEN=X` (docker), `HF_TOKEN=X` (a shell prefix): NAME=VALUE in one argument.
 _ASSIGNMENT = re.compile(r"^(-{0,2}[A-Za-z_][\w.-]*)=(.*)$", re.DOTALL)
@@ -93,11 +111,21 @@ def _masked_userinfo(match: re.Match[str]) -> str:
 
 
 def is_secret_name(name: str) -> bool:
+    if name in _NOT_SECRET:
+        return False
     return any(_SECRET_WORD.match(word) for word in _WORD_SPLIT.split(name) if word)
 
 
+def looks_secret(value: str) -> bool:
+    """A value that is a credential by its form (a bearer token, an sk-/hf_/ghp_ key), whatever the
+    name it came under."""
+    return bool(_SECRET_VALUE.match(value.strip()))
+
+
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:
-    return {key: (MASK if is_secret_name(key) else value) for key, value in env.items()}
+    return {
+        key: (MASK if is_secret_name(key) or looks_secret(value) else value) for key, value in env.items()
+    }
 
 
 def redact_args(args: Sequence[str]) -> list[str]:
@@ -111,11 +139,13 @@ def redact_args(args: Sequence[str]) -> list[str]:
             continue
         mask_next = False
         assignment = _ASSIGNMENT.match(arg)
-        if assignment and is_secret_name(assignment.group(1)):
+        if assignment and (is_secret_name(assignment.group(1)) or looks_secret(assignment.group(2))):
             out.append(f"{assignment.group(1)}={MASK}")
         elif arg.startswith("-") and is_secret_name(arg):
             out.append(arg)
             mask_next = True
+        elif looks_secret(arg):
+            out.append(MASK)
         else:
             out.append(redact_url(arg))
     return out
@@ -150,7 +180,7 @@ def _is_scalar(value: Any) -> bool:
 
 def secret_values(env: Mapping[str, str], args: Sequence[str]) -> set[str]:
     """The credential values in an environment and a command line, for masking them in free text."""
-    values = {value for key, value in env.items() if is_secret_name(key)}
+    values = {value for key, value in env.items() if is_secret_name(key) or looks_secret(value)}
     for original, masked in zip(args, redact_args(args), strict=True):
         if masked == MASK:
             values.add(original)
