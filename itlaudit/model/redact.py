@@ -10,8 +10,9 @@ ledgers get shared and committed; a credential in one is leaked for good.
 "Contains" is judged per word of the name (split at `-`, `_`, `.`): a word that ends in key, token,
 secret, password, passwd, pwd, cookie or credential(s), starts with auth, secret, passw or credential,
 or is `pass` (HF_TOKEN, --api-key, APIKEY, AUTHORIZATION, DB_PWD, SESSION_COOKIE, --db-passwd); the
-shell's PWD and OLDPWD are directories, not passwords. A plain substring test would also mask --max-num-batched-tokens, --tokenizer and
-TOKENIZERS_PARALLELISM, which are experiment parameters a reader must see.
+shell's PWD and OLDPWD are directories, not passwords. A plain substring test would also mask
+--max-num-batched-tokens, --tokenizer and TOKENIZERS_PARALLELISM, which are experiment parameters a
+reader must see.
 
 A URL's userinfo is a credential wherever the URL appears (`http://user:pw@host`, fault row N15b): the
 password becomes `***` and the user stays (`http://user:***@host`), as for a secret-named flag; a
