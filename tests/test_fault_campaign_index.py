@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "faults.md"
-ROW_ID = re.compile(r"^(G\d+|N\d+b?|\d+b?)$")
+ROW_ID = re.compile(r"^(G\d+|N\d+b?|R\d+|\d+b?)$")
 
 # Collect in a fresh interpreter (the suite's own session cannot collect itself again) and print
 # each item's fault_row markers; only the modules that mention the marker are collected.
@@ -58,7 +58,7 @@ def collected_rows() -> dict[str, set[str]]:
 
 def test_every_row_has_a_test_and_every_marker_a_row() -> None:
     rows = page_rows()
-    assert len(rows) == 70  # G1, G2, 1-32, 6b; N1-N34, N15b
+    assert len(rows) == 72  # G1, G2, 1-32, 6b; N1-N34, N15b; R1-R2
     found = collected_rows()
     missing = sorted(row for row in rows if not found.get(row))
     unknown = sorted(row for row in found if row not in rows)

@@ -58,6 +58,7 @@ def launched(name: str, headers: str, *server_args: str) -> str:
 
 @pytest.mark.fault_row("30")
 @pytest.mark.fault_row("N15")
+@pytest.mark.fault_row("R1")
 def test_no_planted_secret_reaches_a_file_or_a_terminal_stream(tmp_path: Path) -> None:
     variants = launched(
         "K0",

@@ -16,6 +16,7 @@ from itlaudit import __version__
 from itlaudit.cli.style import Entry, LazyRoot
 from itlaudit.errors import ItlauditError, RunInterrupted
 from itlaudit.model.redact import redact_terminal
+from itlaudit.store.rundir import TOO_DEEP
 
 __all__ = ["COMMANDS", "GATE", "MEASURE", "READ", "TOOLS", "app", "main", "version"]
 
@@ -218,6 +219,9 @@ def main() -> None:
     except ItlauditError as exc:
         err.print(f"itlaudit: error: {exc}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
+    except RecursionError:  # a JSON file read where no reader names it (store.rundir.read_json does)
+        err.print(f"itlaudit: error: a file this command read: {TOO_DEEP}", markup=False, highlight=False)
+        sys.exit(2)
     except (KeyboardInterrupt, typer.Abort):  # outside a run (typer turns Ctrl-C into Abort)
         _exit_interrupted()
     except typer.Exit as exc:

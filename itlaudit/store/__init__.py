@@ -37,6 +37,7 @@ SURFACE = Surface(
             "REPORT_FILE",
             "REQUESTS_FILE",
             "SUMMARY_FILE",
+            "TOO_DEEP",
             "new_run_dir",
             "read_json",
             "read_versioned",

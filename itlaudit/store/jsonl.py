@@ -22,7 +22,7 @@ from itlaudit.errors import RecordsError, ScenarioError
 from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.tokenizer import LocalTokenizer
-from itlaudit.store.rundir import check_records_format
+from itlaudit.store.rundir import TOO_DEEP, check_records_format
 
 __all__ = ["RecordFile", "RecordWriter", "iter_jsonl", "load_records", "read_records"]
 
@@ -170,6 +170,8 @@ def iter_jsonl(path: Path) -> Iterator[JSONObject]:
             if lineno == len(lines):
                 return  # partial final line from an interrupted write
             raise RecordsError(f"{path}:{lineno}: not valid JSON ({exc.msg}); the file is damaged") from None
+        except RecursionError:
+            raise RecordsError(f"{path}:{lineno}: {TOO_DEEP}") from None
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from itlaudit.errors import RunDirError
 from itlaudit.model.formats import RECORDS_FORMAT, RECORDS_FORMAT_KEY, check_format, stamped
 from itlaudit.model.jsonvalue import JSONMapping
 
@@ -66,7 +67,20 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def read_json(path: Path) -> Any:
-    return json.loads(path.read_text(encoding="utf-8"))
+    """A JSON file; one that nests deeper than Python's decoders recurse (an attack, or a damaged file:
+    itlaudit writes a few levels) is one RunDirError line naming it, not a RecursionError traceback."""
+    text = path.read_text(encoding="utf-8")
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise RunDirError(f"{path}: {TOO_DEEP}") from None
+
+
+# What a JSON text nested past the decoder's recursion limit is said to be, wherever it is read.
+TOO_DEEP = (
+    "JSON nested deeper than Python's decoder reaches (~1000 levels; itlaudit writes a few): not a file "
+    "itlaudit wrote, or a damaged one; repair or remove it"
+)
 
 
 def write_versioned(path: Path, data: Any) -> None:
