@@ -14,7 +14,7 @@ from aiohttp import web
 from simkit import app_on_thread, itlaudit, sim_server
 
 from itlaudit.analysis.server_metrics import GPU_TELEMETRY_FILE, SERVER_METRICS_FILE, gpu_figures
-from itlaudit.capture.dcgm import dcgm_figures
+from itlaudit.capture.dcgm import NotAFigure, dcgm_figures
 from itlaudit.capture.telemetry import Telemetry
 from itlaudit.errors import ScenarioError
 from itlaudit.serve.sim import SimConfig
@@ -62,6 +62,20 @@ def test_throttle_mask_when_the_exporter_exports_it() -> None:
     )
     figures = dcgm_figures(page)
     assert figures["1"]["throttle"] == ["sw_power_cap"] and "throttle" not in figures["0"]
+
+
+@pytest.mark.parametrize(
+    ("series", "value"),
+    [("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "+Inf"), ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "-4"),
+     ("DCGM_FI_DEV_POWER_USAGE", "NaN")],
+)  # fmt: skip
+def test_a_figure_no_gpu_can_have_makes_the_page_an_error_row(series: str, value: str) -> None:
+    """issue 39 item 5: a +Inf throttle mask was an OverflowError traceback that aborted the run before
+    any request; a NaN power was written as a figure. Now the page is refused (NotAFigure, which the
+    sampler turns into an error row naming the series), and the clean page above reads. ~0 s."""
+    page = EXPORTER_PAGE + f'# TYPE {series} gauge\n{series}{{gpu="1",modelName="NVIDIA H200"}} {value}\n'
+    with pytest.raises(NotAFigure, match=f"GPU 1's {series} is"):
+        dcgm_figures(page)
 
 
 def test_window_reads_the_exporter_into_gpu_telemetry(tmp_path: Path) -> None:

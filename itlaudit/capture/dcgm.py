@@ -10,6 +10,7 @@ credentials go to it; a URL's own user:password is masked in every file and line
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from itlaudit.analysis.server_metrics import GPU_TELEMETRY_FILE
@@ -38,6 +39,16 @@ _FB_FREE, _FB_RESERVED = "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED"
 _REASONS = ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS")
 
 
+class NotAFigure(ValueError):
+    """A series whose value no GPU can have (NaN, ±Inf, a mask out of range): the page is not used."""
+
+
+def _figure(name: str, gpu: str, value: float) -> float:
+    if not math.isfinite(value):
+        raise NotAFigure(f"GPU {gpu}'s {name} is {value}: not a finite figure")
+    return float(value)
+
+
 def dcgm_figures(text: str) -> dict[str, JSONObject]:
     """Each GPU's figures (keyed by the exporter's `gpu` label, as NVML rows key by index) from one
     page of dcgm-exporter text; ValueError when it is not Prometheus text. Series without a `gpu`
@@ -53,11 +64,14 @@ def dcgm_figures(text: str) -> dict[str, JSONObject]:
                 continue
             figures = gpus.setdefault(gpu, {})
             if sample.name in DCGM_FIELDS:
-                figures[DCGM_FIELDS[sample.name]] = float(sample.value)
+                figures[DCGM_FIELDS[sample.name]] = _figure(sample.name, gpu, sample.value)
             elif sample.name in (_FB_FREE, _FB_RESERVED):
-                free[gpu] = free.get(gpu, 0.0) + float(sample.value)
+                free[gpu] = free.get(gpu, 0.0) + _figure(sample.name, gpu, sample.value)
             elif sample.name in _REASONS:
-                figures["throttle"] = list[JSONValue](throttle_names(int(sample.value)))
+                mask = _figure(sample.name, gpu, sample.value)
+                if not 0 <= mask < 2**64 or mask != int(mask):
+                    raise NotAFigure(f"GPU {gpu}'s {sample.name} is {mask}: not a 64-bit reason mask")
+                figures["throttle"] = list[JSONValue](throttle_names(int(mask)))
     for gpu, figures in gpus.items():
         used = figures.get("memory_used_mib")
         if isinstance(used, float) and gpu in free:
@@ -83,6 +97,8 @@ class DcgmSampler(PeriodicSampler):
             gpus = dcgm_figures(self._client.request("GET", self.url).checked().text())
         except ItlauditError as exc:  # no answer or a refusal
             raise SampleFailed(f"DCGM exporter: {exc}") from None
+        except NotAFigure as exc:  # an error row, as for a page that is not Prometheus text
+            raise SampleFailed(f"DCGM exporter {redact_url(self.url)}: {exc}") from None
         except ValueError as exc:
             raise SampleFailed(f"DCGM exporter {redact_url(self.url)}: not Prometheus text ({exc})") from None
         if not gpus:
