@@ -71,6 +71,24 @@ def test_an_option_with_no_itlaudit_meaning_is_one_line() -> None:
     )
 
 
+def test_a_result_file_that_cannot_be_written_is_refused_before_the_first_request(tmp_path: Path) -> None:
+    """issue 39 item 5: --save-result naming a folder was refused only after the whole run. The server
+    here does not answer: the line comes before anything is sent; a writable file passes the check
+    (and then meets the unreachable server). ~2 s."""
+    (tmp_path / "results").mkdir()
+    (tmp_path / "a-file").write_text("")
+    for target, said in (
+        (tmp_path / "results", "a folder"),
+        (tmp_path / "a-file" / "r.json", "not a folder"),
+    ):
+        done = itlaudit("run", "--url", "http://127.0.0.1:9", "--save-result", str(target))
+        assert done.returncode == 2 and said in done.stderr and "cannot reach" not in done.stderr, done.stderr
+    done = itlaudit(
+        "run", "--url", "http://127.0.0.1:9", "--save-result", str(tmp_path / "results" / "r.json")
+    )
+    assert done.returncode == 2 and "cannot reach" in done.stderr
+
+
 def test_itlaudit_own_spellings_pass_through_beside_vllm_benchs() -> None:
     """itlaudit's `--header 'Name: value'`, `--save-result FILE` and `--endpoint chat` keep their
     meaning (a SCENARIO after them stays the scenario); vllm bench's KEY=VALUE lists become one option

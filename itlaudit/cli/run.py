@@ -3,6 +3,7 @@ the run workflow, print each variant's result block and where the reports are.""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -75,7 +76,9 @@ class RunSettings:
     track: str | None = None  # --track DB: record the finished run in that history (itlaudit track)
 
     def scenario(self, path: Path | None, flags: ScenarioFlags) -> Scenario:
-        """The scenario with the flags over it; --save-scenario writes it before anything is sent."""
+        """The scenario with the flags over it; --save-scenario writes it before anything is sent, and
+        --save-result's file is checked then too."""
+        self._check_result_file()
         scenario, raw = build_scenario(path, flags)
         if self.save_scenario is not None:
             header = [
@@ -91,6 +94,21 @@ class RunSettings:
                 raise ItlauditError(f"--save-scenario {self.save_scenario}: {exc.strerror or exc}") from None
             err.print(f"scenario: {self.save_scenario}", markup=False, highlight=False, soft_wrap=True)
         return scenario
+
+    def _check_result_file(self) -> None:
+        """--save-result refused before the first request, not after the whole run, where it cannot be
+        written: a folder, or under something that is not a folder this user can write."""
+        path = self.save_result
+        if path is None:
+            return
+        if path.is_dir():
+            raise ItlauditError(
+                f"--save-result {path}: a folder; give a file in it (or vllm bench's --save-result "
+                f"--result-dir {path})"
+            )
+        existing = next((p for p in (path.parent, *path.parent.parents) if p.exists()), None)
+        if existing is not None and (not existing.is_dir() or not os.access(existing, os.W_OK)):
+            raise ItlauditError(f"--save-result {path}: {existing} is not a folder this user can write")
 
     def reporting(self) -> AbstractContextManager[None]:
         """Where the run is captured and derived: its reports drawn, or written without plots."""
