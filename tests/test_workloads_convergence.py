@@ -96,6 +96,13 @@ def test_a_trial_without_a_figure_counts_and_the_rule_refuses_impossible_bounds(
     rule = ConvergenceRule(ci_width_pct=5, min_trials=2, max_trials=3)
     assert not rule.judge([float("nan"), 10.0]).done
     assert rule.judge([float("nan"), 10.0, 12.0]).done
+    # issue 39 item 5: trials without a valid figure (not comparable: NaN) never count towards the
+    # minimum, so three equal figures of which two are invalid are not "within 5 %"
+    strict = ConvergenceRule(ci_width_pct=5, min_trials=3, max_trials=4)
+    assert not strict.judge([10.0, float("nan"), 10.0, float("nan")][:3]).done
+    ended = strict.judge([10.0, float("nan"), 10.0, float("nan")])
+    assert ended.done and not ended.converged and "2 valid figures" in ended.reason, ended.reason
+    assert strict.judge([10.0, 10.0, 10.0]).converged  # the clean neighbour
     with pytest.raises(ValueError):
         ConvergenceRule(min_trials=1)
     with pytest.raises(ValueError):

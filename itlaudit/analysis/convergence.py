@@ -178,26 +178,36 @@ class ConvergenceRule:
             raise ValueError("the width must be positive and the confidence within (0, 1)")
 
     def judge(self, figures: Sequence[float]) -> Progress:
-        """After the trials so far (one figure each): stop once the interval is narrow enough or the
-        maximum is reached; a trial with no figure (every request failed) counts as a trial run."""
+        """After the trials so far (one figure each): stop once the interval is narrow enough over at
+        least `min_trials` trials that gave a figure, or the maximum is reached. A trial with no figure
+        (NaN: every request failed, or the trial was not comparable) counts against the maximum and
+        never towards the minimum, so invalid trials cannot make an answer look clear."""
         trials = len(figures)
+        valid = sum(1 for f in figures if math.isfinite(f))
+        invalid = f" ({trials - valid} of them without a valid figure)" if valid < trials else ""
         interval = mean_interval(figures, self.confidence)
         narrow = interval is not None and interval.width_pct <= self.ci_width_pct
-        if trials >= self.min_trials and narrow:
+        if valid >= self.min_trials and narrow:
             assert interval is not None
             reason = (
                 f"interval {interval.width_pct:.3g} % of the mean wide, within {self.ci_width_pct:g} %, "
-                f"after {trials} trials"
+                f"after {trials} trials{invalid}"
             )
             return Progress(True, True, reason, interval)
         if trials >= self.max_trials:
+            if valid < self.min_trials:
+                reason = (
+                    f"{valid} valid figures in the maximum of {self.max_trials} trials{invalid}: too few "
+                    f"to judge (at least {self.min_trials}); the trials' findings say why"
+                )
+                return Progress(True, False, reason, interval)
             width = f"{interval.width_pct:.3g} % wide" if interval is not None else "no interval"
             reason = (
-                f"interval {width} after the maximum of {self.max_trials} trials, not within "
+                f"interval {width} after the maximum of {self.max_trials} trials{invalid}, not within "
                 f"{self.ci_width_pct:g} %: the figure moves between trials more than the stated width"
             )
             return Progress(True, False, reason, interval)
-        return Progress(False, False, f"{trials} of at most {self.max_trials} trials", interval)
+        return Progress(False, False, f"{trials} of at most {self.max_trials} trials{invalid}", interval)
 
 
 def trials_settings(

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from itlaudit.analysis.convergence import ConvergenceRule, Progress, mean_interval
+from itlaudit.analysis.validity import variant_validity
 from itlaudit.model.scenario import Scenario
 from itlaudit.store.rundir import new_run_dir, write_versioned
 from itlaudit.workflows.run import DEFAULT_REPORTS, RunOutcome
@@ -31,9 +32,15 @@ class TrialsOutcome:
 
 
 def _figure(outcome: RunOutcome, variant: str) -> float:
-    block = outcome.derivation.summary.variants.get(variant)
+    """The trial's figure for the variant; NaN (no figure) where the trial is not comparable (cut
+    short, failed, gibberish the gate counts): a speed from outputs that were not whole is not one of
+    the figures whose spread says the answer is clear."""
+    summary = outcome.derivation.summary
+    block = summary.variants.get(variant)
     value = None if block is None else block.itl_ms.get("p50")
-    return float(value) if isinstance(value, int | float) else math.nan
+    if not isinstance(value, int | float) or not variant_validity(summary, variant).comparable:
+        return math.nan
+    return float(value)
 
 
 def _fixed(figures: list[float], count: int) -> Progress:
