@@ -132,3 +132,16 @@ def test_resume_of_a_folder_that_is_not_a_sweep_is_one_line(tmp_path: Path) -> N
         "start a new --out",
     )
     assert [p.name for p in folder.iterdir()] == ["sweep-config.json"]
+
+
+def test_resume_after_the_scenario_was_edited_is_one_line_naming_the_workload(tmp_path: Path) -> None:
+    """issue 39 item 5: an edited scenario under the same name resumed silently, mixing 24- and
+    12-request points. The workload's digest is in sweep-config.json; a changed one is refused, and the
+    same scenario resumes (the clean neighbour). ~6 s (one sweep point and two resumes)."""
+    path = sweep_scenario(tmp_path, {"K0": ["--step-ms", "5"]})
+    out = tmp_path / "sw"
+    args = [str(path), "--concurrency", "1", "--out", str(out)]
+    assert run_sweep(tmp_path, *args).returncode == 0
+    assert run_sweep(tmp_path, *args, "--resume").returncode == 0
+    path.write_text(path.read_text().replace("num_requests = 2", "num_requests = 3"))
+    one_line_error(run_sweep(tmp_path, *args, "--resume"), "started with other workload")

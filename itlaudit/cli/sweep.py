@@ -72,7 +72,12 @@ def sweep(
 ) -> None:
     """Run the workload at each load for each variant (one server per variant) and draw where
     speculative decoding stops paying off per token."""
-    from itlaudit.workflows.sweep import SweepConfig, run_sweep, selected_variants  # only to run
+    from itlaudit.workflows.sweep import (  # only to run
+        SweepConfig,
+        run_sweep,
+        selected_variants,
+        workload_digest,
+    )
 
     if (concurrency is None) == (rate is None):
         raise SweepError("give exactly one of --concurrency 1,2,4,... or --rate 1,2,4,...")
@@ -108,6 +113,7 @@ def sweep(
         sla=sla,
         sla_precision=precision,
         goodput=dict(scenario.goodput),
+        workload=workload_digest(scenario),
     )
     urls = {v.name: flags.url for v in scenario.variants} if flags.url else flags.variant_urls
     sweep_dir, result = run_sweep(

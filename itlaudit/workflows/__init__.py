@@ -47,6 +47,7 @@ SURFACE = Surface(
             "SweepConfig",
             "run_sweep",
             "selected_variants",
+            "workload_digest",
         ),
         "trials": (
             "TRIALS_FILE",

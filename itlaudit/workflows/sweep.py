@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
+import json
 import math
 import os
 import time
@@ -95,6 +97,9 @@ class SweepConfig:
     goodput: dict[str, float] = field(default_factory=dict)
     # --trials auto: ConvergenceRule's fields, the metric and cooldown_s; `trials` is then the most.
     convergence: dict[str, Any] | None = None
+    # The workload's digest (workload_digest): an edited scenario under the same name is another
+    # experiment, which --resume refuses. A sweep folder from before it has none and is not checked.
+    workload: str | None = None
 
     def to_json(self) -> JSONObject:
         data = dataclasses.asdict(self)
@@ -107,6 +112,20 @@ class SweepConfig:
             return None
         keys = ("ci_width_pct", "min_trials", "max_trials")
         return ConvergenceRule(**{key: self.convergence[key] for key in keys})
+
+
+def workload_digest(scenario: Scenario) -> str:
+    """What the scenario sends, every prompt, length and sampling parameter, as a short digest."""
+    text = json.dumps(
+        {
+            "endpoint": scenario.endpoint,
+            "model": scenario.model,
+            "workload": dataclasses.asdict(scenario.workload),
+        },
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def point_scenario(scenario: Scenario, axis: LoadAxis, value: float, variant: str) -> Scenario:
@@ -219,8 +238,11 @@ def open_sweep_dir(out: Path | None, scenario_name: str, config: SweepConfig, re
                 f"--resume {out}: {CONFIG_FILE} does not read ({exc}); it is not a sweep this itlaudit "
                 "wrote: start a new --out"
             ) from None
-        if stored != config.to_json():
-            differs = sorted(k for k, v in config.to_json().items() if stored.get(k) != v)
+        asked = config.to_json()
+        if "workload" not in stored:
+            asked.pop("workload")  # a sweep begun before the digest was kept: not checked
+        if stored != asked:
+            differs = sorted(k for k, v in asked.items() if stored.get(k) != v)
             raise SweepError(
                 f"--resume {out}: this sweep was started with other {', '.join(differs)}; repeat its "
                 f"options (see {out / CONFIG_FILE}) or start a new --out"
