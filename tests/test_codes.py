@@ -100,8 +100,10 @@ def test_rule_modules_emit_registered_codes() -> None:
     }
 
 
-def test_truncation_is_the_three_length_codes() -> None:
-    assert {"truncated_below_max_tokens", "min_tokens_violated", "ignore_eos_violated"} == TRUNCATION_CODES
+def test_truncation_is_the_length_codes() -> None:
+    assert {
+        "truncated_below_max_tokens", "reasoning_truncated", "min_tokens_violated", "ignore_eos_violated"
+    } == TRUNCATION_CODES  # fmt: skip
 
 
 def test_a_finding_takes_the_registry_severity_and_refuses_an_unregistered_one() -> None:

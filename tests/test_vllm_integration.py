@@ -81,6 +81,9 @@ def test_chat_without_max_tokens_exposes_generation_config_cap(capped_url: str, 
     (derived,) = lines(tmp_path / "run", "derived.jsonl")
     (detail,) = [d for d in derived["finding_details"] if d["code"] == "truncated_below_max_tokens"]
     assert detail["evidence"]["max_tokens"] is None
+    # capped, but with an answer and no reasoning channel: not reasoning_truncated (its firing case is
+    # tests/test_reasoning_vllm.py)
+    assert line["reasoning"] == "" and line["text"] and "reasoning_truncated" not in derived["findings"]
 
 
 def test_real_stop_token_id_ends_cleanly(capped_url: str) -> None:

@@ -26,6 +26,7 @@ from itlaudit.analysis.output_rules import (
     ignore_eos_finding,
     min_tokens_finding,
     prompt_tokens_finding,
+    reasoning_truncated_finding,
     stop_ids_finding,
     stop_reason_finding,
     truncation_finding,
@@ -85,6 +86,7 @@ def request_findings(
     tokens = exact_tokens(record, metrics)
     candidates = [
         truncation_finding(record, tokens),
+        reasoning_truncated_finding(record, tokens),
         ignore_eos_finding(record, tokens),
         min_tokens_finding(record, tokens),
         stop_ids_finding(record),

@@ -28,6 +28,7 @@ __all__ = [
     "TOKEN_SOURCE_TOKEN_IDS",
     "TOKEN_SOURCE_USAGE",
     "RequestMetrics",
+    "answer_ms",
     "content_chunk_mask",
     "decode_gaps",
     "distribution",
@@ -78,7 +79,9 @@ def content_chunk_mask(chunks: ChunkSeries) -> tuple[np.ndarray, np.ndarray, str
     the server's counts go backwards (that is reported by findings, not absorbed here).
     """
     has_choice = np.asarray(chunks.has_choice, dtype=bool)
-    text_len = np.asarray(chunks.text_len, dtype=np.int64)
+    # the answer's characters and the reasoning channel's: a thinking chunk is a token as much as an
+    # answer chunk (vLLM counts TTFT from the first token of either)
+    text_len = np.asarray(chunks.text_len, dtype=np.int64) + _reasoning_len(chunks)
     n_ids = np.array([-1 if ids is None else len(ids) for ids in chunks.token_ids], dtype=np.int64)
     counts = np.array([np.nan if c is None else c for c in chunks.completion_tokens], dtype=float)
     has_usage = ~np.isnan(counts)
@@ -100,6 +103,23 @@ def content_chunk_mask(chunks: ChunkSeries) -> tuple[np.ndarray, np.ndarray, str
         return mask, tokenized[mask], TOKEN_SOURCE_TOKENIZER
     mask = has_choice & (text_len > 0)
     return mask, np.arange(1, int(mask.sum()) + 1, dtype=np.int64), TOKEN_SOURCE_CHUNKS
+
+
+def _reasoning_len(chunks: ChunkSeries) -> np.ndarray:
+    """Each chunk's reasoning characters; zeros for a series built without them (an older record)."""
+    if len(chunks.reasoning_len) != len(chunks.t_ms):
+        return np.zeros(len(chunks.t_ms), dtype=np.int64)
+    return np.asarray(chunks.reasoning_len, dtype=np.int64)
+
+
+def answer_ms(record: RequestRecord) -> float | None:
+    """When the first answer character came (TTFA): after the thinking, where a reasoning channel
+    carried any; the first content chunk's time otherwise (TTFT). None where no answer came."""
+    chunks = record.chunks
+    for t_ms, length in zip(chunks.t_ms, chunks.text_len, strict=False):
+        if length:
+            return float(t_ms)
+    return None
 
 
 def tokens_at_chunk_ends(
@@ -167,6 +187,11 @@ class RequestMetrics:
     completion_tokens: int | None
     content_chunks: int
     token_source: str
+    # A thinking model's answer (chat with a reasoning parser): when its first character came (TTFA;
+    # TTFT stays the first token of either channel, as vLLM counts it), and how many of the completion
+    # tokens were reasoning (the server's usage details). None for a stream without a reasoning channel.
+    ttfa_ms: float | None = None
+    reasoning_tokens: int | None = None
 
 
 def ratio(num: float | None, den: float | None) -> float | None:
@@ -218,6 +243,8 @@ def request_metrics(record: RequestRecord) -> RequestMetrics:
         completion_tokens=completion_tokens,
         content_chunks=n,
         token_source=source,
+        ttfa_ms=answer_ms(record) if record.reasoning else None,
+        reasoning_tokens=record.reasoning_tokens if record.reasoning else None,
     )
 
 

@@ -14,6 +14,7 @@ from itlaudit.model.codes import (
     IGNORE_EOS_VIOLATED,
     MIN_TOKENS_VIOLATED,
     PROMPT_TOKENS_MISMATCH,
+    REASONING_TRUNCATED,
     STOP_REASON_UNEXPECTED,
     STOP_TOKEN_IDS_IGNORED,
     TRUNCATED_BELOW_MAX_TOKENS,
@@ -31,6 +32,7 @@ __all__ = [
     "ignore_eos_finding",
     "min_tokens_finding",
     "prompt_tokens_finding",
+    "reasoning_truncated_finding",
     "stop_ids_finding",
     "stop_reason_finding",
     "truncation_finding",
@@ -109,6 +111,31 @@ def truncation_finding(record: RequestRecord, tokens: int | None) -> Finding | N
         "completions_default": completions_default_stop(record.endpoint, max_tokens, tokens),
     }
     return Finding.of(TRUNCATED_BELOW_MAX_TOKENS, message, evidence, record.request_id)
+
+
+def reasoning_truncated_finding(record: RequestRecord, tokens: int | None) -> Finding | None:
+    """A thinking reply cut by its length before any answer: the reasoning channel carried text, the
+    answer channel none, and the server said 'length'. Whatever the cap (max_tokens or the server's),
+    the output has no answer, so it is a truncation like the others."""
+    if record.finish_reason != "length" or not record.reasoning or record.text:
+        return None
+    thought = (
+        ""
+        if record.reasoning_tokens is None
+        else f" ({record.reasoning_tokens} of them reasoning, by the server's usage)"
+    )
+    message = (
+        f"finish_reason is 'length' after {tokens_text(tokens)} tokens{thought} while the reply was still "
+        "in its reasoning channel: capped while thinking, no answer came. Its latency is a thinking "
+        "stream's; raise max_tokens (or lower the reasoning budget) to measure answers."
+    )
+    evidence = {
+        "cap": tokens,
+        "max_tokens": record.params.max_tokens,
+        "reasoning_tokens": record.reasoning_tokens,
+        "reasoning_chars": len(record.reasoning),
+    }
+    return Finding.of(REASONING_TRUNCATED, message, evidence, record.request_id)
 
 
 def ignore_eos_finding(record: RequestRecord, tokens: int | None) -> Finding | None:

@@ -14,16 +14,38 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["CHUNK_DECODE_ERRORS", "Choice", "Chunk", "Delta", "Metrics", "Usage", "decode_chunk"]
+__all__ = [
+    "CHUNK_DECODE_ERRORS",
+    "Choice",
+    "Chunk",
+    "Delta",
+    "Metrics",
+    "Usage",
+    "UsageDetails",
+    "decode_chunk",
+]
+
+
+class UsageDetails(msgspec.Struct, gc=False):
+    """usage.completion_tokens_details: how many of the completion tokens were the reasoning channel's
+    (vLLM 0.32 with a reasoning parser, on chat)."""
+
+    reasoning_tokens: int | None = None
 
 
 class Usage(msgspec.Struct, gc=False):
     completion_tokens: int | None = None
     prompt_tokens: int | None = None
+    completion_tokens_details: UsageDetails | None = None
 
 
 class Delta(msgspec.Struct, gc=False):
+    """A chat chunk's delta: the answer (`content`) and the thinking (`reasoning`, vLLM 0.32 with a
+    reasoning parser; `reasoning_content`, older vLLM and other servers)."""
+
     content: str | None = None
+    reasoning: str | None = None
+    reasoning_content: str | None = None
 
 
 class Choice(msgspec.Struct, gc=False):

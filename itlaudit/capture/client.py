@@ -178,8 +178,11 @@ async def _read_stream(
     append_text_len = chunks.text_len.append
     append_has_choice = chunks.has_choice.append
     append_token_ids = chunks.token_ids.append
+    append_reasoning_len = chunks.reasoning_len.append
     text_parts: list[str] = []
     append_text = text_parts.append
+    reasoning_parts: list[str] = []
+    append_reasoning = reasoning_parts.append
     last_ns = t0
     next_wait = timeouts.next_wait
     monotonic_ns = time.monotonic_ns
@@ -219,10 +222,13 @@ async def _read_stream(
                     completion_tokens = usage.completion_tokens
                     record.completion_tokens = completion_tokens
                     record.prompt_tokens = usage.prompt_tokens
+                    if usage.completion_tokens_details is not None:
+                        record.reasoning_tokens = usage.completion_tokens_details.reasoning_tokens
                     if chunk.metrics is not None:  # rides on the usage chunk: no cost on the others
                         record.spec_decode = chunk.metrics.speculative_decoding
                 choices = chunk.choices
                 text = None
+                reasoning = None
                 token_ids = None
                 if choices:
                     choice = choices[0]
@@ -232,7 +238,9 @@ async def _read_stream(
                             continue
                     if is_chat:
                         delta = choice.delta
-                        text = delta.content if delta is not None else None
+                        if delta is not None:
+                            text = delta.content
+                            reasoning = delta.reasoning or delta.reasoning_content
                     else:
                         text = choice.text
                     token_ids = choice.token_ids
@@ -248,6 +256,13 @@ async def _read_stream(
                     append_text(text)
                 else:
                     append_text_len(0)
+                if reasoning:  # a thinking model's chunk: the lengths start here, zeros before
+                    if not reasoning_parts:
+                        chunks.reasoning_len.extend([0] * (len(chunks.t_ms) - 1))
+                    append_reasoning_len(len(reasoning))
+                    append_reasoning(reasoning)
+                elif reasoning_parts:
+                    append_reasoning_len(0)
                 if record.response_id is None:
                     record.response_id = chunk.id
                 if chunk.system_fingerprint is not None:
@@ -259,6 +274,7 @@ async def _read_stream(
         record.e2e_ms = (last_ns - t0) / 1e6
     finally:
         record.text = "".join(text_parts)
+        record.reasoning = "".join(reasoning_parts)
         if record.other_index_chunks and record.status == Status.OK:
             record.status = Status.STREAM_ERROR
             record.error = (

@@ -36,6 +36,7 @@ SURFACE = Surface(
             "NO_DONE_SENTINEL",
             "PROMPT_TOKENS_MISMATCH",
             "RATE_LIMITED",
+            "REASONING_TRUNCATED",
             "REGISTRY",
             "SPEC_DECODE_DISTRIBUTION_SHIFT",
             "SPEC_DECODE_METRICS_DISAGREE",

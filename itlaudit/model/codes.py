@@ -106,6 +106,14 @@ TRUNCATED_BELOW_MAX_TOKENS = _register(
     "the output (16 tokens on /v1/completions without max_tokens is the API default, and says so)",
     truncation=True,
 )
+REASONING_TRUNCATED = _register(
+    "reasoning_truncated",
+    _ERROR,
+    Scope.REQUEST,
+    "finish_reason 'length' while the reply was still in its reasoning channel: capped while thinking, "
+    "no answer came, so its figures are a thinking stream's, not an answer's",
+    truncation=True,
+)
 IGNORE_EOS_VIOLATED = _register(
     "ignore_eos_violated",
     _ERROR,

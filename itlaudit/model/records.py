@@ -114,6 +114,11 @@ class ChunkSeries:
     text_len: list[int] = field(default_factory=list)
     has_choice: list[bool] = field(default_factory=list)
     token_ids: list[list[int] | None] = field(default_factory=list)
+    # Characters of the reasoning channel each chunk carried (chat's delta.reasoning or
+    # reasoning_content): 0 for an answer chunk. Empty for a stream that never thought (the capture
+    # loop starts it at the first reasoning chunk, so other streams pay nothing), and written only
+    # for a record that thought (see to_json).
+    reasoning_len: list[int] = field(default_factory=list)
     # Derived, never written: the tokens a local tokenizer (--tokenizer) finds complete in the text up
     # to the end of each chunk, for a stream that says neither usage nor ids per chunk. Filled by the
     # derivation (workflows.derive) from requests.jsonl's text, so the raw record stays what was sent.
@@ -144,7 +149,11 @@ class RequestRecord:
     completion_tokens: int | None = None  # from the final usage, else the last seen usage
     done_sentinel: bool = False
     e2e_ms: float | None = None  # send → end of stream ([DONE] or close)
-    text: str = ""
+    text: str = ""  # the answer: completions' text, chat's delta.content
+    # chat's reasoning channel, apart from the answer (a thinking model behind a reasoning parser)
+    reasoning: str = ""
+    # usage.completion_tokens_details.reasoning_tokens, where the server counts them
+    reasoning_tokens: int | None = None
     chunks: ChunkSeries = field(default_factory=ChunkSeries)
     started_at_unix: float | None = None  # wall clock, for provenance only: never used in timing
     # The capturing worker's event-loop lag while this stream was open (a 1 ms ticker's lateness): what
@@ -186,6 +195,8 @@ class RequestRecord:
         data["chunk_text_len"] = chunks.text_len
         data["chunk_has_choice"] = chunks.has_choice
         data["chunk_token_ids"] = chunks.token_ids
+        if self.reasoning:  # a stream without thinking writes no array of zeros
+            data["chunk_reasoning_len"] = chunks.reasoning_len
         return data
 
     @classmethod
@@ -211,6 +222,7 @@ class RequestRecord:
             text_len=list(data.get("chunk_text_len", [])),
             has_choice=list(data.get("chunk_has_choice", [])),
             token_ids=list(data.get("chunk_token_ids", absent)),
+            reasoning_len=list(data.get("chunk_reasoning_len", [0] * len(t_ms))),
         )
         lengths = {len(getattr(chunks, f.name)) for f in fields(ChunkSeries) if f.name != "tokenized"}
         if len(lengths) > 1:
