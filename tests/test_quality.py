@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 
@@ -123,6 +124,16 @@ def test_gibberish_finding_fires_on_numeric_drift() -> None:
     assert finding.evidence["digit_ratio"] > 0.35
     assert finding.evidence["thresholds"]["max_digit_ratio"] == 0.35
     assert "ignore_eos" not in finding.message
+
+
+def test_gibberish_in_the_reasoning_channel_is_gibberish_too() -> None:
+    """A thinking model's digit soup in its reasoning channel, before a clean answer: the text audits
+    read everything the model wrote (RequestRecord.output), not the answer alone; a clean thought
+    and a clean answer stay quiet."""
+    thought = dataclasses.replace(_record(CLEAN_EN), reasoning=GIBBERISH)
+    assert GIBBERISH_SUSPECTED not in _codes(_record(CLEAN_EN))  # the answer alone is clean
+    assert _gibberish_finding(thought).code == GIBBERISH_SUSPECTED
+    assert GIBBERISH_SUSPECTED not in _codes(dataclasses.replace(_record(CLEAN_EN), reasoning=CLEAN_EN))
 
 
 def test_gibberish_finding_under_ignore_eos_asks_for_natural_eos() -> None:

@@ -73,7 +73,7 @@ def request_line(request: RequestDerivation) -> JSONObject:
     derived.pop("e2e_ms", None)  # already on the raw record, same value
     derived.pop("completion_tokens", None)
     line.update(derived)
-    line.update(text_quality(record.text).to_json())  # digit_ratio, rep_n, ..., text_sha256
+    line.update(text_quality(record.output).to_json())  # digit_ratio, rep_n, ..., text_sha256
     line["findings"] = [f.code for f in request.findings]
     line["finding_details"] = [f.to_json() for f in request.findings]
     return line

@@ -94,7 +94,7 @@ def speculates(row: VariantComparison) -> bool:
 def quality_figures(records: Sequence[RequestRecord]) -> JSONObject:
     """Output-quality figures of one variant, beside its likelihood: a broken sampler that writes
     loops or digit soup shows here too."""
-    judged = [text_quality(r.text) for r in records]
+    judged = [text_quality(r.output) for r in records]
     if not judged:
         return {"requests": 0, "gibberish_share": None, "rep_3_mean": None, "compression_ratio_median": None}
     return {

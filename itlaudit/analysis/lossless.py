@@ -68,8 +68,8 @@ def _greedy(record: RequestRecord) -> bool:
 def _mismatch(base: RequestRecord, spec: RequestRecord) -> Finding | None:
     base_ids, spec_ids = output_token_ids(base), output_token_ids(spec)
     unit = "token" if base_ids is not None and spec_ids is not None else "char"
-    a: Sequence[int | str] = base_ids if base_ids is not None and unit == "token" else base.text
-    b: Sequence[int | str] = spec_ids if spec_ids is not None and unit == "token" else spec.text
+    a: Sequence[int | str] = base_ids if base_ids is not None and unit == "token" else base.output
+    b: Sequence[int | str] = spec_ids if spec_ids is not None and unit == "token" else spec.output
     pos = _first_difference(a, b)
     if pos is None:
         return None

@@ -230,7 +230,7 @@ def prompt_tokens_finding(record: RequestRecord) -> Finding | None:
 
 
 def gibberish_finding(record: RequestRecord, thresholds: GibberishThresholds) -> Finding | None:
-    quality = text_quality(record.text)
+    quality = text_quality(record.output)
     reasons = gibberish_reasons(quality, thresholds)
     if not reasons:
         return None

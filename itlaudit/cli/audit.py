@@ -166,7 +166,7 @@ def quality(
     )
     suspected = 0
     for record in records:
-        q = text_quality(record.text)
+        q = text_quality(record.output)
         reasons = gibberish_reasons(q, thresholds)
         suspected += bool(reasons)
         verdict = "; ".join(reasons) if reasons else ("too short" if q.chars < min_chars else "clean")

@@ -184,6 +184,12 @@ class RequestRecord:
     # Capture-side only, never written: the lag probe's sample positions while the stream was open.
     lag_window: tuple[int, int] | None = field(default=None, repr=False, compare=False)
 
+    @property
+    def output(self) -> str:
+        """Everything the model wrote, thinking first: what the text audits read (a broken decode
+        path garbles the reasoning channel as much as the answer)."""
+        return self.reasoning + self.text
+
     def to_json(self) -> JSONObject:
         """Flat JSON: chunk arrays become top-level `chunk_*` keys (the requests.jsonl layout).
         Shallow (lists are shared, not copied): building it costs microseconds on the capture loop."""

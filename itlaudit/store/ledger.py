@@ -259,14 +259,14 @@ def repeat_warning(earlier: Mapping[str, Any], variant: str, run_dir: Path) -> s
 
 def outputs_sha256(records: Sequence[RequestRecord]) -> str:
     """One hash over every output in request order: equal hashes mean the variant wrote the same text."""
-    joined = "\n".join(text_quality(r.text).text_sha256 for r in sorted(records, key=lambda r: r.request_id))
+    joined = "\n".join(text_quality(r.output).text_sha256 for r in sorted(records, key=lambda r: r.request_id))
     return hashlib.sha256(joined.encode()).hexdigest()
 
 
 def variant_result(block: VariantSummary | None, records: Sequence[RequestRecord]) -> JSONObject:
     """The matrix's result cell: what a reader needs to recall the outcome (seed 003's columns).
     `block` is None for a variant that recorded no request."""
-    qualities = [text_quality(r.text) for r in records]
+    qualities = [text_quality(r.output) for r in records]
     return {
         "requests": None if block is None else block.requests,
         "errors": None if block is None else block.errors,
