@@ -259,7 +259,8 @@ def repeat_warning(earlier: Mapping[str, Any], variant: str, run_dir: Path) -> s
 
 def outputs_sha256(records: Sequence[RequestRecord]) -> str:
     """One hash over every output in request order: equal hashes mean the variant wrote the same text."""
-    joined = "\n".join(text_quality(r.output).text_sha256 for r in sorted(records, key=lambda r: r.request_id))
+    ordered = sorted(records, key=lambda r: r.request_id)
+    joined = "\n".join(text_quality(r.output).text_sha256 for r in ordered)
     return hashlib.sha256(joined.encode()).hexdigest()
 
 
