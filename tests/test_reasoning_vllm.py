@@ -50,3 +50,8 @@ def test_a_reply_capped_while_thinking_is_a_truncation(thinking_url: str, tmp_pa
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["variants"]["server"]["findings"]["reasoning_truncated"] == 2
     assert "reasoning_truncated" in done.stdout and "not comparable" in done.stdout
+    # TTFT as vLLM counts it (either channel), and the answer's section beside it: none came
+    bench = summary["variants"]["server"]["benchmark"]
+    assert bench["ttft_ms"]["count"] == 2 and bench["ttfa_ms"]["count"] == 0
+    rows = {line[:40].strip(): line[41:].strip() for line in done.stdout.splitlines() if len(line) > 41}
+    assert rows["Replies that reached an answer:"] == "0" and rows["Mean TTFA (ms):"] == "n/a"

@@ -58,6 +58,7 @@ def _metric_rows(block: BlockSettings, bench: Mapping[str, Any], steps_per_chunk
         "ttft": [
             _section("Time to First Token"),
             *_statistics("TTFT", block.percentiles, bench.get("ttft_ms")),
+            *_answer_rows(block, bench),
         ],
         "tpot": [
             _section("Time per Output Token (excl. 1st token)"),
@@ -75,6 +76,18 @@ def _metric_rows(block: BlockSettings, bench: Mapping[str, Any], steps_per_chunk
         ],
     }
     return [row for metric in block.metrics for row in sections[metric]]
+
+
+def _answer_rows(block: BlockSettings, bench: Mapping[str, Any]) -> list[str]:
+    """A thinking model's time to first answer (after its reasoning channel), under vllm bench's TTFT,
+    which counts the first token of either channel; "n/a" where no reply reached an answer."""
+    if "ttfa_ms" not in bench:
+        return []
+    answered = (bench["ttfa_ms"] or {}).get("count")
+    return [
+        *_statistics("TTFA", block.percentiles, bench["ttfa_ms"]),
+        _row("Replies that reached an answer:", answered),
+    ]
 
 
 def _cut_rows(block: VariantSummary) -> list[str]:

@@ -154,6 +154,8 @@ def result_json(
         result.update(_statistics(name, bench.get(key) or {}))
     # itlaudit's own keys, under names vllm bench does not use.
     result.update(_statistics("token_itl", bench.get("token_itl_ms") or {}))
+    if "ttfa_ms" in bench:  # a thinking model's: mean_ttfa_ms, ... beside vllm bench's TTFT keys
+        result.update(_statistics("ttfa", bench.get("ttfa_ms") or {}))
     result.update(
         {
             "tokens_per_decode_chunk": bench.get("tokens_per_decode_chunk"),
