@@ -50,6 +50,9 @@ class VariantComparison(msgspec.Struct, kw_only=True):
     prefix_cache: dict[str, float | None] | None = None  # the server's prefix-cache counters over the window
     # engine steps a decode chunk carries where the server bundles them (stream_bundled); None: one
     steps_per_chunk: float | None = None
+    # why the lossless and distribution audits did not judge this variant ("not applicable: synthetic
+    # acceptance ..."): a forced acceptance is not lossless by construction, so a mismatch is no bug
+    not_audited: str | None = None
 
 
 class CompareResult(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -289,7 +292,11 @@ def build_comparison(
         elif (mismatch := _acceptance_mismatch(name, mine, stats)) is not None:
             out.findings.append(mismatch.to_json())
     baseline = [r for r in records if r.variant == out.baseline]
+    forced = summary.get("synthetic_acceptance") or {}
     for name in names[1:]:
+        if name in forced:
+            out.variants[name].not_audited = f"not applicable: synthetic acceptance ({forced[name]})"
+            continue
         mismatches = spec_decode_mismatches(baseline, [r for r in records if r.variant == name])
         out.findings += [f.to_json() for f in mismatches]
     return out

@@ -193,6 +193,7 @@ def summarize_run(
         run_findings=[f.to_json() for f in run_level],
         quality_gate=quality.gate,
         dummy_weights=[name for name in quality.dummy_weights if name in variants],
+        synthetic_acceptance={name: forced for name, forced in quality.synthetic if name in variants},
         server=server,
     )
 

@@ -123,6 +123,9 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     # and its phrase read, kept here so every reader of the folder judges it the same way.
     quality_gate: QualityGate = QualityGate.RELATIVE
     dummy_weights: list[str] = msgspec.field(default_factory=list)
+    # variant -> how its acceptance was forced (meta.json's speculative_config, run_context's
+    # synthetic_acceptance): its speed is a projection, never a result (analysis.validity)
+    synthetic_acceptance: dict[str, str] = msgspec.field(default_factory=dict)
 
     @classmethod
     def from_json(cls, data: object, path: Path) -> RunSummary:

@@ -143,6 +143,14 @@ def _run_findings(summary: RunSummary | Mapping[str, Any]) -> Sequence[Mapping[s
     return summary.run_findings if isinstance(summary, RunSummary) else summary.get("run_findings") or []
 
 
+def _synthetic(summary: RunSummary | Mapping[str, Any]) -> Mapping[str, str]:
+    """The variants whose acceptance was forced, and how (summary.json's synthetic_acceptance)."""
+    if isinstance(summary, RunSummary):
+        return summary.synthetic_acceptance
+    found = summary.get("synthetic_acceptance")
+    return found if isinstance(found, Mapping) else {}
+
+
 def variant_validity(summary: RunSummary | Mapping[str, Any], variant: str) -> Validity:
     """The rule on a run's summary (the struct, or summary.json's dict as a reader of a past folder
     holds it): block_validity of the variant's block against the run's baseline (its first variant),
@@ -152,6 +160,11 @@ def variant_validity(summary: RunSummary | Mapping[str, Any], variant: str) -> V
     block = blocks.get(variant)
     if block is None:
         return Validity(False, "no requests recorded")
+    forced = _synthetic(summary).get(variant)
+    if forced is not None:
+        return Validity(
+            False, f"synthetic acceptance ({forced}): its speed is a projection, not a measurement"
+        )
     base_name = next(iter(blocks))
     base = None if variant == base_name else blocks[base_name]
     return block_validity(block, _common_cap(_run_findings(summary), variant), base=base, gate=gate)

@@ -8,8 +8,10 @@ does; a new kind is a member here and a function there.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from itlaudit.errors import LaunchError
 
@@ -71,6 +73,23 @@ class LaunchSpec:
         args = [*self.command, *self.server_args]
         pairs = zip(args, [*args[1:], ""], strict=True)
         return any(a == "--load-format=dummy" or (a == "--load-format" and b == "dummy") for a, b in pairs)
+
+    @property
+    def speculative_config(self) -> dict[str, Any] | None:
+        """The server's `--speculative-config` JSON as its arguments give it (vLLM's spelling, or
+        the underscore one); None where it has none or it does not read as a JSON object."""
+        args = [*self.command, *self.server_args]
+        for at, arg in enumerate(args):
+            name, eq, value = arg.partition("=")
+            if name not in ("--speculative-config", "--speculative_config"):
+                continue
+            text = value if eq else (args[at + 1] if at + 1 < len(args) else "")
+            try:
+                config = json.loads(text)
+            except ValueError:
+                return None
+            return config if isinstance(config, dict) else None
+        return None
 
 
 def launch_kind_problem(kind: str) -> str | None:

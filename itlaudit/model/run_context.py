@@ -155,6 +155,9 @@ class QualitySettings(NamedTuple):
 
     gate: QualityGate = QualityGate.RELATIVE
     dummy_weights: tuple[str, ...] = ()
+    # variant -> how its acceptance is forced (vLLM's rejection_sample_method "synthetic"): its speed is
+    # a projection at that acceptance, never a measured result (analysis.validity)
+    synthetic: tuple[tuple[str, str], ...] = ()
 
 
 def quality_settings(meta: Mapping[str, Any] | None) -> QualitySettings:
@@ -173,4 +176,23 @@ def quality_settings(meta: Mapping[str, Any] | None) -> QualitySettings:
         for name, info in (variants.items() if isinstance(variants, Mapping) else ())
         if isinstance(info, Mapping) and info.get("load_format") == "dummy"
     )
-    return QualitySettings(QualityGate(gate), dummy)
+    synthetic = tuple(
+        (str(name), forced)
+        for name, info in (variants.items() if isinstance(variants, Mapping) else ())
+        if isinstance(info, Mapping) and (forced := synthetic_acceptance(info.get("speculative_config")))
+    )
+    return QualitySettings(QualityGate(gate), dummy, synthetic)
+
+
+def synthetic_acceptance(config: object) -> str | None:
+    """How a speculative config forces acceptance, in words ("acceptance length 3.5 forced"), or None
+    where it does not: vLLM's `rejection_sample_method = "synthetic"` with synthetic_acceptance_length
+    or synthetic_acceptance_rates (PRs #38045, #40662, #41035)."""
+    if not isinstance(config, Mapping) or config.get("rejection_sample_method") != "synthetic":
+        return None
+    length, rates = config.get("synthetic_acceptance_length"), config.get("synthetic_acceptance_rates")
+    if isinstance(length, int | float):
+        return f"acceptance length {length:g} forced"
+    if isinstance(rates, list) and rates:
+        return f"acceptance rates {', '.join(f'{r:g}' for r in rates if isinstance(r, int | float))} forced"
+    return "acceptance forced"

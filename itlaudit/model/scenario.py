@@ -83,6 +83,17 @@ class Variant:
     # sent, never written: meta.json and the ledger record the names only.
     headers: dict[str, str] = field(default_factory=dict)
     reset_prefix_cache: bool = False  # POST /reset_prefix_cache before the variant runs
+    # The server's speculative configuration as the user knows it (vLLM's --speculative-config keys:
+    # method, num_speculative_tokens, rejection_sample_method, synthetic_acceptance_length, ...), for a
+    # server given by URL; a launched one's comes from its arguments (LaunchSpec.speculative_config).
+    speculative_config: dict[str, Any] | None = None
+
+    @property
+    def speculation(self) -> dict[str, Any] | None:
+        """What the variant's server speculates with, as far as anything here knows."""
+        if self.speculative_config is not None:
+            return self.speculative_config
+        return self.launch.speculative_config if self.launch is not None else None
 
 
 @dataclass(frozen=True)
@@ -228,7 +239,18 @@ def _variants(raw: object, loc: Located, provided: bool) -> list[Variant]:
             )
         where = loc.in_variant(index)
         reject_unknown_keys(
-            src, {"name", "url", "launch", "execution_mode", "headers", "reset_prefix_cache"}, where, table
+            src,
+            {
+                "name",
+                "url",
+                "launch",
+                "execution_mode",
+                "headers",
+                "reset_prefix_cache",
+                "speculative_config",
+            },
+            where,
+            table,
         )
         name = _safe_name(get_value(src, where, table, "name", str), where, table)
         if any(v.name == name for v in out):
@@ -247,6 +269,11 @@ def _variants(raw: object, loc: Located, provided: bool) -> list[Variant]:
                 execution_mode=_execution_mode(src, where),
                 headers=_headers(src, where),
                 reset_prefix_cache=get_value(src, where, table, "reset_prefix_cache", bool, False),
+                speculative_config=(
+                    dict(get_table(src, where, table, "speculative_config"))
+                    if "speculative_config" in src
+                    else None
+                ),
             )
         )
     return out

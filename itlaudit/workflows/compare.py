@@ -141,7 +141,10 @@ def audit_distribution(
     audited = [
         name
         for name, row in comparison.variants.items()
-        if name != baseline.name and mine[name] and (forced or (forced is None and speculates(row)))
+        if name != baseline.name
+        and mine[name]
+        and row.not_audited is None  # a synthetic acceptance is not lossless by construction
+        and (forced or (forced is None and speculates(row)))
     ]
     if forced is False or not audited:
         return None, []

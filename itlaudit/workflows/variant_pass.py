@@ -209,6 +209,11 @@ class VariantPass:
         launched = self.launched
         if launched is not None and launched.dummy_weights:
             info["load_format"] = "dummy"  # gibberish by construction (analysis.validity's phrase)
+        speculation = self.variant.speculation if launched is None else launched.speculative_config
+        if speculation is None:
+            speculation = self.variant.speculation
+        if speculation is not None:  # how it speculates, judged by analysis.validity (synthetic)
+            info["speculative_config"] = speculation
         info["environment"] = environment_record(
             base_url,
             version,

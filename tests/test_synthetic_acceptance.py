@@ -1,0 +1,80 @@
+"""Speculation as configured (issue 35 item 2): a variant whose acceptance is forced (vLLM's
+`rejection_sample_method = "synthetic"`, PRs #38045/#40662/#41035) is measured but never ranked — its
+speed is a projection at the forced acceptance — and the lossless and distribution audits say "not
+applicable" instead of crying bug; a standard K3 beside it is still judged. On simulated servers
+launched by `compare` (vLLM's CPU sampler refuses synthetic acceptance at the first request, so no real
+engine here can make the case; its config is parsed from a real `--speculative-config` argument).
+CI cost: ~15 s (three launched simulators, 2 requests each)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from faultkit import itlaudit
+
+from itlaudit.model.launch import LaunchSpec
+from itlaudit.model.run_context import synthetic_acceptance
+
+SIM = [sys.executable, "-m", "itlaudit", "sim", "--port", "{port}", "--ttft-ms", "5", "--step-ms", "4"]
+SYNTHETIC = {
+    "method": "draft_model", "num_speculative_tokens": 3, "rejection_sample_method": "synthetic",
+    "synthetic_acceptance_length": 3.5,
+}  # fmt: skip
+
+
+def _variant(name: str, *flags: str, declared: str = "") -> str:
+    return (
+        f'[[variants]]\nname = "{name}"\n{declared}[variants.launch]\nkind = "command"\n'
+        f"command = {json.dumps([*SIM, *flags])}\n"
+    )
+
+
+def test_a_forced_acceptance_is_labelled_not_ranked_and_not_audited(tmp_path: Path) -> None:
+    """K3S writes other tokens than K0 (another seed) and would be a lossless error and a speedup; as
+    declared synthetic it is neither. K3X, the same server undeclared, is still judged: its mismatch
+    is reported (the audit stayed on for it)."""
+    declared = "speculative_config = " + json.dumps(SYNTHETIC).replace('": ', '" = ') + "\n"
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(
+        'name = "synthetic"\nendpoint = "completions"\n[workload]\nprompts = ["hello there"]\n'
+        "num_requests = 2\nmax_tokens = 24\nignore_eos = true\ntemperature = 0\n"
+        + _variant("K0")
+        + _variant("K3S", "--num-speculative-tokens", "3", "--seed", "7", declared=declared)
+        + _variant("K3X", "--num-speculative-tokens", "3", "--seed", "7")
+    )
+    done = itlaudit("compare", str(scenario), "--out", str(tmp_path / "run"), "--no-plots", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    compared = json.loads((tmp_path / "run" / "compare.json").read_text())
+    rows = compared["variants"]
+    assert rows["K3S"]["not_comparable"].startswith("synthetic acceptance (acceptance length 3.5 forced)")
+    assert rows["K3S"]["not_audited"].startswith("not applicable: synthetic acceptance")
+    assert rows["K3X"]["not_comparable"] is None and rows["K3X"]["not_audited"] is None
+    judged = {(f["code"], f["request_id"].split("-")[0]) for f in compared["findings"]}
+    assert ("spec_decode_output_mismatch", "K3X") in judged
+    assert not any(variant == "K3S" for code, variant in judged if code == "spec_decode_output_mismatch")
+    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    assert meta["variants"]["K3S"]["speculative_config"] == SYNTHETIC
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["synthetic_acceptance"] == {"K3S": "acceptance length 3.5 forced"}
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "synthetic acceptance" in report and "projection" in report
+
+
+def test_a_launched_servers_speculative_config_is_read_from_its_arguments() -> None:
+    """vLLM's `--speculative-config JSON` (or `=JSON`) on a launched server: what the run records and
+    judges; a standard method is not synthetic, and a config that is not JSON is none."""
+    text = json.dumps(SYNTHETIC)
+    spaced = LaunchSpec(kind="command", command=["vllm", "serve", "m", "--speculative-config", text])
+    assert spaced.speculative_config == SYNTHETIC
+    joined = LaunchSpec(kind="python", python="py", server_args=[f"--speculative-config={text}"])
+    assert joined.speculative_config == SYNTHETIC
+    assert (
+        LaunchSpec(kind="python", python="py", server_args=["--speculative-config", "{"]).speculative_config
+        is None
+    )
+    assert synthetic_acceptance(SYNTHETIC) == "acceptance length 3.5 forced"
+    assert synthetic_acceptance({**SYNTHETIC, "rejection_sample_method": "standard"}) is None
+    rates = {"rejection_sample_method": "synthetic", "synthetic_acceptance_rates": [0.9, 0.8]}
+    assert synthetic_acceptance(rates) == "acceptance rates 0.9, 0.8 forced"
