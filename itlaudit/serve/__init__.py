@@ -17,6 +17,7 @@ SURFACE = Surface(
         "launch_config": ("launch_spec",),
         "launcher": (
             "LaunchedServer",
+            "engine_error",
             "fill_placeholders",
             "launch",
         ),

@@ -16,6 +16,7 @@ import atexit
 import contextlib
 import functools
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -180,6 +181,28 @@ def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
             return "".join(deque(fh, maxlen=lines)).rstrip()
     except OSError:
         return "(no log)"
+
+
+# An exception's last line as Python prints it, after whatever prefix the server's logger adds
+# ("(Worker pid=9350) ERROR 12-07 03:31:17 [multiproc_executor.py:1063] AssertionError: ...").
+_EXCEPTION_LINE = re.compile(r"(?:^|[\s\]])((?:[A-Za-z_][\w.]*)?(?:Error|Exception): \S.*)$")
+_SCANNED_LINES = 400  # the log's tail an engine's traceback ends in
+
+
+def engine_error(log_path: Path) -> str | None:
+    """The exception a launched server's log ends with, for the one line that says why its requests
+    failed; None where the log's tail has none. Wrappers that point back ("EngineDeadError: … See stack
+    trace (above) for the root cause") are followed back to what they point at: vLLM's dead engine
+    is its worker's "AssertionError: Synthetic acceptance not supported with CPU sampling"."""
+    found = [
+        match.group(1)
+        for line in _tail(log_path, _SCANNED_LINES).splitlines()
+        if (match := _EXCEPTION_LINE.search(line.strip()))
+    ]
+    at = len(found) - 1
+    while at > 0 and "above" in found[at].lower():
+        at -= 1
+    return found[at] if found else None
 
 
 _LIVE: set[LaunchedServer] = set()

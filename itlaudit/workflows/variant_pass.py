@@ -43,8 +43,10 @@ from itlaudit.capture.telemetry import Telemetry, TelemetryRecord, TelemetryWind
 from itlaudit.errors import ItlauditError
 from itlaudit.model.access import Access
 from itlaudit.model.launch import LaunchSpec
+from itlaudit.model.records import Status
 from itlaudit.model.run_context import workload_meta
 from itlaudit.model.scenario import Scenario, Variant
+from itlaudit.serve.launcher import engine_error
 from itlaudit.store.jsonl import RecordWriter
 from itlaudit.workflows.run_folder import RunFolder
 
@@ -209,6 +211,12 @@ class VariantPass:
         launched = self.launched
         if launched is not None and launched.dummy_weights:
             info["load_format"] = "dummy"  # gibberish by construction (analysis.validity's phrase)
+        if launched is not None and any(r.status != Status.OK for r in captured.records):
+            log = self.server_log or folder.server_log(name)
+            cause = engine_error(log)
+            if cause is not None:  # a server that failed its requests and says why: said in one line
+                info["server_error"] = cause
+                self._note(f"{name}: requests failed; its server's log ends in {cause} ({log.name})")
         speculation = self.variant.speculation if launched is None else launched.speculative_config
         if speculation is None:
             speculation = self.variant.speculation
