@@ -14,6 +14,7 @@ from pathlib import Path
 
 from faultkit import itlaudit
 
+from itlaudit.analysis.specdecode import speculation_text
 from itlaudit.model.launch import LaunchSpec
 from itlaudit.model.run_context import synthetic_acceptance
 
@@ -60,6 +61,25 @@ def test_a_forced_acceptance_is_labelled_not_ranked_and_not_audited(tmp_path: Pa
     assert summary["synthetic_acceptance"] == {"K3S": "acceptance length 3.5 forced"}
     report = (tmp_path / "run" / "report.md").read_text()
     assert "synthetic acceptance" in report and "projection" in report
+    # the context says how each launched server speculates as far as its arguments say: K3S as
+    # declared; K0 and K3X (the simulator's own flags, not vLLM's) with no --speculative-config
+    assert "**speculation K0**: no --speculative-config in its launch arguments" in report
+    assert "**speculation K3S**: draft\\_model, K=3; acceptance forced (synthetic)" in report
+
+
+def test_a_dynamic_k_names_the_k_in_force_and_k0_by_schedule_is_not_speculation_off() -> None:
+    """vLLM's num_speculative_tokens_per_batch_size (PR #32374): the context line names the schedule
+    and the K at the run's concurrency; a K of 0 there is "by the schedule", another baseline than
+    speculation off. ~0 s."""
+    dynamic = {"method": "mtp", "num_speculative_tokens": 3, "num_speculative_tokens_per_batch_size": [
+        [1, 4, 3], [5, 16, 1], [17, 1024, 0]]}  # fmt: skip
+    assert speculation_text(dynamic, 2).endswith("at this run's concurrency 2: K=3")
+    at_64 = speculation_text(dynamic, 64)
+    assert "batch 17-1024: K=0" in at_64 and at_64.endswith(
+        "K=0 by the schedule (drafting on, not speculation off)"
+    )
+    assert speculation_text(None, 1) == "no --speculative-config in its launch arguments"
+    assert speculation_text({"method": "ngram", "num_speculative_tokens": 3}, None) == "ngram, K=3"
 
 
 def test_a_launched_servers_speculative_config_is_read_from_its_arguments() -> None:

@@ -125,6 +125,7 @@ SURFACE = Surface(
             "SpecDecodeStats",
             "parse_counters",
             "spec_decode_delta",
+            "speculation_text",
             "step_token_limit",
         ),
         "stats": (

@@ -8,6 +8,7 @@ include traffic that was not ours.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,7 @@ __all__ = [
     "SpecDecodeStats",
     "parse_counters",
     "spec_decode_delta",
+    "speculation_text",
     "step_token_limit",
 ]
 
@@ -139,3 +141,28 @@ def spec_decode_delta(before: CounterSnapshot, after: CounterSnapshot) -> SpecDe
         acceptance_length=1.0 + accepted / drafts if drafts > 0 else None,
         per_position_acceptance=per_pos,
     )
+
+
+def speculation_text(config: Mapping[str, Any] | None, concurrency: int | None) -> str:
+    """How a variant's server speculates, in words, from its speculative config (None: launched
+    without the argument, which for vLLM is speculation off). A dynamic schedule (vLLM's num_speculative_tokens_per_batch_size, [start, end, K]
+    triples) names the K in force at the run's concurrency, so "K=0 by the schedule" is never read as
+    speculation off: they are different baselines (vllm-ascend #16638 measured the first 2.5x slower a
+    step)."""
+    if config is None:  # a fact about the arguments: a server that is not vLLM may speculate anyway
+        return "no --speculative-config in its launch arguments"
+    method = config.get("method") or "speculative"
+    schedule = config.get("num_speculative_tokens_per_batch_size")
+    text = f"{method}, K={config.get('num_speculative_tokens', '?')}"
+    if isinstance(schedule, list) and schedule:
+        steps = [s for s in schedule if isinstance(s, list | tuple) and len(s) == 3]
+        spans = ", ".join(f"batch {lo}-{hi}: K={k}" for lo, hi, k in steps)
+        text = f"{method}, K by batch size ({spans})"
+        at = [k for lo, hi, k in steps if concurrency is not None and lo <= concurrency <= hi]
+        if at:
+            text += f"; at this run's concurrency {concurrency}: K={at[0]}"
+            if at[0] == 0:
+                text += " by the schedule (drafting on, not speculation off)"
+    if config.get("rejection_sample_method") == "synthetic":
+        text += "; acceptance forced (synthetic): speed is a projection"
+    return text

@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+from itlaudit.analysis.specdecode import speculation_text
 from itlaudit.analysis.summary import RunSummary
 from itlaudit.model.run_context import server_build
 from itlaudit.model.vocabulary import QualityGate
@@ -110,9 +111,15 @@ def context_facts(meta: Mapping[str, Any], summary: RunSummary) -> list[Fact]:
         facts.append(("label", str(meta["label"])))
     if meta.get("metadata"):
         facts.append(("metadata", ", ".join(f"{k}={v}" for k, v in meta["metadata"].items())))
+    cap = (meta.get("workload") or {}).get("max_concurrency")
     for name, info in (meta.get("variants") or {}).items():
         if isinstance(info, Mapping):
             facts.append((f"server {name}", server_fact(info.get("environment") or {}, info.get("url"))))
+            if "speculative_config" in info:  # known: launched, or declared for a URL server
+                concurrency = cap if isinstance(cap, int) else None
+                facts.append(
+                    (f"speculation {name}", speculation_text(info["speculative_config"], concurrency))
+                )
     models = sorted({b.model for b in summary.variants.values() if b.model})
     facts.append(("model", ", ".join(models) or "unknown"))
     if summary.dummy_weights:

@@ -217,11 +217,11 @@ class VariantPass:
             if cause is not None:  # a server that failed its requests and says why: said in one line
                 info["server_error"] = cause
                 self._note(f"{name}: requests failed; its server's log ends in {cause} ({log.name})")
-        speculation = self.variant.speculation if launched is None else launched.speculative_config
-        if speculation is None:
-            speculation = self.variant.speculation
-        if speculation is not None:  # how it speculates, judged by analysis.validity (synthetic)
-            info["speculative_config"] = speculation
+        # How it speculates (judged by analysis.validity: synthetic; named in the report's context:
+        # a dynamic schedule): a declared config, else a launched server's arguments, whose absence
+        # is speculation off (null); a server given by URL and declaring nothing leaves it unknown.
+        if self.variant.speculative_config is not None or launched is not None:
+            info["speculative_config"] = self.variant.speculation
         info["environment"] = environment_record(
             base_url,
             version,
