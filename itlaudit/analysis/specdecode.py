@@ -145,10 +145,10 @@ def spec_decode_delta(before: CounterSnapshot, after: CounterSnapshot) -> SpecDe
 
 def speculation_text(config: Mapping[str, Any] | None, concurrency: int | None) -> str:
     """How a variant's server speculates, in words, from its speculative config (None: launched
-    without the argument, which for vLLM is speculation off). A dynamic schedule (vLLM's num_speculative_tokens_per_batch_size, [start, end, K]
-    triples) names the K in force at the run's concurrency, so "K=0 by the schedule" is never read as
-    speculation off: they are different baselines (vllm-ascend #16638 measured the first 2.5x slower a
-    step)."""
+    without the argument, which for vLLM is speculation off). A dynamic schedule (vLLM's
+    num_speculative_tokens_per_batch_size, [start, end, K] triples) names the K in force at the run's
+    concurrency, so "K=0 by the schedule" is never read as speculation off: they are different
+    baselines (vllm-ascend #16638 measured the first 2.5x slower a step)."""
     if config is None:  # a fact about the arguments: a server that is not vLLM may speculate anyway
         return "no --speculative-config in its launch arguments"
     method = config.get("method") or "speculative"
