@@ -1,16 +1,19 @@
 """The memory-bandwidth floor (analysis.roofline, issue 35 item 6): each family's bytes per decode
 step against a hand count from its config.json, the device table, and the floor said in every output
-of a run on the simulator. CI cost: ~5 s (one simulated run)."""
+of a run on the simulator. CI cost: ~12 s (three simulated runs)."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
+import faultkit
 import pytest
 from simkit import itlaudit, sim_server
 
 from itlaudit.analysis.roofline import bandwidth_for, model_bytes, variant_floor
+from itlaudit.serve.launcher import local_model_config
 from itlaudit.serve.sim import SimConfig
 
 GEMMA = Path.home() / ".cache" / "itlaudit" / "models" / "gemma3-270m" / "config.json"
@@ -145,3 +148,36 @@ def test_a_run_says_its_floor_in_every_output(tmp_path: Path) -> None:
     assert f"of the device's bandwidth floor {server['floor_ms']:.3g} ms" in report
     saved = json.loads((tmp_path / "result.json").read_text())
     assert saved["floor_ms"] == server["floor_ms"] and saved["floor_share"] == server["floor_share"]
+
+
+def test_a_launched_models_own_config_gives_the_floor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No --model-config: a launched server's model folder (or its Hugging Face cache snapshot for a
+    hub name) has the config.json; with a bandwidth the floor comes of it, and without one (no NVML
+    here) the run says nothing about a floor it was not asked for. ~6 s (two launched simulators)."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(LLAMA))
+    assert local_model_config(str(model)) == LLAMA
+    snapshot = tmp_path / "hub" / "models--org--tiny" / "snapshots" / "abc"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(json.dumps(LLAMA))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert local_model_config("org/tiny") == LLAMA and local_model_config("org/other") is None
+    command = json.dumps([sys.executable, "-m", "itlaudit", "sim", "--port", "{port}", "--step-ms", "2"])
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(
+        'name = "floor"\nendpoint = "completions"\n[workload]\nprompts = ["hello there"]\nnum_requests = 2\n'
+        'max_tokens = 8\nignore_eos = true\n[[variants]]\nname = "K0"\n[variants.launch]\nkind = "command"\n'
+        f'model = "{model}"\ncommand = {command}\n'
+    )
+    for out, flags in (("given", ["--mem-bandwidth", "0.5"]), ("none", [])):
+        done = faultkit.itlaudit(
+            "run", str(scenario), "--out", str(tmp_path / out), "--no-plots", *flags, cwd=tmp_path
+        )
+        assert done.returncode == 0, done.stderr
+    server = json.loads((tmp_path / "given" / "summary.json").read_text())["server"]["K0"]
+    assert server["floor_bytes_per_step"] == model_bytes(LLAMA).step_bytes(server["floor_context_tokens"], 1)
+    quiet = json.loads((tmp_path / "none" / "summary.json").read_text())["server"]["K0"]
+    assert not {k for k in quiet if k.startswith("floor")}

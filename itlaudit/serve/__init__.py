@@ -20,6 +20,7 @@ SURFACE = Surface(
             "engine_error",
             "fill_placeholders",
             "launch",
+            "local_model_config",
         ),
         "logged": ("run_logged",),
         "side_client": (

@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import json
 import os
 import re
 import signal
@@ -24,7 +25,7 @@ import time
 from collections import deque
 from pathlib import Path
 from types import TracebackType
-from typing import Protocol
+from typing import Any, Protocol
 
 from itlaudit.errors import LaunchError
 from itlaudit.model.access import NO_ACCESS, Access
@@ -203,6 +204,30 @@ def engine_error(log_path: Path) -> str | None:
     while at > 0 and "above" in found[at].lower():
         at -= 1
     return found[at] if found else None
+
+
+def local_model_config(model: str) -> dict[str, Any] | None:
+    """A launched model's config.json where this machine has it: the model's own folder, or its
+    Hugging Face cache snapshot for a hub name (what vLLM downloaded); None otherwise. The bandwidth
+    floor (analysis.roofline) reads it when the run names no --model-config."""
+    folder = Path(model).expanduser()
+    candidates = [folder / "config.json"] if folder.is_dir() else []
+    if "/" in model and not folder.exists():
+        hub = Path(
+            os.environ.get("HF_HUB_CACHE")
+            or Path(os.environ.get("HF_HOME") or "~/.cache/huggingface").expanduser() / "hub"
+        )
+        candidates += sorted(
+            (hub / f"models--{model.replace('/', '--')}" / "snapshots").glob("*/config.json")
+        )
+    for path in candidates:
+        try:
+            config = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+            continue
+        if isinstance(config, dict):
+            return config
+    return None
 
 
 _LIVE: set[LaunchedServer] = set()

@@ -106,14 +106,20 @@ def _device(gpu_rows: Sequence[JSONObject], meta: Mapping[str, Any]) -> str | No
 
 
 def _floor(
-    meta: Mapping[str, Any], records: Sequence[RequestRecord], gpu_rows: Sequence[JSONObject]
+    meta: Mapping[str, Any], name: str, records: Sequence[RequestRecord], gpu_rows: Sequence[JSONObject]
 ) -> JSONObject:
     """The variant's memory-bandwidth floor (analysis.roofline.variant_floor) at the run's mean context
     (prompt plus half the reply: the middle of a decode) and batch (the concurrency cap, or every
-    request where none), beside its token ITL p50."""
-    roofline = meta.get("roofline")
+    request where none), beside its token ITL p50. The run's --model-config, else the config.json
+    of the model its launched server loaded (said only where a floor comes of it: a run that asked
+    for none is not told why it has none)."""
+    roofline = dict(meta.get("roofline") or {})
+    asked = roofline.get("model_config") is not None or roofline.get("bytes_per_token") is not None
+    info = (meta.get("variants") or {}).get(name) or {}
+    if not asked and isinstance(info.get("model_config"), dict):
+        roofline["model_config"] = info["model_config"]
     ok = [r for r in records if r.status == Status.OK]
-    if not isinstance(roofline, dict) or not ok:
+    if not ok:
         return {}
     metrics = [request_metrics(r) for r in ok]
     contexts = [
@@ -122,13 +128,14 @@ def _floor(
     cap = (meta.get("workload") or {}).get("max_concurrency")
     batch = min(cap, len(ok)) if isinstance(cap, int) and cap > 0 else len(ok)
     itl = [m.itl_ms for m in metrics if m.itl_ms is not None]
-    return variant_floor(
+    floor = variant_floor(
         roofline,
         _device(gpu_rows, meta),
         statistics.fmean(contexts),
         batch,
         statistics.median(itl) if itl else None,
     )
+    return floor if asked or "floor_note" not in floor else {}
 
 
 def _output_tokens(records: Sequence[RequestRecord]) -> int:
@@ -162,7 +169,7 @@ def server_blocks(
         block = variant_server_figures(
             server.get(name, []), gpu.get(name, []), acceptance, window, _output_tokens(mine)
         )
-        block.update(_floor(meta, mine, gpu.get(name, [])))
+        block.update(_floor(meta, name, mine, gpu.get(name, [])))
         if block:
             blocks[name] = block
     return blocks

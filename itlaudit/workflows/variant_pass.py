@@ -46,7 +46,7 @@ from itlaudit.model.launch import LaunchSpec
 from itlaudit.model.records import Status
 from itlaudit.model.run_context import workload_meta
 from itlaudit.model.scenario import Scenario, Variant
-from itlaudit.serve.launcher import engine_error
+from itlaudit.serve.launcher import engine_error, local_model_config
 from itlaudit.store.jsonl import RecordWriter
 from itlaudit.workflows.run_folder import RunFolder
 
@@ -220,6 +220,8 @@ class VariantPass:
         # How it speculates (judged by analysis.validity: synthetic; named in the report's context:
         # a dynamic schedule): a declared config, else a launched server's arguments, whose absence
         # is speculation off (null); a server given by URL and declaring nothing leaves it unknown.
+        if launched is not None and launched.model and (config := local_model_config(launched.model)):
+            info["model_config"] = config  # the bandwidth floor's, where the run named none
         if self.variant.speculative_config is not None or launched is not None:
             info["speculative_config"] = self.variant.speculation
         info["environment"] = environment_record(
