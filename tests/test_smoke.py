@@ -111,6 +111,7 @@ TIMED = {
     "long-decode/K3: speedup itl_ms.p50 over K0",
     "long-decode/K0: metric ttft_ms.p99",
     "long-decode/K3: metric ttft_ms.p99",
+    "long-decode/K0: bandwidth_floor",
 }
 
 
@@ -136,6 +137,10 @@ def test_clean_simulator_is_go(clean: Clean) -> None:
     assert speedup["status"] == ("PASS" if speedup["value"] >= 2.0 else "FAIL")
     if delivered >= 2.0 * 1.25:  # the simulators kept to their schedule well clear of the threshold
         assert speedup["status"] == "PASS"
+    # The floor: 1 GB a step at 1000 GB/s is 1 ms; K0 told 2 ms a step runs at what it delivered.
+    floor = checks["long-decode/K0: bandwidth_floor"]
+    assert floor["value"] == pytest.approx(1.0 / _sent_itl_ms(clean.k0_sends, 200), rel=0.5)
+    assert floor["status"] == ("PASS" if floor["value"] >= 0.3 else "FAIL")
     for variant in ("K0", "K3"):
         ttft = checks[f"long-decode/{variant}: metric ttft_ms.p99"]
         assert ttft["value"] >= K0.ttft_ms  # never earlier than the simulator was told to answer
@@ -223,8 +228,15 @@ def test_slower_server_fails_the_baseline_ratio(clean: Clean, tmp_path: Path) ->
     code, text = _smoke(tmp_path, slow_k0, slow_k3, "--baseline", baseline)
     assert code == 1, text
     failed = _failed(tmp_path / "ci.xml")
-    assert set(failed) == {"long-decode/K0: baseline itl_ms.p50", "long-decode/K3: baseline itl_ms.p50"}
+    # 3x slower is also 3x further from the simulated device's floor: 17 % of it, below 30 %
+    assert set(failed) == {
+        "long-decode/K0: baseline itl_ms.p50", "long-decode/K3: baseline itl_ms.p50",
+        "long-decode/K0: bandwidth_floor",
+    }  # fmt: skip
     assert "exceeds ≤ 1.2× baseline" in failed["long-decode/K0: baseline itl_ms.p50"]
+    assert (
+        "of the bandwidth floor 1 ms, below ≥ 30% of the floor" in failed["long-decode/K0: bandwidth_floor"]
+    )
 
 
 def test_baseline_of_itself_passes(clean: Clean, tmp_path: Path) -> None:

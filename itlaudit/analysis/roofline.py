@@ -127,16 +127,18 @@ _DTYPE_BYTES = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "float8_e4m3fn"
 
 def _bytes_per_parameter(config: Mapping[str, Any]) -> float:
     """The dtype's bytes, or the quantization's bits over 8 (fp8 checkpoints: 1; 4-bit GPTQ/AWQ: 0.5;
-    MXFP4: 0.5, its block scales left out)."""
+    MXFP4 and NVFP4, ModelOpt's quant_algo included: 0.5, their block scales and the layers they leave
+    unquantized left out)."""
     quant = config.get("quantization_config")
     if isinstance(quant, Mapping):
         bits = quant.get("bits") or quant.get("weight_bits")
         if isinstance(bits, int | float) and bits > 0:
             return float(bits) / 8
         method = str(quant.get("quant_method") or "").lower()
-        if method in ("fp8", "fbgemm_fp8"):
+        algo = str(quant.get("quant_algo") or "").lower()  # ModelOpt checkpoints (NVIDIA's NVFP4/FP8)
+        if method in ("fp8", "fbgemm_fp8") or algo == "fp8":
             return 1.0
-        if method in ("mxfp4", "nvfp4"):
+        if method in ("mxfp4", "nvfp4") or algo in ("nvfp4", "w4a16_awq", "w4a8_awq"):
             return 0.5
     dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16").removeprefix("torch.")
     return _DTYPE_BYTES.get(dtype, 2.0)

@@ -8,9 +8,9 @@ A check that cannot find its figure fails rather than passes: an unverifiable re
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -80,6 +80,10 @@ class VariantFigures(msgspec.Struct, frozen=True, kw_only=True):
     finding_examples: dict[str, list[FindingExample]]
     metrics: dict[str, dict[str, float | int | None]]  # METRIC → STAT → value (no count)
     acceptance_length: AcceptanceFigures
+    # the server block's memory-bandwidth floor (analysis.roofline): ms a K0 token cannot beat, and the
+    # token ITL's share of it; None where the run knew no model config or bandwidth (an older smoke.json)
+    floor_ms: float | None = None
+    floor_share: float | None = None
 
     def validity_block(self) -> dict[str, int | dict[str, int]]:
         """The counts analysis.validity's rule reads from a summary block."""
@@ -117,6 +121,7 @@ def variant_figures(
     compare_row: VariantComparison | None,
     extra_findings: Sequence[Finding],
     max_tokens: int | None,
+    server: Mapping[str, Any] | None = None,
 ) -> VariantFigures:
     """What the checks read for one scenario on one server: the variant's summary block, its
     compare.json row, and the findings with a few of their messages as evidence."""
@@ -156,7 +161,13 @@ def variant_figures(
             metrics=float(metrics_length) if isinstance(metrics_length, int | float) else None,
             stream=compare_row.stream_acceptance_length if compare_row else None,
         ),
+        floor_ms=_float((server or {}).get("floor_ms")),
+        floor_share=_float((server or {}).get("floor_share")),
     )
+
+
+def _float(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _metric(figures: VariantFigures | None, path: str) -> float | None:
@@ -346,6 +357,30 @@ def _acceptance(ctx: _Ctx) -> Outcome:
     return Outcome(status, f"{value:.3g} ({source})", threshold, value, message, evidence)
 
 
+def _bandwidth_floor(ctx: _Ctx) -> Outcome:
+    """The variant's token ITL as a share of its memory-bandwidth floor (1 is the roofline): a
+    threshold that rests on the device's bandwidth and the model's bytes, not on a past measurement."""
+    share, floor = ctx.figures.floor_share, ctx.figures.floor_ms
+    least = ctx.spec.params.min or 0.0
+    threshold = f"≥ {least:.0%} of the floor"
+    evidence: JSONObject = {"floor_ms": floor, "floor_share": share}
+    if share is None or floor is None:
+        message = (
+            "no bandwidth floor: the run knew no model config.json or no device bandwidth "
+            "(give the scenario model_config / mem_bandwidth_gbps; docs/roofline.md)"
+        )
+        return Outcome(FAIL, "–", threshold, None, message, evidence)
+    status = PASS if share >= least else FAIL
+    figure = f"{share:.0%} of {floor:.3g} ms"
+    message = (
+        f"token ITL {floor / share:.4g} ms is {share:.0%} of the bandwidth floor {floor:.3g} ms, "
+        f"below {threshold}"
+        if status == FAIL
+        else ""
+    )
+    return Outcome(status, figure, threshold, share, message, evidence)
+
+
 def _baseline(ctx: _Ctx) -> Outcome:
     path = ctx.spec.params.metric or DEFAULT_METRIC
     limit = ctx.spec.params.max_ratio or 0.0
@@ -380,6 +415,7 @@ _EVALUATORS: dict[str, Callable[[_Ctx], Outcome]] = {
     "metric": _metric_check,
     "speedup": _speedup,
     "acceptance_length": _acceptance,
+    "bandwidth_floor": _bandwidth_floor,
     "baseline": _baseline,
 }
 

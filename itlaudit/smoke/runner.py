@@ -200,6 +200,7 @@ def run_smoke(
                     # compare.json's findings are among the summary's run findings (one set everywhere)
                     [Finding.from_json(f) for f in summary.run_findings],
                     scenario.workload.params.max_tokens,
+                    summary.server.get(server.name),
                 )
                 fingerprints += [r.system_fingerprint for r in outcome.records]
                 version = _pass_version(out_dir / rel, server.name) or version

@@ -52,6 +52,8 @@ CHECK_KEYS: dict[str, tuple[set[str], set[str]]] = {
     "metric": ({"metric", "min", "max"}, {"metric"}),
     "speedup": ({"metric", "over", "min", "gibberish_expected"}, {"min"}),
     "acceptance_length": ({"min"}, {"min"}),
+    # the token ITL's share of the memory-bandwidth floor (analysis.roofline): physics, not a past run
+    "bandwidth_floor": ({"min"}, {"min"}),
     "baseline": ({"metric", "max_ratio"}, {"max_ratio"}),
 }
 _LAUNCH_KEYS = {"kind", "python", "image", "command", "model", "served_model_name", "env", "ready_timeout_s"}
