@@ -12,12 +12,10 @@ CI cost: ~40 s (the server's start, ~30 s on 2 cores; 2 chat requests of 16 toke
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from vllm_server import vllm_server
+from vllm_server import tiny_run, vllm_server
 
 pytestmark = pytest.mark.vllm
 
@@ -25,13 +23,9 @@ thinking_url = vllm_server("--reasoning-parser", "qwen3")
 
 
 def test_a_reply_capped_while_thinking_is_a_truncation(thinking_url: str, tmp_path: Path) -> None:
-    argv = [
-        sys.executable, "-m", "itlaudit", "run", "--url", thinking_url, "--model", "tiny",
-        "--endpoint", "chat", "--dataset-name", "random", "--random-input-len", "16",
-        "--random-output-len", "16", "--ignore-eos", "--num-prompts", "2", "--max-concurrency", "1",
-        "--out", str(tmp_path / "run"), "--no-plots",
-    ]  # fmt: skip
-    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    done = tiny_run(
+        "run", thinking_url, tmp_path / "run", "--endpoint", "chat", "--ignore-eos", output_len=16
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     folder = tmp_path / "run"
     records = [json.loads(line) for line in (folder / "requests.jsonl").read_text().splitlines()]

@@ -13,12 +13,10 @@ tokens, ~20 s)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from vllm_server import tiny_model, vllm_server
+from vllm_server import tiny_model, tiny_run, vllm_server
 
 pytestmark = pytest.mark.vllm
 
@@ -26,12 +24,7 @@ bundled_url = vllm_server("--stream-interval", "4")
 
 
 def test_a_k0_server_streaming_four_steps_a_chunk_is_named(bundled_url: str, tmp_path: Path) -> None:
-    argv = [
-        sys.executable, "-m", "itlaudit", "compare", "--url", bundled_url, "--model", "tiny",
-        "--dataset-name", "random", "--random-input-len", "16", "--random-output-len", "64",
-        "--num-prompts", "2", "--max-concurrency", "1", "--out", str(tmp_path / "run"), "--no-plots",
-    ]  # fmt: skip
-    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    done = tiny_run("compare", bundled_url, tmp_path / "run")
     assert done.returncode == 0, done.stderr[-3000:]
     comparison = json.loads((tmp_path / "run" / "compare.json").read_text())
     (bundled,) = [f for f in comparison["findings"] if f["code"] == "stream_bundled"]
@@ -54,12 +47,7 @@ UNCOUNTED = json.dumps({"stream_options": {"include_usage": True}, "return_token
 
 def _run(url: str, out: Path, *extra: str) -> list[dict[str, object]]:
     """`itlaudit run` of 2 requests of 64 tokens (--ignore-eos); derived.jsonl's lines."""
-    argv = [
-        sys.executable, "-m", "itlaudit", "run", "--url", url, "--model", "tiny", "--dataset-name", "random",
-        "--random-input-len", "16", "--random-output-len", "64", "--ignore-eos", "--num-prompts", "2",
-        "--max-concurrency", "1", "--out", str(out), "--no-plots", *extra,
-    ]  # fmt: skip
-    done = subprocess.run(argv, cwd=out.parent, capture_output=True, text=True, timeout=600)
+    done = tiny_run("run", url, out, "--ignore-eos", *extra)
     assert (out / "derived.jsonl").exists(), done.stdout[-3000:] + done.stderr[-3000:]
     return [json.loads(line) for line in (out / "derived.jsonl").read_text().splitlines()]
 

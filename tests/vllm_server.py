@@ -18,6 +18,8 @@ because they install a multi-GB testbed on first use and load both cores for min
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -92,3 +94,16 @@ def vllm_server(
             yield server.url
 
     return _server
+
+
+def tiny_run(
+    command: str, url: str, out: Path, *extra: str, output_len: int = 64
+) -> subprocess.CompletedProcess[str]:
+    """`itlaudit COMMAND` against a testbed server: 2 random prompts of 16 tokens, `output_len` tokens
+    out, one at a time, into `out` (no plots), from out's folder; `extra` flags after."""
+    argv = [
+        sys.executable, "-m", "itlaudit", command, "--url", url, "--model", SERVED_MODEL,
+        "--dataset-name", "random", "--random-input-len", "16", "--random-output-len", str(output_len),
+        "--num-prompts", "2", "--max-concurrency", "1", "--out", str(out), "--no-plots", *extra,
+    ]  # fmt: skip
+    return subprocess.run(argv, cwd=out.parent, capture_output=True, text=True, timeout=600)
