@@ -359,6 +359,11 @@ def _bench(help_text: str, metavar: str | None = None, **kwargs: Any) -> Any:
     return typer.Option(metavar=metavar, help=help_text, rich_help_panel=WORKLOAD, **kwargs)
 
 
+def _floor(help_text: str, metavar: str) -> Any:
+    """The memory-bandwidth floor's flags (analysis.roofline), with the verdicts they inform."""
+    return typer.Option(metavar=metavar, help=help_text, rich_help_panel="Verdicts")
+
+
 def workload_flags(
     url: UrlOption = None,
     variant: VariantOption = None,
@@ -422,29 +427,23 @@ def workload_flags(
     ] = None,
     model_config: Annotated[
         Path | None,
-        typer.Option(
-            metavar="PATH",
-            help="The served model's config.json (or its folder): its bytes per decode step give each "
+        _floor(
+            "The served model's config.json (or its folder): its bytes per decode step give each "
             "variant's memory-bandwidth floor.",
-            rich_help_panel="Verdicts",
+            "PATH",
         ),
     ] = None,
     mem_bandwidth: Annotated[
         float | None,
-        typer.Option(
-            metavar="GBPS",
-            help="The device's memory bandwidth in GB/s, where NVML's device name is not in the table "
+        _floor(
+            "The device's memory bandwidth in GB/s, where NVML's device name is not in the table "
             "(docs/roofline.md).",
-            rich_help_panel="Verdicts",
+            "GBPS",
         ),
     ] = None,
     bytes_per_token: Annotated[
         float | None,
-        typer.Option(
-            metavar="BYTES",
-            help="Bytes a decode step reads per token, in place of the config.json estimate.",
-            rich_help_panel="Verdicts",
-        ),
+        _floor("Bytes a decode step reads per token, in place of the config.json estimate.", "BYTES"),
     ] = None,
     only: Annotated[list[str] | None, typer.Option(metavar="NAME", help=ONLY_HELP)] = None,
     quality_gate: Annotated[
