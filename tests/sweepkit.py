@@ -12,10 +12,13 @@ from pathlib import Path
 SIM = [sys.executable, "-m", "itlaudit", "sim", "--port", "{port}", "--ttft-ms", "5"]
 
 
-def sweep_scenario(tmp_path: Path, variants: dict[str, list[str]], workload: str = "") -> Path:
+def sweep_scenario(
+    tmp_path: Path, variants: dict[str, list[str]], workload: str = "", tables: str = ""
+) -> Path:
+    """`tables`: TOML tables after [workload] (e.g. [sweep.serve]), before the variants."""
     text = (
         'name = "simsweep"\n[workload]\nprompts = ["hello there", "speculative"]\nnum_requests = 2\n'
-        f"max_tokens = 16\nignore_eos = true\ntemperature = 0\n{workload}\n"
+        f"max_tokens = 16\nignore_eos = true\ntemperature = 0\n{workload}\n{tables}\n"
     )
     for name, flags in variants.items():
         text += f'[[variants]]\nname = "{name}"\n[variants.launch]\nkind = "command"\n'

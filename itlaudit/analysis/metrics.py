@@ -225,8 +225,11 @@ def request_metrics(record: RequestRecord) -> RequestMetrics:
     )
     decode_ms = float(t[-1] - t[0])
     decode_tokens = int(cumulative[-1] - cumulative[0])
-    itl = ratio(decode_ms, decode_tokens)
-    chunk_itl = ratio(decode_ms, n - 1)
+    # A decode no clock saw, every token after the first arriving in the first one's read (a server
+    # that flushed the whole reply at once), has no ITL: 0 ms would rank it the fastest of all.
+    seen = decode_ms > 0
+    itl = ratio(decode_ms, decode_tokens) if seen else None
+    chunk_itl = ratio(decode_ms, n - 1) if seen else None
     tpot = None
     if record.e2e_ms is not None:
         tpot = ratio(record.e2e_ms - ttft, completion_tokens - 1)

@@ -23,6 +23,7 @@ from itlaudit.errors import SweepError
 from itlaudit.model.formats import FORMAT_KEY
 from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import RequestRecord, Status
+from itlaudit.model.serve_params import ServeValue, setting_label
 from itlaudit.model.vocabulary import LoadAxis, QualityGate
 from itlaudit.model.workload import BOUNDS as WORKLOAD_BOUNDS
 
@@ -30,12 +31,14 @@ __all__ = [
     "LATENCY_FIGURES",
     "PERCENTILES",
     "SCALARS",
+    "BestSetting",
     "Crossover",
     "SlaSearch",
     "SlaTerm",
     "SlaVariant",
     "SlaVerdicts",
     "SweepResult",
+    "best_settings",
     "crossover",
     "goodput",
     "meets_sla",
@@ -418,6 +421,90 @@ class SlaVerdicts(msgspec.Struct, kw_only=True):
     variants: dict[str, SlaVariant]
 
 
+class BestSetting(msgspec.Struct, kw_only=True):
+    """A swept variant's best server setting at one load (`--serve-param`): the setting whose points
+    give the lowest token ITL p50, and the highest goodput where an SLO was given, among the points
+    that are comparable (analysis.validity: a setting whose outputs were cut short, failed or broke is
+    never the answer); the ones left out with why."""
+
+    variant: str
+    load: float
+    by_itl: str | None
+    itl_ms: float | None
+    by_goodput: str | None = None
+    goodput_rps: float | None = None
+    left_out: dict[str, str] = msgspec.field(default_factory=dict)
+    words: str
+
+
+def _itl(point: Mapping[str, Any]) -> float | None:
+    value = (point.get("itl_ms") or {}).get("p50")
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+def best_settings(
+    axis: LoadAxis,
+    series: Mapping[str, Sequence[Mapping[str, Any]]],
+    settings: Mapping[str, Mapping[str, ServeValue]],
+) -> list[BestSetting]:
+    """Per swept variant and load, the best setting by token ITL (and goodput): "which K?" answered
+    per load, since the K that pays at concurrency 1 may not at 16."""
+    groups: dict[str, list[str]] = {}
+    for name, setting in settings.items():
+        groups.setdefault(str(setting["variant"]), []).append(name)
+    found = []
+    for base, names in groups.items():
+        by_load: dict[float, dict[str, Mapping[str, Any]]] = {}
+        for name in names:
+            for point in series.get(name, []):
+                by_load.setdefault(float(point[axis]), {})[name] = point
+        for load, points in sorted(by_load.items()):
+            found.append(_best_at(axis, base, load, points, settings))
+    return found
+
+
+def _best_at(
+    axis: LoadAxis,
+    base: str,
+    load: float,
+    points: Mapping[str, Mapping[str, Any]],
+    settings: Mapping[str, Mapping[str, ServeValue]],
+) -> BestSetting:
+    def label(name: str) -> str:
+        return setting_label({k: v for k, v in settings[name].items() if k != "variant"})
+
+    left_out = {name: str(p["not_comparable"]) for name, p in points.items() if p.get("not_comparable")}
+    itl = {name: v for name, p in points.items() if name not in left_out and (v := _itl(p)) is not None}
+    good = {
+        name: float(v)
+        for name, p in points.items()
+        if name not in left_out and isinstance(v := p.get("goodput_rps"), int | float)
+    }
+    by_itl = min(itl, key=lambda n: itl[n]) if itl else None
+    by_goodput = max(good, key=lambda n: good[n]) if good else None
+    where = _load_words(axis, load)
+    if by_itl is None:
+        words = f"{base} at {where}: no setting measured a comparable token ITL"
+    else:
+        others = ", ".join(f"{label(n)} {v:.2f}" for n, v in itl.items() if n != by_itl)
+        words = f"{base} at {where}: {label(by_itl)} has the lowest token ITL, {itl[by_itl]:.2f} ms"
+        words += f" ({others})" if others else ""
+        if by_goodput is not None:
+            words += f"; the highest goodput is {label(by_goodput)}'s, {good[by_goodput]:.2f} requests/s"
+    if left_out:
+        words += "; not comparable: " + "; ".join(f"{label(n)} ({why})" for n, why in left_out.items())
+    return BestSetting(
+        variant=base,
+        load=load,
+        by_itl=by_itl,
+        itl_ms=itl.get(by_itl) if by_itl else None,
+        by_goodput=by_goodput,
+        goodput_rps=good.get(by_goodput) if by_goodput else None,
+        left_out=left_out,
+        words=words + ".",
+    )
+
+
 class SweepResult(msgspec.Struct, kw_only=True, omit_defaults=True):
     """sweep.json: per variant its points (trial_figures pooled over trials, in grid order), the
     crossovers against the first measured variant, the SLA searches when --sla was given, and the
@@ -433,6 +520,10 @@ class SweepResult(msgspec.Struct, kw_only=True, omit_defaults=True):
     crossovers: list[Crossover]
     headline: list[str]
     sla: SlaVerdicts | None = None
+    # --serve-param: each swept variant's setting ({"variant": the scenario's variant, NAME: value})
+    # and the best setting per load; absent for a sweep of fixed servers.
+    settings: dict[str, dict[str, ServeValue]] | None = None
+    best: list[BestSetting] | None = None
 
     def to_json(self) -> JSONObject:
         """sweep.json's content (without `format`, which the writer stamps)."""
@@ -461,6 +552,7 @@ def sweep_result(
     goodput: Mapping[str, float] | None = None,
     sla: str | None = None,
     sla_precision: float = 1.0,
+    settings: Mapping[str, Mapping[str, ServeValue]] | None = None,
 ) -> SweepResult:
     """sweep.json's content from each variant's points: crossovers of every measured variant against
     the first, then the SLA search per variant when `sla` is given."""
@@ -478,6 +570,8 @@ def sweep_result(
             words = sla_words(axis, name, search, terms, at)
             verdicts.variants[name] = SlaVariant(**dataclasses.asdict(search), point=at, words=words)
             headline.append(words)
+    best = best_settings(axis, series, settings) if settings else None
+    headline = [found.words for found in best or []] + headline  # "which K?" is the question asked
     return SweepResult(
         scenario=scenario,
         axis=axis,
@@ -488,4 +582,6 @@ def sweep_result(
         crossovers=crossovers,
         headline=headline,
         sla=verdicts,
+        settings={name: dict(setting) for name, setting in settings.items()} if settings else None,
+        best=best,
     )

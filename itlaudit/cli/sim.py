@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, TypeAlias
 
@@ -100,13 +101,20 @@ def sim(
         bool,
         typer.Option("--spec-metrics-lie", help="Fault: the per-request block claims every draft."),
     ] = False,
+    speculative_config: Annotated[
+        str | None,
+        typer.Option(
+            metavar="JSON",
+            help="vLLM's argument, so a launch line can be a vLLM one: its num_speculative_tokens is K.",
+        ),
+    ] = None,
 ) -> None:
     """Serve the vLLM-compatible simulator (demo and fault-injection target; not a test of vLLM)."""
     from itlaudit.serve.sim import SimConfig, serve
 
     config = SimConfig(
         model=model,
-        num_speculative_tokens=num_speculative_tokens,
+        num_speculative_tokens=_k(speculative_config, num_speculative_tokens),
         acceptance_prob=acceptance_prob,
         step_ms=step_ms,
         ttft_ms=ttft_ms,
@@ -135,6 +143,21 @@ def sim(
     # takes are not silent and the log names what this simulator was told to do.
     print(f"itlaudit sim: {_settings(config)}; starting on http://{host}:{port}", flush=True)
     serve(config, host=host, port=port, send_log_path=send_log)
+
+
+def _k(speculative_config: str | None, given: int) -> int:
+    """K from vLLM's --speculative-config (a sweep sets it there, model.serve_params), else the flag."""
+    if speculative_config is None:
+        return given
+    try:
+        k = json.loads(speculative_config).get("num_speculative_tokens")
+    except (ValueError, AttributeError):
+        k = None
+    if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+        raise typer.BadParameter(
+            "a JSON object with num_speculative_tokens, a whole number", param_hint="--speculative-config"
+        )
+    return k
 
 
 def _settings(config: SimConfig) -> str:

@@ -26,6 +26,7 @@ from itlaudit.cli.options import (
 )
 from itlaudit.errors import SweepError
 from itlaudit.model.scenario import ScenarioFlags, build_scenario
+from itlaudit.model.serve_params import parse_serve_param
 from itlaudit.model.vocabulary import LoadAxis
 
 __all__ = ["err", "out", "sweep"]
@@ -65,6 +66,15 @@ def sweep(
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue the sweep in --out, skipping finished points.")
     ] = False,
+    serve_param: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--serve-param",
+            metavar="NAME=V,V,...",
+            help="A server setting to grid, one launched server per value (repeatable; the product of "
+            "several), e.g. num_speculative_tokens=0,1,3: the best setting per load. Also [sweep.serve].",
+        ),
+    ] = None,
     fail_on_findings: FailOnFindingsOption = False,
     *,
     flags: ScenarioFlags,
@@ -76,6 +86,7 @@ def sweep(
         SweepConfig,
         run_sweep,
         selected_variants,
+        serve_grid,
         workload_digest,
     )
 
@@ -103,19 +114,22 @@ def sweep(
             "--rate cannot pace multi_turn sessions (each turn follows the last one's reply): sweep "
             "--concurrency, the number of sessions at once"
         )
+    urls = {v.name: flags.url for v in scenario.variants} if flags.url else flags.variant_urls
+    params = {**scenario.serve_params, **dict(parse_serve_param(text) for text in serve_param or [])}
+    scenario, names, settings = serve_grid(scenario, selected_variants(scenario, flags.only), params, urls)
     config = SweepConfig(
         scenario=scenario.name,
         axis=axis,
         values=[float(v) for v in values],
-        variants=selected_variants(scenario, flags.only),
+        variants=names,
         trials=count,
         convergence=convergence,
         sla=sla,
         sla_precision=precision,
         goodput=dict(scenario.goodput),
         workload=workload_digest(scenario),
+        serve=settings,
     )
-    urls = {v.name: flags.url for v in scenario.variants} if flags.url else flags.variant_urls
     sweep_dir, result = run_sweep(
         scenario, config, out=out_dir, resume=resume, variant_urls=urls, console=err, capture=capture
     )

@@ -117,6 +117,7 @@ SURFACE = Surface(
             "RunLabels",
             "parse_metadata",
         ),
+        "serve_params": ("ServeValue", "expand", "parse_serve_param", "setting_label"),
         "scenario": (
             "COMPILED",
             "EAGER",

@@ -42,6 +42,7 @@ from itlaudit.model.scenario_toml import (
     reject_unknown_keys,
     str_list,
 )
+from itlaudit.model.serve_params import ServeValue, serve_settings
 from itlaudit.model.tokenizer import tokenizer_file
 from itlaudit.model.vocabulary import Endpoint, QualityGate
 from itlaudit.model.workload import SECONDS, Workload, parse_workload
@@ -122,6 +123,9 @@ class Scenario:
     model_config: Mapping[str, Any] | None = None
     mem_bandwidth_gbps: float | None = None
     bytes_per_token: float | None = None
+    # [sweep.serve]: server settings `sweep` runs one launched server each (model.serve_params);
+    # run and compare measure the variants as they are.
+    serve_params: dict[str, list[ServeValue]] = field(default_factory=dict)
 
     @property
     def block(self) -> BlockSettings:
@@ -344,7 +348,7 @@ def scenario_from_raw(
     """The one validation of a scenario's tables, whether they came from a file, from flags, or both.
     Relative paths resolve against the file's folder (the working directory when there is none)."""
     top_keys = {"name", "endpoint", "model", "workload", "variants", "description", "goodput", "quality_gate"}
-    top_keys |= {"metric_percentiles", "percentile_metrics", "tokenizer", *_ROOFLINE_KEYS}
+    top_keys |= {"metric_percentiles", "percentile_metrics", "tokenizer", "sweep", *_ROOFLINE_KEYS}
     reject_unknown_keys(raw, top_keys, loc, "")
     name = get_value(raw, loc, "", "endpoint", str, Endpoint.COMPLETIONS)
     if name not in tuple(Endpoint):
@@ -371,8 +375,17 @@ def scenario_from_raw(
         metric_percentiles=percentiles,
         percentile_metrics=metrics,
         tokenizer=None if tokenizer is None else _tokenizer(base / tokenizer, loc),
+        serve_params=_serve_params(raw, loc),
         **_roofline(raw, loc, base),
     )
+
+
+def _serve_params(raw: Mapping[str, object], loc: Located) -> dict[str, list[ServeValue]]:
+    """[sweep.serve]: the server settings `sweep` grids (model.serve_params), NAME = [values]."""
+    sweep = get_table(raw, loc, "", "sweep", {})
+    reject_unknown_keys(sweep, {"serve"}, loc, "sweep")
+    table = get_table(sweep, loc, "sweep", "serve", {})
+    return serve_settings(table, f"{loc.path}: [sweep.serve]")
 
 
 _ROOFLINE_KEYS = ("model_config", "mem_bandwidth_gbps", "bytes_per_token")

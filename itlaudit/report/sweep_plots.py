@@ -18,7 +18,13 @@ from itlaudit.analysis.validity import NOT_COMPARABLE
 from itlaudit.model.vocabulary import LoadAxis
 from itlaudit.report.plot_style import DPI, LOG_SPAN, NEUTRAL_GREY, WIDE, colour, plt, save_figure
 
-__all__ = ["plot_itl_vs_throughput", "plot_speedup_vs_load", "plot_ttft_vs_load", "write_sweep_plots"]
+__all__ = [
+    "plot_itl_by_setting",
+    "plot_itl_vs_throughput",
+    "plot_speedup_vs_load",
+    "plot_ttft_vs_load",
+    "write_sweep_plots",
+]
 
 
 def _load_label(axis: LoadAxis) -> str:
@@ -234,8 +240,54 @@ def plot_speedup_vs_load(sweep: SweepResult, path: Path) -> Path | None:
     return save_figure(fig, path)
 
 
+def plot_itl_by_setting(sweep: SweepResult, path: Path) -> Path | None:
+    """A `--serve-param` sweep's answer drawn: token ITL p50 per server setting (x, in the order
+    swept: K0, K1, K3), one line per load, so "which K at which load" is where each line is lowest.
+    A point that is not comparable is a grey cross, never part of a line."""
+    if not sweep.settings:
+        return None
+    axis = sweep.axis
+    names = [n for n in sweep.settings if sweep.variants.get(n)]
+    if not names:
+        return None
+    labels = [n.removeprefix(f"{sweep.settings[n]['variant']}-") for n in names]
+    fig, ax = plt.subplots(figsize=WIDE, dpi=DPI)
+    for index, load in enumerate(sweep.grid):
+        at = [next((p for p in sweep.variants[n] if p[axis] == load), None) for n in names]
+        measured = np.array([_itl_or_nan(p) for p in at])
+        bad = np.array([bool(p and p.get("not_comparable")) for p in at])
+        x = np.arange(len(names))
+        label = f"{_load_label(axis)} {load:g}"
+        ax.plot(x, np.where(bad, np.nan, measured), color=colour(index), marker="o", label=label)
+        if bad.any():
+            ax.plot(x[bad], measured[bad], "x", color=NEUTRAL_GREY, markersize=10, mew=2)
+        best = next((b.by_itl for b in sweep.best or [] if b.load == load and b.by_itl in names), None)
+        if best is not None:  # the answer at this load, starred
+            at_best = names.index(best)
+            ax.plot([at_best], [measured[at_best]], "*", color=colour(index), markersize=16)
+    ax.set_xticks(range(len(names)), labels, rotation=30 if len(names) > 6 else 0)
+    ax.set_xlabel("server setting")
+    ax.set_ylabel("token ITL p50 (ms)")
+    ax.set_title("Token ITL per server setting, one line per load (lowest: the best setting there)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def _itl_or_nan(point: Mapping[str, Any] | None) -> float:
+    if point is None:
+        return float("nan")
+    value = (point.get("itl_ms") or {}).get("p50")
+    return float(value) if isinstance(value, int | float) else float("nan")
+
+
 def write_sweep_plots(sweep: SweepResult, out_dir: Path) -> list[tuple[str, Path]]:
     drawn = [
+        (
+            "Token ITL per server setting, one line per load",
+            plot_itl_by_setting(sweep, out_dir / "sweep_itl_by_setting.png"),
+        ),
         (
             "Token ITL against output tokens/s (dashed: chunk ITL)",
             plot_itl_vs_throughput(sweep, out_dir / "sweep_itl_vs_throughput.png"),

@@ -47,6 +47,7 @@ SURFACE = Surface(
             "SweepConfig",
             "run_sweep",
             "selected_variants",
+            "serve_grid",
             "workload_digest",
         ),
         "trials": (

@@ -20,7 +20,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +47,7 @@ from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.launch import LaunchSpec
 from itlaudit.model.redact import launch_secret_values, redact_file
 from itlaudit.model.scenario import Scenario, Variant
+from itlaudit.model.serve_params import ServeValue, expand
 from itlaudit.model.vocabulary import LoadAxis, QualityGate
 from itlaudit.report.progress import Reporter, duration
 from itlaudit.store.jsonl import iter_jsonl, load_records
@@ -72,6 +73,7 @@ __all__ = [
     "point_scenario",
     "run_sweep",
     "selected_variants",
+    "serve_grid",
     "trial_dir",
     "variant_points",
     "write_sweep_outputs",
@@ -100,11 +102,15 @@ class SweepConfig:
     # The workload's digest (workload_digest): an edited scenario under the same name is another
     # experiment, which --resume refuses. A sweep folder from before it has none and is not checked.
     workload: str | None = None
+    # --serve-param / [sweep.serve]: each swept variant's server setting (model.serve_params.expand);
+    # None for a sweep of the scenario's servers as they are.
+    serve: dict[str, dict[str, ServeValue]] | None = None
 
     def to_json(self) -> JSONObject:
         data = dataclasses.asdict(self)
-        if self.convergence is None:
-            del data["convergence"]  # a fixed-trials config reads as it did before --trials auto
+        for key in ("convergence", "serve"):
+            if data[key] is None:
+                del data[key]  # a config without them reads as it did before they existed
         return data
 
     def rule(self) -> ConvergenceRule | None:
@@ -469,6 +475,7 @@ def build_sweep(sweep_dir: Path, scenario_name: str, config: SweepConfig) -> Swe
         goodput=config.goodput,
         sla=config.sla,
         sla_precision=config.sla_precision,
+        settings=config.serve,
     )
 
 
@@ -479,6 +486,25 @@ def write_sweep_outputs(sweep_dir: Path, scenario_name: str, config: SweepConfig
     write_versioned(sweep_dir / SWEEP_FILE, sweep.to_json())
     write_sweep_report(sweep_dir, sweep)
     return sweep
+
+
+def serve_grid(
+    scenario: Scenario,
+    names: list[str],
+    params: Mapping[str, Sequence[ServeValue]],
+    urls: Mapping[str, str],
+) -> tuple[Scenario, list[str], dict[str, dict[str, ServeValue]] | None]:
+    """The scenario, variants and settings a sweep runs: with server parameters to grid, one launched
+    variant per setting (model.serve_params.expand), else the chosen variants as they are."""
+    if not params:
+        return scenario, names, None
+    if urls:
+        raise SweepError(
+            "--serve-param starts a server per setting: drop --url/--variant and let the scenario's "
+            "[variants.launch] start them"
+        )
+    expanded, settings = expand(scenario, names, params)
+    return expanded, list(settings), settings
 
 
 def selected_variants(scenario: Scenario, names: Sequence[str]) -> list[str]:
