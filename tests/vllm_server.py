@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from itlaudit.cli.testbed import default_model_dir
 from itlaudit.model.launch import LaunchSpec
 from itlaudit.serve.launcher import launch
 from itlaudit.serve.testbed import DEFAULT_VERSION, build_model, default_cache_dir, install
@@ -34,6 +35,9 @@ MAX_MODEL_LEN = 2048
 READY_TIMEOUT_S = 300.0
 BASE_ARGS = ["--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN)]
 ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+# Findings a loaded 2-core box may add to any run: a starved API server flushes chunks in bursts
+# (chunks_coalesced), a busy client falls behind (client_saturated). Both say so truthfully.
+TIMING_FINDINGS = frozenset({"chunks_coalesced", "client_saturated"})
 
 
 def testbed_python(version: str = DEFAULT_VERSION) -> Path:
@@ -49,6 +53,14 @@ def tiny_model(seed: int = 0, draft_noise: float | None = None) -> Path:
     )
 
 
+def thinking_model(seed: int = 0) -> Path:
+    """The tiny Llama made to think (tinymodel.py --arch think: every greedy chat reply is `<think>`,
+    a fixed thinking span, `</think>`, a repeated answer), where `itlaudit testbed build-model` puts it."""
+    return build_model(
+        default_model_dir(seed, arch="think"), python=testbed_python(), seed=seed, arch="think"
+    )
+
+
 def speculative_args(draft: Path, num_speculative_tokens: int) -> list[str]:
     config = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": num_speculative_tokens}
     return ["--speculative-config", json.dumps(config)]
@@ -59,9 +71,11 @@ def server_spec(
     *,
     num_speculative_tokens: int = 0,
     draft_noise: float | None = None,
+    model_of: Callable[[], Path] = tiny_model,
 ) -> LaunchSpec:
-    """The testbed server: tiny model, served as "tiny"; K>0 drafts with itself or a noisy copy."""
-    model = tiny_model()
+    """The testbed server: tiny model (or `model_of()`'s), served as "tiny"; K>0 drafts with itself or
+    a noisy copy."""
+    model = model_of()
     args = [*BASE_ARGS, *extra_args]
     if num_speculative_tokens:
         draft = model if draft_noise is None else tiny_model(draft_noise=draft_noise)
@@ -81,13 +95,18 @@ def vllm_server(
     *extra_args: str,
     num_speculative_tokens: int = 0,
     draft_noise: float | None = None,
+    model_of: Callable[[], Path] = tiny_model,
 ) -> Callable[..., Iterator[str]]:
-    """A module-scoped fixture yielding the base URL of a real server started with these args."""
+    """A module-scoped fixture yielding the base URL of a real server started with these args;
+    `model_of` (called when the fixture starts, not at collection) picks another model."""
 
     @pytest.fixture(scope="module")
     def _server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         spec = server_spec(
-            list(extra_args), num_speculative_tokens=num_speculative_tokens, draft_noise=draft_noise
+            list(extra_args),
+            num_speculative_tokens=num_speculative_tokens,
+            draft_noise=draft_noise,
+            model_of=model_of,
         )
         log_path = tmp_path_factory.mktemp("vllm") / "server.log"
         with launch(spec, log_path) as server:

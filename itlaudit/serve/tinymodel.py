@@ -1,4 +1,5 @@
-"""Build a tiny random-weight Llama or MiMo (plus tokenizer) that a real vLLM server can load.
+"""Build a tiny random-weight Llama or MiMo, or a Llama that thinks (plus tokenizer), that a real vLLM
+server can load.
 
 No model can be downloaded on a testbed, yet the auditor needs a real engine to produce real wire
 traffic, so the model is synthesised locally. It is deliberately useless as a language model: only its
@@ -25,6 +26,20 @@ input projection keeps only the next token's embedding, so its logits are lm_hea
 ``RESIDUAL_SCALE`` so they move its choice only sometimes: the head then agrees with the target often
 but not always, as a trained MTP head does.
 
+``--arch think`` writes a Llama made to think: its tokenizer carries ``<think>`` and ``</think>`` as
+added, non-special tokens (as Qwen3's does, so they reach the text and vLLM's ``--reasoning-parser
+qwen3`` finds them by token id), and greedy decoding, whatever the chat prompt, follows one fixed walk:
+``<think>``, the ``THINKING`` tokens, ``</think>``, then the ``ANSWER`` tokens round and round. A
+random model never closes its thinking, so every reply would be reasoning only and the time to the
+first answer token (TTFA) could never be measured; a trained thinking model cannot be downloaded here.
+The answer repeats rather than ending in EOS so that every reply runs to its max_tokens with or without
+ignore_eos (which vllm bench's random dataset sets), as the random Llama's do: a cap before
+``</think>`` is a reply capped while thinking, any cap past it a reply with an answer.
+The walk is the MTP head's trick taken one step further: the layers add nothing to the residual stream
+(zero output projections), so the stream at each position is the current token's embedding alone, and
+the embeddings and lm_head are a next-token table (``_set_walk``). The build checks the walk with the
+model before it writes anything.
+
 Output is byte-deterministic for a given (arch, seed, draft_noise): weights come from an explicit
 ``torch.Generator`` rather than transformers' init code (which changes between releases), and the BPE
 tokenizer is trained on the fixed corpus below.
@@ -39,6 +54,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 __all__ = [
+    "ANSWER",
     "CHAT_TEMPLATE",
     "CORPUS",
     "EOS",
@@ -52,7 +68,11 @@ __all__ = [
     "NUM_MTP_LAYERS",
     "RESIDUAL_SCALE",
     "SPECIAL_TOKENS",
+    "THINKING",
+    "THINK_END",
+    "THINK_START",
     "VOCAB",
+    "WALK_LOGIT",
     "build",
     "main",
     "mtp_layer_weights",
@@ -61,7 +81,7 @@ __all__ = [
 if TYPE_CHECKING:  # the testbed venv's packages: names for the annotations only, never imported at run time
     from tokenizers import Tokenizer
     from torch import Tensor
-    from transformers import PretrainedConfig, PreTrainedModel
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerFast
 
 HIDDEN = 128
 HEADS = 2
@@ -114,6 +134,17 @@ def mtp_layer_weights(
 
 EOS = "<|endoftext|>"
 SPECIAL_TOKENS = [EOS, "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+
+# --arch think: the walk. Each text is whole tokens of the trained vocabulary, none twice in the walk
+# (a token has one successor in a next-token table), none a reasoning parser's markup ("<", ">").
+# 17 thinking tokens leave room for a cap inside the thinking; the 6 answer tokens repeat.
+THINK_START = "<think>"
+THINK_END = "</think>"
+THINKING = "The count of tokens is the total between every up and so on, there are no"
+ANSWER = " that was it for me."
+# The walk's logit over every other token: lm_head's entry times RMSNorm's sqrt(HIDDEN) (one-hot
+# stream), 4 x 11.3 = 45, so even sampling at temperature 1 keeps to the walk (e^-45 for a stray).
+WALK_LOGIT = 4.0
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -251,14 +282,70 @@ def _init_weights(model: PreTrainedModel, seed: int, draft_noise: float | None) 
             param.copy_(value.to(param.dtype))
 
 
-def _scale_residual_branches(model: PreTrainedModel) -> None:
-    """Shrink what each layer adds to the residual stream (MiMo target only; see RESIDUAL_SCALE)."""
+def _scale_residual_branches(model: PreTrainedModel, scale: float) -> None:
+    """Scale what each layer adds to the residual stream: RESIDUAL_SCALE for the MiMo target, 0 for the
+    thinking model, whose stream must be the current token's embedding alone."""
     import torch
 
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith(("self_attn.o_proj.weight", "mlp.down_proj.weight")):
-                param.mul_(RESIDUAL_SCALE)
+                param.mul_(scale)
+
+
+def _walk(tokenizer: PreTrainedTokenizerFast) -> tuple[list[int], int]:
+    """The thinking model's token walk (<think>, THINKING, </think>, ANSWER) and the index its last
+    token leads back to: the answer's first, so the answer repeats."""
+    head = [
+        *tokenizer.convert_tokens_to_ids([THINK_START]),
+        *tokenizer.encode(THINKING, add_special_tokens=False),
+        *tokenizer.convert_tokens_to_ids([THINK_END]),
+    ]
+    walk = [*head, *tokenizer.encode(ANSWER, add_special_tokens=False)]
+    if len(set(walk)) != len(walk) or tokenizer.eos_token_id in walk or len(walk) >= HIDDEN:
+        raise ValueError(f"the walk must be distinct tokens, no EOS, fewer than {HIDDEN}: {walk}")
+    return walk, len(head)
+
+
+def _set_walk(model: PreTrainedModel, walk: list[int], loop: int) -> None:
+    """Make greedy decoding follow `walk` from any token off it, then walk[loop:] over and over.
+
+    With the layers' output projections zero (_scale_residual_branches(model, 0)), the last hidden
+    state is the current token's embedding, so the logits are lm_head(norm(embedding)): a table. Every
+    token off the walk embeds as one-hot dimension 0, the walk's i-th token as dimension i+1; lm_head
+    row `next` has WALK_LOGIT in the dimension of the token `next` follows. The layers' other weights
+    stay random: vLLM runs full attention and MLP per step, as for the random Llama.
+    """
+    import torch
+
+    with torch.no_grad():
+        embed = model.get_input_embeddings().weight
+        embed.zero_()
+        embed[:, 0] = 1.0
+        for dim, token in enumerate(walk, start=1):
+            embed[token, 0] = 0.0
+            embed[token, dim] = 1.0
+        head = model.get_output_embeddings().weight
+        head.zero_()
+        for dim, successor in enumerate([*walk, walk[loop]]):
+            head[successor, dim] = WALK_LOGIT
+
+
+def _check_walk(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, walk: list[int], loop: int
+) -> None:
+    """Refuse to write a thinking model that strays: after a chat prompt, each step's argmax is the
+    walk's next token, the last leading back to walk[loop] (in bf16, as vLLM will run it)."""
+    import torch
+
+    chat = [{"role": "user", "content": "Hello?"}]
+    prompt = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_dict=False)
+    expected = [*walk, walk[loop]]
+    with torch.no_grad():
+        logits = model(torch.tensor([[*prompt, *walk]])).logits[0, len(prompt) - 1 :]
+    got = logits.argmax(-1).tolist()
+    if got != expected:
+        raise ValueError(f"the thinking model strays from its walk: {got} != {expected}")
 
 
 def _mtp_tensors(model: PreTrainedModel) -> dict[str, Tensor]:
@@ -299,10 +386,13 @@ def _add_mtp_layers(out_dir: Path, model: PreTrainedModel) -> None:
 def build(out_dir: Path, seed: int = 0, draft_noise: float | None = None, arch: str = "llama") -> Path:
     """Write config, safetensors weights, tokenizer and chat template into out_dir."""
     import torch
+    from tokenizers import AddedToken
     from transformers import GenerationConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2ForCausalLM
 
     out_dir.mkdir(parents=True, exist_ok=True)
     raw_tok = _train_tokenizer()
+    if arch == "think":  # ids VOCAB and VOCAB + 1, after the trained ones: the other models' files stay
+        raw_tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in (THINK_START, THINK_END)])
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=raw_tok,
         bos_token=EOS,
@@ -317,7 +407,12 @@ def build(out_dir: Path, seed: int = 0, draft_noise: float | None = None, arch: 
     model = (Qwen2ForCausalLM if arch == "mimo" else LlamaForCausalLM)(config).to(torch.bfloat16)
     _init_weights(model, seed, draft_noise)
     if arch == "mimo":
-        _scale_residual_branches(model)
+        _scale_residual_branches(model, RESIDUAL_SCALE)
+    elif arch == "think":
+        _scale_residual_branches(model, 0.0)
+        walk, loop = _walk(tokenizer)
+        _set_walk(model, walk, loop)
+        _check_walk(model, tokenizer, walk, loop)
     model.generation_config = GenerationConfig(bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
@@ -337,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--draft-noise", type=float, default=None)
-    parser.add_argument("--arch", choices=["llama", "mimo"], default="llama")
+    parser.add_argument("--arch", choices=["llama", "mimo", "think"], default="llama")
     args = parser.parse_args(argv)
     out = build(args.out_dir, seed=args.seed, draft_noise=args.draft_noise, arch=args.arch)
     print(
