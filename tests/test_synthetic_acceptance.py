@@ -21,7 +21,7 @@ from itlaudit.model.run_context import synthetic_acceptance
 SIM = [sys.executable, "-m", "itlaudit", "sim", "--port", "{port}", "--ttft-ms", "5", "--step-ms", "4"]
 SYNTHETIC = {
     "method": "draft_model", "num_speculative_tokens": 3, "rejection_sample_method": "synthetic",
-    "synthetic_acceptance_length": 3.5,
+    "synthetic_acceptance_length": 2.5,
 }  # fmt: skip
 
 
@@ -49,7 +49,7 @@ def test_a_forced_acceptance_is_labelled_not_ranked_and_not_audited(tmp_path: Pa
     assert done.returncode == 0, done.stderr
     compared = json.loads((tmp_path / "run" / "compare.json").read_text())
     rows = compared["variants"]
-    assert rows["K3S"]["not_comparable"].startswith("synthetic acceptance (acceptance length 3.5 forced)")
+    assert rows["K3S"]["not_comparable"].startswith("synthetic acceptance (acceptance length 2.5 forced)")
     assert rows["K3S"]["not_audited"].startswith("not applicable: synthetic acceptance")
     assert rows["K3X"]["not_comparable"] is None and rows["K3X"]["not_audited"] is None
     judged = {(f["code"], f["request_id"].split("-")[0]) for f in compared["findings"]}
@@ -58,13 +58,29 @@ def test_a_forced_acceptance_is_labelled_not_ranked_and_not_audited(tmp_path: Pa
     meta = json.loads((tmp_path / "run" / "meta.json").read_text())
     assert meta["variants"]["K3S"]["speculative_config"] == SYNTHETIC
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["synthetic_acceptance"] == {"K3S": "acceptance length 3.5 forced"}
+    assert summary["synthetic_acceptance"] == {"K3S": "acceptance length 2.5 forced"}
     report = (tmp_path / "run" / "report.md").read_text()
     assert "synthetic acceptance" in report and "projection" in report
     # the context says how each launched server speculates as far as its arguments say: K3S as
     # declared; K0 and K3X (the simulator's own flags, not vLLM's) with no --speculative-config
     assert "**speculation K0**: no --speculative-config in its launch arguments" in report
     assert "**speculation K3S**: draft\\_model, K=3; acceptance forced (synthetic)" in report
+    # The simulator accepts every draft whatever it was told: the stream's ~3.8 tokens a decode chunk
+    # is not the 2.5 it declares forcing, and the context says so.
+    assert "tokens a decode chunk against the 2.5 forced (+" in report
+    assert "not the acceptance it was told to force" in report
+
+
+def test_the_stream_acceptance_is_read_against_the_configured_one() -> None:
+    """Near the forced length (the capped last chunk pulls the mean down) it is quiet; a K3 with no
+    forcing is read against the K+1 a step can carry. ~0 s."""
+    near = speculation_text(SYNTHETIC, 1, measured=2.4)
+    assert near.endswith("the stream measured 2.40 tokens a decode chunk against the 2.5 forced")
+    standard = {"method": "ngram", "num_speculative_tokens": 3}
+    assert speculation_text(standard, 1, measured=3.1).endswith(
+        "3.10 tokens a decode chunk, of at most 4 a step at K=3"
+    )
+    assert "measured" not in speculation_text(standard, 1)
 
 
 def test_a_dynamic_k_names_the_k_in_force_and_k0_by_schedule_is_not_speculation_off() -> None:
@@ -94,7 +110,7 @@ def test_a_launched_servers_speculative_config_is_read_from_its_arguments() -> N
         LaunchSpec(kind="python", python="py", server_args=["--speculative-config", "{"]).speculative_config
         is None
     )
-    assert synthetic_acceptance(SYNTHETIC) == "acceptance length 3.5 forced"
+    assert synthetic_acceptance(SYNTHETIC) == "acceptance length 2.5 forced"
     assert synthetic_acceptance({**SYNTHETIC, "rejection_sample_method": "standard"}) is None
     rates = {"rejection_sample_method": "synthetic", "synthetic_acceptance_rates": [0.9, 0.8]}
     assert synthetic_acceptance(rates) == "acceptance rates 0.9, 0.8 forced"

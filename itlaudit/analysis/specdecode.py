@@ -143,7 +143,15 @@ def spec_decode_delta(before: CounterSnapshot, after: CounterSnapshot) -> SpecDe
     )
 
 
-def speculation_text(config: Mapping[str, Any] | None, concurrency: int | None) -> str:
+# How far the stream's tokens per decode chunk may sit from a forced acceptance length before the
+# report says the server did not force it: the last chunk of a capped reply and a first chunk that
+# carries one token pull the mean a few per cent under the forced figure.
+FORCED_TOLERANCE = 0.10
+
+
+def speculation_text(
+    config: Mapping[str, Any] | None, concurrency: int | None, measured: float | None = None
+) -> str:
     """How a variant's server speculates, in words, from its speculative config (None: launched
     without the argument, which for vLLM is speculation off). A dynamic schedule (vLLM's
     num_speculative_tokens_per_batch_size, [start, end, K] triples) names the K in force at the run's
@@ -165,4 +173,26 @@ def speculation_text(config: Mapping[str, Any] | None, concurrency: int | None) 
                 text += " by the schedule (drafting on, not speculation off)"
     if config.get("rejection_sample_method") == "synthetic":
         text += "; acceptance forced (synthetic): speed is a projection"
+    return text + _measured_words(config, measured)
+
+
+def _measured_words(config: Mapping[str, Any], measured: float | None) -> str:
+    """The stream's acceptance (tokens per decode chunk, `measured`) beside what the config says it
+    should be: the forced length of a synthetic run (a server that did not force it ran another
+    experiment), else the K+1 a step can carry at most (above it, chunks bundle steps: stream_bundled)."""
+    if measured is None:
+        return ""
+    text = f"; the stream measured {measured:.2f} tokens a decode chunk"
+    forced, k = config.get("synthetic_acceptance_length"), config.get("num_speculative_tokens")
+    if (
+        config.get("rejection_sample_method") == "synthetic"
+        and isinstance(forced, int | float)
+        and forced > 0
+    ):
+        off = measured / forced - 1
+        text += f" against the {forced:g} forced"
+        if abs(off) > FORCED_TOLERANCE:
+            text += f" ({off:+.0%}: not the acceptance it was told to force)"
+    elif isinstance(k, int) and not isinstance(k, bool) and k > 0:
+        text += f", of at most {k + 1} a step at K={k}"
     return text

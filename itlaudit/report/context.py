@@ -117,9 +117,14 @@ def context_facts(meta: Mapping[str, Any], summary: RunSummary) -> list[Fact]:
             facts.append((f"server {name}", server_fact(info.get("environment") or {}, info.get("url"))))
             if "speculative_config" in info:  # known: launched, or declared for a URL server
                 concurrency = cap if isinstance(cap, int) else None
-                facts.append(
-                    (f"speculation {name}", speculation_text(info["speculative_config"], concurrency))
+                block = summary.variants.get(name)
+                measured = block.decode_tokens_per_chunk.get("mean") if block is not None else None
+                text = speculation_text(
+                    info["speculative_config"],
+                    concurrency,
+                    float(measured) if isinstance(measured, int | float) else None,
                 )
+                facts.append((f"speculation {name}", text))
     models = sorted({b.model for b in summary.variants.values() if b.model})
     facts.append(("model", ", ".join(models) or "unknown"))
     if summary.dummy_weights:
