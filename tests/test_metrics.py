@@ -351,3 +351,19 @@ def test_a_line_with_chunk_arrays_of_unequal_length_is_one_records_error(tmp_pat
     path.write_text(json.dumps(line) + "\n")
     with pytest.raises(RecordsError, match="unequal lengths"):
         load_records(path)
+
+
+def test_each_channel_has_its_own_itl() -> None:
+    """A thinking reply: the `<think>` chunk (no text), reasoning chunks every 5 ms, then answer chunks
+    every 20 ms; the gaps across a change belong to neither channel, and the answer's tokens
+    are completion less the server's reasoning count. The quiet side: a reply that never thought has
+    no channels. ~0 s."""
+    rows = [(10, 1, 0), (15, 2, 0), (20, 3, 0), (25, 4, 0), (40, 5, 2), (60, 6, 2), (80, 7, 2)]
+    thinking = record(*rows, completion_tokens=7, e2e_ms=81.0, reasoning="abcdefg", reasoning_tokens=3)
+    thinking.chunks.reasoning_len.extend([0, 2, 2, 3, 0, 0, 0])  # `<think>` first, markup-only
+    m = request_metrics(thinking)
+    assert (m.reasoning_itl_ms, m.answer_itl_ms) == (5.0, 20.0)
+    assert (m.reasoning_tokens, m.answer_tokens) == (3, 4)
+    assert m.itl_ms == pytest.approx(70 / 6)  # over every token, as before
+    plain = request_metrics(record(*K0_ROWS, completion_tokens=5, e2e_ms=60.0))
+    assert (plain.reasoning_itl_ms, plain.answer_itl_ms, plain.answer_tokens) == (None, None, None)

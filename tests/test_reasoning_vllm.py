@@ -84,13 +84,27 @@ def test_an_answer_after_the_thinking_has_ttft_ttfa_and_both_channels(
         assert line["ttft_ms"] == pytest.approx(t_ms[first_token])
         assert line["ttfa_ms"] == pytest.approx(t_ms[first_answer]) and line["ttfa_ms"] >= line["ttft_ms"]
         assert line["reasoning_tokens"] == THINKING_TOKENS and set(line["findings"]) <= TIMING_FINDINGS
+        assert line["answer_tokens"] == answer_tokens + 2
+        # each channel's ITL over its own gaps (None only where a starved server flushed it at once)
+        for channel in ("reasoning_itl_ms", "answer_itl_ms"):
+            assert line[channel] is None or line[channel] > 0, line
     summary = json.loads((folder / "summary.json").read_text())["variants"]["server"]
     assert set(summary["findings"]) <= TIMING_FINDINGS  # an answered reply is no truncation
     bench = summary["benchmark"]
     assert bench["ttft_ms"]["count"] == 2 and bench["ttfa_ms"]["count"] == 2
     assert bench["ttfa_ms"]["mean"] >= bench["ttft_ms"]["mean"]
+    # both channels' totals (the markup counted with the answer, as the server's usage has it) and
+    # gaps: 16 thinking gaps and 12 answer gaps a reply, one token each, the channel change in neither
+    assert (bench["reasoning_tokens"], bench["answer_tokens"]) == (
+        2 * THINKING_TOKENS,
+        2 * (answer_tokens + 2),
+    )
+    assert bench["reasoning_itl_ms"]["count"] == 2 * (THINKING_TOKENS - 1)
+    assert bench["answer_itl_ms"]["count"] == 2 * (answer_tokens - 1)
     rows = _rows(done.stdout)
     assert rows["Replies that reached an answer:"] == "2" and "reasoning_truncated" not in done.stdout
+    assert rows["Reasoning tokens (server's count):"] == str(2 * THINKING_TOKENS)
+    assert "Mean Answer token ITL (ms):" in rows
     assert float(rows["Mean TTFA (ms):"]) >= float(rows["Mean TTFT (ms):"])
 
 

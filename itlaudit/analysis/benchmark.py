@@ -21,10 +21,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-from itlaudit.analysis.metrics import RequestMetrics, decode_gaps, distribution, ratio, token_counts
+from itlaudit.analysis.metrics import (
+    RequestMetrics,
+    channel_gaps,
+    decode_gaps,
+    distribution,
+    ratio,
+    token_counts,
+)
 from itlaudit.model.block import BlockSettings
 from itlaudit.model.records import RequestRecord, Status
 
@@ -103,6 +111,28 @@ def _goodput(
     return ratio(good, duration_s)
 
 
+def _channel_figures(
+    ok: Sequence[tuple[RequestRecord, RequestMetrics]], extra: Sequence[float]
+) -> dict[str, Any]:
+    """A thinking model's figures beside vllm bench's (which count both channels as one): TTFA, the
+    reasoning and answer token totals (the server's count; replies it gave none for are counted
+    apart, never guessed), and each channel's token ITL pooled as token_itl_ms is."""
+    counted = [m for r, m in ok if r.reasoning and m.reasoning_tokens is not None]
+    figures: dict[str, Any] = {
+        "ttfa_ms": distribution([m.ttfa_ms for _, m in ok], extra=extra),
+        "reasoning_tokens": sum(m.reasoning_tokens or 0 for m in counted),
+        "answer_tokens": sum(m.answer_tokens or 0 for m in counted),
+        "reasoning_tokens_unknown": sum(1 for r, m in ok if r.reasoning and m.reasoning_tokens is None),
+    }
+    for name in ("reasoning", "answer"):
+        pairs = [channel_gaps(r)[name] for r, _ in ok if r.reasoning]
+        gaps = np.concatenate([g for g, _ in pairs]) if pairs else np.zeros(0)
+        tokens = np.concatenate([k for _, k in pairs]) if pairs else np.zeros(0, dtype=np.int64)
+        kept = tokens > 0
+        figures[f"{name}_itl_ms"] = distribution(gaps[kept] / tokens[kept], tokens[kept], extra=extra)
+    return figures
+
+
 def benchmark_figures(
     records: Sequence[RequestRecord], metrics: Sequence[RequestMetrics], block: BlockSettings | None = None
 ) -> dict[str, float | int | dict[str, float | int | None] | None]:
@@ -146,11 +176,7 @@ def benchmark_figures(
         "ttft_ms": distribution([m.ttft_ms for _, m in ok], extra=extra),
         # a thinking model's time to first answer, beside vllm bench's TTFT (the first token of either
         # channel); absent where no reply had a reasoning channel, so other summaries read as before
-        **(
-            {"ttfa_ms": distribution([m.ttfa_ms for _, m in ok], extra=extra)}
-            if any(r.reasoning for r in ok_records)
-            else {}
-        ),
+        **(_channel_figures(ok, extra) if any(r.reasoning for r in ok_records) else {}),
         "tpot_ms": distribution([m.tpot_ms for _, m in ok], extra=extra),
         "e2el_ms": distribution([m.e2e_ms for _, m in ok], extra=extra),
         "chunk_itl_ms": distribution(chunk_gaps, extra=extra),

@@ -29,6 +29,7 @@ __all__ = [
     "TOKEN_SOURCE_USAGE",
     "RequestMetrics",
     "answer_ms",
+    "channel_gaps",
     "content_chunk_mask",
     "decode_gaps",
     "distribution",
@@ -160,6 +161,33 @@ def decode_gaps(record: RequestRecord) -> tuple[np.ndarray, np.ndarray]:
     return np.diff(t), np.diff(cumulative)
 
 
+def channel_gaps(record: RequestRecord) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """A thinking model's decode gaps per channel, "reasoning" and "answer": each gap between two
+    content chunks of the same channel with the tokens the later one delivered (decode_gaps' pairs).
+    The gap across the channel change (the `</think>` step, a chunk of markup only) belongs to
+    neither, so each channel's ITL is its own decode speed. Empty for a stream that never thought."""
+    if not record.reasoning:
+        return {}
+    mask, cumulative, _ = content_chunk_mask(record.chunks)
+    t = np.asarray(record.chunks.t_ms, dtype=float)[mask]
+    text = np.asarray(record.chunks.text_len, dtype=np.int64)[mask]
+    thought = _reasoning_len(record.chunks)[mask]
+    # 1: reasoning only, 2: answer, 0: neither (markup, or a chunk that carried both channels)
+    channel = np.where((thought > 0) & (text == 0), 1, np.where((text > 0) & (thought == 0), 2, 0))
+    same = (channel[1:] == channel[:-1]) & (channel[1:] > 0)
+    gaps, tokens = np.diff(t), np.diff(cumulative)
+    return {
+        name: (gaps[same & (channel[1:] == code)], tokens[same & (channel[1:] == code)])
+        for name, code in (("reasoning", 1), ("answer", 2))
+    }
+
+
+def _channel_itl(gaps: np.ndarray, tokens: np.ndarray) -> float | None:
+    """A channel's token ITL over its own gaps (None where it had none, or a clock saw none pass)."""
+    span = float(gaps.sum())
+    return ratio(span, float(tokens.sum())) if span > 0 else None
+
+
 def tokens_per_chunk_hist(record: RequestRecord) -> dict[int, int]:
     """Tokens per content chunk → number of chunks: the acceptance-length distribution seen on the wire."""
     _, cumulative, _ = token_counts(record)
@@ -192,6 +220,11 @@ class RequestMetrics:
     # tokens were reasoning (the server's usage details). None for a stream without a reasoning channel.
     ttfa_ms: float | None = None
     reasoning_tokens: int | None = None
+    # The answer's tokens (completion less the server's reasoning count: vLLM counts the </think>
+    # markup as neither, so it falls here) and each channel's token ITL (channel_gaps).
+    answer_tokens: int | None = None
+    reasoning_itl_ms: float | None = None
+    answer_itl_ms: float | None = None
 
 
 def ratio(num: float | None, den: float | None) -> float | None:
@@ -230,6 +263,7 @@ def request_metrics(record: RequestRecord) -> RequestMetrics:
     seen = decode_ms > 0
     itl = ratio(decode_ms, decode_tokens) if seen else None
     chunk_itl = ratio(decode_ms, n - 1) if seen else None
+    channels = channel_gaps(record)
     tpot = None
     if record.e2e_ms is not None:
         tpot = ratio(record.e2e_ms - ttft, completion_tokens - 1)
@@ -248,6 +282,13 @@ def request_metrics(record: RequestRecord) -> RequestMetrics:
         token_source=source,
         ttfa_ms=answer_ms(record) if record.reasoning else None,
         reasoning_tokens=record.reasoning_tokens if record.reasoning else None,
+        answer_tokens=(
+            completion_tokens - record.reasoning_tokens
+            if record.reasoning and record.reasoning_tokens is not None
+            else None
+        ),
+        reasoning_itl_ms=_channel_itl(*channels["reasoning"]) if channels else None,
+        answer_itl_ms=_channel_itl(*channels["answer"]) if channels else None,
     )
 
 

@@ -84,10 +84,23 @@ def _answer_rows(block: BlockSettings, bench: Mapping[str, Any]) -> list[str]:
     if "ttfa_ms" not in bench:
         return []
     answered = (bench["ttfa_ms"] or {}).get("count")
-    return [
+    rows = [
         *_statistics("TTFA", block.percentiles, bench["ttfa_ms"]),
         _row("Replies that reached an answer:", answered),
     ]
+    if "reasoning_tokens" not in bench:  # a summary from before the channels were counted
+        return rows
+    rows += [
+        _row("Reasoning tokens (server's count):", bench["reasoning_tokens"]),
+        _row("Answer tokens:", bench["answer_tokens"]),
+    ]
+    if bench.get("reasoning_tokens_unknown"):
+        rows.append(_row("Thinking replies without a count:", bench["reasoning_tokens_unknown"]))
+    for name, label in (("reasoning", "Reasoning"), ("answer", "Answer")):
+        figures = bench.get(f"{name}_itl_ms") or {}
+        if figures.get("count"):
+            rows += _statistics(f"{label} token ITL", block.percentiles, figures)
+    return rows
 
 
 def _cut_rows(block: VariantSummary) -> list[str]:

@@ -156,6 +156,10 @@ def result_json(
     result.update(_statistics("token_itl", bench.get("token_itl_ms") or {}))
     if "ttfa_ms" in bench:  # a thinking model's: mean_ttfa_ms, ... beside vllm bench's TTFT keys
         result.update(_statistics("ttfa", bench.get("ttfa_ms") or {}))
+        for channel in ("reasoning", "answer"):
+            if f"{channel}_tokens" in bench:
+                result[f"total_{channel}_tokens"] = bench[f"{channel}_tokens"]
+                result.update(_statistics(f"{channel}_itl", bench.get(f"{channel}_itl_ms") or {}))
     result.update(
         {
             "tokens_per_decode_chunk": bench.get("tokens_per_decode_chunk"),
