@@ -397,3 +397,23 @@ def test_smoke_sends_the_api_key_and_headers_run_sends(tmp_path: Path) -> None:
             run_smoke(one, urls=urls, out_dir=tmp_path / "bare")
     figures = sent.smoke.results["stop-token-ids"].values()
     assert all(f.errors == 0 and f.requests > 0 for f in figures)
+
+
+def test_the_dgx_spark_floor_threshold_separates_the_seeds_two_figures() -> None:
+    """The DGX Spark suite's bandwidth_floor check rests on physics, not on a GB10 run this project
+    cannot make: at the seed's 2.06 GB a step on GB10's 273 GB/s (the floor's own table), its healthy
+    ~10 ms K3 decode passes the suite's threshold and the regressed 72 ms fails it. ~0 s."""
+    from itlaudit.analysis.roofline import variant_floor
+    from itlaudit.smoke.suite import load_suite
+
+    suite = load_suite(ROOT / "scenarios" / "smoke" / "dgx-spark")
+    (check,) = [c for c in suite.checks if c.kind == "bandwidth_floor"]
+    assert (check.scenario, check.variant) == ("long-decode", "K3")
+
+    def share(itl_ms: float) -> float:
+        floor = variant_floor({"bytes_per_token": 2.06e9}, "NVIDIA GB10", 1300, 1, itl_ms)
+        assert floor["floor_ms"] == pytest.approx(7.55, abs=0.01)
+        return float(floor["floor_share"])
+
+    least = float(check.params.min or 0)
+    assert share(10.0) >= least > share(72.0)
