@@ -11,6 +11,7 @@ and the CLI can turn any of them into one line and an exit code instead of a tra
     ├── ServerRejectedError       the server answered a request with 4xx/5xx
     │   ├── ServerStatusError     a side request's answer is not 2xx (status, headers, body kept)
     │   └── ServerAnswerError     a side request's 2xx answer is not the JSON asked for
+    │       └── AnswerTooLarge    a side request's answer is longer than its caller reads
     ├── LaunchError               a server we started died or never became ready
     │   └── TestbedError          installing the CPU testbed or its tiny model failed
     ├── RecordsError              a run-folder file is missing or malformed
@@ -24,6 +25,7 @@ and the CLI can turn any of them into one line and an exit code instead of a tra
     ├── BuildUnavailable          a build cannot be had: the bisect probe is a skip, never a bad
     ├── TrackError                a history (--db) that cannot be opened or read, or a folder it cannot record
     ├── SimError                  the simulator refused a request (rendered as vLLM's error body)
+    ├── EventTooLarge             a streamed event grew past the reader's limit (a record's stream_error)
     ├── ClusterError              --cluster: Ray missing, no cluster there, or an actor would not start
     └── TransportError            the streaming HTTP connection failed
         ├── ConnectFailed         no TCP connection (name, refusal, unreachable)
@@ -41,6 +43,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 __all__ = [
+    "AnswerTooLarge",
     "BadFraming",
     "BisectError",
     "BuildUnavailable",
@@ -51,6 +54,7 @@ __all__ = [
     "ConnectionDropped",
     "DatasetError",
     "DuplicateRunError",
+    "EventTooLarge",
     "ItlauditError",
     "LaunchError",
     "MetricsParseError",
@@ -128,6 +132,11 @@ class ServerStatusError(ServerRejectedError):
 
 class ServerAnswerError(ServerRejectedError):
     """A side request was answered 2xx with a body that is not the JSON (or the shape) asked for."""
+
+
+class AnswerTooLarge(ServerAnswerError):
+    """A side request's answer is longer than its caller reads (a /metrics or DCGM page over the
+    samplers' page limit): the read stops there instead of holding and parsing the whole of it."""
 
 
 class LaunchError(ItlauditError):
@@ -220,6 +229,12 @@ class SimError(ItlauditError):
         self.status = status
         self.err_type = err_type
         self.param = param
+
+
+class EventTooLarge(ItlauditError):
+    """A server-sent event grew past the stream reader's limit without ending: the client ends the
+    record there as a stream_error (the chunks before it kept), so an endless line cannot grow the
+    client without bound. Never raised past the client."""
 
 
 class ClusterError(ItlauditError):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from itlaudit.model.launch import LaunchSpec
@@ -16,6 +17,7 @@ from itlaudit.workflows.run import RUN_DIR_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 FAULTSERVER = str(ROOT / "tests" / "faultserver.py")
+UNREACHABLE = "http://127.0.0.1:9"  # never asked: the scenario is refused first
 WORKLOAD = 'prompts = ["hi", "there"]\nnum_requests = 4\nconcurrency = 2\nmax_tokens = 12\ntemperature = 0'
 
 
@@ -30,9 +32,11 @@ def itlaudit(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: 
     )
 
 
-def write_scenario(tmp_path: Path, variants: str, workload: str = WORKLOAD, name: str = "t") -> Path:
+def write_scenario(
+    tmp_path: Path, variants: str, workload: str = WORKLOAD, name: str = "t", endpoint: str = "completions"
+) -> Path:
     path = tmp_path / f"{name}.toml"
-    path.write_text(f'name = "{name}"\nendpoint = "completions"\n\n[workload]\n{workload}\n\n{variants}')
+    path.write_text(f'name = "{name}"\nendpoint = "{endpoint}"\n\n[workload]\n{workload}\n\n{variants}')
     return path
 
 
@@ -46,6 +50,18 @@ def one_error_line(result: subprocess.CompletedProcess[str], code: int = 2) -> s
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     return lines[0]
+
+
+def refused_before_any_folder(tmp_path: Path, workload: str, endpoint: str = "completions") -> str:
+    """`itlaudit run` of a scenario that must be refused as it loads: one line, exit 2, within seconds,
+    and nothing written beside the scenario file (its variant's URL is never asked)."""
+    path = write_scenario(tmp_path, url_variant("v", UNREACHABLE), workload, endpoint=endpoint)
+    started = time.monotonic()
+    result = itlaudit("run", str(path), cwd=tmp_path, timeout=60)
+    line = one_error_line(result)
+    assert time.monotonic() - started < 30
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+    return line
 
 
 def launch_faultserver(mode: str, *flags: str, log: Path) -> LaunchedServer:

@@ -30,6 +30,14 @@ completion; other requests go to the simulator):
 - close_delimited: an HTTP/1.0 response whose body ends when the connection closes (N21).
 - bad_chunk: chunked framing whose third chunk size is not hex (N22).
 
+Issue 39's bounds (rows R3, R6):
+- endless_line: two good events, then a data line that never ends, 1 MiB a write until the client
+  leaves (R3).
+- big_pages: /metrics answers 50 MB of Prometheus comment lines with its Content-Length; /dcgm answers
+  the H200 dcgm-exporter fixture page for its first `after` requests (a query parameter, default 0),
+  then that page padded with comment lines to 50 MB, written 1 MiB at a time with no length stated
+  (R6). Completions go to the simulator.
+
 Arguments it does not know are accepted and logged the way vLLM logs its CLI at startup
 (`non-default args: {...}`), so a launched server's log holds whatever it was given: that is how a
 credential passed as `--api-key X` reaches a server log.
@@ -39,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import itertools
 import json
 import sys
@@ -256,6 +265,54 @@ def _raw(
     return fault
 
 
+async def _endless_line(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if not await _streamed_completion(request):
+        return await handler(request)
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    await response.write(_event(" a1", 1) + _event(" a2", 2) + b"data: ")
+    while request.transport is not None and not request.transport.is_closing():
+        await response.write(_padding(MIB))
+    return response
+
+
+MIB = 1 << 20
+PAGE_BYTES = 50_000_000
+DCGM_PAGE = Path(__file__).parent / "fixtures" / "gpu" / "dcgm-exporter-h200.prom"
+
+
+@functools.cache
+def _padding(size: int) -> bytes:
+    """`size` bytes of Prometheus comment lines: valid text that holds nothing (built on first use)."""
+    line = b"# padding: a comment line, valid Prometheus text and nothing in it\n"
+    return (line * (size // len(line) + 1))[:size]
+
+
+def _big_pages() -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    """The big_pages mode; counts /dcgm requests per query string for `after`."""
+    served: dict[str, int] = {}
+    small = DCGM_PAGE.read_bytes()
+
+    async def fault(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path == "/metrics":
+            return web.Response(body=_padding(PAGE_BYTES), content_type="text/plain")
+        if request.path != "/dcgm":
+            return await handler(request)
+        served[request.query_string] = served.get(request.query_string, 0) + 1
+        if served[request.query_string] <= int(request.query.get("after", "0")):
+            return web.Response(body=small, content_type="text/plain")
+        response = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await response.prepare(request)
+        page = small + _padding(PAGE_BYTES - len(small))
+        for start in range(0, len(page), MIB):
+            if request.transport is None or request.transport.is_closing():
+                break
+            await response.write(page[start : start + MIB])
+        return response
+
+    return fault
+
+
 def _chunked(pieces: list[bytes]) -> list[bytes]:
     return [f"{len(piece):x}\r\n".encode() + piece + b"\r\n" for piece in pieces]
 
@@ -308,6 +365,8 @@ FAULTS: dict[str, Callable[[web.Request, Handler], Awaitable[web.StreamResponse]
     "redirect_loop": _status(307, lambda request: {"Location": request.path}, "", "text/plain"),
     "drip": _drip,
     "event_5mb": _events(_one_event(5_000_000)),
+    "endless_line": _endless_line,
+    "big_pages": _big_pages(),
     "close_delimited": _raw(
         SSE_HEAD.format("1.0 200 OK", "").encode(), lambda: _words([1, 2, 3, 4, 5, 6, 7, 8])
     ),

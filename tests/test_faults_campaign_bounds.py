@@ -16,20 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.faultkit import itlaudit, one_error_line, url_variant, write_scenario
-
-UNREACHABLE = "http://127.0.0.1:9"  # never asked: the scenario is refused first
-
-
-def refused_before_any_folder(tmp_path: Path, workload: str) -> str:
-    """One line, exit 2, within seconds, and nothing written beside the scenario file."""
-    path = write_scenario(tmp_path, url_variant("v", UNREACHABLE), workload)
-    started = time.monotonic()
-    result = itlaudit("run", str(path), cwd=tmp_path, timeout=60)
-    line = one_error_line(result)
-    assert time.monotonic() - started < 30
-    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
-    return line
+from tests.faultkit import (
+    UNREACHABLE,
+    itlaudit,
+    one_error_line,
+    refused_before_any_folder,
+    url_variant,
+    write_scenario,
+)
 
 
 @pytest.mark.fault_row("26")

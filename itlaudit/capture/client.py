@@ -24,7 +24,7 @@ from itlaudit.capture.http1 import DECODED_CODINGS
 from itlaudit.capture.request_plan import PlannedRequest
 from itlaudit.capture.sse import SSEFramer
 from itlaudit.capture.transport import Stream, TransportOptions, open_stream
-from itlaudit.errors import ConnectTimeout, TransportError
+from itlaudit.errors import ConnectTimeout, EventTooLarge, TransportError
 from itlaudit.model.access import NO_ACCESS, Access
 from itlaudit.model.records import (
     DURATION_CUT,
@@ -167,8 +167,9 @@ async def _read_stream(
     stream: Stream, record: RequestRecord, t0: int, is_chat: bool, timeouts: Timeouts
 ) -> None:
     """The hot loop: read, stamp, frame, decode the kept fields, append. Chunk arrays are appended
-    through local bound methods; whatever ends the stream (its end, a timeout, a dropped connection),
-    the `finally` leaves a record with everything received up to that point.
+    through local bound methods; whatever ends the stream (its end, a timeout, a dropped connection,
+    an event past the framer's size limit), the `finally` leaves a record with everything received up
+    to that point.
     """
     feed = SSEFramer().feed
     read = stream.read
@@ -271,6 +272,10 @@ async def _read_stream(
     except _STREAM_FAILURES as exc:
         record.status = Status.CONNECTION_ERROR
         record.error = describe_connection_failure(exc)
+        record.e2e_ms = (last_ns - t0) / 1e6
+    except EventTooLarge as exc:  # an endless line: cut there, what came before it is the record's
+        record.status = Status.STREAM_ERROR
+        record.error = f"{exc}: the stream was cut there, the {len(chunks)} chunks before it are kept"
         record.e2e_ms = (last_ns - t0) / 1e6
     finally:
         record.text = "".join(text_parts)

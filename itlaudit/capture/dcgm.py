@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 
 from itlaudit.analysis.server_metrics import GPU_TELEMETRY_FILE
-from itlaudit.capture.metrics_sampler import DEFAULT_PERIOD_S, PeriodicSampler, SampleFailed
+from itlaudit.capture.metrics_sampler import DEFAULT_PERIOD_S, PeriodicSampler, SampleFailed, scraped
 from itlaudit.capture.nvml import throttle_names
 from itlaudit.errors import ItlauditError
 from itlaudit.model.jsonvalue import JSONObject, JSONValue
@@ -94,7 +94,7 @@ class DcgmSampler(PeriodicSampler):
 
     def sample(self, t_ns: int) -> JSONObject:
         try:
-            gpus = dcgm_figures(self._client.request("GET", self.url).checked().text())
+            gpus = dcgm_figures(scraped(self._client, self.url))
         except ItlauditError as exc:  # no answer or a refusal
             raise SampleFailed(f"DCGM exporter: {exc}") from None
         except NotAFigure as exc:  # an error row, as for a page that is not Prometheus text

