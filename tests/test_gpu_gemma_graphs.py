@@ -60,6 +60,8 @@ def test_the_floor_energy_and_launch_bound_come_back_as_measured(reported: Path)
     assert g0g["floor_share"] == pytest.approx(g0g["floor_ms"] / itl["G0G"])
     report = (reported / "report.md").read_text(encoding="utf-8")
     assert "of NVIDIA H100 80GB HBM3's bandwidth floor 0.162 ms" in report and "launch_bound" in report
+    # the 16x is said, and with it that both sides are launch-bound: a ratio to read over trials
+    assert "G0 and G0G are launch-bound (`launch_bound`): the ratio moves with the host's CPU" in report
 
 
 def test_the_greedy_mismatches_are_numerics_at_near_ties_once_the_modes_are_known() -> None:

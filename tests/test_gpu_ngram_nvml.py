@@ -134,6 +134,7 @@ def test_without_a_floor_or_with_a_busy_gpu_nothing_is_launch_bound(reported: Pa
     summary = _json(reported / "summary.json")
     assert "floor_ms" not in summary["server"]["K0"]
     assert not [f for f in summary["run_findings"] if f["code"] == "launch_bound"]
+    assert "launch-bound" not in (reported / "report.md").read_text(encoding="utf-8")
     busy = {"floor_ms": 0.1, "floor_share": 0.02, "gpu_util_p50_pct": 95.0}
     assert launch_bound_finding("K0", busy) is None
     assert launch_bound_finding("K0", {**busy, "gpu_util_p50_pct": 12.0}) is not None

@@ -12,7 +12,7 @@ from itlaudit.analysis.server_metrics import ENERGY_COUNTER, ENERGY_POWER, SIGNA
 from itlaudit.analysis.stats import SAME_BAND
 from itlaudit.analysis.summary import Figures, RunSummary, VariantSummary
 from itlaudit.analysis.validity import Validity, comparison_validity, quality_note, variant_validity
-from itlaudit.model.codes import CLIENT_SATURATED, TRUNCATION_CODES, Finding
+from itlaudit.model.codes import CLIENT_SATURATED, LAUNCH_BOUND, TRUNCATION_CODES, Finding
 
 __all__ = [
     "CATEGORY_COLUMNS",
@@ -351,7 +351,21 @@ def comparison_sentence(name: str, base_name: str, base: VariantSummary, block: 
         per_chunk = p50(block.distributions, "decode_tokens_per_chunk")
         if contrast and per_chunk is not None:
             sentence += f" (each chunk carries {per_chunk:.1f} tokens)"
-    return sentence + "."
+    return sentence + "." + _launch_bound_words(name, base_name, base, block)
+
+
+def _launch_bound_words(name: str, base_name: str, base: VariantSummary, block: VariantSummary) -> str:
+    """A ratio between launch-bound variants (analysis.roofline: the GPU mostly idle, far from its
+    floor) moves with the host, not the engine: on the GPU lane the same eager server ran 29-40 ms a
+    token on identical work minutes apart. The sentence says so and how to get the spread."""
+    bound = [n for n, b in ((base_name, base), (name, block)) if b.findings.get(LAUNCH_BOUND)]
+    if not bound:
+        return ""
+    who = " and ".join(escape(n) for n in bound)
+    return (
+        f" {who} {'are' if len(bound) > 1 else 'is'} launch-bound (`launch_bound`): the ratio moves "
+        "with the host's CPU, so read it over repeated trials (`--trials N` gives its spread)."
+    )
 
 
 def not_comparable_sentence(
