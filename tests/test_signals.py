@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal as signal_module
 import subprocess
 import sys
 import time
@@ -16,6 +17,13 @@ from pathlib import Path
 
 import pytest
 from faultkit import url_variant, write_scenario
+from simkit import sim_server
+
+from itlaudit.errors import RunInterrupted
+from itlaudit.model.scenario import parse_scenario
+from itlaudit.serve.sim import SimConfig
+from itlaudit.workflows.run import run_scenario
+from itlaudit.workflows.run_folder import RunFolder
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "bisect"))
 from helpers import FAKE_VLLM, PROBE_SCENARIO
@@ -150,3 +158,54 @@ def test_sigterm_ends_a_scripts_background_sweep_with_its_outputs(faultserver, t
     assert last.startswith("itlaudit: interrupted by SIGTERM: finished points kept in "), stderr
     assert "--resume" in last and "Traceback" not in stderr
     assert (tmp_path / "run" / "sweep.json").is_file() and (tmp_path / "run" / "report.md").is_file()
+
+
+DERIVE_TEXT = (
+    'name = "held"\n[workload]\nprompts = ["hi"]\nnum_requests = 2\nmax_tokens = 4\n'
+    '[[variants]]\nname = "A"\n'
+)
+
+
+def _run_signalled_in_derivation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signals: int) -> Path:
+    """run_scenario against an in-process simulator, with `signals` SIGTERMs sent to this process as
+    its derivation starts (RunFolder.finish wrapped): the moment the fault campaign's 15 runs lost."""
+    real = RunFolder.finish
+
+    def signalled(self: RunFolder, *args: object, **kwargs: object) -> object:
+        for _ in range(signals):
+            os.kill(os.getpid(), signal_module.SIGTERM)
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(RunFolder, "finish", signalled)
+    run_dir = tmp_path / "run"
+    with sim_server(SimConfig(step_ms=0, ttft_ms=0)) as url, pytest.raises(RunInterrupted) as stopped:
+        run_scenario(parse_scenario(DERIVE_TEXT, tmp_path / "held.toml"), url=url, run_dir=run_dir)
+    assert (stopped.value.signal_name, stopped.value.exit_code) == ("SIGTERM", 143)
+    monkeypatch.setattr(RunFolder, "finish", real)
+    return run_dir
+
+
+def test_a_signal_while_deriving_is_held_until_the_figures_are_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One SIGTERM as the derivation starts: held, the summary and report are written, then the run
+    stops with 143 and says so; the folder is finished, not marked. ~2 s."""
+    run_dir = _run_signalled_in_derivation(tmp_path, monkeypatch, signals=1)
+    assert (run_dir / "summary.json").is_file() and (run_dir / "report.md").is_file()
+    assert "interrupted" not in json.loads((run_dir / "meta.json").read_text())
+
+
+def test_a_second_signal_cuts_the_derivation_and_names_the_command_that_finishes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two SIGTERMs: the user will not wait; the records stay, meta.json is marked with the command
+    that derives the figures, and that command does. ~3 s."""
+    run_dir = _run_signalled_in_derivation(tmp_path, monkeypatch, signals=2)
+    mark = json.loads((run_dir / "meta.json").read_text())["interrupted"]
+    assert mark["signal"] == "SIGTERM"
+    assert mark["finish_with"] == f"`itlaudit report {run_dir}` derives its figures"
+    assert len((run_dir / "requests.jsonl").read_text().splitlines()) == 2
+    report = [sys.executable, "-m", "itlaudit", "report", str(run_dir)]
+    done = subprocess.run(report, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (run_dir / "summary.json").is_file()

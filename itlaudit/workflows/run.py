@@ -47,6 +47,7 @@ __all__ = [
     "LedgerPolicy",
     "RunOutcome",
     "handle_signals",
+    "held_signals",
     "interruption",
     "run_scenario",
     "variant_target",
@@ -360,7 +361,26 @@ def _run_in_folder(
         _wrap_up_failed(folder, scenario, reporter, exc)
         raise
     order = [v.name for v in scenario.variants]
-    derivation = folder.finish(scenario.name, order, reporter=reporter, report=report)
+    try:
+        with held_signals() as held:
+            derivation = folder.finish(scenario.name, order, reporter=reporter, report=report)
+    except KeyboardInterrupt:  # a second signal cut the derivation: every record is kept
+        signal_name, exit_code = interruption()
+        hint = f"`itlaudit report {run_dir}` derives its figures"
+        folder.mark("interrupted", {"signal": signal_name, "at_unix": time.time(), "finish_with": hint})
+        raise RunInterrupted(
+            signal_name,
+            exit_code,
+            f"interrupted by {signal_name} while deriving the figures: every request is kept; {hint}",
+        ) from None
+    if held.signal_name is not None:
+        # A signal held until the figures were written: the folder is finished, nothing more runs.
+        raise RunInterrupted(
+            held.signal_name,
+            held.exit_code,
+            f"interrupted by {held.signal_name} after the last request: its figures were finished "
+            f"first (summary.json in {run_dir}); not recorded in the ledger",
+        )
     if ledger is not None:
         ledger.record(run_dir, derivation.summary, derivation.records)
     return RunOutcome(run_dir=run_dir, derivation=derivation)
@@ -381,6 +401,44 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
         handler(signal.SIGINT, frame)
         return
     raise KeyboardInterrupt
+
+
+@dataclass
+class HeldSignal:
+    """What `held_signals` held: the signal that came during its step, if one did."""
+
+    signal_name: str | None = None
+    exit_code: int = 0
+
+
+@contextmanager
+def held_signals() -> Iterator[HeldSignal]:
+    """A step that must not be cut in half, short and bounded (the derivation that writes
+    summary.json: seconds): a first SIGINT or SIGTERM is only recorded, and the step runs to its end,
+    so the folder is finished rather than half-written; the caller reads `signal_name` at the
+    boundary and stops there. A second one raises KeyboardInterrupt at once, for a user who will not
+    wait. Raising into arbitrary code is what lost signals in cleanup (issue 39 item 1); a flag is not
+    lost. Off the main thread (tests driving workflows) nothing is held."""
+    held = HeldSignal()
+    if threading.current_thread() is not threading.main_thread():
+        yield held
+        return
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        if held.signal_name is not None:
+            raise KeyboardInterrupt
+        if signum == signal.SIGTERM:
+            _SIGTERM_SEEN.set()
+        held.signal_name, held.exit_code = interruption()
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in before:
+        signal.signal(sig, hold)
+    try:
+        yield held
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 def handle_signals() -> None:
