@@ -188,6 +188,28 @@ def test_resume_with_another_from_or_to_is_one_line(
     assert _files(folder) == before
 
 
+@pytest.mark.fault_row("N28")
+def test_resume_with_other_options_names_them_in_one_line(
+    whole: tuple[list[str], list[str], Path], tmp_path: Path
+) -> None:
+    """Options other than the range were ignored by --resume without a word (issue 39 item 5): each
+    is named with the value the bisection was started with; the credentials, never stored, may come
+    again (the clean neighbour above resumes with --from/--to). ~2 s."""
+    _, _, done = whole
+    folder = tmp_path / "b"
+    (folder / "bisect.json").write_text(json.dumps(_unfinished(done, folder), indent=2))
+    before = _files(folder)
+    threshold = _state(folder)["settings"]["threshold"]
+    result = itlaudit(
+        "bisect", "--resume", str(folder), "--threshold", "3", "--trials", "2", "--api-key", "k"
+    )
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert f"not --threshold (started with {threshold!r}), --trials (started with" in line
+    assert "--api-key" not in line and "start a new bisection with a new --out" in line
+    assert _files(folder) == before
+
+
 @pytest.mark.fault_row("29")
 def test_sigkill_then_resume_gives_the_uninterrupted_answer(
     whole: tuple[list[str], list[str], Path], tmp_path: Path

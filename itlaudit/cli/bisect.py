@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeAlias
@@ -77,8 +78,38 @@ def _new_state(settings: Settings, out_dir: Path | None) -> tuple[State, Path]:
     return state, out_dir
 
 
+# What --resume may be given with: the folder, the range it was started with (checked), and the
+# credentials, which are never stored and so must come again.
+_RESUME_KEEPS = frozenset({"ctx", "resume", "good", "bad", "api_key", "header"})
+
+
+def _refuse_other_options(ctx: typer.Context, resume: Path, settings: Settings) -> None:
+    """--resume continues a bisection with the options it was started with (bisect.json keeps them);
+    any other option given on the command line would be ignored, so it is refused in one line that
+    names each and, where the folder keeps it, the value it was started with."""
+    given = [
+        name
+        for name in ctx.params
+        if name not in _RESUME_KEEPS
+        and (source := ctx.get_parameter_source(name)) is not None
+        and source.name in ("COMMANDLINE", "ENVIRONMENT")
+    ]
+    if not given:
+        return
+    stored = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}
+    named = ", ".join(
+        f"--{name.replace('_', '-')}" + (f" (started with {stored[name]!r})" if name in stored else "")
+        for name in given
+    )
+    raise BisectError(
+        f"--resume {resume} continues the bisection with the options it was started with "
+        f"({resume / 'bisect.json'}), not {named}: drop them, or start a new bisection with a new --out"
+    )
+
+
 @with_options("capture", trial_capture_options)
 def bisect(
+    ctx: typer.Context,
     good: Annotated[str | None, Opt(GENERAL, "--from", help="Good (older) commit or version.")] = None,
     bad: Annotated[str | None, Opt(GENERAL, "--to", help="Bad (newer) commit or version.")] = None,
     scenario: Annotated[
@@ -196,6 +227,7 @@ def bisect(
     if resume is not None:
         state = state_mod.load(resume)
         bisect_dir = resume
+        _refuse_other_options(ctx, resume, state.settings)
         for flag, given, stored in (("--from", good, state.settings.good), ("--to", bad, state.settings.bad)):
             if given is not None and not state_mod.same_build(given, stored):
                 raise BisectError(
