@@ -292,6 +292,11 @@ def test_a_history_from_a_newer_itlaudit_is_refused(tmp_path: Path) -> None:
         (["track", "add", "{tmp}/none", "--db", "{tmp}/h.sqlite"], "no such run folder"),
         (["track", "add", "{tmp}", "--db", "{tmp}/h.sqlite"], "holds no run folder"),
         (["track", "check", "--db", "postgresql://u:hunter2@127.0.0.1:1/x"], "cannot open the history"),
+        pytest.param(
+            ["track", "check", "--db", "postgresql://u:hunter2@127.0.0.1:notaport/x"],
+            "--db postgresql://u:***@127.0.0.1:notaport/x: not a history URL",
+            marks=pytest.mark.fault_row("R38"),
+        ),
     ],
 )
 def test_bad_input_is_one_line_exit_2(tmp_path: Path, args: list[str], says: str) -> None:

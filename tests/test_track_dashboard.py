@@ -15,7 +15,7 @@ import json
 import os
 import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from trackkit import FAMILY, sixty_nightlies
 
 from itlaudit.track.changes import SERVER_SERIES, STREAM_SERIES, VALID, Change, Point
 from itlaudit.track.db import open_history
-from itlaudit.track.publish import CLASS_COLOURS, MANIFEST
+from itlaudit.track.publish import CLASS_COLOURS, MANIFEST, publish
 
 CHROMIUM = Path("/usr/bin/chromium")
 STEADY = {**FAMILY, "model": "steady"}
@@ -88,13 +88,15 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture
 def page(browser: Any) -> Iterator[Any]:
-    """A tab that records every request it makes and every script error: a page must fetch nothing
-    but its own files and raise nothing."""
+    """A tab that records every request it makes, every script error and every dialog (what a planted
+    `alert()` opens): a page must fetch nothing but its own files, raise nothing and run no script
+    but its own."""
     tab = browser.new_page(viewport={"width": 1400, "height": 1000})
     seen: dict[str, list[str]] = {"requests": [], "errors": []}
     tab.on("request", lambda r: seen["requests"].append(r.url))
     tab.on("pageerror", lambda e: seen["errors"].append(str(e)))
     tab.on("console", lambda m: seen["errors"].append(m.text) if m.type == "error" else None)
+    tab.on("dialog", lambda d: (seen["errors"].append(f"dialog: {d.message}"), d.dismiss()))
     tab.seen = seen
     yield tab
     assert seen["errors"] == []
@@ -118,11 +120,12 @@ def _drawn(page: Any, div: str) -> list[dict[str, Any]]:
         f"""(div) => {{
             {_TRACE_GROUP}
             const gd = document.getElementById(div);
+            const count = (g, selector) => (g ? g.querySelectorAll(selector).length : 0);  // empty: no group
             return gd.data.map((t, i) => ({{
                 meta: t.meta || {{}},
                 x: t.x || null,
-                markers: group(gd, i).querySelectorAll('path.point').length,
-                lines: group(gd, i).querySelectorAll('path.js-line').length,
+                markers: count(group(gd, i), 'path.point'),
+                lines: count(group(gd, i), 'path.js-line'),
             }}));
         }}""",
         div,
@@ -345,3 +348,119 @@ def test_a_page_keeps_only_the_samples_asked_for_and_says_so(site: Site, page: A
     _click(page, *_centre(page, k0, "customdata", by_order[41].id))
     page.wait_for_function("() => document.querySelectorAll('#distribution path.point').length > 0")
     assert [t["markers"] for t in _drawn(page, "distribution")] == [16, 16]
+
+
+# A history anyone could have written (issue 39 item 3): markup in every name and version it holds, and
+# bisect answers whose compare_url is a `javascript:` URL or an http one that carries a quote. CI cost:
+# ~6.5 s (the history built and published in-process, 0.5 s; three pages opened and clicked, ~2 s each).
+HOSTILE_VARIANT = "<img src=x onerror=alert(1)>"
+HOSTILE_VERSION = "<!--<script>"  # a server's /version: once made its page draw nothing
+HOSTILE_MODELS = ("</script><script>alert(2)</script>", "<b onmouseover=alert(3)>bold</b>")
+HOSTILE_COMMIT = '"><svg onload=alert(4)>'
+HOSTILE_CULPRIT = "<img src=y onerror=alert(5)>"
+JS_URL = "javascript:alert(6)"
+QUOTED_URL = 'https://example.com/compare" onmouseover="alert(7)'
+
+
+@dataclass(frozen=True)
+class HostileSite:
+    out: Path
+    points: list[Point]
+    urls: dict[str, str]  # family -> the compare_url its change's bisection holds
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory: pytest.TempPathFactory) -> HostileSite:
+    """Two fingerprints of 24 builds, K0 and a variant named with markup, 30 % slower from build 13
+    (one change each, bisected), every version, commit and run folder holding markup; published."""
+    tmp = tmp_path_factory.mktemp("hostile")
+    rng = np.random.default_rng(11)
+    points = []
+    for model in HOSTILE_MODELS:
+        for build in range(1, 25):
+            for variant, itl in (("K0", 20.0), (HOSTILE_VARIANT, 9.0)):
+                slow = 1.3 if build >= 13 else 1.0
+                family = {**FAMILY, "model": model}
+                made = synthetic_point(
+                    family, variant, build, rng, itl_ms=itl * slow, acceptance=1, output_len=64
+                )
+                points.append(
+                    replace(
+                        made,
+                        build_version=HOSTILE_VERSION,
+                        build_commit=f"{HOSTILE_COMMIT}{build}",
+                        run_dir="<script>alert(8)</script>",
+                    )
+                )
+    history = open_history(str(tmp / "history.sqlite"))
+    history.add_rows(points)
+    changes = sorted(history.check(), key=lambda c: c.family)
+    assert [c.order for c in changes] == [13, 13]
+    urls = {}
+    for change, url in zip(changes, (JS_URL, QUOTED_URL), strict=True):
+        answer = {"message": "<script>alert(9)</script>", "compare_url": url, "dir": "<b>dir</b>"}
+        history.record_bisect(change.id, "found", HOSTILE_CULPRIT, answer)
+        urls[change.family] = url
+    points = history.points()
+    publish(history, tmp / "site")
+    history.close()
+    return HostileSite(tmp / "site", points, urls)
+
+
+def _ran_nothing(page: Any) -> None:
+    """No element carries an event handler, no link is a script, no planted image was fetched (the
+    page fixture adds: no dialog, no script error, no request off disk)."""
+    handlers = page.evaluate(
+        """() => [...document.querySelectorAll('*')].filter((el) => [...el.attributes].some(
+            (a) => a.name.startsWith('on') || /^\\s*javascript:/i.test(a.value))).length"""
+    )
+    assert handlers == 0
+    assert page.locator("script").count() == 3  # plotly, the data, dashboard.js
+    assert not [u for u in page.seen["requests"] if u.rsplit("/", 1)[-1] in ("x", "y")]
+
+
+@pytest.mark.fault_row("R31")
+def test_a_hostile_history_draws_its_index_as_text(hostile: HostileSite, page: Any) -> None:
+    _open(page, hostile.out / "index.html")
+    titles = page.locator("tr.fingerprint td:first-child").all_inner_texts()
+    assert sorted(t.split(" · ")[0] for t in titles) == sorted(HOSTILE_MODELS)
+    for family in hostile.urls:
+        lines = _drawn(page, f"spark-{family}")
+        assert len(lines) == 2 and all(t["lines"] >= 1 for t in lines)
+    assert page.locator("table.changes tr.change").count() == 2
+    _ran_nothing(page)
+
+
+@pytest.mark.fault_row("R31")
+@pytest.mark.parametrize("url", [JS_URL, QUOTED_URL])
+def test_a_hostile_history_draws_every_panel_and_runs_no_script(
+    hostile: HostileSite, page: Any, url: str
+) -> None:
+    """The chart draws every point of both variants; the change's panel shows its culprit and message
+    as text, and its compare link only when it is http(s) (quote and all in its href), saying so when
+    it is dropped; a point's panel shows its commit as text and draws its requests."""
+    family = next(f for f, u in hostile.urls.items() if u == url)
+    _open(page, hostile.out / f"{family}.html")
+    mine = [p for p in hostile.points if p.family == family]
+    names = {spec.name for spec in STREAM_SERIES}
+    drawn = [t for t in _drawn(page, "chart") if t["meta"].get("series") in names]
+    assert len(drawn) == 2 * len(STREAM_SERIES)
+    assert [t["markers"] for t in drawn] == [len(mine) // 2] * len(drawn)
+    assert HOSTILE_VARIANT in page.locator("#chart .legendtext").all_text_contents()
+    _click(page, *_marker_centre(page, 13))
+    detail = page.locator("#detail")
+    assert detail.locator(".culprit").inner_text() == f"bisect: culprit {HOSTILE_CULPRIT}"
+    if url == JS_URL:
+        assert detail.locator("a.compare").count() == 0
+        assert JS_URL in detail.locator(".dropped").inner_text()
+        assert JS_URL in page.locator("body > p.dropped").inner_text()
+    else:
+        assert detail.locator("a.compare").get_attribute("href") == QUOTED_URL
+        detail.locator("a.compare").hover()
+        assert page.locator("p.dropped").count() == 0
+    point = next(p for p in mine if p.variant == HOSTILE_VARIANT and p.order == 20)
+    k3 = f"(m) => m.series === 'itl_p50' && m.variant === {json.dumps(HOSTILE_VARIANT)}"
+    _click(page, *_centre(page, k3, "customdata", point.id))
+    assert f"{HOSTILE_COMMIT}20" in detail.inner_text() and HOSTILE_VERSION in detail.inner_text()
+    page.wait_for_function("() => document.querySelectorAll('#distribution path.point').length > 0")
+    _ran_nothing(page)

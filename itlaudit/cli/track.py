@@ -113,9 +113,11 @@ def check(
     settings = CheckSettings(min_effect=_min_effect(threshold))
     try:
         history = open_history(db)
-        changes = history.check(settings)
-        blind = history.blind(settings.blind_builds)
-        history.close()
+        try:
+            changes = history.check(settings)
+            blind = history.blind(settings.blind_builds)
+        finally:
+            history.close()
     except ItlauditError as exc:
         raise _fail(exc) from None
     if auto:

@@ -1,15 +1,24 @@
 // itlaudit track publish: draws the page's plotly figures and opens the detail panel on a click.
 // Everything it reads is in the page (#dashboard-data); nothing is fetched, so a page opens from disk.
+// Every string comes from a history someone else may have written: each goes into the HTML through
+// esc() (attributes included), and a link only through link(), which takes http(s) URLs alone.
 "use strict";
 (function () {
   const blob = JSON.parse(document.getElementById("dashboard-data").textContent);
   const page = blob.page;
   const figures = blob.figures;
 
+  const ENTITIES = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
+
   function esc(text) {
-    const span = document.createElement("span");
-    span.textContent = text === null || text === undefined ? "–" : String(text);
-    return span.innerHTML;
+    const shown = text === null || text === undefined ? "–" : String(text);
+    return shown.replace(/[&<>"']/g, (c) => ENTITIES[c]);
+  }
+
+  // An <a> to an http(s) URL, or the label alone: publish drops other schemes, and this holds anyway.
+  function link(url, label, cls) {
+    if (typeof url !== "string" || !/^https?:\/\//i.test(url)) return null;
+    return `<a${cls ? ` class="${cls}"` : ""} href="${esc(url)}">${esc(label)}</a>`;
   }
 
   function fmt(value) {
@@ -39,16 +48,14 @@
   function showPoint(id, sample) {
     const p = page.points[id];
     if (!p) return;
-    const link = p.commit_url
-      ? `<a class="commit" href="${esc(p.commit_url)}">${esc(p.commit)}</a>`
-      : esc(p.commit);
+    const commit = link(p.commit_url, p.commit, "commit") || esc(p.commit);
     const values = Object.entries(p.values)
       .map(([k, v]) => `<tr><td>${esc(k)}</td><td>${fmt(v)}</td></tr>`)
       .join("");
     const validity = p.validity === "" ? "valid" : `<b class="bad">not a measurement: ${esc(p.reason || p.validity)}</b>`;
     detail.innerHTML =
       `<h3>${esc(p.variant)} · build ${esc(p.order)}</h3>` +
-      `<p>${esc(p.build)}${p.flavour ? " (" + esc(p.flavour) + ")" : ""}<br>commit ${link}<br>${validity}<br>` +
+      `<p>${esc(p.build)}${p.flavour ? " (" + esc(p.flavour) + ")" : ""}<br>commit ${commit}<br>${validity}<br>` +
       `${esc(p.requests)} requests, ${esc(p.errors)} errors` +
       `${p.run_dir ? "<br>run folder <code>" + esc(p.run_dir) + "</code>" : ""}</p>` +
       `<div id="distribution" class="distribution"></div><table class="values">${values}</table>`;
@@ -87,14 +94,18 @@
       .join("");
     const signals = Object.entries(c.signals)
       .map(([k, v]) => `<li>${esc(k)}: ${esc(typeof v === "number" ? fmt(v) : v)}</li>`).join("");
+    const culprit = link(c.culprit_url, "the culprit's commit", "culprit-commit");
+    const range = link(c.compare_url, "every commit of the answer range", "compare");
+    const dropped = (c.dropped || []).map((d) => `<p class="dropped">link not drawn: ${esc(d)}</p>`).join("");
     detail.innerHTML =
       `<h3 style="border-left:6px solid ${esc(c.colour)};padding-left:6px">${esc(c.class)} ${esc(c.kind)} at build ${esc(c.order)}</h3>` +
       `<p class="summary">${esc(c.summary)}</p>` +
       `<p>state: ${esc(c.state)}${c.closed_by ? ", closed by " + esc(c.closed_by) : ""}<br>` +
       `last good: ${esc(c.last_good_build)}<br>id <code>${esc(c.id)}</code></p>` +
       `<p class="culprit">bisect: ${esc(c.bisect || "not bisected (itlaudit track bisect " + c.id + ")")}</p>` +
-      (c.culprit_url ? `<p><a class="culprit-commit" href="${esc(c.culprit_url)}">the culprit's commit</a></p>` : "") +
-      (c.compare_url ? `<p><a href="${esc(c.compare_url)}">every commit of the answer range</a></p>` : "") +
+      (culprit ? `<p>${culprit}</p>` : "") +
+      (range ? `<p>${range}</p>` : "") +
+      dropped +
       (c.bisect_dir ? `<p>bisect folder <code>${esc(c.bisect_dir)}</code></p>` : "") +
       (evidence ? `<table class="values"><tr><th>variant</th><th>series</th><th>median</th><th>ratio</th><th>p</th></tr>${evidence}</table>` : "") +
       (signals ? `<ul class="signals">${signals}</ul>` : "");

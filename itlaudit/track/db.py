@@ -14,21 +14,30 @@ import gc
 import hashlib
 import json
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, TypedDict, TypeVar
 
+import msgspec
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
 
 from itlaudit.errors import TrackError
 from itlaudit.model.jsonvalue import JSONMapping, JSONObject
+from itlaudit.model.redact import redact_url
 from itlaudit.track.changes import (
+    CLIENT,
+    CORRECTNESS,
+    LENGTH,
     SAMPLE_FIELDS,
     SERIES,
     SERVER_SERIES,
+    VALID,
     Blind,
     Change,
+    ChangeJSON,
     CheckSettings,
     Point,
     PointState,
@@ -40,12 +49,17 @@ from itlaudit.track.changes import (
 )
 
 __all__ = [
+    "BUILD_STATUSES",
     "DEFAULT_DB",
+    "FAILED",
     "MIGRATIONS",
+    "PROBED",
     "SCHEMA_VERSION",
+    "SKIPPED",
     "BisectRecord",
     "History",
     "NewPoint",
+    "damaged",
     "digest",
     "open_history",
 ]
@@ -107,10 +121,12 @@ builds_table = sa.Table(
     sa.Column("source", sa.String(64), primary_key=True),
     sa.Column("ref", sa.String(128), primary_key=True),
     sa.Column("build_order", sa.BigInteger, nullable=False),
-    sa.Column("status", sa.String(16), nullable=False),  # PROBED or SKIPPED
+    sa.Column("status", sa.String(16), nullable=False),  # BUILD_STATUSES
     sa.Column("reason", sa.Text),
     sa.Column("at", sa.Float, nullable=False),
 )
+PROBED, SKIPPED, FAILED = "probed", "skipped", "failed"  # what a nightly did with a build
+BUILD_STATUSES = (PROBED, SKIPPED, FAILED)
 # A change's bisection (`track bisect`): its answer, written onto the change when it is read.
 bisects_table = sa.Table(
     "track_bisects",
@@ -218,53 +234,134 @@ def _build_label(version: str | None, commit: str | None, order: int) -> str:
 
 
 class History:
-    """A connection to one history; every read and write goes through here."""
+    """A connection to one history; every read and write goes through here.
+
+    Nothing read is trusted: a cell that does not hold what this module wrote (JSON that does not
+    parse or has the wrong shape, a validity or build status no itlaudit writes, a dropped column)
+    is a TrackError naming its table and row, never a traceback further on. A write first audits the
+    whole history (`_audit`), so a damaged one is refused before anything is written into it."""
 
     def __init__(self, engine: sa.Engine, where: str) -> None:
         self.engine = engine
         self.where = where
+        self._audited = False
+        self._opened = False  # until migrate() has read the schema, a refusal is "cannot open"
+
+    @contextmanager
+    def _guard(self) -> Iterator[None]:
+        """What the database itself refuses (a damaged page, a missing table, a lock held past the
+        busy timeout) as one line naming the history; the transaction is rolled back."""
+        try:
+            yield
+        except sa.exc.SQLAlchemyError as exc:
+            if not self._opened:
+                raise TrackError(f"--db {self.where}: cannot open the history ({_said(exc)})") from None
+            said = _said(exc)
+            raise TrackError(
+                f"{self.where}: the history cannot be read or written ({said}); nothing was written to it"
+            ) from None
+
+    @contextmanager
+    def _read(self) -> Iterator[sa.Connection]:
+        with self._guard(), self.engine.connect() as conn:
+            yield conn
+
+    @contextmanager
+    def _write(self, *, audit: bool = True) -> Iterator[sa.Connection]:
+        """A write transaction (on SQLite BEGIN IMMEDIATE: concurrent writers queue on the busy timeout
+        instead of failing when a read would have to become a write). The first write of this handle
+        audits the history first (`audit=False`: the schema's own steps and the check's cache, which is
+        derived and rebuilt whenever it does not read)."""
+        with self._guard(), self.engine.connect() as conn:
+            conn.execution_options(**{_WRITE: True})
+            with conn.begin():
+                if audit and not self._audited:
+                    self._audit(conn)
+                    self._audited = True
+                yield conn
 
     def migrate(self) -> None:
-        """Create or upgrade the schema; refuse a history written by a newer itlaudit."""
-        with self.engine.begin() as conn:
-            _meta.create_all(conn, tables=[schema_table])
-            current = conn.execute(sa.select(sa.func.max(schema_table.c.version))).scalar() or 0
-            if current > SCHEMA_VERSION:
-                raise TrackError(
-                    f"{self.where}: history schema {current} is newer than this itlaudit's "
-                    f"({SCHEMA_VERSION}); upgrade itlaudit"
-                )
-            for version in range(current + 1, SCHEMA_VERSION + 1):
-                MIGRATIONS[version - 1](conn)
-                conn.execute(sa.insert(schema_table).values(version=version))
+        """Create or upgrade the schema; refuse a history written by a newer itlaudit, or one whose
+        tables lack a column this itlaudit reads (dropped by hand). A history already at this schema
+        takes no write lock; creating or upgrading one is serialized between processes (SQLite's
+        write lock, a PostgreSQL advisory lock), so concurrent first writers create it once."""
+        with self._read() as conn:
+            current = self._version(conn)
+        if current < SCHEMA_VERSION:
+            with self._write(audit=False) as conn:
+                if conn.dialect.name == "postgresql":
+                    conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK})
+                _meta.create_all(conn, tables=[schema_table])
+                current = self._version(conn)
+                for version in range(current + 1, SCHEMA_VERSION + 1):
+                    MIGRATIONS[version - 1](conn)
+                    conn.execute(sa.insert(schema_table).values(version=version))
+        if current > SCHEMA_VERSION:
+            raise TrackError(
+                f"{self.where}: history schema {current} is newer than this itlaudit's "
+                f"({SCHEMA_VERSION}); upgrade itlaudit"
+            )
+        with self._read() as conn:
+            inspector = sa.inspect(conn)
+            for table in _meta.sorted_tables:
+                present = {column["name"] for column in inspector.get_columns(table.name)}
+                missing = [column.name for column in table.columns if column.name not in present]
+                if missing:
+                    raise damaged(self.where, table.name, None, f"has no column {', '.join(missing)}")
+        self._opened = True
+
+    @staticmethod
+    def _version(conn: sa.Connection) -> int:
+        if not sa.inspect(conn).has_table(schema_table.name):
+            return 0
+        return int(conn.execute(sa.select(sa.func.max(schema_table.c.version))).scalar() or 0)
 
     def schema_version(self) -> int:
-        with self.engine.connect() as conn:
-            return int(conn.execute(sa.select(sa.func.max(schema_table.c.version))).scalar() or 0)
+        with self._read() as conn:
+            return self._version(conn)
+
+    def _audit(self, conn: sa.Connection) -> None:
+        """The whole history read for what a write must not build on: SQLite's pages (quick_check),
+        every enumerated value, and on SQLite (whose columns hold any type) every number and JSON text.
+        On the 10,000-build × 20-fingerprint history of benchmarks/track_scale.py (281 MB) this is
+        about 1 s; on PostgreSQL the server keeps the types and a JSON text is checked when read."""
+        if conn.dialect.name == "sqlite":
+            found = " ".join(str(row[0]) for row in conn.exec_driver_sql("PRAGMA quick_check(1)"))
+            if found != "ok":
+                said = " ".join(found.replace("*** in database main ***", "").split())
+                raise damaged(self.where, None, None, f"SQLite finds its file damaged ({said})")
+        for table, conditions in _audits(conn.dialect.name).items():
+            keys = list(table.primary_key.columns)
+            labelled = [condition.label(f"bad{i}") for i, (condition, _) in enumerate(conditions)]
+            query = sa.select(*keys, *labelled).where(sa.or_(*(c for c, _ in conditions))).limit(1)
+            row = conn.execute(query).first()
+            if row is not None:
+                said = next(what for i, (_, what) in enumerate(conditions) if row[len(keys) + i])
+                raise damaged(self.where, table.name, _row_name(keys, row), said)
 
     def add(self, points: Iterable[NewPoint]) -> int:
-        """Record points; a point already recorded (same series, same run) is replaced, so adding a
-        folder twice does not count it twice. Returns how many were written."""
-        written = 0
-        with self.engine.begin() as conn:
+        """Record points; a point already recorded (same series, same run) is replaced under a new id
+        (so the check's cache sees its family change), and adding a folder twice does not count it
+        twice; one a concurrent writer inserts meanwhile is updated (an upsert), not a
+        UNIQUE-constraint failure. Returns how many were written."""
+        p = points_table
+        rows = []
+        with self._write() as conn:
             series_ids: dict[str, int] = {}
             for point in points:
                 key = point.series_key
                 if key not in series_ids:
                     series_ids[key] = self._series_id(conn, point)
                 sid = series_ids[key]
-                conn.execute(
-                    sa.delete(points_table).where(
-                        points_table.c.series_id == sid, points_table.c.run_id == point.run_id
-                    )
-                )
-                conn.execute(sa.insert(points_table).values(**self._row(point, sid)))
-                written += 1
-        return written
+                conn.execute(sa.delete(p).where(p.c.series_id == sid, p.c.run_id == point.run_id))
+                rows.append(self._row(point, sid))
+            if rows:
+                _upsert(conn, p, rows, ("series_id", "run_id"))
+        return len(rows)
 
     def add_rows(self, points: Sequence[NewPoint]) -> None:
         """Bulk insert of new points (no replacement): for generated histories and the benchmark."""
-        with self.engine.begin() as conn:
+        with self._write(audit=False) as conn:
             ids: dict[str, int] = {}
             rows = []
             for point in points:
@@ -277,21 +374,22 @@ class History:
 
     @staticmethod
     def _series_id(conn: sa.Connection, point: NewPoint) -> int:
+        """The series' id, inserted if new; a series another writer inserts at the same moment is
+        taken as it is (INSERT ... ON CONFLICT DO NOTHING, then read)."""
         key = point.series_key
-        found = conn.execute(sa.select(series_table.c.id).where(series_table.c.key == key)).scalar()
-        if found is not None:
-            return int(found)
-        result = conn.execute(
-            sa.insert(series_table).values(
-                key=key,
-                family=point.family,
-                variant=point.variant,
-                fingerprint=json.dumps(dict(point.series_fingerprint), sort_keys=True),
-            )
-        )
-        inserted = result.inserted_primary_key
-        assert inserted is not None  # an insert of one row always has its key
-        return int(inserted[0])
+        query = sa.select(series_table.c.id).where(series_table.c.key == key)
+        found = conn.execute(query).scalar()
+        if found is None:
+            row = {
+                "key": key,
+                "family": point.family,
+                "variant": point.variant,
+                "fingerprint": json.dumps(dict(point.series_fingerprint), sort_keys=True),
+            }
+            insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+            conn.execute(insert(series_table).values(row).on_conflict_do_nothing(index_elements=["key"]))
+            found = conn.execute(query).scalar_one()
+        return int(found)
 
     @staticmethod
     def _row(point: NewPoint, series_id: int) -> dict[str, Any]:
@@ -335,8 +433,10 @@ class History:
         if families is not None:
             query = query.where(s.c.family.in_(list(families)))
         out = []
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             for row in conn.execute(query):
+                if row[7] not in VALIDITIES:
+                    raise self._unknown(VALIDITIES, row[7], p, f"id={row[0]}")
                 out.append(
                     Point(
                         id=row[0],
@@ -353,30 +453,67 @@ class History:
                 )
         return out
 
+    def _unknown(self, allowed: Sequence[str], value: object, table: sa.Table, row: str) -> TrackError:
+        """A value outside its closed set (a point's validity, a build's status), as one line."""
+        column = "validity" if table is points_table else "status"
+        known = ", ".join(repr(v) for v in allowed)
+        return damaged(self.where, table.name, row, f"{column} {_shown(value)} is not one of {known}")
+
+    def _decode(self, text: object, shape: type[_T], table: sa.Table, row: str, column: str) -> _T:
+        """A JSON cell as the shape this module wrote it in, or a TrackError naming table and row.
+        Parsed by json (which reads the NaN that json.dumps writes), then shaped by msgspec."""
+        try:
+            return msgspec.convert(json.loads(str(text)), type=shape)
+        except (ValueError, msgspec.ValidationError, RecursionError) as exc:
+            said = f"{column} is not what itlaudit wrote ({_first_line(exc)})"
+            raise damaged(self.where, table.name, row, said) from None
+
     def blind(self, builds: int) -> list[Blind]:
         """The families whose latest `builds` builds hold no valid point (changes.blind_families),
         read from the validity columns alone."""
         p, s = points_table, series_table
-        query = sa.select(s.c.family, p.c.build_order, p.c.validity, p.c.reason, p.c.cap)
-        with self.engine.connect() as conn:
+        query = sa.select(s.c.family, p.c.build_order, p.c.validity, p.c.reason, p.c.cap, p.c.id)
+        with self._read() as conn:
             rows = conn.execute(query.join(s, s.c.id == p.c.series_id)).all()
+        for row in rows:
+            if row[2] not in VALIDITIES:
+                raise self._unknown(VALIDITIES, row[2], p, f"id={row[5]}")
         return blind_families((PointState(r[0], int(r[1]), r[2], r[3], r[4]) for r in rows), builds)
 
     def samples(self, ids: Sequence[int]) -> dict[int, Samples]:
         """Raw per-request figures of the given points."""
         if not ids:
             return {}
-        query = sa.select(points_table.c.id, points_table.c.samples).where(points_table.c.id.in_(list(ids)))
-        with self.engine.connect() as conn:
-            return {int(row[0]): json.loads(row[1]) for row in conn.execute(query)}
+        p = points_table
+        query = sa.select(p.c.id, p.c.samples).where(p.c.id.in_(list(ids)))
+        with self._read() as conn:
+            rows = conn.execute(query).all()
+        shape = dict[str, list[float | None]]
+        return {int(r[0]): self._decode(r[1], shape, p, f"id={r[0]}", "samples") for r in rows}
+
+    def point_builds(self) -> dict[int, tuple[str | None, str | None, str | None, int, int]]:
+        """Each point's commit, build flavour, run folder, requests and errors (what a dashboard's
+        panel shows beside the series)."""
+        p = points_table
+        query = sa.select(p.c.id, p.c.build_commit, p.c.build_flavour, p.c.run_dir, p.c.requests, p.c.errors)
+        with self._read() as conn:
+            return {int(r[0]): (r[1], r[2], r[3], int(r[4]), int(r[5])) for r in conn.execute(query)}
+
+    def fingerprints(self) -> dict[str, JSONObject]:
+        """Each family's fingerprint (its series' fingerprint less the variant's name)."""
+        s = series_table
+        with self._read() as conn:
+            rows = conn.execute(sa.select(s.c.family, s.c.fingerprint, s.c.id)).all()
+        return {str(r[0]): self._decode(r[1], dict[str, Any], s, f"id={r[2]}", "fingerprint") for r in rows}
 
     def check(self, settings: CheckSettings | None = None) -> list[Change]:
         """Every change in the history, notes and bisections applied. Incremental: a family whose
         points are the ones its cached changes were found from (same count, same newest point, same
-        settings) is read from the cache; only families with new points are searched again
-        (changes.find_changes over their points). The cyclic garbage collector is paused meanwhile: a
-        long history is 200,000 point objects without cycles, and the collector re-walked them on every
-        burst of allocation (7.4 s → 4.2 s at 10,000 builds × 20 fingerprints)."""
+        settings) is read from the cache; only families with new points are
+        searched again (changes.find_changes over their points); a cache row that does not read is
+        searched again too, since it is only ever derived. The cyclic garbage collector is paused
+        meanwhile: a long history is 200,000 point objects without cycles, and the collector re-walked
+        them on every burst of allocation (7.4 s → 4.2 s at 10,000 builds × 20 fingerprints)."""
         settings = settings or CheckSettings()
         enabled = gc.isenabled()
         gc.disable()
@@ -393,46 +530,44 @@ class History:
         settings_digest = digest(dataclasses.asdict(settings))
         count = sa.select(s.c.family, sa.func.count(p.c.id), sa.func.max(p.c.id))
         count = count.join(p, p.c.series_id == s.c.id).group_by(s.c.family)
-        with self.engine.connect() as conn:
-            signatures = {row[0]: f"{row[1]}:{row[2]}:{settings_digest}" for row in conn.execute(count)}
+        with self._read() as conn:
+            signatures = {r[0]: f"{r[1]}:{r[2]}:{settings_digest}" for r in conn.execute(count)}
             cached = {
-                row[0]: (row[1], row[2])
+                row[0]: _cached_changes(row[2])
                 for row in conn.execute(sa.select(c.c.family, c.c.signature, c.c.changes))
+                if row[1] == signatures.get(row[0])
             }
-        stale = sorted(f for f, sig in signatures.items() if cached.get(f, ("", ""))[0] != sig)
+        stale = sorted(f for f in signatures if cached.get(f) is None)
         found = find_changes(self.points(stale), self.samples, settings) if stale else []
         by_family: dict[str, list[Change]] = {f: [] for f in stale}
         for change in found:
             by_family[change.family].append(change)
         if stale:
-            with self.engine.begin() as conn:
-                conn.execute(sa.delete(c).where(c.c.family.in_(stale)))
-                conn.execute(
-                    sa.insert(c),
-                    [
-                        {
-                            "family": f,
-                            "signature": signatures[f],
-                            "changes": json.dumps([x.to_json() for x in by_family[f]]),
-                        }
-                        for f in stale
-                    ],
-                )
-        for family in sorted(signatures):
-            if family not in by_family:
-                by_family[family] = [Change.from_json(x) for x in json.loads(cached[family][1])]
+            with self._write(audit=False) as conn:
+                rows = [
+                    {
+                        "family": f,
+                        "signature": signatures[f],
+                        "changes": json.dumps([x.to_json() for x in by_family[f]]),
+                    }
+                    for f in stale
+                ]
+                _upsert(conn, c, rows, ("family",))
+        for family, changes in cached.items():
+            if family not in by_family and changes is not None:
+                by_family[family] = [Change.from_json(x) for x in changes]
         return [change for family in sorted(by_family) for change in by_family[family]]
 
     def notes(self) -> dict[str, str]:
-        with self.engine.connect() as conn:
-            return {
-                row[0]: row[1] for row in conn.execute(sa.select(notes_table.c.change_id, notes_table.c.note))
-            }
+        n = notes_table
+        with self._read() as conn:
+            return {row[0]: row[1] for row in conn.execute(sa.select(n.c.change_id, n.c.note))}
 
     def explain(self, change_id: str, note: str) -> None:
-        with self.engine.begin() as conn:
-            conn.execute(sa.delete(notes_table).where(notes_table.c.change_id == change_id))
-            conn.execute(sa.insert(notes_table).values(change_id=change_id, note=note, at=time.time()))
+        with self._write() as conn:
+            _upsert(
+                conn, notes_table, [{"change_id": change_id, "note": note, "at": time.time()}], ("change_id",)
+            )
 
     def commit_at(self, family: str, order: int) -> str | None:
         """The commit (or version) of a family's build at one position in first-parent order."""
@@ -443,70 +578,209 @@ class History:
             .where(s.c.family == family, p.c.build_order == order)
             .limit(1)
         )
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             row = conn.execute(query).first()
         return None if row is None else (row[0] or row[1])
 
     def set_source(self, families: Iterable[str], settings: JSONMapping) -> None:
         """Remember how a family's builds are had (the nightly's provider and scenario) for bisecting."""
         text = json.dumps(dict(settings), sort_keys=True)
-        with self.engine.begin() as conn:
-            for family in sorted(set(families)):
-                conn.execute(sa.delete(sources_table).where(sources_table.c.family == family))
-                conn.execute(sa.insert(sources_table).values(family=family, settings=text))
+        rows = [{"family": family, "settings": text} for family in sorted(set(families))]
+        if rows:
+            with self._write() as conn:
+                _upsert(conn, sources_table, rows, ("family",))
 
     def source(self, family: str) -> JSONObject | None:
         query = sa.select(sources_table.c.settings).where(sources_table.c.family == family)
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             found = conn.execute(query).scalar()
-        return None if found is None else dict(json.loads(found))
+        return (
+            None
+            if found is None
+            else self._decode(found, dict[str, Any], sources_table, f"family={family}", "settings")
+        )
 
     def builds(self, source: str) -> dict[str, str]:
         """The builds a nightly source has already probed or skipped: {ref: status}."""
-        query = sa.select(builds_table.c.ref, builds_table.c.status).where(builds_table.c.source == source)
-        with self.engine.connect() as conn:
-            return {row[0]: row[1] for row in conn.execute(query)}
+        b = builds_table
+        query = sa.select(b.c.ref, b.c.status).where(b.c.source == source)
+        with self._read() as conn:
+            rows = conn.execute(query).all()
+        for ref, status in rows:
+            if status not in BUILD_STATUSES:
+                raise self._unknown(BUILD_STATUSES, status, b, f"source={source} ref={ref}")
+        return {ref: status for ref, status in rows}
 
     def mark_build(self, source: str, ref: str, order: int, status: str, reason: str | None) -> None:
-        b = builds_table
-        with self.engine.begin() as conn:
-            conn.execute(sa.delete(b).where(b.c.source == source, b.c.ref == ref))
-            conn.execute(
-                sa.insert(b).values(
-                    source=source, ref=ref, build_order=order, status=status, reason=reason, at=time.time()
-                )
-            )
+        row = {
+            "source": source,
+            "ref": ref,
+            "build_order": order,
+            "status": status,
+            "reason": reason,
+            "at": time.time(),
+        }
+        with self._write() as conn:
+            _upsert(conn, builds_table, [row], ("source", "ref"))
 
     def record_bisect(self, change_id: str, status: str, culprit: str | None, result: JSONMapping) -> None:
         """Write a bisection's answer onto a change (the last bisection of a change is the one kept)."""
-        b = bisects_table
-        with self.engine.begin() as conn:
-            conn.execute(sa.delete(b).where(b.c.change_id == change_id))
-            conn.execute(
-                sa.insert(b).values(
-                    change_id=change_id,
-                    status=status,
-                    culprit=culprit,
-                    result=json.dumps(dict(result), default=str),
-                    at=time.time(),
-                )
-            )
+        row = {
+            "change_id": change_id,
+            "status": status,
+            "culprit": culprit,
+            "result": json.dumps(dict(result), default=str),
+            "at": time.time(),
+        }
+        with self._write() as conn:
+            _upsert(conn, bisects_table, [row], ("change_id",))
 
     def bisects(self) -> dict[str, BisectRecord]:
         """Every change's bisection: {change id: {status, culprit, result}}."""
         b = bisects_table
-        with self.engine.connect() as conn:
-            rows = conn.execute(sa.select(b.c.change_id, b.c.status, b.c.culprit, b.c.result))
-            return {r[0]: BisectRecord(status=r[1], culprit=r[2], result=json.loads(r[3])) for r in rows}
+        with self._read() as conn:
+            rows = conn.execute(sa.select(b.c.change_id, b.c.status, b.c.culprit, b.c.result)).all()
+        return {
+            r[0]: BisectRecord(
+                status=r[1],
+                culprit=r[2],
+                result=self._decode(r[3], dict[str, Any], b, f"change_id={r[0]}", "result"),
+            )
+            for r in rows
+        }
 
     def close(self) -> None:
         self.engine.dispose()
 
 
+_T = TypeVar("_T")
+_WRITE = "itlaudit_write"  # the execution option that makes a SQLite transaction BEGIN IMMEDIATE
+_MIGRATION_LOCK = 0x17A0D17  # PostgreSQL advisory lock key of a schema step: any constant of ours
+BUSY_TIMEOUT_S = 60.0  # how long a SQLite writer waits for another's transaction before giving up
+VALIDITIES = (VALID, LENGTH, CORRECTNESS, CLIENT)
+_JSON_COLUMNS = (
+    (series_table, "fingerprint"),
+    (points_table, "samples"),
+    (sources_table, "settings"),
+    (bisects_table, "result"),
+)
+_INTEGER_COLUMNS = ("build_order", "requests", "errors")
+
+
+def _audits(dialect: str) -> dict[sa.Table, list[tuple[sa.ColumnElement[bool], str]]]:
+    """Per table, each condition that marks a row damaged, with what it says of the row."""
+    p, b = points_table, builds_table
+    found: dict[sa.Table, list[tuple[sa.ColumnElement[bool], str]]] = {
+        p: [(p.c.validity.not_in(VALIDITIES), f"validity is not one of {', '.join(map(repr, VALIDITIES))}")],
+        b: [(b.c.status.not_in(BUILD_STATUSES), f"status is not one of {', '.join(BUILD_STATUSES)}")],
+    }
+    if dialect != "sqlite":
+        return found
+    for table, name in _JSON_COLUMNS:
+        # json.dumps writes NaN and Infinity, which SQLite's JSON1 (before 3.42) does not read: such a
+        # text is left to the read, which parses it as json does.
+        column = table.c[name]
+        bad = sa.and_(
+            sa.not_(sa.func.json_valid(column)), column.not_like("%NaN%"), column.not_like("%Infinity%")
+        )
+        found.setdefault(table, []).append((bad, f"{name} is not JSON"))
+    numbers = ("real", "integer", "null")
+    found[p] += [
+        (sa.func.typeof(p.c[name]) != "integer", f"{name} is not an integer") for name in _INTEGER_COLUMNS
+    ]
+    found[p] += [
+        (sa.func.typeof(p.c[spec.name]).not_in(numbers), f"{spec.name} is not a number") for spec in SERIES
+    ]
+    return found
+
+
+def _row_name(keys: Sequence[sa.Column[Any]], row: Sequence[Any]) -> str:
+    return " ".join(
+        f"{column.name}={_shown(value)}" for column, value in zip(keys, row[: len(keys)], strict=True)
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _said(exc: sa.exc.SQLAlchemyError) -> str:
+    """What the database said (the driver's own first line, without SQLAlchemy's SQL and links)."""
+    orig = exc.orig if isinstance(exc, sa.exc.DBAPIError) else None
+    return _first_line(orig or exc)
+
+
+def _shown(value: object) -> str:
+    """A stored value as a message quotes it: its repr, cut to 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+def damaged(where: str, table: str | None, row: str | None, what: str) -> TrackError:
+    """The one line for a history that does not hold what itlaudit wrote: where, which table and row
+    (where known), what is wrong, and that nothing was written into it."""
+    at = ", ".join(
+        part for part in (f"table {table}" if table else None, f"row {row}" if row else None) if part
+    )
+    return TrackError(
+        f"{where}: {at + ': ' if at else ''}{what}; the history is damaged or was edited by hand, and "
+        f"nothing was written to it: {'mend or delete that row, or ' if row else ''}restore it from a backup"
+    )
+
+
+def _cached_changes(text: str) -> list[ChangeJSON] | None:
+    """A family's cached changes, or None when the cache row does not read (it is then searched again)."""
+    try:
+        return msgspec.convert(json.loads(text), type=list[ChangeJSON])
+    except (ValueError, msgspec.ValidationError, RecursionError):
+        return None
+
+
+def _upsert(
+    conn: sa.Connection, table: sa.Table, rows: Sequence[Mapping[str, Any]], keys: Sequence[str]
+) -> None:
+    """INSERT ... ON CONFLICT (keys) DO UPDATE: a row written twice, or by two writers at once, is the
+    last one written (a delete-then-insert raced into a UNIQUE-constraint failure)."""
+    insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+    statement = insert(table)
+    update = {
+        c.name: statement.excluded[c.name] for c in table.columns if c.name not in keys and not c.primary_key
+    }
+    conn.execute(statement.on_conflict_do_update(index_elements=list(keys), set_=update), list(rows))
+
+
+def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
+    """Each SQLite connection in WAL mode (readers never wait for a writer), its transactions begun by
+    _sqlite_begin rather than by the driver."""
+    dbapi_connection.isolation_level = None
+    dbapi_connection.execute("PRAGMA journal_mode=WAL")
+
+
+def _sqlite_begin(conn: sa.Connection) -> None:
+    """BEGIN IMMEDIATE for a write: the write lock is taken (waiting up to the busy timeout) before the
+    first read, so two writers queue rather than one failing when its read lock cannot be upgraded."""
+    conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(_WRITE) else "BEGIN")
+
+
+def _engine(raw: str) -> sa.Engine:
+    if not raw.startswith("sqlite"):
+        return sa.create_engine(raw)
+    engine = sa.create_engine(raw, connect_args={"timeout": BUSY_TIMEOUT_S})
+    sa.event.listen(engine, "connect", _sqlite_connect)
+    sa.event.listen(engine, "begin", _sqlite_begin)
+    return engine
+
+
 def _url(db: str) -> tuple[str, str]:
     """The SQLAlchemy URL for --db and how to name it in a message (a password never shown)."""
     if "://" in db:
-        url = sa.engine.make_url(db)
+        try:
+            url = sa.engine.make_url(db)
+        except (ValueError, sa.exc.ArgumentError) as exc:
+            raise TrackError(
+                f"--db {redact_url(db)}: not a history URL ({exc}); give a file path or "
+                "postgresql://USER@HOST:PORT/DATABASE"
+            ) from None
         if url.get_backend_name() not in ("postgresql", "sqlite"):
             raise TrackError(f"--db {url.render_as_string()}: give a file path or a postgresql:// URL")
         if url.get_backend_name() == "postgresql" and url.drivername == "postgresql":
@@ -528,14 +802,16 @@ def open_history(db: str | None) -> History:
     """Open (creating or upgrading) the history at a path or postgresql:// URL; None is DEFAULT_DB."""
     raw, shown = _url(db or str(DEFAULT_DB))
     try:
-        engine = sa.create_engine(raw)
-        history = History(engine, shown)
-        history.migrate()
+        history = History(_engine(raw), shown)
     except ModuleNotFoundError as exc:
         raise TrackError(
             f"--db {shown}: the PostgreSQL driver is missing ({exc.name}); pip install 'itlaudit[track-pg]'"
         ) from None
     except sa.exc.SQLAlchemyError as exc:
-        first = str(exc.orig if isinstance(exc, sa.exc.DBAPIError) else exc).strip().splitlines()[0]
-        raise TrackError(f"--db {shown}: cannot open the history ({first})") from None
+        raise TrackError(f"--db {shown}: cannot open the history ({_said(exc)})") from None
+    try:
+        history.migrate()
+    except TrackError:
+        history.close()
+        raise
     return history

@@ -49,7 +49,7 @@ from itlaudit.track.changes import (
     CheckSettings,
     open_changes,
 )
-from itlaudit.track.db import History, NewPoint, digest
+from itlaudit.track.db import FAILED, PROBED, SKIPPED, History, NewPoint, digest
 from itlaudit.track.record import BuildInfo, run_points
 
 __all__ = [
@@ -67,7 +67,6 @@ __all__ = [
 # family's latest builds hold no valid point: nothing was tested); 2 is bad input.
 EXIT_REGRESSION = 1
 EXIT_CANNOT_TELL = 125
-PROBED, SKIPPED, FAILED = "probed", "skipped", "failed"
 # The bisect verdict each change class is bisected with; other classes are not a build's doing alone.
 _VERDICT = {LENGTH_CAP: "truncation", SPEED: "itl", SPEEDUP_CLASS: "speedup"}
 # Settings that name one bisection's range, not the source of builds.

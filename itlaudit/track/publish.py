@@ -13,6 +13,11 @@ panel on a click: a point's build, commit link and per-request distribution (its
 the previous point's), or a change's evidence and bisect result. Invalid points are never drawn as
 values: the series break there, the builds are shaded in their class's colour, and the validity lane
 at the top marks each one with its reason.
+
+Nothing in the history is trusted (a shared PostgreSQL history is written by anyone who can reach
+it): every string reaches the page escaped, in its HTML, in the JSON the page carries (no `<` can close
+its script element or open a comment) and in what plotly draws as text; a link from the history is
+drawn only when it is http or https, and one that is dropped is said so on the page.
 """
 
 from __future__ import annotations
@@ -28,8 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
 from typing import Any, TypedDict
-
-import sqlalchemy as sa
+from urllib.parse import urlsplit
 
 from itlaudit.errors import TrackError
 from itlaudit.model.jsonvalue import JSONObject
@@ -55,7 +59,7 @@ from itlaudit.track.changes import (
     SeriesSpec,
     open_changes,
 )
-from itlaudit.track.db import BisectRecord, History, points_table, series_table
+from itlaudit.track.db import BisectRecord, History, damaged
 
 __all__ = ["CLASS_COLOURS", "DEFAULT_GITHUB_REPO", "MANIFEST", "Published", "publish"]
 
@@ -92,6 +96,7 @@ _UNITS = {
 _VARIANT_COLOURS = ("#1f77b4", "#2ca02c", "#ff7f0e", "#17becf", "#9467bd", "#bcbd22", "#e377c2")
 _SVG_LIMIT = 3000  # points a trace draws as SVG; past it WebGL (a 10,000-build series stays responsive)
 _SHA = re.compile(r"[0-9a-fA-F]{7,40}")
+_FAMILY = re.compile(r"[0-9a-f]{16}")  # db.digest's: a family names a page's file, so only this is taken
 
 
 class Line(TypedDict, total=False):
@@ -186,6 +191,7 @@ class ChangeRow(ChangeJSON):
     compare_url: str | None
     bisect_dir: str | None
     colour: str
+    dropped: list[str]  # the links of its bisection that are not http(s), as the page says
 
 
 class PageData(TypedDict):
@@ -219,25 +225,27 @@ class _Build:
     errors: int
 
 
-def _builds(history: History) -> dict[int, _Build]:
-    p = points_table
-    query = sa.select(p.c.id, p.c.build_commit, p.c.build_flavour, p.c.run_dir, p.c.requests, p.c.errors)
-    with history.engine.connect() as conn:
-        return {int(r[0]): _Build(r[1], r[2], r[3], int(r[4]), int(r[5])) for r in conn.execute(query)}
-
-
-def _fingerprints(history: History) -> dict[str, JSONObject]:
-    """Each family's fingerprint (its series' fingerprint less the variant's name)."""
-    query = sa.select(series_table.c.family, series_table.c.fingerprint)
-    with history.engine.connect() as conn:
-        return {str(r[0]): json.loads(r[1]) for r in conn.execute(query)}
+def _link(url: object) -> tuple[str | None, str | None]:
+    """(the URL, None) when it is an http(s) link; (None, why it was dropped) otherwise. A
+    `javascript:` or `data:` URL runs script when clicked, whatever the page escapes."""
+    if not isinstance(url, str) or not url:
+        return None, None
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        parts = None
+    if parts is not None and parts.scheme in ("http", "https") and parts.netloc:
+        return url, None
+    shown = url if len(url) <= 80 else f"{url[:77]}..."
+    return None, f"{shown!r} (only http and https links are drawn)"
 
 
 def _title(fingerprint: Mapping[str, Any], family: str) -> str:
     """What a person calls the experiment: model, platform, and the host when it was a remote server."""
     platform = fingerprint.get("platform")
     if isinstance(platform, Mapping):
-        platform = ", ".join(platform.get("gpus") or []) or platform.get("arch")
+        gpus = platform.get("gpus")
+        platform = ", ".join(map(str, gpus)) if isinstance(gpus, list) and gpus else platform.get("arch")
     parts = [str(v) for v in (fingerprint.get("model"), platform, fingerprint.get("host")) if v]
     return " · ".join(parts) or family
 
@@ -369,14 +377,16 @@ class _Page:
         commit link, GitHub's diff of the answer range and the bisect's folder."""
         found = self.bisects.get(change.id)
         result: JSONObject = found["result"] if found else {}
-        compare_url, bisect_dir = result.get("compare_url"), result.get("dir")
+        compare_url, dropped = _link(result.get("compare_url"))
+        bisect_dir = result.get("dir")
         return {
             **change.to_json(),
             "bisect": _bisect_line(found),
             "culprit_url": _commit_url(found["culprit"] if found else None, self.github_repo),
-            "compare_url": compare_url if isinstance(compare_url, str) else None,
+            "compare_url": compare_url,
             "bisect_dir": bisect_dir if isinstance(bisect_dir, str) else None,
             "colour": CLASS_COLOURS.get(change.change_class, "#444"),
+            "dropped": [f"compare_url {dropped}"] if dropped else [],
         }
 
     @property
@@ -401,7 +411,7 @@ class _Page:
             breaks = self.invalid_orders[variant] | self.invalid_orders.get(self.base, set())
             xs, ys, ids = _gapped(rows, breaks)
             trace = self._trace(SPEEDUP, variant, axis, xs, ys, ids)
-            trace["name"] = f"{variant}/{self.base}"
+            trace["name"] = html.escape(f"{variant}/{self.base}")
             traces.append(trace)
         return traces
 
@@ -416,14 +426,14 @@ class _Page:
     ) -> Trace:
         unit = _UNITS.get(spec.name, "")
         by_id = {p.id: p for p in self.points}
-        text = [by_id[i].build if i is not None else None for i in ids]
+        text = [html.escape(by_id[i].build) if i is not None else None for i in ids]
         return {
             "type": _scatter(len(xs)),
             "mode": "lines+markers",
             "x": xs,
             "y": ys,
             "yaxis": axis,
-            "name": variant,
+            "name": html.escape(variant),
             "legendgroup": variant,
             "showlegend": spec.name == "itl_p50",
             "line": {"color": self.colour.get(variant, "#444"), "width": 1.5},
@@ -451,10 +461,10 @@ class _Page:
                         "type": _scatter(len(chosen)),
                         "mode": "markers",
                         "x": [p.order for p in chosen],
-                        "y": [variant] * len(chosen),
+                        "y": [html.escape(variant)] * len(chosen),
                         "yaxis": "y",
                         "showlegend": False,
-                        "name": f"{variant} {'valid' if valid else 'invalid'}",
+                        "name": html.escape(f"{variant} {'valid' if valid else 'invalid'}"),
                         "marker": (
                             {"size": 5, "color": "#9e9e9e"}
                             if valid
@@ -462,7 +472,8 @@ class _Page:
                         ),
                         "customdata": [p.id for p in chosen],
                         "text": [
-                            p.build if valid else f"{p.build}: {p.reason or p.validity}" for p in chosen
+                            html.escape(p.build if valid else f"{p.build}: {p.reason or p.validity}")
+                            for p in chosen
                         ],
                         "hovertemplate": (
                             f"{html.escape(variant)} build %{{x}}: %{{text}}"
@@ -496,8 +507,9 @@ class _Page:
                 },
                 "customdata": list(range(len(marks))),
                 "text": [
-                    f"{html.escape(c['summary'])}<br>[{c['state']}, {c['class']}, {c['kind']}]"
-                    f"<br>bisect: {html.escape(c['bisect'] or 'not bisected')}"
+                    html.escape(c["summary"])
+                    + f"<br>[{html.escape(', '.join((c['state'], c['class'], c['kind'])))}]<br>bisect: "
+                    + html.escape(c["bisect"] or "not bisected")
                     for c in marks
                 ],
                 "hovertemplate": "%{text}<extra>change</extra>",
@@ -585,7 +597,7 @@ class _Page:
                 "domain": [1 - lane_height, 1],
                 "type": "category",
                 "categoryorder": "array",
-                "categoryarray": [*reversed(self.variants), "changes"],
+                "categoryarray": [*(html.escape(v) for v in reversed(self.variants)), "changes"],
                 "fixedrange": True,
             },
             "shapes": self._shapes(),
@@ -635,7 +647,7 @@ class _Page:
                     "mode": "lines",
                     "x": xs,
                     "y": ys,
-                    "name": variant,
+                    "name": html.escape(variant),
                     "line": {"color": self.colour[variant], "width": 1.2},
                     "meta": {"kind": "spark", "variant": variant},
                 }
@@ -680,7 +692,9 @@ def _finite(data: Any) -> Any:
 
 def _page_html(title: str, body: str, data: Mapping[str, Any], figures: Mapping[str, Any]) -> str:
     blob = json.dumps(_finite({"page": data, "figures": figures}), separators=(",", ":"), allow_nan=False)
-    blob = blob.replace("</", "<\\/")  # the JSON sits in a <script>: no "</script>" can end it early
+    # The JSON sits in a <script>: no "</script>" may end it early and no "<!--" turn the rest of the
+    # page into script data (a /version of "<!--<script>" once made a page draw nothing).
+    blob = blob.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="generator" content="itlaudit track publish">
@@ -705,7 +719,7 @@ def _change_rows(changes: Sequence[Mapping[str, Any]], pages: Mapping[str, str] 
     for c in changes:
         cells = []
         if pages is not None:
-            href = f"{c['family']}.html#change-{c['id']}"
+            href = html.escape(f"{c['family']}.html#change-{c['id']}")
             cells.append(f'<td><a href="{href}">{html.escape(pages[c["id"]])}</a></td>')
         closed = f", closed by {c['closed_by']}" if c["closed_by"] else ""
         cells += [
@@ -718,8 +732,8 @@ def _change_rows(changes: Sequence[Mapping[str, Any]], pages: Mapping[str, str] 
             f'<td class="culprit">{html.escape(c["bisect"] or "not bisected")}</td>',
         ]
         rows.append(
-            f'<tr class="change" data-change="{c["id"]}" style="border-left:6px solid {c["colour"]}">'
-            f"{''.join(cells)}</tr>"
+            f'<tr class="change" data-change="{html.escape(c["id"])}" '
+            f'style="border-left:6px solid {c["colour"]}">{"".join(cells)}</tr>'
         )
     names = ["first bad", "last good", "class", "kind", "state", "what", "bisect"]
     if pages is not None:
@@ -749,12 +763,16 @@ def _family_page(page: _Page, title: str, fingerprint: Mapping[str, Any], where:
     listed = [c for c in data["changes"] if c["id"] in listed_ids]
     builds = len({p.order for p in page.points})
     shown = json.dumps(fingerprint, indent=2, sort_keys=True)
+    dropped = "; ".join(f"change {c['id']}: {said}" for c in data["changes"] for said in c["dropped"])
+    notice = (
+        f'<p class="dropped">Links of the history not drawn: {html.escape(dropped)}</p>\n' if dropped else ""
+    )
     body = (
         f'<header><a href="index.html">← all fingerprints</a><h1>{html.escape(title)}</h1>\n'
         f'<p class="where">{builds} builds, variants {html.escape(", ".join(page.variants))}; '
         f"history {html.escape(where)}</p>\n"
         f"<details><summary>fingerprint {page.family}</summary><pre>{html.escape(shown)}</pre></details>"
-        f"</header>\n{_legend()}\n"
+        f"</header>\n{_legend()}\n{notice}"
         '<div class="layout"><div id="chart" class="chart"></div>\n'
         f'<aside id="detail" class="detail"><p class="hint">{_HINT}</p></aside></div>\n'
         f"<h2>Open and suspected changes</h2>{_change_rows(listed)}\n"
@@ -855,10 +873,13 @@ def publish(
     _prepare(out)
     changes = history.check()
     bisects = history.bisects()
-    builds = _builds(history)
-    fingerprints = _fingerprints(history)
+    builds = {pid: _Build(*row) for pid, row in history.point_builds().items()}
+    fingerprints = history.fingerprints()
     by_family: dict[str, list[Point]] = defaultdict(list)
     for point in points:
+        if not _FAMILY.fullmatch(point.family):
+            said = f"family {point.family[:40]!r} is not a fingerprint's digest"
+            raise damaged(history.where, "track_series", None, said)
         by_family[point.family].append(point)
     changes_of: dict[str, list[Change]] = defaultdict(list)
     for change in changes:
