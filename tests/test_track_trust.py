@@ -101,7 +101,13 @@ def _bad_json(db: Path) -> str:
 def _unknown_validity(db: Path) -> str:
     row = _first_bad_point(db)
     _execute(db, f"UPDATE track_points SET validity = 'bogus' WHERE id = {row}")
-    return f"table track_points, row id={row}"
+    return f"table track_points, row id={row}: validity 'bogus' is not one of"
+
+
+def _text_build_order(db: Path) -> str:
+    row = _first_bad_point(db)
+    _execute(db, f"UPDATE track_points SET build_order = 'forty' WHERE id = {row}")
+    return f"table track_points, row id={row}: build_order 'forty' is not an integer"
 
 
 def _dropped_column(db: Path) -> str:
@@ -124,6 +130,7 @@ DAMAGES: dict[str, tuple[str, Callable[[Path], str]]] = {
     "dropped column": ("R34", _dropped_column),
     "corrupted pages": ("R35", _corrupted_pages),
     "unknown validity": ("R36", _unknown_validity),
+    "text build order": ("R36", _text_build_order),
 }
 
 

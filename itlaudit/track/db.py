@@ -330,13 +330,16 @@ class History:
             if found != "ok":
                 said = " ".join(found.replace("*** in database main ***", "").split())
                 raise damaged(self.where, None, None, f"SQLite finds its file damaged ({said})")
-        for table, conditions in _audits(conn.dialect.name).items():
+        for table, audits in _audits(conn.dialect.name).items():
             keys = list(table.primary_key.columns)
-            labelled = [condition.label(f"bad{i}") for i, (condition, _) in enumerate(conditions)]
-            query = sa.select(*keys, *labelled).where(sa.or_(*(c for c, _ in conditions))).limit(1)
+            cells = [table.c[name] for name, _, _ in audits]
+            flags = [bad.label(f"bad{i}") for i, (_, bad, _) in enumerate(audits)]
+            query = sa.select(*keys, *cells, *flags).where(sa.or_(*(bad for _, bad, _ in audits))).limit(1)
             row = conn.execute(query).first()
             if row is not None:
-                said = next(what for i, (_, what) in enumerate(conditions) if row[len(keys) + i])
+                first = next(i for i in range(len(audits)) if row[len(keys) + len(cells) + i])
+                name, _, what = audits[first]
+                said = f"{name} {_shown(row[len(keys) + first])} {what}"
                 raise damaged(self.where, table.name, _row_name(keys, row), said)
 
     def add(self, points: Iterable[NewPoint]) -> int:
@@ -437,6 +440,8 @@ class History:
             for row in conn.execute(query):
                 if row[7] not in VALIDITIES:
                     raise self._unknown(VALIDITIES, row[7], p, f"id={row[0]}")
+                if type(row[3]) is not int or not _NUMBERS.issuperset(map(type, row[10:])):
+                    raise self._not_a_number(row)
                 out.append(
                     Point(
                         id=row[0],
@@ -459,6 +464,18 @@ class History:
         known = ", ".join(repr(v) for v in allowed)
         return damaged(self.where, table.name, row, f"{column} {_shown(value)} is not one of {known}")
 
+    def _not_a_number(self, row: Sequence[Any]) -> TrackError:
+        """The first cell of a point's row (as points() reads it) that is not a number: its build order
+        or a series value (SQLite keeps whatever text a hand-edit gives a numeric column)."""
+        if type(row[3]) is not int:
+            said = f"build_order {_shown(row[3])} is not an integer"
+        else:
+            cells = zip(SERIES, row[10:], strict=True)
+            said = next(
+                f"{spec.name} {_shown(v)} is not a number" for spec, v in cells if type(v) not in _NUMBERS
+            )
+        return damaged(self.where, points_table.name, f"id={row[0]}", said)
+
     def _decode(self, text: object, shape: type[_T], table: sa.Table, row: str, column: str) -> _T:
         """A JSON cell as the shape this module wrote it in, or a TrackError naming table and row.
         Parsed by json (which reads the NaN that json.dumps writes), then shaped by msgspec."""
@@ -478,6 +495,10 @@ class History:
         for row in rows:
             if row[2] not in VALIDITIES:
                 raise self._unknown(VALIDITIES, row[2], p, f"id={row[5]}")
+            if type(row[1]) is not int:
+                raise damaged(
+                    self.where, p.name, f"id={row[5]}", f"build_order {_shown(row[1])} is not an integer"
+                )
         return blind_families((PointState(r[0], int(r[1]), r[2], r[3], r[4]) for r in rows), builds)
 
     def samples(self, ids: Sequence[int]) -> dict[int, Samples]:
@@ -665,14 +686,27 @@ _JSON_COLUMNS = (
     (bisects_table, "result"),
 )
 _INTEGER_COLUMNS = ("build_order", "requests", "errors")
+_NUMBERS = frozenset((float, int, type(None)))  # what a series value may read as
 
 
-def _audits(dialect: str) -> dict[sa.Table, list[tuple[sa.ColumnElement[bool], str]]]:
-    """Per table, each condition that marks a row damaged, with what it says of the row."""
+_Audit = tuple[str, sa.ColumnElement[bool], str]  # a column, what marks it damaged, what that says
+
+
+def _audits(dialect: str) -> dict[sa.Table, list[_Audit]]:
+    """Per table, each column a write must not build on: the condition that marks its cell damaged,
+    and what the one line says of it."""
     p, b = points_table, builds_table
-    found: dict[sa.Table, list[tuple[sa.ColumnElement[bool], str]]] = {
-        p: [(p.c.validity.not_in(VALIDITIES), f"validity is not one of {', '.join(map(repr, VALIDITIES))}")],
-        b: [(b.c.status.not_in(BUILD_STATUSES), f"status is not one of {', '.join(BUILD_STATUSES)}")],
+    found: dict[sa.Table, list[_Audit]] = {
+        p: [
+            ("validity", p.c.validity.not_in(VALIDITIES), f"is not one of {', '.join(map(repr, VALIDITIES))}")
+        ],
+        b: [
+            (
+                "status",
+                b.c.status.not_in(BUILD_STATUSES),
+                f"is not one of {', '.join(map(repr, BUILD_STATUSES))}",
+            )
+        ],
     }
     if dialect != "sqlite":
         return found
@@ -683,13 +717,13 @@ def _audits(dialect: str) -> dict[sa.Table, list[tuple[sa.ColumnElement[bool], s
         bad = sa.and_(
             sa.not_(sa.func.json_valid(column)), column.not_like("%NaN%"), column.not_like("%Infinity%")
         )
-        found.setdefault(table, []).append((bad, f"{name} is not JSON"))
-    numbers = ("real", "integer", "null")
+        found.setdefault(table, []).append((name, bad, "is not JSON"))
     found[p] += [
-        (sa.func.typeof(p.c[name]) != "integer", f"{name} is not an integer") for name in _INTEGER_COLUMNS
+        (name, sa.func.typeof(p.c[name]) != "integer", "is not an integer") for name in _INTEGER_COLUMNS
     ]
     found[p] += [
-        (sa.func.typeof(p.c[spec.name]).not_in(numbers), f"{spec.name} is not a number") for spec in SERIES
+        (spec.name, sa.func.typeof(p.c[spec.name]).not_in(("real", "integer", "null")), "is not a number")
+        for spec in SERIES
     ]
     return found
 
