@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable
@@ -183,3 +184,21 @@ def test_a_check_cache_row_that_does_not_read_is_searched_again(pristine: Path, 
             cached = conn.execute(sa.select(check_cache_table.c.changes)).scalars().all()
         engine.dispose()
         assert all(isinstance(json.loads(text), list) for text in cached)
+
+
+def test_a_read_only_history_is_still_read(pristine: Path, tmp_path: Path) -> None:
+    """WAL is asked of every SQLite connection; a history file that cannot take it (read-only, in the
+    rollback journal an older itlaudit wrote) is still read, and check answers from a stale cache
+    it cannot rewrite as from a writable copy."""
+    db = tmp_path / "history.sqlite"
+    shutil.copy(pristine, db)
+    _execute(db, "DELETE FROM track_check_cache")
+    with sqlite3.connect(db) as conn:
+        conn.execute("PRAGMA journal_mode=DELETE")
+    writable = itlaudit("track", "check", "--db", str(db), "--json")
+    _execute(db, "DELETE FROM track_check_cache")
+    before = _sha(db)
+    read_only = itlaudit("track", "check", "--db", f"sqlite:///file:{db}?mode=ro&uri=true", "--json")
+    assert writable.returncode == 1, writable.stderr
+    assert (read_only.returncode, read_only.stdout) == (1, writable.stdout), read_only.stderr
+    assert _sha(db) == before

@@ -13,9 +13,10 @@ import dataclasses
 import gc
 import hashlib
 import json
+import sqlite3
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict, TypeVar
@@ -530,11 +531,12 @@ class History:
     def check(self, settings: CheckSettings | None = None) -> list[Change]:
         """Every change in the history, notes and bisections applied. Incremental: a family whose
         points are the ones its cached changes were found from (same count, same newest point, same
-        settings) is read from the cache; only families with new points are
-        searched again (changes.find_changes over their points); a cache row that does not read is
-        searched again too, since it is only ever derived. The cyclic garbage collector is paused
-        meanwhile: a long history is 200,000 point objects without cycles, and the collector re-walked
-        them on every burst of allocation (7.4 s → 4.2 s at 10,000 builds × 20 fingerprints)."""
+        settings) is read from the cache; only families with new points are searched again
+        (changes.find_changes over their points). The cache is only ever derived: a row of it that
+        does not read is searched again, and a cache that cannot be written is skipped. The cyclic
+        garbage collector is paused meanwhile: a long history is 200,000 point objects without cycles,
+        and the collector re-walked them on every burst of allocation (7.4 s → 4.2 s at 10,000 builds
+        × 20 fingerprints)."""
         settings = settings or CheckSettings()
         enabled = gc.isenabled()
         gc.disable()
@@ -564,7 +566,9 @@ class History:
         for change in found:
             by_family[change.family].append(change)
         if stale:
-            with self._write(audit=False) as conn:
+            # The cache is only a saving: a history that will not take it (a read-only file, a lock
+            # held past the busy timeout) still answers, from what was just searched.
+            with suppress(TrackError), self._write(audit=False) as conn:
                 rows = [
                     {
                         "family": f,
@@ -787,7 +791,9 @@ def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
     """Each SQLite connection in WAL mode (readers never wait for a writer), its transactions begun by
     _sqlite_begin rather than by the driver."""
     dbapi_connection.isolation_level = None
-    dbapi_connection.execute("PRAGMA journal_mode=WAL")
+    # A read-only file (a copy to publish from) cannot change its journal and is only read: as it is.
+    with suppress(sqlite3.OperationalError):
+        dbapi_connection.execute("PRAGMA journal_mode=WAL")
 
 
 def _sqlite_begin(conn: sa.Connection) -> None:
