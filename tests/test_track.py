@@ -728,3 +728,19 @@ def test_a_v2_history_is_upgraded_with_the_server_series(db: str) -> None:
     upgraded.add([newer])
     assert [p.values["kv_usage_p50"] for p in upgraded.points()][-1] == 0.25
     upgraded.close()
+
+
+def test_a_folder_killed_before_its_figures_is_not_recorded(tmp_path: Path) -> None:
+    """Every record there, no summary.json (SIGKILL or a second signal while deriving): not a finished
+    run, so one line naming the command that finishes it, and the history left as it was; the same
+    folder once derived is recorded (test_track_add_records_a_run_folder_with_its_raw_samples). ~1 s."""
+    folder = tmp_path / "run"
+    shutil.copytree(FIXTURE_RUN, folder)
+    (folder / "summary.json").unlink()
+    db = tmp_path / "h.sqlite"
+    result = CliRunner().invoke(app, ["track", "add", str(folder), "--db", str(db), "--order", "1"])
+    assert result.exit_code == 2, result.output
+    assert f"no summary.json, so the run did not finish deriving its figures; `itlaudit report {folder}`" in (
+        " ".join(result.stderr.split())
+    )
+    assert not db.exists()  # refused before the history was opened: nothing written

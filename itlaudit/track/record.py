@@ -31,7 +31,7 @@ from itlaudit.model.records import RequestRecord
 from itlaudit.model.run_context import quality_settings
 from itlaudit.store.jsonl import load_records
 from itlaudit.store.ledger import run_fingerprints
-from itlaudit.store.rundir import META_FILE, REQUESTS_FILE, read_json
+from itlaudit.store.rundir import META_FILE, REQUESTS_FILE, SUMMARY_FILE, read_json
 from itlaudit.store.server_metrics import read_telemetry
 from itlaudit.track.changes import CLIENT, CORRECTNESS, LENGTH, SAMPLE_FIELDS, VALID
 from itlaudit.track.db import NewPoint, open_history
@@ -147,6 +147,13 @@ def run_points(run_dir: Path, build: BuildInfo | None = None) -> list[NewPoint]:
         raise TrackError(f"{run_dir}: cannot be recorded ({exc})") from None
     if meta.get("interrupted") or meta.get("failed"):
         raise TrackError(f"{run_dir}: the run did not finish; record a finished run")
+    if not (run_dir / SUMMARY_FILE).is_file():
+        # Killed (SIGKILL, a second signal) after its records and before its figures: every
+        # request may be there, yet nothing says the run ended as a run does (issue 39 item 1).
+        raise TrackError(
+            f"{run_dir}: no {SUMMARY_FILE}, so the run did not finish deriving its figures; "
+            f"`itlaudit report {run_dir}` derives them, then add it"
+        )
     try:
         quality = quality_settings(meta)
     except ItlauditError as exc:
