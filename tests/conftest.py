@@ -14,6 +14,7 @@ import pytest
 from faultkit import launch_faultserver
 from gemmakit import gemma, release_gemma  # noqa: F401  (gemma registered here: one server per variant)
 from pacedkit import Paced
+from vllm_server import POOL
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -42,6 +43,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 _LAST_GEMMA_USER = pytest.StashKey[str | None]()
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A Gemma server (~7 GB) does not start beside the pooled testbed servers (vllm_server.POOL)."""
+    if "gemma" in getattr(item, "fixturenames", ()):
+        POOL.release()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    POOL.release()
 
 
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:

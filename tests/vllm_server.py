@@ -1,7 +1,11 @@
-"""Real vLLM CPU servers for integration tests: one per test module, torn down with the module.
+"""Real vLLM CPU servers for integration tests, shared across test modules.
 
-A server takes ~50 s to become ready on this class of machine, so tests share one per module rather
-than per test. Usage in a test module::
+A server takes 25-50 s to become ready on this class of machine, so tests share one: a module's
+fixture asks the session's pool (`POOL`) for a server of its arguments, and modules that ask for the
+same arguments (the plain K0 server: four modules; K3: two) get the one already up. The pool keeps at
+most two (~2.8 GB each, idle at ~1 % of a core), stopping the least recently asked first, and stops
+all of them before a Gemma test (conftest.py: those servers need the memory) and at the session's
+end. Usage in a test module::
 
     import pytest
     from vllm_server import vllm_server  # tests/ is on sys.path under pytest's default import mode
@@ -20,7 +24,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -91,14 +97,46 @@ def server_spec(
     )
 
 
+class ServerPool:
+    """The session's testbed servers, by launch spec: at most KEEP up at once."""
+
+    KEEP = 2
+
+    def __init__(self) -> None:
+        self._up: OrderedDict[str, tuple[ExitStack, str]] = OrderedDict()
+
+    def url(self, spec: LaunchSpec, log_dir: Path) -> str:
+        """A server of `spec`: the one up already, or a new one (the least recently asked stopped
+        first when KEEP are up)."""
+        key = json.dumps([spec.python, spec.model, spec.server_args, spec.env], sort_keys=True)
+        if key in self._up:
+            self._up.move_to_end(key)
+            return self._up[key][1]
+        while len(self._up) >= self.KEEP:
+            self._up.popitem(last=False)[1][0].close()
+        stack = ExitStack()
+        server = stack.enter_context(launch(spec, log_dir / "server.log"))
+        self._up[key] = (stack, server.url)
+        return server.url
+
+    def release(self) -> None:
+        """Stop every server (before a test that needs their memory, and at the session's end)."""
+        while self._up:
+            self._up.popitem()[1][0].close()
+
+
+POOL = ServerPool()
+
+
 def vllm_server(
     *extra_args: str,
     num_speculative_tokens: int = 0,
     draft_noise: float | None = None,
     model_of: Callable[[], Path] = tiny_model,
 ) -> Callable[..., Iterator[str]]:
-    """A module-scoped fixture yielding the base URL of a real server started with these args;
-    `model_of` (called when the fixture starts, not at collection) picks another model."""
+    """A module-scoped fixture yielding the base URL of a real server started with these args (the
+    pool's, shared with other modules that ask for the same); `model_of` (called when the fixture
+    starts, not at collection) picks another model."""
 
     @pytest.fixture(scope="module")
     def _server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
@@ -108,9 +146,7 @@ def vllm_server(
             draft_noise=draft_noise,
             model_of=model_of,
         )
-        log_path = tmp_path_factory.mktemp("vllm") / "server.log"
-        with launch(spec, log_path) as server:
-            yield server.url
+        yield POOL.url(spec, tmp_path_factory.mktemp("vllm"))
 
     return _server
 
