@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from itlaudit.analysis.sweep import SweepResult
@@ -25,6 +26,19 @@ __all__ = [
     "plot_ttft_vs_load",
     "write_sweep_plots",
 ]
+
+
+def _finish(
+    fig: Figure, ax: Axes, path: Path, *, xlabel: str, ylabel: str, title: str, columns: int = 1
+) -> Path:
+    """Every sweep figure's labels, grid and legend the same way, then the file."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncols=columns)
+    fig.tight_layout()
+    return save_figure(fig, path)
 
 
 def _load_label(axis: LoadAxis) -> str:
@@ -126,13 +140,15 @@ def plot_itl_vs_throughput(sweep: SweepResult, path: Path) -> Path | None:
             label=f"{name} chunk ITL p50",
         )
     _log_if_wide(ax, np.concatenate(xs_all))
-    ax.set_xlabel("output tokens/s (all streams)")
-    ax.set_ylabel("inter-token latency (ms)")
-    ax.set_title("Token ITL against throughput (dashed: chunk ITL, what chunk-counting tools report)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, ncols=2)
-    fig.tight_layout()
-    return save_figure(fig, path)
+    return _finish(
+        fig,
+        ax,
+        path,
+        xlabel="output tokens/s (all streams)",
+        ylabel="inter-token latency (ms)",
+        title="Token ITL against throughput (dashed: chunk ITL, what chunk-counting tools report)",
+        columns=2,
+    )
 
 
 def plot_ttft_vs_load(sweep: SweepResult, path: Path) -> Path | None:
@@ -165,13 +181,9 @@ def plot_ttft_vs_load(sweep: SweepResult, path: Path) -> Path | None:
             label=f"{name} TTFT p99",
         )
     _log_if_wide(ax, np.array(sweep.grid, dtype=float), ticks=True)
-    ax.set_xlabel(_load_label(axis))
-    ax.set_ylabel("time to first token (ms)")
-    ax.set_title("TTFT against load")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return save_figure(fig, path)
+    return _finish(
+        fig, ax, path, xlabel=_load_label(axis), ylabel="time to first token (ms)", title="TTFT against load"
+    )
 
 
 def plot_speedup_vs_load(sweep: SweepResult, path: Path) -> Path | None:
@@ -231,13 +243,14 @@ def plot_speedup_vs_load(sweep: SweepResult, path: Path) -> Path | None:
             )
     ax.axhline(1.0, color="#555", linewidth=0.8)
     _log_if_wide(ax, np.array(sweep.grid, dtype=float), ticks=True)
-    ax.set_xlabel(_load_label(axis))
-    ax.set_ylabel("per-token speedup (× faster, token ITL p50)")
-    ax.set_title("Per-token speedup over the baseline against load (above 1: faster)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return save_figure(fig, path)
+    return _finish(
+        fig,
+        ax,
+        path,
+        xlabel=_load_label(axis),
+        ylabel="per-token speedup (× faster, token ITL p50)",
+        title="Per-token speedup over the baseline against load (above 1: faster)",
+    )
 
 
 def plot_itl_by_setting(sweep: SweepResult, path: Path) -> Path | None:
@@ -266,13 +279,14 @@ def plot_itl_by_setting(sweep: SweepResult, path: Path) -> Path | None:
             at_best = names.index(best)
             ax.plot([at_best], [measured[at_best]], "*", color=colour(index), markersize=16)
     ax.set_xticks(range(len(names)), labels, rotation=30 if len(names) > 6 else 0)
-    ax.set_xlabel("server setting")
-    ax.set_ylabel("token ITL p50 (ms)")
-    ax.set_title("Token ITL per server setting, one line per load (lowest: the best setting there)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return save_figure(fig, path)
+    return _finish(
+        fig,
+        ax,
+        path,
+        xlabel="server setting",
+        ylabel="token ITL p50 (ms)",
+        title="Token ITL per server setting, one line per load (lowest: the best setting there)",
+    )
 
 
 def _itl_or_nan(point: Mapping[str, Any] | None) -> float:
