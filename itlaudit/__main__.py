@@ -1,5 +1,5 @@
 """`python -m itlaudit` (the demo launches its simulators this way, with the same interpreter)."""
 
-from itlaudit.cli.app import main
+from itlaudit.cli import main
 
 main()

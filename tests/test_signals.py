@@ -209,3 +209,69 @@ def test_a_second_signal_cuts_the_derivation_and_names_the_command_that_finishes
     done = subprocess.run(report, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert (run_dir / "summary.json").is_file()
+
+
+# Start a command as a script's background job (SIGINT inherited ignored), wait until it catches SIGINT
+# (SigCgt bit 2: its first handler is in), send SIGINT at once, and report the exit code.
+STARTING = """
+{command} >"$OUT_DIR/stdout" 2>"$OUT_DIR/stderr" &
+pid=$!
+for _ in $(seq 2000); do
+  mask=$(awk '/^SigCgt/ {{print $2}}' /proc/$pid/status 2>/dev/null) || break
+  [ -n "$mask" ] && [ $(( 0x$mask & 2 )) -ne 0 ] && break
+  sleep 0.005
+done
+kill -INT $pid
+wait $pid
+echo $?
+"""
+
+
+def test_a_ctrl_c_while_the_cli_starts_is_not_lost(faultserver, tmp_path: Path) -> None:
+    """A background job inherits SIGINT ignored, and itlaudit used to take it back only once the CLI
+    had imported (~0.3 s): a Ctrl-C sent in that window was lost and the run went to its end with 0.
+    The signals are now taken before the imports, so a SIGINT sent as soon as the process catches it
+    ends the command: 130, one line, no traceback, no run folder half made. ~2 s."""
+    url = faultserver("clean", "--step-ms", "20")
+    workload = 'prompts = ["hi"]\nnum_requests = 50\nconcurrency = 1\nmax_tokens = 20\ntemperature = 0'
+    scenario = write_scenario(tmp_path, url_variant("A", url), workload)
+    command = shlex.join(
+        [sys.executable, "-m", "itlaudit", "run", str(scenario), "--out", str(tmp_path / "run")]
+    )
+    done = subprocess.run(
+        ["bash", "-c", STARTING.format(command=command)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OUT_DIR": str(tmp_path)},
+    )
+    stderr = (tmp_path / "stderr").read_text()
+    assert done.stdout.split() == ["130"], (done.stdout, stderr)
+    assert "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1].startswith("itlaudit: interrupted by SIGINT"), stderr
+
+
+SPY = """
+import builtins, signal, sys
+import itlaudit.cli as cli
+seen = []
+real = builtins.__import__
+def spy(name, *args, **kwargs):
+    if name == "itlaudit.cli.app" and not seen:
+        seen.append(signal.getsignal(signal.SIGINT))
+    return real(name, *args, **kwargs)
+builtins.__import__ = spy
+sys.argv = ["itlaudit", "--version"]
+try:
+    cli.main()
+except SystemExit:
+    pass
+print(getattr(seen[0], "__name__", seen[0]), file=sys.stderr)
+"""
+
+
+def test_the_signals_are_taken_before_the_cli_is_imported() -> None:
+    """What makes the test above hold whenever the signal comes: the entry point's SIGINT handler is
+    in before the CLI's first import (before, a background job kept SIGINT ignored until then). ~1 s."""
+    done = subprocess.run([sys.executable, "-c", SPY], capture_output=True, text=True, timeout=60)
+    assert done.stderr.strip().splitlines()[-1] == "_stop_while_starting", done.stderr
