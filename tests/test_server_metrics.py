@@ -231,7 +231,11 @@ def test_server_acceptance_agrees_with_the_stream(tmp_path: Path) -> None:
     assert server["running_max"] is not None and (out / "server_timeline.png").is_file()
     meta = json.loads((out / "meta.json").read_text())["variants"]["k3"]
     assert meta["server_metrics"]["rows"] == len(rows) and meta["server_metrics"]["gave_up"] is None
-    assert "Server during the measured window" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "Server during the measured window" in report
+    # an attached server's speculation, as its per-request metrics tell it (no launch arguments to read)
+    assert server["server_k"] == 3
+    assert "**speculation k3**: K=3, as its per-request spec-decode metrics report it" in report
 
 
 def test_server_acceptance_that_lies_is_a_finding(tmp_path: Path) -> None:

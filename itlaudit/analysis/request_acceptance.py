@@ -35,7 +35,8 @@ def server_acceptance(record: RequestRecord) -> dict[str, int] | None:
 
 def pooled_server_acceptance(records: Iterable[RequestRecord]) -> dict[str, float | int] | None:
     """Acceptance over requests from the server's per-request counts (vLLM's definitions: length =
-    1 + accepted / steps, rate = accepted / drafted); None when no request carried them."""
+    1 + accepted / steps, rate = accepted / drafted) and the K it ran at; None when no request carried
+    them."""
     counts = [c for c in map(server_acceptance, records) if c is not None]
     if not counts:
         return None
@@ -46,6 +47,9 @@ def pooled_server_acceptance(records: Iterable[RequestRecord]) -> dict[str, floa
         "requests": len(counts),
         "acceptance_length": 1.0 + accepted / steps if steps else 1.0,
         "acceptance_rate": accepted / drafted if drafted else 0.0,
+        # K as the server ran it (num_spec_tokens): the one fact about its speculation an attached
+        # vLLM 0.32 gives, its /metrics carrying counters but no config (issue 35 item 2)
+        "k": max(c["k"] for c in counts),
     }
 
 

@@ -319,6 +319,7 @@ def variant_server_figures(
     if acceptance is not None:
         figures["server_acceptance_length"] = acceptance["acceptance_length"]
         figures["server_acceptance_rate"] = acceptance["acceptance_rate"]
+        figures["server_k"] = acceptance["k"]
     return figures
 
 

@@ -125,6 +125,11 @@ def context_facts(meta: Mapping[str, Any], summary: RunSummary) -> list[Fact]:
                     float(measured) if isinstance(measured, int | float) else None,
                 )
                 facts.append((f"speculation {name}", text))
+            elif isinstance(k := (summary.server.get(name) or {}).get("server_k"), int):
+                # an attached server said nothing of its arguments, but its per-request metrics did
+                facts.append(
+                    (f"speculation {name}", f"K={k}, as its per-request spec-decode metrics report it")
+                )
     models = sorted({b.model for b in summary.variants.values() if b.model})
     facts.append(("model", ", ".join(models) or "unknown"))
     if summary.dummy_weights:
