@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from faultkit import url_variant, write_scenario
+from signal_campaign import marked_processes
 from simkit import sim_server
 
 from itlaudit.errors import RunInterrupted
@@ -43,22 +44,6 @@ echo "$rc $(( ($(date +%s%N) - start) / 1000000 ))"
 """
 
 
-def _marked(marker: str) -> list[int]:
-    """Live (non-zombie) processes whose environment carries the marker: the command and everything it
-    started (servers, the forkserver, capture workers) inherit it."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            tagged = marker.encode() in (entry / "environ").read_bytes().split(b"\0")
-            if tagged and (entry / "stat").read_text().rpartition(")")[2].split()[0] != "Z":
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
-
-
 def _background(
     tmp_path: Path, args: list[str], signal: str, wait: str = "requests.jsonl"
 ) -> tuple[int, int, str]:
@@ -81,7 +66,7 @@ def _background(
     ignored = int((tmp_path / "sigign").read_text().split()[1], 16)
     assert ignored & (1 << (2 - 1)), "this shell's background jobs should inherit SIGINT ignored"
     deadline = time.monotonic() + 3  # the forkserver notices its parent's exit on its next wakeup
-    while (left := _marked(marker)) and time.monotonic() < deadline:
+    while (left := marked_processes(marker)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert left == [], [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in left]
     return code, elapsed_ms, (tmp_path / "stderr").read_text()
