@@ -129,6 +129,7 @@ def test_sigterm_ends_a_scripts_background_bisect_with_its_report(tmp_path: Path
     assert last.startswith("itlaudit: interrupted by SIGTERM; finished probes are in "), stderr
     assert "itlaudit bisect --resume " in last and "Traceback" not in stderr
     assert (tmp_path / "run" / "report.md").is_file()
+    _finished_or_marked(tmp_path / "run", "probe-*/trial-*", "summary.json")
 
 
 def test_sigterm_ends_a_scripts_background_sweep_with_its_outputs(faultserver, tmp_path: Path) -> None:
@@ -143,6 +144,21 @@ def test_sigterm_ends_a_scripts_background_sweep_with_its_outputs(faultserver, t
     assert last.startswith("itlaudit: interrupted by SIGTERM: finished points kept in "), stderr
     assert "--resume" in last and "Traceback" not in stderr
     assert (tmp_path / "run" / "sweep.json").is_file() and (tmp_path / "run" / "report.md").is_file()
+    _finished_or_marked(tmp_path / "run", "A/c*-t*", "point.json")
+
+
+def _finished_or_marked(out: Path, trials: str, finished: str) -> None:
+    """Every trial folder the signal left is finished (`finished` written) or marked interrupted with
+    what finishes it: no reader may take a cut trial's records for a run (the signal campaign's find,
+    benchmarks/signal_campaign.py)."""
+    folders = [f for f in out.glob(trials) if f.is_dir()]
+    assert folders
+    for folder in folders:
+        if not (folder / finished).is_file():
+            mark = json.loads((folder / "meta.json").read_text())["interrupted"]
+            assert mark["finish_with"].endswith(
+                "--resume, which runs this " + ("trial" if finished == "point.json" else "probe") + " again"
+            ), mark
 
 
 DERIVE_TEXT = (

@@ -28,6 +28,7 @@ from itlaudit.model.launch import LaunchSpec
 from itlaudit.model.scenario import Scenario
 from itlaudit.model.vocabulary import Verdict
 from itlaudit.serve.launcher import launch
+from itlaudit.workflows.run import mark_interrupted
 from itlaudit.workflows.run_folder import RunFolder, server_log_name
 from itlaudit.workflows.variant_pass import VariantPass
 
@@ -97,20 +98,24 @@ def run_trial(
     scenario = config.scenario
     folder = RunFolder.begin(run_dir, scenario, context={"bisect": {"trial": run_dir.name}}, extend=True)
     variant_spec = next(v for v in scenario.variants if v.name == variant)
-    with folder.records() as writer:
-        asyncio.run(
-            VariantPass(
-                scenario,
-                variant_spec,
-                url,
-                folder,
-                writer,
-                capture=config.capture,
-                launched=launched,
-                server_log=server_log,
-            ).run()
-        )
-    derivation = folder.finish(scenario.name, [v.name for v in scenario.variants], report=False)
+    try:
+        with folder.records() as writer:
+            asyncio.run(
+                VariantPass(
+                    scenario,
+                    variant_spec,
+                    url,
+                    folder,
+                    writer,
+                    capture=config.capture,
+                    launched=launched,
+                    server_log=server_log,
+                ).run()
+            )
+        derivation = folder.finish(scenario.name, [v.name for v in scenario.variants], report=False)
+    except KeyboardInterrupt:  # the probe is unfinished, and its trial folder says so
+        mark_interrupted(folder, "the bisection's --resume, which runs this probe again")
+        raise
     return trial_figures(derivation.records, derivation.summary)
 
 

@@ -29,6 +29,7 @@ SURFACE = Surface(
             "RunOutcome",
             "handle_signals",
             "interruption",
+            "mark_interrupted",
             "run_scenario",
             "variant_target",
         ),

@@ -49,6 +49,7 @@ __all__ = [
     "handle_signals",
     "held_signals",
     "interruption",
+    "mark_interrupted",
     "run_scenario",
     "variant_target",
 ]
@@ -367,7 +368,7 @@ def _run_in_folder(
     except KeyboardInterrupt:  # a second signal cut the derivation: every record is kept
         signal_name, exit_code = interruption()
         hint = f"`itlaudit report {run_dir}` derives its figures"
-        folder.mark("interrupted", {"signal": signal_name, "at_unix": time.time(), "finish_with": hint})
+        mark_interrupted(folder, hint)
         raise RunInterrupted(
             signal_name,
             exit_code,
@@ -401,6 +402,14 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
         handler(signal.SIGINT, frame)
         return
     raise KeyboardInterrupt
+
+
+def mark_interrupted(folder: RunFolder, finish_with: str) -> None:
+    """A folder a signal left with records and no figures, marked so in meta.json with what finishes
+    it, so no reader (track add, report) takes it for a finished run: the run's own, a sweep trial
+    (its --resume runs it again), a bisect trial (its --resume reruns the probe)."""
+    signal_name, _ = interruption()
+    folder.mark("interrupted", {"signal": signal_name, "at_unix": time.time(), "finish_with": finish_with})
 
 
 @dataclass

@@ -59,7 +59,7 @@ from itlaudit.store.rundir import (
     read_versioned,
     write_versioned,
 )
-from itlaudit.workflows.run import DEFAULT_REPORTS, interruption, variant_target
+from itlaudit.workflows.run import DEFAULT_REPORTS, interruption, mark_interrupted, variant_target
 from itlaudit.workflows.run_folder import RunFolder, server_log_name
 from itlaudit.workflows.variant_pass import VariantPass
 
@@ -381,24 +381,28 @@ class _Sweeper:
                 self.reporter.phase(warning)
 
         writer = folder.records()
-        with self.reporter.capture(name, total) as counts, writer:
-            writer.counts = counts
-            asyncio.run(
-                VariantPass(
-                    trial.scenario,
-                    variant,
-                    base_url,
-                    folder,
-                    writer,
-                    capture=self.capture,
-                    launched=launched,
-                    server_log=self.sweep_dir / server_log_name(trial.variant),
-                    on_done=counts.landed,
-                    on_capture=on_capture,
-                ).run()
-            )
-        with self.reporter.step(f"{name}: deriving its figures"):
-            folder.finish(self.scenario.name, [trial.variant])
+        try:
+            with self.reporter.capture(name, total) as counts, writer:
+                writer.counts = counts
+                asyncio.run(
+                    VariantPass(
+                        trial.scenario,
+                        variant,
+                        base_url,
+                        folder,
+                        writer,
+                        capture=self.capture,
+                        launched=launched,
+                        server_log=self.sweep_dir / server_log_name(trial.variant),
+                        on_done=counts.landed,
+                        on_capture=on_capture,
+                    ).run()
+                )
+            with self.reporter.step(f"{name}: deriving its figures"):
+                folder.finish(self.scenario.name, [trial.variant])
+        except KeyboardInterrupt:  # unfinished (no point.json), and said so (the signal campaign's find)
+            mark_interrupted(folder, "the sweep's --resume, which runs this trial again")
+            raise
         self.reporter.phase(f"{name}: done in {duration(time.monotonic() - started)} ({trial.folder})")
         point = trial.folder / f"{POINT_FILE}.tmp"
         write_versioned(point, {"load": trial.load, "axis": axis, "trial": trial.trial})
