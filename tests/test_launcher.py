@@ -23,6 +23,7 @@ from itlaudit.serve.launcher import (
     free_port,
     launch,
     python_argv,
+    sglang_argv,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -116,6 +117,34 @@ def test_python_argv_exact() -> None:
         "--speculative-config",
         '{"method": "draft_model"}',
     ]
+
+
+def test_sglang_argv_exact_names_its_own_flags(tmp_path: Path) -> None:
+    spec = LaunchSpec(
+        kind="sglang",
+        python=str(tmp_path),
+        model="/models/tiny",
+        served_model_name="tiny",
+        server_args=["--speculative-algorithm", "NGRAM", "--enable-deterministic-inference"],
+    )
+    assert sglang_argv(spec, 30000) == [
+        str(tmp_path / "bin" / "python"),
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "/models/tiny",
+        "--served-model-name",
+        "tiny",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "30000",
+        "--speculative-algorithm",
+        "NGRAM",
+        "--enable-deterministic-inference",
+    ]
+    with pytest.raises(LaunchError, match=r"^launch kind 'sglang' needs a python interpreter"):
+        sglang_argv(LaunchSpec(kind="sglang", model="m"), 1)
 
 
 def test_python_argv_accepts_venv_dir(tmp_path: Path) -> None:
@@ -334,10 +363,10 @@ def test_sigint_inside_with_block_leaves_no_process(fake_spec: LaunchSpec, tmp_p
 def test_unknown_launch_kind_is_one_line_naming_the_known_ones(tmp_path: Path) -> None:
     with pytest.raises(LaunchError) as caught:
         launch(LaunchSpec(kind="podman"), tmp_path / "server.log")
-    assert str(caught.value) == "launch kind 'podman': use one of python, docker, command, url"
+    assert str(caught.value) == "launch kind 'podman': use one of python, sglang, docker, command, url"
 
 
 def test_a_launch_table_names_a_kind_that_starts_a_server() -> None:
     assert all(launch_kind_problem(kind) is None for kind in LaunchKind if kind is not LaunchKind.URL)
     assert "give the variant a `url`" in (launch_kind_problem("url") or "")
-    assert launch_kind_problem("k8s") == "must be one of python, docker, command, got 'k8s'"
+    assert launch_kind_problem("k8s") == "must be one of python, sglang, docker, command, got 'k8s'"

@@ -79,7 +79,7 @@ def test_good_scenario_values() -> None:
         ("seed = 3", "sede = 3", "s.toml:14: `workload.sede` is not a known key"),
         ('endpoint = "chat"', 'endpoint = "embed"', "s.toml:2: `endpoint` must be one of completions, chat"),
         ("min_tokens = 64", "min_tokens = 65", "`workload.min_tokens` (65) is larger than max_tokens (64)"),
-        ('kind = "python"', 'kind = "k8s"', "`variants.launch.kind` must be one of python, docker"),
+        ('kind = "python"', 'kind = "k8s"', "`variants.launch.kind` must be one of python, sglang, docker"),
         ('kind = "python"', 'kind = "url"', "attaches to a running server: give the variant a `url` instead"),
         (
             'url = "http://127.0.0.1:8000/"',

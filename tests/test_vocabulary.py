@@ -38,11 +38,12 @@ def test_an_old_folders_records_read_into_members_and_write_back_the_same_string
 
 
 def test_every_enum_is_its_string() -> None:
-    assert [str(e) for e in Endpoint] == ["completions", "chat"]
+    assert [str(e) for e in Endpoint] == ["completions", "chat", "generate"]
     assert Endpoint.CHAT.path == "/v1/chat/completions" and Endpoint.COMPLETIONS.path == "/v1/completions"
+    assert Endpoint.GENERATE.path == "/generate"
     assert [str(m) for m in StampMode] == ["kernel", "loop"]
     assert [str(a) for a in LoadAxis] == ["concurrency", "rate"]
-    assert [str(k) for k in LaunchKind] == ["python", "docker", "command", "url"]
+    assert [str(k) for k in LaunchKind] == ["python", "sglang", "docker", "command", "url"]
     assert [str(v) for v in Verdict] == ["good", "bad", "skip", "unknown"]
     assert StampMode("loop") is StampMode.LOOP and json.dumps(LoadAxis.RATE) == '"rate"'
 
@@ -60,7 +61,10 @@ def test_a_metric_shift_reads_as_a_judges_answer_in_one_place() -> None:
 def test_a_launch_kind_given_as_a_string_becomes_its_member_and_an_unknown_one_is_one_line() -> None:
     assert LaunchSpec(kind="docker", image="i").kind is LaunchKind.DOCKER  # type: ignore[arg-type]
     assert LaunchKind.DOCKER.needs == "image" and LaunchKind.PYTHON.needs == "python"
-    with pytest.raises(LaunchError, match=r"^launch kind 'k8s': use one of python, docker, command, url$"):
+    assert LaunchKind.SGLANG.needs == "python"  # SGLang's interpreter, as vLLM's
+    with pytest.raises(
+        LaunchError, match=r"^launch kind 'k8s': use one of python, sglang, docker, command, url$"
+    ):
         LaunchSpec(kind="k8s")  # type: ignore[arg-type]
 
 

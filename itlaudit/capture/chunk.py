@@ -1,5 +1,8 @@
 """Decoding of one streamed completion chunk: only the fields a record keeps, typed, in one C call.
 
+SGLang's native /generate stream has its own layout; `GenerateDecoder` reads it into the same `Chunk`,
+so the read loop keeps one shape whatever the endpoint (and vLLM's chunks pay nothing for it).
+
 msgspec decodes straight from the SSE payload bytes into these structs and skips every other key
 without building it; measured on vLLM-shaped chunks it is several times faster than orjson and json,
 which build the whole object first (`python benchmarks/chunk_decode.py` prints the figures). The
@@ -19,6 +22,7 @@ __all__ = [
     "Choice",
     "Chunk",
     "Delta",
+    "GenerateDecoder",
     "Metrics",
     "Usage",
     "UsageDetails",
@@ -59,6 +63,7 @@ class Choice(msgspec.Struct, gc=False):
     token_ids: list[int] | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    matched_stop: int | str | None = None  # SGLang's name for it (the stop token or string matched)
 
 
 class Metrics(msgspec.Struct, gc=False):
@@ -79,3 +84,77 @@ class Chunk(msgspec.Struct, gc=False):
 
 CHUNK_DECODE_ERRORS = (msgspec.DecodeError,)  # msgspec.ValidationError is a DecodeError
 decode_chunk = msgspec.json.Decoder(Chunk).decode
+
+
+class _MetaInfo(msgspec.Struct, gc=False):
+    """SGLang's `meta_info` (python/sglang/srt/managers/tokenizer_manager.py, `_handle_batch_output`):
+    the cumulative `completion_tokens` on every chunk; `finish_reason` on the last, a dict
+    (`{"type": "length", "length": N}`, `{"type": "stop", "matched": id or text}`, `{"type": "abort",
+    "message": ...}`: schedule_batch.py's `to_json`); with speculative decoding, the request's
+    acceptance on the last (`_calculate_spec_decoding_metrics`: `spec_verify_ct`, `spec_accept_length`
+    = completion_tokens / spec_verify_ct, `spec_accept_rate`, and the accepted and proposed drafts as
+    `spec_accept_token_num` / `spec_draft_token_num`, or `spec_accepted_drafts` / `spec_proposed_drafts`
+    in later builds)."""
+
+    id: str | None = None
+    completion_tokens: int | None = None
+    prompt_tokens: int | None = None
+    finish_reason: Any = None
+    spec_verify_ct: int | None = None
+    spec_accept_length: float | None = None
+    spec_accept_rate: float | None = None
+    spec_accept_token_num: int | None = None
+    spec_draft_token_num: int | None = None
+    spec_accepted_drafts: int | None = None
+    spec_proposed_drafts: int | None = None
+
+
+class _GenerateChunk(msgspec.Struct, gc=False):
+    text: str | None = None
+    meta_info: _MetaInfo | None = None
+    error: Any = None  # `{"error": {"message": ...}}`, as http_server.py's generate_request sends it
+
+
+_decode_generate = msgspec.json.Decoder(_GenerateChunk).decode
+_SPEC_KEYS = tuple(name for name in _MetaInfo.__struct_fields__ if name.startswith("spec_"))
+
+
+class GenerateDecoder:
+    """One /generate stream's events as the `Chunk` the read loop keeps. SGLang sends the whole text
+    so far in every chunk (what its bench_serving reads: `generated_text = data["text"]`), or, with
+    `--incremental-streaming-output`, only the new piece: a text that does not extend the one before is
+    taken as a piece from then on. The chunk's tokens are the rise of `meta_info.completion_tokens`,
+    kept as usage; the finish reason as its `type`, the matched stop as `stop_reason`, an abort as an
+    error frame; the last chunk's `spec_*` keys, as sent, as the request's acceptance."""
+
+    __slots__ = ("_incremental", "_text")
+
+    def __init__(self) -> None:
+        self._text = ""
+        self._incremental = False
+
+    def decode(self, payload: bytes) -> Chunk:
+        native = _decode_generate(payload)
+        meta = native.meta_info
+        if meta is None:
+            return Chunk(error=native.error)
+        text = native.text
+        if text is not None and not self._incremental:
+            if text.startswith(self._text):
+                text, self._text = text[len(self._text) :], text
+            else:
+                self._incremental = True
+        reason = meta.finish_reason
+        kind = reason.get("type") if isinstance(reason, dict) else reason
+        if kind == "abort":
+            message = reason.get("message") if isinstance(reason, dict) else None
+            return Chunk(id=meta.id, error={"message": f"SGLang aborted the request: {message}"})
+        choice = Choice(
+            text=text,
+            finish_reason=None if kind is None else str(kind),
+            stop_reason=reason.get("matched") if isinstance(reason, dict) else None,
+        )
+        usage = Usage(completion_tokens=meta.completion_tokens, prompt_tokens=meta.prompt_tokens)
+        spec = {key: value for key in _SPEC_KEYS if (value := getattr(meta, key)) is not None}
+        metrics = Metrics(speculative_decoding=spec) if spec else None
+        return Chunk(id=meta.id, choices=[choice], usage=usage, metrics=metrics, error=native.error)

@@ -19,7 +19,7 @@ import email.utils
 import time
 from typing import TYPE_CHECKING
 
-from itlaudit.capture.chunk import CHUNK_DECODE_ERRORS, Chunk, decode_chunk
+from itlaudit.capture.chunk import CHUNK_DECODE_ERRORS, Chunk, GenerateDecoder, decode_chunk
 from itlaudit.capture.http1 import DECODED_CODINGS
 from itlaudit.capture.request_plan import PlannedRequest
 from itlaudit.capture.sse import SSEFramer
@@ -38,6 +38,8 @@ from itlaudit.serve.side_client import describe_connection_failure, server_error
 __all__ = ["DEFAULT_TIMEOUTS", "parse_retry_after", "stream_request"]
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from itlaudit.capture.lagprobe import LagProbe
 
 # What the h11 transport raises when the network or the server goes away mid-request, as opposed to
@@ -120,7 +122,9 @@ async def stream_request(
                 f"{', '.join(DECODED_CODINGS)}: turn the compression off for this endpoint"
             )
         else:
-            await _read_stream(stream, record, t0, plan.endpoint == Endpoint.CHAT, timeouts)
+            # SGLang's /generate has its own layout, read into the same chunks; vLLM's pay nothing for it
+            decode = GenerateDecoder().decode if plan.endpoint == Endpoint.GENERATE else decode_chunk
+            await _read_stream(stream, record, t0, plan.endpoint == Endpoint.CHAT, timeouts, decode)
     finally:
         await stream.aclose()
     return _closed(record, probe)
@@ -164,7 +168,12 @@ async def _read_refusal(stream: Stream, record: RequestRecord, t0: int) -> None:
 
 
 async def _read_stream(
-    stream: Stream, record: RequestRecord, t0: int, is_chat: bool, timeouts: Timeouts
+    stream: Stream,
+    record: RequestRecord,
+    t0: int,
+    is_chat: bool,
+    timeouts: Timeouts,
+    decode: Callable[[bytes], Chunk] = decode_chunk,
 ) -> None:
     """The hot loop: read, stamp, frame, decode the kept fields, append. Chunk arrays are appended
     through local bound methods; whatever ends the stream (its end, a timeout, a dropped connection,
@@ -207,9 +216,9 @@ async def _read_stream(
                     record.done_sentinel = True
                     continue
                 try:
-                    chunk = decode_chunk(payload)
+                    chunk = decode(payload)
                 except CHUNK_DECODE_ERRORS as exc:
-                    recovered = _undecodable(record, payload, exc)
+                    recovered = _undecodable(record, payload, exc, decode)
                     if recovered is None:
                         continue
                     chunk = recovered
@@ -248,6 +257,8 @@ async def _read_stream(
                     if choice.finish_reason is not None:
                         record.finish_reason = choice.finish_reason
                         record.stop_reason = choice.stop_reason
+                        if record.stop_reason is None:  # SGLang's OpenAI streams: matched_stop
+                            record.stop_reason = choice.matched_stop
                 append_t_ms(t_ms)
                 append_tokens(completion_tokens)
                 append_has_choice(bool(choices))
@@ -289,7 +300,9 @@ async def _read_stream(
             )
 
 
-def _undecodable(record: RequestRecord, payload: bytes, exc: Exception) -> Chunk | None:
+def _undecodable(
+    record: RequestRecord, payload: bytes, exc: Exception, decode: Callable[[bytes], Chunk]
+) -> Chunk | None:
     """A data event the decoder refused. Invalid UTF-8 is kept (decoded with U+FFFD, counted for the
     `invalid_utf8` finding); anything else ends up as a stream error with an excerpt, and reading
     goes on so later chunks and [DONE] are still seen."""
@@ -298,7 +311,7 @@ def _undecodable(record: RequestRecord, payload: bytes, exc: Exception) -> Chunk
     except UnicodeDecodeError:
         record.invalid_utf8_chunks += 1
         try:
-            return decode_chunk(payload.decode("utf-8", "replace").encode())
+            return decode(payload.decode("utf-8", "replace").encode())
         except CHUNK_DECODE_ERRORS as again:
             exc = again
     excerpt = payload[:_EXCERPT_BYTES].decode("utf-8", "replace")

@@ -39,8 +39,10 @@ def build_body(
     override anything, including the stream options. A prompt is text, token ids (completions: the
     server takes them as they are) or, for chat, a dataset's whole message list.
     """
-    body: JSONObject = {"model": model}
     sent: JSONValue = prompt if isinstance(prompt, str) else list[JSONValue](prompt)
+    if endpoint == Endpoint.GENERATE:
+        return _generate_body(prompt, sent, params, extra_body)
+    body: JSONObject = {"model": model}
     if endpoint == Endpoint.COMPLETIONS:
         body["prompt"] = sent
     elif endpoint == Endpoint.CHAT:
@@ -63,6 +65,36 @@ def build_body(
         body["temperature"] = params.temperature
     if params.seed is not None:
         body["seed"] = params.seed
+    if extra_body:
+        body.update(extra_body)
+    return body
+
+
+def _generate_body(
+    prompt: Prompt, sent: JSONValue, params: RequestParams, extra_body: JSONObject | None
+) -> JSONObject:
+    """SGLang's native /generate body (`GenerateReqInput`, its `sampling_params` as SGLang's
+    SamplingParams names them: max_new_tokens, min_new_tokens, ignore_eos, stop_token_ids, temperature,
+    sampling_seed; python/sglang/srt/entrypoints/openai/serving_completions.py maps the OpenAI names
+    onto these). It takes no model name and no stream options: every chunk carries
+    `meta_info.completion_tokens` whatever is asked. Chat messages have no place in it (a scenario
+    with a messages dataset must use endpoint = "chat")."""
+    sampling: JSONObject = {}
+    if params.max_tokens is not None:
+        sampling["max_new_tokens"] = params.max_tokens
+    if params.min_tokens is not None:
+        sampling["min_new_tokens"] = params.min_tokens
+    if params.ignore_eos:
+        sampling["ignore_eos"] = True
+    if params.stop_token_ids:
+        sampling["stop_token_ids"] = list(params.stop_token_ids)
+    if params.temperature is not None:
+        sampling["temperature"] = params.temperature
+    if params.seed is not None:
+        sampling["sampling_seed"] = params.seed
+    body: JSONObject = {"text" if isinstance(prompt, str) else "input_ids": sent}
+    body["sampling_params"] = sampling
+    body["stream"] = True
     if extra_body:
         body.update(extra_body)
     return body

@@ -370,7 +370,9 @@ def workload_flags(
     model: Annotated[
         str | None, _bench("Served model to send (default: the scenario's, else the first served).", "NAME")
     ] = None,
-    endpoint: Annotated[Endpoint | None, _bench("API: /v1/completions or /v1/chat/completions.")] = None,
+    endpoint: Annotated[
+        Endpoint | None, _bench("API: /v1/completions, /v1/chat/completions or SGLang's native /generate.")
+    ] = None,
     dataset_name: Annotated[
         DatasetName | None,
         _bench("Prompts: random token ids, or a file: JSONL, ShareGPT, trace, SpecBench, SPEED-Bench."),

@@ -24,9 +24,10 @@ READY_TIMEOUT_S = 600.0
 
 
 class LaunchKind(StrEnum):
-    """Start an interpreter with vLLM, a docker image, any command; or attach to a given URL."""
+    """Start an interpreter with vLLM or SGLang, a docker image, any command; or attach to a given URL."""
 
     PYTHON = "python"  # an interpreter or venv with vLLM installed
+    SGLANG = "sglang"  # an interpreter or venv with SGLang installed: `python -m sglang.launch_server`
     DOCKER = "docker"  # a vllm/vllm-openai style image
     COMMAND = "command"  # any argv, with {port} {model} {host} filled in
     # Attach to a server someone else started. Workflows use it for a URL they were given; a scenario or
@@ -36,7 +37,9 @@ class LaunchKind(StrEnum):
     @property
     def needs(self) -> str:
         """The launch key this kind cannot start without."""
-        return "image" if self is LaunchKind.DOCKER else self.value
+        if self is LaunchKind.DOCKER:
+            return "image"
+        return "python" if self is LaunchKind.SGLANG else self.value
 
 
 @dataclass(frozen=True)

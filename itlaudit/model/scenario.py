@@ -166,8 +166,12 @@ def _safe_name(value: str, loc: Located, table: str, key: str = "name") -> str:
     return value
 
 
-# The key that makes a [variants.launch] table start a server, and the kind it starts it with.
-_STARTED_BY = {kind.needs: kind for kind in LaunchKind if kind is not LaunchKind.URL}
+# The key that makes a [variants.launch] table start a server, and the kind it starts it with (the
+# first kind that needs it: `python` alone means vLLM's, not SGLang's, which also needs `python`).
+_STARTED_BY: dict[str, LaunchKind] = {}
+for _kind in LaunchKind:
+    if _kind is not LaunchKind.URL:
+        _STARTED_BY.setdefault(_kind.needs, _kind)
 
 
 def _launch(src: Mapping[str, object], loc: Located, variant: str, provided: bool) -> LaunchSpec:

@@ -18,10 +18,13 @@ __all__ = ["Endpoint", "LoadAxis", "QualityGate", "Shift", "StampMode", "Verdict
 
 
 class Endpoint(StrEnum):
-    """The OpenAI-style API a scenario streams from (its `endpoint` key)."""
+    """The API a scenario streams from (its `endpoint` key): the OpenAI-style completions and chat
+    completions, or SGLang's native `/generate` (cumulative text, `meta_info.completion_tokens` on every
+    chunk: the token counts SGLang's own bench_serving spreads each gap over)."""
 
     COMPLETIONS = "completions"
     CHAT = "chat"
+    GENERATE = "generate"
 
     @property
     def path(self) -> str:
@@ -29,7 +32,11 @@ class Endpoint(StrEnum):
         return _ENDPOINT_PATHS[self]
 
 
-_ENDPOINT_PATHS = {Endpoint.COMPLETIONS: "/v1/completions", Endpoint.CHAT: "/v1/chat/completions"}
+_ENDPOINT_PATHS = {
+    Endpoint.COMPLETIONS: "/v1/completions",
+    Endpoint.CHAT: "/v1/chat/completions",
+    Endpoint.GENERATE: "/generate",
+}
 
 
 class StampMode(StrEnum):

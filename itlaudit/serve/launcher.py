@@ -1,4 +1,4 @@
-"""Start (or attach to) a vLLM server and guarantee it is gone afterwards.
+"""Start (or attach to) a vLLM or SGLang server and guarantee it is gone afterwards.
 
 A benchmark that leaves a server behind poisons the next run (port taken, GPU memory held, a second
 engine competing for cores), so teardown is the point of this module: every process we start gets its
@@ -23,6 +23,7 @@ import socket
 import subprocess
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
@@ -48,6 +49,7 @@ __all__ = [
     "free_port",
     "launch",
     "python_argv",
+    "sglang_argv",
 ]
 
 CONTAINER_PORT = 8000
@@ -93,6 +95,28 @@ def python_argv(spec: LaunchSpec, port: int) -> list[str]:
         str(port),
         *spec.server_args,
         *per_request_spec_args(spec),
+    ]
+
+
+def sglang_argv(spec: LaunchSpec, port: int) -> list[str]:
+    """argv for SGLang's server (`python -m sglang.launch_server`, python/sglang/launch_server.py),
+    whose flags are `--model-path` (vLLM's --model), `--served-model-name`, `--host` and `--port`.
+    Readiness is the same as vLLM's: SGLang serves /health and /v1/models too."""
+    if spec.python is None:
+        raise LaunchError("launch kind 'sglang' needs a python interpreter or venv path with SGLang")
+    model = ["--model-path", spec.model] if spec.model is not None else []
+    served = ["--served-model-name", spec.served_model_name] if spec.served_model_name is not None else []
+    return [
+        _interpreter(spec.python),
+        "-m",
+        "sglang.launch_server",
+        *model,
+        *served,
+        "--host",
+        spec.host,
+        "--port",
+        str(port),
+        *spec.server_args,
     ]
 
 
@@ -350,9 +374,14 @@ def _attach(spec: LaunchSpec, log_path: Path, access: Access) -> LaunchedServer:
     return LaunchedServer(url, log_path)
 
 
-def _launch_python(spec: LaunchSpec, log_path: Path, access: Access) -> LaunchedServer:
-    port = _fresh_port(spec)
-    return _start(spec, python_argv(spec, port), port, log_path, access)
+def _argv_launcher(build: Callable[[LaunchSpec, int], list[str]]) -> Launcher:
+    """A kind that runs one argv on a fresh local port (python, sglang, command)."""
+
+    def start(spec: LaunchSpec, log_path: Path, access: Access) -> LaunchedServer:
+        port = _fresh_port(spec)
+        return _start(spec, build(spec, port), port, log_path, access)
+
+    return start
 
 
 def _launch_docker(spec: LaunchSpec, log_path: Path, access: Access) -> LaunchedServer:
@@ -361,17 +390,13 @@ def _launch_docker(spec: LaunchSpec, log_path: Path, access: Access) -> Launched
     return _start(spec, docker_argv(spec, port, name), port, log_path, access, docker_name=name)
 
 
-def _launch_command(spec: LaunchSpec, log_path: Path, access: Access) -> LaunchedServer:
-    port = _fresh_port(spec)
-    return _start(spec, command_argv(spec, port), port, log_path, access)
-
-
 # What each kind does: every LaunchKind has its entry (LaunchSpec accepts no other kind).
 LAUNCHERS: dict[LaunchKind, Launcher] = {
     LaunchKind.URL: _attach,
-    LaunchKind.PYTHON: _launch_python,
+    LaunchKind.PYTHON: _argv_launcher(python_argv),
+    LaunchKind.SGLANG: _argv_launcher(sglang_argv),
     LaunchKind.DOCKER: _launch_docker,
-    LaunchKind.COMMAND: _launch_command,
+    LaunchKind.COMMAND: _argv_launcher(command_argv),
 }
 
 
