@@ -1,6 +1,7 @@
 """Per-request acceptance as the server reports it (vLLM's `--per-request-spec-decode-metrics`:
-`metrics.speculative_decoding` on the final usage chunk, kept in the record as `spec_decode`), pooled
-for a group of requests and checked against what the stream itself carried (pure)."""
+`metrics.speculative_decoding` on the final usage chunk; SGLang's `spec_*` keys of the last
+/generate chunk's meta_info; either kept in the record as `spec_decode`, as sent), pooled for a group
+of requests and checked against what the stream itself carried (pure)."""
 
 from __future__ import annotations
 
@@ -8,29 +9,53 @@ from collections.abc import Iterable
 
 from itlaudit.analysis.metrics import TOKEN_SOURCE_CHUNKS, TOKEN_SOURCE_TOKENIZER, token_counts
 from itlaudit.model.codes import SPEC_DECODE_METRICS_DISAGREE, Finding
+from itlaudit.model.jsonvalue import JSONObject, JSONValue
 from itlaudit.model.records import RequestRecord, Status
 
 __all__ = ["pooled_server_acceptance", "server_acceptance", "server_acceptance_finding"]
 
 
+# vLLM's metrics.speculative_decoding keys for each count (vllm/v1/metrics/stats.py).
+_VLLM_KEYS = {
+    "steps": "num_spec_steps",
+    "accepted": "num_accepted_draft_tokens",
+    "drafted": "num_draft_tokens",
+    "k": "num_spec_tokens",
+}
+# SGLang's meta_info keys (tokenizer_manager.py, _calculate_spec_decoding_metrics): verify steps, and
+# the accepted and proposed drafts under either spelling its builds have used. It sends no K: the
+# drafts proposed per verify step are it (speculative_num_draft_tokens - 1).
+_SGLANG_KEYS = {
+    "steps": ("spec_verify_ct",),
+    "accepted": ("spec_accept_token_num", "spec_accepted_drafts"),
+    "drafted": ("spec_draft_token_num", "spec_proposed_drafts"),
+}
+
+
 def server_acceptance(record: RequestRecord) -> dict[str, int] | None:
-    """The server's own counts for one request (vLLM's metrics.speculative_decoding): verify steps,
-    accepted and proposed draft tokens, K. None when the server sent none or an unreadable block."""
+    """The server's own counts for one request (vLLM's metrics.speculative_decoding, or SGLang's
+    meta_info spec_* keys): verify steps, accepted and proposed draft tokens, K. None when the server
+    sent none, an unreadable block, or SGLang's verify count without the draft counts (its builds
+    that send only spec_verify_ct and spec_accept_length)."""
     block = record.spec_decode
     if not isinstance(block, dict):
         return None
-    keys = {
-        "steps": "num_spec_steps",
-        "accepted": "num_accepted_draft_tokens",
-        "drafted": "num_draft_tokens",
-        "k": "num_spec_tokens",
-    }
+    if "spec_verify_ct" in block:
+        keys = {
+            name: next((k for k in spelt if k in block), spelt[0]) for name, spelt in _SGLANG_KEYS.items()
+        }
+    else:
+        keys = _VLLM_KEYS
     values = {name: block.get(key) for name, key in keys.items()}
     try:
         counts = {name: int(v) for name, v in values.items() if isinstance(v, int | float | str)}
     except ValueError:
         return None
-    return counts if len(counts) == len(keys) else None
+    if len(counts) != len(keys):
+        return None
+    if "k" not in counts:
+        counts["k"] = counts["drafted"] // counts["steps"] if counts["steps"] else 0
+    return counts
 
 
 def pooled_server_acceptance(records: Iterable[RequestRecord]) -> dict[str, float | int] | None:
@@ -77,12 +102,18 @@ def server_acceptance_finding(record: RequestRecord) -> Finding | None:
     evidence = {
         "server_accepted": counts["accepted"],
         "server_steps": counts["steps"],
-        "server_acceptance_length": record.spec_decode.get("mean_acceptance_length")
-        if record.spec_decode
-        else None,
+        "server_acceptance_length": _reported_length(record.spec_decode),
         "stream_tokens": int(cumulative[-1]),
         "stream_chunks": int(cumulative.size),
         "stream_accepted_max": stream_accepted,
         "k": counts["k"],
     }
     return Finding.of(SPEC_DECODE_METRICS_DISAGREE, message, evidence, record.request_id)
+
+
+def _reported_length(block: JSONObject | None) -> JSONValue:
+    """The acceptance length as the server wrote it: vLLM's mean_acceptance_length, SGLang's
+    spec_accept_length (completion tokens over verify steps, so the prefill's token is in it)."""
+    if not block:
+        return None
+    return block.get("mean_acceptance_length", block.get("spec_accept_length"))

@@ -9,6 +9,14 @@ small dip, not a huge negative spike. Rows carry the capture's clock (time.monot
 
 What a reader asks of a run is derived here: KV-cache usage p50 and max, preemptions, time in the
 waiting queue, prefix-cache hit rate, and spec-decode acceptance per draft position over time.
+
+SGLang's families (`sglang:*`, python/sglang/srt/metrics/collector.py) are read beside vLLM's where
+they mean the same: `sglang:token_usage` (the KV pool's used share) as KV-cache usage,
+`sglang:num_running_reqs` and `sglang:num_queue_reqs` as running and waiting. Two have no vLLM twin
+and are figures of their own: `sglang:spec_accept_length` (its recent batches' mean acceptance length,
+a gauge: SGLang exports no spec-decode counters) and `sglang:gen_throughput` (tokens/s). SGLang has no
+preemption counter, queue-time histogram or prefix-cache counters (`sglang:cache_hit_rate` is a
+rate, not counts): those figures stay None for it.
 """
 
 from __future__ import annotations
@@ -53,8 +61,24 @@ WAITING = "vllm:num_requests_waiting"
 KV_USAGE = "vllm:kv_cache_usage_perc"
 PREEMPTIONS = "vllm:num_preemptions_total"
 QUEUE_TIME = "vllm:request_queue_time_seconds"
-# Labels every vLLM series carries that say nothing about what was measured: summed (or averaged) over.
-_IDENTITY_LABELS = frozenset({"engine", "model_name"})
+SGLANG_RUNNING = "sglang:num_running_reqs"
+SGLANG_WAITING = "sglang:num_queue_reqs"
+SGLANG_KV_USAGE = "sglang:token_usage"
+SGLANG_ACCEPT_LENGTH = "sglang:spec_accept_length"
+SGLANG_GEN_THROUGHPUT = "sglang:gen_throughput"
+# Each figure's families, vLLM's first: a server exports one dialect, so the first found is read.
+_RUNNING = (RUNNING, SGLANG_RUNNING)
+_WAITING = (WAITING, SGLANG_WAITING)
+_KV_USAGE = (KV_USAGE, SGLANG_KV_USAGE)
+# Labels every vLLM or SGLang series carries that say nothing about what was measured: summed (or
+# averaged) over. SGLang's scheduler labels its series with its ranks and engine type.
+_IDENTITY_LABELS = frozenset(
+    {"engine", "model_name", "engine_type", "tp_rank", "pp_rank", "dp_rank", "moe_ep_rank"}
+)
+# Gauges that are a share or a mean per engine (averaged over engines, not summed), besides `_perc`.
+_AVERAGED = frozenset(
+    {SGLANG_KV_USAGE, SGLANG_ACCEPT_LENGTH, "sglang:spec_accept_rate", "sglang:cache_hit_rate"}
+)
 
 
 @dataclass
@@ -103,7 +127,8 @@ def parse_scrape(text: str) -> Scrape:
     except ValueError as exc:
         raise MetricsParseError(f"/metrics is not Prometheus text ({exc}); is this a vLLM server?") from None
     for key, count in engines.items():
-        if key.split("{")[0].endswith("_perc") and count > 1:
+        name = key.split("{")[0]
+        if (name.endswith("_perc") or name in _AVERAGED) and count > 1:
             scrape.gauges[key] /= count
     return scrape
 
@@ -133,8 +158,13 @@ def delta_row(now: Scrape, before: Scrape | None) -> JSONObject:
     return {"gauges": dict(now.gauges), "counters": counters, "histograms": histograms}
 
 
-def _gauge_values(rows: list[dict[str, Any]], name: str) -> list[float]:
-    return [float(r["gauges"][name]) for r in rows if name in r.get("gauges", {})]
+def _gauge_values(rows: list[dict[str, Any]], *names: str) -> list[float]:
+    """The first of `names` any row carries (one figure's families in each dialect), over the rows."""
+    for name in names:
+        values = [float(r["gauges"][name]) for r in rows if name in r.get("gauges", {})]
+        if values:
+            return values
+    return []
 
 
 def _counter_total(rows: list[dict[str, Any]], name: str) -> float | None:
@@ -168,8 +198,11 @@ def summarize_series(rows: list[dict[str, Any]], window: tuple[int, int] | None 
     whole window, edges included."""
     rows = [r for r in rows if "t_ns" in r and "error" not in r]
     inside = rows if window is None else [r for r in rows if window[0] <= r["t_ns"] <= window[1]]
-    kv = _gauge_values(inside, KV_USAGE)
-    running, waiting = _gauge_values(inside, RUNNING), _gauge_values(inside, WAITING)
+    kv = _gauge_values(inside, *_KV_USAGE)
+    running, waiting = _gauge_values(inside, *_RUNNING), _gauge_values(inside, *_WAITING)
+    # SGLang's gauge is 0 between speculating batches (and on a server that does not speculate)
+    accept = [v for v in _gauge_values(inside, SGLANG_ACCEPT_LENGTH) if v > 0]
+    throughput = _gauge_values(inside, SGLANG_GEN_THROUGHPUT)
     queries, hits = _counter_total(rows, PREFIX_CACHE_QUERIES), _counter_total(rows, PREFIX_CACHE_HITS)
     queue: dict[str, float] = defaultdict(float)
     for row in rows:
@@ -193,6 +226,8 @@ def summarize_series(rows: list[dict[str, Any]], window: tuple[int, int] | None 
         "queue_time_mean_s": queue["sum"] / queue["count"] if queue.get("count") else None,
         "queued_requests": queue.get("count"),
         "prefix_hit_rate": hits / queries if queries and hits is not None else None,
+        "gauge_acceptance_length_p50": statistics.median(accept) if accept else None,
+        "gen_throughput_p50": statistics.median(throughput) if throughput else None,
         "acceptance_per_position": per_position_series(rows),
     }
 
@@ -345,6 +380,9 @@ SIGNALS: tuple[Signal, ...] = (
     Signal("queue_time_mean_s", "time in the waiting queue, mean", "{:.3f} s", 0.001),
     Signal("prefix_hit_rate", "prefix-cache hit rate", "{:.1%}", 0.001),
     Signal("server_acceptance_length", "acceptance length (server, per request)", "{:.2f}", 0.01),
+    # SGLang's gauges: its recent batches' mean acceptance length, and its generation throughput
+    Signal("gauge_acceptance_length_p50", "acceptance length p50 (/metrics gauge)", "{:.2f}", 0.01),
+    Signal("gen_throughput_p50", "generation throughput p50 (/metrics gauge)", "{:.0f} tok/s", 1),
     Signal("gpu_sm_clock_p50_mhz", "GPU SM clock p50", "{:.0f} MHz", 1),
     Signal("gpu_power_max_w", "GPU power max", "{:.0f} W", 1),
     Signal("gpu_temperature_max_c", "GPU temperature max", "{:.0f} °C", 1),

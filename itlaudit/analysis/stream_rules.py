@@ -73,11 +73,21 @@ def usage_missing_finding(record: RequestRecord, metrics: RequestMetrics) -> Fin
         or metrics.token_source == TOKEN_SOURCE_USAGE
     ):
         return None
+    at_end_only = record.completion_tokens is not None
     if metrics.token_source == TOKEN_SOURCE_CHUNKS:
         severity = Severity.ERROR
+        # A total in the last chunk only (a server that ignores continuous_usage_stats: SGLang builds
+        # without it) says how many tokens came, never which chunk carried them: not spread, not guessed.
+        sent = (
+            f"The server's usage came only at the end ({record.completion_tokens} tokens, in its last "
+            "chunk), so tokens cannot be spread over chunks"
+            if at_end_only
+            else "The server sent no per-chunk usage"
+        )
         message = (
-            f"The server sent no per-chunk usage, so ITL counts {metrics.content_chunks} chunks as tokens: "
-            "it is chunk-based, inflated under speculative decoding, and not comparable."
+            f"{sent}; ITL counts {metrics.content_chunks} chunks as tokens: it is chunk-based, inflated "
+            "under speculative decoding, and not comparable (--tokenizer estimates per-chunk counts; "
+            "with SGLang, endpoint = 'generate' carries them)."
         )
     elif metrics.token_source == TOKEN_SOURCE_TOKENIZER:
         # Re-tokenized text is the model's own tokens where its output re-encodes to itself; the
@@ -101,6 +111,7 @@ def usage_missing_finding(record: RequestRecord, metrics: RequestMetrics) -> Fin
         "token_source": metrics.token_source,
         "content_chunks": metrics.content_chunks,
         "final_completion_tokens": record.completion_tokens,
+        "usage_at_end_only": at_end_only,
     }
     return Finding.of(USAGE_MISSING, message, evidence, record.request_id, severity=severity)
 

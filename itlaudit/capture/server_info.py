@@ -16,7 +16,7 @@ from itlaudit.capture.scoring import Scorer
 from itlaudit.errors import ItlauditError
 from itlaudit.model.access import NO_ACCESS, Access
 from itlaudit.model.jsonvalue import JSONObject
-from itlaudit.model.run_context import is_simulator
+from itlaudit.model.run_context import is_sglang, is_simulator
 from itlaudit.serve.environment import commit_of, non_default_args, server_env
 from itlaudit.serve.side_client import BlockingSideClient, SideClient
 
@@ -100,15 +100,17 @@ def environment_record(
     log_path: Path | None = None,
 ) -> EnvironmentRecord:
     """server_environment's record from a /version already read (a variant's pass reads it on its
-    own session)."""
+    own session). An SGLang server's version ("sglang 0.5.14") is its `server_version` only: it is
+    no vLLM build."""
     simulated = is_simulator(version)
+    not_vllm = simulated or is_sglang(version)
     seen = sorted({f for f in fingerprints if f})
     return EnvironmentRecord(
         url=base_url,
         server_version=version,
         simulated=simulated,
-        vllm_version=None if simulated else version,
-        vllm_commit=None if simulated else commit_of(version),
+        vllm_version=None if not_vllm else version,
+        vllm_commit=None if not_vllm else commit_of(version),
         system_fingerprint=seen[0] if len(seen) == 1 else (seen or None),
         launched=launch_kind is not None,
         launch_kind=launch_kind,
@@ -130,8 +132,9 @@ async def server_identity(client: SideClient, base_url: str, model: str) -> Serv
     """What build is answering: /version and the system_fingerprint (a config hash in vLLM) of a
     one-token completion, so a ledger can tell two servers at the same URL apart before a run.
 
-    Best effort: SGLang, TGI, gateways and mock servers have no /version, and some only stream. What
-    cannot be read is None, and `unknown` says why; identity never stops a run."""
+    Best effort: SGLang has no /version (its /server_info or /get_server_info stands in, through
+    SideClient.version); TGI, gateways and mock servers have none, and some only stream. What cannot
+    be read is None, and `unknown` says why; identity never stops a run."""
     identity = ServerIdentity(version=None, system_fingerprint=None)
     unknown = []
     try:

@@ -10,14 +10,16 @@ from typing import TYPE_CHECKING, Annotated, TypeAlias
 import typer
 
 from itlaudit.cli.options import choices
-from itlaudit.serve.sim.config import DRAFT_SAMPLERS, MODEL
+from itlaudit.serve.sim.config import DIALECTS, DRAFT_SAMPLERS, MODEL, VLLM
 
 if TYPE_CHECKING:
     from itlaudit.serve.sim import SimConfig
 
     DraftSampler: TypeAlias = str
+    Dialect: TypeAlias = str
 else:
     DraftSampler = choices("DraftSampler", DRAFT_SAMPLERS)
+    Dialect = choices("Dialect", DIALECTS)
 
 __all__ = ["sim"]
 
@@ -101,6 +103,21 @@ def sim(
         bool,
         typer.Option("--spec-metrics-lie", help="Fault: the per-request block claims every draft."),
     ] = False,
+    dialect: Annotated[
+        Dialect,
+        typer.Option(
+            help="Whose wire: vLLM 0.32's, or SGLang's (no /version but /server_info, the native "
+            "/generate stream, sglang:* metrics, its OpenAI layout).",
+        ),
+    ] = VLLM,
+    sglang_continuous_usage: Annotated[
+        bool,
+        typer.Option(
+            "--sglang-continuous-usage",
+            help="With --dialect sglang: honour stream_options.continuous_usage_stats (else usage only "
+            "in the last chunk, as SGLang builds without it send).",
+        ),
+    ] = False,
     speculative_config: Annotated[
         str | None,
         typer.Option(
@@ -138,6 +155,8 @@ def sim(
         kv_cache_tokens=kv_cache_tokens,
         per_request_spec_metrics=per_request_spec_metrics,
         spec_metrics_lie=spec_metrics_lie,
+        dialect=str(dialect),
+        sglang_continuous_usage=sglang_continuous_usage,
     )
     # Said before the server is up (and flushed: a log or pipe sees it at once), so the seconds a start
     # takes are not silent and the log names what this simulator was told to do.

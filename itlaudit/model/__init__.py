@@ -103,8 +103,10 @@ SURFACE = Surface(
         "block": ("BlockSettings", "parse_goodput", "percentile_key"),
         "registry": ("Registry",),
         "run_context": (
+            "SGLANG_VERSION_PREFIX",
             "SIMULATOR",
             "QualitySettings",
+            "is_sglang",
             "is_simulator",
             "quality_settings",
             "server_build",

@@ -18,11 +18,13 @@ from itlaudit.model.scenario import Scenario
 from itlaudit.model.vocabulary import QualityGate
 
 __all__ = [
+    "SGLANG_VERSION_PREFIX",
     "SIMULATOR",
     "QualitySettings",
     "VariantMeta",
     "VariantView",
     "WorkloadMeta",
+    "is_sglang",
     "is_simulator",
     "quality_settings",
     "server_build",
@@ -42,18 +44,31 @@ def simulator_version() -> str:
     return f"{SIMULATOR} {__version__}"
 
 
+# How a server's version reads when SGLang said it (its /server_info or /get_server_info `version`,
+# where it has no /version): "sglang 0.5.14", never taken for a vLLM build.
+SGLANG_VERSION_PREFIX = "sglang "
+
+
+def is_sglang(version: str | None) -> bool:
+    """Whether a server's version string came from SGLang's info endpoints."""
+    return bool(version) and str(version).startswith(SGLANG_VERSION_PREFIX)
+
+
 def is_simulator(version: str | None) -> bool:
-    """Whether a /version string (or a system_fingerprint) is the simulator's."""
-    return bool(version) and str(version).startswith(SIMULATOR)
+    """Whether a /version string (or a system_fingerprint) is the simulator's, in either dialect."""
+    return bool(version) and str(version).removeprefix(SGLANG_VERSION_PREFIX).startswith(SIMULATOR)
 
 
 def server_build(version: str | None) -> str:
-    """A server's build as a report names it: "vLLM 0.32.0", "itlaudit simulator (itlaudit-sim 0.1.0),
-    not vLLM", or "unknown (no /version)" for servers that do not say (SGLang, gateways, mocks)."""
+    """A server's build as a report names it: "vLLM 0.32.0", "SGLang 0.5.14", "itlaudit simulator
+    (itlaudit-sim 0.1.0), not vLLM", or "unknown (no /version)" for servers that do not say
+    (gateways, mocks)."""
     if not version:
         return "unknown (no /version)"
     if is_simulator(version):
         return f"itlaudit simulator ({version}), not vLLM"
+    if is_sglang(version):
+        return f"SGLang {version.removeprefix(SGLANG_VERSION_PREFIX)}"
     return f"vLLM {version}"
 
 

@@ -35,8 +35,10 @@ SURFACE = Surface(
             "serve",
         ),
         "sim.config": (
+            "DIALECTS",
             "DRAFT_SAMPLERS",
             "MODEL",
+            "VLLM",
         ),
         "testbed": (
             "DEFAULT_VERSION",

@@ -25,9 +25,11 @@ aiohttp may come with them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
@@ -43,6 +45,7 @@ from itlaudit.errors import (
 from itlaudit.model.access import NO_ACCESS, TLS_ADVICE, Access
 from itlaudit.model.jsonvalue import JSONMapping, JSONObject, JSONValue
 from itlaudit.model.redact import redact_url
+from itlaudit.model.run_context import SGLANG_VERSION_PREFIX
 
 if TYPE_CHECKING:
     import aiohttp
@@ -65,6 +68,8 @@ READY_PROBE_TIMEOUT_S = 2.0
 _ERROR_BODY_CHARS = 300
 _SHOWN_BODY_BYTES = 100
 _REACH_ADVICE = "check that the server is running and that the URL is right"
+# Where SGLang says its build, newest first (python/sglang/srt/entrypoints/http_server.py).
+_SGLANG_INFO_PATHS = ("/server_info", "/get_server_info")
 
 T = TypeVar("T")
 
@@ -263,9 +268,24 @@ class SideClient:
         return served
 
     async def version(self, base_url: str, *, timeout_s: float | None = None) -> str | None:
-        """/version's `version` (vLLM's build); None when the object has none. A server without the
-        endpoint raises ServerStatusError (404), which callers that treat it as unknown catch."""
-        version = (await self.get_json(_join(base_url, "/version"), timeout_s=timeout_s)).get("version")
+        """/version's `version` (vLLM's build); None when the object has none. A server without it
+        that is SGLang says its build in /server_info (newer builds) or /get_server_info (older):
+        their `version`, as "sglang 0.5.14" (model.run_context.SGLANG_VERSION_PREFIX). A server with
+        none of them raises /version's ServerStatusError (404), which callers that treat it as unknown
+        catch."""
+        try:
+            answer = await self.get_json(_join(base_url, "/version"), timeout_s=timeout_s)
+        except ServerStatusError as exc:
+            if exc.status != HTTPStatus.NOT_FOUND:
+                raise
+            for path in _SGLANG_INFO_PATHS:
+                with contextlib.suppress(ServerStatusError):
+                    info = await self.get_json(_join(base_url, path), timeout_s=timeout_s)
+                    sglang = info.get("version")
+                    if sglang is not None:
+                        return f"{SGLANG_VERSION_PREFIX}{sglang}"
+            raise
+        version = answer.get("version")
         return str(version) if version is not None else None
 
     async def metrics_text(self, base_url: str, *, timeout_s: float | None = None) -> str:

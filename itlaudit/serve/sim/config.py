@@ -8,13 +8,28 @@ from dataclasses import dataclass
 from itlaudit import __version__
 from itlaudit.model.run_context import SIMULATOR, simulator_version
 
-__all__ = ["ARGMAX", "DRAFT_SAMPLERS", "FLAT", "MODEL", "SIM_VERSION", "SimConfig"]
+__all__ = [
+    "ARGMAX",
+    "DIALECTS",
+    "DRAFT_SAMPLERS",
+    "FLAT",
+    "MODEL",
+    "SGLANG",
+    "SIM_VERSION",
+    "VLLM",
+    "SimConfig",
+]
 
 # Where the simulator's accepted draft tokens come from (SimConfig.draft_sampler).
 MODEL = "model"  # the model: lossless, as speculative sampling must be
 ARGMAX = "argmax"  # fault: the model's argmax, a greedy drafter's token taken as is
 FLAT = "flat"  # fault: uniform over the vocabulary
 DRAFT_SAMPLERS = (MODEL, ARGMAX, FLAT)
+
+# Whose wire the simulator speaks (SimConfig.dialect): vLLM 0.32's, or SGLang's (serve/sim/sglang.py).
+VLLM = "vllm"
+SGLANG = "sglang"
+DIALECTS = (VLLM, SGLANG)
 
 # What /version answers: the simulator by name, never a vLLM version, so a run against it is recorded
 # as simulated (meta.json, the ledger, the report) and cannot pass for a real build.
@@ -74,11 +89,19 @@ class SimConfig:
     # metrics.speculative_decoding. Fault: spec_metrics_lie reports every draft accepted.
     per_request_spec_metrics: bool = False
     spec_metrics_lie: bool = False
+    # Whose wire: vLLM's, or SGLang's (no /version, /server_info, /generate, sglang:* metrics, its
+    # OpenAI layout). sglang_continuous_usage: an SGLang build that honours
+    # stream_options.continuous_usage_stats; without it usage comes only in the last chunk.
+    dialect: str = VLLM
+    sglang_continuous_usage: bool = False
 
     def __post_init__(self) -> None:
-        if self.draft_sampler not in DRAFT_SAMPLERS:
-            choices = ", ".join(DRAFT_SAMPLERS)
-            raise ValueError(f"draft_sampler must be one of {choices}, got {self.draft_sampler!r}")
+        for name, value, allowed in (
+            ("draft_sampler", self.draft_sampler, DRAFT_SAMPLERS),
+            ("dialect", self.dialect, DIALECTS),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
 
     @property
     def system_fingerprint(self) -> str:

@@ -20,10 +20,18 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from itlaudit.errors import LaunchError, SimError
 from itlaudit.model.jsonvalue import JSONObject, JSONValue, ReadOnlyJSON
 from itlaudit.model.sendlog import SendLog
-from itlaudit.serve.sim.config import SIM_VERSION, SimConfig
+from itlaudit.serve.sim.config import SGLANG, SIM_VERSION, SimConfig
 from itlaudit.serve.sim.endpoints import ChatApi, CompletionApi, EndpointApi
 from itlaudit.serve.sim.engine import Engine, Step
 from itlaudit.serve.sim.metrics import MetricsCollector
+from itlaudit.serve.sim.sglang import (
+    SGLangMetrics,
+    complete_generate,
+    generate_job,
+    info_routes,
+    openai_choice,
+    stream_generate,
+)
 from itlaudit.serve.sim.validation import parse_job
 from itlaudit.serve.sim.wire import (
     DONE_FRAME,
@@ -86,6 +94,8 @@ async def _write_stream(
             # vLLM stamps the fingerprint on the terminal chunk only when no usage chunk follows.
             fingerprint = ctx.fingerprint if step.finish_reason and not job.include_usage else None
             choice = api.stream_choice(ctx, step, first)
+            if cfg.dialect == SGLANG:
+                choice = openai_choice(choice)
             await resp.write(sse_frame(chunk_envelope(ctx, api.chunk_object, [choice], usage, fingerprint)))
             if send_log is not None:
                 send_log.record(ctx.request_id, step.due_ns, time.monotonic_ns(), emitted)
@@ -215,6 +225,41 @@ def _handler(api: EndpointApi) -> Callable[[web.Request], Awaitable[web.StreamRe
     return handle
 
 
+async def _generate(request: web.Request) -> web.StreamResponse:
+    """SGLang's native /generate (serve/sim/sglang.py), admitted and counted as the OpenAI routes are."""
+    engine = request.app[_ENGINE]
+    try:
+        body = await request.json()
+        if not isinstance(body, dict):
+            raise bad_request("request body must be a JSON object", "body")
+        job = generate_job(body, engine.config)
+    except json.JSONDecodeError as exc:
+        return _json_response(
+            rejection_body(bad_request(f"invalid JSON: {exc}", "body")), HTTPStatus.BAD_REQUEST
+        )
+    except SimError as exc:
+        return _json_response(rejection_body(exc), exc.status)
+    started = time.time()
+    await engine.load.admit([job])
+    engine.in_flight += 1
+    try:
+        if job.stream:
+            with suppress(ConnectionResetError):
+                return await stream_generate(request, engine, job, started)
+            return web.Response()
+        return _json_response(await complete_generate(engine, job, started))
+    finally:
+        engine.in_flight -= 1
+        await engine.load.release([job])
+
+
+def _static(body: JSONObject) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def answer(request: web.Request) -> web.Response:
+        return _json_response(body)
+
+    return answer
+
+
 async def _models(request: web.Request) -> web.Response:
     return _json_response(model_list(request.app[_ENGINE].config))
 
@@ -233,7 +278,8 @@ def make_app(config: SimConfig, send_log: SendLog | None = None) -> web.Applicat
     format, so `itlaudit.analysis.fidelity` can grade a client against the simulator too)."""
     engine = Engine(config)
     registry = CollectorRegistry(auto_describe=True)
-    registry.register(MetricsCollector(engine))
+    sglang = config.dialect == SGLANG
+    registry.register(SGLangMetrics(engine) if sglang else MetricsCollector(engine))
 
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -245,7 +291,12 @@ def make_app(config: SimConfig, send_log: SendLog | None = None) -> web.Applicat
     app.router.add_post("/v1/completions", _handler(CompletionApi()))
     app.router.add_post("/v1/chat/completions", _handler(ChatApi()))
     app.router.add_get("/v1/models", _models)
-    app.router.add_get("/version", _version)
+    if sglang:  # SGLang has no /version: its info endpoints, and its native stream
+        app.router.add_post("/generate", _generate)
+        for path, body in info_routes(config):
+            app.router.add_get(path, _static(body))
+    else:
+        app.router.add_get("/version", _version)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", metrics)
     return app

@@ -7,7 +7,7 @@ from http import HTTPStatus
 
 from itlaudit.errors import SimError
 from itlaudit.model.jsonvalue import JSONMapping
-from itlaudit.serve.sim.config import SimConfig
+from itlaudit.serve.sim.config import SGLANG, SimConfig
 from itlaudit.serve.sim.endpoints import EndpointApi
 from itlaudit.serve.sim.engine import Job
 from itlaudit.serve.sim.wire import bad_request
@@ -66,6 +66,11 @@ def parse_job(api: EndpointApi, body: JSONMapping, config: SimConfig) -> Job:
     if not isinstance(stream_options, Mapping):
         raise bad_request("stream_options must be an object", "stream_options")
     include_usage = bool(stream_options.get("include_usage"))
+    sglang = config.dialect == SGLANG
+    # SGLang builds without continuous usage ignore the option: usage comes in the last chunk only
+    continuous = bool(stream_options.get("continuous_usage_stats")) and (
+        not sglang or config.sglang_continuous_usage
+    )
     temperature = body.get("temperature")
     if not isinstance(temperature, int | float | str | None):
         raise bad_request("temperature must be a number", "temperature")
@@ -80,10 +85,8 @@ def parse_job(api: EndpointApi, body: JSONMapping, config: SimConfig) -> Job:
         seed=_int_field(body, "seed", None),
         stream=bool(body.get("stream", False)),
         include_usage=include_usage and not config.drop_usage,
-        continuous_usage=include_usage
-        and bool(stream_options.get("continuous_usage_stats"))
-        and not config.drop_usage,
-        return_token_ids=bool(body.get("return_token_ids")),
+        continuous_usage=include_usage and continuous and not config.drop_usage,
+        return_token_ids=bool(body.get("return_token_ids")) and not sglang,
         return_prompt_text=bool(body.get("return_prompt_text")),
         logprobs=_logprobs_field(body, "logprobs", "sample"),
         return_tokens_as_token_ids=bool(body.get("return_tokens_as_token_ids")),

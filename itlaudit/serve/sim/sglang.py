@@ -1,0 +1,234 @@
+"""The simulator's SGLang dialect (`itlaudit sim --dialect sglang`): what an SGLang server says where
+it differs from vLLM, field for field from SGLang's sources (github sgl-project/sglang, python/sglang/):
+
+- the native `POST /generate` stream (srt/entrypoints/http_server.py `generate_request`): one
+  `data: {"text", "output_ids", "meta_info"}` event per engine step, the text and ids cumulative, then
+  `data: [DONE]`; an error mid-stream is `data: {"error": {"message": ...}}` before [DONE];
+- `meta_info` (srt/managers/tokenizer_manager.py `_handle_batch_output`): id, finish_reason (None, or
+  schedule_batch.py's `{"type": "length", "length": N}` / `{"type": "stop", "matched": id}`),
+  prompt_tokens, weight_version, total_retractions, the cumulative completion_tokens, cached_tokens;
+  on the last chunk of a speculating server `_calculate_spec_decoding_metrics`'s spec_accept_rate,
+  spec_accept_length (completion_tokens / spec_verify_ct), spec_accept_token_num,
+  spec_draft_token_num, spec_verify_ct; then e2e_latency;
+- `/server_info` and `/get_server_info` (server args, scheduler info, `version`) and `/model_info`,
+  `/get_model_info` (model_path, tokenizer_path, is_generation) instead of vLLM's /version;
+- its OpenAI streams' choices (srt/entrypoints/openai/serving_completions.py): `matched_stop` for
+  vLLM's stop_reason, no token ids, usage on every chunk only where the build honours
+  `stream_options.continuous_usage_stats` (`--sglang-continuous-usage`; else only in the last chunk);
+- /metrics as `sglang:*` (srt/metrics/collector.py), labelled model_name, engine_type, tp_rank, pp_rank.
+
+It stays the simulator: its version (in /server_info) is `itlaudit-sim …`, so runs against it are
+labelled simulated. What was not checked against a running SGLang: everything (there is no SGLang CPU
+wheel here); the layouts are read from the sources named above.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable
+from contextlib import aclosing
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from itlaudit.model.jsonvalue import JSONMapping, JSONObject, JSONValue
+from itlaudit.serve.sim.config import SIM_VERSION, SimConfig
+from itlaudit.serve.sim.endpoints import CompletionApi
+from itlaudit.serve.sim.engine import Engine, Job, Step
+from itlaudit.serve.sim.validation import parse_job
+from itlaudit.serve.sim.wire import DONE_FRAME, bad_request, sse_frame
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+__all__ = [
+    "SGLANG_DEFAULT_MAX_NEW_TOKENS",
+    "SGLangMetrics",
+    "generate_job",
+    "info_routes",
+    "native_frames",
+    "openai_choice",
+]
+
+# SamplingParams' default max_new_tokens (srt/sampling/sampling_params.py).
+SGLANG_DEFAULT_MAX_NEW_TOKENS = 128
+_ERROR_MESSAGE = "The engine hit an error (injected by the simulator)."
+
+
+def openai_choice(choice: JSONObject) -> JSONObject:
+    """A vLLM-layout stream choice as SGLang's OpenAI layer writes it: the stop it matched as
+    `matched_stop`, and no token ids (older builds have no return_token_ids)."""
+    shown = {k: v for k, v in choice.items() if k not in ("stop_reason", "token_ids", "prompt_token_ids")}
+    if choice.get("finish_reason") is not None:
+        shown["matched_stop"] = choice.get("stop_reason")
+    return shown
+
+
+def generate_job(body: JSONMapping, config: SimConfig) -> Job:
+    """A /generate body (`text` or `input_ids`, `sampling_params` in SGLang's names) as the engine's
+    job, through the completions validation (same limits, same refusals)."""
+    sampling = body.get("sampling_params") or {}
+    if not isinstance(sampling, dict):
+        raise bad_request("sampling_params must be an object", "sampling_params")
+    prompt = body.get("text", body.get("input_ids"))
+    max_new = sampling.get("max_new_tokens")
+    request: JSONMapping = {
+        "prompt": prompt,
+        "max_tokens": SGLANG_DEFAULT_MAX_NEW_TOKENS if max_new is None else max_new,
+        "min_tokens": sampling.get("min_new_tokens"),
+        "ignore_eos": sampling.get("ignore_eos", False),
+        "stop_token_ids": sampling.get("stop_token_ids"),
+        "temperature": sampling.get("temperature"),
+        "seed": sampling.get("sampling_seed"),
+        "stream": body.get("stream", False),
+    }
+    return parse_job(CompletionApi(), request, config)
+
+
+def _finish_reason(step: Step, job: Job, eos_token_id: int) -> JSONValue:
+    if step.finish_reason == "length":
+        return {"type": "length", "length": job.max_tokens}
+    if step.finish_reason == "stop":
+        return {"type": "stop", "matched": step.stop_reason if step.stop_reason is not None else eos_token_id}
+    return None
+
+
+async def native_frames(engine: Engine, job: Job, started: float) -> AsyncIterator[tuple[JSONObject, Step]]:
+    """Each engine step's /generate object (cumulative text and ids) with its step."""
+    cfg = engine.config
+    rid = uuid.uuid4().hex
+    text, ids = "", []
+    async with aclosing(engine.generate(job)) as steps:
+        async for step in steps:
+            text += step.text
+            ids += step.token_ids
+            meta: JSONObject = {
+                "id": rid,
+                "finish_reason": _finish_reason(step, job, cfg.eos_token_id),
+                "prompt_tokens": len(job.prompt_token_ids),
+                "weight_version": "default",
+                "total_retractions": 0,
+                "completion_tokens": len(ids),
+                "cached_tokens": 0,
+            }
+            if step.finish_reason is not None:
+                if step.spec_decode is not None:
+                    counts = step.spec_decode.to_dict(lie=cfg.spec_metrics_lie)
+                    steps_done, accepted = counts["num_spec_steps"], counts["num_accepted_draft_tokens"]
+                    drafted = counts["num_draft_tokens"]
+                    assert isinstance(steps_done, int) and isinstance(accepted, int)
+                    assert isinstance(drafted, int)
+                    meta["spec_accept_rate"] = accepted / drafted if drafted else 0.0
+                    meta["spec_accept_length"] = len(ids) / steps_done if steps_done else 0
+                    meta["spec_accept_token_num"] = accepted
+                    meta["spec_draft_token_num"] = drafted
+                    meta["spec_verify_ct"] = steps_done
+                meta["e2e_latency"] = time.time() - started
+            yield {"text": text, "output_ids": [*ids], "meta_info": meta}, step
+
+
+async def stream_generate(
+    request: web.Request, engine: Engine, job: Job, started: float
+) -> web.StreamResponse:
+    """The native stream: one event per step, [DONE] after the last (or after an error event)."""
+    cfg = engine.config
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+    await resp.prepare(request)
+    async for frame, _ in native_frames(engine, job, started):
+        await resp.write(sse_frame(frame))
+        emitted = len(frame["output_ids"]) if isinstance(frame["output_ids"], list) else 0
+        if cfg.error_after_tokens is not None and emitted >= cfg.error_after_tokens:
+            await resp.write(sse_frame({"error": {"message": _ERROR_MESSAGE}}))
+            break
+    if not cfg.no_done:
+        await resp.write(DONE_FRAME)
+    await resp.write_eof()
+    return resp
+
+
+async def complete_generate(engine: Engine, job: Job, started: float) -> JSONObject:
+    """The non-streaming answer: the last object."""
+    last: JSONObject = {}
+    async for frame, _ in native_frames(engine, job, started):
+        last = frame
+    return last
+
+
+def server_info(config: SimConfig) -> JSONObject:
+    """/server_info's layout: the server args, the scheduler's, and `version` (the simulator's)."""
+    speculates = bool(config.num_speculative_tokens)
+    return {
+        "model_path": config.model,
+        "tokenizer_path": config.model,
+        "served_model_name": config.model,
+        "context_length": config.max_model_len,
+        "speculative_algorithm": "NGRAM" if speculates else None,
+        "speculative_num_draft_tokens": config.num_speculative_tokens + 1 if speculates else None,
+        "incremental_streaming_output": False,
+        "max_total_num_tokens": config.kv_cache_tokens,
+        "internal_states": [{}],
+        "version": SIM_VERSION,
+    }
+
+
+def model_info(config: SimConfig) -> JSONObject:
+    """/model_info's layout."""
+    return {"model_path": config.model, "tokenizer_path": config.model, "is_generation": True}
+
+
+def info_routes(config: SimConfig) -> list[tuple[str, JSONObject]]:
+    """The info endpoints under both their names (the `get_` ones are the older)."""
+    info, model = server_info(config), model_info(config)
+    return [
+        ("/server_info", info),
+        ("/get_server_info", info),
+        ("/model_info", model),
+        ("/get_model_info", model),
+    ]
+
+
+class SGLangMetrics(Collector):
+    """/metrics as SGLang names it: the scheduler's gauges and the tokenizer's counters."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._last = (time.monotonic(), 0)
+
+    def collect(self) -> Iterable[Metric]:
+        engine, cfg, load = self.engine, self.engine.config, self.engine.load
+        labels = {"engine_type": "unified", "model_name": cfg.model, "pp_rank": "0", "tp_rank": "0"}
+        names = sorted(labels)
+        values = [labels[k] for k in names]
+        now = time.monotonic()
+        then, tokens = self._last
+        self._last = (now, engine.generation_tokens)
+        spec = engine.spec
+        accept = 1.0 + spec.num_accepted_tokens / spec.num_drafts if spec.num_drafts else 0.0
+        gauges = {
+            "sglang:num_running_reqs": ("The number of running requests.", load.running),
+            "sglang:num_used_tokens": ("The number of used tokens.", load.kv_usage * load.kv_cache_tokens),
+            "sglang:token_usage": ("The token usage.", load.kv_usage),
+            "sglang:gen_throughput": (
+                "The generation throughput (token/s).",
+                (engine.generation_tokens - tokens) / (now - then) if now > then else 0.0,
+            ),
+            "sglang:num_queue_reqs": ("The number of requests in the waiting queue.", load.waiting),
+            "sglang:cache_hit_rate": ("The prefix cache hit rate.", 0.0),
+            "sglang:spec_accept_length": ("The average acceptance length of speculative decoding.", accept),
+        }
+        for name, (doc, value) in gauges.items():
+            gauge = GaugeMetricFamily(name, doc, labels=names)
+            gauge.add_metric(values, float(value))
+            yield gauge
+        counters = {
+            "sglang:prompt_tokens": ("Number of prefill tokens processed.", engine.prompt_tokens),
+            "sglang:generation_tokens": ("Number of generation tokens processed.", engine.generation_tokens),
+            "sglang:num_requests": ("Number of requests processed.", sum(engine.finished.values())),
+        }
+        for name, (doc, count) in counters.items():
+            counter = CounterMetricFamily(name, doc, labels=names)
+            counter.add_metric(values, float(count), created=engine.started)
+            yield counter
