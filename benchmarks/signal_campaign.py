@@ -2,7 +2,8 @@
 itlaudit command as a background job of a non-interactive shell (which inherits SIGINT ignored),
 sleeps a random 0.1-T s, sends SIGINT or SIGTERM, and grades what happened:
 
-- lost: the signal was delivered (kill succeeded) and the command still exited 0;
+- lost: the signal was delivered (kill succeeded) and the command did not exit with its code (130
+  for SIGINT, 143 for SIGTERM): it ran on to 0, or to nightly's 125;
 - slow: it exited more than 5 s after the signal;
 - traceback: "Traceback" on its stderr;
 - left: a process it started (server, capture worker) still alive 3 s after it exited;
@@ -10,7 +11,8 @@ sleeps a random 0.1-T s, sends SIGINT or SIGTERM, and grades what happened:
 
 A case whose command ended before its signal is "finished first" (kill found no process): not graded.
 Commands: run and compare (launched simulators), sweep (a launched simulator, two loads), smoke (the
-simulator suite, --launch), bisect (tests/fixtures/bisect/fake_vllm.py as the command provider).
+simulator suite, --launch), bisect and track nightly (tests/fixtures/bisect/fake_vllm.py as the command
+provider; nightly probes three new builds into a fresh SQLite history).
 
     python benchmarks/signal_campaign.py [--cases 100] [--max-delay 10] [--seed 0] [--only run,sweep]
 
@@ -61,18 +63,29 @@ def _scenario(folder: Path, names: list[str], requests: int) -> Path:
     return path
 
 
-def _bisect_args(folder: Path) -> list[str]:
+def _builds(folder: Path) -> tuple[list[str], list[str]]:
+    """(12 commit shas, the provider options that serve them): fake vLLM builds, capped from the 8th."""
     shas = [os.urandom(20).hex() for _ in range(12)]
     commits = folder / "commits.txt"
     commits.write_text("".join(f"{sha}\n" for sha in shas))
     server = (
         f"{sys.executable} {FAKE_VLLM} serve --commits {commits} --bad-from 7 --mode cap {{commit}} {{port}}"
     )
-    return [
-        "bisect", "--from", shas[0], "--to", shas[-1], "--commits-file", str(commits), "--provider",
-        "command", "--server-cmd", server, "--ready-timeout", "30", "--scenario", str(PROBE_SCENARIO),
-        "--regress", "truncation",
+    return shas, [
+        "--commits-file", str(commits), "--provider", "command", "--server-cmd", server,
+        "--ready-timeout", "30", "--scenario", str(PROBE_SCENARIO),
     ]  # fmt: skip
+
+
+def _bisect_args(folder: Path) -> list[str]:
+    shas, provider = _builds(folder)
+    return ["bisect", "--from", shas[0], "--to", shas[-1], *provider, "--regress", "truncation"]
+
+
+def _nightly_args(folder: Path) -> list[str]:
+    """Six new builds into a fresh SQLite history, each probed, recorded, then all checked (~9 s)."""
+    _, provider = _builds(folder)
+    return ["track", "nightly", "--db", str(folder / "history.sqlite"), "--last", "6", *provider]
 
 
 COMMANDS: dict[str, Callable[[Path], list[str]]] = {
@@ -87,6 +100,7 @@ COMMANDS: dict[str, Callable[[Path], list[str]]] = {
         "command:{python} -m itlaudit sim --port {port} --ttft-ms 5",
     ],
     "bisect": _bisect_args,
+    "nightly": _nightly_args,
 }
 
 
@@ -145,8 +159,8 @@ def run_case(number: int, command: str, delay: float, signal: str, work: Path) -
     failed = []
     if not sent:
         return "finished first", failed
-    if rc == 0:
-        failed.append("lost")
+    if rc != {"INT": 130, "TERM": 143}[signal]:
+        failed.append(f"lost (rc {rc})")
     if elapsed_ms > 5000:
         failed.append(f"slow ({elapsed_ms} ms)")
     if "Traceback" in stderr:

@@ -240,16 +240,15 @@ def test_sigkill_of_compare_leaves_no_launched_server(tmp_path: Path) -> None:
 def test_orphan_left_by_a_dead_itlaudit_is_reaped_on_the_next_launch(tmp_path: Path) -> None:
     """The pid-file fallback: a server whose owner is gone (PDEATHSIG did not reach it) is killed
     before the next server starts."""
-    from itlaudit.serve.orphans import pid_dir, reap_orphans
+    from itlaudit.serve.orphans import OWNER_ENV, pid_dir, reap_orphans
 
-    tag = {"ITLAUDIT_RUN_DIR": str(tmp_path / "orphan-run")}
+    dead_owner = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead_owner.wait()
     orphan = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(60)"],
         start_new_session=True,
-        env={**os.environ, **tag},
+        env={**os.environ, OWNER_ENV: str(dead_owner.pid)},  # the tag the launcher gives every server
     )
-    dead_owner = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead_owner.wait()
     pid_dir().mkdir(mode=0o700, exist_ok=True)
     (pid_dir() / f"{orphan.pid}.json").write_text(
         json.dumps({"pgid": orphan.pid, "owner": dead_owner.pid, "docker_name": None})

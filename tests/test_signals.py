@@ -18,13 +18,6 @@ from pathlib import Path
 import pytest
 from faultkit import url_variant, write_scenario
 from signal_campaign import marked_processes
-from simkit import sim_server
-
-from itlaudit.errors import RunInterrupted
-from itlaudit.model.scenario import parse_scenario
-from itlaudit.serve.sim import SimConfig
-from itlaudit.workflows.run import run_scenario
-from itlaudit.workflows.run_folder import RunFolder
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "bisect"))
 from helpers import FAKE_VLLM, PROBE_SCENARIO
@@ -161,50 +154,73 @@ def _finished_or_marked(out: Path, trials: str, finished: str) -> None:
             ), mark
 
 
+# A run in a fresh interpreter (the handlers are the CLI's, and a second signal ends the process)
+# against an in-process simulator, with `signals` SIGTERMs sent to itself as its derivation starts
+# (RunFolder.finish wrapped): the moment the fault campaign's 15 runs lost.
 DERIVE_TEXT = (
     'name = "held"\n[workload]\nprompts = ["hi"]\nnum_requests = 2\nmax_tokens = 4\n'
     '[[variants]]\nname = "A"\n'
 )
+DERIVING = """
+import os, signal, sys
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from simkit import sim_server
+from itlaudit.errors import RunInterrupted
+from itlaudit.model.scenario import parse_scenario
+from itlaudit.model.stop import handle_signals
+from itlaudit.serve.sim import SimConfig
+from itlaudit.workflows.run import run_scenario
+from itlaudit.workflows.run_folder import RunFolder
+real = RunFolder.finish
+def signalled(self, *args, **kwargs):
+    for _ in range({signals}):
+        os.kill(os.getpid(), signal.SIGTERM)
+    return real(self, *args, **kwargs)
+RunFolder.finish = signalled
+handle_signals()
+with sim_server(SimConfig(step_ms=0, ttft_ms=0)) as url:
+    try:
+        run_scenario(parse_scenario({text!r}, Path({scenario!r})), url=url, run_dir=Path({run_dir!r}))
+    except RunInterrupted as exc:
+        print(exc, file=sys.stderr)
+        sys.exit(exc.exit_code)
+"""
 
 
-def _run_signalled_in_derivation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signals: int) -> Path:
-    """run_scenario against an in-process simulator, with `signals` SIGTERMs sent to this process as
-    its derivation starts (RunFolder.finish wrapped): the moment the fault campaign's 15 runs lost."""
-    real = RunFolder.finish
-
-    def signalled(self: RunFolder, *args: object, **kwargs: object) -> object:
-        for _ in range(signals):
-            os.kill(os.getpid(), signal_module.SIGTERM)
-        return real(self, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(RunFolder, "finish", signalled)
+def _run_signalled_in_derivation(tmp_path: Path, signals: int) -> tuple[Path, str]:
+    """(the run folder, the last stderr line) of a run sent `signals` SIGTERMs as it derives; 143."""
     run_dir = tmp_path / "run"
-    with sim_server(SimConfig(step_ms=0, ttft_ms=0)) as url, pytest.raises(RunInterrupted) as stopped:
-        run_scenario(parse_scenario(DERIVE_TEXT, tmp_path / "held.toml"), url=url, run_dir=run_dir)
-    assert (stopped.value.signal_name, stopped.value.exit_code) == ("SIGTERM", 143)
-    monkeypatch.setattr(RunFolder, "finish", real)
-    return run_dir
+    tests, scenario = str(Path(__file__).parent), str(tmp_path / "held.toml")
+    script = DERIVING.format(
+        tests=tests, signals=signals, text=DERIVE_TEXT, scenario=scenario, run_dir=str(run_dir)
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 143, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    return run_dir, done.stderr.strip().splitlines()[-1]
 
 
-def test_a_signal_while_deriving_is_held_until_the_figures_are_written(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_signal_while_deriving_is_held_until_the_figures_are_written(tmp_path: Path) -> None:
     """One SIGTERM as the derivation starts: held, the summary and report are written, then the run
-    stops with 143 and says so; the folder is finished, not marked. ~2 s."""
-    run_dir = _run_signalled_in_derivation(tmp_path, monkeypatch, signals=1)
+    stops with 143 and says so; the folder is finished, not marked. ~3 s."""
+    run_dir, last = _run_signalled_in_derivation(tmp_path, signals=1)
+    assert last.startswith("interrupted by SIGTERM after the last request: its figures were finished"), last
     assert (run_dir / "summary.json").is_file() and (run_dir / "report.md").is_file()
     assert "interrupted" not in json.loads((run_dir / "meta.json").read_text())
 
 
-def test_a_second_signal_cuts_the_derivation_and_names_the_command_that_finishes_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Two SIGTERMs: the user will not wait; the records stay, meta.json is marked with the command
-    that derives the figures, and that command does. ~3 s."""
-    run_dir = _run_signalled_in_derivation(tmp_path, monkeypatch, signals=2)
+def test_a_second_signal_cuts_the_derivation_and_names_the_command_that_finishes_it(tmp_path: Path) -> None:
+    """Two SIGTERMs: the user will not wait; the process ends at once from the second's handler, the
+    records stay, meta.json is marked with the command that derives the figures, and that command
+    does. ~5 s."""
+    run_dir, last = _run_signalled_in_derivation(tmp_path, signals=2)
+    hint = f"`itlaudit report {run_dir}` derives its figures"
+    said = "itlaudit: interrupted by SIGTERM while deriving the figures: every request is kept; "
+    assert last == said + hint
     mark = json.loads((run_dir / "meta.json").read_text())["interrupted"]
-    assert mark["signal"] == "SIGTERM"
-    assert mark["finish_with"] == f"`itlaudit report {run_dir}` derives its figures"
+    assert mark["signal"] == "SIGTERM" and mark["finish_with"] == hint
+    assert not (run_dir / "summary.json").exists()
     assert len((run_dir / "requests.jsonl").read_text().splitlines()) == 2
     report = [sys.executable, "-m", "itlaudit", "report", str(run_dir)]
     done = subprocess.run(report, capture_output=True, text=True, timeout=120)
@@ -276,3 +292,42 @@ def test_the_signals_are_taken_before_the_cli_is_imported() -> None:
     in before the CLI's first import (before, a background job kept SIGINT ignored until then). ~1 s."""
     done = subprocess.run([sys.executable, "-c", SPY], capture_output=True, text=True, timeout=60)
     assert done.stderr.strip().splitlines()[-1] == "_stop_while_starting", done.stderr
+
+
+# A launch whose owner dies between the server's fork and its PR_SET_PDEATHSIG (a SIGKILL as a probe
+# starts its server): the child's preexec is held until its parent is gone, then runs as usual.
+LATE_PRCTL = """
+import os, sys, threading, time
+from pathlib import Path
+from itlaudit.model.launch import LaunchSpec
+from itlaudit.serve import launcher
+real = launcher.die_with_parent
+def late(*args):
+    parent = os.getppid()
+    while os.getppid() == parent:
+        time.sleep(0.01)
+    real(*args)
+launcher.die_with_parent = late
+threading.Timer(1.0, lambda: os._exit(0)).start()
+server = [sys.executable, "-c", "import time; time.sleep(60)"]
+launcher.launch(LaunchSpec(kind="command", command=server, ready_timeout_s=30), Path({log!r}))
+"""
+
+
+def test_a_server_whose_owner_dies_before_its_prctl_does_not_outlive_it(tmp_path: Path) -> None:
+    """The orphan tests/test_bisect_resume.py's SIGKILLed bisection left: a fake vLLM server with PPid
+    1, no pid file (its owner died before writing it) and no PDEATHSIG (set after the death, so never
+    sent). The server now checks its parent after the prctl and exits if it is already gone. ~2 s."""
+    marker = f"ITLAUDIT_SIGNAL_TEST={uuid.uuid4()}"
+    name, value = marker.split("=", 1)
+    script = LATE_PRCTL.format(log=str(tmp_path / "server.log"))
+    done = subprocess.run(
+        [sys.executable, "-c", script], env={**os.environ, name: value}, capture_output=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    deadline = time.monotonic() + 3
+    while (left := marked_processes(marker)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in left:
+        os.kill(pid, signal_module.SIGKILL)
+    assert left == [], "the launched server outlived the itlaudit that started it"

@@ -34,6 +34,7 @@ from itlaudit.errors import BisectError
 from itlaudit.model.access import NO_ACCESS, Access
 from itlaudit.model.launch import LaunchKind, LaunchSpec
 from itlaudit.model.scenario import Scenario, load_scenario
+from itlaudit.model.stop import check
 from itlaudit.model.vocabulary import Verdict
 from itlaudit.report.progress import Reporter, duration
 from itlaudit.serve.launch_config import launch_spec
@@ -264,7 +265,8 @@ class Bisection:
             thread.start()
         for thread in threads:
             while thread.is_alive():
-                thread.join(0.2)  # in slices, so Ctrl-C reaches this thread
+                thread.join(0.05)  # in slices: a signal (model.stop) is seen here within 50 ms
+                check()
         if failures:
             raise failures[0]
         return sorted(records, key=lambda r: r["index"])

@@ -8,6 +8,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from itlaudit.bisect.build_range import Build
 from itlaudit.bisect.providers import Prepared, Provider
+from itlaudit.model.stop import check
 
 __all__ = ["Prefetcher"]
 
@@ -31,8 +32,14 @@ class Prefetcher:
                 self._submit(build)
 
     def get(self, build: Build) -> Prepared:
-        """The prepared build, waiting for a prefetch in flight; raises what prepare raised."""
-        return self._submit(build).result()
+        """The prepared build, waiting for a prefetch in flight; raises what prepare raised. The wait
+        is polled, so a signal (model.stop) ends it within 50 ms, whatever the install has left."""
+        future = self._submit(build)
+        while True:
+            try:
+                return future.result(timeout=0.05)
+            except TimeoutError:
+                check()
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -9,7 +9,6 @@ bisection's capture options."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import os
 import subprocess
@@ -28,7 +27,7 @@ from itlaudit.model.launch import LaunchSpec
 from itlaudit.model.scenario import Scenario
 from itlaudit.model.vocabulary import Verdict
 from itlaudit.serve.launcher import launch
-from itlaudit.workflows.run import mark_interrupted
+from itlaudit.workflows.run import mark_interrupted, run_until_stopped
 from itlaudit.workflows.run_folder import RunFolder, server_log_name
 from itlaudit.workflows.variant_pass import VariantPass
 
@@ -100,7 +99,7 @@ def run_trial(
     variant_spec = next(v for v in scenario.variants if v.name == variant)
     try:
         with folder.records() as writer:
-            asyncio.run(
+            run_until_stopped(
                 VariantPass(
                     scenario,
                     variant_spec,

@@ -9,8 +9,8 @@ __all__ = ["main"]
 
 
 def _stop_while_starting(signum: int, frame: FrameType | None) -> None:
-    """SIGINT or SIGTERM before the command's own handlers are in (workflows.run.handle_signals, from
-    the CLI's callback): nothing has started, so nothing to keep; one line and the signal's exit code.
+    """SIGINT or SIGTERM before the command's own handlers are in (model.stop.handle_signals, from the
+    CLI's callback): nothing has started, so nothing to keep; one line and the signal's exit code.
     Without it a script's background job, which inherits SIGINT ignored, lost a Ctrl-C sent while the
     CLI was still importing, and ran to the end (issue 39 item 1)."""
     os.write(2, f"itlaudit: interrupted by {signal.Signals(signum).name} while starting\n".encode())

@@ -16,6 +16,7 @@ from itlaudit import __version__
 from itlaudit.cli.style import Entry, LazyRoot
 from itlaudit.errors import ItlauditError, RunInterrupted
 from itlaudit.model.redact import redact_terminal
+from itlaudit.model.stop import handle_signals, interruption, requested
 from itlaudit.store.rundir import TOO_DEEP
 
 __all__ = ["COMMANDS", "GATE", "MEASURE", "READ", "TOOLS", "app", "main", "version"]
@@ -157,11 +158,9 @@ def _root(
 ) -> None:
     """Audit vLLM serving benchmarks: token-true ITL under speculative decoding, truncation findings.
 
-    Runs when a command is about to (never for --help): the signal handlers go in here, so that only
-    a command that runs imports the run workflow that defines them."""
+    Runs when a command is about to (never for --help): the signal handlers (model.stop: a signal
+    is recorded, each step stops at its next boundary) replace the entry point's starting ones here."""
     if threading.current_thread() is threading.main_thread():  # signal.signal works only there
-        from itlaudit.workflows.run import handle_signals
-
         handle_signals()
 
 
@@ -182,8 +181,6 @@ def _usage_line(exc: typer.TyperException) -> str:
 
 def _exit_interrupted() -> NoReturn:
     """A Ctrl-C (or SIGTERM) outside a run, e.g. while a large dataset is read: one line, 130 or 143."""
-    from itlaudit.workflows.run import interruption
-
     signal_name, exit_code = interruption()
     err.print(f"itlaudit: interrupted by {signal_name}", markup=False)
     sys.exit(exit_code)
@@ -211,7 +208,9 @@ def main() -> None:
         _bench_line()
         # Non-standalone mode returns a command's exit code (typer.Exit) instead of exiting.
         code = app(prog_name="itlaudit", standalone_mode=False)
-        if code == 130:  # typer answers a Ctrl-C inside a command (no run yet) with a silent 130
+        if code == 130 or requested():
+            # typer answers a Ctrl-C inside a command (no run yet) with a silent 130; a signal that
+            # came after the command's last boundary (model.stop) still ends in 130/143, never 0
             _exit_interrupted()
     except RunInterrupted as exc:
         err.print(f"itlaudit: {exc}", markup=False, highlight=False, soft_wrap=True)

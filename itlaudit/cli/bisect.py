@@ -25,8 +25,8 @@ from itlaudit.cli.options import (
     with_options,
 )
 from itlaudit.errors import BisectError, RunInterrupted
+from itlaudit.model.stop import interruption
 from itlaudit.serve.testbed import default_cache_dir
-from itlaudit.workflows.run import interruption
 
 __all__ = ["Opt", "bisect", "err", "out"]
 

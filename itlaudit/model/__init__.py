@@ -139,6 +139,15 @@ SURFACE = Surface(
             "Arrivals",
             "send_offsets_s",
         ),
+        "stop": (
+            "check",
+            "handle_signals",
+            "interruption",
+            "on_second",
+            "requested",
+            "wait_for",
+            "wait_or_stop",
+        ),
         "sendlog": (
             "ResponseSends",
             "SendLog",

@@ -31,7 +31,9 @@ from typing import Any, Protocol
 from itlaudit.errors import LaunchError
 from itlaudit.model.access import NO_ACCESS, Access
 from itlaudit.model.launch import LaunchKind, LaunchSpec
+from itlaudit.model.stop import wait_or_stop
 from itlaudit.serve.orphans import (
+    OWNER_ENV,
     die_with_parent,
     group_alive,
     reap_orphans,
@@ -54,7 +56,10 @@ __all__ = [
 
 CONTAINER_PORT = 8000
 LOG_TAIL_LINES = 15
-_POLL_INTERVAL_S = 0.5
+# Readiness is asked every 50 ms: a simulator or a small server is up within a second and a bisection or
+# `track nightly` starts two a probe, so a coarser poll is most of a probe's start; a refused poll costs
+# ~0.5 ms of CPU, and one to a vLLM still loading waits on its socket (READY_PROBE_TIMEOUT_S) anyway.
+_POLL_INTERVAL_S = 0.05
 _TERM_GRACE_S = 10.0
 
 
@@ -340,7 +345,9 @@ def _wait_ready(
     access: Access,
 ) -> None:
     """Ready is SideClient.ready: /health (the engine is up) and /v1/models (the router serves), both
-    with the run's headers, since a server started with --api-key answers /v1/models only with its key."""
+    with the run's headers, since a server started with --api-key answers /v1/models only with its key.
+    A signal (model.stop) ends the wait within a poll (KeyboardInterrupt here; the caller stops the
+    server): a vLLM start takes minutes."""
     deadline = time.monotonic() + timeout_s
     client = BlockingSideClient(access)
     while True:
@@ -354,7 +361,7 @@ def _wait_ready(
         if time.monotonic() >= deadline:
             where = f" (log {log_path}); last lines:\n{_tail(log_path)}" if proc is not None else ""
             raise LaunchError(f"server at {url} not ready after {timeout_s:g}s{where}")
-        time.sleep(_POLL_INTERVAL_S)
+        wait_or_stop(_POLL_INTERVAL_S)
 
 
 class Launcher(Protocol):
@@ -416,8 +423,10 @@ def _start(
 ) -> LaunchedServer:
     """Run argv in its own session, logging to log_path, and wait until it answers on `port`."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    # Docker gets env via -e; for local processes it is layered over ours so PATH etc. survive.
-    env = None if docker_name is not None else {**os.environ, **spec.env}
+    # Docker gets env via -e; for local processes it is layered over ours so PATH etc. survive. The
+    # owner's tag goes to every server (the docker CLI too) for the reaper (orphans.reap_orphans).
+    owner = os.getpid()
+    env = {**os.environ, **(spec.env if docker_name is None else {}), OWNER_ENV: str(owner)}
     with log_path.open("ab") as log:
         try:
             proc = subprocess.Popen(
@@ -427,7 +436,7 @@ def _start(
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                preexec_fn=die_with_parent,  # async-signal-safe: one prctl call
+                preexec_fn=functools.partial(die_with_parent, owner),  # a prctl and a getppid
             )
         except OSError as exc:
             raise LaunchError(f"cannot start {argv[0]!r}: {exc}") from exc

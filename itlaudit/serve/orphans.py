@@ -17,9 +17,20 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-__all__ = ["die_with_parent", "group_alive", "pid_dir", "reap_orphans", "remove_container", "write_pid_file"]
+__all__ = [
+    "OWNER_ENV",
+    "die_with_parent",
+    "group_alive",
+    "pid_dir",
+    "reap_orphans",
+    "remove_container",
+    "write_pid_file",
+]
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# Every launched server's environment names the itlaudit that started it: the reaper kills a group
+# only when its leader carries its pid file's owner (a recycled pid is someone else's process).
+OWNER_ENV = "ITLAUDIT_SERVER_OWNER"
 
 
 def pid_dir() -> Path:
@@ -27,12 +38,19 @@ def pid_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"itlaudit-servers-{os.getuid()}"
 
 
-def die_with_parent() -> None:
-    """preexec_fn of every launched server: SIGKILL it when the itlaudit that started it dies,
-    however it dies. Best effort: without Linux's prctl the pid file still lets the next run reap it."""
+def die_with_parent(owner: int) -> None:
+    """preexec_fn of every launched server (`owner`: the pid of the itlaudit starting it, taken
+    before the fork): SIGKILL it when that itlaudit dies, however it dies. The kernel sends the signal
+    only for a death after the prctl; an owner killed between the fork and the prctl (a SIGKILL
+    while a probe starts its server) left a server running with no pid file yet, adopted by init
+    (tests/test_bisect_resume.py's kill test left one), so the child checks its parent after the
+    prctl and exits at once if it is already someone else. Best effort: without Linux's prctl the
+    pid file still lets the next run reap it."""
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != owner:
+        os._exit(1)
 
 
 def write_pid_file(pgid: int, docker_name: str | None) -> Path:
@@ -53,10 +71,11 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _started_by_itlaudit(pid: int) -> bool:
-    """A recycled pid must not be killed: the group leader must carry the run tag in its environment."""
+def _started_by(pid: int, owner: int) -> bool:
+    """A recycled pid must not be killed: the group leader must carry its owner's tag (OWNER_ENV,
+    which the launcher sets for every server, whichever command started it) in its environment."""
     try:
-        return b"ITLAUDIT_RUN_DIR=" in Path(f"/proc/{pid}/environ").read_bytes()
+        return f"{OWNER_ENV}={owner}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
         return False
 
@@ -74,7 +93,7 @@ def reap_orphans() -> list[int]:
             continue
         if _alive(owner):
             continue
-        if group_alive(pgid) and _started_by_itlaudit(pgid):
+        if group_alive(pgid) and _started_by(pgid, owner):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGKILL)
             reaped.append(pgid)

@@ -27,10 +27,9 @@ SURFACE = Surface(
             "DEFAULT_REPORTS",
             "LedgerPolicy",
             "RunOutcome",
-            "handle_signals",
-            "interruption",
             "mark_interrupted",
             "run_scenario",
+            "run_until_stopped",
             "variant_target",
         ),
         "run_folder": (

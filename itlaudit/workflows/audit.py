@@ -4,7 +4,6 @@ The command parses its options and prints what each variant yields."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +13,7 @@ from itlaudit.analysis.invariance import PromptObservations, figures_json, promp
 from itlaudit.errors import ScenarioError
 from itlaudit.model.scenario import Variant, load_scenario
 from itlaudit.store.rundir import write_versioned
-from itlaudit.workflows.run import variant_target
+from itlaudit.workflows.run import run_until_stopped, variant_target
 
 if TYPE_CHECKING:
     from itlaudit.capture.server_info import ServerIdentity
@@ -81,7 +80,7 @@ def invariance_audit(
     results: dict[str, Any] = {}
     for variant in variants:
         with variant_target(variant, None, run_dir) as base_url:
-            served, identity, observations = asyncio.run(_score(base_url, settings))
+            served, identity, observations = run_until_stopped(_score(base_url, settings))
         figures = [prompt_figures(o, settings.choices) for o in observations]
         summary = summarize(figures)
         results[variant.name] = {

@@ -6,7 +6,6 @@ disturb the timing it sits beside.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import replace
@@ -37,7 +36,7 @@ from itlaudit.report.progress import Reporter
 from itlaudit.serve.side_client import SideClient
 from itlaudit.store.rundir import COMPARE_FILE, write_versioned
 from itlaudit.workflows.derive import with_comparison, write_report
-from itlaudit.workflows.run import LedgerPolicy, RunOutcome, run_scenario, variant_target
+from itlaudit.workflows.run import LedgerPolicy, RunOutcome, run_scenario, run_until_stopped, variant_target
 from itlaudit.workflows.run_folder import RunFolder
 from itlaudit.workflows.variant_pass import WindowHook
 
@@ -163,7 +162,8 @@ def audit_distribution(
                     again = replace(baseline, name=f"{baseline.name}-scoring")  # its own server log
                     url = stack.enter_context(variant_target(again, None, outcome.run_dir, access))
             with reporter.step(f"scoring sampled outputs under {baseline.name}"):
-                figures, findings = asyncio.run(_score_distribution(scenario, mine, audited, url, access))
+                scoring = _score_distribution(scenario, mine, audited, url, access)
+                figures, findings = run_until_stopped(scoring)
     except ItlauditError as exc:
         return {**block, "skipped": f"scoring under {baseline.name!r} failed: {exc}"}, []
     return {**block, "variants": figures}, findings
@@ -268,7 +268,7 @@ def _compare(
     overrides = variant_urls or {}
     live = {v.name: url or overrides.get(v.name) or (None if v.launch else v.url) for v in scenario.variants}
     found = [Finding.from_json(line) for line in comparison.findings]
-    explained = asyncio.run(explain_mismatches(scenario, outcome.records, found, live))
+    explained = run_until_stopped(explain_mismatches(scenario, outcome.records, found, live))
     modes = {v.name: execution_mode(v, bool(url or overrides.get(v.name))) for v in scenario.variants}
     by_id = {r.request_id: r.variant for r in outcome.records}
     judged = [_judged_by_modes(finding, modes, by_id, comparison) for finding in explained]

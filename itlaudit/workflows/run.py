@@ -4,17 +4,16 @@ then derive the run's files. Shared by `run` and `compare`; it holds no figures 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import os
-import signal
-import threading
+import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rich.console import Console
 
@@ -28,11 +27,12 @@ from itlaudit.model.records import RequestRecord
 from itlaudit.model.redact import launch_secret_values, redact_file, remember_secrets
 from itlaudit.model.run_labels import RunLabels
 from itlaudit.model.scenario import Scenario, Variant
+from itlaudit.model.stop import check, interruption, on_second, requested
 from itlaudit.report.progress import Reporter, duration
 from itlaudit.serve.environment import gpus as host_gpus
 from itlaudit.store.jsonl import iter_jsonl
 from itlaudit.store.lock import hold_run_lock, refuse_if_live
-from itlaudit.store.rundir import REPORT_FILE, REQUESTS_FILE, new_run_dir, remove_partial
+from itlaudit.store.rundir import REPORT_FILE, REQUESTS_FILE, SUMMARY_FILE, new_run_dir, remove_partial
 from itlaudit.workflows.run_folder import server_log_name
 
 if TYPE_CHECKING:
@@ -46,11 +46,10 @@ __all__ = [
     "RUN_DIR_ENV",
     "LedgerPolicy",
     "RunOutcome",
-    "handle_signals",
     "held_signals",
-    "interruption",
     "mark_interrupted",
     "run_scenario",
+    "run_until_stopped",
     "variant_target",
 ]
 
@@ -240,6 +239,7 @@ def run_scenario(
         from itlaudit.capture.workers import prestart_workers
 
         prestart_workers()
+    check()  # a signal while the dataset was drawn (seconds for the largest): no folder is made
     folder = _open_run_dir(run_dir, scenario.folder_name, append)
     try:
         with hold_run_lock(folder, f"--out {folder}"):
@@ -298,6 +298,7 @@ def _run_in_folder(
                 launched = variant.launch if not override else None
                 access = variant_access(scenario, variant.name, capture)
                 try:
+                    check()  # a signal between two variants: the next one never starts
                     with ExitStack() as server:
                         starting = reporter.step(f"{variant.name}: starting its server") if launched else None
                         with starting or nullcontext():
@@ -327,7 +328,7 @@ def _run_in_folder(
                             for warning in lost_worker_warnings(workers):
                                 (console or Console(stderr=True)).print(warning, markup=False, soft_wrap=True)
 
-                        done = asyncio.run(
+                        done = run_until_stopped(
                             VariantPass(
                                 scenario,
                                 variant,
@@ -362,24 +363,16 @@ def _run_in_folder(
         _wrap_up_failed(folder, scenario, reporter, exc)
         raise
     order = [v.name for v in scenario.variants]
-    try:
-        with held_signals() as held:
-            derivation = folder.finish(scenario.name, order, reporter=reporter, report=report)
-    except KeyboardInterrupt:  # a second signal cut the derivation: every record is kept
+    hint = f"`itlaudit report {run_dir}` derives its figures"
+    with held_signals(folder, hint):
+        derivation = folder.finish(scenario.name, order, reporter=reporter, report=report)
+    if requested():
+        # A signal held until the figures were written: the folder is finished, nothing more runs.
         signal_name, exit_code = interruption()
-        hint = f"`itlaudit report {run_dir}` derives its figures"
-        mark_interrupted(folder, hint)
         raise RunInterrupted(
             signal_name,
             exit_code,
-            f"interrupted by {signal_name} while deriving the figures: every request is kept; {hint}",
-        ) from None
-    if held.signal_name is not None:
-        # A signal held until the figures were written: the folder is finished, nothing more runs.
-        raise RunInterrupted(
-            held.signal_name,
-            held.exit_code,
-            f"interrupted by {held.signal_name} after the last request: its figures were finished "
+            f"interrupted by {signal_name} after the last request: its figures were finished "
             f"first (summary.json in {run_dir}); not recorded in the ledger",
         )
     if ledger is not None:
@@ -387,21 +380,39 @@ def _run_in_folder(
     return RunOutcome(run_dir=run_dir, derivation=derivation)
 
 
-_SIGTERM_SEEN = threading.Event()
+_T = TypeVar("_T")
 
 
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM does what SIGINT does now: during `asyncio.run` that is asyncio's own handler, which
-    cancels the main task (streams end at an await, the workers are killed in `finally`, `with` blocks
-    stop servers, finished records stay); elsewhere Python's, which raises KeyboardInterrupt here.
-    It never re-raises SIGINT, whose disposition may be an inherited SIG_IGN. The flag keeps the
-    signal's name and exit code 143."""
-    _SIGTERM_SEEN.set()
-    handler = signal.getsignal(signal.SIGINT)
-    if callable(handler):
-        handler(signal.SIGINT, frame)
-        return
-    raise KeyboardInterrupt
+def run_until_stopped(main: Coroutine[Any, Any, _T]) -> _T:
+    """`asyncio.run` for a step a signal must stop: a watcher polls the stop request (model.stop)
+    every 50 ms and cancels the step's task, so its streams end at an await, its `finally` blocks
+    stop the capture workers, and what finished stays written; then KeyboardInterrupt is raised
+    here, at the step's boundary, never inside the loop's cleanup. It works off the main thread too
+    (a parallel bisection's probes), where no signal handler can be installed."""
+    check()
+
+    async def watched() -> _T:
+        task = asyncio.current_task()
+        assert task is not None
+
+        async def watch() -> None:
+            while not requested():
+                await asyncio.sleep(0.05)
+            task.cancel()
+
+        watcher = asyncio.create_task(watch())
+        try:
+            return await main
+        finally:
+            watcher.cancel()
+
+    try:
+        result = asyncio.run(watched())
+    except asyncio.CancelledError:
+        check()
+        raise
+    check()  # a step that ended by itself while the signal came: stopped here all the same
+    return result
 
 
 def mark_interrupted(folder: RunFolder, finish_with: str) -> None:
@@ -412,57 +423,35 @@ def mark_interrupted(folder: RunFolder, finish_with: str) -> None:
     folder.mark("interrupted", {"signal": signal_name, "at_unix": time.time(), "finish_with": finish_with})
 
 
-@dataclass
-class HeldSignal:
-    """What `held_signals` held: the signal that came during its step, if one did."""
-
-    signal_name: str | None = None
-    exit_code: int = 0
-
-
 @contextmanager
-def held_signals() -> Iterator[HeldSignal]:
-    """A step that must not be cut in half, short and bounded (the derivation that writes
-    summary.json: seconds): a first SIGINT or SIGTERM is only recorded, and the step runs to its end,
-    so the folder is finished rather than half-written; the caller reads `signal_name` at the
-    boundary and stops there. A second one raises KeyboardInterrupt at once, for a user who will not
-    wait. Raising into arbitrary code is what lost signals in cleanup (issue 39 item 1); a flag is not
-    lost. Off the main thread (tests driving workflows) nothing is held."""
-    held = HeldSignal()
-    if threading.current_thread() is not threading.main_thread():
-        yield held
-        return
+def held_signals(folder: RunFolder, finish_with: str) -> Iterator[None]:
+    """A step that must not be cut in half, the derivation that writes summary.json and the report:
+    a first SIGINT or SIGTERM is only recorded (model.stop, as everywhere), the step runs to its end
+    and the caller stops at its boundary, so the folder is finished rather than half-written.
 
-    def hold(signum: int, frame: FrameType | None) -> None:
-        if held.signal_name is not None:
-            raise KeyboardInterrupt
-        if signum == signal.SIGTERM:
-            _SIGTERM_SEEN.set()
-        held.signal_name, held.exit_code = interruption()
+    It cannot check a flag halfway (a synchronous derivation: pandas and file writes), so its time is
+    what bounds the exit: ~0.1 s for the hundreds of requests of a usual run, seconds only for runs of
+    tens of thousands or replies of tens of MB. A user who will not wait sends a second signal, and
+    that one ends the process at once, from the handler and without raising into whatever runs: a
+    summary.json it may have cut is removed, meta.json is marked interrupted with `finish_with` (the
+    one command that derives it all again from requests.jsonl), the launched servers still up (a
+    sweep's or a bisect probe's) are stopped by the exit functions, and the exit code is the first
+    signal's."""
 
-    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    for sig in before:
-        signal.signal(sig, hold)
-    try:
-        yield held
-    finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
+    def cut(signum: int) -> None:
+        signal_name, exit_code = interruption()
+        with contextlib.suppress(OSError, ItlauditError):
+            (folder.path / SUMMARY_FILE).unlink(missing_ok=True)
+            mark_interrupted(folder, finish_with)
+        line = f"itlaudit: interrupted by {signal_name} while deriving the figures: every request is kept; "
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write(f"{line}{finish_with}\n")
+            sys.stderr.flush()
+        atexit._run_exitfuncs()  # the launcher's: stop every server this process started
+        os._exit(exit_code)
 
-
-def handle_signals() -> None:
-    """Install both handlers (the CLI does, once, in the main thread). SIGINT's is set explicitly: a
-    script's background job (`itlaudit run … &`) inherits SIGINT ignored, and `asyncio.run` routes
-    SIGINT through its graceful cancel only when Python's own handler is installed. Capture workers
-    ignore SIGINT themselves; the coordinator decides what an interrupt ends."""
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _on_sigterm)
-
-
-def interruption() -> tuple[str, int]:
-    """What a KeyboardInterrupt stands for, as (signal name, exit code): SIGINT (Ctrl-C), or SIGTERM
-    routed through SIGINT's handler."""
-    return ("SIGTERM", 143) if _SIGTERM_SEEN.is_set() else ("SIGINT", 130)
+    with on_second(cut):
+        yield
 
 
 def _finished_requests(run_dir: Path) -> int:
@@ -492,7 +481,8 @@ def _wrap_up_interrupted(folder: RunFolder, scenario: Scenario, reporter: Report
     finished = _finished_requests(folder.path)
     if finished:
         reporter.phase(f"interrupted by {signal_name}: keeping the {finished} finished requests")
-        folder.finish(scenario.name, [v.name for v in scenario.variants], reporter=reporter)
+        with held_signals(folder, f"`itlaudit report {folder.path}` derives its figures"):
+            folder.finish(scenario.name, [v.name for v in scenario.variants], reporter=reporter)
         where = f"summary and report for them in {folder.path / REPORT_FILE}"
     else:
         where = f"nothing to report ({folder.path})"

@@ -13,7 +13,6 @@ aside under a new name and the trial runs again.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import hashlib
 import json
@@ -48,6 +47,7 @@ from itlaudit.model.launch import LaunchSpec
 from itlaudit.model.redact import launch_secret_values, redact_file
 from itlaudit.model.scenario import Scenario, Variant
 from itlaudit.model.serve_params import ServeValue, expand
+from itlaudit.model.stop import check, interruption, wait_or_stop
 from itlaudit.model.vocabulary import LoadAxis, QualityGate
 from itlaudit.report.progress import Reporter, duration
 from itlaudit.store.jsonl import iter_jsonl, load_records
@@ -59,7 +59,7 @@ from itlaudit.store.rundir import (
     read_versioned,
     write_versioned,
 )
-from itlaudit.workflows.run import DEFAULT_REPORTS, interruption, mark_interrupted, variant_target
+from itlaudit.workflows.run import DEFAULT_REPORTS, mark_interrupted, run_until_stopped, variant_target
 from itlaudit.workflows.run_folder import RunFolder, server_log_name
 from itlaudit.workflows.variant_pass import VariantPass
 
@@ -334,10 +334,11 @@ class _Sweeper:
         rule, auto = self.config.rule(), self.config.convergence or {}
         figures: list[float] = []
         for number in range(1, self.config.trials + 1):
+            check()  # a signal between two trials: the next one never starts
             folder = trial_dir(self.sweep_dir, variant, self.config.axis, value, number)
             if _finished_load(folder) is None:
                 if figures and auto.get("cooldown_s"):
-                    time.sleep(auto["cooldown_s"])
+                    wait_or_stop(auto["cooldown_s"])
                 self._run_trial(_Trial(scenario, variant, value, number, folder), base_url, launched)
             if rule is None:
                 continue
@@ -384,7 +385,7 @@ class _Sweeper:
         try:
             with self.reporter.capture(name, total) as counts, writer:
                 writer.counts = counts
-                asyncio.run(
+                run_until_stopped(
                     VariantPass(
                         trial.scenario,
                         variant,

@@ -18,6 +18,7 @@ from itlaudit.bisect.build_range import SHORT_SHA, Build
 from itlaudit.bisect.providers.base import Found, Prepared, Provider
 from itlaudit.errors import BisectError, BuildUnavailable
 from itlaudit.model.launch import LaunchKind, LaunchSpec
+from itlaudit.model.stop import wait_for
 from itlaudit.serve.launcher import fill_placeholders
 
 __all__ = ["CommandProvider", "fill"]
@@ -63,7 +64,7 @@ class CommandProvider(Provider, name="command"):
             log_path = self.log_dir / f"build-{build.label}.log"
             with log_path.open("ab") as log:
                 try:
-                    code = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+                    code = wait_for(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
                 except OSError as exc:
                     raise BuildUnavailable(f"build command {argv[0]!r} cannot start ({exc})") from None
             if code != 0:
