@@ -15,7 +15,7 @@ from types import ModuleType
 from typing import Any
 
 from itlaudit.analysis.comparison import build_comparison
-from itlaudit.analysis.derive import run_summary
+from itlaudit.analysis.derive import summarize_run
 from itlaudit.analysis.specdecode import CounterSnapshot, spec_decode_delta
 from itlaudit.store.jsonl import load_records
 
@@ -38,9 +38,9 @@ def rederive(run: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     the comparison in compare.json's form, which the fixture tests hold it against."""
     meta = json.loads((run / "meta.json").read_text())
     records = load_records(run / "requests.jsonl")
-    summary = run_summary(records, list(meta["variants"]))
+    summary = summarize_run(records, list(meta["variants"]))
     stats = {
         name: spec_decode_delta(CounterSnapshot.from_json(v["before"]), CounterSnapshot.from_json(v["after"]))
         for name, v in meta["variants"].items()
     }
-    return summary, build_comparison(summary, records, stats).to_json()
+    return summary.to_json(), build_comparison(summary, records, stats).to_json()

@@ -7,7 +7,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from itlaudit.analysis.comparison import CompareResult, VariantComparison
+from itlaudit.analysis.comparison import CompareResult
 from itlaudit.analysis.derive import derive_requests, summarize_run
 from itlaudit.analysis.metrics import SUMMARY_METRICS
 from itlaudit.analysis.specdecode import SpecDecodeStats
@@ -90,8 +90,8 @@ def request_findings(records: list[RequestRecord]) -> list[Finding]:
 def views(records: list[RequestRecord], spec: dict[str, dict] | None = None) -> list[VariantView]:
     """The views write_reports would draw: spec-decode figures as compare.json holds them, and the
     truncated requests from the records' own findings."""
-    rows = {name: VariantComparison(spec_decode=figures) for name, figures in (spec or {}).items()}
-    compare = CompareResult(baseline=None, variants=rows, findings=[])
+    rows = {name: {"spec_decode": figures} for name, figures in (spec or {}).items()}
+    compare = CompareResult.from_json({"baseline": None, "variants": rows, "findings": []})
     telemetry = {"server": {r.variant: sampled_window() for r in records}}
     return variant_views(records, summarize_run(records), compare, request_findings(records), telemetry)
 

@@ -12,6 +12,7 @@ import pytest
 from vllm_server import SERVED_MODEL, vllm_server
 
 from itlaudit.analysis.validity import variant_validity
+from itlaudit.store.folder import RunFiles
 
 pytestmark = pytest.mark.vllm
 server_url = vllm_server()
@@ -44,7 +45,7 @@ def test_flags_only_run_against_vllm(server_url: str, tmp_path: Path) -> None:
     assert block["requests"] == PROMPTS
     # Full length, no error, no gibberish; a busy 2-core box may add load warnings (chunks_coalesced,
     # client_saturated), which leave the variant comparable.
-    assert variant_validity(summary, "server").comparable, block["findings"]
+    assert variant_validity(RunFiles(tmp_path / "run").summary, "server").comparable, block["findings"]
     assert block["itl_ms"]["p50"] > 0 and block["chunk_itl_ms"]["p50"] > 0
     meta = json.loads((tmp_path / "run" / "meta.json").read_text())
     assert "--num-prompts 32" in meta["command_line"]

@@ -13,8 +13,14 @@ from itlaudit.analysis.comparison import (
     build_comparison,
     stream_acceptance_length,
 )
-from itlaudit.analysis.derive import run_summary
-from itlaudit.analysis.specdecode import CounterSnapshot, parse_counters, spec_decode_delta, step_token_limit
+from itlaudit.analysis.derive import summarize_run
+from itlaudit.analysis.specdecode import (
+    CounterSnapshot,
+    SpecDecodeStats,
+    parse_counters,
+    spec_decode_delta,
+    step_token_limit,
+)
 from itlaudit.errors import ItlauditError
 from itlaudit.model.records import ChunkSeries, RequestParams, RequestRecord
 
@@ -107,19 +113,19 @@ def test_stream_acceptance_length_excludes_prefill_chunk() -> None:
 def test_comparison_speedups_and_quiet_cross_check() -> None:
     records = [_record("K0", list(range(1, 14))), _record("K3", [1, 5, 9, 13])]
     comparison = build_comparison(
-        run_summary(records, ["K0", "K3"]), records, {"K0": None, "K3": _stats(4.0)}
+        summarize_run(records, ["K0", "K3"]), records, {"K0": None, "K3": _stats(4.0)}
     )
     k3 = comparison.variants["K3"]
     # K0: 12 tokens over 120 ms → 10 ms; K3: 12 tokens over 30 ms → 2.5 ms
     assert k3.speedup_token_itl == pytest.approx(4.0)
     assert k3.speedup_chunk_itl == pytest.approx(1.0)  # both 10 ms per chunk
-    assert k3.spec_decode["acceptance_length"] == 4.0
+    assert k3.spec_decode is not None and k3.spec_decode.acceptance_length == 4.0
     assert comparison.findings == []
 
 
 def test_acceptance_length_mismatch_fires_past_tolerance() -> None:
     records = [_record("K0", list(range(1, 14))), _record("K3", [1, 5, 9, 13])]
-    comparison = build_comparison(run_summary(records, ["K0", "K3"]), records, {"K3": _stats(2.0)})
+    comparison = build_comparison(summarize_run(records, ["K0", "K3"]), records, {"K3": _stats(2.0)})
     (finding,) = comparison.findings
     assert finding["code"] == ACCEPTANCE_LENGTH_MISMATCH
     assert finding["evidence"]["stream"] == 4.0 and finding["evidence"]["metrics"] == 2.0
@@ -129,7 +135,7 @@ def test_acceptance_length_mismatch_fires_past_tolerance() -> None:
         "requests reached the server in the window."
     )
     single = [_record("K0", list(range(1, 14))), _record("K3", list(range(1, 14)))]
-    (lost,) = build_comparison(run_summary(single, ["K0", "K3"]), single, {"K3": _stats(4.0)}).findings
+    (lost,) = build_comparison(summarize_run(single, ["K0", "K3"]), single, {"K3": _stats(4.0)}).findings
     assert lost["message"].endswith(
         "Conclusion: the server's accepted drafts did not reach this stream as tokens: chunks were lost."
     )
@@ -149,7 +155,7 @@ def test_chunks_of_more_tokens_than_a_step_makes_are_named_bundled_and_step_size
     )
     assert step_token_limit(before, after) == 4
     bundled = [_record("K0", [1, 5, 9, 13, 17]), _record("K3", [1, 9, 17, 25, 33])]
-    summary = run_summary(bundled, ["K0", "K3"])
+    summary = summarize_run(bundled, ["K0", "K3"])
     found = build_comparison(summary, bundled, {"K0": None, "K3": _stats(4.0)}, {"K0": 1, "K3": 4}).findings
     assert [(f["code"], f["evidence"]["variant"]) for f in found] == [
         ("stream_bundled", "K0"),
@@ -161,7 +167,7 @@ def test_chunks_of_more_tokens_than_a_step_makes_are_named_bundled_and_step_size
     )
     stepwise = [_record("K0", list(range(1, 14))), _record("K3", [1, 5, 9, 13])]
     quiet = build_comparison(
-        run_summary(stepwise, ["K0", "K3"]), stepwise, {"K3": _stats(4.0)}, {"K0": 1, "K3": 4}
+        summarize_run(stepwise, ["K0", "K3"]), stepwise, {"K3": _stats(4.0)}, {"K0": 1, "K3": 4}
     )
     assert quiet.findings == []
 
@@ -173,7 +179,7 @@ def test_an_ngram_drafter_that_skips_steps_is_explained_not_left_standing() -> N
     disagree too, get no reading (the latter is acceptance_length_mismatch's)."""
 
     def row(server_al: float, server_accepted: float) -> VariantComparison:
-        spec = {"acceptance_length": server_al, "num_accepted_tokens": server_accepted, "num_drafts": 1000}
+        spec = SpecDecodeStats(1000, 3000, server_accepted, None, None, server_al, [])
         return VariantComparison(
             stream_acceptance_length=4088 / 1484, stream_accepted_tokens=4088 - 1484, spec_decode=spec
         )
@@ -195,7 +201,7 @@ def _greedy_record(variant: str, ids: list[int]) -> RequestRecord:
 
 def test_compare_reports_lossless_mismatch_at_first_differing_token() -> None:
     records = [_greedy_record("K0", [5, 6, 7, 8, 9]), _greedy_record("K3", [5, 6, 7, 1, 9])]
-    comparison = build_comparison(run_summary(records, ["K0", "K3"]), records, {})
+    comparison = build_comparison(summarize_run(records, ["K0", "K3"]), records, {})
     (finding,) = [f for f in comparison.findings if f["code"] == "spec_decode_output_mismatch"]
     assert (
         finding["evidence"]["position"],
@@ -210,4 +216,4 @@ def test_compare_reports_lossless_mismatch_at_first_differing_token() -> None:
 
 def test_compare_quiet_when_greedy_outputs_match() -> None:
     records = [_greedy_record("K0", [5, 6, 7, 8, 9]), _greedy_record("K3", [5, 6, 7, 8, 9])]
-    assert build_comparison(run_summary(records, ["K0", "K3"]), records, {}).findings == []
+    assert build_comparison(summarize_run(records, ["K0", "K3"]), records, {}).findings == []

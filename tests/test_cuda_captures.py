@@ -17,7 +17,7 @@ from itlaudit.analysis.comparison import (
     stream_acceptance_length,
     stream_accepted_tokens,
 )
-from itlaudit.analysis.derive import run_summary
+from itlaudit.analysis.derive import summarize_run
 from itlaudit.analysis.findings import Finding, request_findings, run_findings
 from itlaudit.analysis.lossless import with_execution_modes
 from itlaudit.analysis.metrics import request_metrics
@@ -56,7 +56,7 @@ def test_ngram_acceptance_is_cross_checked_on_accepted_tokens() -> None:
     assert stats["NG"].acceptance_length == pytest.approx(3.086, abs=1e-3)  # 11% apart: the old alarm
     assert stream_accepted_tokens(ngram) == 4088 - 1484 == 2604
     assert stats["NG"].num_accepted_tokens == 2612
-    comparison = build_comparison(run_summary(records, ["K0", "NG", "K3N"]), records, stats)
+    comparison = build_comparison(summarize_run(records, ["K0", "NG", "K3N"]), records, stats)
     assert [f for f in comparison.findings if f["code"] == ACCEPTANCE_LENGTH_MISMATCH] == []
     assert comparison.variants["NG"].stream_accepted_tokens == 2604
 
@@ -77,7 +77,7 @@ def _merge_pairs(record: RequestRecord) -> RequestRecord:
 def test_merged_chunks_still_raise_the_mismatch_on_the_ngram_capture() -> None:
     records, stats = _partial()
     merged = [_merge_pairs(r) if r.variant == "NG" else r for r in records]
-    comparison = build_comparison(run_summary(merged, ["K0", "NG", "K3N"]), merged, stats)
+    comparison = build_comparison(summarize_run(merged, ["K0", "NG", "K3N"]), merged, stats)
     (found,) = [f for f in comparison.findings if f["code"] == ACCEPTANCE_LENGTH_MISMATCH]
     assert found["evidence"]["variant"] == "NG"
     assert found["evidence"]["accepted_gap"] > 0.1
@@ -92,7 +92,7 @@ def test_foreign_traffic_in_the_window_raises_the_mismatch() -> None:
         num_drafts=stats["NG"].num_drafts * 2,
         acceptance_length=1 + stats["NG"].num_accepted_tokens / (stats["NG"].num_drafts * 2),
     )
-    comparison = build_comparison(run_summary(ngram, ["NG"]), ngram, {"NG": doubled})
+    comparison = build_comparison(summarize_run(ngram, ["NG"]), ngram, {"NG": doubled})
     assert [f["code"] for f in comparison.findings] == [ACCEPTANCE_LENGTH_MISMATCH]
 
 

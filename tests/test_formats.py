@@ -21,6 +21,7 @@ from itlaudit.analysis.summary import RunSummary
 from itlaudit.errors import RecordsError
 from itlaudit.model.formats import FORMAT, PREVIOUS_FORMAT, RECORDS_FORMAT, check_format
 from itlaudit.serve.sim import SimConfig
+from itlaudit.store.folder import RunFiles
 from itlaudit.store.jsonl import load_records
 from itlaudit.store.ledger import load_ledger, matrix
 from itlaudit.store.result import result_json, save_result
@@ -166,7 +167,7 @@ def test_a_sweep_started_before_versions_resumes(tmp_path: Path) -> None:
 
 
 def test_result_json_of_a_summary_in_memory_says_its_format() -> None:
-    summary = read_json(FIXTURE / "summary.json")
+    summary = RunFiles(FIXTURE).summary
     meta = read_json(FIXTURE / "meta.json")
     assert result_json(summary, meta, "K3")["format"] == FORMAT
 

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from itlaudit.analysis.comparison import CompareResult, build_comparison
-from itlaudit.analysis.derive import derive_request, run_summary
+from itlaudit.analysis.derive import derive_request, summarize_run
 from itlaudit.analysis.metrics import request_metrics
 from itlaudit.analysis.specdecode import CounterSnapshot, spec_decode_delta
 from itlaudit.model.records import RequestRecord
@@ -43,7 +43,7 @@ def _rederive_sweep(tmp_path: Path) -> dict[str, Any]:
     shutil.copytree(SWEEP, copy)
     for point in copy.glob("*/c*-t1"):
         records = load_records(point / "requests.jsonl")
-        write_json(point / SUMMARY_FILE, run_summary(records, [point.parent.name]))
+        write_json(point / SUMMARY_FILE, summarize_run(records, [point.parent.name]).to_json())
         lines = [json.dumps(derive_request(r)) for r in records]
         (point / DERIVED_FILE).write_text("\n".join(lines) + "\n")
     config = SweepConfig(**json.loads((copy / "sweep-config.json").read_text()))
@@ -133,7 +133,7 @@ def _rederive(run: Path) -> tuple[list[RequestRecord], CompareResult]:
         name: spec_decode_delta(CounterSnapshot.from_json(v["before"]), CounterSnapshot.from_json(v["after"]))
         for name, v in meta["variants"].items()
     }
-    return records, build_comparison(run_summary(records, list(meta["variants"])), records, stats)
+    return records, build_comparison(summarize_run(records, list(meta["variants"])), records, stats)
 
 
 def _accepted_on_stream(records: list[RequestRecord]) -> int:
@@ -151,14 +151,15 @@ def test_ngram_stream_and_metrics_agree_once_the_warmups_in_the_window_are_count
     written = json.loads((run / "compare.json").read_text())
     assert [f["code"] for f in written["findings"]] == ["acceptance_length_mismatch"]
     ng = _rederive(run)[1].variants["NG"].spec_decode
+    assert ng is not None
     records = _all_records(run / "requests.jsonl")
     window = [r for r in records if r.variant == "NG"]
     measured = [r for r in window if not r.warmup]
     assert (len(window), len(measured)) == (10, 8)
-    assert _accepted_on_stream(measured) == 2604 and ng["num_accepted_tokens"] == 3265
+    assert _accepted_on_stream(measured) == 2604 and ng.num_accepted_tokens == 3265
     in_window = _accepted_on_stream(window)
-    assert abs(in_window - ng["num_accepted_tokens"]) / ng["num_accepted_tokens"] < 0.005
-    assert [round(p, 2) for p in ng["per_position_acceptance"]] == [0.79, 0.66, 0.64]
+    assert abs(in_window - ng.num_accepted_tokens) / ng.num_accepted_tokens < 0.005
+    assert [round(p, 2) for p in ng.per_position_acceptance] == [0.79, 0.66, 0.64]
 
 
 def test_ngram_and_cuda_graph_figures_quoted_in_the_readme() -> None:
@@ -186,7 +187,7 @@ def test_generation_config_cap_found_again_with_todays_code(run: str, tokens: in
     """A server started with --override-generation-config max_new_tokens=128: explicit max_tokens 512 and
     chat without max_tokens stop at 128; completions without max_tokens stop at vLLM's default 16."""
     records = load_records(RUNS / run / "requests.jsonl")
-    summary = run_summary(records, ["CAP"])
+    summary = summarize_run(records, ["CAP"]).to_json()
     written = json.loads((RUNS / run / "summary.json").read_text())
     assert _same(summary, written)
     block = summary["variants"]["CAP"]
@@ -266,7 +267,7 @@ def test_parity_round_figures_recomputed_from_the_records() -> None:
     assert len(records) == 100
     assert {r.prompt_tokens for r in records} == {256} and {r.completion_tokens for r in records} == {128}
     device = _without_recalibrated(json.loads((folder / "summary.json").read_text()))
-    assert _same(run_summary(records, ["A"]), device)
+    assert _same(summarize_run(records, ["A"]).to_json(), device)
 
 
 def _client_fidelity() -> Any:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from itlaudit.analysis.benchmark import benchmark_figures
-from itlaudit.analysis.derive import run_summary
+from itlaudit.analysis.derive import summarize_run
 from itlaudit.analysis.metrics import decode_gaps, distribution, request_metrics
 from itlaudit.model.records import ChunkSeries, RequestParams, RequestRecord, Status
 
@@ -79,12 +79,13 @@ def test_pooled_chunk_itl_is_vllm_bench_itl_one_value_per_chunk() -> None:
 def test_per_request_p99_is_not_the_pooled_p99() -> None:
     """The K0 trap of issue 22: the p99 of per-request means hides the slow gaps that vllm bench's
     pooled P99 shows."""
-    block = run_summary(RECORDS)["variants"]["A"]
-    per_request = block["itl_ms"]  # each request's mean token ITL: 20/6 and 30/2
+    block = summarize_run(RECORDS).variants["A"]
+    per_request = block.itl_ms  # each request's mean token ITL: 20/6 and 30/2
     assert per_request["count"] == 2
     assert per_request["p99"] == pytest.approx(20 / 6 + 0.99 * (15 - 20 / 6))
-    assert block["benchmark"]["token_itl_ms"]["p99"] == pytest.approx(19.3)
-    assert block["benchmark"]["token_itl_ms"]["p99"] > per_request["p99"] + 4
+    pooled = block.benchmark["token_itl_ms"]
+    assert isinstance(pooled, dict) and pooled["p99"] == pytest.approx(19.3)
+    assert pooled["p99"] > per_request["p99"] + 4
 
 
 def test_weighted_distribution_equals_numpy_on_the_repeated_values() -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from itlaudit.analysis.summary import RunSummary
-from itlaudit.analysis.validity import variant_validity
 from itlaudit.errors import RecordsError
+from itlaudit.store.folder import RunFiles
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SUMMARIES = sorted(FIXTURES.rglob("summary.json"))
@@ -57,8 +57,8 @@ def test_a_file_that_is_no_summary_is_one_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", SUMMARIES, ids=lambda p: str(p.parent.relative_to(FIXTURES)))
-def test_the_validity_rule_reads_the_struct_as_the_file(path: Path) -> None:
-    data = _read(path)
-    summary = RunSummary.from_json(data, path)
-    for name in [*summary.variants, "absent"]:
-        assert variant_validity(summary, name) == variant_validity(data, name)
+def test_the_one_reader_gives_every_fixture_folder_its_summary_typed(path: Path) -> None:
+    """RunFiles (RunFolder.open) reads each fixture folder's summary.json, of either format, once."""
+    run = RunFiles(path.parent)
+    assert run.summary == RunSummary.from_json(_read(path), path)
+    assert run.summary is run.summary

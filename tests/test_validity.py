@@ -1,8 +1,8 @@
-"""The one rule for "may this variant be ranked?" (analysis.validity) on hand-built summary.json
-dicts: it fires for a truncated, failing, or mostly gibberish variant (against a clean baseline) with
+"""The one rule for "may this variant be ranked?" (analysis.validity) on hand-built run summaries:
+it fires for a truncated, failing, or mostly gibberish variant (against a clean baseline) with
 the numbers in its reason, stays quiet for a clean one, for one gibberish request in ten and for
 gibberish on both sides (then its phrase says so), and a comparison against a base that breaks it is
-not comparable either. Pure functions on dicts: about 1 s for the file."""
+not comparable either. Pure functions: about 1 s for the file."""
 
 from __future__ import annotations
 
@@ -15,11 +15,14 @@ from typing import Any
 import numpy as np
 import pytest
 from matplotlib.figure import Figure
+from reportkit import block as summary_block
 from simkit import itlaudit
 
+from itlaudit.analysis.summary import RunSummary
 from itlaudit.analysis.validity import (
     COMPARABLE,
     Validity,
+    block_counts,
     block_validity,
     comparison_validity,
     quality_note,
@@ -35,15 +38,16 @@ def summary(
     errors: int = 0,
     base: dict[str, int] | None = None,
     **extra: Any,
-) -> dict:
-    return {
-        "variants": {
-            "K0": {"requests": 6, "errors": 0, "findings": base or {}},
-            "K3": {"requests": requests, "errors": errors, "findings": findings or {}},
+) -> RunSummary:
+    return RunSummary(
+        variants={
+            "K0": summary_block(requests=6, errors=0, findings=base or {}),
+            "K3": summary_block(requests=requests, errors=errors, findings=findings or {}),
         },
-        "run_findings": extra.get("run_findings", []),
-        **{k: v for k, v in extra.items() if k != "run_findings"},
-    }
+        run_findings=extra.pop("run_findings", []),
+        quality_gate=QualityGate(extra.pop("quality_gate", QualityGate.RELATIVE)),
+        **extra,
+    )
 
 
 def common_cap(variant: str, cap: int, hits: int) -> dict[str, Any]:
@@ -102,7 +106,9 @@ def test_gibberish_gates_only_where_the_baseline_writes_clean_text() -> None:
 
 
 def test_a_baseline_or_a_single_variant_never_hides_behind_quality() -> None:
-    only = {"variants": {"K0": {"requests": 4, "errors": 0, "findings": {"gibberish_suspected": 4}}}}
+    only = RunSummary(
+        variants={"K0": summary_block(requests=4, findings={"gibberish_suspected": 4})}, run_findings=[]
+    )
     assert variant_validity(only, "K0") == COMPARABLE
     assert quality_note(only) == "outputs are gibberish: speed measured, quality not judged"
     base_broken = summary(base={"gibberish_suspected": 6})
@@ -121,7 +127,7 @@ def test_strict_and_off_gates() -> None:
     off = summary({"gibberish_suspected": 6, "truncated_below_max_tokens": 1}, errors=1, quality_gate="off")
     assert variant_validity(off, "K3") == Validity(False, "1 of 6 requests cut short; 1 of 6 requests failed")
     assert variant_validity(summary({"gibberish_suspected": 6}, quality_gate="off"), "K3") == COMPARABLE
-    block = summary({"gibberish_suspected": 6})["variants"]["K3"]
+    block = block_counts(summary({"gibberish_suspected": 6}).variants["K3"])
     assert block_validity(block) == COMPARABLE  # alone: nothing to be relative to
     assert not block_validity(block, gate=QualityGate.STRICT).comparable
 
@@ -180,7 +186,7 @@ def test_a_sweep_never_ranks_a_point_that_breaks_the_rule() -> None:
     base_capped = {"K0": [_point(4, 10.0, "1 of 6 requests failed")], "K3": [_point(4, 5.0)]}
     words = crossover(LoadAxis.CONCURRENCY, "K0", "K3", base_capped).headline
     assert "faster" not in words and "no load measured by both is comparable" in words
-    block = {"requests": 6, "errors": 0, "findings": {"truncated_below_max_tokens": 6}}
+    block = summary_block(requests=6, findings={"truncated_below_max_tokens": 6})
     assert trial_figures(block, [], [], {})["not_comparable"] == capped
 
 
@@ -243,14 +249,14 @@ def test_compare_json_carries_the_reason_beside_the_speedups() -> None:
     from reportkit import k0_k3
 
     from itlaudit.analysis.comparison import build_comparison
-    from itlaudit.analysis.derive import run_summary
+    from itlaudit.analysis.derive import summarize_run
 
     records = k0_k3()
-    rows = build_comparison(run_summary(records), records, {}).variants
+    rows = build_comparison(summarize_run(records), records, {}).variants
     assert [rows[n].not_comparable for n in ("K0", "K3")] == [None, None]
     assert rows["K3-capped"].not_comparable == "4 of 4 requests capped at 16 tokens"
     capped_base = [r for r in records if r.variant != "K0"]
-    rows = build_comparison(run_summary(capped_base, ["K3-capped", "K3"]), capped_base, {}).variants
+    rows = build_comparison(summarize_run(capped_base, ["K3-capped", "K3"]), capped_base, {}).variants
     assert rows["K3"].not_comparable == "base K3-capped: 4 of 4 requests capped at 16 tokens"
 
 
@@ -362,12 +368,10 @@ def test_a_sweep_judges_each_point_against_the_baselines_at_the_same_load(tmp_pa
         folder.mkdir(parents=True)
         for name in ("requests.jsonl", "derived.jsonl"):
             (folder / name).write_text("")
-        block = {
-            "requests": 4,
-            "errors": 0,
-            "findings": {"gibberish_suspected": gibberish} if gibberish else {},
-        }
-        write_versioned(folder / "summary.json", {"variants": {variant: block}, "run_findings": []})
+        block = summary_block(requests=4, findings={"gibberish_suspected": gibberish} if gibberish else {})
+        write_versioned(
+            folder / "summary.json", RunSummary(variants={variant: block}, run_findings=[]).to_json()
+        )
         write_versioned(folder / POINT_FILE, {"load": 1})
 
     config = SweepConfig(scenario="s", axis=LoadAxis.CONCURRENCY, values=[1], variants=["K0", "K3"])

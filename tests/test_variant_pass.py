@@ -92,7 +92,7 @@ def test_run_makes_one_pass_per_variant_into_its_folder(
     with sim_server(SIM) as url:
         outcome = run_scenario(load_scenario(scenario_file), url=url, run_dir=tmp_path / "run")
     assert passes == [("A", tmp_path / "run"), ("B", tmp_path / "run")]
-    assert {name: block["requests"] for name, block in outcome.summary["variants"].items()} == {
+    assert {name: block.requests for name, block in outcome.derivation.summary.variants.items()} == {
         "A": 4,
         "B": 4,
     }

@@ -27,7 +27,6 @@ SURFACE = Surface(
             "derive_request",
             "derive_requests",
             "request_line",
-            "run_summary",
             "summarize_run",
             "with_comparison_findings",
         ),

@@ -11,6 +11,7 @@ import msgspec
 from itlaudit.analysis.lossless import spec_decode_mismatches
 from itlaudit.analysis.metrics import decode_gaps, p50, ratio, token_counts
 from itlaudit.analysis.specdecode import SpecDecodeStats
+from itlaudit.analysis.summary import RunSummary
 from itlaudit.analysis.validity import COMPARABLE, comparison_validity, quality_note, variant_validity
 from itlaudit.model.codes import ACCEPTANCE_LENGTH_MISMATCH, STREAM_BUNDLED, Finding
 from itlaudit.model.formats import FORMAT_KEY
@@ -46,7 +47,7 @@ class VariantComparison(msgspec.Struct, kw_only=True):
     speedup_decode_tokens_per_s: float | None = None
     stream_acceptance_length: float | None = None
     stream_accepted_tokens: int | None = None
-    spec_decode: dict[str, Any] | None = None  # SpecDecodeStats.to_json over the variant's window
+    spec_decode: SpecDecodeStats | None = None  # the server's /metrics acceptance over the window
     prefix_cache: dict[str, float | None] | None = None  # the server's prefix-cache counters over the window
     # engine steps a decode chunk carries where the server bundles them (stream_bundled); None: one
     steps_per_chunk: float | None = None
@@ -128,10 +129,12 @@ def acceptance_reading(row: VariantComparison) -> str | None:
     do and the accepted tokens agree: the server divides by the steps that drafted, the stream by
     every decode step (ngram proposes nothing without a match). None when they agree, or when the
     difference is not explained that way (then acceptance_length_mismatch fires)."""
-    spec = row.spec_decode or {}
-    server_al, stream_al = spec.get("acceptance_length"), row.stream_acceptance_length
-    accepted, server_accepted = row.stream_accepted_tokens, spec.get("num_accepted_tokens")
-    drafts = spec.get("num_drafts")
+    spec = row.spec_decode
+    if spec is None:
+        return None
+    server_al, stream_al = spec.acceptance_length, row.stream_acceptance_length
+    accepted, server_accepted = row.stream_accepted_tokens, spec.num_accepted_tokens
+    drafts = spec.num_drafts
     gap = _apart(stream_al, server_al)
     if gap is None or gap <= ACCEPTANCE_TOLERANCE or not accepted or stream_al is None or stream_al <= 1:
         return None
@@ -244,7 +247,7 @@ def _bundled(
 
 
 def build_comparison(
-    summary: dict[str, Any],
+    summary: RunSummary,
     records: Sequence[RequestRecord],
     spec_stats: dict[str, SpecDecodeStats | None],
     step_tokens: Mapping[str, int | None] | None = None,
@@ -254,15 +257,15 @@ def build_comparison(
     is analysis.validity's reason when the variant or the baseline breaks the rule (None otherwise):
     its speedups are figures, not a result, and no reader may print them as one. `step_tokens`: the
     most tokens one engine step makes per variant (specdecode.step_token_limit), for stream_bundled."""
-    variants: dict[str, Any] = summary["variants"]
+    variants = summary.variants
     names = list(variants)
-    base = variants[names[0]] if names else {}
+    base = variants[names[0]].distributions if names else {}
     base_validity = variant_validity(summary, names[0]) if names else COMPARABLE
     out = CompareResult(
         baseline=names[0] if names else None, variants={}, findings=[], quality=quality_note(summary)
     )
     for name in names:
-        block = variants[name]
+        block = variants[name].distributions
         stats = spec_stats.get(name)
         mine = [r for r in records if r.variant == name]
         stream_al = stream_acceptance_length(mine)
@@ -282,7 +285,7 @@ def build_comparison(
             ),
             stream_acceptance_length=stream_al,
             stream_accepted_tokens=stream_accepted,
-            spec_decode=stats.to_json() if stats else None,
+            spec_decode=stats,
         )
         # Bundled steps explain a stream acceptance above the server's: one finding says so, not two.
         bundled = _bundled(name, mine, (step_tokens or {}).get(name), stats)
@@ -292,7 +295,7 @@ def build_comparison(
         elif (mismatch := _acceptance_mismatch(name, mine, stats)) is not None:
             out.findings.append(mismatch.to_json())
     baseline = [r for r in records if r.variant == out.baseline]
-    forced = summary.get("synthetic_acceptance") or {}
+    forced = summary.synthetic_acceptance
     for name in names[1:]:
         if name in forced:
             out.variants[name].not_audited = f"not applicable: synthetic acceptance ({forced[name]})"

@@ -39,7 +39,6 @@ __all__ = [
     "derive_request",
     "derive_requests",
     "request_line",
-    "run_summary",
     "schedule_lag_ms",
     "summarize_run",
     "with_comparison_findings",
@@ -231,13 +230,3 @@ def with_comparison_findings(
     }
     merged = [*kept, *(f.to_json() for f in findings)]
     return msgspec.structs.replace(summary, variants=blocks, run_findings=merged)
-
-
-def run_summary(
-    records: Sequence[RequestRecord],
-    variant_order: Sequence[str] | None = None,
-    *,
-    quality: QualitySettings = JUDGED_RELATIVELY,
-) -> dict[str, Any]:
-    """summarize_run as summary.json's dict, for readers not yet moved to the struct (track/)."""
-    return summarize_run(records, variant_order, quality=quality).to_json()

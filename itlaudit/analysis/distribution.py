@@ -84,9 +84,8 @@ def sampled(records: Sequence[RequestRecord]) -> list[RequestRecord]:
 def speculates(row: VariantComparison) -> bool:
     """Whether a compare.json variant row shows speculative decoding: drafts in /metrics, or (a server
     without the counters) more than one token per decode chunk on the stream."""
-    drafts = (row.spec_decode or {}).get("num_drafts")
-    if drafts is not None:
-        return bool(drafts > 0)
+    if row.spec_decode is not None:
+        return row.spec_decode.num_drafts > 0
     stream = row.stream_acceptance_length
     return stream is not None and stream > 1.0
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -348,8 +347,9 @@ def median(values: Sequence[float | None]) -> float | None:
     return float(np.median(kept)) if kept else None
 
 
-def p50(block: Mapping[str, Any], key: str) -> float | None:
-    """A summary block's p50 of `key` (summary.json's per-variant figures), None when it is absent."""
+def p50(block: Mapping[str, Mapping[str, float | int | None]], key: str) -> float | None:
+    """A block's p50 of `key` (a variant's distributions by summary.json key, a sweep point), None
+    when it is absent."""
     value = (block.get(key) or {}).get("p50")
     return None if value is None else float(value)
 

@@ -18,7 +18,8 @@ import msgspec
 
 from itlaudit.analysis.benchmark import meets_slo
 from itlaudit.analysis.metrics import median, p50, speedup
-from itlaudit.analysis.validity import block_validity
+from itlaudit.analysis.summary import VariantSummary
+from itlaudit.analysis.validity import block_counts, block_validity
 from itlaudit.errors import SweepError
 from itlaudit.model.formats import FORMAT_KEY
 from itlaudit.model.jsonvalue import JSONObject
@@ -170,35 +171,37 @@ def request_figures(record: RequestRecord, derived: Mapping[str, Any]) -> dict[s
 
 
 def trial_figures(
-    block: Mapping[str, Any],
+    block: VariantSummary,
     records: Sequence[RequestRecord],
     requests: Sequence[Mapping[str, Any]],
     slo: Mapping[str, float],
     *,
-    base: Mapping[str, Any] | None = None,
+    base: VariantSummary | None = None,
     gate: QualityGate = QualityGate.RELATIVE,
 ) -> dict[str, Any]:
-    """One trial of one point: a summary.json variant block plus what needs the records (span,
+    """One trial of one point: a summary's variant block plus what needs the records (span,
     throughput, goodput). `base` is the baseline variant's block at the same load (None for the
     baseline itself), against which the quality gate judges this one."""
     span = span_s(records)
     ok = [r for r in records if r.status == Status.OK]
     tokens = sum(r.completion_tokens or 0 for r in ok)
     figures: dict[str, Any] = {
-        "requests": block["requests"],
-        "errors": block["errors"],
+        "requests": block.requests,
+        "errors": block.errors,
         "duration_s": span,
         "output_tokens_per_s": tokens / span if span else None,
         "requests_per_s": len(ok) / span if span else None,
-        "acceptance_length": (block.get("decode_tokens_per_chunk") or {}).get("mean"),
-        "findings": sum(block.get("findings", {}).values()),
+        "acceptance_length": block.decode_tokens_per_chunk.get("mean"),
+        "findings": sum(block.findings.values()),
         "goodput_rps": goodput(requests, slo, span, "tpot_ms"),
         "goodput_chunk_rps": goodput(requests, slo, span, "chunk_itl_ms"),
         # analysis.validity's rule: a point cut short, failing or gibberish is never ranked.
-        "not_comparable": block_validity(block, base=base, gate=gate).reason,
+        "not_comparable": block_validity(
+            block_counts(block), base=block_counts(base) if base is not None else None, gate=gate
+        ).reason,
     }
     for name in LATENCY_FIGURES:
-        stats = block.get(name) or {}
+        stats = block.distributions.get(name) or {}
         figures[name] = {p: stats.get(p) for p in PERCENTILES}
     return figures
 

@@ -15,17 +15,18 @@ says so in one phrase (`quality_note`). A baseline, or a single variant, never h
 a quality warning. STRICT is the earlier rule (gibberish gates every variant), OFF never gates on it.
 
 The rule reads a run's summary only (per-variant finding counts, errors, the run-level common_cap
-evidence, the gate and the variants on dummy weights), typed or as summary.json's dict, so every reader
-of a run folder, old or new, applies the same rule to the same file.
+evidence, the gate and the variants on dummy weights), as the typed `RunSummary` every reader of a run
+folder, old or new, holds (store/folder.RunFiles decodes summary.json into it), so every one applies the
+same rule to the same file.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from itlaudit.analysis.summary import RunSummary
+from itlaudit.analysis.summary import RunSummary, VariantSummary
 from itlaudit.model.codes import COMMON_CAP, GIBBERISH_SUSPECTED, TRUNCATION_CODES
 from itlaudit.model.vocabulary import QualityGate
 
@@ -33,6 +34,7 @@ __all__ = [
     "COMPARABLE",
     "NOT_COMPARABLE",
     "Validity",
+    "block_counts",
     "block_validity",
     "comparison_validity",
     "mostly_gibberish",
@@ -127,55 +129,42 @@ def block_validity(
     return Validity(False, "; ".join(reasons)) if reasons else COMPARABLE
 
 
-def _blocks(summary: RunSummary | Mapping[str, Any]) -> tuple[dict[str, Mapping[str, Any]], QualityGate]:
-    """Each variant's block as summary.json holds it, in scenario order, and the run's gate."""
-    if isinstance(summary, RunSummary):
-        blocks: dict[str, Mapping[str, Any]] = {
-            name: {"requests": b.requests, "errors": b.errors, "findings": b.findings}
-            for name, b in summary.variants.items()
-        }
-        return blocks, summary.quality_gate
-    variants = summary.get("variants") or {}
-    return dict(variants), QualityGate(summary.get("quality_gate") or QualityGate.RELATIVE)
+def block_counts(block: VariantSummary) -> Mapping[str, Any]:
+    """What block_validity reads of a summary's variant block, in its form (a bisect probe's figures
+    and a smoke's have the same keys)."""
+    return {"requests": block.requests, "errors": block.errors, "findings": block.findings}
 
 
-def _run_findings(summary: RunSummary | Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
-    return summary.run_findings if isinstance(summary, RunSummary) else summary.get("run_findings") or []
+def _blocks(summary: RunSummary) -> dict[str, Mapping[str, Any]]:
+    """Each variant's counts in block_validity's form, in scenario order."""
+    return {name: block_counts(b) for name, b in summary.variants.items()}
 
 
-def _synthetic(summary: RunSummary | Mapping[str, Any]) -> Mapping[str, str]:
-    """The variants whose acceptance was forced, and how (summary.json's synthetic_acceptance)."""
-    if isinstance(summary, RunSummary):
-        return summary.synthetic_acceptance
-    found = summary.get("synthetic_acceptance")
-    return found if isinstance(found, Mapping) else {}
-
-
-def variant_validity(summary: RunSummary | Mapping[str, Any], variant: str) -> Validity:
-    """The rule on a run's summary (the struct, or summary.json's dict as a reader of a past folder
-    holds it): block_validity of the variant's block against the run's baseline (its first variant),
-    under the run's quality gate, its cap named from the run-level common_cap finding. A variant the
-    summary does not hold has no requests recorded."""
-    blocks, gate = _blocks(summary)
+def variant_validity(summary: RunSummary, variant: str) -> Validity:
+    """The rule on a run's summary: block_validity of the variant's block against the run's baseline
+    (its first variant), under the run's quality gate, its cap named from the run-level common_cap
+    finding. A variant the summary does not hold has no requests recorded."""
+    blocks = _blocks(summary)
     block = blocks.get(variant)
     if block is None:
         return Validity(False, "no requests recorded")
-    forced = _synthetic(summary).get(variant)
+    forced = summary.synthetic_acceptance.get(variant)
     if forced is not None:
         return Validity(
             False, f"synthetic acceptance ({forced}): its speed is a projection, not a measurement"
         )
     base_name = next(iter(blocks))
     base = None if variant == base_name else blocks[base_name]
-    return block_validity(block, _common_cap(_run_findings(summary), variant), base=base, gate=gate)
+    cap = _common_cap(summary.run_findings, variant)
+    return block_validity(block, cap, base=base, gate=summary.quality_gate)
 
 
-def quality_note(summary: RunSummary | Mapping[str, Any]) -> str | None:
+def quality_note(summary: RunSummary) -> str | None:
     """The one phrase every output writes when gibberish was measured and did not gate (the baseline
     writes it too, a single variant, or the gate is off): the speeds stand, the text was not judged.
     The variants whose servers load dummy weights are named as the reason. None when no variant is
     mostly gibberish, or every one that is was taken out (its validity label says so)."""
-    blocks, gate = _blocks(summary)
+    blocks = _blocks(summary)
     if not blocks:
         return None
     names = list(blocks)
@@ -193,9 +182,9 @@ def quality_note(summary: RunSummary | Mapping[str, Any]) -> str | None:
         speed = "speed compared"
     else:
         where, speed = f"outputs are gibberish in {', '.join(judged)}", "speed compared"
-    dummy = summary.dummy_weights if isinstance(summary, RunSummary) else summary.get("dummy_weights") or []
+    dummy = summary.dummy_weights
     why = f" ({', '.join(dummy)}: dummy weights, --load-format dummy)" if dummy else ""
-    gated = " (--quality-gate off)" if gate is QualityGate.OFF else ""
+    gated = " (--quality-gate off)" if summary.quality_gate is QualityGate.OFF else ""
     return f"{where}{why}: {speed}, quality not judged{gated}"
 
 

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from itlaudit.analysis.server_metrics import SignalChange, signal_changes
-from itlaudit.analysis.summary import RunSummary
 from itlaudit.analysis.validity import NOT_COMPARABLE, block_validity
 from itlaudit.bisect.build_range import Build
 from itlaudit.bisect.state import ProbeRecord, State
@@ -18,7 +17,7 @@ from itlaudit.errors import ItlauditError
 from itlaudit.model.vocabulary import Verdict
 from itlaudit.report.diff import why_it_moved
 from itlaudit.report.markdown import table_cell
-from itlaudit.store.rundir import SUMMARY_FILE, read_json
+from itlaudit.workflows.run_folder import RunFolder
 
 __all__ = [
     "PLOT_FILE",
@@ -155,9 +154,8 @@ def _server_blocks(probe_dir: Path) -> dict[str, dict[str, Any]]:
     blocks: dict[str, dict[str, Any]] = {}
     trials = sorted(probe_dir.glob("trial-*"), key=lambda p: int(p.name.split("-")[1]))
     for trial in trials:
-        path = trial / SUMMARY_FILE
         try:
-            blocks.update(RunSummary.from_json(read_json(path), path).server)
+            blocks.update(RunFolder.open(trial).summary.server)
         except (OSError, ValueError, ItlauditError):
             continue  # a trial cut short has no summary; the others still tell
     return blocks

@@ -397,7 +397,7 @@ def compare(
         )
     _print_outcome(outcome, comparison)
     for name, row in comparison.variants.items():
-        spec = row.spec_decode or {}
+        spec = row.spec_decode
         # analysis.validity: a capped or failing variant's speedup is not printed as one.
         speed = (
             f"not comparable: {row.not_comparable}"
@@ -407,8 +407,9 @@ def compare(
         )
         out.print(
             f"{name}: {speed}, "
-            f"acceptance rate {_fmt(spec.get('acceptance_rate'))}, "
-            f"acceptance length /metrics {_fmt(spec.get('acceptance_length'))} (per drafting step) vs "
+            f"acceptance rate {_fmt(spec.acceptance_rate if spec else None)}, "
+            f"acceptance length /metrics {_fmt(spec.acceptance_length if spec else None)} "
+            "(per drafting step) vs "
             f"stream {_fmt(row.stream_acceptance_length)} (tokens per decode chunk, every step)"
             + (f": {reading}" if (reading := acceptance_reading(row)) else "")
             + _prefix_cache_text(row),

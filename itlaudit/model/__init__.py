@@ -112,7 +112,6 @@ SURFACE = Surface(
             "server_build",
             "simulator_version",
             "variant_meta",
-            "variant_view",
             "workload_meta",
         ),
         "run_labels": (

@@ -22,7 +22,6 @@ __all__ = [
     "SIMULATOR",
     "QualitySettings",
     "VariantMeta",
-    "VariantView",
     "WorkloadMeta",
     "is_sglang",
     "is_simulator",
@@ -30,7 +29,6 @@ __all__ = [
     "server_build",
     "simulator_version",
     "variant_meta",
-    "variant_view",
     "workload_meta",
 ]
 
@@ -144,24 +142,6 @@ def variant_meta(meta: Mapping[str, Any], variant: str) -> VariantMeta:
         info=info,
         version=environment.get("server_version") or environment.get("vllm_version"),
     )
-
-
-class VariantView(NamedTuple):
-    """One variant of a finished run as its result readers (the terminal block, --save-result) take it:
-    summary.json's block and its run-level figures, meta.json's workload and variant entry, and the
-    server's version string (vLLM's, the simulator's, or None)."""
-
-    block: Mapping[str, Any]
-    bench: Mapping[str, Any]
-    workload: Mapping[str, Any]
-    info: Mapping[str, Any]
-    version: str | None
-
-
-def variant_view(summary: Mapping[str, Any], meta: Mapping[str, Any], variant: str) -> VariantView:
-    """Read one variant out of summary.json's and meta.json's dicts; a part a run did not write is empty."""
-    block: Mapping[str, Any] = summary["variants"][variant]
-    return VariantView(block, block.get("benchmark") or {}, *variant_meta(meta, variant))
 
 
 class QualitySettings(NamedTuple):

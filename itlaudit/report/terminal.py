@@ -122,20 +122,20 @@ def _spec_decode_rows(row: VariantComparison | None) -> list[str]:
     """vllm bench 0.32's Speculative Decoding section, from compare's /metrics window (a variant
     whose server drafted), with the stream's acceptance length and accepted tokens beside the
     server's: the server counts drafting steps only, the stream every decode step."""
-    if row is None or not row.spec_decode or not row.spec_decode.get("num_drafts"):
+    spec = row.spec_decode if row is not None else None
+    if row is None or spec is None or not spec.num_drafts:
         return []
-    spec = row.spec_decode
-    rate = spec.get("acceptance_rate")
+    rate = spec.acceptance_rate
     rows = [
         _section("Speculative Decoding"),
         _row("", "/metrics", "stream"),
-        _row("Acceptance rate (%):", rate * 100 if isinstance(rate, int | float) else None),
-        _row("Acceptance length:", spec.get("acceptance_length"), row.stream_acceptance_length),
-        _row("Drafts:", _count(spec.get("num_drafts"))),
-        _row("Draft tokens:", _count(spec.get("num_draft_tokens"))),
-        _row("Accepted tokens:", _count(spec.get("num_accepted_tokens")), row.stream_accepted_tokens),
+        _row("Acceptance rate (%):", rate * 100 if rate is not None else None),
+        _row("Acceptance length:", spec.acceptance_length, row.stream_acceptance_length),
+        _row("Drafts:", _count(spec.num_drafts)),
+        _row("Draft tokens:", _count(spec.num_draft_tokens)),
+        _row("Accepted tokens:", _count(spec.num_accepted_tokens), row.stream_accepted_tokens),
     ]
-    per_position = spec.get("per_position_acceptance") or []
+    per_position = spec.per_position_acceptance
     if per_position:
         rows.append("Per-position acceptance (%):")
         rows += [_row(f"  Position {i}:", rate * 100) for i, rate in enumerate(per_position)]

@@ -13,12 +13,9 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import msgspec
-
 from itlaudit.analysis.comparison import CompareResult
 from itlaudit.analysis.findings import truncated_requests
 from itlaudit.analysis.importers import ImportedBenchmark
-from itlaudit.analysis.specdecode import SpecDecodeStats
 from itlaudit.analysis.summary import RunSummary
 from itlaudit.analysis.validity import variant_validity
 from itlaudit.model.codes import Finding
@@ -77,22 +74,13 @@ def variant_views(
                 name=name,
                 records=[r for r in records if r.variant == name],
                 block=block,
-                spec_decode=_spec_decode(row.spec_decode) if row is not None else None,
+                spec_decode=row.spec_decode if row is not None else None,
                 truncated=frozenset(r.request_id for r in records if r.variant == name) & truncated,
                 validity=variant_validity(summary, name),
                 telemetry={kind: rows[name] for kind, rows in (telemetry or {}).items() if name in rows},
             )
         )
     return views
-
-
-def _spec_decode(figures: Mapping[str, object] | None) -> SpecDecodeStats | None:
-    """compare.json's spec-decode figures of a variant; None without them or when they are not
-    whole (the file is another command's: its figures are then absent, not an error)."""
-    try:
-        return None if figures is None else msgspec.convert(figures, SpecDecodeStats)
-    except msgspec.ValidationError:
-        return None
 
 
 def write_reports(

@@ -133,8 +133,8 @@ def variant_figures(
         kept = examples.setdefault(detail.code, [])
         if len(kept) < MAX_EXAMPLES:
             kept.append(FindingExample(request_id=detail.request_id, message=detail.message))
-    spec = (compare_row.spec_decode if compare_row else None) or {}
-    metrics_length = spec.get("acceptance_length")
+    spec = compare_row.spec_decode if compare_row else None
+    metrics_length = spec.acceptance_length if spec is not None else None
     return VariantFigures(
         run_dir=run_dir,
         requests=len(records),

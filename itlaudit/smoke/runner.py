@@ -19,7 +19,7 @@ from rich.console import Console
 
 from itlaudit.capture.runner import CaptureOptions
 from itlaudit.capture.server_info import environment_record
-from itlaudit.errors import ItlauditError, RecordsError, RunInterrupted, SuiteError
+from itlaudit.errors import RecordsError, RunInterrupted, SuiteError
 from itlaudit.model.access import NO_ACCESS
 from itlaudit.model.codes import Finding
 from itlaudit.model.scenario import Variant
@@ -29,7 +29,7 @@ from itlaudit.smoke.checks import CheckResult, Results, evaluate, exit_code, var
 from itlaudit.smoke.junit import write_junit
 from itlaudit.smoke.output import render_markdown
 from itlaudit.smoke.suite import Suite, server_launch
-from itlaudit.store.rundir import META_FILE, new_run_dir, read_versioned, write_versioned
+from itlaudit.store.rundir import new_run_dir, read_versioned, write_versioned
 from itlaudit.workflows.compare import run_compare
 from itlaudit.workflows.run import DEFAULT_REPORTS, variant_target
 from itlaudit.workflows.run_folder import server_log_name
@@ -98,19 +98,6 @@ def load_baseline(path: Path) -> Results:
             f"--baseline {path}: its `results` are not a smoke's figures ({exc}); "
             "pass a previous smoke's file"
         ) from None
-
-
-def _pass_version(run_dir: Path, variant: str) -> str | None:
-    """What the variant's pass read from /version, as it recorded it in the run's meta.json: the smoke
-    asks the server nothing more (the pass reads /version once, after its measured window)."""
-    try:
-        meta = read_versioned(run_dir / META_FILE)
-    except (OSError, ValueError, ItlauditError):
-        return None
-    entry = meta.get("variants", {}).get(variant) if isinstance(meta, dict) else None
-    environment = entry.get("environment") if isinstance(entry, dict) else None
-    version = environment.get("server_version") if isinstance(environment, dict) else None
-    return version if isinstance(version, str) else None
 
 
 def _check_servers(suite: Suite, urls: dict[str, str], launch: str | None, model: str | None) -> None:
@@ -203,7 +190,9 @@ def run_smoke(
                     summary.server.get(server.name),
                 )
                 fingerprints += [r.system_fingerprint for r in outcome.records]
-                version = _pass_version(out_dir / rel, server.name) or version
+                # what the pass read from /version after its window: the smoke asks the server nothing more
+                passed = outcome.passes.get(server.name)
+                version = (passed.version if passed is not None else None) or version
             launched = config if not override else None
             servers_env[server.name] = environment_record(
                 base_url,

@@ -11,6 +11,7 @@ SURFACE = Surface(
             "CHUNK_FORMATS",
             "write_chunks",
         ),
+        "folder": ("RunFiles",),
         "jsonl": (
             "RecordWriter",
             "iter_jsonl",

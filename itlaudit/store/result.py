@@ -29,24 +29,23 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from itlaudit.analysis.comparison import CompareResult
 from itlaudit.analysis.metrics import decode_gaps, request_metrics
+from itlaudit.analysis.specdecode import SpecDecodeStats
+from itlaudit.analysis.summary import RunSummary
 from itlaudit.analysis.validity import variant_validity
 from itlaudit.errors import ItlauditError
 from itlaudit.model.codes import TRUNCATION_CODES
 from itlaudit.model.formats import FORMAT, FORMAT_KEY
 from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import RequestRecord, Status
-from itlaudit.model.run_context import is_simulator, server_build, variant_view
+from itlaudit.model.run_context import is_simulator, server_build, variant_meta
 from itlaudit.model.vocabulary import Endpoint
+from itlaudit.store.folder import RunFiles
 from itlaudit.store.jsonl import load_records
-from itlaudit.store.rundir import (
-    COMPARE_FILE,
-    META_FILE,
-    REQUESTS_FILE,
-    SUMMARY_FILE,
-    read_versioned,
-    write_json,
-)
+from itlaudit.store.rundir import META_FILE, REQUESTS_FILE, read_versioned, write_json
 
 __all__ = [
     "BACKENDS",
@@ -81,60 +80,69 @@ _AFTER_GOODPUT = (
 )
 
 
-def _statistics(name: str, figures: Mapping[str, Any]) -> JSONObject:
+def _figures(bench: JSONObject, key: str) -> JSONObject:
+    """One distribution among a block's run-level figures (vllm bench's names), empty where absent."""
+    found = bench.get(key)
+    return found if isinstance(found, dict) else {}
+
+
+def _statistics(name: str, figures: JSONObject) -> JSONObject:
     """vllm bench's keys for one metric: mean_, median_, std_, then one per percentile summary.json
     holds (p50, p90, p99 and those --metric-percentiles chose: p95_, p99.9_)."""
-    figures = figures or {}
-    out = {f"{stat}_{name}_ms": figures.get(key) for stat, key in (("mean", "mean"), ("median", "p50"))}
+    out: JSONObject = {
+        f"{stat}_{name}_ms": figures.get(key) for stat, key in (("mean", "mean"), ("median", "p50"))
+    }
     out[f"std_{name}_ms"] = figures.get("std")
     out.update({f"{key}_{name}_ms": value for key, value in figures.items() if _PERCENTILE.match(key)})
     return out
 
 
-def _spec_decode(stats: Mapping[str, Any] | None) -> JSONObject:
+def _spec_decode(stats: SpecDecodeStats | None) -> JSONObject:
     """compare.json's /metrics acceptance as vllm bench writes it (rate in percent, counts as ints);
     nothing when the server drafted nothing, as vllm bench leaves the keys out."""
-    if not stats or not stats.get("num_draft_tokens"):
+    if stats is None or not stats.num_draft_tokens:
         return {}
-    rate = stats.get("acceptance_rate")
+    rate = stats.acceptance_rate
     return {
         "spec_decode_acceptance_rate": None if rate is None else rate * 100,
-        "spec_decode_acceptance_length": stats.get("acceptance_length"),
-        "spec_decode_num_drafts": int(stats.get("num_drafts") or 0),
-        "spec_decode_draft_tokens": int(stats.get("num_draft_tokens") or 0),
-        "spec_decode_accepted_tokens": int(stats.get("num_accepted_tokens") or 0),
-        "spec_decode_per_position_acceptance_rates": list(stats.get("per_position_acceptance") or []),
+        "spec_decode_acceptance_length": stats.acceptance_length,
+        "spec_decode_num_drafts": int(stats.num_drafts),
+        "spec_decode_draft_tokens": int(stats.num_draft_tokens),
+        "spec_decode_accepted_tokens": int(stats.num_accepted_tokens),
+        "spec_decode_per_position_acceptance_rates": list(stats.per_position_acceptance),
     }
 
 
 def result_json(
-    summary: Mapping[str, Any],
+    summary: RunSummary,
     meta: Mapping[str, Any],
     variant: str,
-    compare: Mapping[str, Any] | None = None,
+    compare: CompareResult | None = None,
     records: Sequence[RequestRecord] = (),
     *,
     detailed: bool = False,
 ) -> JSONObject:
     """One variant's result, in vllm bench serve's key order: setup, metadata, traffic, figures.
-    `compare` is compare.json's dict, when `itlaudit compare` made the run; `records` the variant's
+    `compare` is compare.json, when `itlaudit compare` made the run; `records` the variant's
     measured requests, for the two per-request arrays vllm bench keeps without --save-detailed, and
     with `detailed` (--save-detailed) the others."""
-    block, bench, workload, info, version = variant_view(summary, meta, variant)
+    block = summary.variants[variant]
+    bench: JSONObject = msgspec.to_builtins(block.benchmark)  # as JSON: the result copies its values
+    workload, info, version = variant_meta(meta, variant)
     started = meta.get("started_at_unix")
     # a pasted line's --backend as given, else the one vllm bench would need for the endpoint
     backend = meta.get("backend") or BACKENDS.get(str(meta.get("endpoint")), str(meta.get("endpoint")))
     rate = workload.get("request_rate")
     validity = variant_validity(summary, variant)
-    findings: Mapping[str, int] = block.get("findings") or {}
+    findings = block.findings
     result: JSONObject = {
         "date": time.strftime("%Y%m%d-%H%M%S", time.localtime(started)) if started else None,
         "endpoint_type": backend,  # vllm bench writes its --backend in both
         "backend": backend,
         "label": meta.get("label"),
-        "model_id": block.get("model") or workload.get("model"),
-        "tokenizer_id": block.get("model") or workload.get("model"),  # the server's own: usage counts
-        "num_prompts": workload.get("num_prompts", block.get("requests")),
+        "model_id": block.model or workload.get("model"),
+        "tokenizer_id": block.model or workload.get("model"),  # the server's own: usage counts
+        "num_prompts": workload.get("num_prompts", block.requests),
         # vllm bench writes --metadata KEY=VALUE pairs as top-level keys; its figures win a clash.
         **dict(meta.get("metadata") or {}),
         "request_rate": "inf" if rate is None else rate,
@@ -148,18 +156,18 @@ def result_json(
         **_kept_arrays(records),
         **(_detailed_arrays(records) if detailed else {}),
     }
-    compared = ((compare or {}).get("variants") or {}).get(variant)
-    result.update(_spec_decode(compared.get("spec_decode") if isinstance(compared, Mapping) else None))
+    compared = compare.variants.get(variant) if compare is not None else None
+    result.update(_spec_decode(compared.spec_decode if compared is not None else None))
     for name, key in VLLM_STATISTICS.items():
-        result.update(_statistics(name, bench.get(key) or {}))
+        result.update(_statistics(name, _figures(bench, key)))
     # itlaudit's own keys, under names vllm bench does not use.
-    result.update(_statistics("token_itl", bench.get("token_itl_ms") or {}))
+    result.update(_statistics("token_itl", _figures(bench, "token_itl_ms")))
     if "ttfa_ms" in bench:  # a thinking model's: mean_ttfa_ms, ... beside vllm bench's TTFT keys
-        result.update(_statistics("ttfa", bench.get("ttfa_ms") or {}))
+        result.update(_statistics("ttfa", _figures(bench, "ttfa_ms")))
         for channel in ("reasoning", "answer"):
             if f"{channel}_tokens" in bench:
                 result[f"total_{channel}_tokens"] = bench[f"{channel}_tokens"]
-                result.update(_statistics(f"{channel}_itl", bench.get(f"{channel}_itl_ms") or {}))
+                result.update(_statistics(f"{channel}_itl", _figures(bench, f"{channel}_itl_ms")))
     result.update(
         {
             "tokens_per_decode_chunk": bench.get("tokens_per_decode_chunk"),
@@ -173,14 +181,14 @@ def result_json(
             "base_url": info.get("url"),
             "server_build": server_build(version),
             "simulated": is_simulator(version),
-            "token_source": block.get("token_source"),
-            "stamp": block.get("stamp"),
+            "token_source": dict(block.token_source),
+            "stamp": dict(block.stamp),
             "itlaudit_version": meta.get("itlaudit_version"),
             "command_line": meta.get("command_line"),
             FORMAT_KEY: FORMAT,  # vllm bench writes no `format`; after --metadata, so it wins a clash
         }
     )
-    result.update(_server_figures((summary.get("server") or {}).get(variant)))
+    result.update(_server_figures(summary.server.get(variant)))
     return result
 
 
@@ -223,15 +231,15 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _PERCENTILE = re.compile(r"^p\d+(\.\d+)?$")  # a distribution's percentile key: p50, p99.9
 
 
-def vllm_file_name(meta: Mapping[str, Any], summary: Mapping[str, Any], variant: str) -> str:
+def vllm_file_name(meta: Mapping[str, Any], summary: RunSummary, variant: str) -> str:
     """vllm bench serve's default result name without its .json (compute_result_filename in vLLM
     0.32's benchmarks/serve.py): `{label or backend}-{rate}qps[-concurrency{N}]-{model}-{date}`, the
     model's last path part, the date the run started in local time."""
-    view = variant_view(summary, meta, variant)
-    rate = view.workload.get("request_rate")
-    concurrency = _cap(view.workload)
+    workload = variant_meta(meta, variant).workload
+    rate = workload.get("request_rate")
+    concurrency = _cap(workload)
     label = meta.get("label") or meta.get("backend") or BACKENDS.get(str(meta.get("endpoint")), "openai")
-    model = str(view.block.get("model") or "model").split("/")[-1]
+    model = str(summary.variants[variant].model or "model").split("/")[-1]
     started = time.localtime(float(meta.get("started_at_unix") or time.time()))
     parts = [
         f"{label}-{float(rate) if rate is not None else float('inf')}qps",
@@ -309,13 +317,14 @@ def save_result(path: Path, run_dir: Path, *, detailed: bool = False, append: bo
     """Write the vllm bench style result file(s) of a finished run folder; returns what was written.
     `detailed`: --save-detailed's per-request arrays; `append`: --append-result, the result added to
     what the file holds as one more JSON line (a newline between), as vllm bench appends it."""
+    run = RunFiles(run_dir)
     try:
-        summary = read_versioned(run_dir / SUMMARY_FILE)
+        summary = run.summary
         meta = read_versioned(run_dir / META_FILE)
-        compare = read_versioned(run_dir / COMPARE_FILE) if (run_dir / COMPARE_FILE).is_file() else None
+        compare = run.compare
     except (OSError, ValueError) as exc:
         raise ItlauditError(f"--save-result: cannot read the run folder {run_dir} ({exc})") from None
-    names = list(summary.get("variants") or {})
+    names = list(summary.variants)
     if not names:
         raise ItlauditError(f"--save-result: {run_dir} recorded no requests, so there is no result")
     try:

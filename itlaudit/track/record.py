@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from itlaudit.analysis.derive import run_summary
+from itlaudit.analysis.derive import summarize_run
 from itlaudit.analysis.metrics import request_metrics
 from itlaudit.analysis.request_acceptance import server_acceptance
 from itlaudit.analysis.server_metrics import KV_USAGE
+from itlaudit.analysis.summary import RunSummary
 from itlaudit.analysis.validity import variant_validity
 from itlaudit.errors import ItlauditError, TrackError
 from itlaudit.model.codes import CLIENT_SATURATED, COMMON_CAP, TRUNCATION_CODES
@@ -61,19 +62,20 @@ def find_run_dirs(path: Path) -> list[Path]:
     return found
 
 
-def _cap(summary: Mapping[str, Any], variant: str) -> int | None:
-    for finding in summary.get("run_findings") or []:
+def _cap(summary: RunSummary, variant: str) -> int | None:
+    for finding in summary.run_findings:
         evidence = finding.get("evidence") or {}
         if finding.get("code") == COMMON_CAP and evidence.get("variant") == variant:
             return int(evidence["cap"])
     return None
 
 
-def _validity(summary: Mapping[str, Any], variant: str) -> tuple[str, str | None]:
+def _validity(summary: RunSummary, variant: str) -> tuple[str, str | None]:
     """analysis/validity.py's rule, its reason kept, and the kind that names the change class; a
     client saturated on most requests is a fourth way for a point not to be a speed."""
-    block: Mapping[str, Any] = (summary.get("variants") or {}).get(variant) or {}
-    counts: Mapping[str, int] = block.get("findings") or {}
+    block = summary.variants.get(variant)
+    counts = block.findings if block is not None else {}
+    requests = block.requests if block is not None else 0
     rule = variant_validity(summary, variant)
     if not rule.comparable:
         if any(counts.get(code) for code in TRUNCATION_CODES):
@@ -81,8 +83,8 @@ def _validity(summary: Mapping[str, Any], variant: str) -> tuple[str, str | None
         return CORRECTNESS, rule.reason
     saturated = int(counts.get(CLIENT_SATURATED, 0))
     # As gibberish: most requests, so one stall on a loaded machine does not split the series.
-    if saturated * 2 > int(block.get("requests") or 0):
-        return CLIENT, f"{saturated} of {block.get('requests')} requests timed by a saturated client"
+    if saturated * 2 > requests:
+        return CLIENT, f"{saturated} of {requests} requests timed by a saturated client"
     return VALID, None
 
 
@@ -113,8 +115,8 @@ def _samples(
     return samples
 
 
-def _joules_per_token(summary: Mapping[str, Any], variant: str) -> float | None:
-    value = ((summary.get("server") or {}).get(variant) or {}).get("gpu_joules_per_output_token")
+def _joules_per_token(summary: RunSummary, variant: str) -> float | None:
+    value = (summary.server.get(variant) or {}).get("gpu_joules_per_output_token")
     return float(value) if isinstance(value, int | float) else None
 
 
@@ -158,7 +160,7 @@ def run_points(run_dir: Path, build: BuildInfo | None = None) -> list[NewPoint]:
         quality = quality_settings(meta)
     except ItlauditError as exc:
         raise TrackError(f"{run_dir}: cannot be recorded ({exc})") from None
-    summary = run_summary(all_records, list(fingerprints), quality=quality)
+    summary = summarize_run(all_records, list(fingerprints), quality=quality)
     try:
         telemetry = read_telemetry(run_dir)
     except (ItlauditError, OSError, ValueError) as exc:
@@ -207,7 +209,7 @@ def run_points(run_dir: Path, build: BuildInfo | None = None) -> list[NewPoint]:
                 validity=kind,
                 reason=reason,
                 cap=_cap(summary, variant) if kind == LENGTH else None,
-                errors=int(((summary.get("variants") or {}).get(variant) or {}).get("errors") or 0),
+                errors=summary.variants[variant].errors if variant in summary.variants else 0,
                 samples=_samples(
                     records,
                     telemetry["server"].get(variant, []),

@@ -261,7 +261,7 @@ def _compare(
         spec_stats[variant.name] = spec_decode_delta(*counters) if usable else None
         step_tokens[variant.name] = step_token_limit(*counters) if usable else None
         prefix_cache[variant.name] = prefix_cache_delta(*counters) if usable else None
-    comparison = build_comparison(outcome.summary, outcome.records, spec_stats, step_tokens)
+    comparison = build_comparison(outcome.derivation.summary, outcome.records, spec_stats, step_tokens)
     for name, row in comparison.variants.items():
         row.prefix_cache = prefix_cache.get(name)
     # Servers given by URL are still up; launched ones were stopped after their variant.

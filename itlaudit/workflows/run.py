@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Coroutine, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from itlaudit.capture.server_info import ServerIdentity
     from itlaudit.workflows.derive import Derivation
     from itlaudit.workflows.run_folder import RunFolder
-    from itlaudit.workflows.variant_pass import WindowHook
+    from itlaudit.workflows.variant_pass import PassResult, WindowHook
 
 __all__ = [
     "DEFAULT_REPORTS",
@@ -106,15 +106,12 @@ class LedgerPolicy:
 
 @dataclass
 class RunOutcome:
-    """A finished run: its folder and the one derivation of its figures."""
+    """A finished run: its folder, the one derivation of its figures and each variant's pass (this
+    round's), typed: its callers (compare, smoke, trials) read these, never the files just written."""
 
     run_dir: Path
     derivation: Derivation
-
-    @property
-    def summary(self) -> JSONObject:
-        """summary.json's form, which compare, smoke and trials read (as for a past folder)."""
-        return self.derivation.summary.to_json()
+    passes: dict[str, PassResult] = field(default_factory=dict)
 
     @property
     def records(self) -> list[RequestRecord]:
@@ -290,6 +287,7 @@ def _run_in_folder(
     total = per_variant * len(scenario.variants)
     reporter = Reporter(console)
     writer = folder.records()
+    passes: dict[str, PassResult] = {}
     try:
         with reporter.capture("requests", total) as counts, writer:
             writer.counts = counts
@@ -328,7 +326,7 @@ def _run_in_folder(
                             for warning in lost_worker_warnings(workers):
                                 (console or Console(stderr=True)).print(warning, markup=False, soft_wrap=True)
 
-                        done = run_until_stopped(
+                        passed = passes[variant.name] = run_until_stopped(
                             VariantPass(
                                 scenario,
                                 variant,
@@ -345,9 +343,9 @@ def _run_in_folder(
                                 on_prepare=counts.prepare,
                                 on_capture=on_capture,
                             ).run()
-                        ).capture.records
+                        )
                         reporter.phase(
-                            f"{variant.name}: {len(done)} requests done in "
+                            f"{variant.name}: {len(passed.capture.records)} requests done in "
                             f"{duration(time.monotonic() - variant_started)}"
                         )
                         if launched is not None:
@@ -377,7 +375,7 @@ def _run_in_folder(
         )
     if ledger is not None:
         ledger.record(run_dir, derivation.summary, derivation.records)
-    return RunOutcome(run_dir=run_dir, derivation=derivation)
+    return RunOutcome(run_dir=run_dir, derivation=derivation, passes=passes)
 
 
 _T = TypeVar("_T")

@@ -1,6 +1,6 @@
 """A run folder as one object: meta.json (one schema for `run`, `compare`, `sweep` trials, `smoke` and
 bisect trials), requests.jsonl's writer, each launched server's log, and `finish()`, which derives the
-folder's figures once and returns them typed.
+folder's figures once and returns them typed; `RunFolder.open` reads a finished one back, typed.
 
 It lives in workflows/, not store/: meta.json records the host's environment (serve/) and `finish()`
 derives the report (report/), both above the store in the stage order.
@@ -22,6 +22,7 @@ from itlaudit.model.run_labels import RunLabels
 from itlaudit.model.scenario import Scenario
 from itlaudit.report.progress import CaptureProgress, Reporter
 from itlaudit.serve.environment import host_environment
+from itlaudit.store.folder import RunFiles
 from itlaudit.store.jsonl import RecordWriter
 from itlaudit.store.rundir import META_FILE, REQUESTS_FILE, read_versioned, write_meta
 
@@ -111,6 +112,13 @@ class RunFolder:
         folder = cls(path, meta)
         folder.save()
         return folder
+
+    @staticmethod
+    def open(path: Path) -> RunFiles:
+        """The folder at `path` read back for a command that did not just write it (report, diff, a
+        resumed sweep's trials, track, bisect's probes, --save-result): its summary.json and
+        compare.json typed, each decoded and format-checked once (store/folder.RunFiles)."""
+        return RunFiles(path)
 
     @property
     def requests(self) -> Path:

@@ -28,6 +28,7 @@ from typing import Any
 from rich.console import Console
 
 from itlaudit.analysis.convergence import ConvergenceRule
+from itlaudit.analysis.summary import RunSummary, VariantSummary
 from itlaudit.analysis.sweep import (
     SweepResult,
     parse_sla,
@@ -48,13 +49,12 @@ from itlaudit.model.redact import launch_secret_values, redact_file
 from itlaudit.model.scenario import Scenario, Variant
 from itlaudit.model.serve_params import ServeValue, expand
 from itlaudit.model.stop import check, interruption, wait_or_stop
-from itlaudit.model.vocabulary import LoadAxis, QualityGate
+from itlaudit.model.vocabulary import LoadAxis
 from itlaudit.report.progress import Reporter, duration
 from itlaudit.store.jsonl import iter_jsonl, load_records
 from itlaudit.store.rundir import (
     DERIVED_FILE,
     REQUESTS_FILE,
-    SUMMARY_FILE,
     new_run_dir,
     read_versioned,
     write_versioned,
@@ -182,16 +182,16 @@ def _finished_trials(sweep_dir: Path, variant: str) -> Iterator[tuple[float, Pat
             yield load, point.parent
 
 
-def _base_blocks(sweep_dir: Path, config: SweepConfig, variant: str) -> dict[float, JSONObject]:
+def _base_blocks(sweep_dir: Path, config: SweepConfig, variant: str) -> dict[float, VariantSummary]:
     """The baseline variant's summary block at each load it finished (its first trial there), which a
     later variant's quality is judged against (analysis.validity); none for the baseline itself."""
     base = config.variants[0] if config.variants else variant
     if base == variant:
         return {}
-    blocks: dict[float, JSONObject] = {}
+    blocks: dict[float, VariantSummary] = {}
     for load, folder in _finished_trials(sweep_dir, base):
-        block = read_versioned(folder / SUMMARY_FILE)["variants"].get(base)
-        if isinstance(block, dict):
+        block = RunFolder.open(folder).summary.variants.get(base)
+        if block is not None:
             blocks.setdefault(load, block)
     return blocks
 
@@ -204,13 +204,14 @@ def variant_points(sweep_dir: Path, config: SweepConfig, variant: str) -> dict[f
     for load, folder in _finished_trials(sweep_dir, variant):
         records = load_records(folder / REQUESTS_FILE)
         derived = {line["request_id"]: line for line in iter_jsonl(folder / DERIVED_FILE)}
-        summary = read_versioned(folder / SUMMARY_FILE)
-        block = summary["variants"].get(variant)
+        summary = RunFolder.open(folder).summary
+        block = summary.variants.get(variant)
         if block is None:
             continue
         requests = [request_figures(r, derived.get(r.request_id, {})) for r in records]
-        gate = QualityGate(summary.get("quality_gate") or QualityGate.RELATIVE)
-        figures = trial_figures(block, records, requests, config.goodput, base=bases.get(load), gate=gate)
+        figures = trial_figures(
+            block, records, requests, config.goodput, base=bases.get(load), gate=summary.quality_gate
+        )
         trials.setdefault(load, []).append(figures)
     points = {load: pool_trials(config.axis, load, found) for load, found in sorted(trials.items())}
     for load, point in points.items():
@@ -224,10 +225,10 @@ def _convergence_file(sweep_dir: Path, variant: str, axis: LoadAxis, value: floa
     return sweep_dir / variant / f"{_label(axis, value)}-convergence.json"
 
 
-def _trial_figure(folder: Path, variant: str, metric: str) -> float:
+def _trial_figure(summary: RunSummary, variant: str, metric: str) -> float:
     """A finished trial's p50 of `metric` (nan where it has none: every request failed)."""
-    block = read_versioned(folder / SUMMARY_FILE)["variants"].get(variant) or {}
-    value = (block.get(metric) or {}).get("p50")
+    block = summary.variants.get(variant)
+    value = (block.distributions.get(metric) or {}).get("p50") if block is not None else None
     return float(value) if isinstance(value, int | float) else math.nan
 
 
@@ -336,13 +337,16 @@ class _Sweeper:
         for number in range(1, self.config.trials + 1):
             check()  # a signal between two trials: the next one never starts
             folder = trial_dir(self.sweep_dir, variant, self.config.axis, value, number)
+            ran: RunSummary | None = None
             if _finished_load(folder) is None:
                 if figures and auto.get("cooldown_s"):
                     wait_or_stop(auto["cooldown_s"])
-                self._run_trial(_Trial(scenario, variant, value, number, folder), base_url, launched)
+                ran = self._run_trial(_Trial(scenario, variant, value, number, folder), base_url, launched)
             if rule is None:
                 continue
-            figures.append(_trial_figure(folder, variant, auto["metric"]))
+            # the trial just run hands its summary over; one a resumed sweep finished earlier is read
+            summary = ran if ran is not None else RunFolder.open(folder).summary
+            figures.append(_trial_figure(summary, variant, auto["metric"]))
             progress = rule.judge(figures)
             if progress.done:
                 write_versioned(
@@ -354,9 +358,9 @@ class _Sweeper:
                 self.reporter.phase(f"{where}: {auto['metric']} p50 {interval}; {progress.reason}")
                 return
 
-    def _run_trial(self, trial: _Trial, base_url: str, launched: LaunchSpec | None) -> None:
-        """A run folder like `itlaudit run` makes; a folder left by a crash is kept aside, never
-        reused or deleted, and the trial runs again in a clean one."""
+    def _run_trial(self, trial: _Trial, base_url: str, launched: LaunchSpec | None) -> RunSummary:
+        """A run folder like `itlaudit run` makes, and its summary; a folder left by a crash is kept
+        aside, never reused or deleted, and the trial runs again in a clean one."""
         if trial.folder.exists():
             n = int(time.time())
             while (aside := trial.folder.with_name(f"{trial.folder.name}.incomplete-{n}")).exists():
@@ -400,7 +404,7 @@ class _Sweeper:
                     ).run()
                 )
             with self.reporter.step(f"{name}: deriving its figures"):
-                folder.finish(self.scenario.name, [trial.variant])
+                summary = folder.finish(self.scenario.name, [trial.variant]).summary
         except KeyboardInterrupt:  # unfinished (no point.json), and said so (the signal campaign's find)
             mark_interrupted(folder, "the sweep's --resume, which runs this trial again")
             raise
@@ -408,6 +412,7 @@ class _Sweeper:
         point = trial.folder / f"{POINT_FILE}.tmp"
         write_versioned(point, {"load": trial.load, "axis": axis, "trial": trial.trial})
         os.replace(point, trial.folder / POINT_FILE)
+        return summary
 
 
 def run_sweep(

@@ -100,11 +100,14 @@ class TelemetryHook(WindowHook):
 
 @dataclass(frozen=True)
 class PassResult:
-    """What one pass did: the served model, what it planned (the workload as sent) and captured."""
+    """What one pass did: the served model, what it planned (the workload as sent) and captured, and
+    the server's /version after the window (None where it has none): what its caller reads instead of
+    the meta.json the pass wrote it to."""
 
     model: str
     plan: CapturePlan
     capture: CaptureResult
+    version: str | None = None
 
     def __repr__(self) -> str:
         # asyncio.run formats its finished task's repr (result included) when it restores the SIGINT
@@ -233,7 +236,7 @@ class VariantPass:
             log_path=(self.server_log or folder.server_log(name)) if launched else None,
         )
         folder.save()
-        return PassResult(model=model, plan=plan, capture=captured)
+        return PassResult(model=model, plan=plan, capture=captured, version=version)
 
     def _note(self, note: str) -> None:
         """A line worth the reader's eye, naming its variant."""

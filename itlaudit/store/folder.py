@@ -1,0 +1,46 @@
+"""A run folder read back as types: summary.json as `RunSummary` and compare.json as `CompareResult`,
+each decoded and format-checked once, the first time a reader asks for it, through one reader.
+
+Every command that reads a folder it did not just write (report, diff, sweep's finished trials, track,
+bisect's probes, --save-result) opens it here (`workflows/run_folder.RunFolder.open` for the stages
+above the store), so a damaged file is refused the same way whoever reads it: one line naming the file
+(too deep to decode, not JSON, a format this itlaudit does not read, not the file's shape). A command
+that has just written a folder holds the types already (`RunOutcome`) and reads nothing back.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+
+from itlaudit.analysis.comparison import CompareResult
+from itlaudit.analysis.summary import RunSummary
+from itlaudit.store.rundir import COMPARE_FILE, SUMMARY_FILE, read_versioned
+
+__all__ = ["RunFiles"]
+
+
+class RunFiles:
+    """The typed files of the run folder at `path`, each read on first use and kept."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @cached_property
+    def summary(self) -> RunSummary:
+        """summary.json. A folder without one (a run that died before deriving) is OSError; one that
+        does not decode, nests too deep, is in an unread format or is not a summary is one
+        ValueError or ItlauditError line naming the file: each reader says what that means for it."""
+        path = self.path / SUMMARY_FILE
+        return RunSummary.from_json(read_versioned(path), path)
+
+    @cached_property
+    def compare(self) -> CompareResult | None:
+        """compare.json, or None where there is none or it was cut short (another command writes it,
+        so its figures are then absent); one in a format this itlaudit does not read is refused in one
+        line (RecordsError), not skipped."""
+        try:
+            data = read_versioned(self.path / COMPARE_FILE)
+        except (OSError, ValueError):
+            return None
+        return CompareResult.from_json(data)
