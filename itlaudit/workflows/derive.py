@@ -24,10 +24,10 @@ from itlaudit.report.markdown import PARTIAL_HEADING
 from itlaudit.report.progress import Reporter
 from itlaudit.report.writer import write_reports
 from itlaudit.store.export import write_chunks
+from itlaudit.store.folder import RunFiles
 from itlaudit.store.jsonl import read_records
 from itlaudit.store.lock import Holder
 from itlaudit.store.rundir import (
-    COMPARE_FILE,
     CSV_FILE,
     DERIVED_FILE,
     META_FILE,
@@ -124,7 +124,7 @@ def derive_figures(
             records=RecordsSeen(file=REQUESTS_FILE, lines=loaded.lines, warmup=loaded.warmup),
             partial=None if live is None else PartialBy(pid=live.pid, host=live.host),
         )
-        compared = CompareResult.from_json(_optional_json(run_dir / COMPARE_FILE))
+        compared = RunFiles(run_dir).compare
         if compared is not None:  # compare.json's findings are the run's too: one set in every output
             summary = with_comparison_findings(summary, _findings(compared), records)
         derived = [request_line(request) for request in requests]
@@ -174,7 +174,7 @@ def write_report(
     long run) is named while it runs."""
     steps = reporter.step if reporter is not None else _unnamed
     run_dir = derivation.run_dir
-    compare = CompareResult.from_json(_optional_json(run_dir / COMPARE_FILE))
+    compare = RunFiles(run_dir).compare
     meta = _optional_json(run_dir / META_FILE)
     with steps("drawing the plots and writing the report"):
         write_reports(

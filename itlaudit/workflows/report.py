@@ -13,7 +13,6 @@ from typing import Any
 
 import msgspec
 
-from itlaudit.analysis.comparison import CompareResult
 from itlaudit.analysis.derive import derive_requests, summarize_run
 from itlaudit.analysis.importers import ImportedBenchmark
 from itlaudit.analysis.summary import PartialBy
@@ -25,7 +24,6 @@ from itlaudit.report.progress import Reporter
 from itlaudit.store.jsonl import load_records
 from itlaudit.store.lock import Holder, live_holder
 from itlaudit.store.rundir import (
-    COMPARE_FILE,
     META_FILE,
     PARTIAL_DIR,
     REQUESTS_FILE,
@@ -34,6 +32,7 @@ from itlaudit.store.rundir import (
     remove_partial,
 )
 from itlaudit.workflows.derive import write_derived
+from itlaudit.workflows.run_folder import RunFolder
 
 __all__ = ["Run", "combine_runs", "load_run", "report_runs", "still_written"]
 
@@ -88,10 +87,7 @@ def load_run(path: Path) -> Run:
 
 def _compared(path: Path) -> list[Finding]:
     """compare.json's findings (none without one, or one cut short: another command writes it)."""
-    try:
-        comparison = CompareResult.from_json(read_versioned(path / COMPARE_FILE))
-    except (OSError, ValueError):
-        return []
+    comparison = RunFolder.open(path).compare
     return [Finding.from_json(line) for line in comparison.findings] if comparison is not None else []
 
 
