@@ -68,7 +68,7 @@ def test_vllm_cpu_rejection_sampler_gets_no_temperature_or_top_p() -> None:
 @pytest.fixture(scope="module")
 def sampled_compare(gemma: GemmaServers, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:  # noqa: F811
     """K0, K0 again (the same server: other random draws) and ngram K3, every variant audited."""
-    k0, ngram = gemma.url("K0"), gemma.url("ngram-K3")
+    k0, ngram = gemma.urls("K0", "ngram-K3")
     prompts = load_scenario(SAMPLED_SCENARIO).workload.prompts
     text = f"""
 name = "gemma-distribution"

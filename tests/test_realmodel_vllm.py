@@ -130,7 +130,7 @@ def _compare(tmp_path: Path, urls: dict[str, str], prompts: list[str], max_token
 def test_ngram_on_free_text_partial_acceptance_agrees_with_metrics_and_is_lossless(
     gemma: GemmaServers, tmp_path: Path
 ) -> None:
-    urls = {"K0": gemma.url("K0"), "ngram-K3": gemma.url("ngram-K3")}
+    urls = dict(zip(("K0", "ngram-K3"), gemma.urls("K0", "ngram-K3"), strict=True))
     comparison = _compare(tmp_path, urls, FREE_TEXT, 64)
     assert comparison["findings"] == []  # no spec_decode_output_mismatch, no acceptance_length_mismatch
     # Issue 27's done-when on a real model: /metrics sampled through each variant's window, the server's
@@ -157,7 +157,7 @@ def test_ngram_on_free_text_partial_acceptance_agrees_with_metrics_and_is_lossle
 
 
 def test_draft_model_is_lossless_at_temperature_zero(gemma: GemmaServers, tmp_path: Path) -> None:
-    urls = {"K0": gemma.url("K0"), "draft-K3": gemma.url("draft-K3")}
+    urls = dict(zip(("K0", "draft-K3"), gemma.urls("K0", "draft-K3"), strict=True))
     comparison = _compare(tmp_path, urls, FREE_TEXT[:1], 48)
     assert comparison["findings"] == []
     spec = comparison["variants"]["draft-K3"]["spec_decode"]
