@@ -15,6 +15,7 @@ simulator suite, --launch), bisect and track nightly (tests/fixtures/bisect/fake
 provider; nightly probes three new builds into a fresh SQLite history).
 
     python benchmarks/signal_campaign.py [--cases 100] [--max-delay 10] [--seed 0] [--only run,sweep]
+                                         [--rerun 14,15]
 
 Prints one line a case and the totals; exits 1 when any case failed a grade.
 """
@@ -181,15 +182,21 @@ def main() -> None:
     parser.add_argument("--max-delay", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", default=",".join(COMMANDS), help="commands, comma-separated")
+    parser.add_argument(
+        "--rerun", default="", help="case numbers of the seed's round to run again, alone (e.g. 14,15)"
+    )
     args = parser.parse_args()
     chosen = [c for c in args.only.split(",") if c]
     rng = random.Random(args.seed)
+    rerun = {int(n) for n in args.rerun.split(",") if n}
     totals: Counter[str] = Counter()
     with tempfile.TemporaryDirectory(prefix="signals-") as tmp:
         for number in range(args.cases):
             command = rng.choice(chosen)
             delay = rng.uniform(0.1, args.max_delay)
             signal = rng.choice(["INT", "TERM"])
+            if rerun and number not in rerun:
+                continue  # the same draws as the round, so a case keeps its command, moment and signal
             outcome, failed = run_case(number, command, delay, signal, Path(tmp))
             totals["cases"] += 1
             totals["finished first" if outcome == "finished first" else "graded"] += 1
