@@ -87,8 +87,15 @@ def test_a_mooncake_trace_drives_the_testbed_on_its_schedule_with_acceptance_and
 
 
 def test_multi_turn_sessions_on_the_testbed_give_figures_per_turn(tmp_path: Path, k3_url: str) -> None:
-    workload = 'concurrency = 2\n[workload.dataset]\nkind = "multi_turn"\npath = "multi_turn_sharegpt.json"'
+    """ignore_eos: every turn writes exactly its recorded reply's length (the random model may write
+    EOS anywhere, and a reply of one token, or one chunk, has no token ITL), so what each turn's
+    figures can say is the same on every run."""
+    workload = (
+        'concurrency = 2\nignore_eos = true\n[workload.dataset]\nkind = "multi_turn"\n'
+        'path = "multi_turn_sharegpt.json"'
+    )
     done = _audit(tmp_path, k3_url, "run", workload, endpoint="chat")
+    assert all(r["completion_tokens"] == r["params"]["max_tokens"] > 4 for r in done["records"])
     categories = done["summary"]["categories"]
     assert {name: row["requests"] for name, row in categories.items()} == {
         "turn 1": 3,
