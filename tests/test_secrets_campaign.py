@@ -169,3 +169,55 @@ def test_the_terminal_stream_masks_every_write_and_is_otherwise_the_stream() -> 
     stream.writelines(["plain\n"])
     assert target.getvalue() == f"server said: key {MASK} via http://u:{MASK}@h:1/x\nplain\n"
     assert stream.isatty() is False and stream.getvalue() == target.getvalue()  # delegated
+
+
+# A launched server that logs what vLLM's start-up does (its arguments) and more (the credentials in
+# its environment), then serves as the simulator: what smoke and invariance launch in the test below.
+LOGGING_SIM = """
+import os, sys
+args = sys.argv[1:]
+names = os.environ["PLANTED_NAMES"].split()
+print("args:", args, {k: v for k, v in os.environ.items() if k in names}, flush=True)
+cut = args.index("--db-passwd")
+os.execv(sys.executable, [sys.executable, "-m", "itlaudit", "sim", *args[:cut], *args[cut + 2 :]])
+"""
+KINDS_ENV = (
+    f'{{ MY_PASSWD = "{PLANTED}Passwd2", DB_PWD = "{PLANTED}Pwd2", SESSION_COOKIE = "{PLANTED}Cookie2", '
+    f'SERVICE_CREDENTIALS = "{PLANTED}Credentials2", PLANTED_NAMES = "MY_PASSWD DB_PWD SESSION_COOKIE '
+    'SERVICE_CREDENTIALS" }'
+)
+SHORT = (
+    'prompts = ["hi"]\nnum_requests = 2\nconcurrency = 1\nmax_tokens = 8\nmin_tokens = 8\nignore_eos = true'
+)
+
+
+@pytest.mark.fault_row("R1")
+def test_smoke_and_invariance_keep_every_planted_secret_out_of_their_files(tmp_path: Path) -> None:
+    """Issue 39 item 4 under the other commands that launch servers: smoke's and invariance's server
+    logs held the five planted credentials in clear (only run, compare and sweep masked their logs;
+    the launcher now masks every log it wrote when it stops the server). ~5 s."""
+    command = json.dumps(
+        [sys.executable, "-c", LOGGING_SIM, "--port", "{port}", "--db-passwd", f"{PLANTED}DbPasswd2"]
+    )
+    launch = f'kind = "command"\ncommand = {command}\nenv = {KINDS_ENV}\nready_timeout_s = 60\n'
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "suite.toml").write_text(
+        f'name = "kinds"\n[launch]\n{launch}\n[servers.K0]\nserver_args = ["--step-ms", "1"]\n\n'
+        '[[checks]]\nscenario = "s"\nkind = "completion_tokens"\n'
+    )
+    (suite / "s.toml").write_text(
+        f'name = "s"\nendpoint = "completions"\nmodel = "sim-tiny"\n[workload]\n{SHORT}\n'
+        '[[variants]]\nname = "K0"\n'
+    )
+    smoked = itlaudit("smoke", "--suite", str(suite), "--out", str(tmp_path / "smoke"), cwd=tmp_path)
+    assert smoked.returncode == 0, smoked.stdout + smoked.stderr
+    scenario = write_scenario(tmp_path, f'[[variants]]\nname = "A"\n[variants.launch]\n{launch}', SHORT)
+    out = str(tmp_path / "inv")
+    audited = itlaudit(
+        "invariance", str(scenario), "--repeats", "2", "--sweep", "", "--out", out, cwd=tmp_path
+    )
+    assert audited.returncode == 0, audited.stderr
+    logs = list(tmp_path.rglob("server-*.log"))
+    assert len(logs) == 2 and all("'--db-passwd', '***'" in log.read_text() for log in logs), logs
+    assert leaks(tmp_path, smoked, audited, skip=(suite / "suite.toml", scenario)) == []

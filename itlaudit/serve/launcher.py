@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from itlaudit.errors import LaunchError
 from itlaudit.model.access import NO_ACCESS, Access
 from itlaudit.model.launch import LaunchKind, LaunchSpec
+from itlaudit.model.redact import launch_secret_values, redact_file, remember_secrets
 from itlaudit.model.stop import wait_or_stop
 from itlaudit.serve.orphans import (
     OWNER_ENV,
@@ -271,7 +272,10 @@ atexit.register(_stop_all_live)
 
 
 class LaunchedServer:
-    """A ready server; stop() (or leaving the `with` block) kills everything it started."""
+    """A ready server; stop() (or leaving the `with` block) kills everything it started, then masks
+    `secrets` (the credentials it was started with) in its log: a server logs its arguments (vLLM's
+    "non-default args") and may print its environment, and every command that launches one (run,
+    compare, sweep, smoke, invariance, a bisect probe) keeps that log beside its results."""
 
     def __init__(
         self,
@@ -279,11 +283,13 @@ class LaunchedServer:
         log_path: Path,
         proc: subprocess.Popen[bytes] | None = None,
         docker_name: str | None = None,
+        secrets: frozenset[str] = frozenset(),
     ) -> None:
         self.url = url
         self.log_path = log_path
         self._proc = proc
         self._docker_name = docker_name
+        self._secrets = secrets
         self._pid_file = write_pid_file(proc.pid, docker_name) if proc is not None else None
         if proc is not None:
             _LIVE.add(self)
@@ -308,6 +314,9 @@ class LaunchedServer:
         if self._pid_file is not None:
             self._pid_file.unlink(missing_ok=True)
             self._pid_file = None
+        if self._secrets:
+            redact_file(self.log_path, self._secrets)
+            self._secrets = frozenset()
 
     def __enter__(self) -> LaunchedServer:
         return self
@@ -427,6 +436,10 @@ def _start(
     # owner's tag goes to every server (the docker CLI too) for the reaper (orphans.reap_orphans).
     owner = os.getpid()
     env = {**os.environ, **(spec.env if docker_name is None else {}), OWNER_ENV: str(owner)}
+    # Its credentials (env, arguments) are masked wherever its text lands: an error line quoting its
+    # log's tail (remembered) and the log itself (when it stops).
+    secrets = frozenset(launch_secret_values(spec, os.environ))
+    remember_secrets(secrets)
     with log_path.open("ab") as log:
         try:
             proc = subprocess.Popen(
@@ -440,7 +453,7 @@ def _start(
             )
         except OSError as exc:
             raise LaunchError(f"cannot start {argv[0]!r}: {exc}") from exc
-    server = LaunchedServer(f"http://{spec.host}:{port}", log_path, proc, docker_name)
+    server = LaunchedServer(f"http://{spec.host}:{port}", log_path, proc, docker_name, secrets)
     try:
         _wait_ready(server.url, spec.ready_timeout_s, log_path, proc, access)
     except BaseException:

@@ -24,7 +24,6 @@ from itlaudit.errors import ItlauditError, RunDirError, RunInterrupted, Scenario
 from itlaudit.model.access import NO_ACCESS, Access, url_credentials_problem
 from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import RequestRecord
-from itlaudit.model.redact import launch_secret_values, redact_file, remember_secrets
 from itlaudit.model.run_labels import RunLabels
 from itlaudit.model.scenario import Scenario, Variant
 from itlaudit.model.stop import check, interruption, on_second, requested
@@ -136,8 +135,6 @@ def variant_target(
         from itlaudit.serve.launcher import launch
 
         spec = launch_spec(variant.launch)
-        # Its credentials (env, arguments) are masked wherever its text lands: its log, an error line.
-        remember_secrets(launch_secret_values(variant.launch, os.environ))
         # Tags the server's processes with the run that owns them, so a leftover is traceable.
         spec.env[RUN_DIR_ENV] = str(run_dir.resolve())
         with launch(spec, run_dir / server_log_name(variant.name), access) as server:
@@ -295,65 +292,58 @@ def _run_in_folder(
                 override = url or variant_urls.get(variant.name)
                 launched = variant.launch if not override else None
                 access = variant_access(scenario, variant.name, capture)
-                try:
-                    check()  # a signal between two variants: the next one never starts
-                    with ExitStack() as server:
-                        starting = reporter.step(f"{variant.name}: starting its server") if launched else None
-                        with starting or nullcontext():
-                            base_url = server.enter_context(
-                                variant_target(variant, override, run_dir, access)
+                check()  # a signal between two variants: the next one never starts
+                with ExitStack() as server:
+                    starting = reporter.step(f"{variant.name}: starting its server") if launched else None
+                    with starting or nullcontext():
+                        base_url = server.enter_context(variant_target(variant, override, run_dir, access))
+                    counts.begin(f"{variant.name} @ {base_url}", per_variant)
+                    variant_started = time.monotonic()
+
+                    def on_capture(
+                        workers: CaptureDescription, name: str = variant.name, url: str = base_url
+                    ) -> None:
+                        """The phase line comes here, once the server has answered the model lookup."""
+                        if "workers" in workers:
+                            counts.sending()
+                            count = len(workers["workers"])
+                            reporter.phase(
+                                f"{name}: {workload.num_requests} requests to {url} over "
+                                f"{count} capture process{'es' if count > 1 else ''}"
                             )
-                        counts.begin(f"{variant.name} @ {base_url}", per_variant)
-                        variant_started = time.monotonic()
+                        dataset = scenario.workload.dataset
+                        if workers.get("reply_lengths") == "estimated" and dataset and console:
+                            console.print(f"warning: {dataset.warning}", markup=False, soft_wrap=True)
+                        if "random_chat" in workers and console:
+                            note = workers["random_chat"]["note"]
+                            console.print(f"{name}: {note}", markup=False, soft_wrap=True)
+                        for warning in lost_worker_warnings(workers):
+                            (console or Console(stderr=True)).print(warning, markup=False, soft_wrap=True)
 
-                        def on_capture(
-                            workers: CaptureDescription, name: str = variant.name, url: str = base_url
-                        ) -> None:
-                            """The phase line comes here, once the server has answered the model lookup."""
-                            if "workers" in workers:
-                                counts.sending()
-                                count = len(workers["workers"])
-                                reporter.phase(
-                                    f"{name}: {workload.num_requests} requests to {url} over "
-                                    f"{count} capture process{'es' if count > 1 else ''}"
-                                )
-                            dataset = scenario.workload.dataset
-                            if workers.get("reply_lengths") == "estimated" and dataset and console:
-                                console.print(f"warning: {dataset.warning}", markup=False, soft_wrap=True)
-                            if "random_chat" in workers and console:
-                                note = workers["random_chat"]["note"]
-                                console.print(f"{name}: {note}", markup=False, soft_wrap=True)
-                            for warning in lost_worker_warnings(workers):
-                                (console or Console(stderr=True)).print(warning, markup=False, soft_wrap=True)
-
-                        passed = passes[variant.name] = run_until_stopped(
-                            VariantPass(
-                                scenario,
-                                variant,
-                                base_url,
-                                folder,
-                                writer,
-                                capture=capture,
-                                ledger=ledger,
-                                console=console,
-                                hooks=hooks,
-                                launched=launched,
-                                id_tag=tag,
-                                on_done=counts.landed,
-                                on_prepare=counts.prepare,
-                                on_capture=on_capture,
-                            ).run()
-                        )
-                        reporter.phase(
-                            f"{variant.name}: {len(passed.capture.records)} requests done in "
-                            f"{duration(time.monotonic() - variant_started)}"
-                        )
-                        if launched is not None:
-                            reporter.phase(f"{variant.name}: stopping its server")
-                finally:
+                    passed = passes[variant.name] = run_until_stopped(
+                        VariantPass(
+                            scenario,
+                            variant,
+                            base_url,
+                            folder,
+                            writer,
+                            capture=capture,
+                            ledger=ledger,
+                            console=console,
+                            hooks=hooks,
+                            launched=launched,
+                            id_tag=tag,
+                            on_done=counts.landed,
+                            on_prepare=counts.prepare,
+                            on_capture=on_capture,
+                        ).run()
+                    )
+                    reporter.phase(
+                        f"{variant.name}: {len(passed.capture.records)} requests done in "
+                        f"{duration(time.monotonic() - variant_started)}"
+                    )
                     if launched is not None:
-                        secrets = launch_secret_values(launched, os.environ)
-                        redact_file(folder.server_log(variant.name), secrets)
+                        reporter.phase(f"{variant.name}: stopping its server")
                 folder.save()
     except KeyboardInterrupt:
         raise _wrap_up_interrupted(folder, scenario, reporter) from None

@@ -45,7 +45,6 @@ from itlaudit.errors import RunInterrupted, ScenarioError, SweepError
 from itlaudit.model.formats import FORMAT_KEY
 from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.launch import LaunchSpec
-from itlaudit.model.redact import launch_secret_values, redact_file
 from itlaudit.model.scenario import Scenario, Variant
 from itlaudit.model.serve_params import ServeValue, expand
 from itlaudit.model.stop import check, interruption, wait_or_stop
@@ -442,19 +441,12 @@ def run_sweep(
             if not sweeper.pending(variant.name):
                 continue
             override = variant_urls.get(variant.name)
-            try:
-                with ExitStack() as server:
-                    launched = variant.launch if not override else None
-                    starting = reporter.step(f"{variant.name}: starting its server") if launched else None
-                    with starting or nullcontext():
-                        base_url = server.enter_context(variant_target(variant, override, sweep_dir))
-                    sweeper.run_variant_loads(variant, base_url, launched)
-            finally:
-                if variant.launch is not None and not override:
-                    redact_file(
-                        sweep_dir / server_log_name(variant.name),
-                        launch_secret_values(variant.launch, os.environ),
-                    )
+            with ExitStack() as server:
+                launched = variant.launch if not override else None
+                starting = reporter.step(f"{variant.name}: starting its server") if launched else None
+                with starting or nullcontext():
+                    base_url = server.enter_context(variant_target(variant, override, sweep_dir))
+                sweeper.run_variant_loads(variant, base_url, launched)
             with reporter.step("writing sweep.json, plots and report"):
                 sweep = write_sweep_outputs(sweep_dir, scenario.name, config)
     except KeyboardInterrupt:
