@@ -10,6 +10,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 from simkit import itlaudit, sim_server
 
 from itlaudit.serve.sim import SimConfig
@@ -71,21 +72,27 @@ def test_an_option_with_no_itlaudit_meaning_is_one_line() -> None:
     )
 
 
-def test_a_result_file_that_cannot_be_written_is_refused_before_the_first_request(tmp_path: Path) -> None:
-    """issue 39 item 5: --save-result naming a folder was refused only after the whole run. The server
-    here does not answer: the line comes before anything is sent; a writable file passes the check
-    (and then meets the unreachable server). ~2 s."""
+@pytest.mark.fault_row("R7")
+@pytest.mark.parametrize("option", ["--save-result", "--ledger"])
+def test_a_result_file_that_cannot_be_written_is_refused_before_the_first_request(
+    tmp_path: Path, option: str
+) -> None:
+    """issue 39 item 5: --save-result naming a folder was refused only after the whole run, and so was
+    a --ledger under a file (with a wrong hint). The server here does not answer: the line comes before
+    anything is sent; a writable file passes the check (and then meets the unreachable server).
+    ~2 s each."""
     (tmp_path / "results").mkdir()
     (tmp_path / "a-file").write_text("")
     for target, said in (
         (tmp_path / "results", "a folder"),
         (tmp_path / "a-file" / "r.json", "not a folder"),
     ):
-        done = itlaudit("run", "--url", "http://127.0.0.1:9", "--save-result", str(target))
+        done = itlaudit("run", "--url", "http://127.0.0.1:9", option, str(target))
         assert done.returncode == 2 and said in done.stderr and "cannot reach" not in done.stderr, done.stderr
-    done = itlaudit(
-        "run", "--url", "http://127.0.0.1:9", "--save-result", str(tmp_path / "results" / "r.json")
-    )
+        assert (
+            done.stderr.startswith(f"itlaudit: error: {option} {target}: ") and done.stderr.count("\n") == 1
+        )
+    done = itlaudit("run", "--url", "http://127.0.0.1:9", option, str(tmp_path / "results" / "r.json"))
     assert done.returncode == 2 and "cannot reach" in done.stderr
 
 

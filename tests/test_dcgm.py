@@ -64,6 +64,7 @@ def test_throttle_mask_when_the_exporter_exports_it() -> None:
     assert figures["1"]["throttle"] == ["sw_power_cap"] and "throttle" not in figures["0"]
 
 
+@pytest.mark.fault_row("R8")
 @pytest.mark.parametrize(
     ("series", "value"),
     [("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "+Inf"), ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "-4"),

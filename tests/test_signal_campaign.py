@@ -20,6 +20,7 @@ CASES = [
 ]
 
 
+@pytest.mark.fault_row("R11")
 @pytest.mark.parametrize(("command", "delay", "signal"), CASES)
 def test_a_signal_at_a_drawn_moment_is_handled(
     tmp_path: Path, command: str, delay: float, signal: str

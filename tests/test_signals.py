@@ -201,6 +201,7 @@ def _run_signalled_in_derivation(tmp_path: Path, signals: int) -> tuple[Path, st
     return run_dir, done.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.fault_row("R11")
 def test_a_signal_while_deriving_is_held_until_the_figures_are_written(tmp_path: Path) -> None:
     """One SIGTERM as the derivation starts: held, the summary and report are written, then the run
     stops with 143 and says so; the folder is finished, not marked. ~3 s."""
@@ -210,6 +211,7 @@ def test_a_signal_while_deriving_is_held_until_the_figures_are_written(tmp_path:
     assert "interrupted" not in json.loads((run_dir / "meta.json").read_text())
 
 
+@pytest.mark.fault_row("R11")
 def test_a_second_signal_cuts_the_derivation_and_names_the_command_that_finishes_it(tmp_path: Path) -> None:
     """Two SIGTERMs: the user will not wait; the process ends at once from the second's handler, the
     records stay, meta.json is marked with the command that derives the figures, and that command

@@ -134,6 +134,7 @@ def test_resume_of_a_folder_that_is_not_a_sweep_is_one_line(tmp_path: Path) -> N
     assert [p.name for p in folder.iterdir()] == ["sweep-config.json"]
 
 
+@pytest.mark.fault_row("R10")
 def test_resume_after_the_scenario_was_edited_is_one_line_naming_the_workload(tmp_path: Path) -> None:
     """issue 39 item 5: an edited scenario under the same name resumed silently, mixing 24- and
     12-request points. The workload's digest is in sweep-config.json; a changed one is refused, and the

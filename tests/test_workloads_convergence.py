@@ -35,6 +35,24 @@ def _noisy(app: web.Application, seed: int) -> web.Application:
     return app
 
 
+def _failing_every_other(app: web.Application) -> web.Application:
+    """Every other streamed request is answered 500: a server half broken, whose trials are not
+    comparable however steady their surviving requests look (the fourth campaign's --trials auto case)."""
+    count = 0
+
+    @web.middleware
+    async def fail(request: web.Request, handler: Handler) -> web.StreamResponse:
+        nonlocal count
+        if request.method == "POST" and request.path.startswith("/v1/"):
+            count += 1
+            if count % 2 == 0:
+                return web.json_response({"error": {"message": "engine overloaded"}}, status=500)
+        return await handler(request)
+
+    app.middlewares.append(fail)
+    return app
+
+
 def _trials_until_clear(tmp_path: Path, url: str, rule: ConvergenceRule, metric: str) -> tuple[Progress, int]:
     """Runs `itlaudit run` trial after trial, judging the variant's p50 of `metric` after each, as
     `--trials auto` does."""
@@ -221,6 +239,28 @@ def test_run_trials_auto_repeats_the_scenario_until_each_variant_is_clear(tmp_pa
         "run", str(scenario), "--url", "http://127.0.0.1:9", "--trials", "2", "--save-result", "r.json"
     )
     assert fixed.returncode == 2 and "--trials makes one per trial" in fixed.stderr
+
+
+@pytest.mark.fault_row("R9")
+def test_run_trials_auto_never_calls_invalid_trials_clear(tmp_path: Path) -> None:
+    """issue 39 item 5: against a server failing every other request every trial was "not comparable",
+    yet --trials auto stopped after 3 as "within 5 %". Only valid figures count towards the minimum:
+    it runs to the maximum and says why it has no answer (the test above is the clean neighbour). ~8 s."""
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(
+        'name = "t"\nendpoint = "completions"\n[workload]\nprompts = ["hi"]\nnum_requests = 4\n'
+        'concurrency = 1\nmax_tokens = 12\nignore_eos = true\n[[variants]]\nname = "A"\n',
+        encoding="utf-8",
+    )
+    out = tmp_path / "trials"
+    flags = ("--trials", "auto", "--max-trials", "3", "--ledger", str(tmp_path / "l.jsonl"))
+    with app_on_thread(_failing_every_other(make_app(SimConfig(step_ms=1.0, ttft_ms=2.0)))) as url:
+        result = itlaudit("run", str(scenario), "--url", url, "--out", str(out), *flags)
+    assert "Traceback" not in result.stderr
+    variant = json.loads((out / "trials.json").read_text())["variants"]["A"]
+    assert not variant["converged"], variant
+    assert "0 valid figures in the maximum of 3 trials" in variant["reason"], variant
+    assert "within" not in variant["reason"] and "within 5 %" not in result.stdout + result.stderr
 
 
 def test_compare_trials_repeats_the_whole_compare_and_states_each_variants_interval(tmp_path: Path) -> None:

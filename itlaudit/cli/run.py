@@ -59,6 +59,19 @@ class RunKwargs(TypedDict):
     labels: RunLabels
 
 
+def _check_output_file(option: str, path: Path, folder_hint: str = "") -> None:
+    """A file written after the run (--save-result, the --ledger) refused before the first request, not
+    after the whole run, where it cannot be written: a folder, a file this user cannot write, or under
+    something that is not a folder this user can write."""
+    if path.is_dir():
+        raise ItlauditError(f"{option} {path}: a folder; give a file in it{folder_hint}")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ItlauditError(f"{option} {path}: a file this user cannot write")
+    existing = next((p for p in (path.parent, *path.parent.parents) if p.exists()), None)
+    if existing is not None and (not existing.is_dir() or not os.access(existing, os.W_OK)):
+        raise ItlauditError(f"{option} {path}: {existing} is not a folder this user can write")
+
+
 @dataclass(frozen=True)
 class RunSettings:
     """What `run` and `compare` take the same way besides the workload and the capture: where the run
@@ -77,8 +90,14 @@ class RunSettings:
 
     def scenario(self, path: Path | None, flags: ScenarioFlags) -> Scenario:
         """The scenario with the flags over it; --save-scenario writes it before anything is sent, and
-        --save-result's file is checked then too."""
-        self._check_result_file()
+        the files written after the run (--save-result, the --ledger) are checked then too."""
+        if self.save_result is not None:
+            _check_output_file(
+                "--save-result",
+                self.save_result,
+                f" (or vllm bench's --save-result --result-dir {self.save_result})",
+            )
+        _check_output_file("--ledger", self.ledger.path)
         scenario, raw = build_scenario(path, flags)
         if self.save_scenario is not None:
             header = [
@@ -94,21 +113,6 @@ class RunSettings:
                 raise ItlauditError(f"--save-scenario {self.save_scenario}: {exc.strerror or exc}") from None
             err.print(f"scenario: {self.save_scenario}", markup=False, highlight=False, soft_wrap=True)
         return scenario
-
-    def _check_result_file(self) -> None:
-        """--save-result refused before the first request, not after the whole run, where it cannot be
-        written: a folder, or under something that is not a folder this user can write."""
-        path = self.save_result
-        if path is None:
-            return
-        if path.is_dir():
-            raise ItlauditError(
-                f"--save-result {path}: a folder; give a file in it (or vllm bench's --save-result "
-                f"--result-dir {path})"
-            )
-        existing = next((p for p in (path.parent, *path.parent.parents) if p.exists()), None)
-        if existing is not None and (not existing.is_dir() or not os.access(existing, os.W_OK)):
-            raise ItlauditError(f"--save-result {path}: {existing} is not a folder this user can write")
 
     def reporting(self) -> AbstractContextManager[None]:
         """Where the run is captured and derived: its reports drawn, or written without plots."""
