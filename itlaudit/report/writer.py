@@ -21,6 +21,7 @@ from itlaudit.analysis.validity import variant_validity
 from itlaudit.model.codes import Finding
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.redact import redact_text
+from itlaudit.model.stop import requested
 from itlaudit.report.context import context_facts
 from itlaudit.report.html import render_html
 from itlaudit.report.markdown import render_report
@@ -98,16 +99,21 @@ def write_reports(
     """PNGs, report.md (linking them) and report.html (embedding them); returns report.html's path.
     `meta` is the run's meta.json, for the context block (none for a comparison of several runs);
     `telemetry` the samplers' rows ({"server" or "gpu": {variant: rows}}) for the server timeline.
-    Inside `plots_skipped()` no PNG is drawn and the context block says so."""
+    Inside `plots_skipped()`, or once a signal asked the command to stop, no PNG is drawn and the
+    context block says so."""
     out_dir.mkdir(parents=True, exist_ok=True)
     context = context_facts(meta, summary) if meta is not None else []
     plots: list[tuple[str, Path]] = []
-    if _DRAW_PLOTS.get():
+    if not _DRAW_PLOTS.get():
+        context.append(PLOTS_SKIPPED)
+    elif requested():
+        # A signal came (model.stop): the report of what finished is written, but not its plots, which
+        # on a loaded box take seconds (3.6-5.8 s in the signal campaign) of the 5 s an interrupt has.
+        context.append(("plots", f"not drawn: interrupted; `itlaudit report {out_dir}` draws them"))
+    else:
         from itlaudit.report.plots import write_plots  # matplotlib: a second to import, only to draw
 
         plots = write_plots(variant_views(records, summary, compare, findings, telemetry), out_dir)
-    else:
-        context.append(PLOTS_SKIPPED)
     # A server's error message can echo a credential it was sent (an API key in a 401): redact_text
     # masks every one this process knows of.
     md = render_report(
