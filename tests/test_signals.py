@@ -338,3 +338,34 @@ def test_a_server_whose_owner_dies_before_its_prctl_does_not_outlive_it(tmp_path
     for pid in left:
         os.kill(pid, signal_module.SIGKILL)
     assert left == [], "the launched server outlived the itlaudit that started it"
+
+
+# A bisect build's install (the pip and wheels providers: serve.logged.run_logged) signalled 0.5 s in,
+# with the CLI's handlers: the command must end at once, not when pip would have.
+INSTALLING = """
+import os, signal, sys, threading, time
+from pathlib import Path
+from itlaudit.model.stop import handle_signals
+from itlaudit.serve.logged import run_logged
+handle_signals()
+threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
+started = time.monotonic()
+try:
+    pip = "import time; print('installing', flush=True); time.sleep(30)"
+    run_logged([sys.executable, "-c", pip], Path({log!r}))
+except KeyboardInterrupt:
+    print(f"stopped {{time.monotonic() - started:.1f}}")
+"""
+
+
+def test_a_signal_during_a_build_install_ends_it_within_the_bound(tmp_path: Path) -> None:
+    """The pip, wheels and docker bisect providers built with subprocess.run, so a signal during a
+    pip install waited for it to finish (minutes); run_logged now polls the stop request as the
+    command provider's build does (model.stop.wait_for): the install is ended and the step stops
+    in well under 5 s, its log kept. ~1 s."""
+    log = tmp_path / "install.log"
+    script = INSTALLING.format(log=str(log))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("stopped ") and float(done.stdout.split()[1]) < 3, done.stdout
+    assert "installing" in log.read_text()

@@ -5,12 +5,16 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from itlaudit.model.stop import wait_for
+
 __all__ = ["run_logged"]
 
 
 def run_logged(argv: list[str], log_path: Path) -> int:
-    """The command's exit code; OSError (it could not start) is left to the caller to name."""
+    """The command's exit code; OSError (it could not start) is left to the caller to name. A signal
+    (model.stop) ends it and raises KeyboardInterrupt within the 5 s an interrupt has: a bisect
+    build's pip install or a testbed's takes minutes, and waiting for it held the exit that long."""
     with log_path.open("ab") as log:
         log.write(f"\n$ {' '.join(argv)}\n".encode())
         log.flush()
-        return subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+        return wait_for(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))

@@ -7,7 +7,7 @@ check that the result is the build they meant.
 from __future__ import annotations
 
 import subprocess
-import venv
+import sys
 from pathlib import Path
 
 from itlaudit.errors import BuildUnavailable
@@ -34,10 +34,10 @@ def install(
     interpreter, split on spaces); returns the interpreter. Any failure means the build is unavailable."""
     log_path = root / INSTALL_LOG
     env_dir = root / "venv"
-    try:
-        venv.create(env_dir, with_pip=True)
-    except (OSError, subprocess.CalledProcessError) as exc:
-        raise BuildUnavailable(f"{label}: cannot create a venv in {env_dir} ({exc})") from None
+    root.mkdir(parents=True, exist_ok=True)
+    # `python -m venv` as a command, not venv.create: its ensurepip takes seconds, and only a command
+    # run_logged waits for can be ended by a signal.
+    _run(f"{label}: creating a venv in {env_dir}", [sys.executable, "-m", "venv", str(env_dir)], log_path)
     python = env_dir / "bin" / "python"
     pip = [str(python), "-m", "pip", "--disable-pip-version-check", "--no-input"]
     _run(f"{label}: pip install", [*pip, "install", *pip_args, *requirements], log_path)
