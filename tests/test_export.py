@@ -12,7 +12,7 @@ from reportkit import stream
 from itlaudit.analysis.metrics import request_metrics
 from itlaudit.errors import RecordsError
 from itlaudit.model.records import RequestRecord
-from itlaudit.store.export import CHUNK_COLUMNS, chunks_frame, write_chunks
+from itlaudit.store.export import CHUNK_COLUMNS, chunks_frame, write_chunks, write_table
 
 
 def test_one_row_per_chunk_and_tokens_sum_to_the_server_count() -> None:
@@ -77,3 +77,24 @@ def test_unknown_format_and_parquet_without_pyarrow_are_clear_errors(
 
 def test_empty_run_gives_header_only() -> None:
     assert list(chunks_frame([]).columns) == list(CHUNK_COLUMNS)
+
+
+def test_csv_is_pandas_to_csv_byte_for_byte(tmp_path: Path) -> None:
+    """chunks.csv and requests.csv are written without pandas: the bytes its to_csv writes, whatever
+    the columns hold (usage and ids missing on some chunks, ints beside a missing value, booleans
+    beside None, text that needs quoting, a key some rows lack)."""
+    records = [
+        stream("K3", 0, tokens=16, per_chunk=4, max_tokens=16, jitter=0.2),
+        _with_gaps_in_usage_and_ids(),
+    ]
+    chunks = write_chunks(records, tmp_path).read_text(encoding="utf-8")
+    assert chunks == chunks_frame(records).to_csv(index=False)
+    rows = [
+        {"id": "a,b", "n": 1, "status": 200, "ok": True, "x": 0.1, "text": 'say "hi"\nthen go'},
+        {"id": "c", "n": 2, "status": None, "ok": None, "x": float("nan"), "text": "plain"},
+        {"id": "d", "n": 3, "status": 404, "ok": False, "x": 1e-7, "extra": "only here"},
+    ]
+    write_table(tmp_path / "t.csv", rows)
+    assert (tmp_path / "t.csv").read_text(encoding="utf-8") == pd.DataFrame(rows).to_csv(index=False)
+    write_table(tmp_path / "empty.csv", [])
+    assert (tmp_path / "empty.csv").read_text(encoding="utf-8") == pd.DataFrame([]).to_csv(index=False)

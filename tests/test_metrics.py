@@ -17,6 +17,7 @@ from itlaudit.analysis.metrics import (
     per_chunk_itl_ms,
     ratio,
     request_metrics,
+    settled_records,
     speedup,
     summarize,
     token_counts,
@@ -158,6 +159,22 @@ def test_a_local_tokenizers_counts_stand_in_for_usage_and_ids() -> None:
     assert source == "tokenizer" and cumulative.tolist() == [1, 5, 9] and t.tolist() == [10, 50, 90]
     assert request_metrics(rec).itl_ms == pytest.approx(10.0)  # not the chunk count's 40
     rec.chunks.tokenized = [0, 4, 9, 9]  # the first chunk completed no token: TTFT is the second's
+    assert token_counts(rec)[0].tolist() == [50, 90]
+
+
+def test_settled_records_find_each_series_content_once() -> None:
+    """Inside settled_records() a record's content chunks are found once and handed out read-only;
+    counts filled in since (the derivation's --tokenizer) are a new finding, and outside the block a
+    series changed in place is found afresh."""
+    rec = record(*[(t, None, n) for t, _, n in K3_ROWS], (91, 9, 0, False), completion_tokens=9)
+    with settled_records():
+        first = token_counts(rec)
+        assert all(a is b for a, b in zip(first, token_counts(rec), strict=True))
+        with pytest.raises(ValueError, match="read-only"):
+            first[0][0] = 0.0
+        rec.chunks.tokenized = [1, 5, 9, 9]
+        assert token_counts(rec)[2] == "tokenizer"
+    rec.chunks.tokenized = [0, 4, 9, 9]
     assert token_counts(rec)[0].tolist() == [50, 90]
 
 

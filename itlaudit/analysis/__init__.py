@@ -80,6 +80,7 @@ SURFACE = Surface(
             "per_chunk_itl_ms",
             "ratio",
             "request_metrics",
+            "settled_records",
             "speedup",
             "token_counts",
         ),

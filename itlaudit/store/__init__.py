@@ -10,6 +10,7 @@ SURFACE = Surface(
         "export": (
             "CHUNK_FORMATS",
             "write_chunks",
+            "write_table",
         ),
         "folder": ("RunFiles",),
         "jsonl": (

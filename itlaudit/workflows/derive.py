@@ -7,13 +7,14 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
 from itlaudit.analysis.comparison import CompareResult
 from itlaudit.analysis.derive import derive_requests, request_line, summarize_run, with_comparison_findings
 from itlaudit.analysis.importers import ImportedBenchmark
+from itlaudit.analysis.metrics import settled_records
 from itlaudit.analysis.summary import PartialBy, RecordsSeen, RunSummary
 from itlaudit.model.block import BlockSettings
 from itlaudit.model.codes import Finding
@@ -23,7 +24,7 @@ from itlaudit.model.run_context import quality_settings
 from itlaudit.report.markdown import PARTIAL_HEADING
 from itlaudit.report.progress import Reporter
 from itlaudit.report.writer import write_reports
-from itlaudit.store.export import write_chunks
+from itlaudit.store.export import write_chunks, write_table
 from itlaudit.store.folder import RunFiles
 from itlaudit.store.jsonl import read_records
 from itlaudit.store.lock import Holder
@@ -42,15 +43,10 @@ from itlaudit.store.server_metrics import read_telemetry, server_blocks
 
 __all__ = ["Derivation", "derive_figures", "with_comparison", "write_derived", "write_report"]
 
-if TYPE_CHECKING:
-    import pandas as pd
 
-
-def _csv_frame(records: Sequence[RequestRecord], derived: Sequence[JSONObject]) -> pd.DataFrame:
-    """One row per request: the raw scalars and the derived figures (chunk arrays stay in
-    requests.jsonl, finding details in derived.jsonl)."""
-    import pandas as pd  # pandas and matplotlib cost seconds to import: only when files are derived
-
+def _csv_rows(records: Sequence[RequestRecord], derived: Sequence[JSONObject]) -> list[dict[str, Any]]:
+    """requests.csv's rows, one a request: the raw scalars and the derived figures (chunk arrays stay
+    in requests.jsonl, finding details in derived.jsonl)."""
     rows = []
     for record, figures in zip(records, derived, strict=True):
         line = {**record.to_json(), **figures}
@@ -61,7 +57,7 @@ def _csv_frame(records: Sequence[RequestRecord], derived: Sequence[JSONObject]) 
         codes = figures["findings"]
         row["findings"] = ";".join(str(code) for code in codes) if isinstance(codes, list) else ""
         rows.append(row)
-    return pd.DataFrame(rows)
+    return rows
 
 
 def _optional_json(path: Path) -> Any:
@@ -107,7 +103,7 @@ def derive_figures(
     marked partial: the run's own files are the run's, and it rewrites them when it ends."""
     steps = reporter.step if reporter is not None else _unnamed
     out = run_dir / PARTIAL_DIR if live is not None else out_dir or run_dir
-    with steps("deriving figures"):
+    with steps("deriving figures"), settled_records():
         loaded = read_records(run_dir / REQUESTS_FILE)
         records = loaded.records
         requests = derive_requests(records)
@@ -133,7 +129,7 @@ def derive_figures(
         out.mkdir(parents=True, exist_ok=True)
         write_versioned(out / SUMMARY_FILE, summary.to_json())
         write_jsonl(out / DERIVED_FILE, derived)
-        _csv_frame(records, derived).to_csv(out / CSV_FILE, index=False)
+        write_table(out / CSV_FILE, _csv_rows(records, derived))
         write_chunks(records, out)
     findings = [f for request in requests for f in request.findings]
     findings += [Finding.from_json(f) for f in summary.run_findings]
@@ -176,7 +172,7 @@ def write_report(
     run_dir = derivation.run_dir
     compare = RunFiles(run_dir).compare
     meta = _optional_json(run_dir / META_FILE)
-    with steps("drawing the plots and writing the report"):
+    with steps("drawing the plots and writing the report"), settled_records():
         write_reports(
             derivation.out,
             derivation.title,
