@@ -75,6 +75,20 @@ def test_the_command_list_imports_no_command() -> None:
     assert _loaded_after(run_help, tuple(modules)) == ["itlaudit.cli.run"]
 
 
+def test_run_help_loads_no_capture_stage_and_no_numpy() -> None:
+    """`run --help` (issue 38 item 4: 0.4-0.6 s on the GPU host through cli/options -> capture/runner,
+    and cli/bench_flags -> store/result) draws its options from their defaults alone: neither the
+    capture stage, the analysis nor numpy is loaded (0.56 -> 0.35 s of CPU on the 2-core box)."""
+    code = "import sys\nfrom itlaudit.cli import main\nsys.argv = ['itlaudit', 'run', '--help']\nmain()\n"
+    names = (
+        "numpy",
+        "itlaudit.capture.runner",
+        "itlaudit.capture.metrics_sampler",
+        "itlaudit.analysis.metrics",
+    )
+    assert _loaded_after(code, (*names, *HEAVY)) == []
+
+
 def test_the_root_takes_its_commands_from_the_table_only() -> None:
     """A command registered with app.command() would be neither listed nor found by the lazy root:
     it is refused when the app is built, not lost."""

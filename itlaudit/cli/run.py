@@ -15,7 +15,6 @@ import typer
 from rich.console import Console
 
 from itlaudit.analysis.convergence import trials_settings
-from itlaudit.capture.runner import CaptureOptions
 from itlaudit.cli.options import (
     DEFAULT_CI_WIDTH_PCT,
     DEFAULT_MAX_TRIALS,
@@ -37,6 +36,7 @@ from itlaudit.store.rundir import COMPARE_FILE, META_FILE, read_json
 
 if TYPE_CHECKING:  # the run workflow (the capture stack, numpy) loads when a command runs, not for --help
     from itlaudit.analysis.comparison import CompareResult, VariantComparison
+    from itlaudit.capture.runner import CaptureOptions
     from itlaudit.workflows.run import LedgerPolicy, RunOutcome
 
 __all__ = ["DEMO_SCENARIO", "LEDGER", "RunSettings", "compare", "demo", "run", "run_settings"]
