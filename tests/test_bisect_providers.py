@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import platform
@@ -16,11 +15,11 @@ import pytest
 from itlaudit.bisect.build_cache import MARKER, BuildCache, parse_size
 from itlaudit.bisect.build_range import Build
 from itlaudit.bisect.providers import PROVIDERS
-from itlaudit.bisect.providers.command import CommandProvider
-from itlaudit.bisect.providers.docker import DockerProvider, release_image
-from itlaudit.bisect.providers.pip import PipProvider
-from itlaudit.bisect.providers.wheels import WheelsProvider, commit_of_version, metadata_url
-from itlaudit.bisect.settings import Settings, make_provider
+from itlaudit.bisect.providers.command import CommandOptions, CommandProvider
+from itlaudit.bisect.providers.docker import DockerOptions, DockerProvider, release_image
+from itlaudit.bisect.providers.pip import PipOptions, PipProvider
+from itlaudit.bisect.providers.wheels import WheelsOptions, WheelsProvider, commit_of_version, metadata_url
+from itlaudit.bisect.settings import ProbeSetup, make_provider
 from itlaudit.errors import BuildUnavailable
 from itlaudit.model.launch import LaunchSpec
 from itlaudit.serve.launcher import docker_argv
@@ -229,22 +228,27 @@ def test_command_provider_fills_template_and_build_failure_is_unavailable(tmp_pa
         provider.prepare(Build(BAD_SHA, "commit"))
 
 
-def test_providers_are_registered_under_the_name_they_carry() -> None:
-    """--provider's names, the cache's keys and the registry are one spelling: the class's own."""
-    assert set(PROVIDERS) == {"wheels", "docker", "pip", "command"}
-    assert {name: PROVIDERS.get(name) for name in PROVIDERS} == {
-        "wheels": WheelsProvider,
-        "docker": DockerProvider,
-        "pip": PipProvider,
-        "command": CommandProvider,
+def test_providers_are_registered_under_the_name_they_carry(tmp_path: Path) -> None:
+    """--provider's names, bisect.json's tags, the cache's keys and the registry are one spelling:
+    each options struct's tag, which the provider it builds carries as its name."""
+    options = {
+        "wheels": (WheelsOptions(), WheelsProvider),
+        "docker": (DockerOptions(), DockerProvider),
+        "pip": (PipOptions(), PipProvider),
+        "command": (CommandOptions(server_cmd="serve {port}"), CommandProvider),
     }
-    assert all(PROVIDERS.get(name).name == name for name in PROVIDERS)
+    assert set(PROVIDERS) == set(options)
+    cache = BuildCache(tmp_path, 0)
+    for name, (given, provider) in options.items():
+        assert type(given) is PROVIDERS.get(name) and given.kind == name
+        built = given.provider(cache, tmp_path)
+        assert type(built) is provider and built.name == name
 
 
-def test_provider_is_built_from_settings(tmp_path: Path) -> None:
-    settings = Settings(good="a", bad="b", scenario="s.toml", provider="docker", cache_dir=str(tmp_path))
-    provider, _ = make_provider(settings, tmp_path)
-    assert isinstance(provider, DockerProvider)
-    command = Settings(good="a", bad="b", scenario="s.toml", provider="command", server_cmd="serve {port}")
-    provider, _ = make_provider(dataclasses.replace(command, cache_dir=str(tmp_path)), tmp_path)
+def test_provider_is_built_from_its_options(tmp_path: Path) -> None:
+    setup = ProbeSetup(provider=DockerOptions(image_patterns=("mine:{commit}",)), cache_dir=str(tmp_path))
+    provider, _ = make_provider(setup, tmp_path)
+    assert isinstance(provider, DockerProvider) and provider.patterns == ("mine:{commit}",)
+    command = ProbeSetup(provider=CommandOptions(server_cmd="serve {port}"), cache_dir=str(tmp_path))
+    provider, _ = make_provider(command, tmp_path)
     assert isinstance(provider, CommandProvider) and provider.server_cmd == ["serve", "{port}"]

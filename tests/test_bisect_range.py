@@ -12,7 +12,8 @@ from packaging.version import Version
 
 from itlaudit import cli
 from itlaudit.bisect import build_range
-from itlaudit.bisect.settings import Settings, commit_source, list_builds
+from itlaudit.bisect.providers.command import CommandOptions
+from itlaudit.bisect.settings import ProbeSetup, Settings, commit_source, list_builds
 from itlaudit.bisect.verdict import parse_regress
 from itlaudit.errors import BisectError
 
@@ -41,13 +42,14 @@ def test_current_directory_counts_as_the_repo_only_when_it_is_a_vllm_clone(
     repo: tuple[Path, list[str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path, shas = repo
-    settings = Settings(good=shas[3], bad=shas[-1], provider="command", server_cmd="serve {commit}")
+    setup = ProbeSetup(provider=CommandOptions(server_cmd="serve {commit}"))
+    settings = Settings(good=shas[3], bad=shas[-1], setup=setup)
     monkeypatch.chdir(path)
-    assert commit_source(settings)[0] == "github"  # a git repo, but not vLLM's
+    assert commit_source(setup)[0] == "github"  # a git repo, but not vLLM's
     (path / "vllm").mkdir(exist_ok=True)
     (path / "vllm" / "__init__.py").write_text("")
     try:
-        assert commit_source(settings) == ("cwd", f"git clone {path}")
+        assert commit_source(setup) == ("cwd", f"git clone {path}")
         assert [b.ref for b in list_builds(settings)] == shas[3:]
     finally:
         (path / "vllm" / "__init__.py").unlink()
@@ -132,11 +134,11 @@ def test_regress_and_settings_validation() -> None:
     with pytest.raises(BisectError, match="use one of auto, itl, speedup"):
         parse_regress("speed")
     with pytest.raises(BisectError, match="above 1"):
-        Settings(good="a", bad="b", scenario="s.toml", threshold=0.9)
-    with pytest.raises(BisectError, match="--server-cmd"):
-        Settings(good="a", bad="b", scenario="s.toml", provider="command")
-    assert Settings(good="a", bad="b", scenario="s.toml").effective_trials == 3
-    assert Settings(good="a", bad="b", scenario="s.toml", regress="truncation").effective_trials == 1
+        Settings(good="a", bad="b", threshold=0.9)
+    with pytest.raises(BisectError, match="--repo or --commits-file, not both"):
+        ProbeSetup(repo="vllm", commits_file="shas.txt")
+    assert Settings(good="a", bad="b").effective_trials == 3
+    assert Settings(good="a", bad="b", regress=parse_regress("truncation")).effective_trials == 1
 
 
 @pytest.mark.parametrize(

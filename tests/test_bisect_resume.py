@@ -23,8 +23,9 @@ from simkit import itlaudit
 
 from itlaudit.bisect import state as state_mod
 from itlaudit.bisect.build_range import Build
+from itlaudit.bisect.providers.command import CommandOptions
 from itlaudit.bisect.search import Search
-from itlaudit.bisect.settings import Settings
+from itlaudit.bisect.settings import ProbeSetup, Settings
 from itlaudit.bisect.state import State
 from itlaudit.errors import BisectError
 
@@ -252,7 +253,8 @@ def _parallel_state(folder: Path, flaky: int) -> State:
     answering the wrong way in its round: verdicts that disagree within a round are the noise a real
     run can give, not an edit."""
     builds = [Build(ref=f"{n:040x}", kind="commit") for n in range(40)]
-    settings = Settings(good=builds[0].ref, bad=builds[-1].ref, provider="command", server_cmd="s {port}")
+    setup = ProbeSetup(provider=CommandOptions(server_cmd="s {port}"))
+    settings = Settings(good=builds[0].ref, bad=builds[-1].ref, setup=setup)
     state = State(settings=settings, builds=builds)
     search = Search(len(builds))
 

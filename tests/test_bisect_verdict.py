@@ -190,7 +190,7 @@ def test_bisect_png_draws_the_signal_that_flipped() -> None:
 
     def plotted(regress: str, signals: list[str]) -> str:
         builds = [Build("a1", "commit"), Build("b2", "commit")]
-        state = State(Settings(good="a1", bad="b2", regress=regress), builds)
+        state = State(Settings(good="a1", bad="b2", regress=parse_regress(regress)), builds)
         state.result = BisectResult(signals=signals)
         return plotted_figure(state)[0]
 

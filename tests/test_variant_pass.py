@@ -166,7 +166,7 @@ def test_bisect_trials_capture_with_the_given_stamp_and_workers(
     except SystemExit as exc:
         assert not exc.code
     stored = json.loads((tmp_path / "bisect" / "bisect.json").read_text())["settings"]
-    assert (stored["workers"], stored["stamp"]) == ("2", "loop")
+    assert stored["capture"] == {"workers": 2, "stamp": "loop"}  # typed; the access is never stored
     assert passes and all(name == "build" for name, _ in passes)
     for _, trial in passes:
         records = [RequestRecord.from_json(line) for line in iter_jsonl(trial / "requests.jsonl")]

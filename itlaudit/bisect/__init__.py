@@ -29,20 +29,25 @@ SURFACE = Surface(
             "run_probe",
         ),
         "providers": ("PROVIDERS",),
+        "providers.pip": ("PipOptions",),
+        "providers.wheels": ("WheelsOptions",),
         "report": (
             "REPORT_FILE",
             "write_report",
         ),
         "search": ("Search",),
         "settings": (
-            "DEFAULTS",
-            "DEFAULT_SCENARIO",
+            "ProbeSetup",
             "Settings",
             "list_builds",
             "make_provider",
         ),
         "state": ("State",),
-        "verdict": ("JUDGES",),
+        "verdict": (
+            "JUDGES",
+            "TruncationJudge",
+            "parse_regress",
+        ),
     },
     modules=("state",),
 )

@@ -7,6 +7,10 @@ bisect.json and report.md, and only then choose the next build.
 With `--parallel K` a round probes K builds at once (the search's multisection points), each with its
 own GPU: `CUDA_VISIBLE_DEVICES` 0..K-1 on this host, or a Ray task holding one GPU with `--cluster`.
 The ends stay one probe a round each, the good end first: every other verdict is judged against it.
+
+`Bisection` is handed its collaborators (mozregression's Application builds the Bisector's): the
+prober that runs one probe (here, or on Ray), the prefetcher (and so the provider), the console and
+the clock; `Bisection.assemble` builds them from the settings, and a test can hand in fakes.
 """
 
 from __future__ import annotations
@@ -15,7 +19,10 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
+from typing import Protocol
 
 from rich.console import Console
 
@@ -25,13 +32,13 @@ from itlaudit.bisect.cluster import require_gpus, run_probe_on_ray
 from itlaudit.bisect.figures import Figures, read_probe
 from itlaudit.bisect.prefetch import Prefetcher
 from itlaudit.bisect.probe import OnServer, ProbeConfig, ProbeResult, run_probe
+from itlaudit.bisect.providers.command import CommandOptions
 from itlaudit.bisect.report import compare_url, write_report
 from itlaudit.bisect.search import Answer, Search
-from itlaudit.bisect.settings import Settings, make_provider
+from itlaudit.bisect.settings import ProbeSetup, Settings, make_provider
 from itlaudit.bisect.state import BisectResult, PendingProbe, ProbeRecord, State
 from itlaudit.capture.cluster import connect
 from itlaudit.errors import BisectError
-from itlaudit.model.access import NO_ACCESS, Access
 from itlaudit.model.launch import LaunchKind, LaunchSpec
 from itlaudit.model.scenario import Scenario, load_scenario
 from itlaudit.model.stop import check
@@ -39,22 +46,23 @@ from itlaudit.model.vocabulary import Verdict
 from itlaudit.report.progress import Reporter, duration
 from itlaudit.serve.launch_config import launch_spec
 
-__all__ = ["Bisection", "probe_config", "probe_scenario"]
+__all__ = ["Bisection", "LocalProber", "Prober", "RayProber", "probe_config", "probe_scenario"]
 
 
 def probe_scenario(settings: Settings) -> tuple[Scenario, dict[str, LaunchSpec]]:
     """The scenario reduced to the chosen variants (default: all of them, in its order), and the
     server settings (model, args, env) each asks for; the provider then decides which build serves them,
     so a variant's [variants.launch] table needs no `kind`: its server arguments are what count."""
-    scenario = load_scenario(Path(settings.scenario), provided=True)
+    setup = settings.setup
+    scenario = load_scenario(Path(setup.scenario), provided=True)
     names = [v.name for v in scenario.variants]
-    wanted = settings.variants or names
+    wanted = setup.variants or names
     for name in wanted:
         if name not in names:
-            raise BisectError(f"--only {name!r} is not in {settings.scenario} (variants: {', '.join(names)})")
-    if settings.regress_rule.across_variants and len(wanted) != 2:
+            raise BisectError(f"--only {name!r} is not in {setup.scenario} (variants: {', '.join(names)})")
+    if settings.regress.across_variants and len(wanted) != 2:
         raise BisectError(
-            f"--regress speedup compares two variants, the baseline first; {settings.scenario} has "
+            f"--regress speedup compares two variants, the baseline first; {setup.scenario} has "
             f"{len(wanted)}: pick two with --only K0 --only K3"
         )
     variants = [next(v for v in scenario.variants if v.name == name) for name in wanted]
@@ -63,13 +71,13 @@ def probe_scenario(settings: Settings) -> tuple[Scenario, dict[str, LaunchSpec]]
         spec = launch_spec(variant.launch) if variant.launch is not None else LaunchSpec(kind=LaunchKind.URL)
         spec = dataclasses.replace(
             spec,
-            model=settings.model or spec.model,
-            server_args=[*spec.server_args, *settings.server_args],
-            ready_timeout_s=settings.ready_timeout_s or spec.ready_timeout_s,
+            model=setup.model or spec.model,
+            server_args=[*spec.server_args, *setup.server_args],
+            ready_timeout_s=setup.ready_timeout_s or spec.ready_timeout_s,
         )
-        if spec.model is None and settings.provider != "command":
+        if spec.model is None and not isinstance(setup.provider, CommandOptions):
             raise BisectError(
-                f"variant {variant.name!r} of {settings.scenario} names no model to serve; pass --model "
+                f"variant {variant.name!r} of {setup.scenario} names no model to serve; pass --model "
                 "(e.g. --model nvidia/Qwen3.6-35B-A3B-NVFP4)"
             )
         specs[variant.name] = spec
@@ -81,44 +89,131 @@ def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else ""
 
 
-def probe_config(
-    settings: Settings, access: Access = NO_ACCESS, *, max_trials: int | None = None
-) -> ProbeConfig:
+def probe_config(settings: Settings, *, max_trials: int | None = None) -> ProbeConfig:
     """What every probe of these settings runs: the scenario's chosen variants, the verdict rule, the
-    trials and the capture options (`access` is the invocation's, never stored). `max_trials`: a
-    nightly probes each build once, so it caps the repeats a bisect step may add."""
+    trials and the capture options. `max_trials`: a nightly probes each build once, so it caps the
+    repeats a bisect step may add."""
     scenario, specs = probe_scenario(settings)
     return ProbeConfig(
         scenario=scenario,
         specs=specs,
-        regress=settings.regress_rule,
+        regress=settings.regress,
         threshold=settings.threshold,
         alpha=settings.alpha,
         trials=settings.effective_trials,
         max_trials=settings.max_trials if max_trials is None else max_trials,
-        capture=settings.capture(access),
+        capture=settings.capture,
     )
 
 
+ProbeOutcome = tuple[ProbeResult, str | None, list[str]]  # the result, the GPU it had, Ray nodes lost
+
+
+class Prober(Protocol):
+    """Runs one probe of `build` into `probe_dir` (judged against `baseline`, the good end's figures);
+    `gpu` is a parallel round's slot. `remote`: the probe runs elsewhere (Ray), which picks its GPU."""
+
+    remote: bool
+
+    def __call__(
+        self,
+        build: Build,
+        probe_dir: Path,
+        baseline: dict[str, Figures] | None,
+        on_server: OnServer,
+        on_node: Callable[[str], None],
+        gpu: int | None,
+    ) -> ProbeOutcome: ...
+
+
+@dataclass
+class LocalProber:
+    """Probes on this host: a parallel round's slot gets its GPU through CUDA_VISIBLE_DEVICES, a
+    lone probe none."""
+
+    config: ProbeConfig
+    prefetcher: Prefetcher
+    remote: bool = False
+
+    def __call__(
+        self,
+        build: Build,
+        probe_dir: Path,
+        baseline: dict[str, Figures] | None,
+        on_server: OnServer,
+        on_node: Callable[[str], None],
+        gpu: int | None,
+    ) -> ProbeOutcome:
+        config = self.config
+        if gpu is not None:
+            device = {"CUDA_VISIBLE_DEVICES": str(gpu)}
+            config = dataclasses.replace(
+                config,
+                specs={n: dataclasses.replace(s, env={**s.env, **device}) for n, s in config.specs.items()},
+            )
+        result = run_probe(config, self.prefetcher, build, probe_dir, baseline, on_server)
+        return result, None if gpu is None else str(gpu), []
+
+
+@dataclass
+class RayProber:
+    """Each probe a Ray task holding one GPU, its build prepared on its node (bisect/cluster.py)."""
+
+    cluster: ModuleType
+    setup: ProbeSetup
+    config: ProbeConfig
+    remote: bool = True
+
+    def __call__(
+        self,
+        build: Build,
+        probe_dir: Path,
+        baseline: dict[str, Figures] | None,
+        on_server: OnServer,
+        on_node: Callable[[str], None],
+        gpu: int | None,
+    ) -> ProbeOutcome:
+        return run_probe_on_ray(self.cluster, self.setup, self.config, build, probe_dir, baseline, on_node)
+
+
 class Bisection:
-    def __init__(self, state: State, bisect_dir: Path, console: Console, access: Access = NO_ACCESS) -> None:
-        """`access` (the API key and headers each trial sends) is the invocation's: never stored."""
+    def __init__(
+        self,
+        state: State,
+        bisect_dir: Path,
+        *,
+        prober: Prober,
+        prefetcher: Prefetcher,
+        console: Console,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`prefetcher` prepares the builds the search may want next (its provider is the one the
+        prober's probes get their builds from); `clock` times the bisection (elapsed_s)."""
         self.state = state
         self.dir = bisect_dir
+        self.prober = prober
+        self.prefetcher = prefetcher
         self.console = console
-        settings = state.settings
-        self.config = probe_config(settings, access)
-        provider, self.cache = make_provider(settings, bisect_dir)
-        # Under --cluster the nodes prepare the builds they probe; preparing them here too is waste.
-        self.prefetcher = Prefetcher(
-            provider, background=settings.effective_prefetch and not settings.cluster
-        )
+        self.clock = clock
         self.search = Search(len(state.builds))
-        self.started = time.monotonic()
+        self.started = clock()
         self._lock = threading.Lock()  # a parallel round's probes share the state and its file
-        self.cluster = connect(settings.cluster) if settings.cluster is not None else None
-        if self.cluster is not None:
-            require_gpus(self.cluster)
+
+    @classmethod
+    def assemble(cls, state: State, bisect_dir: Path, console: Console) -> Bisection:
+        """The collaborators the settings call for: the probe config, the provider and its
+        prefetcher, and the prober (here, or Ray tasks with --cluster, after checking it has GPUs)."""
+        settings = state.settings
+        config = probe_config(settings)
+        provider, _ = make_provider(settings.setup, bisect_dir)
+        # Under --cluster the nodes prepare the builds they probe; preparing them here too is waste.
+        prefetcher = Prefetcher(provider, background=settings.effective_prefetch and not settings.cluster)
+        prober: Prober = LocalProber(config, prefetcher)
+        if settings.cluster is not None:
+            cluster = connect(settings.cluster)
+            require_gpus(cluster)
+            prober = RayProber(cluster, settings.setup, config)
+        return cls(state, bisect_dir, prober=prober, prefetcher=prefetcher, console=console)
 
     # -- roles ---------------------------------------------------------------------------------
     def _answer(self, verdict: str) -> Answer:
@@ -166,7 +261,7 @@ class Bisection:
             pending: PendingProbe = {"index": index, "ref": build.ref, "dir": str(probe_dir)}
             self.state.in_progress.append(pending)
             self._save()
-        where = f" on GPU {gpu}" if gpu is not None and self.cluster is None else ""
+        where = f" on GPU {gpu}" if gpu is not None and not self.prober.remote else ""
         self.console.print(
             f"[bold]probe {number}[/bold] (round {round_number}): {build.label} "
             f"({index + 1}/{len(self.state.builds)}){where} …"
@@ -192,7 +287,7 @@ class Bisection:
                 self._save()
 
         baseline = None if index == self._reference else self._baseline()
-        result, device, lost = self._run_probe(build, probe_dir, baseline, on_server, on_node, gpu)
+        result, device, lost = self.prober(build, probe_dir, baseline, on_server, on_node, gpu)
         record: ProbeRecord = {
             "index": index,
             "build": build.ref,
@@ -209,7 +304,7 @@ class Bisection:
             "gpu": device,
             "finished_at_unix": time.time(),
         }
-        if self.cluster is not None:
+        if self.prober.remote:
             record.update({"node": pending.get("node"), "lost_nodes": lost})
         with self._lock:
             self.state.probes.append(record)
@@ -217,36 +312,11 @@ class Bisection:
             self._save()
         return record
 
-    def _run_probe(
-        self,
-        build: Build,
-        probe_dir: Path,
-        baseline: dict[str, Figures] | None,
-        on_server: OnServer,
-        on_node: Callable[[str], None],
-        gpu: int | None,
-    ) -> tuple[ProbeResult, str | None, list[str]]:
-        """Here (the slot's GPU through CUDA_VISIBLE_DEVICES, none for a lone probe), or as a Ray task
-        holding one GPU: the result, the GPU the probe had, and the Ray nodes lost under it."""
-        if self.cluster is not None:
-            return run_probe_on_ray(
-                self.cluster, self.state.settings, self.config, build, probe_dir, baseline, on_node
-            )
-        config = self.config
-        if gpu is not None:
-            device = {"CUDA_VISIBLE_DEVICES": str(gpu)}
-            config = dataclasses.replace(
-                config,
-                specs={n: dataclasses.replace(s, env={**s.env, **device}) for n, s in config.specs.items()},
-            )
-        result = run_probe(config, self.prefetcher, build, probe_dir, baseline, on_server)
-        return result, None if gpu is None else str(gpu), []
-
     def _probe_round(self, indices: list[int]) -> list[ProbeRecord]:
         """The round's probes at once, one thread each (daemon: an interrupt ends the run, and the
         servers die with it; resume reruns what was in flight). A lone probe runs here as before."""
         round_number = self.state.rounds + 1
-        if self.state.settings.parallel == 1 and self.cluster is None:
+        if self.state.settings.parallel == 1 and not self.prober.remote:
             return [self._probe(indices[0], round_number)]
         records: list[ProbeRecord] = []
         failures: list[BaseException] = []
@@ -312,7 +382,7 @@ class Bisection:
         )
 
     def run(self) -> State:
-        started = time.monotonic()
+        started = self.clock()
 
         def status() -> str:
             """What the bisection is doing, for the heartbeat between probe lines (a probe installs,
@@ -320,7 +390,7 @@ class Bisection:
             with self._lock:
                 done, running = len(self.state.probes), [p["ref"][:12] for p in self.state.in_progress]
             doing = f"probing {', '.join(running)}" if running else "between probes"
-            return f"bisect: {done} probes done, {doing} ({duration(time.monotonic() - started)})"
+            return f"bisect: {done} probes done, {doing} ({duration(self.clock() - started)})"
 
         try:
             with Reporter(self.console).watch(status):
@@ -359,7 +429,7 @@ class Bisection:
         what = "first fixed build" if settings.find_fix else "first bad build"
         before = "last unfixed build" if settings.find_fix else "last good build"
         candidates = [builds[i] for i in self.search.candidates]
-        url = compare_url(builds[lo], builds[hi], settings.github_repo)
+        url = compare_url(builds[lo], builds[hi], settings.setup.github_repo)
         if len(candidates) == 1:
             message = f"{what}: {builds[hi].label}; {before}: {builds[lo].label}"
         else:
@@ -382,7 +452,7 @@ class Bisection:
             explanation=f"{showing['label']}: {explanation}" if showing and explanation else None,
             probes_used=len(self.state.probes),
             rounds_used=self.state.rounds,
-            elapsed_s=round(time.monotonic() - self.started, 1),
+            elapsed_s=round(self.clock() - self.started, 1),
         )
         self.state.save(self.dir)
         write_report(self.state, self.dir, plot=True)

@@ -4,7 +4,7 @@ A task runs the same `run_probe` a local probe runs, on whichever node has a fre
 task's CUDA_VISIBLE_DEVICES), in a scratch folder of its own, and hands back the verdict and the probe
 folder as a gzipped tar, which lands where a local probe's folder would: the caller's disk holds every
 probe's files whether or not the nodes share a file system. The build is prepared on the node (its own
-build cache, at the path the bisection's settings name), so each node pays for the builds it probes.
+build cache, at the path the bisection's setup names), so each node pays for the builds it probes.
 
 A node can die mid-probe (preempted, removed, crashed). The task is a streaming generator that names its
 node first, so the caller knows which one it lost; the probe then runs again from the start on another
@@ -28,7 +28,7 @@ from itlaudit.bisect.build_range import Build
 from itlaudit.bisect.figures import Figures
 from itlaudit.bisect.prefetch import Prefetcher
 from itlaudit.bisect.probe import ProbeConfig, ProbeResult, run_probe
-from itlaudit.bisect.settings import Settings, make_provider
+from itlaudit.bisect.settings import ProbeSetup, make_provider
 from itlaudit.errors import BisectError
 from itlaudit.model.vocabulary import Verdict
 
@@ -40,7 +40,7 @@ Packed = tuple[ProbeResult, bytes, str | None]
 
 
 def probe_task(
-    settings: Settings,
+    setup: ProbeSetup,
     config: ProbeConfig,
     build: Build,
     probe_name: str,
@@ -53,7 +53,7 @@ def probe_task(
     yield ray.get_runtime_context().get_node_id()
     scratch = Path(tempfile.mkdtemp(prefix="itlaudit-probe-"))
     try:
-        provider, _ = make_provider(settings, scratch)
+        provider, _ = make_provider(setup, scratch)
         prefetcher = Prefetcher(provider, background=False)
         try:
             result = run_probe(config, prefetcher, build, scratch / probe_name, reference, lambda _pgid: None)
@@ -84,7 +84,7 @@ def _first_line(exc: BaseException) -> str:
 
 def run_probe_on_ray(
     ray: ModuleType,
-    settings: Settings,
+    setup: ProbeSetup,
     config: ProbeConfig,
     build: Build,
     probe_dir: Path,
@@ -99,7 +99,7 @@ def run_probe_on_ray(
         require_gpus(ray)
         node = "unknown"  # lost before it said where it ran
         try:
-            stream = task.remote(settings, config, build, probe_dir.name, reference)
+            stream = task.remote(setup, config, build, probe_dir.name, reference)
             node = ray.get(next(stream))
             on_node(node)
             result, packed, gpu = ray.get(next(stream))

@@ -44,7 +44,7 @@ def expected_probes(count: int) -> int:
 def dry_run_report(settings: Settings, console: Console) -> None:
     scenario, specs = probe_scenario(settings)
     builds = list_builds(settings)
-    _, source = commit_source(settings)
+    _, source = commit_source(settings.setup)
     console.print(
         f"range: {settings.good} … {settings.bad}: {len(builds)} builds from {source}",
         highlight=False,
@@ -54,18 +54,18 @@ def dry_run_report(settings: Settings, console: Console) -> None:
     workload = scenario.workload
     models = sorted({spec.model for spec in specs.values() if spec.model})
     console.print(
-        f"scenario: {scenario.name} ({settings.scenario}); variants {', '.join(specs)}; model "
+        f"scenario: {scenario.name} ({settings.setup.scenario}); variants {', '.join(specs)}; model "
         f"{', '.join(models) or '(set by the server command)'}; {workload.num_requests} requests × "
-        f"{workload.params.max_tokens} tokens; verdict --regress {settings.regress}",
+        f"{workload.params.max_tokens} tokens; verdict --regress {settings.regress.text}",
         highlight=False,
         markup=False,
         soft_wrap=True,
     )
     with tempfile.TemporaryDirectory(prefix="itlaudit-dry-run-") as scratch:
-        provider, _cache = make_provider(settings, Path(scratch))
+        provider, _cache = make_provider(settings.setup, Path(scratch))
         with ThreadPoolExecutor(max_workers=LOOKUP_THREADS) as pool:
             found: list[Found] = list(pool.map(provider.find, builds))
-    console.print(f"provider {settings.provider}:", highlight=False, markup=False, soft_wrap=True)
+    console.print(f"provider {settings.setup.provider.kind}:", highlight=False, markup=False, soft_wrap=True)
     # A reason shared by several builds (no network) is said once, not once per build.
     reasons = Counter((f.available, f.detail) for f in found if not f.available)
     shared = {key: count for key, count in reasons.items() if count > 1}
@@ -98,8 +98,8 @@ def dry_run_report(settings: Settings, console: Console) -> None:
         details = {f.detail for f in found}
         why = details.pop() if len(details) == 1 else "see the reasons above"
         raise BisectError(
-            f"none of the {len(builds)} builds was found by provider {settings.provider}: nothing to "
-            f"bisect ({why})"
+            f"none of the {len(builds)} builds was found by provider {settings.setup.provider.kind}: "
+            f"nothing to bisect ({why})"
         )
     download = "unknown (the provider reports no sizes)"
     if sizes:

@@ -12,7 +12,10 @@ from typing import Any
 from itlaudit.analysis.server_metrics import SignalChange, signal_changes
 from itlaudit.analysis.validity import NOT_COMPARABLE, block_validity
 from itlaudit.bisect.build_range import Build
+from itlaudit.bisect.providers.pip import PipOptions
+from itlaudit.bisect.settings import ProbeSetup
 from itlaudit.bisect.state import ProbeRecord, State
+from itlaudit.bisect.verdict import ScriptJudge
 from itlaudit.errors import ItlauditError
 from itlaudit.model.vocabulary import Verdict
 from itlaudit.report.diff import why_it_moved
@@ -43,9 +46,11 @@ _COLOURS: dict[str, str] = {  # keyed by Verdict, a StrEnum: a verdict read back
 _UNLIKE = "⚠"
 
 
-def build_url(build: Build, github_repo: str, package: str) -> str:
+def build_url(build: Build, setup: ProbeSetup) -> str:
+    """A commit on GitHub, or a release (the pip provider's builds) on PyPI."""
     if build.kind == "commit":
-        return f"https://github.com/{github_repo}/commit/{build.ref}"
+        return f"https://github.com/{setup.github_repo}/commit/{build.ref}"
+    package = setup.provider.package if isinstance(setup.provider, PipOptions) else "vllm"
     return f"https://pypi.org/project/{package}/{build.ref}/"
 
 
@@ -88,11 +93,11 @@ def render_markdown(state: State) -> str:
     header = "".join(f" {n} token ITL ms | {n} chunk ITL ms | {n} tokens p50 |" for n in names)
     lines += [
         "",
-        f"Provider `{settings.provider}`, verdict `--regress {settings.regress}`"
-        + (f" (script `{settings.script}`)" if settings.script else "")
+        f"Provider `{settings.setup.provider.kind}`, verdict `--regress {settings.regress.text}`"
+        + (f" (script `{settings.regress.script}`)" if isinstance(settings.regress, ScriptJudge) else "")
         + (", looking for the fix" if settings.find_fix else "")
-        + f", scenario `{settings.scenario}`, variants {', '.join(names) or '–'}, {len(builds)} builds in "
-        f"range, {len(state.probes)} probes in {state.rounds} rounds"
+        + f", scenario `{settings.setup.scenario}`, variants {', '.join(names) or '–'}, "
+        f"{len(builds)} builds in range, {len(state.probes)} probes in {state.rounds} rounds"
         + (f" (up to {settings.parallel} at once)" if settings.parallel > 1 else "")
         + ". Figures are medians over every trial's requests.",
         "",
@@ -102,7 +107,7 @@ def render_markdown(state: State) -> str:
     unlike: list[str] = []
     for n, probe in enumerate(state.probes, 1):
         build = builds[probe["index"]]
-        link = f"[{build.label}]({build_url(build, settings.github_repo, settings.package)})"
+        link = f"[{build.label}]({build_url(build, settings.setup)})"
         figures = ""
         for name in names:
             m = probe.get("metrics", {}).get(name, {})
@@ -186,7 +191,7 @@ def plotted_figure(state: State) -> tuple[str, str]:
         for signal in flipped:
             if signal in _SIGNAL_FIGURES:
                 return _SIGNAL_FIGURES[signal]
-    return state.settings.regress_rule.plotted
+    return state.settings.regress.plotted
 
 
 def render_plot(state: State, path: Path) -> None:

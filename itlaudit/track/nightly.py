@@ -32,10 +32,12 @@ from itlaudit.bisect.bisector import Bisection, probe_config, probe_scenario
 from itlaudit.bisect.build_range import Build, fetch_versions
 from itlaudit.bisect.prefetch import Prefetcher
 from itlaudit.bisect.probe import run_probe
-from itlaudit.bisect.settings import Settings, list_builds, make_provider
+from itlaudit.bisect.providers.pip import PipOptions
+from itlaudit.bisect.settings import ProbeSetup, Settings, list_builds, make_provider
 from itlaudit.bisect.state import State
+from itlaudit.bisect.verdict import TruncationJudge, parse_regress
 from itlaudit.errors import BisectError, TrackError
-from itlaudit.model.jsonvalue import JSONMapping, JSONObject, JSONValue
+from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.vocabulary import Verdict
 from itlaudit.store.rundir import META_FILE, REQUESTS_FILE, write_meta
 from itlaudit.track.changes import (
@@ -69,8 +71,6 @@ EXIT_REGRESSION = 1
 EXIT_CANNOT_TELL = 125
 # The bisect verdict each change class is bisected with; other classes are not a build's doing alone.
 _VERDICT = {LENGTH_CAP: "truncation", SPEED: "itl", SPEEDUP_CLASS: "speedup"}
-# Settings that name one bisection's range, not the source of builds.
-_RANGE = ("good", "bad")
 
 
 @dataclass(frozen=True)
@@ -98,14 +98,16 @@ class NightlyResult:
         return 0
 
 
-def source_key(settings: Settings) -> str:
-    """What makes two nightlies the same source of builds: the settings but a range (provider, its
-    options, scenario, variants, build and server commands)."""
-    return digest(_template(settings))
+def source_key(setup: ProbeSetup) -> str:
+    """What makes two nightlies the same source of builds: the probe setup (provider, its options,
+    scenario, variants, build and server commands). A history recorded before bisect.json's format 4
+    keyed its sources by the flat settings, so its builds are probed again once under the new key."""
+    return digest(setup.to_json())
 
 
-def _template(settings: Settings) -> JSONObject:
-    return {k: v for k, v in settings.to_json().items() if k not in _RANGE}
+def _probe_settings(setup: ProbeSetup) -> Settings:
+    """A nightly's probe runs each variant once; its verdict is not used (truncation needs one pass)."""
+    return Settings(good="", bad="", setup=setup, regress=TruncationJudge())
 
 
 def _git(repo: str, *args: str) -> list[str]:
@@ -133,35 +135,35 @@ def _since(text: str) -> dt.datetime:
 
 
 def nightly_builds(
-    settings: Settings, *, since: str | None, last: int | None, every_commit: bool = False
+    setup: ProbeSetup, *, since: str | None, last: int | None, every_commit: bool = False
 ) -> list[NightlyBuild]:
     """The builds in range, oldest first, each with its order (see the module's docstring)."""
     if (since is None) == (last is None):
         raise TrackError("give --since DATE or --last N (one of them)")
     if last is not None and last < 1:
         raise TrackError(f"--last {last}: give 1 or more builds")
-    if settings.by_version:
+    if isinstance(setup.provider, PipOptions):
         if since is not None:
             raise TrackError("--since needs commit dates; with --provider pip give --last N")
-        versions = fetch_versions(settings.package, settings.index_url)
+        versions = fetch_versions(setup.provider.package, setup.provider.index_url)
         listed = [NightlyBuild(Build(str(v), "version"), n) for n, v in enumerate(versions, 1)]
         return listed[-(last or 0) :]
-    if settings.commits_file:
+    if setup.commits_file:
         if since is not None:
             raise TrackError("--since needs commit dates; with --commits-file give --last N")
         try:
-            text = Path(settings.commits_file).read_text(encoding="utf-8")
+            text = Path(setup.commits_file).read_text(encoding="utf-8")
         except OSError as exc:
             raise TrackError(
-                f"--commits-file {settings.commits_file}: cannot read it ({exc.strerror})"
+                f"--commits-file {setup.commits_file}: cannot read it ({exc.strerror})"
             ) from None
         shas = [ln.split()[0] for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
         listed = [NightlyBuild(Build(sha, "commit"), n) for n, sha in enumerate(shas, 1)]
         return listed[-(last or 0) :]
-    if not settings.repo:
+    if not setup.repo:
         raise TrackError("give the builds' source: --repo CLONE, --commits-file FILE or --provider pip")
-    orders = _first_parent_orders(settings.repo)
-    log = [ln.split() for ln in _git(settings.repo, "log", "--first-parent", "--format=%H %ct") if ln]
+    orders = _first_parent_orders(setup.repo)
+    log = [ln.split() for ln in _git(setup.repo, "log", "--first-parent", "--format=%H %ct") if ln]
     dated = [(sha, dt.datetime.fromtimestamp(int(ts), dt.UTC)) for sha, ts in reversed(log)]
     if not every_commit:  # a nightly: the day's newest first-parent commit
         newest: dict[dt.date, tuple[str, dt.datetime]] = {}
@@ -183,43 +185,46 @@ def probe_points(
     the build (its order and commit) given here. A trial folder without a meta.json gets one naming
     the scenario and its variants, so it can be fingerprinted."""
     scenario, _ = probe_scenario(settings)
+    by_version = settings.setup.by_version
     points = []
     for trial in sorted(probe_dir.glob("trial-*")):
         if not (trial / REQUESTS_FILE).is_file():
             continue
-        commit = ref if not settings.by_version else None
+        commit = ref if not by_version else None
         if not (trial / META_FILE).is_file():  # a probe folder from before probes wrote their meta.json
             write_meta(
                 trial,
                 {
-                    "scenario_path": settings.scenario,
+                    "scenario_path": settings.setup.scenario,
                     "variants": {v.name: {} for v in scenario.variants},
                     "metadata": {"build_order": order, **({"commit": commit} if commit else {})},
                 },
             )
-        build = BuildInfo(
-            order=order, version=version or (ref if settings.by_version else None), commit=commit
-        )
+        build = BuildInfo(order=order, version=version or (ref if by_version else None), commit=commit)
         points += run_points(trial, build)
     return points
 
 
 def nightly(
     history: History,
-    settings: Settings,
+    setup: ProbeSetup,
     builds: Sequence[NightlyBuild],
     out_dir: Path,
     console: Console,
     check: CheckSettings | None = None,
 ) -> NightlyResult:
     """Probe each build the history has not seen from this source, record it, and check."""
-    source = source_key(settings)
+    source = source_key(setup)
     seen = history.builds(source)
     new = [b for b in builds if b.build.ref not in seen]
     result = NightlyResult()
-    config = probe_config(settings, max_trials=settings.effective_trials)
+    settings = _probe_settings(setup)
+    config = dataclasses.replace(
+        probe_config(settings, max_trials=settings.effective_trials),
+        finish_with="`itlaudit track nightly` run again with the same options, which probes this build again",
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
-    provider, _ = make_provider(settings, out_dir)
+    provider, _ = make_provider(setup, out_dir)
     prefetcher = Prefetcher(provider, background=False)
     console.print(
         f"nightly: {len(new)} new build(s) of {len(builds)} in range; {len(builds) - len(new)} already in "
@@ -247,7 +252,7 @@ def nightly(
             )
     finally:
         prefetcher.close()
-    history.set_source(families, {**_template(settings), "out_dir": str(out_dir)})
+    history.set_source(families, {**setup.to_json(), "out_dir": str(out_dir)})
     result.changes = history.check(check)
     result.blind = history.blind((check or CheckSettings()).blind_builds)
     return result
@@ -265,15 +270,14 @@ def _threshold(change: Change) -> float:
     return max(1.0 + (smallest - 1.0) / 2, 1.05)
 
 
-def _variants(change: Change, template: JSONMapping, base: str) -> list[JSONValue]:
+def _variants(change: Change, setup: ProbeSetup, base: str) -> tuple[str, ...]:
     """A lost speedup is judged on the base and the variant that lost it; anything else runs every
     variant the nightly ran, so each of the family's series gets the probed builds and the change
     moves onto the culprit whole (not K0 at the culprit and K3 still at the nightly)."""
     if change.change_class == SPEEDUP_CLASS:
         lost = next(e.variant for e in change.evidence if e.series == "speedup")
-        return [base, lost]
-    listed = template.get("variants")
-    return [v for v in listed if isinstance(v, str)] if isinstance(listed, Sequence) else []
+        return (base, lost)
+    return setup.variants
 
 
 def bisect_change(
@@ -281,7 +285,6 @@ def bisect_change(
     change: Change,
     console: Console,
     *,
-    source: JSONObject | None = None,
     out_dir: Path | None = None,
     check: CheckSettings | None = None,
 ) -> JSONObject:
@@ -293,7 +296,7 @@ def bisect_change(
             f"{change.id}: a {change.change_class} {change.kind} is not bisected (bisect a length/cap, "
             "speed or speedup regression)"
         )
-    template: JSONObject = dict(source or history.source(change.family) or {})
+    template: JSONObject = dict(history.source(change.family) or {})
     if not template:
         raise TrackError(
             f"{change.id}: its builds were not probed by `track nightly`, so how to get them is unknown; "
@@ -309,17 +312,16 @@ def bisect_change(
     template.pop("out_dir", None)
     timing = verdict != "truncation"
     try:
-        settings = Settings.from_json(
-            {
-                **template,
-                "good": good,
-                "bad": bad,
-                "regress": verdict,
-                "threshold": _threshold(change) if timing else 1.5,
-                "variants": _variants(change, template, (check or CheckSettings()).base_variant),
-                "trials": 2 if timing else None,
-                "max_trials": 4 if timing else 1,
-            }
+        setup = ProbeSetup.from_json(template)  # as the nightly probed (an older history's too)
+        variants = _variants(change, setup, (check or CheckSettings()).base_variant)
+        settings = Settings(
+            good=good,
+            bad=bad,
+            setup=msgspec.structs.replace(setup, variants=variants),
+            regress=parse_regress(verdict),
+            threshold=_threshold(change) if timing else 1.5,
+            trials=2 if timing else None,
+            max_trials=4 if timing else 1,
         )
         builds = list_builds(settings)
         folder.mkdir(parents=True, exist_ok=True)
@@ -330,7 +332,7 @@ def bisect_change(
             f"{builds[0].label}..{builds[-1].label}, --regress {verdict}; folder {folder}",
             markup=False,
         )
-        done = Bisection(state, folder, console).run()
+        done = Bisection.assemble(state, folder, console).run()
     except BisectError as exc:
         history.record_bisect(change.id, "failed", None, {"message": str(exc), "dir": str(folder)})
         raise TrackError(f"{change.id}: bisect failed: {exc}") from None
@@ -363,10 +365,10 @@ def _record_probes(history: History, state: State, folder: Path) -> None:
     commits file, its line; the ends keep the orders the history has for them)."""
     settings = state.settings
     orders: Mapping[str, int]
-    if settings.repo:
-        orders = _first_parent_orders(settings.repo)
+    if settings.setup.repo:
+        orders = _first_parent_orders(settings.setup.repo)
     else:
-        listed = nightly_builds(settings, since=None, last=10**9, every_commit=True)
+        listed = nightly_builds(settings.setup, since=None, last=10**9, every_commit=True)
         orders = {b.build.ref: b.order for b in listed}
     points = []
     for probe in state.probes:

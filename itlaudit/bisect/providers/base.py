@@ -1,22 +1,20 @@
-"""What every build provider is: the interface and the registry the `--provider` names come from."""
+"""What every build provider is: the interface, and the base of the per-provider option structs
+whose tags are the `--provider` names."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
+
+import msgspec
 
 from itlaudit.bisect.build_cache import BuildCache, BuildInfo
 from itlaudit.bisect.build_range import Build
-from itlaudit.errors import BisectError
 from itlaudit.model.launch import LaunchSpec
-from itlaudit.model.registry import Registry
 
-if TYPE_CHECKING:
-    from itlaudit.bisect.settings import Settings
-
-__all__ = ["PROVIDERS", "Found", "Prepared", "Provider"]
+__all__ = ["Found", "Prepared", "Provider", "ProviderOptions"]
 
 
 @dataclass(frozen=True)
@@ -38,31 +36,37 @@ class Found:
     size_bytes: int | None = None
 
 
+class ProviderOptions(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
+    """One provider's own options, a struct per provider (`class XOptions(ProviderOptions, tag="x")`,
+    guidellm's per-backend argument models): bisect.json stores them tagged with the `--provider`
+    name, so a setting of one provider never rides along with another's. The field names are the
+    keys bisect.json kept flat before format 4, so an older file reads back by name."""
+
+    # Builds are release versions (a package index), not commits.
+    by_version: ClassVar[bool] = False
+
+    @property
+    def kind(self) -> str:
+        """The `--provider` name: the struct's tag."""
+        return str(type(self).__struct_config__.tag)
+
+    def provider(self, cache: BuildCache, log_dir: Path) -> Provider:
+        """The provider these options configure (`log_dir` holds its logs); each struct has its own."""
+        raise NotImplementedError(type(self).__name__)
+
+
 class Provider(ABC):
-    """`class XProvider(Provider, name="x")` files the provider in PROVIDERS under `--provider x`."""
+    """`class XProvider(Provider, name="x")`: `name` is its part of the build cache, as `--provider`
+    names it; its options struct (`ProviderOptions`) builds it."""
 
     name: ClassVar[str]
     # Worth preparing ahead: there is something slow to do before a launch.
     prefetchable: ClassVar[bool] = True
-    # Builds are release versions (a package index), not commits.
-    by_version: ClassVar[bool] = False
 
     def __init_subclass__(cls, name: str = "", **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if name:
             cls.name = name
-            PROVIDERS.register(name)(cls)
-
-    @classmethod
-    def check(cls, settings: Settings) -> None:
-        """Refuse options this provider cannot run with (BisectError), before any build is touched;
-        most providers take whatever the options say."""
-        return None
-
-    @classmethod
-    @abstractmethod
-    def from_settings(cls, settings: Settings, cache: BuildCache, bisect_dir: Path) -> Provider:
-        """The provider as the bisection's options configure it (bisect_dir holds its logs)."""
 
     @abstractmethod
     def prepare(self, build: Build) -> Prepared:
@@ -75,6 +79,3 @@ class Provider(ABC):
     @abstractmethod
     def launch_spec(self, prepared: Prepared, base: LaunchSpec) -> LaunchSpec:
         """The base spec (model, server args, env from the scenario) pointed at this build."""
-
-
-PROVIDERS: Registry[type[Provider]] = Registry("--provider", BisectError)

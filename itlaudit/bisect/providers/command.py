@@ -11,20 +11,17 @@ import dataclasses
 import shlex
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from itlaudit.bisect.build_cache import BuildCache
 from itlaudit.bisect.build_range import SHORT_SHA, Build
-from itlaudit.bisect.providers.base import Found, Prepared, Provider
-from itlaudit.errors import BisectError, BuildUnavailable
+from itlaudit.bisect.providers.base import Found, Prepared, Provider, ProviderOptions
+from itlaudit.errors import BuildUnavailable
 from itlaudit.model.launch import LaunchKind, LaunchSpec
 from itlaudit.model.stop import wait_for
 from itlaudit.serve.launcher import fill_placeholders
 
-__all__ = ["CommandProvider", "fill"]
-
-if TYPE_CHECKING:
-    from itlaudit.bisect.settings import Settings
+__all__ = ["CommandOptions", "CommandProvider", "fill"]
 
 
 def fill(template: list[str], build: Build) -> list[str]:
@@ -32,18 +29,18 @@ def fill(template: list[str], build: Build) -> list[str]:
     return fill_placeholders(template, values)
 
 
+class CommandOptions(ProviderOptions, frozen=True, kw_only=True, tag="command"):
+    """--server-cmd (required: the provider has no other way to a server) and --build-cmd."""
+
+    server_cmd: str
+    build_cmd: str | None = None
+
+    def provider(self, cache: BuildCache, log_dir: Path) -> Provider:
+        return CommandProvider(self.server_cmd, build_cmd=self.build_cmd, log_dir=log_dir)
+
+
 class CommandProvider(Provider, name="command"):
     prefetchable: ClassVar[bool] = False
-
-    @classmethod
-    def check(cls, settings: Settings) -> None:
-        if not settings.server_cmd:
-            raise BisectError("--provider command needs --server-cmd 'CMD {commit} ... {port}'")
-
-    @classmethod
-    def from_settings(cls, settings: Settings, cache: BuildCache, bisect_dir: Path) -> Provider:
-        assert settings.server_cmd is not None  # Settings refuses --provider command without it
-        return cls(settings.server_cmd, build_cmd=settings.build_cmd, log_dir=bisect_dir)
 
     def __init__(self, server_cmd: str, *, build_cmd: str | None = None, log_dir: Path) -> None:
         self.server_cmd = shlex.split(server_cmd)

@@ -12,19 +12,22 @@ import json
 import platform
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from itlaudit.bisect.build_cache import BuildCache, BuildInfo
 from itlaudit.bisect.build_range import SHORT_SHA, Build
-from itlaudit.bisect.providers.base import Found, Prepared, Provider
+from itlaudit.bisect.providers.base import Found, Prepared, Provider, ProviderOptions
 from itlaudit.errors import BuildUnavailable
 from itlaudit.model.launch import LaunchKind, LaunchSpec
 from itlaudit.serve.launcher import fill_placeholders
 
-__all__ = ["DEFAULT_IMAGES", "PULL_LOG", "DockerProvider", "image_candidates", "release_image"]
-
-if TYPE_CHECKING:
-    from itlaudit.bisect.settings import Settings
+__all__ = [
+    "DEFAULT_IMAGES",
+    "PULL_LOG",
+    "DockerOptions",
+    "DockerProvider",
+    "image_candidates",
+    "release_image",
+]
 
 DEFAULT_IMAGES = (
     "vllm/vllm-openai:nightly-{commit}",
@@ -63,11 +66,16 @@ def _layer_bytes(manifest_json: str) -> int | None:
     return sum(s for s in sizes if isinstance(s, int)) or None
 
 
-class DockerProvider(Provider, name="docker"):
-    @classmethod
-    def from_settings(cls, settings: Settings, cache: BuildCache, bisect_dir: Path) -> Provider:
-        return cls(cache, patterns=tuple(settings.image_patterns))
+class DockerOptions(ProviderOptions, frozen=True, kw_only=True, tag="docker"):
+    """--image, repeated: the patterns tried in order."""
 
+    image_patterns: tuple[str, ...] = DEFAULT_IMAGES
+
+    def provider(self, cache: BuildCache, log_dir: Path) -> Provider:
+        return DockerProvider(cache, patterns=self.image_patterns)
+
+
+class DockerProvider(Provider, name="docker"):
     def __init__(
         self,
         cache: BuildCache,

