@@ -31,9 +31,24 @@ def _vllm_selected(config: pytest.Config) -> bool:
     return bool(config.getoption("--vllm")) or ("vllm" in markexpr and "not vllm" not in markexpr)
 
 
+# Under pytest-xdist (`scripts/test -n 2 --dist loadgroup`) each of these groups runs on one worker,
+# one test after another, while the other worker takes the rest: the real-engine tests
+# share one session pool of testbed servers (vllm_server.POOL) and the Gemma servers, and need the
+# machine's memory to themselves (~7 GB a Gemma server); the heavy ones start a Ray cluster, PostgreSQL,
+# chromium or pip installs, or run the long simulated histories. A test joins its group by its marker
+# alone, so a new test that starts a vLLM server is kept apart by the `vllm` marker it needs anyway.
+GROUPS = {"vllm": "engine", "heavy": "heavy"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist names each item's group in its node id
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     users = [item for item in items if "gemma" in getattr(item, "fixturenames", ())]
-    config.stash[_LAST_GEMMA_USER] = users[-1].nodeid if users else None
+    if users:
+        users[-1].stash[_LAST_GEMMA_USER] = True
+    for item in items:
+        group = next((GROUPS[m] for m in GROUPS if item.get_closest_marker(m)), None)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
     if _vllm_selected(config):
         return
     skip = pytest.mark.skip(reason="real vLLM test: run with --vllm or -m vllm")
@@ -42,7 +57,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-_LAST_GEMMA_USER = pytest.StashKey[str | None]()
+_LAST_GEMMA_USER = pytest.StashKey[bool]()
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -58,7 +73,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     """The Gemma servers (~7 GB each) stop after the last test that uses them, not at the session's end:
     the vLLM tests after it need that memory on a 24 GB machine."""
-    if item.nodeid == item.config.stash.get(_LAST_GEMMA_USER, None):
+    if item.stash.get(_LAST_GEMMA_USER, False):
         release_gemma()
 
 

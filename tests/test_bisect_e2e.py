@@ -134,6 +134,7 @@ def test_noisy_itl_regression_found_with_trials(tmp_path: Path, monkeypatch: pyt
     assert bad and all(p["detail"]["ratio"] > 1.5 and p["detail"]["p_value"] < 0.05 for p in bad)
 
 
+@pytest.mark.heavy  # tens of seconds of simulated servers
 def test_speedup_runs_k0_and_k3_in_each_probe_and_judges_their_ratio(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -104,6 +104,7 @@ def test_bare_command_dry_run_resolves_the_seed_scenario_and_the_github_range(
     assert not (tmp_path / "reports").exists() and not (tmp_path / "cache" / "bisect").exists()
 
 
+@pytest.mark.heavy  # tens of seconds of simulated servers
 @pytest.mark.parametrize(
     ("count", "culprit", "mode", "signal", "says"),
     [

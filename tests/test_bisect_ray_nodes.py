@@ -27,6 +27,8 @@ from itlaudit.bisect import cluster as bisect_cluster
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "bisect"))
 from helpers import FAKE_VLLM, PROBE_SCENARIO
 
+pytestmark = pytest.mark.heavy  # a Ray cluster whose nodes the tests remove
+
 CULPRIT = 7
 
 

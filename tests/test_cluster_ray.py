@@ -56,6 +56,7 @@ def _lines(run_dir: Path) -> list[dict[str, Any]]:
     return list(iter_jsonl(run_dir / "requests.jsonl"))
 
 
+@pytest.mark.heavy  # the module's Ray cluster
 def test_two_actors_measure_as_the_truth_says(
     ray_cluster: Any, truth: LaunchedServer, tmp_path: Path
 ) -> None:
@@ -81,6 +82,7 @@ def test_two_actors_measure_as_the_truth_says(
     assert "node" not in actors(local_dir)[0]
 
 
+@pytest.mark.heavy  # the module's Ray cluster
 def test_a_killed_actor_leaves_worker_lost_records_and_the_run_finishes(
     ray_cluster: Any, truth: LaunchedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -118,6 +120,7 @@ def test_a_killed_actor_leaves_worker_lost_records_and_the_run_finishes(
     assert summary["variants"]["truth"]["itl_ms"]["p50"] is not None  # what the other actor measured
 
 
+@pytest.mark.heavy  # the module's Ray cluster
 def test_bisect_probes_run_as_ray_tasks_of_one_gpu_each(
     ray_cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -21,6 +21,8 @@ from itlaudit.serve.truth import TruthConfig
 from itlaudit.store.jsonl import iter_jsonl
 from itlaudit.workflows.selfcheck import run_itlaudit, truth_server
 
+pytestmark = pytest.mark.heavy  # a Ray cluster of three nodes
+
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:

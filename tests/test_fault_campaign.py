@@ -266,6 +266,7 @@ def _peak_run(here: Path, url: str, requests: int, name: str) -> tuple[int, list
     return peak, [json.loads(line) for line in (here / name / "requests.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.heavy  # tens of seconds of simulated servers
 @fault_row("15")
 @fault_row("N19")
 @fault_row("N30")

@@ -19,6 +19,8 @@ from faultkit import itlaudit, one_error_line, url_variant, write_scenario
 from itlaudit.errors import RunDirError
 from itlaudit.store.lock import LOCK_FILE, Holder, hold_run_lock, live_holder
 
+pytestmark = pytest.mark.heavy  # runs held open against simulated servers while readers look: tens of seconds
+
 # A process that takes DIR's lock, says so, and holds it until killed: a run stand-in whose pid we know.
 HOLDER = (
     "import sys, time\n"

@@ -21,6 +21,7 @@ from sweepkit import wait_for as _wait_for
 LOADED = ["--step-ms", "10", "--spec-verify-ms-per-stream", "5"]
 
 
+@pytest.mark.heavy  # tens of seconds of simulated servers
 def test_crossover_found_between_the_points_that_bracket_it(tmp_path: Path) -> None:
     path = _scenario(tmp_path, {"K0": LOADED, "K3": [*LOADED, "--num-speculative-tokens", "3"]}, "")
     out = tmp_path / "sw"
@@ -60,6 +61,7 @@ def test_crossover_found_between_the_points_that_bracket_it(tmp_path: Path) -> N
     assert again.returncode == 0, again.stderr
 
 
+@pytest.mark.heavy  # tens of seconds of simulated servers
 def test_sla_search_finds_the_limit_of_a_linear_tpot(tmp_path: Path) -> None:
     """TPOT = 5 ms × concurrency (step 5 ms, +5 ms per extra stream): tpot_p99 ≤ 52.5 holds up to 10."""
     path = _scenario(tmp_path, {"K0": ["--step-ms", "5", "--batch-slowdown-ms-per-stream", "5"]})
@@ -77,6 +79,7 @@ def test_sla_search_finds_the_limit_of_a_linear_tpot(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.heavy  # tens of seconds of simulated servers
 def test_resume_after_sigkill_skips_finished_points(tmp_path: Path) -> None:
     path = _scenario(tmp_path, {"K0": ["--step-ms", "30"]})
     out = tmp_path / "sw"
@@ -118,6 +121,7 @@ def test_fail_on_findings_exits_1_when_a_point_has_findings(tmp_path: Path) -> N
     ]["findings"]
 
 
+@pytest.mark.heavy  # tens of seconds of simulated servers
 def test_rate_sweep_runs_open_loop_points_at_the_asked_rates(tmp_path: Path) -> None:
     """--rate: each point is the scenario on open-loop arrivals at that rate, not capped by the
     scenario's closed-loop concurrency."""

@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 from sweepkit import one_line_error, run_sweep, sweep_scenario, wait_for
 
+pytestmark = pytest.mark.heavy  # sweeps against simulated servers, killed and resumed: tens of seconds each
+
 ARGS = ["--concurrency", "1,2", "--trials", "2", "--goodput", "tpot_ms=40"]
 # Figures that are counts or settings, not timings: two sweeps of the same points agree on them exactly.
 EXACT = ("concurrency", "trials", "requests", "errors", "findings", "acceptance_length")

@@ -23,6 +23,7 @@ NGRAM = json.dumps({"method": "ngram", "num_speculative_tokens": 3, "prompt_look
 LOADED = ["--step-ms", "10", "--spec-verify-ms-per-stream", "20", "--speculative-config", NGRAM]
 
 
+@pytest.mark.heavy  # tens of seconds of simulated servers
 def test_the_best_k_moves_with_the_load(tmp_path: Path) -> None:
     """[sweep.serve] K = 0, 1, 3 at concurrency 1 and 3: K3 is best alone, K0 under load. CI cost: ~12 s
     (three simulators, six points)."""

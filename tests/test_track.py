@@ -91,7 +91,7 @@ def pg_server() -> Iterator[str]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.heavy)])
 def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh, empty history: a SQLite file, or a new database on the session's PostgreSQL server."""
     if request.param == "sqlite":
@@ -475,6 +475,7 @@ def _nightly_repo(path: Path, plan_path: Path, seed: int) -> dict[str, str]:
     return {kind: sha_of[f":{m}"] for m, kind in marks}
 
 
+@pytest.mark.heavy  # ~150 simulated servers, three bisections: minutes
 def test_nightly_over_sixty_simulated_nightlies_finds_classifies_and_bisects(tmp_path: Path) -> None:
     """`track nightly --auto` over the generated history, every build writing gibberish as a dummy-weight
     server does: exactly the cap (bisected to the commit that brought it, closed by its fix), the 1.5×

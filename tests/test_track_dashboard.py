@@ -29,6 +29,8 @@ from itlaudit.track.changes import SERVER_SERIES, STREAM_SERIES, VALID, Change, 
 from itlaudit.track.db import open_history
 from itlaudit.track.publish import CLASS_COLOURS, MANIFEST, publish
 
+pytestmark = pytest.mark.heavy  # Debian's chromium, driven by Playwright
+
 CHROMIUM = Path("/usr/bin/chromium")
 STEADY = {**FAMILY, "model": "steady"}
 CULPRIT = f"0040{'c' * 36}"  # the slowdown's first bad build, as `track bisect` names it

@@ -17,6 +17,8 @@ from simkit import app_on_thread, itlaudit
 from itlaudit.analysis.convergence import ConvergenceRule, Progress, mean_interval
 from itlaudit.serve.sim import SimConfig, make_app
 
+pytestmark = pytest.mark.heavy  # repeated trials until an interval closes: tens of seconds
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
