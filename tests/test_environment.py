@@ -90,7 +90,7 @@ def test_server_record_from_a_live_server() -> None:
 
 
 def test_every_run_meta_carries_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("itlaudit.report.plots.write_plots", lambda views, out_dir: [])
+    monkeypatch.setattr("itlaudit.report.plots.write_plots", lambda views, out_dir, **options: [])
     text = """name = "env"
 [workload]
 prompts = ["hi"]

@@ -213,6 +213,33 @@ def test_nothing_to_draw_gives_none_not_an_empty_panel(tmp_path: Path, drawn: li
     assert not (tmp_path / "a.png").exists() and drawn == []
 
 
+def test_figures_drawn_in_forked_processes_are_the_same_pngs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer draws with one process a core: every figure the same bytes as drawn in-process, in
+    PLOTS order, one with nothing to draw (no compare.json: no acceptance) left out and its stale PNG
+    removed. Three of the figures, inherited by the forked processes as patched here."""
+    kept = {"itl_headline.png", "acceptance.png", "tokens_per_chunk.png"}
+    monkeypatch.setattr(plots, "PLOTS", tuple(entry for entry in PLOTS if entry[0] in kept))
+    drawn = views(k0_k3())
+    for folder in ("here", "forked"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "acceptance.png").write_bytes(b"old")
+    here = plots.write_plots(drawn, tmp_path / "here")
+    forked = plots.write_plots(drawn, tmp_path / "forked", workers=3)
+    assert (
+        [path.name for _, path in forked]
+        == [path.name for _, path in here]
+        == [
+            "itl_headline.png",
+            "tokens_per_chunk.png",
+        ]
+    )
+    assert [caption for caption, _ in forked] == [caption for caption, _ in here]
+    assert [path.read_bytes() for _, path in forked] == [path.read_bytes() for _, path in here]
+    assert not (tmp_path / "forked" / "acceptance.png").exists()
+
+
 def test_stale_png_of_an_absent_figure_is_removed(tmp_path: Path) -> None:
     (tmp_path / "acceptance.png").write_bytes(b"old")
     write_plots(views(k0_k3()), tmp_path)

@@ -7,6 +7,7 @@ several runs into a folder that is not itself a run.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -113,7 +114,8 @@ def write_reports(
     else:
         from itlaudit.report.plots import write_plots  # matplotlib: a second to import, only to draw
 
-        plots = write_plots(variant_views(records, summary, compare, findings, telemetry), out_dir)
+        views = variant_views(records, summary, compare, findings, telemetry)
+        plots = write_plots(views, out_dir, workers=os.cpu_count() or 1)
     # A server's error message can echo a credential it was sent (an API key in a 401): redact_text
     # masks every one this process knows of.
     md = render_report(

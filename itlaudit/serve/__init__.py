@@ -23,6 +23,7 @@ SURFACE = Surface(
             "local_model_config",
         ),
         "logged": ("run_logged",),
+        "orphans": ("die_with_parent",),
         "side_client": (
             "SIDE_TIMEOUT_S",
             "BlockingSideClient",
