@@ -44,3 +44,13 @@ def rederive(run: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         for name, v in meta["variants"].items()
     }
     return summary.to_json(), build_comparison(summary, records, stats).to_json()
+
+
+def same_as_recorded(
+    derived: dict[str, Any], recorded: dict[str, Any], changed: tuple[str, ...] = ()
+) -> bool:
+    """Every figure a lane run's own itlaudit wrote into a block, derived again here to the digit. A figure
+    added to the block since is not a difference (the recorded block cannot hold it); one whose
+    definition changed since is named in `changed` and left out."""
+    kept = {key: value for key, value in recorded.items() if key not in changed}
+    return {key: derived.get(key) for key in kept} == kept

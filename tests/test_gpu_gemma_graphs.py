@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gpukit import same_as_recorded
 
 from itlaudit.analysis.lossless import with_execution_modes
 from itlaudit.model.codes import Finding
@@ -26,14 +27,6 @@ MODES = {"G0": "eager", "G0G": "compiled", "GNGG": "compiled"}
 
 def _json(path: Path) -> Any:
     return json.loads(path.read_text(encoding="utf-8"))
-
-
-def _as_recorded(derived: dict[str, Any], recorded: dict[str, Any]) -> bool:
-    """Every figure the H100's itlaudit wrote, derived again to the digit; a figure added since (None
-    here: those records cannot give it) is not a difference."""
-    return {key: derived.get(key) for key in recorded} == recorded and all(
-        derived[key] is None for key in derived.keys() - recorded.keys()
-    )
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +45,7 @@ def test_the_floor_energy_and_launch_bound_come_back_as_measured(reported: Path)
     summary, written = _json(reported / "summary.json"), _json(FIXTURE / "summary.json")
     for variant in MODES:
         server = summary["server"][variant]
-        assert _as_recorded(server, written["server"][variant])  # the H100's own derivation, to the digit
+        assert same_as_recorded(server, written["server"][variant])  # the H100's own derivation, to the digit
         assert server["floor_device"] == "NVIDIA H100 80GB HBM3" and server["floor_bandwidth_gbps"] == 3350.0
         assert server["floor_bytes_per_step"] == pytest.approx(0.542e9, rel=1e-3)  # 270M params in bf16 + KV
         assert server["gpu_energy_source"] == "nvml_energy_counter" and server["gpu_energy_coverage"] == 1.0
@@ -119,7 +112,7 @@ def test_four_variants_with_graphs_come_back_with_floor_energy_and_launch_bound(
     summary = _rederived(FOUR / temperature, tmp_path / "run")
     written = _json(FOUR / temperature / "summary.json")
     assert set(summary["server"]) == set(written["server"]) == {"G0", "G0G", "GNGG", "GDMG"}
-    assert all(_as_recorded(summary["server"][v], written["server"][v]) for v in written["server"])
+    assert all(same_as_recorded(summary["server"][v], written["server"][v]) for v in written["server"])
     for server in summary["server"].values():
         assert server["floor_device"] == "NVIDIA H100 80GB HBM3"
         assert server["gpu_energy_source"] == "nvml_energy_counter"
