@@ -130,6 +130,38 @@ def test_sigterm_ends_a_scripts_background_bisect_with_its_report(tmp_path: Path
     _finished_or_marked(tmp_path / "run", "probe-*/trial-*", "summary.json")
 
 
+@pytest.mark.fault_row("R13")
+def test_an_interrupted_nightly_names_itself_and_its_rerun_probes_the_build_again(tmp_path: Path) -> None:
+    """A nightly's probe a signal cut said to finish it with "the bisection's --resume" (no bisection
+    is there), and running the nightly again appended the build's next probe to the cut trial's
+    records. The mark now names `track nightly`, and a rerun sets the cut folder aside and probes the
+    build whole. ~15 s."""
+    shas = [os.urandom(20).hex() for _ in range(4)]
+    commits = tmp_path / "commits.txt"
+    commits.write_text("".join(f"{sha}\n" for sha in shas))
+    server = f"{sys.executable} {FAKE_VLLM} serve --commits {commits} --bad-from 9 --mode cap"
+    server += " {commit} {port}"
+    args = ["track", "nightly", "--db", str(tmp_path / "h.sqlite"), "--last", "2", "--commits-file"]
+    args += [str(commits), "--provider", "command", "--server-cmd", server, "--ready-timeout", "30"]
+    scenario = tmp_path / "probe.toml"  # long enough that the signal lands inside the first trial
+    scenario.write_text(PROBE_SCENARIO.read_text().replace("num_requests = 2", "num_requests = 20"))
+    args += ["--scenario", str(scenario)]
+    rc, _, stderr = _background(tmp_path, args, "TERM", wait="build-*/trial-1/requests.jsonl")
+    assert rc == 143 and "Traceback" not in stderr, stderr
+    cut = next((tmp_path / "run").glob("build-*/trial-1"))
+    mark = json.loads((cut / "meta.json").read_text())["interrupted"]
+    assert mark["finish_with"].startswith("`itlaudit track nightly` run again"), mark
+    again = subprocess.run(
+        [sys.executable, "-m", "itlaudit", *args, "--out", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    kept = cut.parent.with_name(f"{cut.parent.name}.interrupted-1") / "trial-1"
+    assert json.loads((kept / "meta.json").read_text())["interrupted"] == mark  # set aside, untouched
+    assert "interrupted" not in json.loads((cut / "meta.json").read_text())
+    assert len((cut / "requests.jsonl").read_text().splitlines()) == 20  # the whole probe, once
+
+
 def test_sigterm_ends_a_scripts_background_sweep_with_its_outputs(faultserver, tmp_path: Path) -> None:
     url = faultserver("clean", "--step-ms", "20")
     workload = 'prompts = ["hi"]\nnum_requests = 100\nconcurrency = 1\nmax_tokens = 20\ntemperature = 0'
@@ -140,6 +172,7 @@ def test_sigterm_ends_a_scripts_background_sweep_with_its_outputs(faultserver, t
     assert elapsed_ms < 5000, f"exited {elapsed_ms} ms after SIGTERM"
     last = stderr.strip().splitlines()[-1]
     assert last.startswith("itlaudit: interrupted by SIGTERM: finished points kept in "), stderr
+    assert "(plots not drawn)" in last and list((tmp_path / "run").glob("*.png")) == []
     assert "--resume" in last and "Traceback" not in stderr
     assert (tmp_path / "run" / "sweep.json").is_file() and (tmp_path / "run" / "report.md").is_file()
     _finished_or_marked(tmp_path / "run", "A/c*-t*", "point.json")
@@ -369,3 +402,32 @@ def test_a_signal_during_a_build_install_ends_it_within_the_bound(tmp_path: Path
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("stopped ") and float(done.stdout.split()[1]) < 3, done.stdout
     assert "installing" in log.read_text()
+
+
+# A capture worker whose forkserver dies between the fork and the worker's PR_SET_PDEATHSIG: the
+# forker is this script (it imported the module, as the forkserver preloads it), the child waits for
+# it to be gone, then takes its guard as worker_main does, and says if it survived it.
+WORKER_LATE_PRCTL = """
+import os, sys, time
+from itlaudit.capture import workers
+parent = os.getpid()
+if os.fork() == 0:
+    while os.getppid() == parent:
+        time.sleep(0.01)
+    workers._die_with_parent()
+    open({survived!r}, "w").close()
+    os._exit(0)
+os._exit(0)
+"""
+
+
+def test_a_worker_whose_forkserver_dies_before_its_prctl_does_not_outlive_it(tmp_path: Path) -> None:
+    """The launcher's race in the capture workers: PDEATHSIG set after its parent's death is never
+    sent. The worker now checks its parent right after the prctl and exits if it is already gone (the
+    quiet neighbour: every capture test's workers, whose forkserver is alive, run on). ~1 s."""
+    survived = tmp_path / "survived"
+    script = WORKER_LATE_PRCTL.format(survived=str(survived))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    time.sleep(1.5)  # the orphan's wait for its parent's end (10 ms polls) and its guard
+    assert not survived.exists(), "the worker outlived the forkserver that forked it"

@@ -59,6 +59,29 @@ def test_sim_on_a_free_port_serves_and_a_ctrl_c_ends_it_quietly(tmp_path: Path) 
     assert sim.returncode == 0 and stderr == ""
 
 
+# `itlaudit sim` with a SIGINT recorded (model.stop's handler, the CLI's) before aiohttp takes the
+# signals over: the moment the signal campaign cannot aim at, made certain by sending it first.
+EARLY_SIGNAL = """
+import os, signal
+from itlaudit.model.stop import handle_signals
+from itlaudit.serve.sim import SimConfig, serve
+handle_signals()
+os.kill(os.getpid(), signal.SIGINT)
+serve(SimConfig(), port={port})
+print("returned")
+"""
+
+
+@pytest.mark.fault_row("R12")
+def test_a_signal_before_the_sim_serves_ends_it(tmp_path: Path) -> None:
+    """A signal the CLI recorded before aiohttp installed its own handlers was never acted on: the
+    simulator served on until killed. It now stops as it starts (the quiet neighbour is the test
+    above: a Ctrl-C while it serves). ~1 s."""
+    script = EARLY_SIGNAL.format(port=free_port())
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=20)
+    assert done.returncode == 0 and done.stdout == "returned\n", done.stderr
+
+
 def first_line_not_blank(stderr: str) -> str:
     assert stderr and not stderr.startswith(("\n", "\r")), repr(stderr[:80])
     return stderr.splitlines()[-1]

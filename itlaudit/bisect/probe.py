@@ -19,6 +19,7 @@ from pathlib import Path
 from itlaudit.bisect.build_range import Build
 from itlaudit.bisect.figures import Figures, ProbeFigures, trial_figures
 from itlaudit.bisect.prefetch import Prefetcher
+from itlaudit.bisect.state import set_aside
 from itlaudit.bisect.verdict import Judge, Judgement, ScriptJudge
 from itlaudit.capture.runner import CaptureOptions
 from itlaudit.errors import BuildUnavailable, LaunchError, ServerRejectedError, ServerUnreachableError
@@ -50,6 +51,9 @@ class ProbeConfig:
     trials: int
     max_trials: int
     capture: CaptureOptions = field(default_factory=CaptureOptions)  # --workers, --stamp, --api-key, --header
+    # The one command that finishes a probe a signal cut, written into its trial folders' mark: the
+    # bisection's --resume; `track nightly` run again, for a nightly's probe.
+    finish_with: str = "the bisection's --resume, which runs this probe again"
 
     @property
     def names(self) -> list[str]:
@@ -113,7 +117,7 @@ def run_trial(
             )
         derivation = folder.finish(scenario.name, [v.name for v in scenario.variants], report=False)
     except KeyboardInterrupt:  # the probe is unfinished, and its trial folder says so
-        mark_interrupted(folder, "the bisection's --resume, which runs this probe again")
+        mark_interrupted(folder, config.finish_with)
         raise
     return trial_figures(derivation.records, derivation.summary)
 
@@ -167,6 +171,9 @@ def run_probe(
         prepared = prefetcher.get(build)
     except BuildUnavailable as exc:
         return ProbeResult(Verdict.SKIP, str(exc))
+    # A folder already there is a probe a signal cut (a bisection's resume set its own aside already;
+    # a nightly run again finds it): kept under another name, never appended to.
+    set_aside(probe_dir)
     probe_dir.mkdir(parents=True, exist_ok=True)
     done: dict[str, list[Figures]] = {}
     scripted: Judgement | None = None

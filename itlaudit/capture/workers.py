@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import dataclasses
 import gc
 import math
@@ -48,6 +47,7 @@ from itlaudit.model.access import Access
 from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import RequestRecord, Status, Timeouts
 from itlaudit.model.vocabulary import StampMode
+from itlaudit.serve.orphans import die_with_parent
 from itlaudit.store.jsonl import RecordWriter
 
 __all__ = [
@@ -78,7 +78,9 @@ START_MARGIN_NS = 100_000_000
 # long while records are being encoded, which as 64 streams ended stalled reads by 8-16 ms. At 0.2 ms the
 # loop takes it back within a fraction of one 2 ms chunk gap.
 SWITCH_INTERVAL_S = 0.0002
-_PR_SET_PDEATHSIG = 1
+# The process that imported this module: in a worker, the forkserver that forked it, which preloads
+# this module (_context) before it forks any.
+_FORKER = os.getpid()
 
 
 @dataclass(frozen=True)
@@ -250,9 +252,13 @@ async def _open_loop(share: WorkerShare, probe: LagProbe, keep: Any, start_ns: i
 
 
 def _die_with_parent() -> None:
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    """SIGKILL this worker when the forkserver that forked it dies (with its coordinator). The kernel
+    sends it only for a death after the prctl, so a forkserver gone between the fork and the prctl is
+    checked for right after it, as for a launched server (serve.orphans.die_with_parent). A worker
+    that imported this module itself (spawn, or a forkserver started without the preload) knows no
+    such parent; the control pipe ends it all the same (_exit_with_coordinator)."""
+    if os.getpid() != _FORKER:
+        die_with_parent(_FORKER)
 
 
 def _exit_with_coordinator(control: Connection) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from itlaudit.analysis.convergence import Interval
 from itlaudit.analysis.sweep import SweepResult
+from itlaudit.model.stop import requested
 from itlaudit.model.vocabulary import LoadAxis
 from itlaudit.report.html import figure_html, inline_markdown, page_html, table_html
 from itlaudit.report.sweep_plots import write_sweep_plots
@@ -131,7 +132,9 @@ def render_html(sweep: SweepResult, images: Sequence[tuple[str, bytes]]) -> str:
 
 
 def write_sweep_report(sweep_dir: Path, sweep: SweepResult) -> None:
-    images = write_sweep_plots(sweep, sweep_dir)
+    """report.md/html with the plots; once a signal came (model.stop) without them: drawing them takes
+    seconds of the 5 s an interrupt has, and the --resume that finishes the sweep writes it again."""
+    images = [] if requested() else write_sweep_plots(sweep, sweep_dir)
     (sweep_dir / "report.md").write_text(render_markdown(sweep, images), encoding="utf-8")
     pngs = [(caption, path.read_bytes()) for caption, path in images]
     (sweep_dir / "report.html").write_text(render_html(sweep, pngs), encoding="utf-8")

@@ -451,13 +451,13 @@ def run_sweep(
                 sweep = write_sweep_outputs(sweep_dir, scenario.name, config)
     except KeyboardInterrupt:
         signal_name, exit_code = interruption()
-        with reporter.step(f"interrupted by {signal_name}: writing sweep.json, plots and report"):
+        with reporter.step(f"interrupted by {signal_name}: writing sweep.json and report (no plots)"):
             write_sweep_outputs(sweep_dir, scenario.name, config)
         raise RunInterrupted(
             signal_name,
             exit_code,
-            f"interrupted by {signal_name}: finished points kept in {sweep_dir}; continue with the same "
-            "command and --resume",
+            f"interrupted by {signal_name}: finished points kept in {sweep_dir} (plots not drawn); "
+            "continue with the same command and --resume",
         ) from None
     if sweep is None:
         with reporter.step("writing sweep.json, plots and report"):

@@ -20,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from itlaudit.errors import LaunchError, SimError
 from itlaudit.model.jsonvalue import JSONObject, JSONValue, ReadOnlyJSON
 from itlaudit.model.sendlog import SendLog
+from itlaudit.model.stop import requested
 from itlaudit.serve.sim.config import SGLANG, SIM_VERSION, SimConfig
 from itlaudit.serve.sim.endpoints import ChatApi, CompletionApi, EndpointApi
 from itlaudit.serve.sim.engine import Engine, Step
@@ -336,9 +337,19 @@ def serve(
             f"sim cannot listen on {host}:{port}: {os.strerror(exc.errno) if exc.errno else exc}; "
             "give a free --port (or another --host)"
         ) from None
-    web.run_app(make_app(config, send_log), sock=sock, access_log=None)
+    app = make_app(config, send_log)
+    app.on_startup.append(_stop_if_asked)
+    web.run_app(app, sock=sock, access_log=None)
     if send_log is not None and send_log_path is not None:
         send_log.write(send_log_path)
+
+
+async def _stop_if_asked(app: web.Application) -> None:
+    """A SIGINT or SIGTERM that came before aiohttp took the signals over (they are its own once
+    `run_app` sets up, just before this startup hook) was only recorded (model.stop): act on it
+    now, as aiohttp would have, instead of serving on. The CLI then ends in 130/143."""
+    if requested():
+        raise web.GracefulExit
 
 
 def _family(host: str) -> socket.AddressFamily:
