@@ -17,6 +17,7 @@ from simkit import itlaudit, sim_server
 from itlaudit.analysis.benchmark import benchmark_figures
 from itlaudit.analysis.derive import summarize_run
 from itlaudit.analysis.metrics import request_metrics
+from itlaudit.model.meta import Meta, MetaVariant
 from itlaudit.model.records import ChunkSeries, RequestParams, RequestRecord, Status
 from itlaudit.report.terminal import WIDTH, result_block
 from itlaudit.serve.sim import SimConfig
@@ -108,7 +109,7 @@ def test_records_without_dispatch_offsets_have_no_duration() -> None:
 
 def test_terminal_block_reads_like_vllm_bench_and_marks_the_capped_variant() -> None:
     summary = summarize_run(k0_k3(3))
-    meta = {"workload": {"max_concurrency": 4}, "variants": {"K3-capped": {"url": "http://h:1"}}}
+    meta = Meta(workload={"max_concurrency": 4}, variants={"K3-capped": MetaVariant(url="http://h:1")})
     block = result_block(summary, meta, "K3-capped")
     text = [line for line, _ in block]
     assert text[0] == f"{' Serving Benchmark Result: K3-capped ':=^{WIDTH}}"
@@ -136,7 +137,7 @@ def test_gpu_energy_is_in_the_block_and_the_result_file_where_nvml_gave_it() -> 
     """The server block's energy (analysis.server_metrics.gpu_energy): a "GPU Energy" section in the
     terminal block and the same keys in the --save-result file; none of either without it. ~0 s."""
     summary = summarize_run(k0_k3(3))
-    meta = {"workload": {}, "variants": {}}
+    meta = Meta(workload={})
     energy = {"gpu_energy_j": 96.0, "gpu_joules_per_output_token": 2.0, "output_tokens_per_joule": 0.5}
     energy |= {"gpu_energy_per_gpu_j": {"0": 96.0}, "gpu_energy_source": "nvml_energy_counter"}
     with_energy = msgspec.structs.replace(summary, server={"K0": energy})

@@ -13,6 +13,7 @@ import pytest
 from simkit import itlaudit, sim_server
 
 from itlaudit.analysis.roofline import bandwidth_for, model_bytes, variant_floor
+from itlaudit.model.meta import Roofline
 from itlaudit.serve.launcher import local_model_config
 from itlaudit.serve.sim import SimConfig
 
@@ -112,18 +113,18 @@ def test_the_device_table_and_the_floor_said_or_why_not() -> None:
     assert bandwidth_for("NVIDIA H200").gbps == 4800.0  # type: ignore[union-attr]
     assert bandwidth_for("Intel Xeon") is None and bandwidth_for(None) is None
     # the seed's arithmetic: 2.06 GB a token on GB10's 273 GB/s is a 7.5 ms floor; 10 ms is 75 %
-    seed = variant_floor({"bytes_per_token": 2.06e9}, "NVIDIA GB10", 1000, 1, 10.0)
+    seed = variant_floor(Roofline(bytes_per_token=2.06e9), "NVIDIA GB10", 1000, 1, 10.0)
     assert seed["floor_ms"] == pytest.approx(7.546, abs=0.001) and seed["floor_share"] == pytest.approx(
         0.7546, abs=1e-3
     )
     assert (
         "give --mem-bandwidth"
-        in variant_floor({"bytes_per_token": 1e9}, "Intel Xeon", 1, 1, 1.0)["floor_note"]
+        in variant_floor(Roofline(bytes_per_token=1e9), "Intel Xeon", 1, 1, 1.0)["floor_note"]
     )
-    assert variant_floor({}, "NVIDIA H200", 1, 1, 1.0) == {}
+    assert variant_floor(Roofline(), "NVIDIA H200", 1, 1, 1.0) == {}
     assert (
         "hidden_size"
-        in variant_floor({"model_config": {}, "mem_bandwidth_gbps": 10}, None, 1, 1, 1.0)["floor_note"]
+        in variant_floor(Roofline(model_config={}, mem_bandwidth_gbps=10), None, 1, 1, 1.0)["floor_note"]
     )
 
 

@@ -19,6 +19,7 @@ from simkit import sim_server
 from typer.testing import CliRunner
 
 from itlaudit.cli.app import app
+from itlaudit.model.meta import Roofline
 from itlaudit.model.sendlog import SendLog
 from itlaudit.serve.sim import SIM_VERSION, SimConfig
 
@@ -411,7 +412,7 @@ def test_the_dgx_spark_floor_threshold_separates_the_seeds_two_figures() -> None
     assert (check.scenario, check.variant) == ("long-decode", "K3")
 
     def share(itl_ms: float) -> float:
-        floor = variant_floor({"bytes_per_token": 2.06e9}, "NVIDIA GB10", 1300, 1, itl_ms)
+        floor = variant_floor(Roofline(bytes_per_token=2.06e9), "NVIDIA GB10", 1300, 1, itl_ms)
         assert floor["floor_ms"] == pytest.approx(7.55, abs=0.01)
         return float(floor["floor_share"])
 

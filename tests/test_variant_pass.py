@@ -17,6 +17,7 @@ import pytest
 from simkit import sim_server
 
 from itlaudit import cli
+from itlaudit.model.meta import META_KEYS
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.scenario import load_scenario
 from itlaudit.model.vocabulary import LoadAxis
@@ -26,7 +27,6 @@ from itlaudit.smoke.suite import load_suite
 from itlaudit.store.jsonl import iter_jsonl
 from itlaudit.workflows.compare import run_compare
 from itlaudit.workflows.run import run_scenario
-from itlaudit.workflows.run_folder import META_KEYS
 from itlaudit.workflows.sweep import SweepConfig, run_sweep
 from itlaudit.workflows.variant_pass import VariantPass
 

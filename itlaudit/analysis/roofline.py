@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from itlaudit.model.codes import LAUNCH_BOUND, Finding
+from itlaudit.model.meta import Roofline
 
 __all__ = [
     "BANDWIDTHS",
@@ -285,7 +286,7 @@ GIVEN_BYTES = "given (--bytes-per-token)"
 
 
 def variant_floor(
-    roofline: Mapping[str, Any],
+    roofline: Roofline,
     device: str | None,
     context_tokens: float,
     batch: int,
@@ -297,24 +298,24 @@ def variant_floor(
     variant that makes several tokens a step, speculation, can reach). Empty where nothing was given;
     `floor_note` (one line) where the floor cannot be had."""
     config, given_gbps, given_bytes = (
-        roofline.get("model_config"),
-        roofline.get("mem_bandwidth_gbps"),
-        roofline.get("bytes_per_token"),
+        roofline.model_config,
+        roofline.mem_bandwidth_gbps,
+        roofline.bytes_per_token,
     )
-    if not isinstance(config, Mapping) and not isinstance(given_bytes, int | float):
+    if config is None and given_bytes is None:
         return {}
-    if isinstance(given_gbps, int | float):
-        bandwidth: Bandwidth | None = Bandwidth(float(given_gbps), GIVEN_BANDWIDTH)
+    if given_gbps is not None:
+        bandwidth: Bandwidth | None = Bandwidth(given_gbps, GIVEN_BANDWIDTH)
     else:
         bandwidth = bandwidth_for(device)
     if bandwidth is None:
         named = f"device {device!r}" if device else "a device NVML did not name"
         return {"floor_note": f"no memory bandwidth known for {named}: give --mem-bandwidth GBPS"}
-    if isinstance(given_bytes, int | float):
-        model = ModelBytes(GIVEN_BYTES, float(given_bytes), (), 2.0, 0.0)
+    if given_bytes is not None:
+        model = ModelBytes(GIVEN_BYTES, given_bytes, (), 2.0, 0.0)
     else:
         try:
-            model = model_bytes(config)  # type: ignore[arg-type]  # a Mapping: checked above
+            model = model_bytes(config or {})
         except ValueError as exc:
             return {"floor_note": f"no floor: {exc}"}
     figures = decode_floor(model, bandwidth, context_tokens, batch)

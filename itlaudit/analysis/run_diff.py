@@ -11,7 +11,6 @@ import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from itlaudit.analysis.convergence import median_ratio_interval
 from itlaudit.analysis.derive import JUDGED_RELATIVELY, summarize_run, with_comparison_findings
@@ -19,6 +18,7 @@ from itlaudit.analysis.metrics import RequestMetrics, request_metrics
 from itlaudit.analysis.stats import Comparison, compare_samples
 from itlaudit.analysis.validity import Validity, variant_validity
 from itlaudit.model.codes import Finding
+from itlaudit.model.meta import Meta
 from itlaudit.model.records import RequestRecord, Status
 from itlaudit.model.run_context import QualitySettings
 from itlaudit.model.vocabulary import Shift
@@ -100,18 +100,13 @@ def error_rate_comparison(base: Sequence[RequestRecord], new: Sequence[RequestRe
     return Comparison(verdict, ratio, None, b_rate, n_rate, len(base), len(new), reason)
 
 
-def workload_of(meta: Mapping[str, Any], records: Sequence[RequestRecord]) -> dict[str, Any]:
+def workload_of(meta: Meta, records: Sequence[RequestRecord]) -> dict[str, object]:
     """What a run asked the server for, from its meta.json and records: two runs compare only when
     this matches (the server and build are what a diff is meant to vary)."""
-    variants = meta.get("variants")
-    stored = [
-        (info.get("fingerprint") or {}).get("workload") or {}
-        for info in (variants.values() if isinstance(variants, Mapping) else [])
-        if isinstance(info, Mapping)
-    ]
-    fingerprinted = next((w for w in stored if w), {})
+    stored = [info.fingerprint.get("workload") for info in meta.variants.values() if info.fingerprint]
+    fingerprinted = next((w for w in stored if isinstance(w, Mapping) and w), {})
     return {
-        "scenario": meta.get("scenario"),
+        "scenario": meta.scenario,
         "endpoint": sorted({r.endpoint for r in records}) or None,
         "model": sorted({r.model for r in records}) or None,
         "params": sorted({json.dumps(asdict(r.params), sort_keys=True) for r in records}) or None,
@@ -119,7 +114,7 @@ def workload_of(meta: Mapping[str, Any], records: Sequence[RequestRecord]) -> di
     }
 
 
-def workload_differences(base: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+def workload_differences(base: Mapping[str, object], new: Mapping[str, object]) -> list[str]:
     """`key base vs new` for each field known in both runs that differs."""
     return [
         f"{key} {_shown(base[key])} vs {_shown(new[key])}"
@@ -128,7 +123,7 @@ def workload_differences(base: Mapping[str, Any], new: Mapping[str, Any]) -> lis
     ]
 
 
-def _shown(value: Any) -> str:
+def _shown(value: object) -> str:
     if isinstance(value, list) and len(value) == 1:
         value = value[0]
     return value if isinstance(value, str) else json.dumps(value, sort_keys=True)

@@ -41,7 +41,6 @@ SURFACE = Surface(
         ),
         "server_info": (
             "VERSION_TIMEOUT_S",
-            "EnvironmentRecord",
             "ServerIdentity",
             "environment_record",
             "scrape_counters",

@@ -16,13 +16,13 @@ from itlaudit.capture.scoring import Scorer
 from itlaudit.errors import ItlauditError
 from itlaudit.model.access import NO_ACCESS, Access
 from itlaudit.model.jsonvalue import JSONObject
+from itlaudit.model.meta import EnvironmentRecord
 from itlaudit.model.run_context import is_sglang, is_simulator
 from itlaudit.serve.environment import commit_of, non_default_args, server_env
 from itlaudit.serve.side_client import BlockingSideClient, SideClient
 
 __all__ = [
     "VERSION_TIMEOUT_S",
-    "EnvironmentRecord",
     "ServerIdentity",
     "environment_record",
     "fetch_version",
@@ -39,21 +39,6 @@ class ServerIdentity(TypedDict, total=False):
     version: str | None
     system_fingerprint: str | None
     unknown: str
-
-
-class EnvironmentRecord(TypedDict):
-    """One server's record (meta.json's `environment`, smoke's servers)."""
-
-    url: str
-    server_version: str | None
-    simulated: bool
-    vllm_version: str | None
-    vllm_commit: str | None
-    system_fingerprint: str | list[str] | None
-    launched: bool
-    launch_kind: str | None
-    non_default_args: Mapping[str, object] | None  # vLLM's own account, free-form
-    env: dict[str, str] | None
 
 
 # /version for the environment record: a server without one must not hold the run up.

@@ -81,7 +81,7 @@ def _run_labels(specs: list[str], runs: list[Run]) -> dict[Path, str]:
             f"--label: {', '.join(sorted(map(str, unknown)))} is not one of the run folders given"
         )
     return {
-        run.path: given.get(run.path.resolve()) or str(run.meta.get("label") or run.path.name) for run in runs
+        run.path: given.get(run.path.resolve()) or (run.meta.label or run.path.name) for run in runs
     }
 
 

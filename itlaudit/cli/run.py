@@ -32,7 +32,7 @@ from itlaudit.cli.options import (
 from itlaudit.errors import ItlauditError
 from itlaudit.model.run_labels import RunLabels, parse_metadata
 from itlaudit.model.scenario import Scenario, ScenarioFlags, build_scenario, parse_scenario, scenario_toml
-from itlaudit.store.rundir import COMPARE_FILE, META_FILE, read_json
+from itlaudit.store.rundir import COMPARE_FILE
 
 if TYPE_CHECKING:  # the run workflow (the capture stack, numpy) loads when a command runs, not for --help
     from itlaudit.analysis.comparison import CompareResult, VariantComparison
@@ -224,14 +224,10 @@ def _print_outcome(outcome: RunOutcome, comparison: CompareResult | None = None)
     from itlaudit.report.terminal import result_block
     from itlaudit.report.writer import REPORT_HTML, REPORT_MD
 
-    try:
-        meta = read_json(outcome.run_dir / META_FILE)
-    except (OSError, ValueError):
-        meta = {}
     summary = outcome.derivation.summary
     for name in summary.variants:
         row = comparison.variants.get(name) if comparison is not None else None
-        for line, style in result_block(summary, meta, name, row):
+        for line, style in result_block(summary, outcome.meta, name, row):
             out.print(line, style=style, markup=False, highlight=False, soft_wrap=True)
     for report in (REPORT_MD, REPORT_HTML):
         where = (outcome.run_dir / report).resolve()

@@ -101,6 +101,15 @@ SURFACE = Surface(
             "remember_secrets",
         ),
         "block": ("BlockSettings", "parse_goodput", "percentile_key"),
+        "meta": (
+            "EnvironmentRecord",
+            "GpuInfo",
+            "HostEnvironment",
+            "Meta",
+            "MetaVariant",
+            "Roofline",
+            "WorkloadMeta",
+        ),
         "registry": ("Registry",),
         "run_context": (
             "SGLANG_VERSION_PREFIX",
@@ -115,6 +124,7 @@ SURFACE = Surface(
             "workload_meta",
         ),
         "run_labels": (
+            "LabelsMeta",
             "RunLabels",
             "parse_metadata",
         ),

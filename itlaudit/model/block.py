@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from itlaudit.errors import ScenarioError
+from itlaudit.model.meta import Meta
 
 __all__ = [
     "BLOCK_METRICS",
@@ -103,28 +102,13 @@ class BlockSettings:
     percentiles: tuple[float, ...] = DEFAULT_BLOCK_PERCENTILES
     metrics: tuple[str, ...] = BLOCK_METRICS
 
-    def to_meta(self) -> dict[str, Any]:
-        return {
-            "goodput": dict(self.goodput),
-            "metric_percentiles": list(self.percentiles),
-            "percentile_metrics": list(self.metrics),
-        }
-
     @classmethod
-    def from_meta(cls, meta: Mapping[str, Any] | None) -> BlockSettings:
-        """meta.json's keys, read as their flags are; a folder from before them gets the defaults,
-        and a damaged key is one ScenarioError line naming it."""
-        if not isinstance(meta, Mapping):
-            return cls()
-        goodput = meta.get("goodput") or {}
-        percentiles = meta.get("metric_percentiles") or DEFAULT_BLOCK_PERCENTILES
-        metrics = meta.get("percentile_metrics") or BLOCK_METRICS
-        if not (isinstance(goodput, Mapping) and isinstance(percentiles, list | tuple)) or not isinstance(
-            metrics, list | tuple
-        ):
-            raise ScenarioError(
-                "meta.json: goodput/metric_percentiles/percentile_metrics are damaged; fix them"
-            )
+    def from_meta(cls, meta: Meta) -> BlockSettings:
+        """meta.json's keys (checked as types when it was read), read as their flags are; a folder
+        from before them gets the defaults."""
+        goodput = meta.goodput
+        percentiles = meta.metric_percentiles or DEFAULT_BLOCK_PERCENTILES
+        metrics = meta.percentile_metrics or BLOCK_METRICS
         return cls(
             goodput=parse_goodput(",".join(f"{k}={v}" for k, v in goodput.items())) if goodput else {},
             percentiles=parse_metric_percentiles(",".join(str(p) for p in percentiles)),

@@ -10,10 +10,10 @@ asks `server_build` how to name it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, NamedTuple, TypedDict
+from typing import NamedTuple
 
 from itlaudit import __version__
-from itlaudit.errors import ItlauditError
+from itlaudit.model.meta import Meta, MetaVariant, WorkloadMeta
 from itlaudit.model.scenario import Scenario
 from itlaudit.model.vocabulary import QualityGate
 
@@ -22,7 +22,6 @@ __all__ = [
     "SIMULATOR",
     "QualitySettings",
     "VariantMeta",
-    "WorkloadMeta",
     "is_sglang",
     "is_simulator",
     "quality_settings",
@@ -78,25 +77,6 @@ def _span(values: Iterable[int | None]) -> int | str | None:
     return known[0] if len(known) == 1 else f"{known[0]}–{known[-1]}"
 
 
-class WorkloadMeta(TypedDict):
-    """meta.json's "workload" block (see workload_meta)."""
-
-    endpoint: str
-    model: str
-    dataset: str
-    input_len: int | str | None
-    num_prompts: int
-    max_concurrency: int
-    request_rate: float | None
-    burstiness: float
-    duration_s: float | None
-    duration_grace_s: float | None
-    num_warmups: int
-    max_tokens: int | str | None
-    ignore_eos: bool
-    temperature: float | None
-
-
 def workload_meta(scenario: Scenario) -> WorkloadMeta:
     """meta.json's "workload": what was asked of every variant, in vllm bench serve's terms where it
     has them (num_prompts, max_concurrency, request_rate None = no rate limit, vllm bench's "inf").
@@ -125,23 +105,18 @@ def workload_meta(scenario: Scenario) -> WorkloadMeta:
 
 
 class VariantMeta(NamedTuple):
-    """One variant's part of meta.json as its result readers take it: the workload, the variant's
-    entry, and the server's version string (vLLM's, the simulator's, or None)."""
+    """One variant's part of meta.json as its result readers take it: the run's workload, the
+    variant's entry, and the server's version string (vLLM's, the simulator's, or None)."""
 
-    workload: Mapping[str, Any]
-    info: Mapping[str, Any]
+    workload: WorkloadMeta
+    info: MetaVariant
     version: str | None
 
 
-def variant_meta(meta: Mapping[str, Any], variant: str) -> VariantMeta:
-    """Read one variant out of meta.json's dict; a part a run did not write is empty."""
-    info: Mapping[str, Any] = (meta.get("variants") or {}).get(variant) or {}
-    environment: Mapping[str, Any] = info.get("environment") or {}
-    return VariantMeta(
-        workload=meta.get("workload") or {},
-        info=info,
-        version=environment.get("server_version") or environment.get("vllm_version"),
-    )
+def variant_meta(meta: Meta, variant: str) -> VariantMeta:
+    """One variant out of meta.json; a part a run did not write is empty."""
+    info = meta.variant(variant)
+    return VariantMeta(workload=meta.workload or {}, info=info, version=info.version)
 
 
 class QualitySettings(NamedTuple):
@@ -155,28 +130,16 @@ class QualitySettings(NamedTuple):
     synthetic: tuple[tuple[str, str], ...] = ()
 
 
-def quality_settings(meta: Mapping[str, Any] | None) -> QualitySettings:
-    """From meta.json's dict; a folder written before the gate existed is judged relatively, and an
-    unknown gate (a damaged file) is one ItlauditError line naming the fix."""
-    if not isinstance(meta, Mapping):
-        return QualitySettings()
-    gate = meta.get("quality_gate") or QualityGate.RELATIVE
-    if gate not in tuple(QualityGate):
-        raise ItlauditError(
-            f"meta.json: quality_gate {gate!r} is not one of {', '.join(QualityGate)}; fix or remove the key"
-        )
-    variants = meta.get("variants")
-    dummy = tuple(
-        str(name)
-        for name, info in (variants.items() if isinstance(variants, Mapping) else ())
-        if isinstance(info, Mapping) and info.get("load_format") == "dummy"
-    )
+def quality_settings(meta: Meta) -> QualitySettings:
+    """From meta.json (its gate checked when it was read); a folder written before the gate existed
+    is judged relatively."""
+    dummy = tuple(name for name, info in meta.variants.items() if info.load_format == "dummy")
     synthetic = tuple(
-        (str(name), forced)
-        for name, info in (variants.items() if isinstance(variants, Mapping) else ())
-        if isinstance(info, Mapping) and (forced := synthetic_acceptance(info.get("speculative_config")))
+        (name, forced)
+        for name, info in meta.variants.items()
+        if (forced := synthetic_acceptance(info.speculative_config))
     )
-    return QualitySettings(QualityGate(gate), dummy, synthetic)
+    return QualitySettings(meta.quality_gate or QualityGate.RELATIVE, dummy, synthetic)
 
 
 def synthetic_acceptance(config: object) -> str | None:

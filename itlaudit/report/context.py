@@ -12,10 +12,12 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Mapping
-from typing import Any
+
+from msgspec import UnsetType
 
 from itlaudit.analysis.specdecode import speculation_text
 from itlaudit.analysis.summary import RunSummary
+from itlaudit.model.meta import EnvironmentRecord, HostEnvironment, Meta, WorkloadMeta
 from itlaudit.model.run_context import server_build
 from itlaudit.model.vocabulary import QualityGate
 
@@ -24,30 +26,32 @@ __all__ = ["Fact", "context_facts", "host_facts", "server_fact", "workload_text"
 Fact = tuple[str, str]  # (label, raw text): rendered as "**label**: text"
 
 
-def host_facts(host: Mapping[str, Any]) -> list[Fact]:
+def host_facts(host: HostEnvironment | None) -> list[Fact]:
     """itlaudit's version and the machine it ran on (the server's too when itlaudit launched it)."""
-    gpus = host.get("gpus")
+    gpus = host["gpus"] if host else None
     gpu_text = ", ".join(f"{g['name']} (cc {g['compute_capability']})" for g in gpus) if gpus else "none seen"
+    known: Mapping[str, object] = host or {}  # a folder from before the record: each part unknown
     return [
-        ("itlaudit", str(host.get("itlaudit_version"))),
-        ("host", f"{host.get('cpu_architecture')}, {host.get('platform')}, Python {host.get('python')}"),
+        ("itlaudit", str(known.get("itlaudit_version"))),
+        ("host", f"{known.get('cpu_architecture')}, {known.get('platform')}, Python {known.get('python')}"),
         ("GPUs (local nvidia-smi)", gpu_text),
     ]
 
 
-def server_fact(server: Mapping[str, Any], url: str | None = None) -> str:
+def server_fact(server: EnvironmentRecord | None, url: str | None = None) -> str:
     """One server: URL, build (vLLM version and commit, the simulator, or unknown), fingerprint, and
     whether itlaudit launched it."""
-    version = server.get("server_version") or server.get("vllm_version")
-    commit = server.get("vllm_commit")
-    launched = server.get("launch_kind") or "no (--url)"
+    version = (server.get("server_version") or server.get("vllm_version")) if server else None
+    known: Mapping[str, object] = server or {}  # a server whose pass did not get that far: unknown
+    commit = known.get("vllm_commit")
+    launched = known.get("launch_kind") or "no (--url)"
     return (
-        f"{server.get('url') or url}: {server_build(version)}{f' (commit {commit})' if commit else ''}, "
-        f"system_fingerprint {server.get('system_fingerprint')}, launched: {launched}"
+        f"{known.get('url') or url}: {server_build(version)}{f' (commit {commit})' if commit else ''}, "
+        f"system_fingerprint {known.get('system_fingerprint')}, launched: {launched}"
     )
 
 
-def workload_text(workload: Mapping[str, Any]) -> str:
+def workload_text(workload: WorkloadMeta) -> str:
     """meta.json's "workload" in vllm bench serve's words: requests, warmups, concurrency, rate, data."""
     rate = workload.get("request_rate")
     parts = [
@@ -75,17 +79,13 @@ def workload_text(workload: Mapping[str, Any]) -> str:
     return f"{', '.join(parts)}; /v1/{workload.get('endpoint')}"
 
 
-def _capture_text(summary: RunSummary, meta: Mapping[str, Any]) -> str:
+def _capture_text(summary: RunSummary, meta: Meta) -> str:
     """How the chunks were stamped (per request: kernel receive time or loop clock) and by how many
     capture processes."""
     stamps: Counter[str] = Counter()
     for block in summary.variants.values():
         stamps.update(block.stamp)
-    workers = {
-        name: len(info["workers"])
-        for name, info in (meta.get("variants") or {}).items()
-        if isinstance(info, Mapping) and info.get("workers")
-    }
+    workers = {name: info.workers_count for name, info in meta.variants.items() if info.workers_count}
     stamp_text = ", ".join(f"{mode} ({n} requests)" for mode, n in stamps.most_common()) or "unknown"
     counts = sorted(set(workers.values()))
     if not counts:
@@ -97,39 +97,37 @@ def _capture_text(summary: RunSummary, meta: Mapping[str, Any]) -> str:
     return f"stamps: {stamp_text}; {worker_text}"
 
 
-def context_facts(meta: Mapping[str, Any], summary: RunSummary) -> list[Fact]:
+def context_facts(meta: Meta, summary: RunSummary) -> list[Fact]:
     """The report's context block for one run folder, in reading order."""
-    started = meta.get("started_at_unix")
+    started = meta.started_at_unix
     facts: list[Fact] = [
         ("date", time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)) if started else "unknown"),
     ]
-    host = meta.get("environment") or {}
+    host = meta.environment
     facts += host_facts(host)[:1]
-    if meta.get("command_line"):
-        facts.append(("command", str(meta["command_line"])))
-    if meta.get("label"):
-        facts.append(("label", str(meta["label"])))
-    if meta.get("metadata"):
-        facts.append(("metadata", ", ".join(f"{k}={v}" for k, v in meta["metadata"].items())))
-    cap = (meta.get("workload") or {}).get("max_concurrency")
-    for name, info in (meta.get("variants") or {}).items():
-        if isinstance(info, Mapping):
-            facts.append((f"server {name}", server_fact(info.get("environment") or {}, info.get("url"))))
-            if "speculative_config" in info:  # known: launched, or declared for a URL server
-                concurrency = cap if isinstance(cap, int) else None
-                block = summary.variants.get(name)
-                measured = block.decode_tokens_per_chunk.get("mean") if block is not None else None
-                text = speculation_text(
-                    info["speculative_config"],
-                    concurrency,
-                    float(measured) if isinstance(measured, int | float) else None,
-                )
-                facts.append((f"speculation {name}", text))
-            elif isinstance(k := (summary.server.get(name) or {}).get("server_k"), int):
-                # an attached server said nothing of its arguments, but its per-request metrics did
-                facts.append(
-                    (f"speculation {name}", f"K={k}, as its per-request spec-decode metrics report it")
-                )
+    if meta.command_line:
+        facts.append(("command", meta.command_line))
+    if meta.label:
+        facts.append(("label", meta.label))
+    if meta.metadata:
+        facts.append(("metadata", ", ".join(f"{k}={v}" for k, v in meta.metadata.items())))
+    cap = (meta.workload or {}).get("max_concurrency")
+    for name, info in meta.variants.items():
+        facts.append((f"server {name}", server_fact(info.server, info.url)))
+        if not isinstance(
+            info.speculative_config, UnsetType
+        ):  # known: launched, or declared for a URL server
+            block = summary.variants.get(name)
+            measured = block.decode_tokens_per_chunk.get("mean") if block is not None else None
+            text = speculation_text(
+                info.speculative_config,
+                cap,
+                float(measured) if isinstance(measured, int | float) else None,
+            )
+            facts.append((f"speculation {name}", text))
+        elif isinstance(k := (summary.server.get(name) or {}).get("server_k"), int):
+            # an attached server said nothing of its arguments, but its per-request metrics did
+            facts.append((f"speculation {name}", f"K={k}, as its per-request spec-decode metrics report it"))
     models = sorted({b.model for b in summary.variants.values() if b.model})
     facts.append(("model", ", ".join(models) or "unknown"))
     if summary.dummy_weights:
@@ -137,11 +135,11 @@ def context_facts(meta: Mapping[str, Any], summary: RunSummary) -> list[Fact]:
     if summary.quality_gate is not QualityGate.RELATIVE:
         facts.append(("quality gate", str(summary.quality_gate)))
     facts += host_facts(host)[1:]
-    if meta.get("workload"):
-        facts.append(("workload", workload_text(meta["workload"])))
+    if meta.workload:
+        facts.append(("workload", workload_text(meta.workload)))
     facts.append(("capture", _capture_text(summary, meta)))
-    if meta.get("interrupted"):
-        facts.append(("interrupted", f"by {meta['interrupted'].get('signal')}: only finished requests count"))
-    if meta.get("failed"):
-        facts.append(("failed", f"{meta['failed'].get('error')}: only finished requests count"))
+    if meta.interrupted:
+        facts.append(("interrupted", f"by {meta.interrupted.get('signal')}: only finished requests count"))
+    if meta.failed:
+        facts.append(("failed", f"{meta.failed.get('error')}: only finished requests count"))
     return facts

@@ -18,6 +18,7 @@ from itlaudit.analysis.summary import Figures, RunSummary, VariantSummary
 from itlaudit.analysis.validity import mostly_gibberish, quality_note, variant_validity
 from itlaudit.model.block import BlockSettings, percentile_key
 from itlaudit.model.codes import CUT_BY_DURATION
+from itlaudit.model.meta import Meta
 from itlaudit.model.run_context import server_build, variant_meta
 
 __all__ = ["WIDTH", "Line", "result_block"]
@@ -177,9 +178,9 @@ def _count(value: object) -> int | None:
 
 
 def result_block(
-    summary: RunSummary, meta: Mapping[str, Any], variant: str, comparison: VariantComparison | None = None
+    summary: RunSummary, meta: Meta, variant: str, comparison: VariantComparison | None = None
 ) -> list[Line]:
-    """One variant's block. `meta` is meta.json's dict (the workload and the server's /version);
+    """One variant's block. `meta` is meta.json (the workload and the server's /version);
     `comparison` its compare.json row, for the Speculative Decoding section (compare only)."""
     block = summary.variants[variant]
     bench = block.benchmark
@@ -194,7 +195,7 @@ def result_block(
     ):
         lines.append((f"{variant}: {note}", "yellow"))
     plain = [
-        _row("Server:", f"{info.get('url') or _NONE}, {server_build(version)}"),
+        _row("Server:", f"{info.url or _NONE}, {server_build(version)}"),
         _row("Successful requests:", bench.get("completed")),
         _row("Failed requests:", bench.get("failed")),
         *_cut_rows(block),

@@ -20,6 +20,7 @@ from itlaudit.analysis.importers import ImportedBenchmark
 from itlaudit.analysis.summary import RunSummary
 from itlaudit.analysis.validity import variant_validity
 from itlaudit.model.codes import Finding
+from itlaudit.model.meta import Meta
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.redact import redact_text
 from itlaudit.model.stop import requested
@@ -94,7 +95,7 @@ def write_reports(
     *,
     compare: CompareResult | None = None,
     imported: Sequence[tuple[ImportedBenchmark, str]] = (),
-    meta: Mapping[str, Any] | None = None,
+    meta: Meta | None = None,
     telemetry: Mapping[str, Mapping[str, Sequence[dict[str, Any]]]] | None = None,
 ) -> Path:
     """PNGs, report.md (linking them) and report.html (embedding them); returns report.html's path.

@@ -18,15 +18,13 @@ import shutil
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TypedDict
 
 from itlaudit import __version__
 from itlaudit.model.launch import LaunchKind
+from itlaudit.model.meta import GpuInfo, HostEnvironment
 from itlaudit.model.redact import redact_env, redact_json
 
 __all__ = [
-    "GpuInfo",
-    "HostEnvironment",
     "commit_of",
     "gpus",
     "host_environment",
@@ -43,24 +41,6 @@ _NON_DEFAULT = re.compile(r"non-default args: (\{.*\})\s*$")
 # Nightly versions carry the commit as a local version: 0.23.1rc1.dev601+ga16dbd5b8.
 _COMMIT_IN_VERSION = re.compile(r"\+g?([0-9a-f]{7,40})\b")
 _TIMEOUT_S = 5.0
-
-
-class GpuInfo(TypedDict):
-    """One local GPU as nvidia-smi names it: an element of the environment record's `gpus` list."""
-
-    name: str
-    compute_capability: str
-    driver: str
-
-
-class HostEnvironment(TypedDict):
-    """meta.json's and the smoke report's `environment`/`host` block (its JSON form, unchanged)."""
-
-    itlaudit_version: str
-    cpu_architecture: str
-    platform: str
-    python: str
-    gpus: list[GpuInfo] | None
 
 
 def recorded_env(env: Mapping[str, str]) -> dict[str, str]:

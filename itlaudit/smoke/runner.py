@@ -9,7 +9,6 @@ everything a smoke measured can be re-read with the usual tools.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,6 +21,7 @@ from itlaudit.capture.server_info import environment_record
 from itlaudit.errors import RecordsError, RunInterrupted, SuiteError
 from itlaudit.model.access import NO_ACCESS
 from itlaudit.model.codes import Finding
+from itlaudit.model.meta import EnvironmentRecord, HostEnvironment
 from itlaudit.model.scenario import Variant
 from itlaudit.report.progress import Reporter
 from itlaudit.serve.environment import host_environment
@@ -53,8 +53,8 @@ JUNIT_FILE = "junit.xml"
 class SmokeEnvironment(msgspec.Struct, frozen=True, kw_only=True):
     """The host (serve.environment) and each server's record (capture.server_info), as written."""
 
-    host: Mapping[str, object]
-    servers: dict[str, Mapping[str, object]]
+    host: HostEnvironment
+    servers: dict[str, EnvironmentRecord]
 
 
 class SmokeReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -141,7 +141,7 @@ def run_smoke(
     reporter = Reporter(console)
     servers = {server.name for server in suite.servers}
     total = sum(1 for scenario in suite.scenarios for v in scenario.variants if v.name in servers)
-    servers_env: dict[str, Mapping[str, object]] = {}
+    servers_env: dict[str, EnvironmentRecord] = {}
     for server in suite.servers:
         users = [s for s in suite.scenarios if any(v.name == server.name for v in s.variants)]
         if not users:

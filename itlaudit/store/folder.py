@@ -1,5 +1,6 @@
-"""A run folder read back as types: summary.json as `RunSummary` and compare.json as `CompareResult`,
-each decoded and format-checked once, the first time a reader asks for it, through one reader.
+"""A run folder read back as types: meta.json as `Meta`, summary.json as `RunSummary` and compare.json
+as `CompareResult`, each decoded and format-checked once, the first time a reader asks for it, through
+one reader.
 
 Every command that reads a folder it did not just write (report, diff, sweep's finished trials, track,
 bisect's probes, --save-result) opens it here (`workflows/run_folder.RunFolder.open` for the stages
@@ -15,7 +16,9 @@ from pathlib import Path
 
 from itlaudit.analysis.comparison import CompareResult
 from itlaudit.analysis.summary import RunSummary
-from itlaudit.store.rundir import COMPARE_FILE, SUMMARY_FILE, read_versioned
+from itlaudit.model.formats import RECORDS_FORMAT, RECORDS_FORMAT_KEY, check_format
+from itlaudit.model.meta import Meta
+from itlaudit.store.rundir import COMPARE_FILE, META_FILE, SUMMARY_FILE, read_versioned
 
 __all__ = ["RunFiles"]
 
@@ -25,6 +28,31 @@ class RunFiles:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+
+    @cached_property
+    def meta_file(self) -> Meta:
+        """meta.json as written. A folder without one is OSError, one cut short (not JSON) ValueError;
+        one nested too deep, in a format or records format this itlaudit does not read, or that is
+        not run metadata is one ItlauditError line naming the file."""
+        path = self.path / META_FILE
+        data = read_versioned(path)
+        check_format(path, data, key=RECORDS_FORMAT_KEY, current=RECORDS_FORMAT, readable=(RECORDS_FORMAT,))
+        return Meta.from_json(data, path)
+
+    @property
+    def meta_if_any(self) -> Meta | None:
+        """meta.json, or None where there is none or it was cut short (records alone, a run that died
+        before writing it); a damaged one is refused as `meta_file` refuses it."""
+        try:
+            return self.meta_file
+        except (OSError, ValueError):
+            return None
+
+    @property
+    def meta(self) -> Meta:
+        """meta.json, or an empty `Meta` where there is none or it was cut short: the run's context
+        then reads as unknown, as it always did."""
+        return self.meta_if_any or Meta()
 
     @cached_property
     def summary(self) -> RunSummary:

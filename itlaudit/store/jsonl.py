@@ -10,7 +10,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,8 @@ from itlaudit.errors import RecordsError, ScenarioError
 from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.tokenizer import LocalTokenizer
-from itlaudit.store.rundir import TOO_DEEP, check_records_format
+from itlaudit.store.folder import RunFiles
+from itlaudit.store.rundir import TOO_DEEP
 
 __all__ = ["RecordFile", "RecordWriter", "iter_jsonl", "load_records", "read_records"]
 
@@ -190,7 +191,7 @@ def read_records(path: Path) -> RecordFile:
     Warmup requests stay in requests.jsonl but are dropped here: this is the one door every
     figure, count, finding and report goes through, so excluding them here excludes them everywhere.
     Records of a format this itlaudit does not read (meta.json says which) are refused first."""
-    meta = check_records_format(path.parent)
+    meta = RunFiles(path.parent).meta
     out = []
     lines = 0
     for obj in iter_jsonl(path):
@@ -201,9 +202,8 @@ def read_records(path: Path) -> RecordFile:
         lines += 1
         if not record.warmup:
             out.append(record)
-    tokenizer = meta.get("tokenizer") if isinstance(meta, Mapping) else None
-    if isinstance(tokenizer, str):
-        count_tokens_locally(out, Path(tokenizer))
+    if meta.tokenizer is not None:
+        count_tokens_locally(out, Path(meta.tokenizer))
     return RecordFile(records=out, lines=lines, warmup=lines - len(out))
 
 

@@ -30,12 +30,14 @@ from itlaudit.analysis.quality import text_quality
 from itlaudit.analysis.summary import RunSummary, VariantSummary
 from itlaudit.errors import DuplicateRunError, ItlauditError, RecordsError
 from itlaudit.model.formats import check_format, stamped
-from itlaudit.model.jsonvalue import JSONObject, JSONValue
+from itlaudit.model.jsonvalue import JSONObject
+from itlaudit.model.meta import Meta, MetaVariant
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.redact import redact_args, redact_env, redact_json
 from itlaudit.model.run_context import SIMULATOR, server_build
 from itlaudit.model.scenario import Scenario, load_scenario
 from itlaudit.model.schedule import DURATION_GRACE_S, Arrivals
+from itlaudit.store.folder import RunFiles
 from itlaudit.store.jsonl import RecordWriter, iter_jsonl, load_records
 from itlaudit.store.rundir import META_FILE, REQUESTS_FILE
 
@@ -371,40 +373,23 @@ def _repeat_note(line: Mapping[str, Any]) -> str:
     return " (forced)" if line.get("forced") else ""  # ledgers written before repeats were allowed
 
 
-def _read_meta(path: Path) -> JSONObject:
+def _read_meta(run_dir: Path) -> Meta:
+    path = run_dir / META_FILE
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
+        return RunFiles(run_dir).meta_file
     except FileNotFoundError:
         raise RecordsError(f"{path}: no such file; point at a run folder written by `itlaudit run`") from None
     except (OSError, ValueError) as exc:
         raise RecordsError(f"{path}: cannot read run metadata ({exc})") from None
-    if not isinstance(meta, dict):
-        raise RecordsError(f"{path}: not a run metadata object")
-    return meta
 
 
-def _server_from_records(records: Sequence[RequestRecord], meta_variant: JSONObject) -> JSONObject:
+def _server_from_records(records: Sequence[RequestRecord], meta_variant: MetaVariant) -> JSONObject:
     fingerprints = Counter(r.system_fingerprint for r in records if r.system_fingerprint)
     system_fingerprint = fingerprints.most_common(1)[0][0] if fingerprints else None
-    environment = meta_variant.get("environment")
-    version = (
-        environment.get("server_version") or environment.get("vllm_version")
-        if isinstance(environment, dict)
-        else None
-    )
-    return {"version": version, "system_fingerprint": system_fingerprint}
+    return {"version": meta_variant.version, "system_fingerprint": system_fingerprint}
 
 
-def _json_object(path: Path, key: str, value: JSONValue) -> JSONObject:
-    """meta.json's `key`, an object (absent or null reads as empty); anything else is one line."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise RecordsError(f"{path}: `{key}` is not an object; the run folder's metadata is damaged")
-    return value
-
-
-def _stored_fingerprint(path: Path, stored: JSONObject) -> Fingerprint:
+def _stored_fingerprint(path: Path, stored: Mapping[str, object]) -> Fingerprint:
     """The fingerprint `run` stored in meta.json, checked field by field; its build and workload are
     kept exactly as stored (a key this itlaudit does not know still counts in the digest)."""
     try:
@@ -432,33 +417,23 @@ def run_fingerprints(
     """Each variant's fingerprint for a finished run folder: the one `run` stored in meta.json when it
     did, else rebuilt from the scenario file and the records (the environment is then today's)."""
     path = run_dir / META_FILE
-    meta = _read_meta(path)
-    check_format(path, meta)
-    variants = _json_object(path, "variants", meta.get("variants"))
-    environment = _json_object(path, "environment", meta.get("environment"))
-    listed = environment.get("gpus")
-    gpus = [gpu for gpu in listed if isinstance(gpu, dict)] if isinstance(listed, list) else None
+    meta = _read_meta(run_dir)
     out: dict[str, Fingerprint] = {}
     scenario = None
-    for name, value in variants.items():
-        info = _json_object(path, f"variants.{name}", value)
-        stored = info.get("fingerprint")
-        if stored:
-            out[name] = _stored_fingerprint(path, _json_object(path, f"variants.{name}.fingerprint", stored))
+    for name, info in meta.variants.items():
+        if info.fingerprint:
+            out[name] = _stored_fingerprint(path, info.fingerprint)
             continue
         if scenario is None:
-            scenario_path = meta.get("scenario_path")
-            if not isinstance(scenario_path, str) or not scenario_path:
+            scenario_path = meta.scenario_path
+            if not scenario_path:
                 raise RecordsError(f"{path}: no scenario_path, so the run cannot be fingerprinted")
             # read for its workload: the servers ran already, whoever started them (a bisect or
             # track nightly trial's provider, whose launch tables name no kind)
             scenario = load_scenario(Path(scenario_path), provided=True)
         mine = [r for r in records if r.variant == name]
         server = _server_from_records(mine, info)
-        url = info.get("url")
-        out[name] = variant_fingerprint(
-            scenario, name, server, environ, url=url if isinstance(url, str) else None, gpus=gpus
-        )
+        out[name] = variant_fingerprint(scenario, name, server, environ, url=info.url, gpus=meta.gpus)
     return out
 
 

@@ -40,12 +40,13 @@ from itlaudit.errors import ItlauditError
 from itlaudit.model.codes import TRUNCATION_CODES
 from itlaudit.model.formats import FORMAT, FORMAT_KEY
 from itlaudit.model.jsonvalue import JSONObject
+from itlaudit.model.meta import Meta, WorkloadMeta
 from itlaudit.model.records import RequestRecord, Status
 from itlaudit.model.run_context import is_simulator, server_build, variant_meta
 from itlaudit.model.vocabulary import Endpoint
 from itlaudit.store.folder import RunFiles
 from itlaudit.store.jsonl import load_records
-from itlaudit.store.rundir import META_FILE, REQUESTS_FILE, read_versioned, write_json
+from itlaudit.store.rundir import REQUESTS_FILE, write_json
 
 __all__ = [
     "BACKENDS",
@@ -115,7 +116,7 @@ def _spec_decode(stats: SpecDecodeStats | None) -> JSONObject:
 
 def result_json(
     summary: RunSummary,
-    meta: Mapping[str, Any],
+    meta: Meta,
     variant: str,
     compare: CompareResult | None = None,
     records: Sequence[RequestRecord] = (),
@@ -129,9 +130,9 @@ def result_json(
     block = summary.variants[variant]
     bench: JSONObject = msgspec.to_builtins(block.benchmark)  # as JSON: the result copies its values
     workload, info, version = variant_meta(meta, variant)
-    started = meta.get("started_at_unix")
+    started = meta.started_at_unix
     # a pasted line's --backend as given, else the one vllm bench would need for the endpoint
-    backend = meta.get("backend") or BACKENDS.get(str(meta.get("endpoint")), str(meta.get("endpoint")))
+    backend = meta.backend or BACKENDS.get(str(meta.endpoint), str(meta.endpoint))
     rate = workload.get("request_rate")
     validity = variant_validity(summary, variant)
     findings = block.findings
@@ -139,12 +140,12 @@ def result_json(
         "date": time.strftime("%Y%m%d-%H%M%S", time.localtime(started)) if started else None,
         "endpoint_type": backend,  # vllm bench writes its --backend in both
         "backend": backend,
-        "label": meta.get("label"),
+        "label": meta.label,
         "model_id": block.model or workload.get("model"),
         "tokenizer_id": block.model or workload.get("model"),  # the server's own: usage counts
         "num_prompts": workload.get("num_prompts", block.requests),
         # vllm bench writes --metadata KEY=VALUE pairs as top-level keys; its figures win a clash.
-        **dict(meta.get("metadata") or {}),
+        **meta.metadata,
         "request_rate": "inf" if rate is None else rate,
         "burstiness": workload.get("burstiness", 1.0),
         "max_concurrency": _cap(workload),
@@ -178,13 +179,13 @@ def result_json(
             "comparable": validity.comparable,
             "not_comparable_reason": validity.reason,
             "variant": variant,
-            "base_url": info.get("url"),
+            "base_url": info.url,
             "server_build": server_build(version),
             "simulated": is_simulator(version),
             "token_source": dict(block.token_source),
             "stamp": dict(block.stamp),
-            "itlaudit_version": meta.get("itlaudit_version"),
-            "command_line": meta.get("command_line"),
+            "itlaudit_version": meta.itlaudit_version,
+            "command_line": meta.command_line,
             FORMAT_KEY: FORMAT,  # vllm bench writes no `format`; after --metadata, so it wins a clash
         }
     )
@@ -231,16 +232,16 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _PERCENTILE = re.compile(r"^p\d+(\.\d+)?$")  # a distribution's percentile key: p50, p99.9
 
 
-def vllm_file_name(meta: Mapping[str, Any], summary: RunSummary, variant: str) -> str:
+def vllm_file_name(meta: Meta, summary: RunSummary, variant: str) -> str:
     """vllm bench serve's default result name without its .json (compute_result_filename in vLLM
     0.32's benchmarks/serve.py): `{label or backend}-{rate}qps[-concurrency{N}]-{model}-{date}`, the
     model's last path part, the date the run started in local time."""
     workload = variant_meta(meta, variant).workload
     rate = workload.get("request_rate")
     concurrency = _cap(workload)
-    label = meta.get("label") or meta.get("backend") or BACKENDS.get(str(meta.get("endpoint")), "openai")
+    label = meta.label or meta.backend or BACKENDS.get(str(meta.endpoint), "openai")
     model = str(summary.variants[variant].model or "model").split("/")[-1]
-    started = time.localtime(float(meta.get("started_at_unix") or time.time()))
+    started = time.localtime(meta.started_at_unix or time.time())
     parts = [
         f"{label}-{float(rate) if rate is not None else float('inf')}qps",
         f"-concurrency{concurrency}" if concurrency is not None else "",
@@ -249,7 +250,7 @@ def vllm_file_name(meta: Mapping[str, Any], summary: RunSummary, variant: str) -
     return "".join(parts)
 
 
-def _cap(workload: Mapping[str, Any]) -> int | None:
+def _cap(workload: WorkloadMeta) -> int | None:
     """vllm bench's max_concurrency: None where nothing caps the open requests (no --max-concurrency:
     itlaudit's closed loop of every request at once, or an open loop's cap of all of them), as vllm
     bench writes it; a cap at or above every request sent cannot bind, so it reads the same."""
@@ -320,7 +321,7 @@ def save_result(path: Path, run_dir: Path, *, detailed: bool = False, append: bo
     run = RunFiles(run_dir)
     try:
         summary = run.summary
-        meta = read_versioned(run_dir / META_FILE)
+        meta = run.meta_file
         compare = run.compare
     except (OSError, ValueError) as exc:
         raise ItlauditError(f"--save-result: cannot read the run folder {run_dir} ({exc})") from None

@@ -29,7 +29,6 @@ __all__ = [
     "REPORT_FILE",
     "REQUESTS_FILE",
     "SUMMARY_FILE",
-    "check_records_format",
     "new_run_dir",
     "read_json",
     "read_versioned",
@@ -99,25 +98,6 @@ def read_versioned(path: Path) -> Any:
 def write_meta(run_dir: Path, meta: Mapping[str, object]) -> None:
     """meta.json, saying also which record format requests.jsonl holds (see model/formats.py)."""
     write_versioned(run_dir / META_FILE, {**meta, RECORDS_FORMAT_KEY: RECORDS_FORMAT})
-
-
-def check_records_format(run_dir: Path) -> Mapping[str, Any] | None:
-    """Refuse records of a format this itlaudit does not read, as meta.json states it, and give the
-    meta.json read for it; a folder without a readable meta.json (records alone, or a run that died
-    first) is read as it is (None)."""
-    try:
-        meta = read_json(run_dir / META_FILE)
-    except (OSError, ValueError):
-        return None
-    check_format(run_dir / META_FILE, meta)
-    check_format(
-        run_dir / META_FILE,
-        meta,
-        key=RECORDS_FORMAT_KEY,
-        current=RECORDS_FORMAT,
-        readable=(RECORDS_FORMAT,),
-    )
-    return meta if isinstance(meta, Mapping) else None
 
 
 def write_jsonl(path: Path, lines: Sequence[JSONMapping]) -> None:

@@ -4,9 +4,10 @@ time order (the file's format is checked from its header line)."""
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+
+import msgspec
 
 from itlaudit.analysis.metrics import request_metrics
 from itlaudit.analysis.request_acceptance import pooled_server_acceptance
@@ -14,9 +15,10 @@ from itlaudit.analysis.roofline import variant_floor
 from itlaudit.analysis.server_metrics import GPU_TELEMETRY_FILE, SERVER_METRICS_FILE, variant_server_figures
 from itlaudit.model.formats import FORMAT_KEY, check_format
 from itlaudit.model.jsonvalue import JSONObject
+from itlaudit.model.meta import Meta
 from itlaudit.model.records import RequestRecord, Status
+from itlaudit.store.folder import RunFiles
 from itlaudit.store.jsonl import iter_jsonl
-from itlaudit.store.rundir import META_FILE, read_json
 
 __all__ = ["read_server_metrics", "read_telemetry", "server_blocks"]
 
@@ -51,21 +53,16 @@ def read_telemetry(run_dir: Path) -> dict[str, dict[str, list[JSONObject]]]:
     return {"server": read_server_metrics(run_dir), "gpu": read_server_metrics(run_dir, GPU_TELEMETRY_FILE)}
 
 
-def _clock_offsets(run_dir: Path) -> dict[str, dict[int, int]]:
+def _clock_offsets(meta: Meta) -> dict[str, dict[int, int]]:
     """Per variant, each capture worker's monotonic clock offset from the coordinator's (meta.json's
     workers; theirs − ours), so a worker's send time reads on the samplers' clock. A folder without
     them (or a worker on this host) has none: offset 0."""
-    try:
-        meta = read_json(run_dir / META_FILE)
-    except (OSError, ValueError):
-        return {}
-    variants = meta.get("variants") if isinstance(meta, dict) else None  # a damaged meta.json: none
     offsets: dict[str, dict[int, int]] = {}
-    for name, info in (variants if isinstance(variants, dict) else {}).items():
-        workers = info.get("workers") if isinstance(info, dict) else None
-        for worker in workers if isinstance(workers, list) else []:
-            if isinstance(worker, dict) and isinstance(worker.get("clock_offset_ns"), int):
-                offsets.setdefault(name, {})[int(worker.get("worker") or 0)] = worker["clock_offset_ns"]
+    for name, info in meta.variants.items():
+        for worker in info.workers or []:
+            offset, index = worker.get("clock_offset_ns"), worker.get("worker")
+            if isinstance(offset, int):
+                offsets.setdefault(name, {})[index if isinstance(index, int) else 0] = offset
     return offsets
 
 
@@ -83,15 +80,7 @@ def _window(records: Sequence[RequestRecord], offsets: dict[int, int]) -> tuple[
     return min(a for a, _ in spans), max(b for _, b in spans)
 
 
-def _meta(run_dir: Path) -> dict[str, Any]:
-    try:
-        meta = read_json(run_dir / META_FILE)
-    except (OSError, ValueError):
-        return {}
-    return meta if isinstance(meta, dict) else {}
-
-
-def _device(gpu_rows: Sequence[JSONObject], meta: Mapping[str, Any]) -> str | None:
+def _device(gpu_rows: Sequence[JSONObject], meta: Meta) -> str | None:
     """The device the variant's server ran on, as NVML names it: the GPU sampler's start row, else
     the host environment meta.json recorded (its first GPU)."""
     for row in gpu_rows:
@@ -100,24 +89,22 @@ def _device(gpu_rows: Sequence[JSONObject], meta: Mapping[str, Any]) -> str | No
             found = [str(v) for v in names.values() if isinstance(v, str)]
             if found:
                 return found[0]
-    gpus = (meta.get("environment") or {}).get("gpus") or []
-    named = [g.get("name") for g in gpus if isinstance(g, dict) and isinstance(g.get("name"), str)]
-    return named[0] if named else None
+    return meta.gpus[0]["name"] if meta.gpus else None
 
 
 def _floor(
-    meta: Mapping[str, Any], name: str, records: Sequence[RequestRecord], gpu_rows: Sequence[JSONObject]
+    meta: Meta, name: str, records: Sequence[RequestRecord], gpu_rows: Sequence[JSONObject]
 ) -> JSONObject:
     """The variant's memory-bandwidth floor (analysis.roofline.variant_floor) at the run's mean context
     (prompt plus half the reply: the middle of a decode) and batch (the concurrency cap, or every
     request where none), beside its token ITL p50. The run's --model-config, else the config.json
     of the model its launched server loaded (said only where a floor comes of it: a run that asked
     for none is not told why it has none)."""
-    roofline = dict(meta.get("roofline") or {})
-    asked = roofline.get("model_config") is not None or roofline.get("bytes_per_token") is not None
-    info = (meta.get("variants") or {}).get(name) or {}
-    if not asked and isinstance(info.get("model_config"), dict):
-        roofline["model_config"] = info["model_config"]
+    roofline = meta.roofline
+    asked = roofline.model_config is not None or roofline.bytes_per_token is not None
+    launched_config = meta.variant(name).model_config
+    if not asked and launched_config:
+        roofline = msgspec.structs.replace(roofline, model_config=launched_config)
     ok = [r for r in records if r.status == Status.OK]
     if not ok:
         return {}
@@ -125,7 +112,7 @@ def _floor(
     contexts = [
         (r.prompt_tokens or 0) + (m.completion_tokens or 0) / 2 for r, m in zip(ok, metrics, strict=True)
     ]
-    cap = (meta.get("workload") or {}).get("max_concurrency")
+    cap = (meta.workload or {}).get("max_concurrency")
     batch = min(cap, len(ok)) if isinstance(cap, int) and cap > 0 else len(ok)
     itl = [m.itl_ms for m in metrics if m.itl_ms is not None]
     floor = variant_floor(
@@ -159,8 +146,8 @@ def server_blocks(
     telemetry = telemetry if telemetry is not None else read_telemetry(run_dir)
     server, gpu = telemetry["server"], telemetry["gpu"]
     names = list(dict.fromkeys([*(r.variant for r in records), *server, *gpu]))
-    offsets = _clock_offsets(run_dir)
-    meta = _meta(run_dir)
+    meta = RunFiles(run_dir).meta
+    offsets = _clock_offsets(meta)
     blocks = {}
     for name in names:
         mine = [r for r in records if r.variant == name]

@@ -27,15 +27,17 @@ from itlaudit.analysis.summary import RunSummary
 from itlaudit.analysis.validity import variant_validity
 from itlaudit.errors import ItlauditError, TrackError
 from itlaudit.model.codes import CLIENT_SATURATED, COMMON_CAP, TRUNCATION_CODES
-from itlaudit.model.jsonvalue import JSONObject
+from itlaudit.model.jsonvalue import JSONObject, JSONScalar
+from itlaudit.model.meta import Meta, MetaVariant
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.run_context import quality_settings
 from itlaudit.store.jsonl import load_records
 from itlaudit.store.ledger import run_fingerprints
-from itlaudit.store.rundir import META_FILE, REQUESTS_FILE, SUMMARY_FILE, read_json
+from itlaudit.store.rundir import META_FILE, REQUESTS_FILE, SUMMARY_FILE
 from itlaudit.store.server_metrics import read_telemetry
 from itlaudit.track.changes import CLIENT, CORRECTNESS, LENGTH, SAMPLE_FIELDS, VALID
 from itlaudit.track.db import NewPoint, open_history
+from itlaudit.workflows.run_folder import RunFolder
 
 __all__ = ["BuildInfo", "find_run_dirs", "record", "run_points"]
 
@@ -124,13 +126,21 @@ def _number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _platform(meta: Mapping[str, Any]) -> JSONObject:
-    environment = meta.get("environment") or {}
-    gpus = environment.get("gpus") or []
+def _platform(meta: Meta) -> JSONObject:
     return {
-        "gpus": [f"{g.get('name')} (sm {g.get('compute_capability')})" for g in gpus] or None,
-        "arch": environment.get("cpu_architecture"),
+        "gpus": [f"{g['name']} (sm {g['compute_capability']})" for g in meta.gpus] or None,
+        "arch": meta.environment["cpu_architecture"] if meta.environment else None,
     }
+
+
+def _text(value: JSONScalar) -> str | None:
+    """A --metadata value as text (`track nightly` writes its build order as a number)."""
+    return None if value is None else str(value)
+
+
+def _commit(info: MetaVariant) -> str | None:
+    """The vLLM commit the variant's server reported (its environment record), if any."""
+    return info.server.get("vllm_commit") if info.server else None
 
 
 def _most_common(values: Sequence[str | None]) -> str | None:
@@ -142,12 +152,12 @@ def run_points(run_dir: Path, build: BuildInfo | None = None) -> list[NewPoint]:
     """One point per variant of a finished run folder."""
     build = build or BuildInfo()
     try:
-        meta = read_json(run_dir / META_FILE)
+        meta = RunFolder.open(run_dir).meta_file
         all_records = [r for r in load_records(run_dir / REQUESTS_FILE) if not r.warmup]
         fingerprints = run_fingerprints(run_dir, all_records, {})
     except (ItlauditError, OSError, ValueError) as exc:
         raise TrackError(f"{run_dir}: cannot be recorded ({exc})") from None
-    if meta.get("interrupted") or meta.get("failed"):
+    if meta.ended_early:
         raise TrackError(f"{run_dir}: the run did not finish; record a finished run")
     if not (run_dir / SUMMARY_FILE).is_file():
         # Killed (SIGKILL, a second signal) after its records and before its figures: every
@@ -165,22 +175,19 @@ def run_points(run_dir: Path, build: BuildInfo | None = None) -> list[NewPoint]:
         telemetry = read_telemetry(run_dir)
     except (ItlauditError, OSError, ValueError) as exc:
         raise TrackError(f"{run_dir}: its server metrics cannot be read ({exc})") from None
-    metadata: Mapping[str, Any] = meta.get("metadata") or {}
-    order = build.order
-    if order is None and metadata.get("build_order") is not None:
+    metadata = meta.metadata
+    order, given = build.order, metadata.get("build_order")
+    if order is None and given is not None:
         try:
-            order = int(metadata["build_order"])
+            order = int(given)
         except ValueError:
-            raise TrackError(
-                f"{run_dir}: metadata build_order={metadata['build_order']!r} is not an integer"
-            ) from None
+            raise TrackError(f"{run_dir}: metadata build_order={given!r} is not an integer") from None
     if order is None:
-        order = int(meta.get("started_at_unix") or 0)
+        order = int(meta.started_at_unix or 0)
     points = []
     for variant, fingerprint in fingerprints.items():
         records = [r for r in all_records if r.variant == variant]
-        info: Mapping[str, Any] = (meta.get("variants") or {}).get(variant) or {}
-        venv: Mapping[str, Any] = info.get("environment") or {}
+        info = meta.variant(variant)
         kind, reason = _validity(summary, variant)
         workload = json.dumps(fingerprint.workload, sort_keys=True).encode()
         series = {
@@ -189,12 +196,12 @@ def run_points(run_dir: Path, build: BuildInfo | None = None) -> list[NewPoint]:
             "workload": hashlib.sha256(workload).hexdigest()[:16],
             "client": {
                 "stamp": _most_common([r.stamp for r in records]),
-                "workers": len(info.get("workers") or []) or None,
+                "workers": info.workers_count or None,
             },
             # A server we only connect to is told apart by its host; the port is where it listens today.
             "host": urlsplit(fingerprint.build["url"]).hostname if fingerprint.build.get("url") else None,
         }
-        flavour = build.flavour or metadata.get("build_variant")
+        flavour = build.flavour or _text(metadata.get("build_variant"))
         points.append(
             NewPoint(
                 series_fingerprint=series,
@@ -203,7 +210,7 @@ def run_points(run_dir: Path, build: BuildInfo | None = None) -> list[NewPoint]:
                 run_dir=str(run_dir),
                 build_order=order,
                 build_version=build.version or fingerprint.build.get("version"),
-                build_commit=build.commit or metadata.get("commit") or venv.get("vllm_commit"),
+                build_commit=build.commit or _text(metadata.get("commit")) or _commit(info),
                 build_flavour=flavour,
                 method={"args": fingerprint.server_args, "env": fingerprint.env, "flavour": flavour},
                 validity=kind,

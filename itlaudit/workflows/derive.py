@@ -31,11 +31,9 @@ from itlaudit.store.lock import Holder
 from itlaudit.store.rundir import (
     CSV_FILE,
     DERIVED_FILE,
-    META_FILE,
     PARTIAL_DIR,
     REQUESTS_FILE,
     SUMMARY_FILE,
-    read_versioned,
     write_jsonl,
     write_versioned,
 )
@@ -58,15 +56,6 @@ def _csv_rows(records: Sequence[RequestRecord], derived: Sequence[JSONObject]) -
         row["findings"] = ";".join(str(code) for code in codes) if isinstance(codes, list) else ""
         rows.append(row)
     return rows
-
-
-def _optional_json(path: Path) -> Any:
-    """A file another command writes (compare.json) may be missing or half-written: then it is absent.
-    One in a format this itlaudit does not read is refused in one line (RecordsError), not skipped."""
-    try:
-        return read_versioned(path)
-    except (OSError, ValueError):
-        return None
 
 
 @dataclass(frozen=True)
@@ -107,7 +96,7 @@ def derive_figures(
         loaded = read_records(run_dir / REQUESTS_FILE)
         records = loaded.records
         requests = derive_requests(records)
-        meta = _optional_json(run_dir / META_FILE)
+        meta = RunFiles(run_dir).meta
         summary = msgspec.structs.replace(
             summarize_run(
                 records,
@@ -169,9 +158,7 @@ def write_report(
     and meta.json's context when the run folder has them). With a reporter, the step (seconds on a
     long run) is named while it runs."""
     steps = reporter.step if reporter is not None else _unnamed
-    run_dir = derivation.run_dir
-    compare = RunFiles(run_dir).compare
-    meta = _optional_json(run_dir / META_FILE)
+    run = RunFiles(derivation.run_dir)
     with steps("drawing the plots and writing the report"), settled_records():
         write_reports(
             derivation.out,
@@ -179,10 +166,10 @@ def write_report(
             derivation.records,
             derivation.summary,
             derivation.findings,
-            compare=compare,
+            compare=run.compare,
             imported=imported,
-            meta=meta if isinstance(meta, dict) else None,
-            telemetry=read_telemetry(run_dir),
+            meta=run.meta_if_any,
+            telemetry=read_telemetry(run.path),
         )
 
 

@@ -9,7 +9,6 @@ import dataclasses
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import msgspec
 
@@ -18,17 +17,16 @@ from itlaudit.analysis.importers import ImportedBenchmark
 from itlaudit.analysis.summary import PartialBy
 from itlaudit.errors import RecordsError, RunDirError
 from itlaudit.model.codes import Finding
+from itlaudit.model.meta import Meta
 from itlaudit.model.records import RequestRecord
 from itlaudit.report.markdown import PARTIAL_HEADING
 from itlaudit.report.progress import Reporter
 from itlaudit.store.jsonl import load_records
 from itlaudit.store.lock import Holder, live_holder
 from itlaudit.store.rundir import (
-    META_FILE,
     PARTIAL_DIR,
     REQUESTS_FILE,
     new_run_dir,
-    read_versioned,
     remove_partial,
 )
 from itlaudit.workflows.derive import write_derived
@@ -45,7 +43,7 @@ class Run:
     title: str
     order: list[str]
     records: list[RequestRecord]
-    meta: dict[str, Any]
+    meta: Meta
     # compare.json's findings, when the folder has one (a reader of its findings names them too)
     compared: list[Finding] = dataclasses.field(default_factory=list)
 
@@ -67,18 +65,11 @@ def load_run(path: Path) -> Run:
         raise RecordsError(
             f"{path}: not a run folder (no {REQUESTS_FILE}); point at the folder `itlaudit run` made"
         )
-    meta: dict[str, Any] = {}
-    if (path / META_FILE).is_file():
-        try:
-            loaded = read_versioned(path / META_FILE)
-        except ValueError:
-            loaded = {}
-        meta = loaded if isinstance(loaded, dict) else {}
-    variants = meta.get("variants")
+    meta = RunFolder.open(path).meta
     return Run(
         path=path,
-        title=str(meta.get("scenario") or path.name),
-        order=list(variants) if isinstance(variants, dict) else [],
+        title=meta.scenario or path.name,
+        order=list(meta.variants),
         records=load_records(path / REQUESTS_FILE),
         meta=meta,
         compared=_compared(path),

@@ -36,6 +36,7 @@ from itlaudit.workflows.run_folder import server_log_name
 
 if TYPE_CHECKING:
     from itlaudit.capture.server_info import ServerIdentity
+    from itlaudit.model.meta import Meta
     from itlaudit.workflows.derive import Derivation
     from itlaudit.workflows.run_folder import RunFolder
     from itlaudit.workflows.variant_pass import PassResult, WindowHook
@@ -110,6 +111,7 @@ class RunOutcome:
 
     run_dir: Path
     derivation: Derivation
+    meta: Meta  # meta.json as the run wrote it
     passes: dict[str, PassResult] = field(default_factory=dict)
 
     @property
@@ -365,7 +367,7 @@ def _run_in_folder(
         )
     if ledger is not None:
         ledger.record(run_dir, derivation.summary, derivation.records)
-    return RunOutcome(run_dir=run_dir, derivation=derivation, passes=passes)
+    return RunOutcome(run_dir=run_dir, derivation=derivation, meta=folder.meta, passes=passes)
 
 
 _T = TypeVar("_T")

@@ -11,52 +11,29 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from itlaudit import __version__
 from itlaudit.model.access import Access
 from itlaudit.model.jsonvalue import JSONObject
+from itlaudit.model.meta import Meta, MetaVariant, Roofline
 from itlaudit.model.redact import redact_json
 from itlaudit.model.run_context import workload_meta
-from itlaudit.model.run_labels import RunLabels
+from itlaudit.model.run_labels import LabelsMeta, RunLabels
 from itlaudit.model.scenario import Scenario
 from itlaudit.report.progress import CaptureProgress, Reporter
 from itlaudit.serve.environment import host_environment
 from itlaudit.store.folder import RunFiles
 from itlaudit.store.jsonl import RecordWriter
-from itlaudit.store.rundir import META_FILE, REQUESTS_FILE, read_versioned, write_meta
+from itlaudit.store.rundir import META_FILE, REQUESTS_FILE, write_meta
 
 if TYPE_CHECKING:
     from itlaudit.workflows.derive import Derivation
 
-__all__ = ["META_KEYS", "RunFolder", "TallyWriter", "server_log_name"]
-
-# meta.json's keys, whichever command wrote the folder (a command's own context, such as a sweep's
-# `sweep` or a bisection's `bisect`, comes on top; an --append round adds `appended_at_unix` and
-# `append_tag`; an ended run `interrupted` or `failed`; `finish()` adds `finish_s`, the seconds it spent
-# deriving and writing the report).
-META_KEYS = (
-    "itlaudit_version",
-    "scenario",
-    "scenario_path",
-    "endpoint",
-    "quality_gate",
-    "goodput",
-    "metric_percentiles",
-    "percentile_metrics",
-    "tokenizer",
-    "roofline",
-    "workload",
-    "started_at_unix",
-    "environment",
-    "command_line",
-    "label",
-    "metadata",
-    "variants",
-)
+__all__ = ["RunFolder", "TallyWriter", "server_log_name"]
 
 # The labels' keys of a run no command line named (a bisect trial, a sweep's trial).
-_UNLABELLED: JSONObject = {"command_line": None, "label": None, "metadata": {}, "backend": None}
+_UNLABELLED: LabelsMeta = {"command_line": None, "label": None, "metadata": {}, "backend": None}
 
 
 def server_log_name(variant: str) -> str:
@@ -64,10 +41,11 @@ def server_log_name(variant: str) -> str:
 
 
 class RunFolder:
-    """One run folder being written. `meta` is meta.json's content; `save()` writes it (credentials
-    masked) whenever a step adds to it, so a run that dies leaves what it knew."""
+    """One run folder being written. `meta` is meta.json's content (model/meta.Meta, the type its
+    readers get back); `save()` writes it (credentials masked) whenever a step adds to it, so a run
+    that dies leaves what it knew."""
 
-    def __init__(self, path: Path, meta: dict[str, Any]) -> None:
+    def __init__(self, path: Path, meta: Meta) -> None:
         self.path = path
         self.meta = meta
 
@@ -85,30 +63,35 @@ class RunFolder:
         bisect trial's next variant) is kept, the context added over it."""
         path.mkdir(parents=True, exist_ok=True)
         if extend and (path / META_FILE).exists():
-            meta = {**read_versioned(path / META_FILE), **(context or {})}
-            meta.setdefault("variants", {})
+            meta = RunFiles(path).meta_file
         else:
-            meta = {
-                "itlaudit_version": __version__,
-                "scenario": scenario.name,
-                "scenario_path": str(scenario.path) if scenario.path else None,
-                "endpoint": scenario.endpoint,
-                "quality_gate": scenario.quality_gate,
-                **scenario.block.to_meta(),
-                "tokenizer": None if scenario.tokenizer is None else str(scenario.tokenizer.absolute()),
+            block, labelled = scenario.block, labels.to_meta() if labels is not None else _UNLABELLED
+            meta = Meta(
+                itlaudit_version=__version__,
+                scenario=scenario.name,
+                scenario_path=str(scenario.path) if scenario.path else None,
+                endpoint=scenario.endpoint,
+                quality_gate=scenario.quality_gate,
+                goodput=dict(block.goodput),
+                metric_percentiles=list(block.percentiles),
+                percentile_metrics=list(block.metrics),
+                tokenizer=None if scenario.tokenizer is None else str(scenario.tokenizer.absolute()),
                 # the bandwidth floor's inputs as given (analysis.roofline reads them when deriving)
-                "roofline": {
-                    "model_config": scenario.model_config,
-                    "mem_bandwidth_gbps": scenario.mem_bandwidth_gbps,
-                    "bytes_per_token": scenario.bytes_per_token,
-                },
-                "workload": workload_meta(scenario),
-                "started_at_unix": time.time(),
-                "environment": host_environment(),
-                **(labels.to_meta() if labels is not None else _UNLABELLED),
-                **(context or {}),
-                "variants": {},
-            }
+                roofline=Roofline(
+                    model_config=scenario.model_config,
+                    mem_bandwidth_gbps=scenario.mem_bandwidth_gbps,
+                    bytes_per_token=scenario.bytes_per_token,
+                ),
+                workload=workload_meta(scenario),
+                started_at_unix=time.time(),
+                environment=host_environment(),
+                command_line=labelled["command_line"],
+                label=labelled["label"],
+                metadata=dict(labelled["metadata"]),
+                backend=labelled["backend"],
+            )
+        if context:  # a command's own keys, checked as a reader will read them
+            meta = Meta.from_json({**meta.to_json(), **context}, path / META_FILE)
         folder = cls(path, meta)
         folder.save()
         return folder
@@ -116,8 +99,8 @@ class RunFolder:
     @staticmethod
     def open(path: Path) -> RunFiles:
         """The folder at `path` read back for a command that did not just write it (report, diff, a
-        resumed sweep's trials, track, bisect's probes, --save-result): its summary.json and
-        compare.json typed, each decoded and format-checked once (store/folder.RunFiles)."""
+        resumed sweep's trials, track, bisect's probes, --save-result): its meta.json, summary.json
+        and compare.json typed, each decoded and format-checked once (store/folder.RunFiles)."""
         return RunFiles(path)
 
     @property
@@ -127,18 +110,18 @@ class RunFolder:
     def server_log(self, variant: str) -> Path:
         return self.path / server_log_name(variant)
 
-    def variant(self, name: str, access: Access) -> dict[str, Any]:
+    def variant(self, name: str, access: Access) -> MetaVariant:
         """The variant's entry in meta.json, new: the header names it sends (never their values)."""
-        info: dict[str, Any] = {"url": None, "headers": sorted(header for header, _ in access.headers)}
-        self.meta["variants"][name] = info
+        info = MetaVariant(headers=sorted(header for header, _ in access.headers))
+        self.meta.variants[name] = info
         return info
 
     def save(self) -> None:
-        write_meta(self.path, redact_json(self.meta))
+        write_meta(self.path, redact_json(self.meta.to_json()))
 
-    def mark(self, key: str, value: JSONObject) -> None:
+    def mark(self, key: Literal["interrupted", "failed"], value: JSONObject) -> None:
         """How the run ended when it did not finish (`interrupted`, `failed`), written at once."""
-        self.meta[key] = value
+        setattr(self.meta, key, value)
         self.save()
 
     def records(self) -> TallyWriter:
@@ -164,7 +147,7 @@ class RunFolder:
         derivation = derive_figures(self.path, title, variant_order, reporter=reporter)
         # What the run spent after its last stream closed, kept where a reader of the folder (and
         # benchmarks/startup.py, which subtracts it from a run's wall time) can see it.
-        timings = self.meta["finish_s"] = {"derive": round(time.perf_counter() - started, 3)}
+        timings = self.meta.finish_s = {"derive": round(time.perf_counter() - started, 3)}
         if report:
             drawn = time.perf_counter()
             write_report(derivation, reporter=reporter)

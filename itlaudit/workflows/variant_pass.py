@@ -149,17 +149,18 @@ class VariantPass:
         options = self.capture or CaptureOptions()
         access = variant_access(self.scenario, name, options)
         info = folder.variant(name, access)
-        info["url"] = base_url
+        info.url = base_url
         folder.save()
         async with SideClient(access) as client:
             model = await resolve_model(client, base_url, self.scenario.model)
             if self.ledger is not None:
                 identity = await server_identity(client, base_url, model)
-                info["fingerprint"] = self.ledger.check(
+                info.fingerprint = self.ledger.check(
                     self.scenario, name, base_url, identity, folder.path, self.console
                 )
             if self.variant.reset_prefix_cache:
-                reset = info["reset_prefix_cache"] = await reset_prefix_cache(client, base_url)
+                reset = await reset_prefix_cache(client, base_url)
+                info.reset_prefix_cache = reset
                 if reset.get("note"):
                     self._note(f"{name}: {reset['note']}")
             plan = await plan_capture(
@@ -172,7 +173,7 @@ class VariantPass:
                 on_prepare=self.on_prepare,
             )
             if plan.scenario is not self.scenario:
-                info["workload"] = workload_meta(plan.scenario)  # what was sent, fitted to this server
+                info.workload = workload_meta(plan.scenario)  # what was sent, fitted to this server
 
             def described(workers: CaptureDescription) -> None:
                 """Capture workers (pids, clock offsets) reach meta.json before they stream."""
@@ -213,21 +214,21 @@ class VariantPass:
                 version = None  # a server without /version (SGLang, a gateway) still has a record
         launched = self.launched
         if launched is not None and launched.dummy_weights:
-            info["load_format"] = "dummy"  # gibberish by construction (analysis.validity's phrase)
+            info.load_format = "dummy"  # gibberish by construction (analysis.validity's phrase)
         if launched is not None and any(r.status != Status.OK for r in captured.records):
             log = self.server_log or folder.server_log(name)
             cause = engine_error(log)
             if cause is not None:  # a server that failed its requests and says why: said in one line
-                info["server_error"] = cause
+                info.server_error = cause
                 self._note(f"{name}: requests failed; its server's log ends in {cause} ({log.name})")
         # How it speculates (judged by analysis.validity: synthetic; named in the report's context:
         # a dynamic schedule): a declared config, else a launched server's arguments, whose absence
         # is speculation off (null); a server given by URL and declaring nothing leaves it unknown.
         if launched is not None and launched.model and (config := local_model_config(launched.model)):
-            info["model_config"] = config  # the bandwidth floor's, where the run named none
+            info.model_config = config  # the bandwidth floor's, where the run named none
         if self.variant.speculative_config is not None or launched is not None:
-            info["speculative_config"] = self.variant.speculation
-        info["environment"] = environment_record(
+            info.speculative_config = self.variant.speculation
+        info.environment = environment_record(
             base_url,
             version,
             [r.system_fingerprint for r in captured.records],
