@@ -534,7 +534,7 @@ def test_nightly_over_capped_builds_cannot_tell_exit_125(db: str, tmp_path: Path
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     serve = f"{sys.executable} {NIGHTLY_SIM} --plan {tmp_path / 'plan.json'} {{commit}} {{port}}"
     done = itlaudit(
-        "track", "nightly", "--db", db, "--last", "2", "--out", str(tmp_path / "n"),
+        "track", "nightly", "--db", str(tmp_path / "h.sqlite"), "--last", "2", "--out", str(tmp_path / "n"),
         "--provider", "command", "--commits-file", str(commits), "--scenario", str(NIGHTLY_SCENARIO),
         "--only", "K0", "--server-cmd", serve, "--ready-timeout", "30",
     )  # fmt: skip
@@ -580,7 +580,7 @@ def test_nightly_with_no_buildable_new_build_exits_125(tmp_path: Path) -> None:
     commits = tmp_path / "commits.txt"
     commits.write_text("".join(f"{n:040x}\n" for n in range(1, 4)))
     args = (
-        "track", "nightly", "--db", db, "--last", "2", "--out", str(tmp_path / "n"),
+        "track", "nightly", "--db", str(tmp_path / "h.sqlite"), "--last", "2", "--out", str(tmp_path / "n"),
         "--provider", "command", "--commits-file", str(commits), "--scenario", str(NIGHTLY_SCENARIO),
         "--server-cmd", "unused {commit} {port}", "--build-cmd", "false {commit}",
     )  # fmt: skip
