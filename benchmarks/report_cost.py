@@ -13,7 +13,8 @@ the figure, as they are in `finish_s`), the trees interleaved round by round: wi
 `git worktree` of the commit before) every figure has the base's beside it and the ratio new/base. The
 reference every row also carries is the floor: the seconds to read requests.jsonl's bytes and decode
 its lines with msgspec in the same child, which no derivation can go under. Peak RSS is the child's
-high-water mark (ru_maxrss) after the work.
+high-water mark (ru_maxrss) after the work; CPU the child's and its drawing processes' user + system
+seconds over the finish, steadier than the wall time on a loaded machine.
 
     .venv/bin/python benchmarks/report_cost.py --cases 64x500,1024x500 --base /tmp/base --rounds 3
     .venv/bin/python benchmarks/report_cost.py --cases 10000x100,5000x100,reply50MB --rounds 1
@@ -137,6 +138,15 @@ def _floor(folder: Path) -> float:
     return time.perf_counter() - started
 
 
+def _cpu_s() -> float:
+    """CPU seconds of this process and its finished children (the forked drawing processes): on a
+    loaded machine a steadier figure than the wall time."""
+    import resource
+
+    own, children = (resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def child(folder: Path, stages: bool) -> dict[str, Any]:
     """In a fresh interpreter on one tree: the finish of a copy of `folder`, timed as RunFolder.finish
     times it (the derivation module imported first, pandas and matplotlib inside the figure)."""
@@ -153,16 +163,19 @@ def child(folder: Path, stages: bool) -> dict[str, Any]:
         spent: dict[str, float] = {}
         if stages:
             _wrap_stages(spent)
+        cpu = _cpu_s()
         started = time.perf_counter()
         derivation = derive_figures(scratch, "report cost", ["A"])
         derived = time.perf_counter()
         write_report(derivation)
         done = time.perf_counter()
+        cpu = _cpu_s() - cpu
         rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         return {
             "derive": derived - started,
             "report": done - derived,
             "finish": done - started,
+            "cpu": cpu,
             "floor": floor,
             "rss_mb": rss_mb,
             "stages": spent,
@@ -272,10 +285,11 @@ def main() -> None:
                     f"  {name:<5} finish {finish:6.2f} s (derive {_median(got, 'derive'):5.2f} + report "
                     f"{_median(got, 'report'):5.2f}; min {min(r['finish'] for r in got):5.2f})  "
                     f"{finish / floor:5.1f}x the read floor {floor:.2f} s  "
-                    f"peak RSS {_median(got, 'rss_mb'):6.0f} MB"
+                    f"peak RSS {_median(got, 'rss_mb'):6.0f} MB  CPU {_median(got, 'cpu'):5.2f} s"
                 )
                 if name == "new" and "base" in rows:
                     line += f"  new/base {finish / _median(rows['base'], 'finish'):.2f}"
+                    line += f" (CPU {_median(got, 'cpu') / _median(rows['base'], 'cpu'):.2f})"
                 print(line)
             if args.stages:
                 for name, tree in trees.items():

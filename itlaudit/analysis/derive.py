@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import fields
 from typing import Any, NamedTuple
 
 import msgspec
@@ -62,13 +62,16 @@ def derive_requests(records: Sequence[RequestRecord]) -> list[RequestDerivation]
     return derived
 
 
+_METRIC_FIELDS = tuple(f.name for f in fields(RequestMetrics))
+
+
 def request_line(request: RequestDerivation) -> JSONObject:
     """derived.jsonl's line: metrics, text quality and findings, keyed by request_id and variant.
     requests.jsonl holds only the raw record; this is what derived.jsonl, requests.csv and every
     reader of per-request figures (diff, bisect, smoke, report) use."""
     record = request.record
     line: JSONObject = {"request_id": record.request_id, "variant": record.variant}
-    derived = asdict(request.metrics)
+    derived = {name: getattr(request.metrics, name) for name in _METRIC_FIELDS}  # asdict's deep copy: 0.1 ms
     derived.pop("e2e_ms", None)  # already on the raw record, same value
     derived.pop("completion_tokens", None)
     line.update(derived)

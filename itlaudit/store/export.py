@@ -7,6 +7,7 @@ chunk delivered by the same rule the metrics use, so a notebook's numbers match 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from itertools import repeat
 from pathlib import Path
@@ -99,9 +100,12 @@ def chunks_frame(records: Sequence[RequestRecord]) -> pd.DataFrame:
     )
 
 
+_QUOTED = re.compile('[,"\r\n]')
+
+
 def _cell(text: str) -> str:
     """A text cell as the csv module's QUOTE_MINIMAL (pandas' to_csv) writes it."""
-    return '"' + text.replace('"', '""') + '"' if any(c in text for c in ',"\r\n') else text
+    return '"' + text.replace('"', '""') + '"' if _QUOTED.search(text) else text
 
 
 def _csv_rows(record: RequestRecord) -> str:
@@ -151,19 +155,17 @@ def write_chunks(records: Sequence[RequestRecord], out_dir: Path, fmt: str = "cs
     return path
 
 
-def _missing(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and value != value)  # None or NaN
-
-
 def _column_cells(values: list[Any]) -> list[str]:
     """A column's cells as pandas writes the column it infers from these values: booleans (None
     among them: an object column) as True/False; numbers as float64 (repr) once one is a float or
     missing, an int column's otherwise; anything else as str(); missing values empty."""
-    present = [v for v in values if not _missing(v)]
-    numbers = present and all(isinstance(v, int | float) and not isinstance(v, bool) for v in present)
-    if numbers and (len(present) < len(values) or any(isinstance(v, float) for v in present)):
-        return ["" if _missing(v) else repr(float(v)) for v in values]
-    return ["" if _missing(v) else _cell(str(v)) for v in values]
+    present = [v for v in values if v is not None and v == v]  # v == v: not NaN
+    kinds = set(map(type, present))
+    if kinds and kinds <= {int, float} and (len(present) < len(values) or float in kinds):
+        return ["" if v is None or v != v else repr(float(v)) for v in values]
+    if kinds == {str}:
+        return ["" if v is None else _cell(v) for v in values]
+    return ["" if v is None or v != v else _cell(str(v)) for v in values]
 
 
 def write_table(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:

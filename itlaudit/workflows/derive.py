@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,7 @@ def _csv_rows(records: Sequence[RequestRecord], derived: Sequence[JSONObject]) -
     for record, figures in zip(records, derived, strict=True):
         line = {**record.to_json(), **figures}
         del line["params"]  # flattened below from the record's own, typed
-        params = asdict(record.params)
+        params = {f.name: getattr(record.params, f.name) for f in fields(record.params)}  # no deep copy
         row = {k: v for k, v in line.items() if not isinstance(v, list | dict) and k != "text"}
         row.update({f"param_{k}": v for k, v in params.items() if not isinstance(v, list)})
         codes = figures["findings"]
