@@ -111,6 +111,31 @@ def test_sigterm_ends_a_scripts_background_compare_and_its_launched_servers(tmp_
     assert not (tmp_path / "run" / "compare.json").exists()  # the compare itself never finished
 
 
+# A launched server that ignores SIGTERM, as a vLLM stuck in its shutdown may: the group's leader and
+# its "engine core" child (the sleep) ignore it; the simulator the leader runs serves the run.
+STUBBORN = (
+    "import signal, subprocess, sys; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+    "subprocess.run([sys.executable, '-m', 'itlaudit', 'sim', '--port', sys.argv[1], '--step-ms', '30']); "
+    "signal.pause()"
+)
+
+
+def test_sigterm_ends_a_run_whose_launched_server_ignores_it(tmp_path: Path) -> None:
+    """The launcher gave a server 10 s after its SIGTERM before the SIGKILL, so a server that ignores
+    it held a signalled run's exit past the 5 s bound. After a signal the grace is what is left of
+    model.stop.SIGNALLED_GRACE_S, then the whole group is killed: 143 within 5 s, nothing left.
+    ~4 s."""
+    command = json.dumps([sys.executable, "-c", STUBBORN, "{port}"])
+    variant = f'[[variants]]\nname = "A"\n\n[variants.launch]\nkind = "command"\ncommand = {command}\n'
+    workload = 'prompts = ["hi"]\nnum_requests = 200\nconcurrency = 2\nmax_tokens = 20\ntemperature = 0'
+    scenario = write_scenario(tmp_path, variant, workload)
+    rc, elapsed_ms, stderr = _background(tmp_path, ["run", str(scenario)], "TERM")
+    assert rc == 143, stderr
+    assert elapsed_ms < 5000, f"exited {elapsed_ms} ms after SIGTERM"
+    _kept(tmp_path / "run", stderr, "TERM")
+
+
 def test_sigterm_ends_a_scripts_background_bisect_with_its_report(tmp_path: Path) -> None:
     shas = [os.urandom(20).hex() for _ in range(12)]
     commits = tmp_path / "commits.txt"
@@ -373,35 +398,89 @@ def test_a_server_whose_owner_dies_before_its_prctl_does_not_outlive_it(tmp_path
     assert left == [], "the launched server outlived the itlaudit that started it"
 
 
-# A bisect build's install (the pip and wheels providers: serve.logged.run_logged) signalled 0.5 s in,
-# with the CLI's handlers: the command must end at once, not when pip would have.
-INSTALLING = """
+# A set-up step (a bisect build's install, an image's pull or manifest check) signalled 0.5 s in, with
+# the CLI's handlers: the step must end at once, not when its command would have.
+SIGNALLED_STEP = """
 import os, signal, sys, threading, time
 from pathlib import Path
 from itlaudit.model.stop import handle_signals
-from itlaudit.serve.logged import run_logged
+{imports}
 handle_signals()
 threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
 started = time.monotonic()
 try:
-    pip = "import time; print('installing', flush=True); time.sleep(30)"
-    run_logged([sys.executable, "-c", pip], Path({log!r}))
+    {step}
 except KeyboardInterrupt:
     print(f"stopped {{time.monotonic() - started:.1f}}")
 """
 
 
+def _signalled_step(imports: str, step: str) -> float:
+    """Seconds from the step's start to its stop (the SIGTERM comes 0.5 s in); asserts that no process
+    its command started (tagged through the environment) outlives it."""
+    marker = f"ITLAUDIT_SIGNAL_TEST={uuid.uuid4()}"
+    name, value = marker.split("=", 1)
+    script = SIGNALLED_STEP.format(imports=imports, step=step)
+    done = subprocess.run(
+        [sys.executable, "-c", script], env={**os.environ, name: value}, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("stopped "), done.stdout + done.stderr
+    deadline = time.monotonic() + 1
+    while (left := marked_processes(marker)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in left:
+        os.kill(pid, signal_module.SIGKILL)
+    assert left == [], "a process the step's command started outlived the stop"
+    return float(done.stdout.split()[1])
+
+
+# pip printing, starting a build process (a wheel's setup.py, a compiler) and waiting for it.
+PIP = (
+    "import subprocess, sys, time; print('installing', flush=True); "
+    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); time.sleep(30)"
+)
+
+
 def test_a_signal_during_a_build_install_ends_it_within_the_bound(tmp_path: Path) -> None:
     """The pip, wheels and docker bisect providers built with subprocess.run, so a signal during a
     pip install waited for it to finish (minutes); run_logged now polls the stop request as the
-    command provider's build does (model.stop.wait_for): the install is ended and the step stops
-    in well under 5 s, its log kept. ~1 s."""
+    command provider's build does (model.stop.run_stoppable): the install is ended and the step stops
+    in well under 5 s, its log kept. Stopping pip alone left the build processes it started running;
+    its whole process group is ended. ~1.5 s."""
     log = tmp_path / "install.log"
-    script = INSTALLING.format(log=str(log))
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("stopped ") and float(done.stdout.split()[1]) < 3, done.stdout
+    step = f"run_logged([sys.executable, '-c', {PIP!r}], Path({str(log)!r}))"
+    assert _signalled_step("from itlaudit.serve.logged import run_logged", step) < 3
     assert "installing" in log.read_text()
+
+
+# A docker whose registry does not answer: nothing local (`image inspect` fails), and a pull or a
+# manifest check that hangs, with a child of its own.
+SLOW_DOCKER = """#!/bin/sh
+[ "$1" = image ] && exit 1
+sleep 30
+"""
+
+
+@pytest.mark.parametrize("step", ["find", "prepare"])
+def test_a_signal_during_an_image_pull_or_manifest_check_ends_it_within_the_bound(
+    tmp_path: Path, step: str
+) -> None:
+    """The docker provider's `docker manifest inspect` (find) and `docker pull` (prepare) ran under
+    subprocess.run: a signal waited for the registry (a pull is minutes). They run as the pip
+    provider's install does now, and end with the signal. ~1.5 s each."""
+    docker = tmp_path / "docker"
+    docker.write_text(SLOW_DOCKER)
+    docker.chmod(0o755)
+    imports = (
+        "from itlaudit.bisect.build_cache import BuildCache\n"
+        "from itlaudit.bisect.build_range import Build\n"
+        "from itlaudit.bisect.providers.docker import DockerProvider"
+    )
+    cache = str(tmp_path / "cache")
+    provider = f"DockerProvider(BuildCache(Path({cache!r}), 0), arch='x86_64', docker={str(docker)!r})"
+    assert _signalled_step(imports, f"{provider}.{step}(Build({'e' * 40!r}, 'commit'))") < 3
 
 
 # A capture worker whose forkserver dies between the fork and the worker's PR_SET_PDEATHSIG: the

@@ -150,11 +150,13 @@ SURFACE = Surface(
         ),
         "stop": (
             "check",
+            "end_group",
+            "group_alive",
             "handle_signals",
             "interruption",
             "on_second",
             "requested",
-            "wait_for",
+            "run_stoppable",
             "wait_or_stop",
         ),
         "sendlog": (

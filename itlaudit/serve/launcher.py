@@ -13,12 +13,10 @@ there and one function here.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import functools
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import time
@@ -32,11 +30,10 @@ from itlaudit.errors import LaunchError
 from itlaudit.model.access import NO_ACCESS, Access
 from itlaudit.model.launch import LaunchKind, LaunchSpec
 from itlaudit.model.redact import launch_secret_values, redact_file, remember_secrets
-from itlaudit.model.stop import wait_or_stop
+from itlaudit.model.stop import end_group, wait_or_stop
 from itlaudit.serve.orphans import (
     OWNER_ENV,
     die_with_parent,
-    group_alive,
     reap_orphans,
     remove_container,
     write_pid_file,
@@ -299,15 +296,15 @@ class LaunchedServer:
         return self._proc.pid if self._proc is not None else None
 
     def stop(self) -> None:
-        """SIGTERM the whole group (vLLM's engine core is a child process), then SIGKILL stragglers.
-
-        The group is signalled even after the leader exited, because orphaned children keep the pgid.
+        """SIGTERM the whole group (vLLM's engine core is a child process), then SIGKILL stragglers
+        (model.stop.end_group): _TERM_GRACE_S for a normal stop, a few seconds after a signal, so a
+        server that ignores its SIGTERM does not hold a signalled command past its 5 s.
         Idempotent, and safe to call from atexit.
         """
         _LIVE.discard(self)
         proc, self._proc = self._proc, None
         if proc is not None:
-            _kill_group(proc)
+            end_group(proc, _TERM_GRACE_S)
         if self._docker_name is not None:
             remove_container(self._docker_name)
             self._docker_name = None
@@ -328,22 +325,6 @@ class LaunchedServer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    pgid = proc.pid  # start_new_session=True makes the leader's pid the pgid
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + _TERM_GRACE_S
-    while time.monotonic() < deadline:
-        proc.poll()  # reap the leader so it doesn't linger as a zombie group member
-        if not group_alive(pgid):
-            break
-        time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=5)
 
 
 def _wait_ready(

@@ -17,10 +17,11 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from itlaudit.model.stop import group_alive
+
 __all__ = [
     "OWNER_ENV",
     "die_with_parent",
-    "group_alive",
     "pid_dir",
     "reap_orphans",
     "remove_container",
@@ -107,13 +108,3 @@ def remove_container(name: str) -> None:
     subprocess.run(
         ["docker", "rm", "-f", name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False
     )
-
-
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
-import subprocess
 from pathlib import Path
 from typing import ClassVar
 
@@ -18,7 +17,7 @@ from itlaudit.bisect.build_range import SHORT_SHA, Build
 from itlaudit.bisect.providers.base import Found, Prepared, Provider, ProviderOptions
 from itlaudit.errors import BuildUnavailable
 from itlaudit.model.launch import LaunchKind, LaunchSpec
-from itlaudit.model.stop import wait_for
+from itlaudit.model.stop import run_stoppable
 from itlaudit.serve.launcher import fill_placeholders
 
 __all__ = ["CommandOptions", "CommandProvider", "fill"]
@@ -61,7 +60,7 @@ class CommandProvider(Provider, name="command"):
             log_path = self.log_dir / f"build-{build.label}.log"
             with log_path.open("ab") as log:
                 try:
-                    code = wait_for(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
+                    code = run_stoppable(argv, log)
                 except OSError as exc:
                     raise BuildUnavailable(f"build command {argv[0]!r} cannot start ({exc})") from None
             if code != 0:

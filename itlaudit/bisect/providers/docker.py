@@ -3,6 +3,8 @@ per-architecture tags. A tag that cannot be pulled is an unavailable build, not 
 
 Images live in the docker engine, not in the cache folder, so the cache entry only records the image
 and its size (counted against --cache-size) and eviction removes the image with `docker rmi`.
+The registry's commands (a manifest check, a pull: minutes) run as the pip provider's install does
+(model.stop.run_stoppable), so a signal ends them within the 5 s an interrupt has.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import dataclasses
 import json
 import platform
 import subprocess
+import tempfile
 from pathlib import Path
 
 from itlaudit.bisect.build_cache import BuildCache, BuildInfo
@@ -18,7 +21,9 @@ from itlaudit.bisect.build_range import SHORT_SHA, Build
 from itlaudit.bisect.providers.base import Found, Prepared, Provider, ProviderOptions
 from itlaudit.errors import BuildUnavailable
 from itlaudit.model.launch import LaunchKind, LaunchSpec
+from itlaudit.model.stop import run_stoppable
 from itlaudit.serve.launcher import fill_placeholders
+from itlaudit.serve.logged import run_logged
 
 __all__ = [
     "DEFAULT_IMAGES",
@@ -90,14 +95,12 @@ class DockerProvider(Provider, name="docker"):
         self.docker = docker
 
     def _ok(self, argv: list[str], log_path: Path) -> bool:
-        with log_path.open("ab") as log:
-            log.write(f"\n$ {' '.join(argv)}\n".encode())
-            log.flush()
-            try:
-                return subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, check=False).returncode == 0
-            except OSError as exc:
+        try:
+            return run_logged(argv, log_path) == 0
+        except OSError as exc:
+            with log_path.open("ab") as log:
                 log.write(f"{exc}\n".encode())
-                return False
+            return False
 
     def _size(self, image: str) -> int:
         result = subprocess.run(
@@ -111,17 +114,19 @@ class DockerProvider(Provider, name="docker"):
     def find(self, build: Build) -> Found:
         """`docker manifest inspect` asks the registry for the manifest only; layer sizes give the pull."""
         for image in image_candidates(self.patterns, build, self.arch):
-            try:
-                result = subprocess.run(
-                    [self.docker, "manifest", "inspect", "-v", image],
-                    capture_output=True,
-                    text=True,
-                    check=False,
-                )
-            except OSError as exc:
-                return Found(None, f"cannot run {self.docker} ({exc})")
-            if result.returncode == 0:
-                return Found(True, image, _layer_bytes(result.stdout))
+            # Its output through a file, not a pipe: run_stoppable polls, and a multi-platform
+            # manifest is more than a pipe holds unread.
+            with tempfile.TemporaryFile() as out:
+                try:
+                    code = run_stoppable(
+                        [self.docker, "manifest", "inspect", "-v", image], out, subprocess.DEVNULL
+                    )
+                except OSError as exc:
+                    return Found(None, f"cannot run {self.docker} ({exc})")
+                out.seek(0)
+                manifest = out.read().decode(errors="replace")
+            if code == 0:
+                return Found(True, image, _layer_bytes(manifest))
         return Found(False, f"no manifest for {', '.join(image_candidates(self.patterns, build, self.arch))}")
 
     def prepare(self, build: Build) -> Prepared:
