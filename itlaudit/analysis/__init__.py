@@ -59,6 +59,7 @@ SURFACE = Surface(
             "PromptObservations",
             "TopLogprobs",
             "figures_json",
+            "parse_generate_top_logprobs",
             "parse_top_logprobs",
             "prompt_figures",
             "summarize",

@@ -28,6 +28,7 @@ __all__ = [
     "decision",
     "figures_json",
     "max_abs_delta",
+    "parse_generate_top_logprobs",
     "parse_top_logprobs",
     "prompt_figures",
     "set_difference",
@@ -68,9 +69,45 @@ def _keyed_by_id(position: Mapping[str, float]) -> TopLogprobs:
         if not key.startswith(TOKEN_ID_PREFIX):
             raise ServerRejectedError(
                 f"logprob candidate {key!r} is not keyed 'token_id:N': the server ignored "
-                "return_tokens_as_token_ids (vLLM added it in 0.6), so candidates cannot be matched by id"
+                "return_tokens_as_token_ids (vLLM added it in 0.6; SGLang's /v1/completions keys "
+                "candidates by text, and an SGLang server that says so in /server_info is scored "
+                "on /generate), so candidates cannot be matched by id"
             )
         out[int(key.removeprefix(TOKEN_ID_PREFIX))] = float(value)
+    return out
+
+
+def parse_generate_top_logprobs(body: JSONValue) -> list[list[TopLogprobs]]:
+    """SGLang's /generate answer (one object, or a list for a `text` list) as parse_top_logprobs's
+    rows: per row, per generated position, the candidates keyed by id. SGLang 0.5.12 sends them in
+    `meta_info.output_top_logprobs` as [logprob, token_id, text or None] per candidate
+    (srt/managers/tokenizer_manager.py `detokenize_top_logprobs_tokens`); its /v1/completions keys
+    them by text only, which is why SGLang is scored here."""
+    rows = body if isinstance(body, list) else [body]
+    out = []
+    for row in rows:
+        meta = row.get("meta_info") if isinstance(row, dict) else None
+        positions = meta.get("output_top_logprobs") if isinstance(meta, dict) else None
+        if not isinstance(positions, list):
+            raise ServerRejectedError(
+                "the /generate answer has no meta_info.output_top_logprobs for a request that asked "
+                "for them (return_logprob, top_logprobs_num); is this an SGLang server?"
+            )
+        out.append([_entries_by_id(position) for position in positions])
+    return out
+
+
+def _entries_by_id(position: JSONValue) -> TopLogprobs:
+    """One position's [logprob, token_id, text] candidates by id (SGLang sends None for a position
+    without candidates)."""
+    out: TopLogprobs = {}
+    for entry in position if isinstance(position, list) else []:
+        logprob, token = (entry[0], entry[1]) if isinstance(entry, list) and len(entry) >= 2 else (None, None)
+        if not isinstance(logprob, int | float) or not isinstance(token, int) or isinstance(token, bool):
+            raise ServerRejectedError(
+                f"a /generate top-logprobs candidate is not [logprob, token_id, text]: {str(entry)[:100]}"
+            )
+        out[token] = float(logprob)
     return out
 
 

@@ -209,10 +209,14 @@ def with_execution_modes(
     return _concluded(finding, conclusion, Severity.WARNING, evidence)
 
 
-def without_logprobs(finding: Finding) -> Finding:
-    """A mismatch no running server could score (a launched server stops after its variant): said as
-    not concluded, with how to have it concluded, at the registry's severity."""
+def without_logprobs(finding: Finding, failure: str | None = None) -> Finding:
+    """A mismatch no running server could score (a launched server stops after its variant), or whose
+    scoring failed (`failure`, kept as `scoring_error`: the mismatch stands, unexplained): said as not
+    concluded, with how to have it concluded or why not, at the registry's severity."""
     if finding.code != SPEC_DECODE_OUTPUT_MISMATCH or "conclusion" in finding.evidence:
         return finding
+    if failure is not None:
+        note = f"{UNSCORED}: scoring them failed ({failure})"
+        return _concluded(finding, note, finding.severity, {**finding.evidence, "scoring_error": failure})
     note = f"{UNSCORED}; to conclude it, give both servers by URL (--variant NAME=URL) so compare scores it"
     return _concluded(finding, note, finding.severity, finding.evidence)

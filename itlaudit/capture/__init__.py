@@ -38,6 +38,7 @@ SURFACE = Surface(
             "explain_mismatch",
             "observe",
             "score_outputs",
+            "scorer_for",
         ),
         "server_info": (
             "VERSION_TIMEOUT_S",

@@ -9,6 +9,10 @@ every prompt of one request before its engine core takes the next step.
 The distribution audit asks something else: how likely a sampled output is under the K0 server. It
 sends prompt + output as token ids with `prompt_logprobs=0` and `max_tokens=1`, and reads each output
 position's logprob of the token that is there (vLLM's raw logprobs: temperature does not apply).
+
+SGLang speaks another dialect (`SGLangScorer`, chosen by `scorer_for` from the server's identity):
+its /v1/completions keys candidates by token text and ignores `return_tokens_as_token_ids` and
+`prompt_logprobs`, so it is scored on its native /generate, which gives ids.
 """
 
 from __future__ import annotations
@@ -24,13 +28,15 @@ from itlaudit.analysis.invariance import (
     DEFAULT_SWEEP_SIZES,
     PromptObservations,
     TopLogprobs,
+    parse_generate_top_logprobs,
     parse_top_logprobs,
 )
 from itlaudit.analysis.lossless import output_token_ids, with_divergence_logprobs
 from itlaudit.capture.request_plan import Prompt
-from itlaudit.errors import ServerRejectedError
+from itlaudit.errors import ItlauditError, ServerRejectedError
 from itlaudit.model.jsonvalue import JSONObject, JSONValue
 from itlaudit.model.records import RequestRecord
+from itlaudit.model.run_context import is_sglang
 from itlaudit.model.vocabulary import Endpoint
 
 if TYPE_CHECKING:
@@ -40,10 +46,12 @@ __all__ = [
     "DEFAULT_REPEATS",
     "DEFAULT_TOP_K",
     "SCORING_CONCURRENCY",
+    "SGLangScorer",
     "Scorer",
     "explain_mismatch",
     "observe",
     "score_outputs",
+    "scorer_for",
 ]
 
 DEFAULT_REPEATS = 40
@@ -55,7 +63,8 @@ SCORING_CONCURRENCY = 4
 
 @dataclass(frozen=True)
 class Scorer:
-    """Where and how to score: one server, one model, top-k candidates per position."""
+    """Where and how to score: one server, one model, top-k candidates per position; vLLM's
+    /v1/completions (SGLangScorer speaks SGLang's /generate)."""
 
     client: SideClient
     base_url: str
@@ -82,14 +91,22 @@ class Scorer:
         url = self.base_url.rstrip("/") + Endpoint.COMPLETIONS.path
         return await self.client.post_json(url, body, timeout_s=self.timeout_s)
 
+    async def candidates(
+        self, prompts: list[str], max_tokens: int, *, ignore_eos: bool = False
+    ) -> list[list[TopLogprobs]]:
+        """Per prompt of the list (all rows in one request), per position of its greedy continuation,
+        the top-k candidates by id."""
+        extra: JSONObject = {"ignore_eos": True} if ignore_eos else {}
+        return parse_top_logprobs(await self.complete(prompts, max_tokens, **extra))
+
     async def score(self, prompts: list[str]) -> list[TopLogprobs]:
         """Position-0 candidates of each prompt in the list, all rows in one request."""
-        return [positions[0] for positions in parse_top_logprobs(await self.complete(prompts, 1))]
+        return [positions[0] for positions in await self.candidates(prompts, 1)]
 
     async def top_logprobs_at(self, prompt: str, position: int) -> TopLogprobs:
         """The candidates at one output position of the greedy continuation of `prompt`. ignore_eos
         cannot change a greedy prefix, and keeps an early EOS from ending it before `position`."""
-        positions = parse_top_logprobs(await self.complete(prompt, position + 1, ignore_eos=True))[0]
+        positions = (await self.candidates([prompt], position + 1, ignore_eos=True))[0]
         if len(positions) <= position:
             raise ServerRejectedError(
                 f"the greedy continuation ended after {len(positions)} tokens, before position {position}"
@@ -124,6 +141,91 @@ class Scorer:
             raise ServerRejectedError(
                 f"{self.base_url}: a prompt_logprobs entry lacks its own token's logprob"
             ) from None
+
+
+@dataclass(frozen=True)
+class SGLangScorer(Scorer):
+    """SGLang's dialect (0.5.12's sources, python/sglang/srt/managers/io_struct.py GenerateReqInput and
+    tokenizer_manager.py): /generate with `return_logprob` and `top_logprobs_num`, a `text` list for
+    rows in one request (a batch, sent to the scheduler together, as its /v1/completions does with a
+    prompt list), and `logprob_start_len` for the prompt's own logprobs (`input_token_logprobs`:
+    [logprob, token_id, text] from that position on, the first logprob None)."""
+
+    async def generate(
+        self,
+        prompt: str | list[str] | list[int],
+        max_new_tokens: int,
+        *,
+        ignore_eos: bool = False,
+        **fields: Any,
+    ) -> JSONValue:
+        """One greedy non-streaming /generate (the server's answer, unchecked: an object, or a list for
+        a `text` list)."""
+        sampling: JSONObject = {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": ignore_eos}
+        given = list[JSONValue](prompt) if isinstance(prompt, list) else prompt
+        ids = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], int)
+        body: JSONObject = {
+            ("input_ids" if ids else "text"): given,
+            "sampling_params": sampling,
+            "return_logprob": True,
+            "top_logprobs_num": self.top_k,
+            **self.extra_body,
+            **fields,
+        }
+        url = self.base_url.rstrip("/") + "/generate"
+        answer = await self.client.request("POST", url, body=body, timeout_s=self.timeout_s)
+        return answer.checked().json()
+
+    async def candidates(
+        self, prompts: list[str], max_tokens: int, *, ignore_eos: bool = False
+    ) -> list[list[TopLogprobs]]:
+        return parse_generate_top_logprobs(await self.generate(prompts, max_tokens, ignore_eos=ignore_eos))
+
+    async def prompt_token_ids(self, prompt: str) -> list[int]:
+        ids = [token for _, token in await self._input_logprobs(prompt, 0)]
+        if not ids:
+            raise ServerRejectedError(
+                f"{self.base_url}: /generate returned no input_token_logprobs for the prompt"
+            )
+        return ids
+
+    async def output_logprobs(self, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
+        # From the prompt's last token on: its entry has no logprob, each after it is an output token's.
+        entries = (await self._input_logprobs([*prompt_ids, *output_ids], len(prompt_ids) - 1))[1:]
+        if [token for _, token in entries] != output_ids or any(lp is None for lp, _ in entries):
+            raise ServerRejectedError(
+                f"{self.base_url}: /generate's input_token_logprobs from logprob_start_len on are not the "
+                "output's tokens with their logprobs; the distribution audit scores outputs with them"
+            )
+        return [float(lp) for lp, _ in entries if lp is not None]
+
+    async def _input_logprobs(self, prompt: str | list[int], start: int) -> list[tuple[float | None, int]]:
+        """The prompt's (logprob, token id) from position `start` on, as SGLang sends them."""
+        body = await self.generate(prompt, 1, top_logprobs_num=0, logprob_start_len=start)
+        meta = body.get("meta_info") if isinstance(body, dict) else None
+        entries = meta.get("input_token_logprobs") if isinstance(meta, dict) else None
+        out: list[tuple[float | None, int]] = []
+        for entry in entries if isinstance(entries, list) else []:
+            logprob, token = (
+                (entry[0], entry[1]) if isinstance(entry, list) and len(entry) >= 2 else (0, None)
+            )
+            if not isinstance(token, int) or not isinstance(logprob, int | float | None):
+                raise ServerRejectedError(
+                    f"{self.base_url}: an input_token_logprobs entry is not [logprob, id, text]"
+                )
+            out.append((None if logprob is None else float(logprob), token))
+        return out
+
+
+async def scorer_for(client: SideClient, base_url: str, model: str, *, top_k: int = DEFAULT_TOP_K) -> Scorer:
+    """The scorer that speaks the server's dialect: SGLang's where the server says it is SGLang
+    (SideClient.version reads its /server_info), vLLM's otherwise, a server that does not say included."""
+    try:
+        version = await client.version(base_url)
+    except ItlauditError:
+        version = None
+    kind = SGLangScorer if is_sglang(version) else Scorer
+    return kind(client, base_url, model, top_k=top_k)
 
 
 def _logprob(row: JSONValue, token: int) -> float:

@@ -102,14 +102,14 @@ async def _score(
     base_url: str, settings: InvarianceSettings
 ) -> tuple[str, ServerIdentity, list[PromptObservations]]:
     from itlaudit.capture.planning import resolve_model
-    from itlaudit.capture.scoring import Scorer, observe
+    from itlaudit.capture.scoring import observe, scorer_for
     from itlaudit.capture.server_info import server_identity
     from itlaudit.serve.side_client import SideClient
 
     async with SideClient() as client:
         model = await resolve_model(client, base_url, settings.model)
         identity = await server_identity(client, base_url, model)
-        scorer = Scorer(client, base_url, model, top_k=settings.top_k)
+        scorer = await scorer_for(client, base_url, model, top_k=settings.top_k)
         observations = [
             await observe(
                 scorer,

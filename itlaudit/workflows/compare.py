@@ -22,7 +22,7 @@ from itlaudit.analysis.workloads import prefix_cache_delta
 from itlaudit.capture.planning import sent_prompt
 from itlaudit.capture.request_plan import Prompt
 from itlaudit.capture.runner import CaptureOptions, variant_access
-from itlaudit.capture.scoring import Scorer, explain_mismatch, score_outputs
+from itlaudit.capture.scoring import Scorer, explain_mismatch, score_outputs, scorer_for
 from itlaudit.capture.server_info import scrape_counters
 from itlaudit.errors import ItlauditError
 from itlaudit.model.access import Access
@@ -65,10 +65,19 @@ async def explain_mismatches(
 ) -> list[Finding]:
     """Add both servers' top logprobs at each greedy divergence, so a human can tell batch variance
     from a bug. Only servers still running can be asked: launched ones are gone by now, and their
-    mismatch findings keep the position alone."""
+    mismatch findings keep the position alone. A scoring that fails (a server that refuses it, died,
+    or answers in a shape not understood) leaves that mismatch unexplained and says why: the
+    comparison stands either way."""
     by_id = {r.request_id: r for r in records}
     out = []
+    scorers: dict[tuple[str, str], Scorer] = {}
     async with SideClient() as client:
+
+        async def scorer(url: str, model: str) -> Scorer:
+            if (url, model) not in scorers:
+                scorers[url, model] = await scorer_for(client, url, model)
+            return scorers[url, model]
+
         for found in findings:
             base, spec = (
                 by_id.get(str(found.evidence.get("base_request_id"))),
@@ -81,13 +90,11 @@ async def explain_mismatches(
                 out.append(without_logprobs(found))
                 continue
             prompt = scenario.prompt_for(int(prompt_index(base)))
-            explained = await explain_mismatch(
-                found,
-                prompt,
-                Scorer(client, str(urls[0]), base.model),
-                Scorer(client, str(urls[1]), spec.model),
-            )
-            out.append(explained)
+            try:
+                both = await scorer(str(urls[0]), base.model), await scorer(str(urls[1]), spec.model)
+                out.append(await explain_mismatch(found, prompt, *both))
+            except ItlauditError as exc:
+                out.append(without_logprobs(found, str(exc)))
     return out
 
 
@@ -107,7 +114,7 @@ async def _score_distribution(
 
     async with SideClient(access) as client:
         # The model name the baseline's server answered to (a scenario may say "auto").
-        scorer = Scorer(client, url, sampled_by_variant[baseline][0].model)
+        scorer = await scorer_for(client, url, sampled_by_variant[baseline][0].model)
         base = await score_outputs(scorer, sampled_by_variant[baseline], prompt_of)
         for name in audited:
             spec = await score_outputs(scorer, sampled_by_variant[name], prompt_of)

@@ -43,11 +43,14 @@ class Job:
 
 @dataclass
 class TokenLogprob:
-    """One sampled token's logprob entry, with token strings already rendered as the API shows them."""
+    """One sampled token's logprob entry, with token strings already rendered as the API shows them,
+    and the same candidates by id (best first) for SGLang's /generate, which sends ids."""
 
     token: str
     logprob: float
     top: dict[str, float]
+    token_id: int = 0
+    ranked: list[tuple[int, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -243,7 +246,8 @@ class Engine:
         best = sorted(values, key=values.__getitem__, reverse=True)[:k]
         top = {render(tok): values[tok] for tok in best}
         top.setdefault(render(token_id), values[token_id])  # vLLM always includes the sampled token
-        return TokenLogprob(render(token_id), values[token_id], top)
+        by_id = [(tok, values[tok]) for tok in best]
+        return TokenLogprob(render(token_id), values[token_id], top, token_id, by_id)
 
     def _observe_spec(self, num_drafts: int, accepted: int) -> None:
         self.spec.num_drafts += 1

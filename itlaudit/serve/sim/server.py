@@ -28,7 +28,7 @@ from itlaudit.serve.sim.metrics import MetricsCollector
 from itlaudit.serve.sim.sglang import (
     SGLangMetrics,
     complete_generate,
-    generate_job,
+    generate_request,
     info_routes,
     openai_choice,
     stream_generate,
@@ -146,7 +146,8 @@ async def _complete_row(
                 status = HTTPStatus.INTERNAL_SERVER_ERROR
                 body = error_body(ENGINE_DEAD_MESSAGE, "InternalServerError", None, status)
                 return _json_response(body, status)
-    return api.full_choice(ctx, text, token_ids, last, logprobs), len(token_ids)
+    choice = api.full_choice(ctx, text, token_ids, last, logprobs)
+    return (openai_choice(choice) if cfg.dialect == SGLANG else choice), len(token_ids)
 
 
 async def _complete(
@@ -233,7 +234,7 @@ async def _generate(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         if not isinstance(body, dict):
             raise bad_request("request body must be a JSON object", "body")
-        job = generate_job(body, engine.config)
+        asked = generate_request(body, engine.config)
     except json.JSONDecodeError as exc:
         return _json_response(
             rejection_body(bad_request(f"invalid JSON: {exc}", "body")), HTTPStatus.BAD_REQUEST
@@ -241,17 +242,17 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     except SimError as exc:
         return _json_response(rejection_body(exc), exc.status)
     started = time.time()
-    await engine.load.admit([job])
-    engine.in_flight += 1
+    await engine.load.admit(asked.jobs)
+    engine.in_flight += len(asked.jobs)
     try:
-        if job.stream:
+        if asked.jobs[0].stream:
             with suppress(ConnectionResetError):
-                return await stream_generate(request, engine, job, started)
+                return await stream_generate(request, engine, asked, started)
             return web.Response()
-        return _json_response(await complete_generate(engine, job, started))
+        return _json_response(await complete_generate(engine, asked, started))
     finally:
-        engine.in_flight -= 1
-        await engine.load.release([job])
+        engine.in_flight -= len(asked.jobs)
+        await engine.load.release(asked.jobs)
 
 
 def _static(body: JSONObject) -> Callable[[web.Request], Awaitable[web.Response]]:

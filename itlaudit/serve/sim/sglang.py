@@ -15,6 +15,17 @@ it differs from vLLM, field for field from SGLang's sources (github sgl-project/
 - its OpenAI streams' choices (srt/entrypoints/openai/serving_completions.py): `matched_stop` for
   vLLM's stop_reason, no token ids, usage on every chunk only where the build honours
   `stream_options.continuous_usage_stats` (`--sglang-continuous-usage`; else only in the last chunk);
+- logprobs, as 0.5.12.post1 has them (read in its wheel): /v1/completions keys `top_logprobs` by token
+  TEXT (entrypoints/openai/utils.py `to_openai_style_logprobs`: `{token[2]: token[0]}`, text_offset -1)
+  and ignores vLLM's `return_tokens_as_token_ids` and `prompt_logprobs` (protocol.py's
+  CompletionRequest lets pydantic drop unknown fields); ids come from /generate's `return_logprob`,
+  `top_logprobs_num` and `logprob_start_len` (managers/io_struct.py GenerateReqInput), whose
+  meta_info carries `output_token_logprobs`, `output_top_logprobs`, `input_token_logprobs` and
+  `input_top_logprobs` as lists of [logprob, token_id, text or None] (tokenizer_manager.py
+  `add_logprob_to_meta_info`, `detokenize_logprob_tokens`; the text only with
+  `return_text_in_logprobs`), the input ones from `logprob_start_len` on with None for the first
+  position's logprob (scheduler_output_processor_mixin.py `_process_input_token_logprobs`); a `text`
+  or `input_ids` list is a batch, answered as a list (tokenizer_manager.py `_handle_batch_request`);
 - /metrics as `sglang:*` (srt/metrics/collector.py), labelled model_name, engine_type, tp_rank, pp_rank.
 
 It stays the simulator: its version (in /server_info) is `itlaudit-sim …`, so runs against it are
@@ -24,10 +35,13 @@ wheel here); the layouts are read from the sources named above.
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import time
 import uuid
 from collections.abc import Iterable
 from contextlib import aclosing
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -37,8 +51,9 @@ from prometheus_client.registry import Collector
 from itlaudit.model.jsonvalue import JSONMapping, JSONObject, JSONValue
 from itlaudit.serve.sim.config import SIM_VERSION, SimConfig
 from itlaudit.serve.sim.endpoints import CompletionApi
-from itlaudit.serve.sim.engine import Engine, Job, Step
+from itlaudit.serve.sim.engine import Engine, Job, Step, TokenLogprob
 from itlaudit.serve.sim.validation import parse_job
+from itlaudit.serve.sim.vocab import token_bytes
 from itlaudit.serve.sim.wire import DONE_FRAME, bad_request, sse_frame
 
 if TYPE_CHECKING:
@@ -46,8 +61,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SGLANG_DEFAULT_MAX_NEW_TOKENS",
+    "GenerateRequest",
+    "LogprobAsk",
     "SGLangMetrics",
-    "generate_job",
+    "generate_request",
     "info_routes",
     "native_frames",
     "openai_choice",
@@ -59,33 +76,121 @@ _ERROR_MESSAGE = "The engine hit an error (injected by the simulator)."
 
 
 def openai_choice(choice: JSONObject) -> JSONObject:
-    """A vLLM-layout stream choice as SGLang's OpenAI layer writes it: the stop it matched as
-    `matched_stop`, and no token ids (older builds have no return_token_ids)."""
-    shown = {k: v for k, v in choice.items() if k not in ("stop_reason", "token_ids", "prompt_token_ids")}
+    """A vLLM-layout choice (streamed or not) as SGLang's OpenAI layer writes it: the stop it matched
+    as `matched_stop`, no token ids or prompt logprobs (older builds have no return_token_ids), and
+    logprobs without text offsets (`to_openai_style_logprobs`: -1, "not supported yet")."""
+    drop = ("stop_reason", "token_ids", "prompt_token_ids", "prompt_logprobs")
+    shown = {k: v for k, v in choice.items() if k not in drop}
     if choice.get("finish_reason") is not None:
         shown["matched_stop"] = choice.get("stop_reason")
+    logprobs = choice.get("logprobs")
+    offsets = logprobs.get("text_offset") if isinstance(logprobs, dict) else None
+    if isinstance(logprobs, dict) and isinstance(offsets, list):
+        shown["logprobs"] = {**logprobs, "text_offset": [-1 for _ in offsets]}
     return shown
 
 
-def generate_job(body: JSONMapping, config: SimConfig) -> Job:
-    """A /generate body (`text` or `input_ids`, `sampling_params` in SGLang's names) as the engine's
-    job, through the completions validation (same limits, same refusals)."""
+@dataclass(frozen=True)
+class LogprobAsk:
+    """What a /generate body asks of logprobs (GenerateReqInput's `top_logprobs_num`,
+    `logprob_start_len`, -1 for none of the prompt, and `return_text_in_logprobs`)."""
+
+    top_logprobs_num: int
+    logprob_start_len: int
+    return_text: bool
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One /generate body: its rows' jobs, whether it was a batch (a `text`/`input_ids` list, answered
+    as a list), and its logprob ask (None without `return_logprob`)."""
+
+    jobs: list[Job]
+    batched: bool
+    logprobs: LogprobAsk | None
+
+
+def _int_of(body: JSONMapping, name: str, default: int) -> int:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_request(f"{name} must be an integer", name)
+    return value
+
+
+def generate_request(body: JSONMapping, config: SimConfig) -> GenerateRequest:
+    """A /generate body (`text` or `input_ids`, one or a list; `sampling_params` in SGLang's names; the
+    logprob fields) as the engine's jobs, through the completions validation (same limits, same
+    refusals)."""
     sampling = body.get("sampling_params") or {}
     if not isinstance(sampling, dict):
         raise bad_request("sampling_params must be an object", "sampling_params")
     prompt = body.get("text", body.get("input_ids"))
+    batched = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], str | list)
+    rows = prompt if batched and isinstance(prompt, list) else [prompt]
     max_new = sampling.get("max_new_tokens")
-    request: JSONMapping = {
-        "prompt": prompt,
-        "max_tokens": SGLANG_DEFAULT_MAX_NEW_TOKENS if max_new is None else max_new,
-        "min_tokens": sampling.get("min_new_tokens"),
-        "ignore_eos": sampling.get("ignore_eos", False),
-        "stop_token_ids": sampling.get("stop_token_ids"),
-        "temperature": sampling.get("temperature"),
-        "seed": sampling.get("sampling_seed"),
-        "stream": body.get("stream", False),
+    ask = None
+    if body.get("return_logprob"):
+        top, start = _int_of(body, "top_logprobs_num", 0), _int_of(body, "logprob_start_len", -1)
+        ask = LogprobAsk(top, start, bool(body.get("return_text_in_logprobs")))
+    requests: list[JSONMapping] = [
+        {
+            "prompt": row,
+            "max_tokens": SGLANG_DEFAULT_MAX_NEW_TOKENS if max_new is None else max_new,
+            "min_tokens": sampling.get("min_new_tokens"),
+            "ignore_eos": sampling.get("ignore_eos", False),
+            "stop_token_ids": sampling.get("stop_token_ids"),
+            "temperature": sampling.get("temperature"),
+            "seed": sampling.get("sampling_seed"),
+            "stream": body.get("stream", False),
+            "logprobs": None if ask is None else ask.top_logprobs_num,
+        }
+        for row in rows
+    ]
+    jobs = [parse_job(CompletionApi(), request, config) for request in requests]
+    if batched and jobs[0].stream:
+        raise bad_request("the simulator streams a single prompt; send a list without stream", "text")
+    return GenerateRequest(jobs, batched, ask)
+
+
+def _entry(logprob: float | None, token: int, ask: LogprobAsk, config: SimConfig) -> JSONValue:
+    """One [logprob, token_id, text or None] entry (the text only with return_text_in_logprobs)."""
+    text = token_bytes(token, config).decode("utf-8", errors="replace") if ask.return_text else None
+    return [logprob, token, text]
+
+
+def _input_logprobs(engine: Engine, job: Job, ask: LogprobAsk) -> JSONObject:
+    """The prompt's entries from logprob_start_len on, the first position's logprob None, and with
+    top_logprobs_num its candidates (None at the first position); the model's log p(token | prev)."""
+    ids, start = job.prompt_token_ids, ask.logprob_start_len
+    cfg, lm = engine.config, engine.lm
+    tokens: list[JSONValue] = []
+    tops: list[JSONValue] = []
+    if 0 <= start < len(ids):  # SGLang: -1, or past the prompt, scores none of it
+        tokens.append(_entry(None, ids[start], ask, cfg))
+        tops.append(None)
+        for prev, token in itertools.pairwise(ids[start:]):
+            tokens.append(_entry(lm.logprob(prev, token), token, ask, cfg))
+            ranked = [int(t) for t in (-lm.logits(prev)).argsort(kind="stable")[: ask.top_logprobs_num]]
+            tops.append([_entry(lm.logprob(prev, t), t, ask, cfg) for t in ranked])
+    out: JSONObject = {"input_token_logprobs": tokens}
+    if ask.top_logprobs_num:
+        out["input_top_logprobs"] = tops
+    return out
+
+
+def _output_logprobs(entries: list[TokenLogprob], ask: LogprobAsk, config: SimConfig) -> JSONObject:
+    """The output so far: each token's entry and, with top_logprobs_num, its candidates best first."""
+    out: JSONObject = {
+        "output_token_logprobs": [_entry(e.logprob, e.token_id, ask, config) for e in entries],
+        "output_token_logprobs_length": len(entries),
     }
-    return parse_job(CompletionApi(), request, config)
+    if ask.top_logprobs_num:
+        out["output_top_logprobs"] = [
+            [_entry(value, tok, ask, config) for tok, value in e.ranked] for e in entries
+        ]
+    return out
 
 
 def _finish_reason(step: Step, job: Job, eos_token_id: int) -> JSONValue:
@@ -96,15 +201,20 @@ def _finish_reason(step: Step, job: Job, eos_token_id: int) -> JSONValue:
     return None
 
 
-async def native_frames(engine: Engine, job: Job, started: float) -> AsyncIterator[tuple[JSONObject, Step]]:
-    """Each engine step's /generate object (cumulative text and ids) with its step."""
+async def native_frames(
+    engine: Engine, job: Job, started: float, ask: LogprobAsk | None = None
+) -> AsyncIterator[tuple[JSONObject, Step]]:
+    """Each engine step's /generate object (cumulative text and ids, and logprobs when asked) with its
+    step."""
     cfg = engine.config
     rid = uuid.uuid4().hex
-    text, ids = "", []
+    text, ids, entries = "", [], []
+    prompt_part = _input_logprobs(engine, job, ask) if ask is not None else {}
     async with aclosing(engine.generate(job)) as steps:
         async for step in steps:
             text += step.text
             ids += step.token_ids
+            entries += step.logprobs
             meta: JSONObject = {
                 "id": rid,
                 "finish_reason": _finish_reason(step, job, cfg.eos_token_id),
@@ -114,6 +224,8 @@ async def native_frames(engine: Engine, job: Job, started: float) -> AsyncIterat
                 "completion_tokens": len(ids),
                 "cached_tokens": 0,
             }
+            if ask is not None:
+                meta |= {**prompt_part, **_output_logprobs(entries, ask, cfg)}
             if step.finish_reason is not None:
                 if step.spec_decode is not None:
                     counts = step.spec_decode.to_dict(lie=cfg.spec_metrics_lie)
@@ -131,13 +243,14 @@ async def native_frames(engine: Engine, job: Job, started: float) -> AsyncIterat
 
 
 async def stream_generate(
-    request: web.Request, engine: Engine, job: Job, started: float
+    request: web.Request, engine: Engine, asked: GenerateRequest, started: float
 ) -> web.StreamResponse:
-    """The native stream: one event per step, [DONE] after the last (or after an error event)."""
+    """The native stream (one row): one event per step, [DONE] after the last (or after an error
+    event)."""
     cfg = engine.config
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
     await resp.prepare(request)
-    async for frame, _ in native_frames(engine, job, started):
+    async for frame, _ in native_frames(engine, asked.jobs[0], started, asked.logprobs):
         await resp.write(sse_frame(frame))
         emitted = len(frame["output_ids"]) if isinstance(frame["output_ids"], list) else 0
         if cfg.error_after_tokens is not None and emitted >= cfg.error_after_tokens:
@@ -149,12 +262,18 @@ async def stream_generate(
     return resp
 
 
-async def complete_generate(engine: Engine, job: Job, started: float) -> JSONObject:
-    """The non-streaming answer: the last object."""
-    last: JSONObject = {}
-    async for frame, _ in native_frames(engine, job, started):
-        last = frame
-    return last
+async def complete_generate(engine: Engine, asked: GenerateRequest, started: float) -> JSONValue:
+    """The non-streaming answer: each row's last object, the rows run concurrently (one list for a
+    batch)."""
+
+    async def last_of(job: Job) -> JSONValue:
+        last: JSONObject = {}
+        async for frame, _ in native_frames(engine, job, started, asked.logprobs):
+            last = frame
+        return last
+
+    rows = await asyncio.gather(*(last_of(job) for job in asked.jobs))
+    return list(rows) if asked.batched else rows[0]
 
 
 def server_info(config: SimConfig) -> JSONObject:

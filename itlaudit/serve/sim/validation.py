@@ -89,8 +89,10 @@ def parse_job(api: EndpointApi, body: JSONMapping, config: SimConfig) -> Job:
         return_token_ids=bool(body.get("return_token_ids")) and not sglang,
         return_prompt_text=bool(body.get("return_prompt_text")),
         logprobs=_logprobs_field(body, "logprobs", "sample"),
-        return_tokens_as_token_ids=bool(body.get("return_tokens_as_token_ids")),
-        prompt_logprobs=_prompt_logprobs_field(body),
+        # SGLang's CompletionRequest (pydantic, extra fields ignored) has neither: its logprobs are
+        # keyed by token text, and prompt logprobs come only from /generate (serve/sim/sglang.py).
+        return_tokens_as_token_ids=bool(body.get("return_tokens_as_token_ids")) and not sglang,
+        prompt_logprobs=None if sglang else _prompt_logprobs_field(body),
     )
 
 

@@ -1,0 +1,226 @@
+"""Scoring an SGLang server (issue 41): its /v1/completions keys logprob candidates by token text and
+drops vLLM's `return_tokens_as_token_ids` and `prompt_logprobs`, so the invariance audit, compare's
+mismatch explanation and the distribution audit score SGLang on /generate (capture/scoring.py's
+SGLangScorer, chosen from the server's identity). All against `itlaudit sim --dialect sglang`, whose
+layouts are SGLang 0.5.12.post1's (serve/sim/sglang.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from simkit import app_on_thread, itlaudit, sim_server
+
+from itlaudit.analysis.findings import Finding
+from itlaudit.analysis.invariance import parse_top_logprobs
+from itlaudit.analysis.lossless import spec_decode_mismatches
+from itlaudit.capture.scoring import Scorer, SGLangScorer, scorer_for
+from itlaudit.errors import ServerRejectedError
+from itlaudit.model.codes import SPEC_DECODE_OUTPUT_MISMATCH, Severity
+from itlaudit.model.records import ChunkSeries, RequestParams, RequestRecord
+from itlaudit.model.scenario import parse_scenario
+from itlaudit.serve.side_client import SideClient
+from itlaudit.serve.sim import SimConfig, run_sim
+from itlaudit.serve.sim.lm import BigramModel
+from itlaudit.serve.sim.server import make_app
+from itlaudit.workflows.compare import explain_mismatches
+
+SGLANG = SimConfig(dialect="sglang", ttft_ms=1, step_ms=0)
+
+
+async def test_sglang_completions_key_candidates_by_text_so_the_vllm_scorer_refuses() -> None:
+    """SGLang's /v1/completions (~0.3 s): candidates keyed by text, text_offset -1, vLLM's options
+    ignored; read as vLLM's, it is refused with words that name SGLang. The identity picks /generate."""
+    async with run_sim(SGLANG) as url, SideClient() as client:
+        vllm = Scorer(client, url, "sim-tiny", top_k=3)
+        body = await vllm.complete("The quick brown fox", 2, prompt_logprobs=0)
+        picked = await scorer_for(client, url, "sim-tiny")
+    logprobs = body["choices"][0]["logprobs"]
+    assert not any(key.startswith("token_id:") for top in logprobs["top_logprobs"] for key in top)
+    assert logprobs["text_offset"] == [-1, -1] and "prompt_logprobs" not in body["choices"][0]
+    with pytest.raises(ServerRejectedError, match="SGLang's /v1/completions keys candidates by text"):
+        parse_top_logprobs(body)
+    assert type(picked) is SGLangScorer
+
+
+async def test_generate_sends_logprobs_as_sglang_does() -> None:
+    """/generate's layout (~0.3 s): a `text` list is answered as a list; each row's
+    output_top_logprobs are [logprob, token_id, None] best first, the input ones from
+    logprob_start_len on with None first; return_text_in_logprobs fills the text."""
+    config = SimConfig(dialect="sglang", ttft_ms=1, step_ms=0, model_sharpness=2.0)
+    async with run_sim(config) as url, SideClient() as client:
+        body = {
+            "text": ["a b c", "a b c"],
+            "sampling_params": {"max_new_tokens": 2, "temperature": 0},
+            "return_logprob": True,
+            "top_logprobs_num": 3,
+            "logprob_start_len": 1,
+        }
+        rows = (await client.request("POST", f"{url}/generate", body=body)).checked().json()
+        texted = await client.post_json(
+            f"{url}/generate", {"text": "a b c", "return_logprob": True, "return_text_in_logprobs": True}
+        )
+    assert isinstance(rows, list) and len(rows) == 2 and rows[0]["output_ids"] == rows[1]["output_ids"]
+    meta = rows[0]["meta_info"]
+    tops = meta["output_top_logprobs"]
+    assert len(tops) == 2 and all(len(position) == 3 for position in tops)
+    assert all(entry[2] is None and isinstance(entry[1], int) for entry in tops[0])
+    assert [entry[0] for entry in tops[0]] == sorted((entry[0] for entry in tops[0]), reverse=True)
+    assert [entry[1] for entry in meta["output_token_logprobs"]] == rows[0]["output_ids"]
+    prompt = meta["input_token_logprobs"]
+    assert prompt[0][0] is None and meta["input_top_logprobs"][0] is None
+    lm = BigramModel(config)
+    assert prompt[1][0] == pytest.approx(lm.logprob(prompt[0][1], prompt[1][1]))
+    assert all(isinstance(entry[2], str) for entry in texted["meta_info"]["output_token_logprobs"])
+    assert texted["meta_info"]["input_token_logprobs"] == []  # logprob_start_len -1: none of the prompt
+
+
+async def test_sglang_scorer_scores_outputs_as_the_vllm_one_does() -> None:
+    """The distribution audit's two questions on /generate (~0.3 s): the prompt's ids and each output
+    token's log p under the model, the same figures the vLLM dialect gives for the same ids."""
+    config = {"ttft_ms": 1, "step_ms": 0, "model_sharpness": 2.0}
+    prompt, output = "Chunks of text arrive at the client", [40, 41, 300, 7]
+    async with (
+        run_sim(SimConfig(dialect="sglang", **config)) as sgl,
+        run_sim(SimConfig(**config)) as vllm,
+        SideClient() as client,
+    ):
+        got = []
+        for url in (sgl, vllm):
+            scorer = await scorer_for(client, url, "sim-tiny")
+            ids = await scorer.prompt_token_ids(prompt)
+            got.append((type(scorer), ids, await scorer.output_logprobs(ids, output)))
+    assert got[0][0] is SGLangScorer and got[1][0] is Scorer
+    assert got[0][1] == got[1][1]
+    assert got[0][2] == pytest.approx(got[1][2])
+
+
+@pytest.mark.parametrize(("variance", "flagged"), [(0.0, False), (0.2, True)])
+def test_invariance_command_against_sglang(tmp_path: Path, variance: float, flagged: bool) -> None:
+    """`itlaudit invariance` on an SGLang server (~1 s each): scored on /generate, batches as `text`
+    lists; clean is invariant, the batch-variance fault is flagged."""
+    with sim_server(SimConfig(dialect="sglang", ttft_ms=1, step_ms=0, batch_variance=variance)) as url:
+        result = itlaudit("invariance", "--url", url, "-n", "3", "--prompt", "a b c", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert ("NOT batch-invariant" in result.stdout) is flagged
+    variant = json.loads((tmp_path / "invariance.json").read_text())["url"]
+    assert variant["server"]["version"].startswith("sglang ")
+    assert (variant["summary"]["alone_vs_batch2"] > 0) is flagged
+    assert variant["summary"]["batch2_identical_to_alone"] == (0 if flagged else 3)
+
+
+def _refusing_logprobs(config: SimConfig) -> web.Application:
+    """The SGLang simulator behind a gateway that refuses logprobs: a /generate asking for them is
+    answered 403, a plain stream passes."""
+    app = make_app(config)
+
+    @web.middleware
+    async def no_logprobs(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        if request.path == "/generate" and (await request.json()).get("return_logprob"):
+            raise web.HTTPForbidden(
+                text='{"detail": "logprobs are not allowed"}', content_type="application/json"
+            )
+        return await handler(request)
+
+    app.middlewares.append(no_logprobs)
+    return app
+
+
+def _record(variant: str, ids: list[int], finish: str) -> RequestRecord:
+    """A greedy request of the workload's prompt 0 whose stream carried `ids` (as a vLLM stream with
+    token ids does: SGLang's streams give none to the record, see test_compare_on_sglang_...)."""
+    chunks = ChunkSeries(t_ms=[1.0], completion_tokens=[len(ids)], text_len=[0], has_choice=[True])
+    chunks.token_ids = [ids]
+    return RequestRecord(
+        request_id=f"{variant}-00000",
+        variant=variant,
+        endpoint="generate",
+        url="http://x",
+        model="sim-tiny",
+        params=RequestParams(max_tokens=12, temperature=0.0),
+        chunks=chunks,
+        finish_reason=finish,
+    )
+
+
+def _explained(tmp_path: Path, k3_app: web.Application) -> Finding:
+    """compare's explanation of a forced greedy mismatch between an SGLang K0 and `k3_app` (a K3 whose
+    output ends at token 7), both live: the outputs read from each server's /generate, the mismatch
+    found, then explained on both servers."""
+    scenario_text = 'name = "s"\nendpoint = "generate"\n[workload]\nprompts = ["a b c"]\n'
+    scenario = parse_scenario(
+        scenario_text + '[[variants]]\nname = "K0"\nurl = "http://x"\n', tmp_path / "s.toml"
+    )
+
+    async def explain(k0: str, k3: str) -> list[Finding]:
+        async with SideClient() as client:
+            sampling = {"max_new_tokens": 12, "temperature": 0}
+            outputs = [
+                await client.post_json(f"{url}/generate", {"text": "a b c", "sampling_params": sampling})
+                for url in (k0, k3)
+            ]
+        records = [
+            _record(name, output["output_ids"], output["meta_info"]["finish_reason"]["type"])
+            for name, output in zip(("K0", "K3"), outputs, strict=True)
+        ]
+        found = spec_decode_mismatches(records[:1], records[1:])
+        return await explain_mismatches(scenario, records, found, {"K0": k0, "K3": k3})
+
+    with sim_server(SGLANG) as k0_url, app_on_thread(k3_app) as k3_url:
+        (finding,) = asyncio.run(explain(k0_url, k3_url))
+    assert finding.code == SPEC_DECODE_OUTPUT_MISMATCH and finding.evidence["position"] == 7
+    return finding
+
+
+K3_ENDS_EARLY = SimConfig(dialect="sglang", ttft_ms=1, step_ms=0, num_speculative_tokens=3, natural_eos_at=7)
+
+
+def test_a_greedy_mismatch_is_explained_on_sglang(tmp_path: Path) -> None:
+    """The lossless audit's explanation against SGLang (~0.3 s): re-scored on both servers' /generate,
+    the K3 server ranking EOS first at the divergence, and concluded."""
+    finding = _explained(tmp_path, make_app(K3_ENDS_EARLY))
+    evidence = finding.evidence
+    assert evidence["base_top_logprobs"] and "scoring_error" not in evidence
+    assert isinstance(evidence["spec_top_logprobs"], dict)
+    assert next(iter(evidence["spec_top_logprobs"])) == str(SimConfig().eos_token_id)
+    assert "not drawn" not in str(evidence["conclusion"])
+
+
+def test_a_mismatch_whose_scoring_fails_stays_unexplained(tmp_path: Path) -> None:
+    """A scoring that fails (~0.3 s): K3's gateway refuses logprobs, so the mismatch cannot be
+    re-scored; it stands at its severity and its conclusion says it was not explained and why."""
+    finding = _explained(tmp_path, _refusing_logprobs(K3_ENDS_EARLY))
+    assert finding.severity is Severity.ERROR and "base_top_logprobs" not in finding.evidence
+    assert "403" in str(finding.evidence["scoring_error"])
+    assert "logprobs are not allowed" in str(finding.evidence["scoring_error"])
+    assert finding.message.count("Conclusion:") == 1
+    assert "were not read: scoring them failed (" in finding.message
+
+
+def test_compare_on_sglang_writes_its_mismatch(tmp_path: Path) -> None:
+    """`itlaudit compare` of the same two SGLang servers on /generate (~1.5 s): compare.json is written
+    with the mismatch. SGLang's streams give the record no token ids (capture/chunk.py's
+    GenerateDecoder keeps the text and counts, not `output_ids`), so it is found by text and no
+    re-scoring is asked; this pins that, until the decoder keeps the ids."""
+    with sim_server(SGLANG) as k0_url, app_on_thread(_refusing_logprobs(K3_ENDS_EARLY)) as k3_url:
+        scenario = tmp_path / "s.toml"
+        scenario.write_text(
+            'name = "sgl-lossless"\nendpoint = "generate"\n\n[workload]\nprompts = ["a b c"]\n'
+            "num_requests = 2\nconcurrency = 1\nmax_tokens = 12\ntemperature = 0\n\n"
+            f'[[variants]]\nname = "K0"\nurl = "{k0_url}"\n\n[[variants]]\nname = "K3"\nurl = "{k3_url}"\n',
+            encoding="utf-8",
+        )
+        out = tmp_path / "run"
+        result = itlaudit(
+            "compare", str(scenario), "--out", str(out), "--no-plots", "--no-distribution-audit"
+        )
+    assert result.returncode == 0, result.stderr
+    compared = json.loads((out / "compare.json").read_text())
+    found = [f for f in compared["findings"] if f["code"] == SPEC_DECODE_OUTPUT_MISMATCH]
+    assert len(found) == 2 and all(f["evidence"]["unit"] == "char" for f in found)
