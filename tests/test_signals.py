@@ -80,6 +80,7 @@ def _kept(run: Path, stderr: str, signal: str) -> None:
     said = escape(f"not drawn: interrupted; `itlaudit report {run}` draws them")
     assert f"**plots**: {said}" in (run / "report.md").read_text()
     assert list(run.glob("*.png")) == []
+    assert "writing the report…" in stderr.splitlines() and "drawing the plots" not in stderr  # nor says so
     assert json.loads((run / "meta.json").read_text())["interrupted"]["signal"] == f"SIG{signal}"
 
 

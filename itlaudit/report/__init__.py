@@ -26,6 +26,7 @@ SURFACE = Surface(
         "writer": (
             "REPORT_HTML",
             "REPORT_MD",
+            "draws_plots",
             "plots_skipped",
             "write_reports",
         ),

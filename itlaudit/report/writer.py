@@ -31,7 +31,15 @@ from itlaudit.report.markdown import render_report
 if TYPE_CHECKING:
     from itlaudit.report.plots import VariantView
 
-__all__ = ["PLOTS_SKIPPED", "REPORT_HTML", "REPORT_MD", "plots_skipped", "variant_views", "write_reports"]
+__all__ = [
+    "PLOTS_SKIPPED",
+    "REPORT_HTML",
+    "REPORT_MD",
+    "draws_plots",
+    "plots_skipped",
+    "variant_views",
+    "write_reports",
+]
 
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
@@ -53,6 +61,13 @@ def plots_skipped(skip: bool = True) -> Iterator[None]:
         yield
     finally:
         _DRAW_PLOTS.reset(token)
+
+
+def draws_plots() -> bool:
+    """Whether a report written now draws its PNGs: not inside `plots_skipped()`, not once a signal
+    came (model.stop). The step that writes it is named by it, so a signalled run does not say it
+    draws plots it skips."""
+    return _DRAW_PLOTS.get() and not requested()
 
 
 def variant_views(

@@ -23,7 +23,7 @@ from itlaudit.model.records import RequestRecord
 from itlaudit.model.run_context import quality_settings
 from itlaudit.report.markdown import PARTIAL_HEADING
 from itlaudit.report.progress import Reporter
-from itlaudit.report.writer import write_reports
+from itlaudit.report.writer import draws_plots, write_reports
 from itlaudit.store.export import write_chunks, write_table
 from itlaudit.store.folder import RunFiles
 from itlaudit.store.jsonl import read_records
@@ -159,7 +159,8 @@ def write_report(
     long run) is named while it runs."""
     steps = reporter.step if reporter is not None else _unnamed
     run = RunFiles(derivation.run_dir)
-    with steps("drawing the plots and writing the report"), settled_records():
+    step = "drawing the plots and writing the report" if draws_plots() else "writing the report"
+    with steps(step), settled_records():
         write_reports(
             derivation.out,
             derivation.title,
