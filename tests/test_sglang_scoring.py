@@ -204,10 +204,11 @@ def test_a_mismatch_whose_scoring_fails_stays_unexplained(tmp_path: Path) -> Non
 
 
 def test_compare_on_sglang_writes_its_mismatch(tmp_path: Path) -> None:
-    """`itlaudit compare` of the same two SGLang servers on /generate (~1.5 s): compare.json is written
-    with the mismatch. SGLang's streams give the record no token ids (capture/chunk.py's
-    GenerateDecoder keeps the text and counts, not `output_ids`), so it is found by text and no
-    re-scoring is asked; this pins that, until the decoder keeps the ids."""
+    """`itlaudit compare` of the same two SGLang servers on /generate (~0.7 s), K3 behind the gateway
+    refusing logprobs: compare.json is written with the mismatch. SGLang's streams give the record no
+    token ids (capture/chunk.py's GenerateDecoder keeps the text and counts, not `output_ids`), so it is
+    found by text and no re-scoring is asked; this pins that, and once the decoder keeps the ids, the
+    refused re-scoring must still leave compare.json written."""
     with sim_server(SGLANG) as k0_url, app_on_thread(_refusing_logprobs(K3_ENDS_EARLY)) as k3_url:
         scenario = tmp_path / "s.toml"
         scenario.write_text(
