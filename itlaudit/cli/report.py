@@ -80,9 +80,7 @@ def _run_labels(specs: list[str], runs: list[Run]) -> dict[Path, str]:
         raise RecordsError(
             f"--label: {', '.join(sorted(map(str, unknown)))} is not one of the run folders given"
         )
-    return {
-        run.path: given.get(run.path.resolve()) or (run.meta.label or run.path.name) for run in runs
-    }
+    return {run.path: given.get(run.path.resolve()) or (run.meta.label or run.path.name) for run in runs}
 
 
 def report(
