@@ -40,8 +40,9 @@ PROMPTS = [
 ]
 
 
-def _sim(seed: int, k: int = 0, sampler: str = "model") -> SimConfig:
+def _sim(seed: int, k: int = 0, sampler: str = "model", dialect: str = "vllm") -> SimConfig:
     return SimConfig(
+        dialect=dialect,
         model_sharpness=SHARP,
         num_speculative_tokens=k,
         draft_sampler=sampler,
@@ -52,13 +53,18 @@ def _sim(seed: int, k: int = 0, sampler: str = "model") -> SimConfig:
 
 
 def _scenario(
-    tmp_path: Path, urls: dict[str, str], requests: int = 24, tokens: int = 32, variants: str = ""
+    tmp_path: Path,
+    urls: dict[str, str],
+    requests: int = 24,
+    tokens: int = 32,
+    variants: str = "",
+    endpoint: str = "completions",
 ) -> Any:
     """Sampled completions (temperature 0.8) of a few prompts; variants given by URL or as TOML."""
     variants += "".join(f'\n[[variants]]\nname = "{name}"\nurl = "{url}"\n' for name, url in urls.items())
     text = f"""
 name = "dist"
-endpoint = "completions"
+endpoint = "{endpoint}"
 model = "auto"
 [workload]
 prompts = {PROMPTS!r}
@@ -73,10 +79,12 @@ temperature = 0.8
     return parse_scenario(text, path)
 
 
-def _compare(tmp_path: Path, configs: dict[str, SimConfig], forced: bool | None = None) -> dict[str, Any]:
+def _compare(
+    tmp_path: Path, configs: dict[str, SimConfig], forced: bool | None = None, endpoint: str = "completions"
+) -> dict[str, Any]:
     names = list(configs)
     with sim_server(configs[names[0]]) as first, sim_server(configs[names[1]]) as second:
-        scenario = _scenario(tmp_path, {names[0]: first, names[1]: second})
+        scenario = _scenario(tmp_path, {names[0]: first, names[1]: second}, endpoint=endpoint)
         _, comparison = run_compare(scenario, run_dir=tmp_path / "run", distribution=forced)
     return comparison
 
@@ -215,6 +223,22 @@ def test_broken_speculative_sampling_fires(tmp_path: Path, sampler: str, directi
     assert all(w["text"] for w in evidence["worst"])
     assert {"gibberish_share", "rep_3_mean"} <= set(evidence["spec_quality"])
     assert read_json(tmp_path / "run" / COMPARE_FILE)["distribution"]["variants"]["K3"]["verdict"] == "shift"
+
+
+@pytest.mark.parametrize(("sampler", "verdict"), [("model", "same"), (ARGMAX, "shift")])
+def test_sglang_generate_outputs_are_scored(tmp_path: Path, sampler: str, verdict: str) -> None:
+    """On SGLang's /generate (~2 s each): the stream's output_ids are the record's token ids, so its
+    sampled outputs are scored (on /generate, SGLangScorer): a correct K3 is the same, one whose
+    accepted drafts are the argmax shifts."""
+    configs = {
+        "K0": _sim(seed=1, dialect="sglang"),
+        "K3": _sim(seed=2, k=3, sampler=sampler, dialect="sglang"),
+    }
+    comparison = _compare(tmp_path, configs, endpoint="generate")
+    row = comparison.distribution["variants"]["K3"]
+    assert "skipped" not in comparison.distribution and row["n_base"] == row["n_spec"] == 24
+    assert row["verdict"] == verdict, row
+    assert (SPEC_DECODE_DISTRIBUTION_SHIFT in _codes(comparison)) is (verdict == "shift")
 
 
 def test_no_speculation_means_no_audit_unless_asked(tmp_path: Path) -> None:

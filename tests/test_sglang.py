@@ -186,24 +186,60 @@ def test_generate_body_uses_sglangs_sampling_names() -> None:
     }
 
 
-def _native(text: str, tokens: int, finish: object = None, **meta: object) -> bytes:
+def _native(
+    text: str, tokens: int | None, finish: object = None, ids: list[int] | None = None, **meta: object
+) -> bytes:
+    """A /generate event; its output_ids, unless given, the cumulative list SGLang sends by default."""
     info = {"id": "r1", "finish_reason": finish, "prompt_tokens": 3, "completion_tokens": tokens, **meta}
-    return json.dumps({"text": text, "output_ids": [], "meta_info": info}).encode()
+    sent = list(range(100, 100 + (tokens or 0))) if ids is None else ids
+    return json.dumps({"text": text, "output_ids": sent, "meta_info": info}).encode()
 
 
 def test_generate_decoder_reads_cumulative_and_incremental_text() -> None:
-    """Cumulative text gives each chunk's new piece; a text that does not extend the one before is a
-    piece from then on (--incremental-streaming-output); the matched stop and spec_* are kept."""
+    """Cumulative text and ids give each chunk's new piece and new ids; the matched stop and spec_* are
+    kept. A text that does not extend the one before is a piece from then on."""
     decoder = GenerateDecoder()
     pieces = [decoder.decode(_native(t, n)).choices for t, n in (("Hel", 1), ("Hello", 2), ("Hello wo", 4))]
     assert [c[0].text for c in pieces if c] == ["Hel", "lo", " wo"]
+    assert [c[0].token_ids for c in pieces if c] == [[100], [101], [102, 103]]
     last = decoder.decode(_native("Hello world", 5, {"type": "stop", "matched": 2}, spec_verify_ct=3))
     assert last.choices and last.choices[0].text == "rld" and last.choices[0].finish_reason == "stop"
+    assert last.choices[0].token_ids == [104]
     assert last.choices[0].stop_reason == 2 and last.usage is not None and last.usage.completion_tokens == 5
     assert last.metrics is not None and last.metrics.speculative_decoding == {"spec_verify_ct": 3}
     incremental = GenerateDecoder()
-    texts = [incremental.decode(_native(t, n)).choices for t, n in (("Hel", 1), ("lo", 2), (" wo", 3))]
+    texts = [
+        incremental.decode(_native(t, n, ids=[])).choices for t, n in (("Hel", 1), ("lo", 2), (" wo", 3))
+    ]
     assert [c[0].text for c in texts if c] == ["Hel", "lo", " wo"]
+    null = GenerateDecoder().decode(b'{"output_ids": null, "meta_info": {"completion_tokens": 1}}').choices
+    assert null and null[0].token_ids is None
+
+
+@pytest.mark.parametrize(
+    ("events", "kept", "texts"),
+    [
+        # --incremental-streaming-output: each chunk's own ids, pieces queued behind the reader joined;
+        # they add up to completion_tokens, which tells the mode at once, even for a repeated token
+        # whose text ("a" after "a") would read as cumulative
+        ([("a", [7], 1), ("a", [7], 2), ("bc", [8, 9], 4)], [[7], [7], [8, 9]], ["a", "a", "bc"]),
+        # cumulative, a running request's list grown past its count while it was sent (by reference)
+        (
+            [("a", [7], 1), ("ab", [7, 8, 9], 2), ("abc", [7, 8, 9, 5], 4)],
+            [[7], [8, 9], [5]],
+            ["a", "b", "c"],
+        ),
+        # no completion_tokens: the ids cannot be placed, none kept (the record compares by text)
+        ([("a", [7], None), ("ab", [7, 8], None)], [None, None], ["a", "b"]),
+    ],
+)
+def test_generate_decoder_keeps_each_chunks_new_token_ids(
+    events: list[tuple[str, list[int], int | None]], kept: list[list[int] | None], texts: list[str]
+) -> None:
+    decoder = GenerateDecoder()
+    chunks = [decoder.decode(_native(text, count, ids=ids)).choices for text, ids, count in events]
+    assert [c[0].token_ids for c in chunks if c] == kept
+    assert [c[0].text for c in chunks if c] == texts
 
 
 def test_generate_decoder_turns_an_abort_and_an_error_into_error_frames() -> None:

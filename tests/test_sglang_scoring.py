@@ -6,7 +6,6 @@ layouts are SGLang 0.5.12.post1's (serve/sim/sglang.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -15,19 +14,14 @@ import pytest
 from aiohttp import web
 from simkit import app_on_thread, itlaudit, sim_server
 
-from itlaudit.analysis.findings import Finding
 from itlaudit.analysis.invariance import parse_top_logprobs
-from itlaudit.analysis.lossless import spec_decode_mismatches
 from itlaudit.capture.scoring import Scorer, SGLangScorer, scorer_for
 from itlaudit.errors import ServerRejectedError
 from itlaudit.model.codes import SPEC_DECODE_OUTPUT_MISMATCH, Severity
-from itlaudit.model.records import ChunkSeries, RequestParams, RequestRecord
-from itlaudit.model.scenario import parse_scenario
 from itlaudit.serve.side_client import SideClient
 from itlaudit.serve.sim import SimConfig, run_sim
 from itlaudit.serve.sim.lm import BigramModel
 from itlaudit.serve.sim.server import make_app
-from itlaudit.workflows.compare import explain_mismatches
 
 SGLANG = SimConfig(dialect="sglang", ttft_ms=1, step_ms=0)
 
@@ -132,84 +126,18 @@ def _refusing_logprobs(config: SimConfig) -> web.Application:
     return app
 
 
-def _record(variant: str, ids: list[int], finish: str) -> RequestRecord:
-    """A greedy request of the workload's prompt 0 whose stream carried `ids` (as a vLLM stream with
-    token ids does: SGLang's streams give none to the record, see test_compare_on_sglang_...)."""
-    chunks = ChunkSeries(t_ms=[1.0], completion_tokens=[len(ids)], text_len=[0], has_choice=[True])
-    chunks.token_ids = [ids]
-    return RequestRecord(
-        request_id=f"{variant}-00000",
-        variant=variant,
-        endpoint="generate",
-        url="http://x",
-        model="sim-tiny",
-        params=RequestParams(max_tokens=12, temperature=0.0),
-        chunks=chunks,
-        finish_reason=finish,
-    )
-
-
-def _explained(tmp_path: Path, k3_app: web.Application) -> Finding:
-    """compare's explanation of a forced greedy mismatch between an SGLang K0 and `k3_app` (a K3 whose
-    output ends at token 7), both live: the outputs read from each server's /generate, the mismatch
-    found, then explained on both servers."""
-    scenario_text = 'name = "s"\nendpoint = "generate"\n[workload]\nprompts = ["a b c"]\n'
-    scenario = parse_scenario(
-        scenario_text + '[[variants]]\nname = "K0"\nurl = "http://x"\n', tmp_path / "s.toml"
-    )
-
-    async def explain(k0: str, k3: str) -> list[Finding]:
-        async with SideClient() as client:
-            sampling = {"max_new_tokens": 12, "temperature": 0}
-            outputs = [
-                await client.post_json(f"{url}/generate", {"text": "a b c", "sampling_params": sampling})
-                for url in (k0, k3)
-            ]
-        records = [
-            _record(name, output["output_ids"], output["meta_info"]["finish_reason"]["type"])
-            for name, output in zip(("K0", "K3"), outputs, strict=True)
-        ]
-        found = spec_decode_mismatches(records[:1], records[1:])
-        return await explain_mismatches(scenario, records, found, {"K0": k0, "K3": k3})
-
-    with sim_server(SGLANG) as k0_url, app_on_thread(k3_app) as k3_url:
-        (finding,) = asyncio.run(explain(k0_url, k3_url))
-    assert finding.code == SPEC_DECODE_OUTPUT_MISMATCH and finding.evidence["position"] == 7
-    return finding
-
-
 K3_ENDS_EARLY = SimConfig(dialect="sglang", ttft_ms=1, step_ms=0, num_speculative_tokens=3, natural_eos_at=7)
 
 
-def test_a_greedy_mismatch_is_explained_on_sglang(tmp_path: Path) -> None:
-    """The lossless audit's explanation against SGLang (~0.3 s): re-scored on both servers' /generate,
-    the K3 server ranking EOS first at the divergence, and concluded."""
-    finding = _explained(tmp_path, make_app(K3_ENDS_EARLY))
-    evidence = finding.evidence
-    assert evidence["base_top_logprobs"] and "scoring_error" not in evidence
-    assert isinstance(evidence["spec_top_logprobs"], dict)
-    assert next(iter(evidence["spec_top_logprobs"])) == str(SimConfig().eos_token_id)
-    assert "not drawn" not in str(evidence["conclusion"])
-
-
-def test_a_mismatch_whose_scoring_fails_stays_unexplained(tmp_path: Path) -> None:
-    """A scoring that fails (~0.3 s): K3's gateway refuses logprobs, so the mismatch cannot be
-    re-scored; it stands at its severity and its conclusion says it was not explained and why."""
-    finding = _explained(tmp_path, _refusing_logprobs(K3_ENDS_EARLY))
-    assert finding.severity is Severity.ERROR and "base_top_logprobs" not in finding.evidence
-    assert "403" in str(finding.evidence["scoring_error"])
-    assert "logprobs are not allowed" in str(finding.evidence["scoring_error"])
-    assert finding.message.count("Conclusion:") == 1
-    assert "were not read: scoring them failed (" in finding.message
-
-
-def test_compare_on_sglang_writes_its_mismatch(tmp_path: Path) -> None:
-    """`itlaudit compare` of the same two SGLang servers on /generate (~0.7 s), K3 behind the gateway
-    refusing logprobs: compare.json is written with the mismatch. SGLang's streams give the record no
-    token ids (capture/chunk.py's GenerateDecoder keeps the text and counts, not `output_ids`), so it is
-    found by text and no re-scoring is asked; this pins that, and once the decoder keeps the ids, the
-    refused re-scoring must still leave compare.json written."""
-    with sim_server(SGLANG) as k0_url, app_on_thread(_refusing_logprobs(K3_ENDS_EARLY)) as k3_url:
+@pytest.mark.parametrize("refusing", [False, True])
+def test_compare_on_sglang_finds_its_mismatch_by_token(tmp_path: Path, refusing: bool) -> None:
+    """`itlaudit compare` of two SGLang servers on /generate (~0.7 s each): the streams' output_ids are
+    kept (capture/chunk.py's GenerateDecoder), so the mismatch is found by token at position 7 and
+    re-scored on both servers' /generate: explained, K3 ranking EOS first there; with K3 behind the
+    gateway refusing logprobs, kept unexplained with its scoring_error, compare.json written all the
+    same."""
+    k3_app = _refusing_logprobs(K3_ENDS_EARLY) if refusing else make_app(K3_ENDS_EARLY)
+    with sim_server(SGLANG) as k0_url, app_on_thread(k3_app) as k3_url:
         scenario = tmp_path / "s.toml"
         scenario.write_text(
             'name = "sgl-lossless"\nendpoint = "generate"\n\n[workload]\nprompts = ["a b c"]\n'
@@ -224,4 +152,15 @@ def test_compare_on_sglang_writes_its_mismatch(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     compared = json.loads((out / "compare.json").read_text())
     found = [f for f in compared["findings"] if f["code"] == SPEC_DECODE_OUTPUT_MISMATCH]
-    assert len(found) == 2 and all(f["evidence"]["unit"] == "char" for f in found)
+    evidence = [f["evidence"] for f in found]
+    assert len(found) == 2 and all(e["unit"] == "token" and e["position"] == 7 for e in evidence)
+    if refusing:  # it stands at its severity, and its conclusion says it was not explained and why
+        assert all(f["severity"] == Severity.ERROR for f in found)
+        assert all("403" in str(e["scoring_error"]) and "base_top_logprobs" not in e for e in evidence)
+        assert all("logprobs are not allowed" in str(e["scoring_error"]) for e in evidence)
+        assert all(f["message"].count("Conclusion:") == 1 for f in found)
+        assert all("were not read: scoring them failed (" in f["message"] for f in found)
+    else:
+        assert all("scoring_error" not in e for e in evidence)
+        assert all(next(iter(e["spec_top_logprobs"])) == str(SimConfig().eos_token_id) for e in evidence)
+        assert all(e["base_top_logprobs"] and "not drawn" not in str(e["conclusion"]) for e in evidence)

@@ -111,26 +111,41 @@ class _MetaInfo(msgspec.Struct, gc=False):
 
 class _GenerateChunk(msgspec.Struct, gc=False):
     text: str | None = None
+    # left as sent: a cumulative list is read only from the ids new to this chunk (GenerateDecoder)
+    output_ids: msgspec.Raw = msgspec.Raw()
     meta_info: _MetaInfo | None = None
     error: Any = None  # `{"error": {"message": ...}}`, as http_server.py's generate_request sends it
 
 
 _decode_generate = msgspec.json.Decoder(_GenerateChunk).decode
+_decode_ids = msgspec.json.Decoder(list[int]).decode
 _SPEC_KEYS = tuple(name for name in _MetaInfo.__struct_fields__ if name.startswith("spec_"))
 
 
 class GenerateDecoder:
     """One /generate stream's events as the `Chunk` the read loop keeps. SGLang sends the whole text
-    so far in every chunk (what its bench_serving reads: `generated_text = data["text"]`), or, with
-    `--incremental-streaming-output`, only the new piece: a text that does not extend the one before is
-    taken as a piece from then on. The chunk's tokens are the rise of `meta_info.completion_tokens`,
-    kept as usage; the finish reason as its `type`, the matched stop as `stop_reason`, an abort as an
-    error frame; the last chunk's `spec_*` keys, as sent, as the request's acceptance."""
+    and `output_ids` so far in every chunk (what its bench_serving reads: `generated_text =
+    data["text"]`), or, with `--incremental-streaming-output`, only the new piece of each
+    (tokenizer_manager.py `_handle_batch_output`; pieces queued behind a slow reader are joined,
+    `_coalesce_streaming_chunks`). The chunk's new ids go where a vLLM stream's `token_ids` go, so the
+    lossless audit compares SGLang's outputs by token and the distribution audit can score them.
 
-    __slots__ = ("_incremental", "_text")
+    Which of the two a stream is, the ids say exactly and at once: `meta_info.completion_tokens` is
+    the count sent so far, so an incremental chunk's ids plus those already received add up to it,
+    while a cumulative list alone is that long (or longer: a still-running request's list is sent by
+    reference and may have grown). A cumulative list is counted by its commas and only its new tail is
+    decoded: building every id of it again on every chunk would cost a 500-token stream about twice
+    the decoding, growing with the output. A chunk without a count keeps no ids (the record then
+    compares by text). Without ids the text decides: one that does not extend the text before is a
+    piece from then on. The chunk's tokens are the rise of `completion_tokens`, kept as usage; the
+    finish reason as its `type`, the matched stop as `stop_reason`, an abort as an error frame; the
+    last chunk's `spec_*` keys, as sent, as the request's acceptance."""
+
+    __slots__ = ("_ids", "_incremental", "_text")
 
     def __init__(self) -> None:
         self._text = ""
+        self._ids = 0  # output ids received so far
         self._incremental = False
 
     def decode(self, payload: bytes) -> Chunk:
@@ -138,23 +153,53 @@ class GenerateDecoder:
         meta = native.meta_info
         if meta is None:
             return Chunk(error=native.error)
+        reason = meta.finish_reason
+        kind = reason.get("type") if isinstance(reason, dict) else reason
+        if kind == "abort":
+            message = reason.get("message") if isinstance(reason, dict) else None
+            return Chunk(id=meta.id, error={"message": f"SGLang aborted the request: {message}"})
+        total = meta.completion_tokens
+        ids = (
+            self._new_ids(bytes(native.output_ids), total)
+            if native.output_ids and total is not None
+            else None
+        )
         text = native.text
         if text is not None and not self._incremental:
             if text.startswith(self._text):
                 text, self._text = text[len(self._text) :], text
             else:
                 self._incremental = True
-        reason = meta.finish_reason
-        kind = reason.get("type") if isinstance(reason, dict) else reason
-        if kind == "abort":
-            message = reason.get("message") if isinstance(reason, dict) else None
-            return Chunk(id=meta.id, error={"message": f"SGLang aborted the request: {message}"})
         choice = Choice(
             text=text,
+            token_ids=ids,
             finish_reason=None if kind is None else str(kind),
             stop_reason=reason.get("matched") if isinstance(reason, dict) else None,
         )
-        usage = Usage(completion_tokens=meta.completion_tokens, prompt_tokens=meta.prompt_tokens)
+        usage = Usage(completion_tokens=total, prompt_tokens=meta.prompt_tokens)
         spec = {key: value for key in _SPEC_KEYS if (value := getattr(meta, key)) is not None}
         metrics = Metrics(speculative_decoding=spec) if spec else None
         return Chunk(id=meta.id, choices=[choice], usage=usage, metrics=metrics, error=native.error)
+
+    def _new_ids(self, sent: bytes, total: int) -> list[int] | None:
+        """The ids of `sent` (a JSON list, or null) new to this chunk, given the count sent so far."""
+        if sent == b"null":
+            return None
+        seen = self._ids
+        commas = sent.count(b",")
+        whole = _decode_ids(sent) if not commas or not seen else None  # short, or the first: all read
+        count = commas + 1 if whole is None else len(whole)
+        if not seen:
+            ids = whole or []
+        elif count + seen == total:  # a piece: with those received, as many as were sent
+            self._incremental = True
+            ids = _decode_ids(sent) if whole is None else whole
+        elif whole is not None:  # the list so far, short
+            ids = whole[seen:]
+        else:  # the list so far: only the ids past the ones received are decoded
+            cut = len(sent)
+            for _ in range(count - seen):
+                cut = sent.rfind(b",", 0, cut)
+            ids = _decode_ids(b"[" + sent[cut + 1 :]) if count > seen else []
+        self._ids += len(ids)
+        return ids

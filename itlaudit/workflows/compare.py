@@ -42,6 +42,13 @@ from itlaudit.workflows.variant_pass import WindowHook
 
 __all__ = ["CounterWindow", "audit_distribution", "execution_mode", "explain_mismatches", "run_compare"]
 
+# Why a chat scenario's sampled outputs are not scored: the server's chat template wraps the messages,
+# so the ids the output followed are not known to score after.
+_CHAT_NOT_SCORED = (
+    "chat outputs are not scored: the server's chat template wraps the messages, so the prompt's token ids "
+    "are not known; run the scenario on /v1/completions or, on SGLang, /generate"
+)
+
 
 def _judged_by_modes(
     found: Finding, modes: dict[str, str | None], variant_of: dict[str, str], comparison: CompareResult
@@ -155,8 +162,8 @@ def audit_distribution(
     if forced is False or not audited:
         return None, []
     block: JSONObject = {"scorer": baseline.name, "variants": {}}
-    if scenario.endpoint != Endpoint.COMPLETIONS:
-        return {**block, "skipped": "outputs are scored on /v1/completions: run the scenario there"}, []
+    if scenario.endpoint == Endpoint.CHAT:  # /v1/completions and SGLang's /generate give both ids
+        return {**block, "skipped": _CHAT_NOT_SCORED}, []
     if not mine.get(baseline.name):
         return {**block, "skipped": f"the baseline {baseline.name!r} has no sampled outputs to compare"}, []
     access = variant_access(scenario, baseline.name, capture)
