@@ -122,6 +122,7 @@ STUBBORN = (
 )
 
 
+@pytest.mark.fault_row("R14")
 def test_sigterm_ends_a_run_whose_launched_server_ignores_it(tmp_path: Path) -> None:
     """The launcher gave a server 10 s after its SIGTERM before the SIGKILL, so a server that ignores
     it held a signalled run's exit past the 5 s bound. After a signal the grace is what is left of
@@ -444,6 +445,7 @@ PIP = (
 )
 
 
+@pytest.mark.fault_row("R16")
 def test_a_signal_during_a_build_install_ends_it_within_the_bound(tmp_path: Path) -> None:
     """The pip, wheels and docker bisect providers built with subprocess.run, so a signal during a
     pip install waited for it to finish (minutes); run_logged now polls the stop request as the
@@ -464,6 +466,7 @@ sleep 30
 """
 
 
+@pytest.mark.fault_row("R15")
 @pytest.mark.parametrize("step", ["find", "prepare"])
 def test_a_signal_during_an_image_pull_or_manifest_check_ends_it_within_the_bound(
     tmp_path: Path, step: str
