@@ -6,13 +6,17 @@ is no CPU wheel); the simulator's layouts are read from SGLang's sources (serve/
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+from dataclasses import replace
 from pathlib import Path
 
+import aiohttp
 import pytest
 from aiohttp import web
 from simkit import app_on_thread, itlaudit, sim_server
 
+from itlaudit.analysis.lossless import output_token_ids
 from itlaudit.analysis.metrics import request_metrics
 from itlaudit.analysis.request_acceptance import server_acceptance
 from itlaudit.analysis.server_metrics import delta_row, parse_scrape, summarize_series
@@ -20,6 +24,7 @@ from itlaudit.analysis.stream_rules import usage_missing_finding
 from itlaudit.capture.chunk import GenerateDecoder
 from itlaudit.capture.request_plan import build_body
 from itlaudit.capture.server_info import environment_record
+from itlaudit.capture.sse import SSEFramer
 from itlaudit.errors import ServerStatusError
 from itlaudit.model.codes import SPEC_DECODE_METRICS_DISAGREE, USAGE_MISSING
 from itlaudit.model.jsonvalue import JSONObject
@@ -27,7 +32,7 @@ from itlaudit.model.records import RequestParams, RequestRecord
 from itlaudit.model.run_context import server_build
 from itlaudit.model.vocabulary import Endpoint
 from itlaudit.serve.side_client import SideClient
-from itlaudit.serve.sim import SIM_VERSION, SimConfig
+from itlaudit.serve.sim import SIM_VERSION, SimConfig, run_sim
 from itlaudit.store.jsonl import load_records
 
 
@@ -57,12 +62,16 @@ def _findings(out: Path, code: str) -> list[dict[str, object]]:
 SPECULATING = SimConfig(dialect="sglang", num_speculative_tokens=3, acceptance_prob=0.5)
 
 
-def test_the_native_generate_stream_gives_token_counts_per_chunk_and_acceptance(tmp_path: Path) -> None:
-    """/generate against SGLang's layout (~3 s): tokens from meta_info.completion_tokens (no
-    usage_missing), several per chunk under K=3, the text rebuilt from the cumulative texts, the
-    request's spec_* kept and agreeing with the stream, the sglang:* gauges read as KV usage, running
-    and acceptance, and the server named SGLang (the simulator's, so simulated)."""
-    out = _run(SPECULATING, tmp_path, "generate")
+@pytest.mark.parametrize("incremental", [False, True])
+def test_the_native_generate_stream_gives_token_counts_per_chunk_and_acceptance(
+    tmp_path: Path, incremental: bool
+) -> None:
+    """/generate against SGLang's layout (~1 s each), its text and output_ids cumulative or, with
+    --incremental-streaming-output, in pieces: tokens from meta_info.completion_tokens (no
+    usage_missing), several per chunk under K=3, each chunk's new ids as many as its tokens, the text
+    rebuilt, the request's spec_* kept and agreeing with the stream, the sglang:* gauges read as KV
+    usage, running and acceptance, and the server named SGLang (the simulator's, so simulated)."""
+    out = _run(replace(SPECULATING, sglang_incremental_output=incremental), tmp_path, "generate")
     records = load_records(out / "requests.jsonl")
     assert len(records) == 4 and all(
         r.completion_tokens == 48 and r.finish_reason == "length" for r in records
@@ -70,6 +79,9 @@ def test_the_native_generate_stream_gives_token_counts_per_chunk_and_acceptance(
     for record in records:
         counts = [c for c in record.chunks.completion_tokens if c is not None]
         assert counts == sorted(counts) and counts[-1] == 48 and len(counts) < 48  # >1 token a chunk
+        ids = [len(chunk or []) for chunk in record.chunks.token_ids]
+        assert ids == [now - before for before, now in itertools.pairwise([0, *counts])]
+        assert len(output_token_ids(record) or []) == 48
         verify = record.spec_decode["spec_verify_ct"] if record.spec_decode else None
         assert isinstance(verify, int) and verify > 0
         assert len(record.text) > 0
@@ -240,6 +252,23 @@ def test_generate_decoder_keeps_each_chunks_new_token_ids(
     chunks = [decoder.decode(_native(text, count, ids=ids)).choices for text, ids, count in events]
     assert [c[0].token_ids for c in chunks if c] == kept
     assert [c[0].text for c in chunks if c] == texts
+
+
+async def test_the_simulator_streams_pieces_as_sglang_does() -> None:
+    """`--sglang-incremental-output` (~0.2 s): each /generate event carries its own text and ids, and
+    meta_info's output logprobs only for them, while completion_tokens still counts all so far."""
+    config = SimConfig(dialect="sglang", ttft_ms=0, step_ms=0, sglang_incremental_output=True)
+    body = {"text": "a b c", "sampling_params": {"max_new_tokens": 5}, "stream": True, "return_logprob": True}
+    async with run_sim(config) as url, aiohttp.ClientSession() as session:
+        async with session.post(f"{url}/generate", json=body) as response:
+            raw = await response.read()
+        info = await (await session.get(f"{url}/server_info")).json()
+    events = [json.loads(p) for p in SSEFramer().feed(raw) if p != b"[DONE]"]
+    assert [len(e["output_ids"]) for e in events] == [1] * 5 and info["incremental_streaming_output"]
+    assert [e["meta_info"]["completion_tokens"] for e in events] == [1, 2, 3, 4, 5]
+    assert all(
+        [entry[1] for entry in e["meta_info"]["output_token_logprobs"]] == e["output_ids"] for e in events
+    )
 
 
 def test_generate_decoder_turns_an_abort_and_an_error_into_error_frames() -> None:

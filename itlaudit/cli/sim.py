@@ -118,6 +118,14 @@ def sim(
             "in the last chunk, as SGLang builds without it send).",
         ),
     ] = False,
+    sglang_incremental_output: Annotated[
+        bool,
+        typer.Option(
+            "--sglang-incremental-output",
+            help="With --dialect sglang: /generate streams each step's text and output_ids, not all so "
+            "far (SGLang's --incremental-streaming-output).",
+        ),
+    ] = False,
     speculative_config: Annotated[
         str | None,
         typer.Option(
@@ -157,6 +165,7 @@ def sim(
         spec_metrics_lie=spec_metrics_lie,
         dialect=str(dialect),
         sglang_continuous_usage=sglang_continuous_usage,
+        sglang_incremental_output=sglang_incremental_output,
     )
     # Said before the server is up (and flushed: a log or pipe sees it at once), so the seconds a start
     # takes are not silent and the log names what this simulator was told to do.

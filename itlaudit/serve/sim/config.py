@@ -92,8 +92,11 @@ class SimConfig:
     # Whose wire: vLLM's, or SGLang's (no /version, /server_info, /generate, sglang:* metrics, its
     # OpenAI layout). sglang_continuous_usage: an SGLang build that honours
     # stream_options.continuous_usage_stats; without it usage comes only in the last chunk.
+    # sglang_incremental_output: SGLang's --incremental-streaming-output, /generate's stream sending
+    # each step's text, ids and output logprobs instead of all of them so far.
     dialect: str = VLLM
     sglang_continuous_usage: bool = False
+    sglang_incremental_output: bool = False
 
     def __post_init__(self) -> None:
         for name, value, allowed in (

@@ -3,7 +3,10 @@ it differs from vLLM, field for field from SGLang's sources (github sgl-project/
 
 - the native `POST /generate` stream (srt/entrypoints/http_server.py `generate_request`): one
   `data: {"text", "output_ids", "meta_info"}` event per engine step, the text and ids cumulative, then
-  `data: [DONE]`; an error mid-stream is `data: {"error": {"message": ...}}` before [DONE];
+  `data: [DONE]`; with `--sglang-incremental-output` (SGLang's --incremental-streaming-output) each
+  step's text and ids only, and meta_info's output logprob lists from that step on
+  (tokenizer_manager.py `_slice_streaming_output_meta_info`); an error mid-stream is
+  `data: {"error": {"message": ...}}` before [DONE];
 - `meta_info` (srt/managers/tokenizer_manager.py `_handle_batch_output`): id, finish_reason (None, or
   schedule_batch.py's `{"type": "length", "length": N}` / `{"type": "stop", "matched": id}`),
   prompt_tokens, weight_version, total_retractions, the cumulative completion_tokens, cached_tokens;
@@ -73,6 +76,9 @@ __all__ = [
 # SamplingParams' default max_new_tokens (srt/sampling/sampling_params.py).
 SGLANG_DEFAULT_MAX_NEW_TOKENS = 128
 _ERROR_MESSAGE = "The engine hit an error (injected by the simulator)."
+# meta_info's lists that --incremental-streaming-output sends from the step on
+# (tokenizer_manager.py _INCREMENTAL_STREAMING_META_INFO_KEYS)
+_OUTPUT_LISTS = ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs")
 
 
 def openai_choice(choice: JSONObject) -> JSONObject:
@@ -250,9 +256,13 @@ async def stream_generate(
     cfg = engine.config
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
     await resp.prepare(request)
-    async for frame, _ in native_frames(engine, asked.jobs[0], started, asked.logprobs):
-        await resp.write(sse_frame(frame))
-        emitted = len(frame["output_ids"]) if isinstance(frame["output_ids"], list) else 0
+    emitted = 0
+    async for frame, step in native_frames(engine, asked.jobs[0], started, asked.logprobs):
+        if cfg.sglang_incremental_output:
+            await resp.write(sse_frame(_piece(frame, step, emitted)))
+        else:
+            await resp.write(sse_frame(frame))
+        emitted += len(step.token_ids)
         if cfg.error_after_tokens is not None and emitted >= cfg.error_after_tokens:
             await resp.write(sse_frame({"error": {"message": _ERROR_MESSAGE}}))
             break
@@ -260,6 +270,15 @@ async def stream_generate(
         await resp.write(DONE_FRAME)
     await resp.write_eof()
     return resp
+
+
+def _piece(frame: JSONObject, step: Step, sent: int) -> JSONObject:
+    """A cumulative /generate object as --incremental-streaming-output sends it: the step's own text
+    and ids, the output logprob lists past the `sent` ids before it."""
+    meta = frame["meta_info"]
+    assert isinstance(meta, dict)
+    sliced = {key: value[sent:] for key in _OUTPUT_LISTS if isinstance(value := meta.get(key), list)}
+    return {"text": step.text, "output_ids": list(step.token_ids), "meta_info": {**meta, **sliced}}
 
 
 async def complete_generate(engine: Engine, asked: GenerateRequest, started: float) -> JSONValue:
@@ -286,7 +305,7 @@ def server_info(config: SimConfig) -> JSONObject:
         "context_length": config.max_model_len,
         "speculative_algorithm": "NGRAM" if speculates else None,
         "speculative_num_draft_tokens": config.num_speculative_tokens + 1 if speculates else None,
-        "incremental_streaming_output": False,
+        "incremental_streaming_output": config.sglang_incremental_output,
         "max_total_num_tokens": config.kv_cache_tokens,
         "internal_states": [{}],
         "version": SIM_VERSION,
