@@ -168,7 +168,7 @@ def test_a_sweep_started_before_versions_resumes(tmp_path: Path) -> None:
 
 def test_result_json_of_a_summary_in_memory_says_its_format() -> None:
     summary = RunFiles(FIXTURE).summary
-    meta = read_json(FIXTURE / "meta.json")
+    meta = RunFiles(FIXTURE).meta_file
     assert result_json(summary, meta, "K3")["format"] == FORMAT
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from itlaudit.analysis.comparison import CompareResult
 from itlaudit.analysis.summary import RunSummary
+from itlaudit.errors import RecordsError
 from itlaudit.model.formats import RECORDS_FORMAT, RECORDS_FORMAT_KEY, check_format
 from itlaudit.model.meta import Meta
 from itlaudit.store.rundir import COMPARE_FILE, META_FILE, SUMMARY_FILE, read_versioned
@@ -34,10 +35,13 @@ class RunFiles:
         """meta.json as written. A folder without one is OSError, one cut short (not JSON) ValueError;
         one nested too deep, in a format or records format this itlaudit does not read, or that is
         not run metadata is one ItlauditError line naming the file."""
+        return Meta.from_json(self._meta_data(), self.path / META_FILE)
+
+    def _meta_data(self) -> object:
         path = self.path / META_FILE
         data = read_versioned(path)
         check_format(path, data, key=RECORDS_FORMAT_KEY, current=RECORDS_FORMAT, readable=(RECORDS_FORMAT,))
-        return Meta.from_json(data, path)
+        return data
 
     @property
     def meta_if_any(self) -> Meta | None:
@@ -53,6 +57,21 @@ class RunFiles:
         """meta.json, or an empty `Meta` where there is none or it was cut short: the run's context
         then reads as unknown, as it always did."""
         return self.meta_if_any or Meta()
+
+    @property
+    def meta_as_context(self) -> Meta:
+        """meta.json for a reader that derives everything from the records (report, diff): missing, cut
+        short or damaged (JSON that is not run metadata: a list, null, a wrong shape), the run's context
+        reads as unknown and its figures still come; a file too deep or in a format this itlaudit does
+        not read is still refused in one line."""
+        try:
+            data = self._meta_data()
+        except (OSError, ValueError):
+            return Meta()
+        try:
+            return Meta.from_json(data, self.path / META_FILE)
+        except RecordsError:
+            return Meta()
 
     @cached_property
     def summary(self) -> RunSummary:

@@ -191,7 +191,7 @@ def read_records(path: Path) -> RecordFile:
     Warmup requests stay in requests.jsonl but are dropped here: this is the one door every
     figure, count, finding and report goes through, so excluding them here excludes them everywhere.
     Records of a format this itlaudit does not read (meta.json says which) are refused first."""
-    meta = RunFiles(path.parent).meta
+    meta = RunFiles(path.parent).meta_as_context
     out = []
     lines = 0
     for obj in iter_jsonl(path):

@@ -146,7 +146,7 @@ def server_blocks(
     telemetry = telemetry if telemetry is not None else read_telemetry(run_dir)
     server, gpu = telemetry["server"], telemetry["gpu"]
     names = list(dict.fromkeys([*(r.variant for r in records), *server, *gpu]))
-    meta = RunFiles(run_dir).meta
+    meta = RunFiles(run_dir).meta_as_context
     offsets = _clock_offsets(meta)
     blocks = {}
     for name in names:

@@ -96,7 +96,7 @@ def derive_figures(
         loaded = read_records(run_dir / REQUESTS_FILE)
         records = loaded.records
         requests = derive_requests(records)
-        meta = RunFiles(run_dir).meta
+        meta = RunFiles(run_dir).meta_as_context
         summary = msgspec.structs.replace(
             summarize_run(
                 records,

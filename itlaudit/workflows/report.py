@@ -65,7 +65,7 @@ def load_run(path: Path) -> Run:
         raise RecordsError(
             f"{path}: not a run folder (no {REQUESTS_FILE}); point at the folder `itlaudit run` made"
         )
-    meta = RunFolder.open(path).meta
+    meta = RunFolder.open(path).meta_as_context  # a damaged meta.json changes no figure (fault row N27)
     return Run(
         path=path,
         title=meta.scenario or path.name,
