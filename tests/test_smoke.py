@@ -34,7 +34,7 @@ K3 = SimConfig(step_ms=2.5, ttft_ms=5, num_speculative_tokens=3)
 @pytest.fixture(autouse=True)
 def _no_plots(monkeypatch: pytest.MonkeyPatch) -> None:
     """PNGs cost ~3 s per run folder and a smoke writes seven; the smoke never reads them."""
-    monkeypatch.setattr("itlaudit.report.plots.write_plots", lambda views, out_dir: [])
+    monkeypatch.setattr("itlaudit.report.plots.write_plots", lambda views, out_dir, **options: [])
 
 
 def _invoke(*args: str | Path) -> tuple[int, str]:
@@ -90,7 +90,7 @@ def clean(tmp_path_factory: pytest.TempPathFactory) -> Clean:
     out = tmp_path_factory.mktemp("clean")
     sends = (SendLog(), SendLog())
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("itlaudit.report.plots.write_plots", lambda views, out_dir: [])
+        mp.setattr("itlaudit.report.plots.write_plots", lambda views, out_dir, **options: [])
         code, text = _smoke(out, K0, K3, sends=sends)
     return Clean(code, text, out, *sends)
 
