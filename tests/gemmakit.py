@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -60,24 +59,19 @@ class GemmaServers:
 
     def urls(self, *names: str) -> list[str]:
         """The base URLs of these variants' servers (at most MAX_LIVE), the oldest others stopped to
-        make room. Those not up start together: a start is mostly one process's imports and loading, so
-        two on the 2-core box are ready in ~85 s against ~130 s one after the other (measured)."""
+        make room. Each missing one is started here, on the calling thread, one after the other: a
+        launched server dies with the thread that started it (PR_SET_PDEATHSIG follows the forking
+        thread, not the process), so a start on a pool thread that then ends leaves no server."""
         assert len(set(names)) == len(names) <= MAX_LIVE, names
         kept = {name: self._live.pop(name) for name in names if name in self._live}
         missing = [name for name in names if name not in kept]
         while len(self._live) + len(kept) + len(missing) > MAX_LIVE:
             self._live.pop(next(iter(self._live))).stop()
-        with ThreadPoolExecutor(max_workers=max(1, len(missing))) as pool:
-            starting = {name: pool.submit(self._launch, name) for name in missing}
-        failed = [error for future in starting.values() if (error := future.exception()) is not None]
-        started = {name: future.result() for name, future in starting.items() if future.exception() is None}
-        if failed:  # nothing half-started stays up; the servers kept stay in the pool
-            for server in started.values():
-                server.stop()
-            self._live.update(kept)
-            raise failed[0]
-        for name in names:
-            self._live[name] = kept[name] if name in kept else started[name]
+        self._live.update(kept)
+        for name in missing:
+            self._live[name] = self._launch(name)
+        for name in names:  # most recently used last
+            self._live[name] = self._live.pop(name)
         return [self._live[name].url for name in names]
 
     def _launch(self, name: str) -> LaunchedServer:
