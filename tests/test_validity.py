@@ -193,23 +193,46 @@ def test_a_sweep_never_ranks_a_point_that_breaks_the_rule() -> None:
 def test_the_sweep_speedup_figure_draws_a_grey_cross_not_a_ratio_where_a_point_is_not_comparable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from itlaudit.analysis.sweep import sweep_result
-    from itlaudit.model.vocabulary import LoadAxis
-    from itlaudit.report import sweep_plots
-
     series = {
         "K0": [_point(c, 10.0) for c in (1, 4, 16)],
         "K3": [_point(1, 5.0), _point(4, 4.0, "6 of 6 requests cut short"), _point(16, 12.0)],
     }
-    sweep = sweep_result("s", LoadAxis.CONCURRENCY, [1, 4, 16], 1, series)
-    drawn: list[Figure] = []
-    monkeypatch.setattr(sweep_plots, "save_figure", lambda fig, path: drawn.append(fig) or path)
-    sweep_plots.plot_speedup_vs_load(sweep, tmp_path / "s.png")
-    lines = {str(line.get_label()): line for line in drawn[0].axes[0].get_lines()}
+    lines = _speedup_lines(series, tmp_path, monkeypatch)
     speedups = np.asarray(lines["K3 over K0"].get_ydata(), dtype=float)
     assert speedups[[0, 2]] == pytest.approx([2.0, 10 / 12]) and np.isnan(speedups[1])
     cross = lines["K3: not comparable"]
     assert list(cross.get_xdata()) == [4.0] and list(cross.get_ydata()) == [1.0]
+
+
+def test_the_sweep_speedup_figure_has_no_ratio_where_the_base_has_no_token_itl(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A base point whose replies each came in one read has no token ITL (None): no speedup is drawn
+    there, and the figure is still drawn (the vLLM CPU K sweep met it under load: a TypeError)."""
+    unmeasured = {"concurrency": 4, "itl_ms": dict.fromkeys(("p50", "p90", "p99")), "not_comparable": None}
+    series = {
+        "K0": [_point(1, 10.0), unmeasured, _point(16, 10.0)],
+        "K3": [_point(c, 5.0) for c in (1, 4, 16)],
+    }
+    speedups = np.asarray(
+        _speedup_lines(series, tmp_path, monkeypatch)["K3 over K0"].get_ydata(), dtype=float
+    )
+    assert speedups[[0, 2]] == pytest.approx([2.0, 2.0]) and np.isnan(speedups[1])
+
+
+def _speedup_lines(
+    series: dict[str, list[dict[str, Any]]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> dict[str, Any]:
+    """The sweep speedup figure's lines by label, drawn from these points at concurrency 1, 4, 16."""
+    from itlaudit.analysis.sweep import sweep_result
+    from itlaudit.model.vocabulary import LoadAxis
+    from itlaudit.report import sweep_plots
+
+    sweep = sweep_result("s", LoadAxis.CONCURRENCY, [1, 4, 16], 1, series)
+    drawn: list[Figure] = []
+    monkeypatch.setattr(sweep_plots, "save_figure", lambda fig, path: drawn.append(fig) or path)
+    sweep_plots.plot_speedup_vs_load(sweep, tmp_path / "s.png")
+    return {str(line.get_label()): line for line in drawn[0].axes[0].get_lines()}
 
 
 def test_bisect_marks_and_never_ranks_a_variant_that_breaks_the_rule() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from vllm_server import vllm_server
+from vllm_server import itl_said, vllm_server
 
 from itlaudit.store.jsonl import iter_jsonl
 
@@ -52,21 +52,6 @@ def _audit(
     }
 
 
-def _itl_said(row: dict[str, Any], records: list[dict[str, Any]], category: str) -> None:
-    """A category's token ITL is measured (above 0) wherever one of its replies spread its tokens over
-    time; a category whose every reply came in one read (a starved API server on a loaded 2-core box
-    flushes a short reply whole) has none, never 0 ms (analysis.metrics)."""
-    spans = []
-    for record in (r for r in records if r["category"] == category):
-        tokens = [n or 0 for n in record["chunk_tokens"]]  # a role or usage-only chunk counts none
-        content = [t for i, t in enumerate(record["chunk_t_ms"]) if tokens[i] > max(tokens[:i], default=0)]
-        spans.append(max(content) - min(content) if content else 0.0)
-    if any(span > 0 for span in spans):
-        assert row["itl_ms"]["p50"] > 0, (category, row)
-    else:
-        assert row["itl_ms"]["p50"] is None, (category, row)
-
-
 def test_a_mooncake_trace_drives_the_testbed_on_its_schedule_with_acceptance_and_prefix_hits(
     tmp_path: Path, k3_url: str
 ) -> None:
@@ -103,7 +88,7 @@ def test_multi_turn_sessions_on_the_testbed_give_figures_per_turn(tmp_path: Path
         "turn 3": 1,
     }
     for name, row in categories.items():
-        _itl_said(row, done["records"], name)
+        itl_said(row, done["records"], name)
     moon = [r["prompt_tokens"] for r in done["records"][:3]]  # the first conversation's three turns
     assert moon[0] < moon[1] < moon[2]  # each turn carries the history before it
     print(
@@ -124,7 +109,7 @@ def test_spec_bench_categories_on_the_testbed(tmp_path: Path, k3_url: str) -> No
     assert set(categories) == {"coding", "translation"}
     for name, row in categories.items():
         assert row["requests"] == 2
-        _itl_said(row, done["records"], name)
+        itl_said(row, done["records"], name)
         assert row["decode_tokens_per_chunk"]["p50"] > 1  # drafts accepted: several tokens a chunk
 
 

@@ -28,6 +28,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -162,3 +163,18 @@ def tiny_run(
         "--num-prompts", "2", "--max-concurrency", "1", "--out", str(out), "--no-plots", *extra,
     ]  # fmt: skip
     return subprocess.run(argv, cwd=out.parent, capture_output=True, text=True, timeout=600)
+
+
+def itl_said(row: dict[str, Any], records: list[dict[str, Any]], category: str | None = None) -> None:
+    """A block's token ITL (of `category`'s replies, or of all) is measured (above 0) wherever one of
+    its replies spread its tokens over time; where every reply came in one read (a starved API server
+    on a loaded 2-core box flushes a short reply whole) it has none, never 0 ms (analysis.metrics)."""
+    spans = []
+    for record in (r for r in records if category is None or r["category"] == category):
+        tokens = [n or 0 for n in record["chunk_tokens"]]  # a role or usage-only chunk counts none
+        content = [t for i, t in enumerate(record["chunk_t_ms"]) if tokens[i] > max(tokens[:i], default=0)]
+        spans.append(max(content) - min(content) if content else 0.0)
+    if any(span > 0 for span in spans):
+        assert row["itl_ms"]["p50"] > 0, (category, row)
+    else:
+        assert row["itl_ms"]["p50"] is None, (category, row)

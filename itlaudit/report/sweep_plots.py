@@ -208,7 +208,8 @@ def plot_speedup_vs_load(sweep: SweepResult, path: Path) -> Path | None:
         y = np.array(
             [
                 base[p[axis]]["itl_ms"]["p50"] / p["itl_ms"]["p50"]
-                if p["itl_ms"]["p50"] and not bad
+                # either side may have no token ITL (every reply in one read): no speedup there
+                if p["itl_ms"]["p50"] and base[p[axis]]["itl_ms"]["p50"] and not bad
                 else np.nan
                 for p, bad in zip(points, unlike, strict=True)
             ]
