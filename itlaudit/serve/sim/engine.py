@@ -124,9 +124,14 @@ class Engine:
         # Steps are due at absolute times (prefill + n steps after arrival), so time spent writing and
         # waking up late does not accumulate: a "5 ms" server delivers one step per 5 ms on average.
         # After a stall (the process was starved) steps catch up at half a step apart, never in a
-        # burst that would land the missed steps in one read.
+        # burst that would land the missed steps in one read. The decode grid starts when the prefill
+        # step is actually released, as a real engine's decode starts when its prefill ends: 64 first
+        # chunks due at once leave over ~10 ms on a loaded 2-core box, and a grid anchored at their due
+        # time compressed the late ones' token ITL by that much (9.88 ms for a "10 ms" step). The send
+        # log's first due time is that release.
         scheduled_ns = due_ns = time.monotonic_ns() + round(cfg.ttft_ms * 1e6)
         await _sleep_until(due_ns)
+        scheduled_ns = due_ns = max(due_ns, time.monotonic_ns())
         while True:
             # The prefill step samples one token; each decode step verifies K drafts and accepts a
             # prefix of them plus one bonus token. As in vLLM the acceptance counters are recorded before
