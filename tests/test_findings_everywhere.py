@@ -52,7 +52,9 @@ WORKLOAD = [
 ]
 
 
-def _compare(tmp_path: Path, variants: dict[str, SimConfig], workload: list[str] = WORKLOAD) -> tuple[str, Path]:
+def _compare(
+    tmp_path: Path, variants: dict[str, SimConfig], workload: list[str] = WORKLOAD
+) -> tuple[str, Path]:
     out = tmp_path / "run"
     with ExitStack() as stack:
         urls = {name: stack.enter_context(sim_server(config)) for name, config in variants.items()}
