@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from itlaudit.track.changes import LENGTH, VALID
+from itlaudit.analysis.changes import LENGTH, VALID
 from itlaudit.track.db import NewPoint, open_history
 
 __all__ = ["synthetic_point"]

@@ -29,9 +29,9 @@ from track_scale import synthetic_point
 from trackkit import FAMILY, MISSING, sixty_nightlies
 from typer.testing import CliRunner
 
+from itlaudit.analysis.changes import SERVER_SERIES, STREAM_SERIES
 from itlaudit.cli.app import app
 from itlaudit.serve.sim import SimConfig
-from itlaudit.track.changes import SERVER_SERIES, STREAM_SERIES
 from itlaudit.track.db import SCHEMA_VERSION, check_cache_table, open_history, schema_table
 
 FIXTURE_RUN = Path(__file__).parent / "fixtures" / "runfolder-v1"

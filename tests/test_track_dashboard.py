@@ -25,7 +25,7 @@ from simkit import itlaudit
 from track_scale import synthetic_point
 from trackkit import FAMILY, sixty_nightlies
 
-from itlaudit.track.changes import SERVER_SERIES, STREAM_SERIES, VALID, Change, Point
+from itlaudit.analysis.changes import SERVER_SERIES, STREAM_SERIES, VALID, Change, Point
 from itlaudit.track.db import open_history
 from itlaudit.track.publish import CLASS_COLOURS, MANIFEST, publish
 

@@ -28,7 +28,7 @@ from itlaudit.errors import ItlauditError
 __all__ = ["track_app"]
 
 if TYPE_CHECKING:
-    from itlaudit.track.changes import Blind, Change, CheckSettings
+    from itlaudit.analysis.changes import Blind, Change, CheckSettings
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -108,7 +108,7 @@ def check(
     ] = False,
 ) -> None:
     """Print the open changes of the history; exit 1 when a confirmed regression is open."""
-    from itlaudit.track.changes import CheckSettings, open_changes
+    from itlaudit.analysis.changes import CheckSettings, open_changes
     from itlaudit.track.db import open_history
     from itlaudit.track.nightly import EXIT_CANNOT_TELL, EXIT_REGRESSION
 
@@ -153,7 +153,7 @@ def _print_changes(
 ) -> None:
     """The changes (all, or the open and suspected ones), then the families nothing could be told
     about, then the count line; --json prints the changes alone on stdout and the rest on stderr."""
-    from itlaudit.track.changes import SUSPECTED, open_changes
+    from itlaudit.analysis.changes import SUSPECTED, open_changes
 
     still_open = open_changes(changes)
     suspected = [c for c in changes if c.state == SUSPECTED]
@@ -213,8 +213,8 @@ def nightly(
     setup: ProbeSetup,
 ) -> None:
     """Probe each new build once, record it, check; exit 1 on a confirmed regression (125: none probed)."""
+    from itlaudit.analysis.changes import CheckSettings
     from itlaudit.store.rundir import new_run_dir
-    from itlaudit.track.changes import CheckSettings
     from itlaudit.track.db import open_history
     from itlaudit.track.nightly import bisect_unexplained, nightly_builds
     from itlaudit.track.nightly import nightly as run_nightly

@@ -1,6 +1,6 @@
 """`itlaudit track`: a history of builds (points keyed by a full fingerprint, raw samples kept), the
-series over it and their change points, validity first. Storage in db.py, run folders in record.py,
-the pure series and change-point rules in changes.py."""
+series over it and their change points, validity first. Storage in db.py, run folders in record.py;
+the pure series and change-point rules are analysis/changes.py."""
 
 from itlaudit import Surface
 
@@ -9,13 +9,6 @@ from itlaudit import Surface
 SURFACE = Surface(
     __name__,
     {
-        "changes": (
-            "SUSPECTED",
-            "Blind",
-            "Change",
-            "CheckSettings",
-            "open_changes",
-        ),
         "db": ("open_history",),
         "nightly": (
             "EXIT_CANNOT_TELL",

@@ -25,10 +25,7 @@ import msgspec
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
-from itlaudit.errors import TrackError
-from itlaudit.model.jsonvalue import JSONMapping, JSONObject
-from itlaudit.model.redact import redact_url
-from itlaudit.track.changes import (
+from itlaudit.analysis.changes import (
     CLIENT,
     CORRECTNESS,
     LENGTH,
@@ -48,6 +45,9 @@ from itlaudit.track.changes import (
     find_changes,
     point_values,
 )
+from itlaudit.errors import TrackError
+from itlaudit.model.jsonvalue import JSONMapping, JSONObject
+from itlaudit.model.redact import redact_url
 
 __all__ = [
     "BUILD_STATUSES",

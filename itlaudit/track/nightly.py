@@ -28,6 +28,17 @@ from pathlib import Path
 import msgspec
 from rich.console import Console
 
+from itlaudit.analysis.changes import (
+    CONFIRMED,
+    LENGTH_CAP,
+    REGRESSION,
+    SPEED,
+    SPEEDUP_CLASS,
+    Blind,
+    Change,
+    CheckSettings,
+    open_changes,
+)
 from itlaudit.bisect.bisector import Bisection, probe_config, probe_scenario
 from itlaudit.bisect.build_range import Build, fetch_versions
 from itlaudit.bisect.prefetch import Prefetcher
@@ -40,17 +51,6 @@ from itlaudit.errors import BisectError, TrackError
 from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.vocabulary import Verdict
 from itlaudit.store.rundir import META_FILE, REQUESTS_FILE, write_meta
-from itlaudit.track.changes import (
-    CONFIRMED,
-    LENGTH_CAP,
-    REGRESSION,
-    SPEED,
-    SPEEDUP_CLASS,
-    Blind,
-    Change,
-    CheckSettings,
-    open_changes,
-)
 from itlaudit.track.db import FAILED, PROBED, SKIPPED, History, NewPoint, digest
 from itlaudit.track.record import BuildInfo, run_points
 

@@ -35,9 +35,7 @@ from statistics import median
 from typing import Any, TypedDict
 from urllib.parse import urlsplit
 
-from itlaudit.errors import TrackError
-from itlaudit.model.jsonvalue import JSONObject
-from itlaudit.track.changes import (
+from itlaudit.analysis.changes import (
     BASE_VARIANT,
     CLIENT,
     CORRECTNESS,
@@ -59,6 +57,8 @@ from itlaudit.track.changes import (
     SeriesSpec,
     open_changes,
 )
+from itlaudit.errors import TrackError
+from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.track.db import BisectRecord, History, damaged
 
 __all__ = ["CLASS_COLOURS", "DEFAULT_GITHUB_REPO", "MANIFEST", "Published", "publish"]

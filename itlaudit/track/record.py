@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from itlaudit.analysis.changes import CLIENT, CORRECTNESS, LENGTH, SAMPLE_FIELDS, VALID
 from itlaudit.analysis.derive import summarize_run
 from itlaudit.analysis.metrics import request_metrics
 from itlaudit.analysis.request_acceptance import server_acceptance
@@ -35,7 +36,6 @@ from itlaudit.store.jsonl import load_records
 from itlaudit.store.ledger import run_fingerprints
 from itlaudit.store.rundir import META_FILE, REQUESTS_FILE, SUMMARY_FILE
 from itlaudit.store.server_metrics import read_telemetry
-from itlaudit.track.changes import CLIENT, CORRECTNESS, LENGTH, SAMPLE_FIELDS, VALID
 from itlaudit.track.db import NewPoint, open_history
 from itlaudit.workflows.run_folder import RunFolder
 
