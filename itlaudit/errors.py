@@ -112,7 +112,7 @@ class ServerRejectedError(ItlauditError):
 
 
 class ServerTimeout(ServerUnreachableError):
-    """A side request (serve/side_client.py) got no complete answer within its timeout."""
+    """A side request (side/client.py) got no complete answer within its timeout."""
 
 
 class ServerStatusError(ServerRejectedError):

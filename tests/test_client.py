@@ -31,7 +31,7 @@ from itlaudit.model.records import (
     Status,
     Timeouts,
 )
-from itlaudit.serve.side_client import SideClient, server_error_message
+from itlaudit.side.client import SideClient, server_error_message
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.24.0-cuda"
 STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
@@ -512,7 +512,7 @@ def test_build_body_rejects_unknown_endpoint() -> None:
         build_body("embeddings", "tiny", "Hi", RequestParams())
 
 
-# --- side requests (serve/side_client.py) against hand-made answers ------------------------------
+# --- side requests (side/client.py) against hand-made answers ------------------------------
 
 
 def json_handler_for(body: object, status: int = 200) -> Handler:

@@ -19,7 +19,7 @@ from itlaudit.errors import ScenarioError, ServerRejectedError
 from itlaudit.model.datasets import chat_prompt_note, refit_ids, refit_rng, usable_text
 from itlaudit.model.records import RequestParams
 from itlaudit.model.scenario import Scenario, parse_scenario
-from itlaudit.serve.side_client import SideClient
+from itlaudit.side.client import SideClient
 
 
 def load(tmp_path: Path, workload: str, endpoint: str = "completions") -> Scenario:

@@ -14,11 +14,11 @@ from aiohttp import web
 from simkit import app_on_thread, itlaudit, sim_server
 
 from itlaudit.analysis.server_metrics import GPU_TELEMETRY_FILE, SERVER_METRICS_FILE, gpu_figures
-from itlaudit.capture.dcgm import NotAFigure, dcgm_figures
-from itlaudit.capture.telemetry import Telemetry
 from itlaudit.errors import ScenarioError
 from itlaudit.serve.sim import SimConfig
 from itlaudit.store.server_metrics import read_telemetry
+from itlaudit.telemetry.dcgm import NotAFigure, dcgm_figures
+from itlaudit.telemetry.window import Telemetry
 
 EXPORTER_PAGE = (Path(__file__).parent / "fixtures" / "gpu" / "dcgm-exporter-h200.prom").read_text()
 

@@ -23,10 +23,10 @@ from itlaudit.capture.scoring import Scorer
 from itlaudit.model.codes import SPEC_DECODE_DISTRIBUTION_SHIFT
 from itlaudit.model.records import ChunkSeries, RequestParams, RequestRecord, Status
 from itlaudit.model.scenario import parse_scenario
-from itlaudit.serve.side_client import SideClient
 from itlaudit.serve.sim import SimConfig, run_sim
 from itlaudit.serve.sim.config import ARGMAX, FLAT
 from itlaudit.serve.sim.lm import BigramModel
+from itlaudit.side.client import SideClient
 from itlaudit.store.rundir import COMPARE_FILE, read_json
 from itlaudit.workflows.compare import run_compare
 from tests.simkit import itlaudit, sim_server

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from itlaudit.capture.metrics_sampler import MAX_PAGE_BYTES
 from itlaudit.capture.sse import MAX_EVENT_BYTES, SSEFramer
-from itlaudit.capture.telemetry import Telemetry
 from itlaudit.errors import EventTooLarge
 from itlaudit.model.datasets import MAX_DRAWN_TOKENS, multi_turn_dataset, trace_dataset
+from itlaudit.telemetry.metrics_sampler import MAX_PAGE_BYTES
+from itlaudit.telemetry.window import Telemetry
 from tests.faultkit import itlaudit, refused_before_any_folder, url_variant, write_scenario
 
 MIB = 1 << 20

@@ -22,8 +22,8 @@ from itlaudit.analysis.invariance import (
 from itlaudit.capture.scoring import Scorer, observe
 from itlaudit.capture.server_info import server_identity
 from itlaudit.errors import ServerRejectedError
-from itlaudit.serve.side_client import SideClient
 from itlaudit.serve.sim import SIM_VERSION, SimConfig, run_sim
+from itlaudit.side.client import SideClient
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.32.0-cpu"
 PROMPTS = ["The quick brown fox", "Once upon a time there was"]

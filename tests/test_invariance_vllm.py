@@ -19,7 +19,7 @@ from itlaudit.capture.client import stream_request
 from itlaudit.capture.request_plan import plan_request
 from itlaudit.capture.scoring import Scorer, explain_mismatch, observe
 from itlaudit.model.records import RequestParams, RequestRecord, Status
-from itlaudit.serve.side_client import SideClient
+from itlaudit.side.client import SideClient
 
 pytestmark = pytest.mark.vllm
 k0_url = vllm_server()

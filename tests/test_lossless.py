@@ -15,8 +15,8 @@ from itlaudit.capture.request_plan import plan_request
 from itlaudit.capture.scoring import Scorer, explain_mismatch
 from itlaudit.model.codes import Severity
 from itlaudit.model.records import ChunkSeries, RequestParams, RequestRecord, Status
-from itlaudit.serve.side_client import SideClient
 from itlaudit.serve.sim import SimConfig, run_sim
+from itlaudit.side.client import SideClient
 
 PROMPTS = ["The quick brown fox", "Speculative decoding proposes draft tokens"]
 

@@ -32,7 +32,6 @@ from itlaudit.analysis.server_metrics import (
 )
 from itlaudit.analysis.specdecode import DRAFTS
 from itlaudit.analysis.summary import RunSummary
-from itlaudit.capture.metrics_sampler import MetricsSampler
 from itlaudit.model.codes import SPEC_DECODE_METRICS_DISAGREE
 from itlaudit.model.launch import LaunchSpec
 from itlaudit.report.diff import why_it_moved
@@ -43,6 +42,7 @@ from itlaudit.serve.sim import SimConfig
 from itlaudit.serve.truth import VLLM_METRICS_PAGE
 from itlaudit.store.jsonl import load_records
 from itlaudit.store.server_metrics import read_server_metrics
+from itlaudit.telemetry.metrics_sampler import MetricsSampler
 
 PAGE = """# HELP vllm:num_requests_running Running.
 # TYPE vllm:num_requests_running gauge

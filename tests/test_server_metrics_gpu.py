@@ -17,13 +17,13 @@ from simkit import sim_server
 
 from itlaudit.analysis.server_metrics import GPU_TELEMETRY_FILE, gpu_energy, gpu_figures
 from itlaudit.analysis.summary import RunSummary
-from itlaudit.capture.metrics_sampler import SampleFailed
-from itlaudit.capture.nvml import NvmlSampler, open_gpus, throttle_names
-from itlaudit.capture.telemetry import Telemetry
 from itlaudit.errors import ScenarioError
 from itlaudit.report.markdown import server_rows
 from itlaudit.serve.sim import SimConfig
 from itlaudit.store.server_metrics import read_server_metrics
+from itlaudit.telemetry.metrics_sampler import SampleFailed
+from itlaudit.telemetry.nvml import NvmlSampler, open_gpus, throttle_names
+from itlaudit.telemetry.window import Telemetry
 
 
 class _NVMLError(Exception):

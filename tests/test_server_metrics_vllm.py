@@ -13,12 +13,12 @@ from simkit import itlaudit
 from vllm_server import server_spec
 
 from itlaudit.analysis.request_acceptance import server_acceptance
-from itlaudit.capture.telemetry import Telemetry
 from itlaudit.model.codes import SPEC_DECODE_METRICS_DISAGREE
 from itlaudit.model.launch import LaunchSpec
 from itlaudit.serve.launcher import PER_REQUEST_SPEC_FLAG, launch, python_argv
 from itlaudit.store.jsonl import load_records
 from itlaudit.store.server_metrics import read_server_metrics
+from itlaudit.telemetry.window import Telemetry
 
 pytestmark = pytest.mark.vllm
 

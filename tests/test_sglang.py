@@ -31,8 +31,8 @@ from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import RequestParams, RequestRecord
 from itlaudit.model.run_context import server_build
 from itlaudit.model.vocabulary import Endpoint
-from itlaudit.serve.side_client import SideClient
 from itlaudit.serve.sim import SIM_VERSION, SimConfig, run_sim
+from itlaudit.side.client import SideClient
 from itlaudit.store.jsonl import load_records
 
 

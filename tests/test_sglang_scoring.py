@@ -18,10 +18,10 @@ from itlaudit.analysis.invariance import parse_top_logprobs
 from itlaudit.capture.scoring import Scorer, SGLangScorer, scorer_for
 from itlaudit.errors import ServerRejectedError
 from itlaudit.model.codes import SPEC_DECODE_OUTPUT_MISMATCH, Severity
-from itlaudit.serve.side_client import SideClient
 from itlaudit.serve.sim import SimConfig, run_sim
 from itlaudit.serve.sim.lm import BigramModel
 from itlaudit.serve.sim.server import make_app
+from itlaudit.side.client import SideClient
 
 SGLANG = SimConfig(dialect="sglang", ttft_ms=1, step_ms=0)
 

@@ -1,4 +1,4 @@
-"""The side-request client (serve/side_client.py) against the simulator and tests/faultserver.py: what
+"""The side-request client (side/client.py) against the simulator and tests/faultserver.py: what
 each endpoint gives back, and that every way a request can fail leaves as one error class with a
 one-line message. Also: the capture hot path imports nothing of aiohttp."""
 
@@ -21,8 +21,8 @@ from itlaudit.errors import (
     ServerUnreachableError,
 )
 from itlaudit.model.access import Access
-from itlaudit.serve.side_client import BlockingSideClient, SideClient
 from itlaudit.serve.sim import SIM_VERSION, SimConfig
+from itlaudit.side.client import BlockingSideClient, SideClient
 
 HOT_PATH = ("http1", "transport", "workers", "stamping", "sse", "chunk")
 

@@ -83,7 +83,7 @@ def test_run_help_loads_no_capture_stage_and_no_numpy() -> None:
     names = (
         "numpy",
         "itlaudit.capture.runner",
-        "itlaudit.capture.metrics_sampler",
+        "itlaudit.telemetry.metrics_sampler",
         "itlaudit.analysis.metrics",
     )
     assert _loaded_after(code, (*names, *HEAVY)) == []

@@ -1,6 +1,6 @@
 """A server's /metrics as a time series (pure: page text in, tidy rows and per-run figures out).
 
-The sampler (capture/metrics_sampler.py) scrapes /metrics on a fixed period while a variant's measured
+The sampler (telemetry/metrics_sampler.py) scrapes /metrics on a fixed period while a variant's measured
 requests stream and writes one row per scrape to the run folder's server_metrics.jsonl: gauges as
 values, counters as deltas since the scrape before, histograms as bucket deltas. Deltas make a row
 readable on its own (what happened in that second) and make a counter reset (a restarted server) a
@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 SERVER_METRICS_FILE = "server_metrics.jsonl"
-GPU_TELEMETRY_FILE = "gpu_telemetry.jsonl"  # capture/nvml.py's rows
+GPU_TELEMETRY_FILE = "gpu_telemetry.jsonl"  # telemetry/nvml.py's rows
 
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"

@@ -24,7 +24,7 @@ from packaging.utils import (
 from packaging.version import InvalidVersion, Version
 
 from itlaudit.errors import BisectError, ItlauditError
-from itlaudit.serve.side_client import SIDE_TIMEOUT_S, BlockingSideClient
+from itlaudit.side.client import SIDE_TIMEOUT_S, BlockingSideClient
 
 __all__ = [
     "PYPI_SIMPLE",

@@ -26,7 +26,7 @@ from itlaudit.bisect.build_range import Build, check_ends
 from itlaudit.errors import BisectError, ServerAnswerError, ServerStatusError, ServerUnreachableError
 from itlaudit.model.access import Access
 from itlaudit.model.jsonvalue import JSONValue
-from itlaudit.serve.side_client import SIDE_TIMEOUT_S, BlockingSideClient, server_error_message
+from itlaudit.side.client import SIDE_TIMEOUT_S, BlockingSideClient, server_error_message
 
 __all__ = [
     "DEFAULT_API",

@@ -12,7 +12,6 @@ SURFACE = Surface(
             "lost_worker_warnings",
             "parse_cluster",
         ),
-        "defaults": ("DEFAULT_PERIOD_S",),
         "described": ("CaptureDescription",),
         "planning": (
             "OnPrepare",
@@ -47,11 +46,6 @@ SURFACE = Surface(
             "scrape_counters",
             "server_environment",
             "server_identity",
-        ),
-        "telemetry": (
-            "Telemetry",
-            "TelemetryRecord",
-            "TelemetryWindow",
         ),
         "workers": ("prestart_workers",),
     },

@@ -33,7 +33,7 @@ from itlaudit.model.records import (
     Timeouts,
 )
 from itlaudit.model.vocabulary import Endpoint, StampMode
-from itlaudit.serve.side_client import describe_connection_failure, server_error_message
+from itlaudit.side.client import describe_connection_failure, server_error_message
 
 __all__ = ["DEFAULT_TIMEOUTS", "parse_retry_after", "stream_request"]
 

@@ -26,7 +26,7 @@ from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.scenario import Scenario
 from itlaudit.model.scenario_toml import Located
 from itlaudit.model.schedule import send_offsets_s
-from itlaudit.serve.side_client import SideClient, server_error_message
+from itlaudit.side.client import SideClient, server_error_message
 
 __all__ = [
     "OnPrepare",

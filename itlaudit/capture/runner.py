@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from itlaudit.capture.described import CaptureDescription, LostWorker, RandomChat, WorkerDescription
-from itlaudit.capture.telemetry import Telemetry
 from itlaudit.errors import CaptureWorkerError, ScenarioError, ServerRejectedError
 from itlaudit.model.access import Access
 from itlaudit.model.datasets import REPLY_KINDS
@@ -27,14 +26,15 @@ from itlaudit.model.redact import known_secrets, redact_bytes
 from itlaudit.model.scenario import Scenario
 from itlaudit.model.vocabulary import StampMode
 from itlaudit.model.workload import BOUNDS as WORKLOAD_BOUNDS
-from itlaudit.serve.side_client import SideClient
+from itlaudit.side.client import SideClient
 from itlaudit.store.jsonl import RecordWriter
+from itlaudit.telemetry.window import Telemetry
 
 if TYPE_CHECKING:
     from itlaudit.capture.planning import OnPrepare
     from itlaudit.capture.request_plan import PlannedRequest
     from itlaudit.capture.workers import WorkerHandle, WorkerShare
-    from itlaudit.serve.side_client import SideClient
+    from itlaudit.side.client import SideClient
 
 __all__ = [
     "CaptureOptions",

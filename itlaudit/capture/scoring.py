@@ -40,7 +40,7 @@ from itlaudit.model.run_context import is_sglang
 from itlaudit.model.vocabulary import Endpoint
 
 if TYPE_CHECKING:
-    from itlaudit.serve.side_client import SideClient
+    from itlaudit.side.client import SideClient
 
 __all__ = [
     "DEFAULT_REPEATS",

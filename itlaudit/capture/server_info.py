@@ -19,7 +19,7 @@ from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.meta import EnvironmentRecord
 from itlaudit.model.run_context import is_sglang, is_simulator
 from itlaudit.serve.environment import commit_of, non_default_args, server_env
-from itlaudit.serve.side_client import BlockingSideClient, SideClient
+from itlaudit.side.client import BlockingSideClient, SideClient
 
 __all__ = [
     "VERSION_TIMEOUT_S",

@@ -28,7 +28,7 @@ from itlaudit.model.datasets import (
 from itlaudit.model.jsonvalue import JSONObject, JSONValue
 from itlaudit.model.scenario import Scenario
 from itlaudit.model.vocabulary import Endpoint
-from itlaudit.serve.side_client import SideClient, server_error_message
+from itlaudit.side.client import SideClient, server_error_message
 
 __all__ = ["ChatPrompts", "ServerTokenizer", "fit_text", "random_chat_prompts"]
 

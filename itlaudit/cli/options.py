@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeAlias, TypeVar
 import typer
 
 from itlaudit.analysis.convergence import DEFAULT_CI_WIDTH_PCT, DEFAULT_MAX_TRIALS
-from itlaudit.capture.defaults import DEFAULT_PERIOD_S
 from itlaudit.errors import ScenarioError
 from itlaudit.model import vocabulary
 from itlaudit.model.access import Access, api_key_header, header_problem, tls_problem
 from itlaudit.model.datasets import DATASET_KINDS
 from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.scenario import ScenarioFlags
+from itlaudit.telemetry.defaults import DEFAULT_PERIOD_S
 
 if TYPE_CHECKING:  # the capture stage (numpy behind it) loads when a command runs, not for its --help
     from itlaudit.capture.runner import CaptureOptions
@@ -325,7 +325,7 @@ def capture_options(
 ) -> CaptureOptions:
     """How requests are sent and their chunks stamped: the same options in every command that streams."""
     from itlaudit.capture.runner import CaptureOptions
-    from itlaudit.capture.telemetry import Telemetry
+    from itlaudit.telemetry.window import Telemetry
 
     return CaptureOptions.from_flags(
         workers,

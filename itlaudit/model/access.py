@@ -1,6 +1,6 @@
 """How itlaudit reaches a server: the headers every request carries (the API key's Authorization among
 them) and how https is verified. Data only: one object, read by the streaming transport
-(capture/transport.py) and by the side-request client (serve/side_client.py, /v1/models, /metrics,
+(capture/transport.py) and by the side-request client (side/client.py, /v1/models, /metrics,
 /version, readiness, /tokenize), so a gated server is reached the same way everywhere; neither I/O
 stack lives here.
 

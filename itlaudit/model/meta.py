@@ -123,7 +123,7 @@ class MetaVariant(msgspec.Struct, kw_only=True):
     warmup_lost_workers: list[Block] | UnsetType = UNSET
     reply_lengths: str | UnsetType = UNSET
     random_chat: Block | UnsetType = UNSET
-    # the window's hooks: compare's /metrics counters, the telemetry's files (capture/telemetry)
+    # the window's hooks: compare's /metrics counters, the telemetry's files (telemetry/window.py)
     before: Block | UnsetType = UNSET
     server_metrics: Block | UnsetType = UNSET
     gpu_telemetry: Block | UnsetType = UNSET

@@ -24,13 +24,6 @@ SURFACE = Surface(
         ),
         "logged": ("run_logged",),
         "orphans": ("die_with_parent",),
-        "side_client": (
-            "SIDE_TIMEOUT_S",
-            "BlockingSideClient",
-            "SideClient",
-            "describe_connection_failure",
-            "server_error_message",
-        ),
         "sim": (
             "SimConfig",
             "serve",

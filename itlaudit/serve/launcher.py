@@ -4,7 +4,7 @@ A benchmark that leaves a server behind poisons the next run (port taken, GPU me
 engine competing for cores), so teardown is the point of this module: every process we start gets its
 own session and the whole process group is killed on success, failure, Ctrl-C and interpreter exit;
 orphans.py holds the guards for a SIGKILLed itlaudit (PDEATHSIG, pid files reaped by the next launch).
-Readiness is asked through the side-request client (serve/side_client.py), off the measurement path.
+Readiness is asked through the side-request client (side/client.py), off the measurement path.
 
 What each launch kind does is LAUNCHERS' entry for its model.launch.LaunchKind; a new kind is a member
 there and one function here.
@@ -38,7 +38,7 @@ from itlaudit.serve.orphans import (
     remove_container,
     write_pid_file,
 )
-from itlaudit.serve.side_client import BlockingSideClient
+from itlaudit.side.client import BlockingSideClient
 
 __all__ = [
     "LAUNCHERS",

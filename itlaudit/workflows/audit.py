@@ -104,7 +104,7 @@ async def _score(
     from itlaudit.capture.planning import resolve_model
     from itlaudit.capture.scoring import observe, scorer_for
     from itlaudit.capture.server_info import server_identity
-    from itlaudit.serve.side_client import SideClient
+    from itlaudit.side.client import SideClient
 
     async with SideClient() as client:
         model = await resolve_model(client, base_url, settings.model)

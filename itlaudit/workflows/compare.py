@@ -33,7 +33,7 @@ from itlaudit.model.run_labels import RunLabels
 from itlaudit.model.scenario import COMPILED, EAGER, Scenario, Variant
 from itlaudit.model.vocabulary import Endpoint
 from itlaudit.report.progress import Reporter
-from itlaudit.serve.side_client import SideClient
+from itlaudit.side.client import SideClient
 from itlaudit.store.rundir import COMPARE_FILE, write_versioned
 from itlaudit.workflows.derive import with_comparison, write_report
 from itlaudit.workflows.run import LedgerPolicy, RunOutcome, run_scenario, run_until_stopped, variant_target

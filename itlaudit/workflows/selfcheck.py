@@ -23,8 +23,8 @@ from itlaudit.analysis.fidelity import (
 from itlaudit.model.launch import LaunchKind, LaunchSpec
 from itlaudit.model.sendlog import SendLog
 from itlaudit.serve.launcher import LaunchedServer, launch
-from itlaudit.serve.side_client import BlockingSideClient
 from itlaudit.serve.truth import TruthConfig
+from itlaudit.side.client import BlockingSideClient
 
 __all__ = [
     "MAX_SEARCH_STREAMS",
@@ -107,7 +107,7 @@ def capture_options(
     """The capture options selfcheck and the benchmark pass through, checked as `itlaudit run` checks
     them (None: run's default); `server_metrics` False is --no-server-metrics."""
     from itlaudit.capture.runner import CaptureOptions
-    from itlaudit.capture.telemetry import Telemetry
+    from itlaudit.telemetry.window import Telemetry
 
     return CaptureOptions.from_flags(
         "auto" if workers is None else str(workers),

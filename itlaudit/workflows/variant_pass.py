@@ -1,7 +1,7 @@
 """One variant's pass over its server, the one way every command measures a variant: `run`, `compare`
 and `smoke` (through run_scenario), each `sweep` trial and each bisect trial.
 
-A pass is one `async def` on one event loop with one side-request session (serve/side_client), doing,
+A pass is one `async def` on one event loop with one side-request session (side/client.py), doing,
 in this order:
 
 1. model: resolve the scenario's `model` against /v1/models (once);
@@ -39,7 +39,6 @@ from itlaudit.capture.runner import (
     plan_capture,
     variant_access,
 )
-from itlaudit.capture.telemetry import Telemetry, TelemetryRecord, TelemetryWindow
 from itlaudit.errors import ItlauditError
 from itlaudit.model.access import Access
 from itlaudit.model.launch import LaunchSpec
@@ -48,6 +47,7 @@ from itlaudit.model.run_context import workload_meta
 from itlaudit.model.scenario import Scenario, Variant
 from itlaudit.serve.launcher import engine_error, local_model_config
 from itlaudit.store.jsonl import RecordWriter
+from itlaudit.telemetry.window import Telemetry, TelemetryRecord, TelemetryWindow
 from itlaudit.workflows.run_folder import RunFolder
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ class WindowHook:
 
 
 class TelemetryHook(WindowHook):
-    """The command line's telemetry (--metrics-period, --gpu, --profile: capture/telemetry.py) as a
+    """The command line's telemetry (--metrics-period, --gpu, --profile: telemetry/window.py) as a
     window hook: its samplers start as the window opens; what they wrote is named in meta.json."""
 
     def __init__(
@@ -143,7 +143,7 @@ class VariantPass:
         """The pass, in the module's stated order, on one side-request session."""
         from itlaudit.capture.planning import reset_prefix_cache, resolve_model
         from itlaudit.capture.server_info import VERSION_TIMEOUT_S, environment_record, server_identity
-        from itlaudit.serve.side_client import SideClient
+        from itlaudit.side.client import SideClient
 
         name, base_url, folder = self.variant.name, self.base_url, self.folder
         options = self.capture or CaptureOptions()

@@ -25,7 +25,7 @@ from itlaudit.bisect.providers.base import Found, Prepared, Provider, ProviderOp
 from itlaudit.errors import BuildUnavailable, ItlauditError, ServerStatusError, ServerUnreachableError
 from itlaudit.model.jsonvalue import JSONMapping
 from itlaudit.model.launch import LaunchKind, LaunchSpec
-from itlaudit.serve.side_client import BlockingSideClient
+from itlaudit.side.client import BlockingSideClient
 
 __all__ = [
     "DEFAULT_URL",

@@ -1,7 +1,7 @@
 """Samplers beside a variant's measured window: a thread in the coordinator process that takes one row
 on a fixed period and appends it to a run-folder JSONL file, stamped with time.monotonic_ns (the
 capture's clock). `MetricsSampler` scrapes the server's /metrics into server_metrics.jsonl
-(analysis/server_metrics.py says what a row holds); capture/nvml.py's sampler reads the GPU.
+(analysis/server_metrics.py says what a row holds); telemetry/nvml.py's sampler reads the GPU.
 
 They sit outside the capture loops by construction: the capture workers are other processes, and this
 thread only shares the coordinator's interpreter, whose loop lands records and stamps nothing. A
@@ -22,14 +22,14 @@ from pathlib import Path
 from typing import TypedDict
 
 from itlaudit.analysis.server_metrics import Scrape, delta_row, parse_scrape
-from itlaudit.capture.defaults import DEFAULT_PERIOD_S
 from itlaudit.errors import AnswerTooLarge, ItlauditError
 from itlaudit.model.access import NO_ACCESS, Access
 from itlaudit.model.formats import stamped
 from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.redact import redact_text, redact_url
-from itlaudit.serve.side_client import BlockingSideClient
+from itlaudit.side.client import BlockingSideClient
 from itlaudit.store.jsonl import RecordWriter
+from itlaudit.telemetry.defaults import DEFAULT_PERIOD_S
 
 __all__ = [
     "MAX_PAGE_BYTES",

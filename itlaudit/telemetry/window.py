@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING, TypedDict
 from urllib.parse import urlsplit
 
 from itlaudit.analysis.server_metrics import GPU_TELEMETRY_FILE, SERVER_METRICS_FILE
-from itlaudit.capture.defaults import DEFAULT_PERIOD_S
-from itlaudit.capture.metrics_sampler import MetricsSampler, PeriodicSampler, SamplerRecord
 from itlaudit.errors import ScenarioError
 from itlaudit.model.access import NO_ACCESS, Access
 from itlaudit.model.launch import LaunchSpec
 from itlaudit.model.redact import redact_url
+from itlaudit.telemetry.defaults import DEFAULT_PERIOD_S
+from itlaudit.telemetry.metrics_sampler import MetricsSampler, PeriodicSampler, SamplerRecord
 
 if TYPE_CHECKING:
-    from itlaudit.capture.profiler import Profiler, ProfileRecord
+    from itlaudit.telemetry.profiler import Profiler, ProfileRecord
 
 __all__ = ["Telemetry", "TelemetryRecord", "TelemetryWindow", "parse_gpus"]
 
@@ -143,7 +143,7 @@ class TelemetryWindow:
         if dcgm is not None and dcgm.rows == 0 and dcgm.gave_up is None:  # its first scrape failed
             self._note(f"no DCGM telemetry yet: {dcgm.last_error}")
         if self.telemetry.profile:
-            from itlaudit.capture.profiler import Profiler, trace_dir
+            from itlaudit.telemetry.profiler import Profiler, trace_dir
 
             trace = trace_dir(self.launched.server_args, self.launched.env) if self.launched else None
             profiler = self.profiler = Profiler(self.base_url, self.access, trace)
@@ -156,7 +156,7 @@ class TelemetryWindow:
         read); else NVML where a GPU is the server's and readable here: named with --gpu, or the
         server was launched on this host (not in a container we cannot see into, not a URL)."""
         if self.telemetry.dcgm_url is not None:
-            from itlaudit.capture.dcgm import DcgmSampler
+            from itlaudit.telemetry.dcgm import DcgmSampler
 
             self.samplers["gpu_telemetry"] = DcgmSampler(
                 self.telemetry.dcgm_url, self.run_dir, self.variant, period_s=period
@@ -166,7 +166,7 @@ class TelemetryWindow:
         local = self.launched is not None and self.launched.kind in ("python", "command")
         if named is None and not local:
             return
-        from itlaudit.capture.nvml import NvmlSampler, open_gpus
+        from itlaudit.telemetry.nvml import NvmlSampler, open_gpus
 
         wanted = named if named is not None or self.launched is None else _launched_gpus(self.launched)
         indices, problem = open_gpus(wanted)

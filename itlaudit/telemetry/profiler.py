@@ -15,7 +15,7 @@ from typing import TypedDict
 
 from itlaudit.errors import ItlauditError
 from itlaudit.model.access import NO_ACCESS, Access
-from itlaudit.serve.side_client import BlockingSideClient
+from itlaudit.side.client import BlockingSideClient
 
 __all__ = ["PROFILE_TIMEOUT_S", "ProfileRecord", "Profiler", "trace_dir"]
 

@@ -14,13 +14,13 @@ import math
 from pathlib import Path
 
 from itlaudit.analysis.server_metrics import GPU_TELEMETRY_FILE
-from itlaudit.capture.defaults import DEFAULT_PERIOD_S
-from itlaudit.capture.metrics_sampler import PeriodicSampler, SampleFailed, scraped
-from itlaudit.capture.nvml import throttle_names
 from itlaudit.errors import ItlauditError
 from itlaudit.model.jsonvalue import JSONObject, JSONValue
 from itlaudit.model.redact import redact_url
-from itlaudit.serve.side_client import BlockingSideClient
+from itlaudit.side.client import BlockingSideClient
+from itlaudit.telemetry.defaults import DEFAULT_PERIOD_S
+from itlaudit.telemetry.metrics_sampler import PeriodicSampler, SampleFailed, scraped
+from itlaudit.telemetry.nvml import throttle_names
 
 __all__ = ["DCGM_FIELDS", "DcgmSampler", "dcgm_figures"]
 
