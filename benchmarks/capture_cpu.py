@@ -33,10 +33,11 @@ from client_fidelity import naive_client
 from itlaudit.capture import stamping
 from itlaudit.capture.chunk import decode_chunk
 from itlaudit.capture.chunked import Dechunker
-from itlaudit.capture.client import _read_stream, stream_request
+from itlaudit.capture.client import StreamOptions, _read_stream, stream_request
 from itlaudit.capture.request_plan import plan_request
 from itlaudit.capture.sse import SSEFramer
 from itlaudit.model.records import RequestParams, Timeouts
+from itlaudit.model.vocabulary import StampMode
 from itlaudit.serve.truth import TruthConfig
 from itlaudit.workflows.selfcheck import truth_server
 
@@ -60,7 +61,8 @@ async def _capture(base_url: str, streams: int, tokens: int, stamp: str) -> int:
         )
         for i in range(streams)
     ]
-    records = await asyncio.gather(*(stream_request(plan, stamp=stamp) for plan in plans))  # type: ignore[arg-type]
+    options = StreamOptions(stamp=StampMode(stamp))
+    records = await asyncio.gather(*(stream_request(plan, options) for plan in plans))
     bad = [r.error for r in records if r.status != "ok"]
     if bad:
         raise SystemExit(f"capture failed: {bad[0]}")

@@ -26,9 +26,12 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from itlaudit.capture.runner import CaptureOptions
 
 from itlaudit.analysis.fidelity import (
     LAG_BUDGET_MS,
@@ -39,11 +42,12 @@ from itlaudit.analysis.fidelity import (
     send_lag,
     token_itl_ms,
 )
+from itlaudit.cli.options import build_capture
 from itlaudit.model.sendlog import SendLog
+from itlaudit.model.vocabulary import DEFAULT_STAMP, StampMode
 from itlaudit.serve.testbed import default_cache_dir
 from itlaudit.serve.truth import TruthConfig
 from itlaudit.workflows.selfcheck import (
-    capture_options,
     fetch_send_log,
     grade_run,
     reset_send_log,
@@ -322,6 +326,18 @@ def _csv_ints(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part]
 
 
+def _capture_options(args: argparse.Namespace) -> CaptureOptions:
+    """The itlaudit client's capture options, through the command line's one builder (run checks
+    them the same way)."""
+    from itlaudit.telemetry.window import Telemetry
+
+    return build_capture(
+        workers=args.workers or "auto",
+        stamp=args.stamp or DEFAULT_STAMP,
+        telemetry=Telemetry.from_flags(no_server_metrics=args.no_server_metrics),
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--streams", type=_csv_ints, default=[1, 16, 64, 128], help="loads, e.g. 1,16,64")
@@ -336,7 +352,7 @@ def main() -> None:
         help="interpreter with vLLM installed (the testbed venv)",
     )
     parser.add_argument("--workers", help="itlaudit capture path's --workers, if it has one")
-    parser.add_argument("--stamp", help="itlaudit capture path's --stamp, if it has one")
+    parser.add_argument("--stamp", type=StampMode, help="itlaudit capture path's --stamp, if it has one")
     parser.add_argument(
         "--no-server-metrics", action="store_true", help="itlaudit without its /metrics sampler (default: on)"
     )
@@ -350,8 +366,7 @@ def main() -> None:
             data = asyncio.run(naive_client(url, int(streams), int(tokens), prefix))
             Path(out).write_text(json.dumps({"responses": data}))
         else:
-            capture = capture_options(args.workers, args.stamp, server_metrics=not args.no_server_metrics)
-            run_itlaudit(url, int(streams), int(tokens), Path(out), capture)
+            run_itlaudit(url, int(streams), int(tokens), Path(out), _capture_options(args))
         return
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
@@ -363,7 +378,7 @@ def main() -> None:
         parser.error(f"--clients: unknown {', '.join(sorted(unknown))}; choose from {', '.join(CLIENTS)}")
     if "vllm" in clients and not Path(args.vllm_python).exists():
         parser.error(f"--vllm-python {args.vllm_python} does not exist; install the testbed or drop vllm")
-    capture_options(args.workers, args.stamp)  # bad flags: one line before any server starts
+    _capture_options(args)  # bad flags: one line before any server starts
 
     results: list[TrialResult] = []
     config = TruthConfig(chunks_per_s=args.chunks_per_s, tokens_per_chunk=1)

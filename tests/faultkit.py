@@ -13,7 +13,7 @@ from pathlib import Path
 
 from itlaudit.model.launch import LaunchSpec
 from itlaudit.serve.launcher import LaunchedServer, launch
-from itlaudit.workflows.run import RUN_DIR_ENV
+from itlaudit.workflows.server import RUN_DIR_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 FAULTSERVER = str(ROOT / "tests" / "faultserver.py")

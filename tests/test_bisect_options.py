@@ -143,6 +143,7 @@ def test_bisect_json_keeps_no_credential_and_resume_gets_the_invocations() -> No
     assert stored["capture"] == {"workers": 3, "stamp": "kernel"} and "sk-x" not in str(stored)
     read = Settings.from_json(stored)
     assert read.capture.access == Access() and read.with_access(secret).capture == secret
+    assert type(read.capture.stamp) is StampMode and type(read.capture.workers) is int  # typed, not strings
 
 
 class _Culprit:

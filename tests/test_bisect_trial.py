@@ -16,6 +16,7 @@ from itlaudit.bisect.probe import ProbeConfig, run_trial
 from itlaudit.bisect.verdict import parse_regress
 from itlaudit.model.scenario import load_scenario
 from itlaudit.store.rundir import REQUESTS_FILE
+from itlaudit.workflows.server import VariantServer
 
 _opened: list[str] = []
 _watching: list[Path] = []
@@ -51,7 +52,7 @@ def test_a_trial_reads_its_requests_once_and_figures_them_as_the_folder_does(
     trial_dir = tmp_path / "trial-1"
     _watching.append((trial_dir / REQUESTS_FILE).resolve())
     try:
-        figures = run_trial(config, "A", server.url, trial_dir)
+        figures = run_trial(config, VariantServer("A", server.url), trial_dir)
     finally:
         _watching.clear()
     assert len(_opened) == 1, f"requests.jsonl opened for reading {len(_opened)} times"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from itlaudit.capture.runner import CaptureOptions
+from itlaudit.cli.options import build_capture
 from itlaudit.errors import ScenarioError
 from itlaudit.model.datasets import MAX_DRAWN_TOKENS
 from itlaudit.model.scenario import ScenarioFlags, build_scenario, parse_scenario
@@ -399,8 +399,8 @@ def test_a_timeout_flag_out_of_bounds_is_one_line(value: float) -> None:
     with pytest.raises(
         ScenarioError, match=r"^--request-timeout .*: must be a finite number in \(0, 86400\] s"
     ):
-        CaptureOptions.from_flags(request_timeout=value)
-    assert CaptureOptions.from_flags(request_timeout=86400.0).timeouts == {"request_timeout_s": 86400.0}
+        build_capture(timeouts={"request_timeout_s": value})
+    assert build_capture(timeouts={"request_timeout_s": 86400.0}).timeouts == {"request_timeout_s": 86400.0}
 
 
 def test_the_bound_helper_refuses_nan_and_inf_and_keeps_its_ends() -> None:

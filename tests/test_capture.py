@@ -268,10 +268,12 @@ def capture_in_process(url: str, *, block_ms: float, stamp: str = "loop") -> lis
     import asyncio
 
     from itlaudit.analysis.derive import derive_request
+    from itlaudit.capture.client import StreamOptions
     from itlaudit.capture.lagprobe import new_capture_loop
     from itlaudit.capture.request_plan import plan_request
     from itlaudit.capture.workers import WorkerShare, capture_share
-    from itlaudit.model.records import RequestParams, Timeouts
+    from itlaudit.model.records import RequestParams
+    from itlaudit.model.vocabulary import StampMode
 
     plans = [
         plan_request(
@@ -285,7 +287,7 @@ def capture_in_process(url: str, *, block_ms: float, stamp: str = "loop") -> lis
         )
         for i in range(2)
     ]
-    share = WorkerShare(0, plans, 2, Timeouts(), stamp)  # type: ignore[arg-type]
+    share = WorkerShare(0, plans, 2, StreamOptions(stamp=StampMode(stamp)))
     loop, probe = new_capture_loop()
     records: list[Any] = []
 

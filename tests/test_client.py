@@ -22,7 +22,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from itlaudit.capture.client import parse_retry_after, stream_request
+from itlaudit.capture.client import StreamOptions, parse_retry_after, stream_request
 from itlaudit.capture.request_plan import build_body, plan_request
 from itlaudit.errors import ServerAnswerError, ServerStatusError, ServerUnreachableError
 from itlaudit.model.records import (
@@ -107,7 +107,7 @@ async def run_request(
         request_id="r1",
         variant="k3",
     )
-    return await stream_request(plan, timeouts or Timeouts())
+    return await stream_request(plan, StreamOptions(timeouts=timeouts or Timeouts()))
 
 
 def unused_port() -> int:

@@ -18,8 +18,8 @@ import pytest
 from raykit import actors, on_second_actor
 
 from itlaudit import cli
-from itlaudit.capture.cluster import INSTALL_HINT, parse_cluster
-from itlaudit.capture.runner import CaptureOptions
+from itlaudit.capture.cluster import INSTALL_HINT
+from itlaudit.cli.options import build_capture, parse_cluster
 from itlaudit.errors import ClusterError
 from itlaudit.model.records import Status
 from itlaudit.serve.launcher import LaunchedServer
@@ -61,7 +61,7 @@ def test_two_actors_measure_as_the_truth_says(
     ray_cluster: Any, truth: LaunchedServer, tmp_path: Path
 ) -> None:
     reset_send_log(truth.url)
-    run_dir = run_itlaudit(truth.url, 8, 500, tmp_path / "ray", CaptureOptions.from_flags("2", cluster="ray"))
+    run_dir = run_itlaudit(truth.url, 8, 500, tmp_path / "ray", build_capture(workers="2", cluster="ray"))
     lines = _lines(run_dir)
     ids = [line["request_id"] for line in lines]
     assert len(ids) == 8 and len(set(ids)) == 8
@@ -77,7 +77,7 @@ def test_two_actors_measure_as_the_truth_says(
         assert worker["clock_rtt_ns"] > 0 and abs(worker["clock_offset_ns"]) <= worker["clock_rtt_ns"]
         assert worker["loop_lag_ticks"] > 0 and worker["loop_lag_max_ms"] >= worker["loop_lag_p99_ms"] >= 0
     # Records identical in form to a local run's: the same fields, every one of them.
-    local_dir = run_itlaudit(truth.url, 2, 20, tmp_path / "local", CaptureOptions.from_flags("2"))
+    local_dir = run_itlaudit(truth.url, 2, 20, tmp_path / "local", build_capture(workers="2"))
     assert [sorted(line) for line in _lines(local_dir)] == [sorted(lines[0])] * 2
     assert "node" not in actors(local_dir)[0]
 
@@ -96,7 +96,7 @@ def test_a_killed_actor_leaves_worker_lost_records_and_the_run_finishes(
 
     # mid-run: every stream open, none finished (each takes 3 s)
     killer, killed = on_second_actor(run_dir, kill, settle_s=0.5, timeout_s=60)
-    run_itlaudit(truth.url, 4, 1500, run_dir, CaptureOptions.from_flags("2", cluster="ray"))
+    run_itlaudit(truth.url, 4, 1500, run_dir, build_capture(workers="2", cluster="ray"))
     killer.join()
     assert killed
     lines = _lines(run_dir)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from raykit import actors, on_second_actor
 
-from itlaudit.capture.runner import CaptureOptions
+from itlaudit.cli.options import build_capture
 from itlaudit.model.records import Status
 from itlaudit.serve.launcher import LaunchedServer
 from itlaudit.serve.truth import TruthConfig
@@ -61,7 +61,7 @@ def test_a_removed_node_loses_only_its_open_requests(
 
     # every stream open (each takes 3 s), none finished
     remover, removed = on_second_actor(run_dir, remove_node, settle_s=1.0, timeout_s=120)
-    run_itlaudit(truth.url, 4, 1500, run_dir, CaptureOptions.from_flags("2", cluster="ray"))
+    run_itlaudit(truth.url, 4, 1500, run_dir, build_capture(workers="2", cluster="ray"))
     remover.join()
     assert removed
     workers = actors(run_dir)

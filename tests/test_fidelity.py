@@ -9,10 +9,9 @@ import numpy as np
 import pytest
 
 from itlaudit.analysis.fidelity import Fidelity, added_lag_ms, grade, join_chunks, send_lag, token_itl_ms
-from itlaudit.capture.runner import CaptureOptions
-from itlaudit.errors import RecordsError, ScenarioError
+from itlaudit.errors import RecordsError
 from itlaudit.model.sendlog import ResponseSends, SendLog
-from itlaudit.workflows.selfcheck import capture_options, search_streams
+from itlaudit.workflows.selfcheck import search_streams
 
 PERIOD_NS = 2_000_000
 
@@ -149,12 +148,3 @@ def test_search_finds_the_last_stream_count_within_budget() -> None:
     assert tried[:7] == [1, 2, 4, 8, 16, 32, 64]
     assert search_streams(lambda n: _fidelity(5.0)) == (0, None)
     assert search_streams(lambda n: _fidelity(0.1), limit=8)[0] == 8
-
-
-def test_capture_options_are_checked_as_itlaudit_run_checks_them() -> None:
-    assert capture_options() == CaptureOptions(workers=None, stamp="kernel")
-    assert capture_options("3", "loop") == CaptureOptions(workers=3, stamp="loop")
-    with pytest.raises(ScenarioError, match="--workers 'many'"):
-        capture_options("many")
-    with pytest.raises(ScenarioError, match="--stamp 'tsc'"):
-        capture_options(None, "tsc")

@@ -361,18 +361,14 @@ def test_smoke_reads_version_once_per_pass(tmp_path: Path) -> None:
     assert {servers[name]["server_version"] for name in seen} == {SIM_VERSION}
 
 
-def test_smoke_sends_the_api_key_and_headers_run_sends(tmp_path: Path) -> None:
-    """`smoke --api-key/--header` (run's capture options, declared once): every request of the pass
-    carries them; a server that wants the key answers 401 without it, and
-    the run stops there with that line. One scenario on two simulators, twice: ~2 s."""
+def test_smoke_sends_the_api_key_and_headers_run_sends(tmp_path: Path, monkeypatch: Any) -> None:
+    """`itlaudit smoke --api-key/--header` (run's capture options, built by the one builder): every
+    request of the pass carries them; a server that wants the key answers 401 without it, and the
+    run stops there with that line. One scenario on two simulators, twice, through the CLI: ~2 s."""
     from aiohttp import web
     from simkit import app_on_thread
 
-    from itlaudit.capture.runner import CaptureOptions
-    from itlaudit.cli.options import access
     from itlaudit.errors import ServerRejectedError
-    from itlaudit.smoke.runner import run_smoke
-    from itlaudit.smoke.suite import load_suite
 
     seen: list[tuple[str | None, str | None]] = []
 
@@ -387,17 +383,24 @@ def test_smoke_sends_the_api_key_and_headers_run_sends(tmp_path: Path) -> None:
     def keyed(config: SimConfig) -> web.Application:
         return _sim_app(config, wants_key)
 
-    suite = load_suite(SIM_SUITE)
-    one = replace(suite, scenarios=[suite.scenario("stop-token-ids")], checks=[])
-    keyed_access = CaptureOptions(access=access("sk-smoke", ["X-Team: perf"], False, None))
+    for name in ("OPENAI_API_KEY", "VLLM_API_KEY"):  # the bare pass sends no key at all
+        monkeypatch.delenv(name, raising=False)
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    check = '[[checks]]\nscenario = "stop-token-ids"\nkind = "finish_reason"\nequals = "stop"\n'
+    (suite / "suite.toml").write_text(f'name = "keyed"\n\n[servers.K0]\n\n[servers.K3]\n\n{check}')
+    (suite / "stop-token-ids.toml").write_text((SIM_SUITE / "stop-token-ids.toml").read_text())
     with app_on_thread(keyed(K0)) as k0_url, app_on_thread(keyed(K3)) as k3_url:
-        urls = {"K0": k0_url, "K3": k3_url}
-        sent = run_smoke(one, urls=urls, out_dir=tmp_path / "keyed", capture=keyed_access)
+        servers = ("--suite", suite, "--variant", f"K0={k0_url}", "--variant", f"K3={k3_url}")
+        key = ("--api-key", "sk-smoke", "--header", "X-Team: perf")
+        code, text = _invoke(*servers, *key, "--out", tmp_path / "keyed")
+        assert code == 0, text
         assert seen and set(seen) == {("Bearer sk-smoke", "perf")}
         with pytest.raises(ServerRejectedError, match="HTTP 401: unauthorized"):
-            run_smoke(one, urls=urls, out_dir=tmp_path / "bare")
-    figures = sent.smoke.results["stop-token-ids"].values()
-    assert all(f.errors == 0 and f.requests > 0 for f in figures)
+            _invoke(*servers, "--out", tmp_path / "bare")
+    sent = json.loads((tmp_path / "keyed" / "smoke.json").read_text())
+    figures = sent["results"]["stop-token-ids"].values()
+    assert all(f["errors"] == 0 and f["requests"] > 0 for f in figures)
 
 
 def test_the_dgx_spark_floor_threshold_separates_the_seeds_two_figures() -> None:

@@ -18,7 +18,7 @@ from vllm_server import SERVED_MODEL, vllm_server
 from itlaudit.capture.client import stream_request
 from itlaudit.capture.request_plan import plan_request
 from itlaudit.model.records import RequestParams
-from itlaudit.workflows.run import RUN_DIR_ENV
+from itlaudit.workflows.server import RUN_DIR_ENV
 
 pytestmark = pytest.mark.vllm
 

@@ -101,9 +101,10 @@ def test_each_turn_carries_its_history_and_follows_the_last_reply_after_the_thin
 
 
 def test_a_session_goes_whole_to_one_worker() -> None:
+    from itlaudit.capture.client import StreamOptions
     from itlaudit.capture.request_plan import plan_request
     from itlaudit.capture.workers import split_shares
-    from itlaudit.model.records import RequestParams, Timeouts
+    from itlaudit.model.records import RequestParams
     from itlaudit.model.vocabulary import StampMode
 
     def plan(index: int, session: int) -> Any:
@@ -119,7 +120,7 @@ def test_a_session_goes_whole_to_one_worker() -> None:
         )
 
     plans = [plan(i, session) for i, session in enumerate([0, 0, 0, 1, 1, 2, 3, 3])]
-    shares = split_shares(plans, 4, Timeouts(), 2, StampMode.LOOP)
+    shares = split_shares(plans, 4, StreamOptions(stamp=StampMode.LOOP), 2)
     assert [[p.request_id for p in share.plans] for share in shares] == [
         ["A-00000", "A-00001", "A-00002", "A-00005"],
         ["A-00003", "A-00004", "A-00006", "A-00007"],

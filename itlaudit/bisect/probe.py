@@ -27,10 +27,9 @@ from itlaudit.model.jsonvalue import JSONMapping
 from itlaudit.model.launch import LaunchSpec
 from itlaudit.model.scenario import Scenario
 from itlaudit.model.vocabulary import Verdict
-from itlaudit.serve.launcher import launch
-from itlaudit.workflows.run import mark_interrupted, run_until_stopped
-from itlaudit.workflows.run_folder import RunFolder, server_log_name
-from itlaudit.workflows.variant_pass import VariantPass
+from itlaudit.workflows.run_folder import RunFolder
+from itlaudit.workflows.server import VariantServer
+from itlaudit.workflows.signals import mark_interrupted
 
 __all__ = ["OnServer", "ProbeConfig", "ProbeResult", "run_probe", "run_trial"]
 
@@ -85,36 +84,17 @@ def _run_script(judge: ScriptJudge, probe_dir: Path, url: str, build: Build) -> 
     return Judgement(judge.answer(code), f"script exited {code}", {"script_exit": code})
 
 
-def run_trial(
-    config: ProbeConfig,
-    variant: str,
-    url: str,
-    run_dir: Path,
-    launched: LaunchSpec | None = None,
-    server_log: Path | None = None,
-) -> dict[str, Figures]:
-    """One pass of the workload for one variant (a VariantPass, with the bisection's capture options),
-    added to the trial folder that holds every variant's pass of the same number; its figures are
-    derived over all of them, once: each variant's figures come from that derivation. No plots or
-    HTML report: they cost seconds per trial and a bisection runs dozens (`itlaudit report TRIAL_DIR`
-    draws them whenever one is wanted)."""
+def run_trial(config: ProbeConfig, server: VariantServer, run_dir: Path) -> dict[str, Figures]:
+    """One pass of the workload for the variant `server` serves (the one measure step, with the
+    bisection's capture options), added to the trial folder that holds every variant's pass of the
+    same number; its figures are derived over all of them, once: each variant's figures come from
+    that derivation. No plots or HTML report: they cost seconds per trial and a bisection runs dozens
+    (`itlaudit report TRIAL_DIR` draws them whenever one is wanted)."""
     scenario = config.scenario
     folder = RunFolder.begin(run_dir, scenario, context={"bisect": {"trial": run_dir.name}}, extend=True)
-    variant_spec = next(v for v in scenario.variants if v.name == variant)
+    variant_spec = next(v for v in scenario.variants if v.name == server.name)
     try:
-        with folder.records() as writer:
-            run_until_stopped(
-                VariantPass(
-                    scenario,
-                    variant_spec,
-                    url,
-                    folder,
-                    writer,
-                    capture=config.capture,
-                    launched=launched,
-                    server_log=server_log,
-                ).run()
-            )
+        folder.measure(scenario, variant_spec, server, capture=config.capture)
         derivation = folder.finish(scenario.name, [v.name for v in scenario.variants], report=False)
     except KeyboardInterrupt:  # the probe is unfinished, and its trial folder says so
         mark_interrupted(folder, config.finish_with)
@@ -138,18 +118,16 @@ def _clear(
 
 def _run_variant(
     config: ProbeConfig,
-    name: str,
-    url: str,
-    launched: LaunchSpec,
+    server: VariantServer,
     probe_dir: Path,
     done: dict[str, list[Figures]],
     reference: dict[str, Figures] | None,
 ) -> None:
     """Trials of one variant until `trials` are done and its verdict is clear, at most `max_trials`."""
+    name = server.name
     trials = done.setdefault(name, [])
     while True:
-        trial = probe_dir / f"trial-{len(trials) + 1}"
-        figures = run_trial(config, name, url, trial, launched, probe_dir / server_log_name(name))
+        figures = run_trial(config, server, probe_dir / f"trial-{len(trials) + 1}")
         trials.append(figures[name])
         if len(trials) >= config.max_trials or (
             len(trials) >= config.trials and _clear(config, name, done, reference)
@@ -180,9 +158,10 @@ def run_probe(
     try:
         for name, base_spec in config.specs.items():
             spec = prefetcher.provider.launch_spec(prepared, base_spec)
-            with launch(spec, probe_dir / server_log_name(name)) as server:
+            variant = next(v for v in config.scenario.variants if v.name == name)
+            with VariantServer.open(variant, probe_dir, spec=spec) as server:
                 on_server(server.pid)
-                _run_variant(config, name, server.url, spec, probe_dir, done, reference)
+                _run_variant(config, server, probe_dir, done, reference)
                 if isinstance(config.regress, ScriptJudge) and name == config.names[-1]:
                     scripted = _run_script(config.regress, probe_dir, server.url, build)
     except LaunchError as exc:

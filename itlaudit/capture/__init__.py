@@ -9,10 +9,11 @@ SURFACE = Surface(
     {
         "cluster": (
             "connect",
+            "import_ray",
             "lost_worker_warnings",
-            "parse_cluster",
         ),
         "described": ("CaptureDescription",),
+        "environment": ("capture_environment",),
         "planning": (
             "OnPrepare",
             "reset_prefix_cache",
@@ -47,7 +48,6 @@ SURFACE = Surface(
             "server_environment",
             "server_identity",
         ),
-        "workers": ("prestart_workers",),
     },
 )
 __all__ = SURFACE.names

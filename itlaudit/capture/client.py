@@ -16,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
+import functools
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from itlaudit.capture.chunk import CHUNK_DECODE_ERRORS, Chunk, GenerateDecoder, decode_chunk
@@ -32,10 +34,10 @@ from itlaudit.model.records import (
     Status,
     Timeouts,
 )
-from itlaudit.model.vocabulary import Endpoint, StampMode
+from itlaudit.model.vocabulary import DEFAULT_STAMP, Endpoint, StampMode
 from itlaudit.side.client import describe_connection_failure, server_error_message
 
-__all__ = ["DEFAULT_TIMEOUTS", "parse_retry_after", "stream_request"]
+__all__ = ["DEFAULT_TIMEOUTS", "StreamOptions", "parse_retry_after", "stream_request"]
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -55,12 +57,41 @@ _REFUSAL_READ_TIMEOUT_S = 10.0
 DEFAULT_TIMEOUTS = Timeouts()
 
 
+@dataclass(frozen=True)
+class StreamOptions:
+    """How every request of a worker's share is sent, as one object: its limits, how its chunks are
+    stamped and what it carries (headers, TLS). A share holds one (capture/workers.split_shares) and
+    travels with it to its process or Ray actor; there its transport options and header map are made
+    once, on first use, instead of once a request. `stamp` "kernel" falls back to "loop" where the
+    platform has no kernel receive timestamps; `record.stamp` says which ran."""
+
+    timeouts: Timeouts = DEFAULT_TIMEOUTS
+    stamp: StampMode = DEFAULT_STAMP
+    access: Access = NO_ACCESS
+
+    @functools.cached_property
+    def transport(self) -> TransportOptions:
+        """Built where the streams run: an SSL context does not pickle, so it is never in the share."""
+        return TransportOptions(
+            stamp=self.stamp,
+            connect_timeout_s=self.timeouts.connect_timeout_s,
+            ssl_context=self.access.ssl_context(),
+        )
+
+    @functools.cached_property
+    def headers(self) -> dict[str, str]:
+        return self.access.header_map()
+
+    def __getstate__(self) -> dict[str, object]:
+        """The fields alone: what was made from them is made again where the share lands."""
+        return {"timeouts": self.timeouts, "stamp": self.stamp, "access": self.access}
+
+
+DEFAULT_STREAM = StreamOptions()
+
+
 async def stream_request(
-    plan: PlannedRequest,
-    timeouts: Timeouts = DEFAULT_TIMEOUTS,
-    probe: LagProbe | None = None,
-    stamp: StampMode = StampMode.KERNEL,
-    access: Access | None = None,
+    plan: PlannedRequest, options: StreamOptions = DEFAULT_STREAM, probe: LagProbe | None = None
 ) -> RequestRecord:
     """Send one streaming request and return its raw record; network and server failures are
     recorded in `status`/`error`, never raised.
@@ -70,21 +101,17 @@ async def stream_request(
     rejects n > 1): text, token ids and finish_reason come from choices[0], and a server that
     interleaves other indices anyway makes the record a stream error (`other_index_chunks`). With a
     lag probe, the record names the probe samples taken while the stream was open; the writer thread
-    turns them into the record's loop-lag figures. `stamp` "kernel" falls back to "loop" where the
-    platform has no kernel receive timestamps; `record.stamp` says which ran.
+    turns them into the record's loop-lag figures.
     """
     record = plan.new_record()
-    access = access or NO_ACCESS
-    options = TransportOptions(
-        stamp=stamp, connect_timeout_s=timeouts.connect_timeout_s, ssl_context=access.ssl_context()
-    )
+    timeouts = options.timeouts
     record.started_at_unix = time.time()
     t0 = time.monotonic_ns()
     record.sent_monotonic_ns = t0
     head_wait_s, head_limit = timeouts.next_wait(t0, t0, False)
     try:
         async with asyncio.timeout(head_wait_s):  # the transport does not time the wait for the head
-            stream = await open_stream(plan.url, plan.payload, access.header_map(), options)
+            stream = await open_stream(plan.url, plan.payload, options.headers, options.transport)
     except ConnectTimeout:
         _timed_out(record, "connect_timeout_s", timeouts.connect_timeout_s, t0, time.monotonic_ns())
         return _closed(record, probe)

@@ -24,11 +24,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from itlaudit.capture.described import CaptureDescription, LoopLag, WorkerDescription, WorkerWhere
+from itlaudit.capture.environment import Lander
 from itlaudit.capture.lagprobe import new_capture_loop
 from itlaudit.capture.transport import kernel_stamps_supported
 from itlaudit.capture.workers import CLOCK_PINGS, START_MARGIN_NS, WorkerShare, capture_share
@@ -43,14 +44,12 @@ __all__ = [
     "POLL_S",
     "ActorHandle",
     "CaptureActor",
-    "Lander",
     "capture_on_ray",
     "collect",
     "connect",
     "import_ray",
     "lost_records",
     "lost_worker_warnings",
-    "parse_cluster",
     "start_actors",
     "stop_actors",
     "usable_cpus",
@@ -70,18 +69,6 @@ def import_ray() -> ModuleType:
     except ImportError:
         raise ClusterError(INSTALL_HINT) from None
     return ray
-
-
-def parse_cluster(value: str | None) -> str | None:
-    """`--cluster`: none (local processes), `ray` or `auto` (the running cluster: RAY_ADDRESS, else the
-    one `ray start` made on this machine), or `ray://HOST:PORT` (a remote cluster's client port)."""
-    if value is None or value == "none":
-        return None
-    if value in ("ray", "auto"):
-        return "auto"
-    if value.startswith("ray://") and len(value) > len("ray://"):
-        return value
-    raise ClusterError(f"--cluster {value!r}: use none, ray (or auto), or ray://HOST:PORT")
 
 
 def connect(address: str) -> ModuleType:
@@ -114,17 +101,6 @@ def usable_cpus(ray: ModuleType, requested: int | None) -> int:
     return max(cpus, 1)
 
 
-class Lander(Protocol):
-    """What the coordinator lands records through (`capture.runner.RecordLander`)."""
-
-    def feed(self, worker: int, data: bytes) -> None: ...
-
-    def add(self, record: RequestRecord) -> None: ...
-
-    @property
-    def records(self) -> list[RequestRecord]: ...
-
-
 class CaptureActor:
     """One capture worker on a Ray node. Threaded (two calls at once): `run` holds the capture loop
     on one thread while `drain` hands the coordinator what the writer thread has written so far."""
@@ -133,7 +109,7 @@ class CaptureActor:
         self.share = share
         self._read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._read_fd, False)
-        if share.stamp == StampMode.KERNEL:
+        if share.options.stamp == StampMode.KERNEL:
             kernel_stamps_supported()  # its one-time probe runs before the start, not mid-run
 
     def where(self) -> WorkerWhere:

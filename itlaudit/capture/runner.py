@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -18,22 +17,21 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from itlaudit.capture.described import CaptureDescription, LostWorker, RandomChat, WorkerDescription
-from itlaudit.errors import CaptureWorkerError, ScenarioError, ServerRejectedError
+from itlaudit.errors import ServerRejectedError
 from itlaudit.model.access import Access
 from itlaudit.model.datasets import REPLY_KINDS
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.redact import known_secrets, redact_bytes
 from itlaudit.model.scenario import Scenario
-from itlaudit.model.vocabulary import StampMode
-from itlaudit.model.workload import BOUNDS as WORKLOAD_BOUNDS
+from itlaudit.model.vocabulary import DEFAULT_STAMP, StampMode
 from itlaudit.side.client import SideClient
 from itlaudit.store.jsonl import RecordWriter
 from itlaudit.telemetry.window import Telemetry
 
 if TYPE_CHECKING:
+    from itlaudit.capture.environment import CaptureEnvironment
     from itlaudit.capture.planning import OnPrepare
     from itlaudit.capture.request_plan import PlannedRequest
-    from itlaudit.capture.workers import WorkerHandle, WorkerShare
     from itlaudit.side.client import SideClient
 
 __all__ = [
@@ -50,68 +48,27 @@ __all__ = [
 
 OnDone = Callable[[], None]  # one more record landed (progress: decoding waits until the capture ends)
 OnCapture = Callable[[CaptureDescription], None]
-_READ_SIZE = 1 << 16
 
 
 @dataclass(frozen=True)
 class CaptureOptions:
-    """How `run`/`compare` capture, from the command line: `workers` None is auto; `timeouts`
-    overrides the scenario's [workload] limits by name; `stamp` "kernel" falls back to "loop" where
-    the platform lacks kernel receive timestamps."""
+    """How a command captures: `workers` None is auto; `timeouts` overrides the scenario's [workload]
+    limits by name; `stamp` "kernel" falls back to "loop" where the platform lacks kernel receive
+    timestamps. Built from the command line in one place (cli/options.py, which checks each value and
+    speaks the flags' names); the defaults here are what a command that streams without them gets."""
 
     workers: int | None = None
-    timeouts: dict[str, float | None] = field(default_factory=dict)
-    stamp: StampMode = StampMode.KERNEL
+    timeouts: dict[str, float] = field(default_factory=dict)
+    stamp: StampMode = DEFAULT_STAMP
     access: Access = field(default_factory=Access)
     cluster: str | None = None  # None: local processes; "auto" or "ray://HOST:PORT": Ray actors
     telemetry: Telemetry = field(default_factory=Telemetry)  # watched beside the measured window
 
-    @classmethod
-    def from_flags(
-        cls,
-        workers: str = "auto",
-        stamp: str = StampMode.KERNEL,
-        connect_timeout: float | None = None,
-        ttft_timeout: float | None = None,
-        stall_timeout: float | None = None,
-        request_timeout: float | None = None,
-        *,
-        access: Access | None = None,
-        cluster: str | None = None,
-        telemetry: Telemetry | None = None,
-    ) -> CaptureOptions:
-        """The command line's spelling (`--workers auto|N`, `--stamp`, `--*-timeout`, `--cluster`),
-        checked: one place for run, compare, demo, sweep and selfcheck. Ray is imported only when
-        `--cluster` asks for it, here, so a missing Ray is one line before any server starts."""
-        # Not at the top: the capture stack (numpy, the workers) stays off `itlaudit --help`'s path.
-        from itlaudit.capture import cluster as cluster_module
+    def environment(self) -> CaptureEnvironment:
+        """Where the workers run: this machine's processes or the Ray cluster, chosen here alone."""
+        from itlaudit.capture.environment import capture_environment  # the workers' stack: only to run
 
-        if workers != "auto" and not (workers.isdigit() and int(workers) > 0):
-            raise ScenarioError(f"--workers {workers!r}: give a positive number of processes, or auto")
-        if stamp not in tuple(StampMode):
-            raise ScenarioError(f"--stamp {stamp!r}: use {' or '.join(StampMode)}")
-        cluster_address = cluster_module.parse_cluster(cluster)
-        if cluster_address is not None:
-            cluster_module.import_ray()
-        given = {
-            "connect_timeout_s": connect_timeout,
-            "ttft_timeout_s": ttft_timeout,
-            "stall_timeout_s": stall_timeout,
-            "request_timeout_s": request_timeout,
-        }
-        for key, value in given.items():  # the bounds of the scenario keys they override
-            problem = WORKLOAD_BOUNDS[key].problem(value) if value is not None else None
-            if problem is not None:
-                option = "--" + key.removesuffix("_s").replace("_", "-")
-                raise ScenarioError(f"{option} {value:g}: {problem}")
-        return cls(
-            workers=None if workers == "auto" else int(workers),
-            timeouts={k: v for k, v in given.items() if v is not None},
-            stamp=StampMode(stamp),
-            access=access or Access(),
-            cluster=cluster_address,
-            telemetry=telemetry or Telemetry(),
-        )
+        return capture_environment(self.cluster)
 
 
 def variant_access(scenario: Scenario, variant: str, options: CaptureOptions | None) -> Access:
@@ -213,7 +170,7 @@ async def capture(
     sent beside the measured ones, they would share (not absorb) the cold first batch. `on_warm` runs
     between the phases (blocking calls allowed: it runs off the loop), which is where a /metrics
     window must open so that the server's counters cover exactly the requests the figures count."""
-    from itlaudit.capture import cluster as cluster_module
+    from itlaudit.capture.client import StreamOptions
     from itlaudit.capture.workers import rejected, split_shares, worker_count
 
     options = options or CaptureOptions()
@@ -221,10 +178,8 @@ async def capture(
     workload = scenario.workload
     access = variant_access(scenario, plan.variant, options)
     loop = asyncio.get_running_loop()
-    ray = None
-    if options.cluster is not None:
-        ray = await loop.run_in_executor(None, cluster_module.connect, options.cluster)
-    cores = cluster_module.usable_cpus(ray, options.workers) if ray is not None else None
+    environment = options.environment()
+    cores = await environment.cores(options.workers)
     timeouts = dataclasses.replace(workload.timeouts, **options.timeouts)
     # duration_s ends the measured phase: nothing is sent after it, and a stream still open when its
     # grace is over too is cut (a timeout record, limit duration_cut_s), whenever it began.
@@ -248,22 +203,18 @@ async def capture(
         if not phase:
             continue
         count = worker_count(options.workers, workload.concurrency, len(phase), cores)
+        sending = StreamOptions(measured_timeouts if phase is measured else timeouts, options.stamp, access)
         shares = split_shares(
             phase,
             workload.concurrency,
-            measured_timeouts if phase is measured else timeouts,
+            sending,
             count,
-            options.stamp,
             duration_s=workload.arrivals.duration_s if phase is measured else None,
-            access=access,
         )
         # The warmup phase's workers (other processes, other clock offsets) go to meta.json under
         # their own key: `worker` on a warmup record indexes that list.
         report = told if phase is measured else _as_warmup_workers(told)
-        if ray is None:
-            await _capture_locally(shares, lander, described, report)
-        else:
-            await cluster_module.capture_on_ray(ray, shares, lander, described, report)
+        await environment.run(shares, lander, described, report)
     records = lander.records
     refused = [r for r in records if rejected(r)]
     if refused and len(refused) == len(records):
@@ -332,11 +283,8 @@ class RecordLander:
             self.on_done()
 
 
-def _as_warmup_workers(on_capture: OnCapture | None) -> OnCapture | None:
+def _as_warmup_workers(report: OnCapture) -> OnCapture:
     """The warmup phase's description, filed apart from the measured phase's workers."""
-    if on_capture is None:
-        return None
-    report = on_capture
 
     def warmup_workers(described: CaptureDescription) -> None:
         filed = CaptureDescription()
@@ -347,59 +295,3 @@ def _as_warmup_workers(on_capture: OnCapture | None) -> OnCapture | None:
         report(filed)
 
     return warmup_workers
-
-
-async def _capture_locally(
-    shares: list[WorkerShare],
-    lander: RecordLander,
-    described: CaptureDescription,
-    on_capture: OnCapture | None,
-) -> None:
-    """One process per share on this machine; a worker that dies stops the run (its finished records
-    are kept)."""
-    from itlaudit.capture.workers import start_workers
-
-    loop = asyncio.get_running_loop()
-    handles = await loop.run_in_executor(None, start_workers, shares)
-    if on_capture is not None:
-        on_capture({"workers": [h.describe() for h in handles], **described})
-    try:
-        await asyncio.gather(*(_collect(handle, lander) for handle in handles))
-        for handle in handles:
-            await loop.run_in_executor(None, handle.process.join)
-            if handle.process.exitcode != 0:
-                raise CaptureWorkerError(
-                    f"capture worker {handle.share.worker} exited with code {handle.process.exitcode} "
-                    f"after {sum(r.worker == handle.share.worker for r in lander.records)} of its "
-                    f"{len(handle.share.plans)} requests; the finished ones are kept in requests.jsonl"
-                )
-    finally:
-        for handle in handles:
-            if handle.process.is_alive():
-                handle.process.kill()
-            handle.records_in.close()
-            handle.control.close()
-
-
-async def _collect(handle: WorkerHandle, lander: RecordLander) -> None:
-    """Land the worker's JSON lines as they come, read on this loop when its pipe is readable."""
-    loop = asyncio.get_running_loop()
-    fd = handle.records_in.fileno()
-    finished = loop.create_future()
-
-    def readable() -> None:
-        try:
-            data = os.read(fd, _READ_SIZE)
-            if not data:
-                finished.set_result(None)
-                return
-            lander.feed(handle.share.worker, data)
-        except BaseException as exc:  # surfaced by the awaiting coroutine, not lost in a callback
-            if not finished.done():
-                finished.set_exception(exc)
-
-    loop.add_reader(fd, readable)
-    try:
-        await finished
-    finally:
-        loop.remove_reader(fd)

@@ -39,7 +39,7 @@ class TransportOptions:
     """How to connect; extra headers such as Authorization are passed per request, never stored."""
 
     # Falls back to loop stamps where unsupported (Stream.stamp says which ran).
-    stamp: StampMode = StampMode.KERNEL
+    stamp: StampMode
     connect_timeout_s: float | None = 10.0
     ssl_context: ssl.SSLContext | None = None  # https: verified by default; the caller builds it
 

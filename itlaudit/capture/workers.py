@@ -37,15 +37,14 @@ from multiprocessing.connection import Connection
 from multiprocessing.synchronize import Barrier
 from typing import Any
 
-from itlaudit.capture.client import stream_request
+from itlaudit.capture.client import StreamOptions, stream_request
 from itlaudit.capture.described import WorkerDescription
 from itlaudit.capture.lagprobe import LagProbe, new_capture_loop
 from itlaudit.capture.request_plan import PlannedRequest
 from itlaudit.capture.transport import kernel_stamps_supported
 from itlaudit.errors import RecordsError
-from itlaudit.model.access import Access
 from itlaudit.model.jsonvalue import JSONObject
-from itlaudit.model.records import RequestRecord, Status, Timeouts
+from itlaudit.model.records import RequestRecord, Status
 from itlaudit.model.vocabulary import StampMode
 from itlaudit.serve.orphans import die_with_parent
 from itlaudit.store.jsonl import RecordWriter
@@ -85,15 +84,14 @@ _FORKER = os.getpid()
 
 @dataclass(frozen=True)
 class WorkerShare:
-    """One worker's part of a variant: its requests, in order, and how many may be open at once."""
+    """One worker's part of a variant: its requests, in order, how many may be open at once, and how
+    each is sent (limits, stamp mode, headers and TLS: one object for the share)."""
 
     worker: int
     plans: list[PlannedRequest]
     concurrency: int
-    timeouts: Timeouts
-    stamp: StampMode = StampMode.KERNEL
+    options: StreamOptions
     duration_s: float | None = None  # stop dispatching this long after the start
-    access: Access | None = None  # headers and TLS settings for every request
 
 
 def available_cores() -> int:
@@ -115,12 +113,10 @@ def worker_count(requested: int | None, concurrency: int, num_requests: int, cor
 def split_shares(
     plans: list[PlannedRequest],
     concurrency: int,
-    timeouts: Timeouts,
+    options: StreamOptions,
     workers: int,
-    stamp: StampMode,
     *,
     duration_s: float | None = None,
-    access: Access | None = None,
 ) -> list[WorkerShare]:
     """Request i goes to worker i mod N (an open loop's schedule too: each worker keeps its requests'
     offsets, in order), a multi-turn session's requests to worker session mod N, so its turns run in
@@ -134,10 +130,8 @@ def split_shares(
             worker=w,
             plans=shares[w],
             concurrency=concurrency // workers + (1 if w < concurrency % workers else 0),
-            timeouts=timeouts,
-            stamp=stamp,
+            options=options,
             duration_s=duration_s,
-            access=access,
         )
         for w in range(workers)
     ]
@@ -156,9 +150,9 @@ async def capture_share(share: WorkerShare, probe: LagProbe, keep: Any, start_ns
     concurrency. The share's duration cut (Timeouts.duration_cut_s) counts from the same zero."""
     if start_ns is None:
         start_ns = time.monotonic_ns()
-    if share.timeouts.duration_cut_s is not None:
-        timeouts = dataclasses.replace(share.timeouts, start_s=start_ns / 1e9)
-        share = dataclasses.replace(share, timeouts=timeouts)
+    if share.options.timeouts.duration_cut_s is not None:
+        timeouts = dataclasses.replace(share.options.timeouts, start_s=start_ns / 1e9)
+        share = dataclasses.replace(share, options=dataclasses.replace(share.options, timeouts=timeouts))
     probe.start()
     try:
         delay_s = (start_ns - time.monotonic_ns()) / 1e9
@@ -204,7 +198,7 @@ async def _closed_loop(share: WorkerShare, probe: LagProbe, keep: Any, start_ns:
                 dispatched_ns = time.monotonic_ns()
                 if stop or _past_duration(share, start_ns, dispatched_ns):
                     return
-                record = await stream_request(plan, share.timeouts, probe, share.stamp, share.access)
+                record = await stream_request(plan, share.options, probe)
                 record.sent_offset_ms = (dispatched_ns - start_ns) / 1e6
                 record.worker = share.worker
                 keep(record)
@@ -227,7 +221,7 @@ async def _open_loop(share: WorkerShare, probe: LagProbe, keep: Any, start_ns: i
     async def send(plan: PlannedRequest, dispatched_ns: int) -> None:
         nonlocal stop
         try:
-            record = await stream_request(plan, share.timeouts, probe, share.stamp, share.access)
+            record = await stream_request(plan, share.options, probe)
         finally:
             slots.release()
         record.sent_offset_ms = (dispatched_ns - start_ns) / 1e6
@@ -278,7 +272,7 @@ def worker_main(share: WorkerShare, records_out: Connection, control: Connection
     """Entry point of a worker process (see the module docstring)."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the coordinator decides what an interrupt ends
-    if share.stamp == StampMode.KERNEL:
+    if share.options.stamp == StampMode.KERNEL:
         kernel_stamps_supported()  # its one-time probe (up to ~0.1 s) runs before the start, not mid-run
     try:
         while control.recv() is not None:

@@ -114,6 +114,7 @@ def invariance(
 ) -> None:
     """Score prompts alone, alone repeated, as a batch of 2 in one engine step and that batch repeated:
     does a prompt's top-k logprobs depend on what shares its step?"""
+    from itlaudit.store.rundir import DEFAULT_REPORTS
     from itlaudit.workflows.audit import (
         DEFAULT_PROMPTS,
         INVARIANCE_FILE,
@@ -121,7 +122,6 @@ def invariance(
         invariance_audit,
         invariance_targets,
     )
-    from itlaudit.workflows.run import DEFAULT_REPORTS
 
     choice_ids = _int_list(choices, "--choices") if choices else None
     sizes = sorted(set(_int_list(sweep, "--sweep")) | ({1} if sweep else set()))

@@ -16,6 +16,7 @@ from itlaudit.cli.options import (
     MAX_TRIALS_HELP,
     TRIALS_HELP,
     cluster_option,
+    parse_cluster,
     trial_capture_options,
     with_options,
 )
@@ -54,8 +55,7 @@ def _new_state(settings: Settings, out_dir: Path | None) -> tuple[State, Path]:
     from itlaudit.bisect import state as state_mod
     from itlaudit.bisect.bisector import probe_scenario
     from itlaudit.bisect.settings import list_builds
-    from itlaudit.store.rundir import new_run_dir
-    from itlaudit.workflows.run import DEFAULT_REPORTS
+    from itlaudit.store.rundir import DEFAULT_REPORTS, new_run_dir
 
     probe_scenario(settings)  # a bad scenario or variant fails before any folder is made
     builds = list_builds(settings)
@@ -162,7 +162,6 @@ def bisect(
     from itlaudit.bisect.dryrun import dry_run_report
     from itlaudit.bisect.report import REPORT_FILE, write_report
     from itlaudit.bisect.search import Search
-    from itlaudit.capture.cluster import parse_cluster
 
     if resume is not None:
         state = state_mod.load(resume)

@@ -4,6 +4,10 @@ the help style every command prints with.
 Option groups are plain functions whose parameters are typer options and whose result is what the
 command needs (`capture_options` → CaptureOptions, `workload_flags` → ScenarioFlags);
 `with_options` adds a group's parameters to a command and hands it the result.
+
+Capture options are built here alone (`build_capture`): every command that streams (run, compare,
+sweep, selfcheck, smoke, bisect) gets its CaptureOptions from it, so each value is checked once and
+its error line names the flag as the user typed it; the capture stage below never sees a flag.
 """
 
 from __future__ import annotations
@@ -20,16 +24,18 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeAlias, TypeVar
 import typer
 
 from itlaudit.analysis.convergence import DEFAULT_CI_WIDTH_PCT, DEFAULT_MAX_TRIALS
-from itlaudit.errors import ScenarioError
+from itlaudit.errors import ClusterError, ScenarioError
 from itlaudit.model import vocabulary
 from itlaudit.model.access import Access, api_key_header, header_problem, tls_problem
 from itlaudit.model.datasets import DATASET_KINDS
 from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.scenario import ScenarioFlags
+from itlaudit.model.vocabulary import DEFAULT_STAMP, StampMode
 from itlaudit.telemetry.defaults import DEFAULT_PERIOD_S
 
 if TYPE_CHECKING:  # the capture stage (numpy behind it) loads when a command runs, not for its --help
     from itlaudit.capture.runner import CaptureOptions
+    from itlaudit.telemetry.window import Telemetry
 
 __all__ = [
     "CAPTURE",
@@ -51,9 +57,11 @@ __all__ = [
     "UrlOption",
     "VariantOption",
     "WorkersOption",
+    "build_capture",
     "capture_options",
     "choices",
     "cluster_option",
+    "parse_cluster",
     "parse_url",
     "parse_variant_urls",
     "trial_capture_options",
@@ -74,12 +82,10 @@ def choices(name: str, values: Iterable[str]) -> type[StrEnum]:
 
 
 if TYPE_CHECKING:  # members are str at run time too
-    Stamp: TypeAlias = str
     Endpoint: TypeAlias = str
     DatasetName: TypeAlias = str
     QualityGate: TypeAlias = str
 else:
-    Stamp = choices("Stamp", vocabulary.StampMode)
     Endpoint = choices("Endpoint", vocabulary.Endpoint)
     DatasetName = choices("DatasetName", DATASET_KINDS)
     QualityGate = choices("QualityGate", vocabulary.QualityGate)
@@ -188,7 +194,7 @@ WorkersOption = Annotated[
     ),
 ]
 StampOption = Annotated[
-    Stamp,
+    StampMode,
     typer.Option(
         help="Chunk arrival time: kernel (the socket's receive time; loop where unsupported) or loop.",
         rich_help_panel=CAPTURE,
@@ -271,7 +277,7 @@ def access(api_key: str | None, headers: list[str] | None, insecure: bool, ca_ce
 
 def capture_options(
     workers: WorkersOption = "auto",
-    stamp: StampOption = "kernel",
+    stamp: StampOption = DEFAULT_STAMP,
     cluster: ClusterOption = "none",
     connect_timeout: Annotated[
         float | None, _timeout("to open the TCP connection", "connect_timeout_s")
@@ -324,33 +330,90 @@ def capture_options(
     ] = None,
 ) -> CaptureOptions:
     """How requests are sent and their chunks stamped: the same options in every command that streams."""
-    from itlaudit.capture.runner import CaptureOptions
     from itlaudit.telemetry.window import Telemetry
 
-    return CaptureOptions.from_flags(
-        workers,
-        stamp,
-        connect_timeout,
-        ttft_timeout,
-        stall_timeout,
-        request_timeout,
-        access=access(api_key, header, insecure, ca_cert),
+    return build_capture(
+        workers=workers,
+        stamp=stamp,
         cluster=cluster,
+        timeouts={
+            "connect_timeout_s": connect_timeout,
+            "ttft_timeout_s": ttft_timeout,
+            "stall_timeout_s": stall_timeout,
+            "request_timeout_s": request_timeout,
+        },
+        access=access(api_key, header, insecure, ca_cert),
         telemetry=Telemetry.from_flags(metrics_period, no_server_metrics, gpu, profile, dcgm_url),
     )
 
 
 def trial_capture_options(
     workers: WorkersOption = "auto",
-    stamp: StampOption = "kernel",
+    stamp: StampOption = DEFAULT_STAMP,
     api_key: ApiKeyOption = None,
     header: HeaderOption = None,
 ) -> CaptureOptions:
-    """How a bisection's trials send and stamp: run's options of the same names (bisect's own
-    --cluster places whole probes, not capture workers)."""
-    from itlaudit.capture.runner import CaptureOptions
+    """How a bisection's trials and a smoke suite's passes send and stamp: run's options of the same
+    names (bisect's own --cluster places whole probes, not capture workers)."""
+    return build_capture(workers=workers, stamp=stamp, access=access(api_key, header, False, None))
 
-    return CaptureOptions.from_flags(workers, stamp, access=access(api_key, header, False, None))
+
+def parse_cluster(value: str) -> str | None:
+    """`--cluster`: none (local processes), `ray` or `auto` (the running cluster: RAY_ADDRESS, else the
+    one `ray start` made on this machine), or `ray://HOST:PORT` (a remote cluster's client port); for
+    capture workers and bisect's probes alike."""
+    if value == "none":
+        return None
+    if value in ("ray", "auto"):
+        return "auto"
+    if value.startswith("ray://") and len(value) > len("ray://"):
+        return value
+    raise ClusterError(f"--cluster {value!r}: use none, ray (or auto), or ray://HOST:PORT")
+
+
+def _workers(text: str) -> int | None:
+    if text == "auto":
+        return None
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    raise ScenarioError(f"--workers {text!r}: give a positive number of processes, or auto")
+
+
+def build_capture(
+    *,
+    workers: str = "auto",
+    stamp: StampMode = DEFAULT_STAMP,
+    cluster: str = "none",
+    timeouts: dict[str, float | None] | None = None,
+    access: Access | None = None,
+    telemetry: Telemetry | None = None,
+) -> CaptureOptions:
+    """The one builder of CaptureOptions, from the flags' values (typer has already refused a --stamp
+    outside StampMode): `--workers auto|N`, `--cluster` (Ray imported here when asked for, so a
+    missing Ray is one line before any server starts), and each `--*-timeout` against the bound of
+    the scenario key it overrides (`timeouts` by that key; None: not given)."""
+    # Not at the top: the capture stack (numpy, the workers) stays off `itlaudit --help`'s path.
+    from itlaudit.capture.cluster import import_ray
+    from itlaudit.capture.runner import CaptureOptions
+    from itlaudit.model.workload import BOUNDS
+    from itlaudit.telemetry.window import Telemetry
+
+    given = {key: value for key, value in (timeouts or {}).items() if value is not None}
+    for key, value in given.items():
+        problem = BOUNDS[key].problem(value)
+        if problem is not None:
+            raise ScenarioError(f"--{key.removesuffix('_s').replace('_', '-')} {value:g}: {problem}")
+    address = parse_cluster(cluster)
+    if address is not None:
+        import_ray()
+    return CaptureOptions(
+        workers=_workers(workers),
+        timeouts=given,
+        stamp=stamp,
+        access=access or Access(),
+        cluster=address,
+        telemetry=telemetry or Telemetry(),
+    )
 
 
 # --- Workload, as vllm bench serve's flags name it -------------------------------------------------

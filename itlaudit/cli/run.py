@@ -37,7 +37,8 @@ from itlaudit.store.rundir import COMPARE_FILE
 if TYPE_CHECKING:  # the run workflow (the capture stack, numpy) loads when a command runs, not for --help
     from itlaudit.analysis.comparison import CompareResult, VariantComparison
     from itlaudit.capture.runner import CaptureOptions
-    from itlaudit.workflows.run import LedgerPolicy, RunOutcome
+    from itlaudit.workflows.ledger import LedgerPolicy
+    from itlaudit.workflows.run import RunOutcome
 
 __all__ = ["DEMO_SCENARIO", "LEDGER", "RunSettings", "compare", "demo", "run", "run_settings"]
 
@@ -198,7 +199,7 @@ def run_settings(
     """The options `run` and `compare` share, declared once and checked once."""
     if append and out_dir is None:
         raise ItlauditError("--append needs --out: the run folder to add to")
-    from itlaudit.workflows.run import LedgerPolicy
+    from itlaudit.workflows.ledger import LedgerPolicy
 
     return RunSettings(
         run_dir=out_dir,

@@ -14,8 +14,9 @@ import typer
 from rich.console import Console
 
 from itlaudit.analysis.fidelity import LAG_BUDGET_MS, Fidelity
-from itlaudit.cli.options import ClusterOption, StampOption, WorkersOption
+from itlaudit.cli.options import ClusterOption, StampOption, WorkersOption, build_capture
 from itlaudit.errors import ScenarioError
+from itlaudit.model.vocabulary import DEFAULT_STAMP
 
 __all__ = ["BUDGET", "describe", "out", "selfcheck"]
 
@@ -51,7 +52,7 @@ def selfcheck(
     tokens_per_chunk: Annotated[int, typer.Option(help="Tokens each chunk carries (K).", min=1)] = 1,
     tokens: Annotated[int, typer.Option(help="Tokens per request (max_tokens).", min=2)] = 500,
     workers: WorkersOption = "auto",
-    stamp: StampOption = "kernel",
+    stamp: StampOption = DEFAULT_STAMP,
     cluster: ClusterOption = "none",
     search: Annotated[
         bool, typer.Option("--search", help=f"Find the most streams kept within {BUDGET}.")
@@ -62,9 +63,9 @@ def selfcheck(
 ) -> None:
     """Run the real capture path against a built-in ground-truth SSE server; print its added lag."""
     from itlaudit.serve.truth import TruthConfig  # the truth server and the capture stack: only to run
-    from itlaudit.workflows.selfcheck import capture_options, run_trial, search_streams, truth_server, verdict
+    from itlaudit.workflows.selfcheck import run_trial, search_streams, truth_server, verdict
 
-    capture = capture_options(workers, stamp, cluster)
+    capture = build_capture(workers=workers, stamp=stamp, cluster=cluster)
     config = TruthConfig(chunks_per_s=chunks_per_s, tokens_per_chunk=tokens_per_chunk)
     with tempfile.TemporaryDirectory(prefix="itlaudit-selfcheck-") as scratch:
         root = out_dir or Path(scratch)

@@ -214,11 +214,10 @@ def nightly(
 ) -> None:
     """Probe each new build once, record it, check; exit 1 on a confirmed regression (125: none probed)."""
     from itlaudit.analysis.changes import CheckSettings
-    from itlaudit.store.rundir import new_run_dir
+    from itlaudit.store.rundir import DEFAULT_REPORTS, new_run_dir
     from itlaudit.track.db import open_history
     from itlaudit.track.nightly import bisect_unexplained, nightly_builds
     from itlaudit.track.nightly import nightly as run_nightly
-    from itlaudit.workflows.run import DEFAULT_REPORTS
 
     min_effect = _min_effect(threshold)
     builds = nightly_builds(setup, since=since, last=last, every_commit=every_commit)

@@ -164,6 +164,7 @@ SURFACE = Surface(
             "SendLog",
         ),
         "vocabulary": (
+            "DEFAULT_STAMP",
             "Endpoint",
             "LoadAxis",
             "QualityGate",

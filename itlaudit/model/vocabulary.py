@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["Endpoint", "LoadAxis", "QualityGate", "Shift", "StampMode", "Verdict"]
+__all__ = ["DEFAULT_STAMP", "Endpoint", "LoadAxis", "QualityGate", "Shift", "StampMode", "Verdict"]
 
 
 class Endpoint(StrEnum):
@@ -45,6 +45,11 @@ class StampMode(StrEnum):
 
     KERNEL = "kernel"
     LOOP = "loop"
+
+
+# The one stamp default (--stamp, CaptureOptions, a lone stream_request): kernel, which falls back to
+# loop where the platform has no kernel receive timestamps (a record's `stamp` says which ran).
+DEFAULT_STAMP = StampMode.KERNEL
 
 
 class QualityGate(StrEnum):

@@ -9,7 +9,6 @@ everything a smoke measured can be re-read with the usual tools.
 from __future__ import annotations
 
 import time
-from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -17,7 +16,6 @@ import msgspec
 from rich.console import Console
 
 from itlaudit.capture.runner import CaptureOptions
-from itlaudit.capture.server_info import environment_record
 from itlaudit.errors import RecordsError, RunInterrupted, SuiteError
 from itlaudit.model.access import NO_ACCESS
 from itlaudit.model.codes import Finding
@@ -29,10 +27,9 @@ from itlaudit.smoke.checks import CheckResult, Results, evaluate, exit_code, var
 from itlaudit.smoke.junit import write_junit
 from itlaudit.smoke.output import render_markdown
 from itlaudit.smoke.suite import Suite, server_launch
-from itlaudit.store.rundir import new_run_dir, read_versioned, write_versioned
+from itlaudit.store.rundir import DEFAULT_REPORTS, new_run_dir, read_versioned, write_versioned
 from itlaudit.workflows.compare import run_compare
-from itlaudit.workflows.run import DEFAULT_REPORTS, variant_target
-from itlaudit.workflows.run_folder import server_log_name
+from itlaudit.workflows.server import VariantServer
 
 __all__ = [
     "JUNIT_FILE",
@@ -150,14 +147,10 @@ def run_smoke(
         override = urls.get(server.name) or urls.get("*")
         fingerprints: list[str | None] = []
         version: str | None = None
-        with ExitStack() as running:
-            starting = reporter.step(f"{server.name}: starting its server") if not override else None
-            with starting or nullcontext():
-                access = capture.access if capture is not None else NO_ACCESS
-                server_at = variant_target(
-                    Variant(name=server.name, launch=config), override, out_dir, access
-                )
-                base_url = running.enter_context(server_at)
+        access = capture.access if capture is not None else NO_ACCESS
+        variant = Variant(name=server.name, launch=config)
+        with VariantServer.open(variant, out_dir, url=override, access=access, reporter=reporter) as running:
+            base_url = running.url
             for scenario in users:
                 single = replace(scenario, variants=[v for v in scenario.variants if v.name == server.name])
                 rel = Path("runs") / f"{scenario.name}-{server.name}"
@@ -193,15 +186,7 @@ def run_smoke(
                 # what the pass read from /version after its window: the smoke asks the server nothing more
                 passed = outcome.passes.get(server.name)
                 version = (passed.version if passed is not None else None) or version
-            launched = config if not override else None
-            servers_env[server.name] = environment_record(
-                base_url,
-                version,
-                fingerprints,
-                launch_env=launched.env if launched else None,
-                launch_kind=launched.kind if launched else None,
-                log_path=out_dir / server_log_name(server.name) if launched else None,
-            )
+            servers_env[server.name] = running.environment(version, fingerprints)
     reporter.phase("smoke: checking the figures and writing smoke.json, report.md and the JUnit XML")
     checks = evaluate(suite, results, baseline_results)
     runtime = time.monotonic() - started

@@ -33,6 +33,7 @@ SURFACE = Surface(
         "rundir": (
             "COMPARE_FILE",
             "CSV_FILE",
+            "DEFAULT_REPORTS",
             "DERIVED_FILE",
             "META_FILE",
             "PARTIAL_DIR",
@@ -41,14 +42,17 @@ SURFACE = Surface(
             "SUMMARY_FILE",
             "TOO_DEEP",
             "new_run_dir",
-            "read_json",
             "read_versioned",
             "remove_partial",
+            "server_log_name",
             "write_jsonl",
             "write_meta",
             "write_versioned",
         ),
-        "server_metrics": ("read_telemetry", "server_blocks"),
+        "server_metrics": (
+            "read_telemetry",
+            "server_blocks",
+        ),
     },
     modules=("ledger",),
 )

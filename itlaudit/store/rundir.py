@@ -23,6 +23,7 @@ from itlaudit.model.jsonvalue import JSONMapping
 __all__ = [
     "COMPARE_FILE",
     "CSV_FILE",
+    "DEFAULT_REPORTS",
     "DERIVED_FILE",
     "META_FILE",
     "PARTIAL_DIR",
@@ -33,6 +34,7 @@ __all__ = [
     "read_json",
     "read_versioned",
     "remove_partial",
+    "server_log_name",
     "write_json",
     "write_jsonl",
     "write_meta",
@@ -47,6 +49,12 @@ REPORT_FILE = "report.md"
 META_FILE = "meta.json"
 COMPARE_FILE = "compare.json"
 PARTIAL_DIR = "partial"  # `report --live`'s files, apart from the run's own
+DEFAULT_REPORTS = Path("reports")  # where a command given no --out makes its folder (new_run_dir)
+
+
+def server_log_name(variant: str) -> str:
+    """A launched server's log, beside the run's files."""
+    return f"server-{variant}.log"
 
 
 def new_run_dir(base: Path, scenario_name: str) -> Path:

@@ -16,6 +16,7 @@ SURFACE = Surface(
             "invariance_targets",
         ),
         "compare": ("run_compare",),
+        "ledger": ("LedgerPolicy",),
         "report": (
             "Run",
             "combine_runs",
@@ -24,25 +25,18 @@ SURFACE = Surface(
             "still_written",
         ),
         "run": (
-            "DEFAULT_REPORTS",
-            "LedgerPolicy",
             "RunOutcome",
-            "mark_interrupted",
             "run_scenario",
-            "run_until_stopped",
-            "variant_target",
         ),
-        "run_folder": (
-            "RunFolder",
-            "server_log_name",
-        ),
+        "run_folder": ("RunFolder",),
         "selfcheck": (
-            "capture_options",
             "run_trial",
             "search_streams",
             "truth_server",
             "verdict",
         ),
+        "server": ("VariantServer",),
+        "signals": ("mark_interrupted",),
         "sweep": (
             "SweepConfig",
             "run_sweep",
@@ -54,7 +48,6 @@ SURFACE = Surface(
             "TRIALS_FILE",
             "run_trials",
         ),
-        "variant_pass": ("VariantPass",),
     },
 )
 __all__ = SURFACE.names

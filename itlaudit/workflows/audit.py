@@ -13,7 +13,8 @@ from itlaudit.analysis.invariance import PromptObservations, figures_json, promp
 from itlaudit.errors import ScenarioError
 from itlaudit.model.scenario import Variant, load_scenario
 from itlaudit.store.rundir import write_versioned
-from itlaudit.workflows.run import run_until_stopped, variant_target
+from itlaudit.workflows.server import VariantServer
+from itlaudit.workflows.signals import run_until_stopped
 
 if TYPE_CHECKING:
     from itlaudit.capture.server_info import ServerIdentity
@@ -79,7 +80,8 @@ def invariance_audit(
     run_dir.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {}
     for variant in variants:
-        with variant_target(variant, None, run_dir) as base_url:
+        with VariantServer.open(variant, run_dir) as server:
+            base_url = server.url
             served, identity, observations = run_until_stopped(_score(base_url, settings))
         figures = [prompt_figures(o, settings.choices) for o in observations]
         summary = summarize(figures)

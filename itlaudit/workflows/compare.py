@@ -36,8 +36,11 @@ from itlaudit.report.progress import Reporter
 from itlaudit.side.client import SideClient
 from itlaudit.store.rundir import COMPARE_FILE, write_versioned
 from itlaudit.workflows.derive import with_comparison, write_report
-from itlaudit.workflows.run import LedgerPolicy, RunOutcome, run_scenario, run_until_stopped, variant_target
+from itlaudit.workflows.ledger import LedgerPolicy
+from itlaudit.workflows.run import RunOutcome, run_scenario
 from itlaudit.workflows.run_folder import RunFolder
+from itlaudit.workflows.server import VariantServer
+from itlaudit.workflows.signals import run_until_stopped
 from itlaudit.workflows.variant_pass import WindowHook
 
 __all__ = ["CounterWindow", "audit_distribution", "execution_mode", "explain_mismatches", "run_compare"]
@@ -174,7 +177,7 @@ def audit_distribution(
             if url is None:
                 with reporter.step(f"{baseline.name}: starting its server again to score sampled outputs"):
                     again = replace(baseline, name=f"{baseline.name}-scoring")  # its own server log
-                    url = stack.enter_context(variant_target(again, None, outcome.run_dir, access))
+                    url = stack.enter_context(VariantServer.open(again, outcome.run_dir, access=access)).url
             with reporter.step(f"scoring sampled outputs under {baseline.name}"):
                 scoring = _score_distribution(scenario, mine, audited, url, access)
                 figures, findings = run_until_stopped(scoring)

@@ -3,105 +3,39 @@ then derive the run's files. Shared by `run` and `compare`; it holds no figures 
 
 from __future__ import annotations
 
-import asyncio
-import atexit
 import contextlib
-import os
-import sys
 import time
-from collections.abc import Coroutine, Iterator, Sequence
-from contextlib import ExitStack, contextmanager, nullcontext
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from itlaudit.analysis.summary import RunSummary
 from itlaudit.capture.described import CaptureDescription
 from itlaudit.capture.runner import CaptureOptions, variant_access
 from itlaudit.errors import ItlauditError, RunDirError, RunInterrupted, ScenarioError
-from itlaudit.model.access import NO_ACCESS, Access, url_credentials_problem
+from itlaudit.model.access import url_credentials_problem
 from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.run_labels import RunLabels
-from itlaudit.model.scenario import Scenario, Variant
-from itlaudit.model.stop import check, interruption, on_second, requested
+from itlaudit.model.scenario import Scenario
+from itlaudit.model.stop import check, interruption, requested
 from itlaudit.report.progress import Reporter, duration
-from itlaudit.serve.environment import gpus as host_gpus
 from itlaudit.store.jsonl import iter_jsonl
 from itlaudit.store.lock import hold_run_lock, refuse_if_live
-from itlaudit.store.rundir import REPORT_FILE, REQUESTS_FILE, SUMMARY_FILE, new_run_dir, remove_partial
-from itlaudit.workflows.run_folder import server_log_name
+from itlaudit.store.rundir import DEFAULT_REPORTS, REPORT_FILE, REQUESTS_FILE, new_run_dir, remove_partial
+from itlaudit.workflows.ledger import LedgerPolicy
+from itlaudit.workflows.server import VariantServer
+from itlaudit.workflows.signals import held_signals
 
 if TYPE_CHECKING:
-    from itlaudit.capture.server_info import ServerIdentity
     from itlaudit.model.meta import Meta
     from itlaudit.workflows.derive import Derivation
     from itlaudit.workflows.run_folder import RunFolder
     from itlaudit.workflows.variant_pass import PassResult, WindowHook
 
-__all__ = [
-    "DEFAULT_REPORTS",
-    "RUN_DIR_ENV",
-    "LedgerPolicy",
-    "RunOutcome",
-    "held_signals",
-    "mark_interrupted",
-    "run_scenario",
-    "run_until_stopped",
-    "variant_target",
-]
-
-DEFAULT_REPORTS = Path("reports")
-RUN_DIR_ENV = "ITLAUDIT_RUN_DIR"
-
-
-@dataclass(frozen=True)
-class LedgerPolicy:
-    """The experiment ledger as `run`/`compare` use it: a repeat is named (with the diff that compares
-    it), and refused only with `no_repeat`."""
-
-    path: Path
-    no_repeat: bool = False
-
-    def check(
-        self,
-        scenario: Scenario,
-        variant: str,
-        base_url: str,
-        identity: ServerIdentity,
-        run_dir: Path,
-        console: Console | None,
-    ) -> JSONObject:
-        """Fingerprint the variant's server from its identity (read by the variant's pass before its
-        /metrics window opens: the identity ping is a request of itlaudit's own and must not count in
-        the server's figures); a repeat is named, or refused with no_repeat."""
-        from itlaudit.store import ledger
-
-        if identity.get("unknown") and console is not None:
-            console.print(
-                f"{variant}: server build unknown ({identity['unknown']})", markup=False, soft_wrap=True
-            )
-        launched = next(v for v in scenario.variants if v.name == variant).launch is not None
-        fingerprint = ledger.variant_fingerprint(
-            scenario, variant, identity, os.environ, url=base_url, gpus=host_gpus() if launched else None
-        )
-        earlier = ledger.check_new_run(fingerprint, self.path, no_repeat=self.no_repeat)
-        if earlier is not None and console is not None:
-            console.print(
-                ledger.repeat_warning(earlier, variant, run_dir),
-                markup=False,
-                highlight=False,
-                soft_wrap=True,
-            )
-        return fingerprint.to_json()
-
-    def record(self, run_dir: Path, summary: RunSummary, records: list[RequestRecord]) -> None:
-        """The finished run's lines, from the summary and records its one derivation gave."""
-        from itlaudit.store import ledger
-
-        ledger.record_run(run_dir, self.path, environ=os.environ, summary=summary, records=records)
+__all__ = ["RunOutcome", "run_scenario"]
 
 
 @dataclass
@@ -122,33 +56,6 @@ class RunOutcome:
     @property
     def finding_count(self) -> int:
         return sum(sum(block.findings.values()) for block in self.derivation.summary.variants.values())
-
-
-@contextmanager
-def variant_target(
-    variant: Variant, override_url: str | None, run_dir: Path, access: Access = NO_ACCESS
-) -> Iterator[str]:
-    """Yield the base URL for a variant, starting (and always stopping) its server when it has one."""
-    if override_url:
-        yield override_url
-        return
-    if variant.launch is not None:
-        from itlaudit.serve.launch_config import launch_spec
-        from itlaudit.serve.launcher import launch
-
-        spec = launch_spec(variant.launch)
-        # Tags the server's processes with the run that owns them, so a leftover is traceable.
-        spec.env[RUN_DIR_ENV] = str(run_dir.resolve())
-        with launch(spec, run_dir / server_log_name(variant.name), access) as server:
-            yield server.url
-        return
-    if variant.url:
-        yield variant.url
-        return
-    raise ScenarioError(
-        f"variant {variant.name!r} has no `url` and no [variants.launch]; add one, or pass --url / "
-        f"--variant {variant.name}=URL"
-    )
 
 
 def _open_run_dir(run_dir: Path | None, scenario_name: str, append: bool) -> Path:
@@ -231,10 +138,10 @@ def run_scenario(
         problem = target and url_credentials_problem(target, variant_access(scenario, variant.name, capture))
         if problem:
             raise ScenarioError(f"variant {variant.name}: {problem}")
-    if capture is None or capture.cluster is None:  # local capture workers: their forkserver boots meanwhile
-        from itlaudit.capture.workers import prestart_workers
+    from itlaudit.capture.environment import capture_environment
 
-        prestart_workers()
+    # Local capture workers: their forkserver boots meanwhile (a Ray cluster starts nothing here).
+    capture_environment(None if capture is None else capture.cluster).prepare()
     check()  # a signal while the dataset was drawn (seconds for the largest): no folder is made
     folder = _open_run_dir(run_dir, scenario.folder_name, append)
     try:
@@ -274,7 +181,6 @@ def _run_in_folder(
     # The capture and report stacks load here, not at the top: the CLI imports this module to start.
     from itlaudit.capture.cluster import lost_worker_warnings
     from itlaudit.workflows.run_folder import RunFolder
-    from itlaudit.workflows.variant_pass import VariantPass
 
     tag = _append_tag(run_dir / REQUESTS_FILE) if append else None
     context: JSONObject | None = (
@@ -292,13 +198,12 @@ def _run_in_folder(
             writer.counts = counts
             for variant in scenario.variants:
                 override = url or variant_urls.get(variant.name)
-                launched = variant.launch if not override else None
                 access = variant_access(scenario, variant.name, capture)
                 check()  # a signal between two variants: the next one never starts
-                with ExitStack() as server:
-                    starting = reporter.step(f"{variant.name}: starting its server") if launched else None
-                    with starting or nullcontext():
-                        base_url = server.enter_context(variant_target(variant, override, run_dir, access))
+                with VariantServer.open(
+                    variant, run_dir, url=override, access=access, reporter=reporter
+                ) as server:
+                    base_url = server.url
                     counts.begin(f"{variant.name} @ {base_url}", per_variant)
                     variant_started = time.monotonic()
 
@@ -322,31 +227,26 @@ def _run_in_folder(
                         for warning in lost_worker_warnings(workers):
                             (console or Console(stderr=True)).print(warning, markup=False, soft_wrap=True)
 
-                    passed = passes[variant.name] = run_until_stopped(
-                        VariantPass(
-                            scenario,
-                            variant,
-                            base_url,
-                            folder,
-                            writer,
-                            capture=capture,
-                            ledger=ledger,
-                            console=console,
-                            hooks=hooks,
-                            launched=launched,
-                            id_tag=tag,
-                            on_done=counts.landed,
-                            on_prepare=counts.prepare,
-                            on_capture=on_capture,
-                        ).run()
+                    passed = passes[variant.name] = folder.measure(
+                        scenario,
+                        variant,
+                        server,
+                        writer=writer,
+                        capture=capture,
+                        ledger=ledger,
+                        console=console,
+                        hooks=hooks,
+                        id_tag=tag,
+                        on_done=counts.landed,
+                        on_prepare=counts.prepare,
+                        on_capture=on_capture,
                     )
                     reporter.phase(
                         f"{variant.name}: {len(passed.capture.records)} requests done in "
                         f"{duration(time.monotonic() - variant_started)}"
                     )
-                    if launched is not None:
+                    if server.launched is not None:
                         reporter.phase(f"{variant.name}: stopping its server")
-                folder.save()
     except KeyboardInterrupt:
         raise _wrap_up_interrupted(folder, scenario, reporter) from None
     except Exception as exc:
@@ -368,80 +268,6 @@ def _run_in_folder(
     if ledger is not None:
         ledger.record(run_dir, derivation.summary, derivation.records)
     return RunOutcome(run_dir=run_dir, derivation=derivation, meta=folder.meta, passes=passes)
-
-
-_T = TypeVar("_T")
-
-
-def run_until_stopped(main: Coroutine[Any, Any, _T]) -> _T:
-    """`asyncio.run` for a step a signal must stop: a watcher polls the stop request (model.stop)
-    every 50 ms and cancels the step's task, so its streams end at an await, its `finally` blocks
-    stop the capture workers, and what finished stays written; then KeyboardInterrupt is raised
-    here, at the step's boundary, never inside the loop's cleanup. It works off the main thread too
-    (a parallel bisection's probes), where no signal handler can be installed."""
-    check()
-
-    async def watched() -> _T:
-        task = asyncio.current_task()
-        assert task is not None
-
-        async def watch() -> None:
-            while not requested():
-                await asyncio.sleep(0.05)
-            task.cancel()
-
-        watcher = asyncio.create_task(watch())
-        try:
-            return await main
-        finally:
-            watcher.cancel()
-
-    try:
-        result = asyncio.run(watched())
-    except asyncio.CancelledError:
-        check()
-        raise
-    check()  # a step that ended by itself while the signal came: stopped here all the same
-    return result
-
-
-def mark_interrupted(folder: RunFolder, finish_with: str) -> None:
-    """A folder a signal left with records and no figures, marked so in meta.json with what finishes
-    it, so no reader (track add, report) takes it for a finished run: the run's own, a sweep trial
-    (its --resume runs it again), a bisect trial (its --resume reruns the probe)."""
-    signal_name, _ = interruption()
-    folder.mark("interrupted", {"signal": signal_name, "at_unix": time.time(), "finish_with": finish_with})
-
-
-@contextmanager
-def held_signals(folder: RunFolder, finish_with: str) -> Iterator[None]:
-    """A step that must not be cut in half, the derivation that writes summary.json and the report:
-    a first SIGINT or SIGTERM is only recorded (model.stop, as everywhere), the step runs to its end
-    and the caller stops at its boundary, so the folder is finished rather than half-written.
-
-    It cannot check a flag halfway (a synchronous derivation: pandas and file writes), so its time is
-    what bounds the exit: ~0.1 s for the hundreds of requests of a usual run, seconds only for runs of
-    tens of thousands or replies of tens of MB. A user who will not wait sends a second signal, and
-    that one ends the process at once, from the handler and without raising into whatever runs: a
-    summary.json it may have cut is removed, meta.json is marked interrupted with `finish_with` (the
-    one command that derives it all again from requests.jsonl), the launched servers still up (a
-    sweep's or a bisect probe's) are stopped by the exit functions, and the exit code is the first
-    signal's."""
-
-    def cut(signum: int) -> None:
-        signal_name, exit_code = interruption()
-        with contextlib.suppress(OSError, ItlauditError):
-            (folder.path / SUMMARY_FILE).unlink(missing_ok=True)
-            mark_interrupted(folder, finish_with)
-        line = f"itlaudit: interrupted by {signal_name} while deriving the figures: every request is kept; "
-        with contextlib.suppress(OSError, ValueError):
-            sys.stderr.write(f"{line}{finish_with}\n")
-            sys.stderr.flush()
-        atexit._run_exitfuncs()  # the launcher's: stop every server this process started
-        os._exit(exit_code)
-
-    with on_second(cut):
-        yield
 
 
 def _finished_requests(run_dir: Path) -> int:

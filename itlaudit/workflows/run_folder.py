@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -25,19 +27,24 @@ from itlaudit.report.progress import CaptureProgress, Reporter
 from itlaudit.serve.environment import host_environment
 from itlaudit.store.folder import RunFiles
 from itlaudit.store.jsonl import RecordWriter
-from itlaudit.store.rundir import META_FILE, REQUESTS_FILE, write_meta
+from itlaudit.store.rundir import META_FILE, REQUESTS_FILE, server_log_name, write_meta
+from itlaudit.workflows.signals import run_until_stopped
+from itlaudit.workflows.variant_pass import PassResult, VariantPass, WindowHook
 
 if TYPE_CHECKING:
-    from itlaudit.workflows.derive import Derivation
+    from rich.console import Console
 
-__all__ = ["RunFolder", "TallyWriter", "server_log_name"]
+    from itlaudit.capture.planning import OnPrepare
+    from itlaudit.capture.runner import CaptureOptions, OnCapture, OnDone
+    from itlaudit.model.scenario import Variant
+    from itlaudit.workflows.derive import Derivation
+    from itlaudit.workflows.ledger import LedgerPolicy
+    from itlaudit.workflows.server import VariantServer
+
+__all__ = ["RunFolder", "TallyWriter"]
 
 # The labels' keys of a run no command line named (a bisect trial, a sweep's trial).
 _UNLABELLED: LabelsMeta = {"command_line": None, "label": None, "metadata": {}, "backend": None}
-
-
-def server_log_name(variant: str) -> str:
-    return f"server-{variant}.log"
 
 
 class RunFolder:
@@ -123,6 +130,48 @@ class RunFolder:
         """How the run ended when it did not finish (`interrupted`, `failed`), written at once."""
         setattr(self.meta, key, value)
         self.save()
+
+    def measure(
+        self,
+        scenario: Scenario,
+        variant: Variant,
+        server: VariantServer,
+        *,
+        writer: RecordWriter | None = None,
+        capture: CaptureOptions | None = None,
+        hooks: Sequence[WindowHook] = (),
+        ledger: LedgerPolicy | None = None,
+        console: Console | None = None,
+        id_tag: str | None = None,
+        on_done: OnDone | None = None,
+        on_prepare: OnPrepare | None = None,
+        on_capture: OnCapture | None = None,
+    ) -> PassResult:
+        """The one measure step of every command (run, compare, smoke, each sweep trial, each bisect and
+        nightly trial): the variant's pass (workflows/variant_pass.py) on `server` into this folder, a
+        signal stopping it at its boundary (KeyboardInterrupt here, what finished kept), meta.json
+        saved after it. Its records land in `writer` when the caller holds one across variants (run's,
+        with its progress counts), else in this folder's requests.jsonl, opened for the pass."""
+        with nullcontext(writer) if writer is not None else self.records() as lines:
+            passed = run_until_stopped(
+                VariantPass(
+                    scenario,
+                    variant,
+                    server,
+                    self,
+                    lines,
+                    capture=capture,
+                    ledger=ledger,
+                    console=console,
+                    hooks=hooks,
+                    id_tag=id_tag,
+                    on_done=on_done,
+                    on_prepare=on_prepare,
+                    on_capture=on_capture,
+                ).run()
+            )
+        self.save()
+        return passed
 
     def records(self) -> TallyWriter:
         """requests.jsonl's writer (appending: an --append round and a bisect trial's next variant add

@@ -29,7 +29,6 @@ from itlaudit.side.client import BlockingSideClient
 __all__ = [
     "MAX_SEARCH_STREAMS",
     "Trial",
-    "capture_options",
     "fetch_send_log",
     "grade_run",
     "reset_send_log",
@@ -94,26 +93,6 @@ def selfcheck_scenario_toml(base_url: str, streams: int, tokens: int) -> str:
         f'prompts = ["selfcheck"]\nnum_requests = {streams}\nconcurrency = {streams}\n'
         f"max_tokens = {tokens}\nignore_eos = true\ntemperature = 0\n\n"
         f'[[variants]]\nname = "truth"\nurl = "{base_url}"\n'
-    )
-
-
-def capture_options(
-    workers: str | int | None = None,
-    stamp: str | None = None,
-    cluster: str | None = None,
-    *,
-    server_metrics: bool = True,
-) -> CaptureOptions:
-    """The capture options selfcheck and the benchmark pass through, checked as `itlaudit run` checks
-    them (None: run's default); `server_metrics` False is --no-server-metrics."""
-    from itlaudit.capture.runner import CaptureOptions
-    from itlaudit.telemetry.window import Telemetry
-
-    return CaptureOptions.from_flags(
-        "auto" if workers is None else str(workers),
-        stamp or "kernel",
-        cluster=cluster,
-        telemetry=Telemetry.from_flags(no_server_metrics=not server_metrics),
     )
 
 

@@ -20,7 +20,6 @@ import math
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,11 +39,10 @@ from itlaudit.analysis.sweep import (
 )
 from itlaudit.capture.cluster import lost_worker_warnings
 from itlaudit.capture.described import CaptureDescription
-from itlaudit.capture.runner import CaptureOptions
+from itlaudit.capture.runner import CaptureOptions, variant_access
 from itlaudit.errors import RunInterrupted, ScenarioError, SweepError
 from itlaudit.model.formats import FORMAT_KEY
 from itlaudit.model.jsonvalue import JSONObject
-from itlaudit.model.launch import LaunchSpec
 from itlaudit.model.scenario import Scenario, Variant
 from itlaudit.model.serve_params import ServeValue, expand
 from itlaudit.model.stop import check, interruption, wait_or_stop
@@ -52,15 +50,16 @@ from itlaudit.model.vocabulary import LoadAxis
 from itlaudit.report.progress import Reporter, duration
 from itlaudit.store.jsonl import iter_jsonl, load_records
 from itlaudit.store.rundir import (
+    DEFAULT_REPORTS,
     DERIVED_FILE,
     REQUESTS_FILE,
     new_run_dir,
     read_versioned,
     write_versioned,
 )
-from itlaudit.workflows.run import DEFAULT_REPORTS, mark_interrupted, run_until_stopped, variant_target
-from itlaudit.workflows.run_folder import RunFolder, server_log_name
-from itlaudit.workflows.variant_pass import VariantPass
+from itlaudit.workflows.run_folder import RunFolder
+from itlaudit.workflows.server import VariantServer
+from itlaudit.workflows.signals import mark_interrupted
 
 __all__ = [
     "CONFIG_FILE",
@@ -319,15 +318,14 @@ class _Sweeper:
             points, self.config.values, parse_sla(self.config.sla), self.config.sla_precision
         ).probe
 
-    def run_variant_loads(self, variant: Variant, base_url: str, launched: LaunchSpec | None) -> None:
-        """Every load and trial of the variant on its server (`launched`: its launch when itlaudit
-        started it)."""
+    def run_variant_loads(self, variant: Variant, server: VariantServer) -> None:
+        """Every load and trial of the variant on its server, started once for all of them."""
         for value in self.config.values:
-            self._run_load(variant.name, value, base_url, launched)
+            self._run_load(variant.name, value, server)
         while (probe := self._sla_probe(variant.name)) is not None:
-            self._run_load(variant.name, probe, base_url, launched)
+            self._run_load(variant.name, probe, server)
 
-    def _run_load(self, variant: str, value: float, base_url: str, launched: LaunchSpec | None) -> None:
+    def _run_load(self, variant: str, value: float, server: VariantServer) -> None:
         """The load's trials: all of them, or with --trials auto until the interval of the metric's
         mean over them is narrow enough (analysis.convergence), a cooldown apart."""
         scenario = point_scenario(self.scenario, self.config.axis, value, variant)
@@ -340,7 +338,7 @@ class _Sweeper:
             if _finished_load(folder) is None:
                 if figures and auto.get("cooldown_s"):
                     wait_or_stop(auto["cooldown_s"])
-                ran = self._run_trial(_Trial(scenario, variant, value, number, folder), base_url, launched)
+                ran = self._run_trial(_Trial(scenario, variant, value, number, folder), server)
             if rule is None:
                 continue
             # the trial just run hands its summary over; one a resumed sweep finished earlier is read
@@ -357,7 +355,7 @@ class _Sweeper:
                 self.reporter.phase(f"{where}: {auto['metric']} p50 {interval}; {progress.reason}")
                 return
 
-    def _run_trial(self, trial: _Trial, base_url: str, launched: LaunchSpec | None) -> RunSummary:
+    def _run_trial(self, trial: _Trial, server: VariantServer) -> RunSummary:
         """A run folder like `itlaudit run` makes, and its summary; a folder left by a crash is kept
         aside, never reused or deleted, and the trial runs again in a clean one."""
         if trial.folder.exists():
@@ -378,7 +376,7 @@ class _Sweeper:
         name = f"{trial.variant} {load}{trials}"
         started = time.monotonic()
         total = workload.num_requests + workload.arrivals.warmup_requests  # every record counts
-        self.reporter.phase(f"{name}: {total} requests to {base_url}")
+        self.reporter.phase(f"{name}: {total} requests to {server.url}")
 
         def on_capture(workers: CaptureDescription) -> None:
             for warning in lost_worker_warnings(workers):
@@ -388,19 +386,14 @@ class _Sweeper:
         try:
             with self.reporter.capture(name, total) as counts, writer:
                 writer.counts = counts
-                run_until_stopped(
-                    VariantPass(
-                        trial.scenario,
-                        variant,
-                        base_url,
-                        folder,
-                        writer,
-                        capture=self.capture,
-                        launched=launched,
-                        server_log=self.sweep_dir / server_log_name(trial.variant),
-                        on_done=counts.landed,
-                        on_capture=on_capture,
-                    ).run()
+                folder.measure(
+                    trial.scenario,
+                    variant,
+                    server,
+                    writer=writer,
+                    capture=self.capture,
+                    on_done=counts.landed,
+                    on_capture=on_capture,
                 )
             with self.reporter.step(f"{name}: deriving its figures"):
                 summary = folder.finish(self.scenario.name, [trial.variant]).summary
@@ -441,12 +434,11 @@ def run_sweep(
             if not sweeper.pending(variant.name):
                 continue
             override = variant_urls.get(variant.name)
-            with ExitStack() as server:
-                launched = variant.launch if not override else None
-                starting = reporter.step(f"{variant.name}: starting its server") if launched else None
-                with starting or nullcontext():
-                    base_url = server.enter_context(variant_target(variant, override, sweep_dir))
-                sweeper.run_variant_loads(variant, base_url, launched)
+            access = variant_access(scenario, variant.name, capture)  # its readiness poll sends the key too
+            with VariantServer.open(
+                variant, sweep_dir, url=override, access=access, reporter=reporter
+            ) as server:
+                sweeper.run_variant_loads(variant, server)
             with reporter.step("writing sweep.json, plots and report"):
                 sweep = write_sweep_outputs(sweep_dir, scenario.name, config)
     except KeyboardInterrupt:

@@ -15,8 +15,8 @@ from typing import Any
 from itlaudit.analysis.convergence import ConvergenceRule, Progress, mean_interval
 from itlaudit.analysis.validity import variant_validity
 from itlaudit.model.scenario import Scenario
-from itlaudit.store.rundir import new_run_dir, write_versioned
-from itlaudit.workflows.run import DEFAULT_REPORTS, RunOutcome
+from itlaudit.store.rundir import DEFAULT_REPORTS, new_run_dir, write_versioned
+from itlaudit.workflows.run import RunOutcome
 
 __all__ = ["TRIALS_FILE", "TrialsOutcome", "run_trials"]
 

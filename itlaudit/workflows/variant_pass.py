@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
@@ -48,11 +47,12 @@ from itlaudit.model.scenario import Scenario, Variant
 from itlaudit.serve.launcher import engine_error, local_model_config
 from itlaudit.store.jsonl import RecordWriter
 from itlaudit.telemetry.window import Telemetry, TelemetryRecord, TelemetryWindow
-from itlaudit.workflows.run_folder import RunFolder
+from itlaudit.workflows.ledger import LedgerPolicy
+from itlaudit.workflows.server import VariantServer
 
 if TYPE_CHECKING:
     from itlaudit.capture.planning import OnPrepare
-    from itlaudit.workflows.run import LedgerPolicy
+    from itlaudit.workflows.run_folder import RunFolder
 
 __all__ = ["PassResult", "VariantPass", "WindowHook"]
 
@@ -118,22 +118,20 @@ class PassResult:
 
 @dataclass
 class VariantPass:
-    """One variant of `scenario` measured on the server at `base_url`, its records landing in `writer`
-    (the folder's requests.jsonl) and its meta.json entry in `folder`. `launched` is the variant's
-    launch when itlaudit started the server (its environment record names it, and its log). `id_tag` is an
-    --append round's tag. `on_done`, `on_prepare` and `on_capture` are the progress display's."""
+    """One variant of `scenario` measured on its `server` (workflows/server.py: where it answers, and
+    the launch and log when itlaudit started it), its records landing in `writer` (the folder's
+    requests.jsonl) and its meta.json entry in `folder`. `id_tag` is an --append round's tag.
+    `on_done`, `on_prepare` and `on_capture` are the progress display's."""
 
     scenario: Scenario
     variant: Variant
-    base_url: str
+    server: VariantServer
     folder: RunFolder
     writer: RecordWriter
     capture: CaptureOptions | None = None
     ledger: LedgerPolicy | None = None
     console: Console | None = None
     hooks: Sequence[WindowHook] = ()
-    launched: LaunchSpec | None = None
-    server_log: Path | None = None  # a launched server's log, when not the folder's (a sweep's is shared)
     id_tag: str | None = None
     on_done: OnDone | None = None
     on_prepare: OnPrepare | None = None
@@ -142,10 +140,10 @@ class VariantPass:
     async def run(self) -> PassResult:
         """The pass, in the module's stated order, on one side-request session."""
         from itlaudit.capture.planning import reset_prefix_cache, resolve_model
-        from itlaudit.capture.server_info import VERSION_TIMEOUT_S, environment_record, server_identity
+        from itlaudit.capture.server_info import VERSION_TIMEOUT_S, server_identity
         from itlaudit.side.client import SideClient
 
-        name, base_url, folder = self.variant.name, self.base_url, self.folder
+        name, base_url, folder = self.variant.name, self.server.url, self.folder
         options = self.capture or CaptureOptions()
         access = variant_access(self.scenario, name, options)
         info = folder.variant(name, access)
@@ -182,7 +180,7 @@ class VariantPass:
                 if self.on_capture is not None:
                     self.on_capture(workers)
 
-            hooks = [*self.hooks, TelemetryHook(options.telemetry, access, self.launched, self._note)]
+            hooks = [*self.hooks, TelemetryHook(options.telemetry, access, self.server.launched, self._note)]
             opened: list[WindowHook] = []
 
             def open_window() -> None:
@@ -212,11 +210,11 @@ class VariantPass:
                 version = await client.version(base_url, timeout_s=VERSION_TIMEOUT_S)
             except ItlauditError:
                 version = None  # a server without /version (SGLang, a gateway) still has a record
-        launched = self.launched
+        launched = self.server.launched
         if launched is not None and launched.dummy_weights:
             info.load_format = "dummy"  # gibberish by construction (analysis.validity's phrase)
         if launched is not None and any(r.status != Status.OK for r in captured.records):
-            log = self.server_log or folder.server_log(name)
+            log = self.server.log_path or folder.server_log(name)
             cause = engine_error(log)
             if cause is not None:  # a server that failed its requests and says why: said in one line
                 info.server_error = cause
@@ -228,14 +226,7 @@ class VariantPass:
             info.model_config = config  # the bandwidth floor's, where the run named none
         if self.variant.speculative_config is not None or launched is not None:
             info.speculative_config = self.variant.speculation
-        info.environment = environment_record(
-            base_url,
-            version,
-            [r.system_fingerprint for r in captured.records],
-            launch_env=launched.env if launched else None,
-            launch_kind=launched.kind if launched else None,
-            log_path=(self.server_log or folder.server_log(name)) if launched else None,
-        )
+        info.environment = self.server.environment(version, [r.system_fingerprint for r in captured.records])
         folder.save()
         return PassResult(model=model, plan=plan, capture=captured, version=version)
 
