@@ -187,6 +187,7 @@ SURFACE = Surface(
         "validity": (
             "COMPARABLE",
             "NOT_COMPARABLE",
+            "BlockCounts",
             "Validity",
             "block_validity",
             "comparison_validity",

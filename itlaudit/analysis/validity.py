@@ -24,15 +24,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from itlaudit.analysis.summary import RunSummary, VariantSummary
 from itlaudit.model.codes import COMMON_CAP, GIBBERISH_SUSPECTED, TRUNCATION_CODES
+from itlaudit.model.jsonvalue import JSONMapping
 from itlaudit.model.vocabulary import QualityGate
 
 __all__ = [
     "COMPARABLE",
     "NOT_COMPARABLE",
+    "BlockCounts",
+    "CommonCap",
     "Validity",
     "block_counts",
     "block_validity",
@@ -61,32 +64,55 @@ class Validity:
 COMPARABLE = Validity(True)
 
 
-def _common_cap(run_findings: Iterable[Mapping[str, Any]], variant: str) -> Mapping[str, Any] | None:
+class BlockCounts(TypedDict, total=False):
+    """What the rule reads of one variant: a summary.json block's request, error and finding counts
+    (block_counts), a bisect probe's figures as bisect.json keeps them (bisect/figures.ProbeFigures has
+    these keys) or a smoke variant's. Not total: a probe an older itlaudit wrote may lack a key, and
+    smoke judges a variant it did not measure as `{}`; a missing count reads as 0."""
+
+    requests: int
+    errors: int
+    findings: dict[str, int]
+
+
+@dataclass(frozen=True)
+class CommonCap:
+    """The run-level common_cap finding's evidence for one variant: the cap its requests share and how
+    many stopped at it (None where the evidence does not say)."""
+
+    cap: str
+    requests_at_cap: int | None
+
+
+def _common_cap(run_findings: Iterable[JSONMapping], variant: str) -> CommonCap | None:
     """The run-level common_cap evidence for this variant, when its requests share one cap."""
     for finding in run_findings:
-        evidence = finding.get("evidence") or {}
-        if finding.get("code") == COMMON_CAP and evidence.get("variant") == variant:
-            return dict(evidence)
+        evidence = finding.get("evidence")
+        if finding.get("code") != COMMON_CAP or not isinstance(evidence, Mapping):
+            continue
+        if evidence.get("variant") == variant:
+            at_cap = evidence.get("requests_at_cap")
+            return CommonCap(str(evidence.get("cap")), at_cap if isinstance(at_cap, int) else None)
     return None
 
 
-def _truncation_reason(cap: Mapping[str, Any] | None, cut: int, requests: int) -> str:
+def _truncation_reason(cap: CommonCap | None, cut: int, requests: int) -> str:
     if cap is None:
         return f"{cut} of {requests} requests cut short"
-    at_cap = int(cap.get("requests_at_cap", cut))
+    at_cap = cut if cap.requests_at_cap is None else cap.requests_at_cap
     if at_cap >= cut:
-        return f"{at_cap} of {requests} requests capped at {cap['cap']} tokens"
-    return f"{cut} of {requests} requests cut short, {at_cap} of them capped at {cap['cap']} tokens"
+        return f"{at_cap} of {requests} requests capped at {cap.cap} tokens"
+    return f"{cut} of {requests} requests cut short, {at_cap} of them capped at {cap.cap} tokens"
 
 
-def mostly_gibberish(block: Mapping[str, Any]) -> bool:
+def mostly_gibberish(block: BlockCounts) -> bool:
     """gibberish_suspected on most (more than half) of a block's requests: one gibberish request in
     ten is a sampling accident, not what the variant writes."""
-    counts: Mapping[str, int] = block.get("findings") or {}
+    counts = block.get("findings") or {}
     return int(counts.get(GIBBERISH_SUSPECTED, 0)) * 2 > int(block.get("requests") or 0)
 
 
-def _quality_gates(gate: QualityGate, own: bool, base: Mapping[str, Any] | None) -> bool:
+def _quality_gates(gate: QualityGate, own: bool, base: BlockCounts | None) -> bool:
     """Whether gibberish takes this block out: STRICT whenever it is mostly gibberish, RELATIVE only
     against a baseline (`base`, None for the baseline itself or a single variant) whose outputs are
     not, OFF never."""
@@ -96,10 +122,10 @@ def _quality_gates(gate: QualityGate, own: bool, base: Mapping[str, Any] | None)
 
 
 def block_validity(
-    block: Mapping[str, Any],
-    common_cap: Mapping[str, Any] | None = None,
+    block: BlockCounts,
+    common_cap: CommonCap | None = None,
     *,
-    base: Mapping[str, Any] | None = None,
+    base: BlockCounts | None = None,
     gate: QualityGate = QualityGate.RELATIVE,
 ) -> Validity:
     """The rule on one summary.json variant block (a sweep trial or a bisect probe has no run-level
@@ -114,7 +140,7 @@ def block_validity(
     requests = int(block.get("requests") or 0)
     if requests == 0:
         return Validity(False, "no requests recorded")
-    counts: Mapping[str, int] = block.get("findings") or {}
+    counts = block.get("findings") or {}
     reasons = []
     # A request may carry several truncation codes: the most frequent one counts the cut requests.
     cut = max((int(counts.get(code, 0)) for code in TRUNCATION_CODES), default=0)
@@ -129,13 +155,12 @@ def block_validity(
     return Validity(False, "; ".join(reasons)) if reasons else COMPARABLE
 
 
-def block_counts(block: VariantSummary) -> Mapping[str, Any]:
-    """What block_validity reads of a summary's variant block, in its form (a bisect probe's figures
-    and a smoke's have the same keys)."""
+def block_counts(block: VariantSummary) -> BlockCounts:
+    """What block_validity reads of a summary's variant block."""
     return {"requests": block.requests, "errors": block.errors, "findings": block.findings}
 
 
-def _blocks(summary: RunSummary) -> dict[str, Mapping[str, Any]]:
+def _blocks(summary: RunSummary) -> dict[str, BlockCounts]:
     """Each variant's counts in block_validity's form, in scenario order."""
     return {name: block_counts(b) for name, b in summary.variants.items()}
 

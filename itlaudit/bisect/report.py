@@ -5,13 +5,14 @@ Pure rendering from the state; rerunnable at any time, so an interrupted bisecti
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from itlaudit.analysis.server_metrics import SignalChange, signal_changes
 from itlaudit.analysis.validity import NOT_COMPARABLE, block_validity
 from itlaudit.bisect.build_range import Build
+from itlaudit.bisect.figures import ProbeFigures
 from itlaudit.bisect.providers.pip import PipOptions
 from itlaudit.bisect.settings import ProbeSetup
 from itlaudit.bisect.state import ProbeRecord, State
@@ -166,13 +167,12 @@ def _server_blocks(probe_dir: Path) -> dict[str, dict[str, Any]]:
     return blocks
 
 
-def _base_metrics(probe: ProbeRecord, names: Sequence[str], name: str) -> Mapping[str, Any] | None:
+def _base_metrics(probe: ProbeRecord, names: Sequence[str], name: str) -> ProbeFigures | None:
     """The baseline variant's figures in the same probe, which `name`'s quality is judged against
     (None for the baseline itself or a probe without it)."""
     if not names or name == names[0]:
         return None
-    base: Mapping[str, Any] | None = probe.get("metrics", {}).get(names[0])
-    return base or None
+    return probe.get("metrics", {}).get(names[0]) or None
 
 
 # What bisect.png draws when the answer's flipped signal is not the rule's own figure (--regress auto

@@ -17,7 +17,7 @@ import msgspec
 from itlaudit.analysis.comparison import VariantComparison
 from itlaudit.analysis.derive import derive_requests
 from itlaudit.analysis.summary import VariantSummary
-from itlaudit.analysis.validity import block_validity
+from itlaudit.analysis.validity import BlockCounts, block_validity
 from itlaudit.model.codes import Finding
 from itlaudit.model.jsonvalue import JSONObject, JSONValue
 from itlaudit.model.records import RequestRecord, Status
@@ -85,7 +85,7 @@ class VariantFigures(msgspec.Struct, frozen=True, kw_only=True):
     floor_ms: float | None = None
     floor_share: float | None = None
 
-    def validity_block(self) -> dict[str, int | dict[str, int]]:
+    def validity_block(self) -> BlockCounts:
         """The counts analysis.validity's rule reads from a summary block."""
         return {"requests": self.requests, "errors": self.errors, "findings": self.findings}
 
@@ -319,7 +319,7 @@ def _speedup(ctx: _Ctx) -> Outcome:
     # Quality is judged relatively (the variant against the one it is compared over); a suite whose
     # model writes gibberish by construction may still say `gibberish_expected` to turn it off.
     gate = QualityGate.OFF if params.gibberish_expected else QualityGate.RELATIVE
-    theirs = other.validity_block() if other else {}
+    theirs = other.validity_block() if other else BlockCounts()
     sides = (
         ("this variant", block_validity(ctx.figures.validity_block(), base=theirs or None, gate=gate)),
         (over, block_validity(theirs, gate=gate)),
