@@ -17,7 +17,7 @@ import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.schedule import LONGEST_SCHEDULE_S
@@ -30,6 +30,7 @@ __all__ = [
     "DEFAULT_MAX_TRIALS",
     "DEFAULT_MIN_TRIALS",
     "ConvergenceRule",
+    "ConvergenceSettings",
     "Interval",
     "Progress",
     "mean_interval",
@@ -210,9 +211,20 @@ class ConvergenceRule:
         return Progress(False, False, f"{trials} of at most {self.max_trials} trials{invalid}", interval)
 
 
+class ConvergenceSettings(TypedDict):
+    """--trials auto's settings as a run or sweep keeps them (sweep-config.json's `convergence`):
+    ConvergenceRule's fields, the metric its trials are judged on, and the idle time between them."""
+
+    ci_width_pct: float
+    min_trials: int
+    max_trials: int
+    metric: str
+    cooldown_s: float
+
+
 def trials_settings(
     trials: str, ci_width: float, max_trials: int, cooldown: float
-) -> tuple[int, dict[str, str | float | int] | None]:
+) -> tuple[int, ConvergenceSettings | None]:
     """The --trials N|auto, --ci-width, --max-trials and --cooldown flags as (the most trials, the
     rule's settings or None for a fixed count); a bad one raises ValueError with its one line."""
     if trials != "auto":
@@ -227,9 +239,11 @@ def trials_settings(
         ) from None
     if not 0 <= cooldown <= LONGEST_SCHEDULE_S:
         raise ValueError(f"--cooldown {cooldown:g}: must be within [0, {LONGEST_SCHEDULE_S:g}] s")
-    settings: dict[str, str | float | int] = {
+    settings: ConvergenceSettings = {
         "ci_width_pct": ci_width,
         "min_trials": DEFAULT_MIN_TRIALS,
         "max_trials": max_trials,
+        "metric": "itl_ms",
+        "cooldown_s": cooldown,
     }
-    return max_trials, {**settings, "metric": "itl_ms", "cooldown_s": cooldown}
+    return max_trials, settings

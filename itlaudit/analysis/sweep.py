@@ -12,17 +12,17 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Literal, NotRequired, TypedDict
 
 import msgspec
 
 from itlaudit.analysis.benchmark import meets_slo
-from itlaudit.analysis.metrics import median, p50, speedup
+from itlaudit.analysis.metrics import median, speedup
 from itlaudit.analysis.summary import VariantSummary
 from itlaudit.analysis.validity import block_counts, block_validity
 from itlaudit.errors import SweepError
 from itlaudit.model.formats import FORMAT_KEY
-from itlaudit.model.jsonvalue import JSONObject
+from itlaudit.model.jsonvalue import JSONMapping, JSONObject
 from itlaudit.model.records import RequestRecord, Status
 from itlaudit.model.serve_params import ServeValue, setting_label
 from itlaudit.model.vocabulary import LoadAxis, QualityGate
@@ -34,14 +34,22 @@ __all__ = [
     "SCALARS",
     "BestSetting",
     "Crossover",
+    "LatencyFigure",
+    "PointConvergence",
+    "RequestFigures",
+    "Scalar",
     "SlaSearch",
     "SlaTerm",
     "SlaVariant",
     "SlaVerdicts",
+    "SweepPoint",
     "SweepResult",
+    "TrialFigures",
     "best_settings",
     "crossover",
     "goodput",
+    "latency_of",
+    "load_of",
     "meets_sla",
     "parse_points",
     "parse_sla",
@@ -58,7 +66,109 @@ __all__ = [
 
 PERCENTILES = ("p50", "p90", "p99")
 # The latency figures a point reports and an SLA may name, each as {p50, p90, p99}.
-LATENCY_FIGURES = ("itl_ms", "chunk_itl_ms", "ttft_ms", "tpot_ms", "e2e_ms")
+LatencyFigure = Literal["itl_ms", "chunk_itl_ms", "ttft_ms", "tpot_ms", "e2e_ms"]
+LATENCY_FIGURES: tuple[LatencyFigure, ...] = ("itl_ms", "chunk_itl_ms", "ttft_ms", "tpot_ms", "e2e_ms")
+# One latency figure of a trial or a point: its p50, p90 and p99 (None where no request had it).
+Percentiles = dict[str, float | None]
+# A point's figures that are one number each (the median over its trials).
+Scalar = Literal[
+    "output_tokens_per_s",
+    "requests_per_s",
+    "acceptance_length",
+    "goodput_rps",
+    "goodput_chunk_rps",
+    "duration_s",
+]
+
+
+class RequestFigures(TypedDict):
+    """What goodput reads of one request: its status and figures (derived.jsonl's, the record's e2e)."""
+
+    status: str
+    e2e_ms: float | None
+    ttft_ms: float | None
+    tpot_ms: float | None
+    chunk_itl_ms: float | None
+
+
+class TrialFigures(TypedDict):
+    """One trial of one point (trial_figures), before its point pools the trials (pool_trials)."""
+
+    requests: int
+    errors: int
+    duration_s: float | None
+    output_tokens_per_s: float | None
+    requests_per_s: float | None
+    acceptance_length: float | None
+    findings: int
+    goodput_rps: float | None
+    goodput_chunk_rps: float | None
+    not_comparable: NotRequired[str | None]
+    itl_ms: Percentiles
+    chunk_itl_ms: Percentiles
+    ttft_ms: Percentiles
+    tpot_ms: Percentiles
+    e2e_ms: Percentiles
+
+
+class ConvergenceInterval(TypedDict, total=False):
+    """analysis.convergence.Interval's JSON."""
+
+    mean: float
+    low: float
+    high: float
+    confidence: float
+    trials: int
+    width_pct: float | None
+
+
+class PointConvergence(TypedDict, total=False):
+    """--trials auto: why a point's trials stopped, as its convergence file holds it (format stamped)."""
+
+    format: int
+    metric: str
+    converged: bool
+    reason: str
+    interval: ConvergenceInterval | None
+
+
+class SweepPoint(TypedDict, total=False):
+    """One point of sweep.json: a load (keyed by the axis, `concurrency` or `rate`: the one the sweep
+    varies) and its figures over its trials (pool_trials). A dict, typed key by key, because it is the
+    file's form: msgspec checks it when sweep.json is read, and the keys a point lacks (`spread` with
+    one trial, `not_comparable` when comparable, `convergence` without --trials auto; any key in a
+    point an older itlaudit wrote) stay absent when it is written back."""
+
+    concurrency: int
+    rate: float
+    trials: int
+    requests: int
+    errors: int
+    findings: int
+    not_comparable: str
+    output_tokens_per_s: float | None
+    requests_per_s: float | None
+    acceptance_length: float | None
+    goodput_rps: float | None
+    goodput_chunk_rps: float | None
+    duration_s: float | None
+    itl_ms: Percentiles
+    chunk_itl_ms: Percentiles
+    ttft_ms: Percentiles
+    tpot_ms: Percentiles
+    e2e_ms: Percentiles
+    spread: dict[str, list[float]]
+    convergence: PointConvergence
+
+
+def load_of(point: SweepPoint, axis: LoadAxis) -> float:
+    """A point's load on the sweep's axis, as written (an int for concurrency)."""
+    return point["concurrency"] if axis == LoadAxis.CONCURRENCY else point["rate"]
+
+
+def latency_of(point: SweepPoint, figure: LatencyFigure) -> Percentiles:
+    """A point's {p50, p90, p99} of one latency figure ({} where the point lacks it)."""
+    return point.get(figure) or {}
 
 
 def parse_points(text: str, axis: LoadAxis) -> list[float]:
@@ -89,7 +199,7 @@ def parse_points(text: str, axis: LoadAxis) -> list[float]:
 class SlaTerm:
     """One bound, e.g. tpot_p99_ms <= 20: `figure` (tpot_ms) at `percentile` (p99)."""
 
-    figure: str
+    figure: LatencyFigure
     percentile: str
     limit: float
     strict: bool  # `<` rather than `<=`
@@ -116,8 +226,9 @@ def parse_sla(text: str) -> list[SlaTerm]:
     known = ", ".join(f"{f[:-3]}_p99_ms" for f in LATENCY_FIGURES)
     for part in text.split(","):
         match = _SLA_TERM.match(part)
-        figure = f"{match.group(1)}_ms" if match else ""
-        if match is None or figure not in LATENCY_FIGURES:
+        named = f"{match.group(1)}_ms" if match else ""
+        figure = next((f for f in LATENCY_FIGURES if f == named), None)
+        if match is None or figure is None:
             raise SweepError(
                 f"--sla {text!r}: cannot read {part.strip()!r}; write FIGURE_PCT_ms<=LIMIT terms joined by "
                 f"commas, FIGURE one of {known} (or p50/p90)"
@@ -145,53 +256,74 @@ def span_s(records: Sequence[RequestRecord]) -> float | None:
 
 
 def goodput(
-    requests: Sequence[Mapping[str, Any]], slo: Mapping[str, float], span: float | None, tpot_key: str
+    requests: Sequence[RequestFigures],
+    slo: Mapping[str, float],
+    span: float | None,
+    tpot_key: Literal["tpot_ms", "chunk_itl_ms"],
 ) -> float | None:
     """Requests/s that completed and met every SLO, with `tpot_key` standing for TPOT: `tpot_ms`
     (token-true) or `chunk_itl_ms` (what a chunk-counting tool would take for it)."""
     if not slo or span is None:
         return None
 
-    def meets(request: Mapping[str, Any]) -> bool:
-        figures = {key: request.get(tpot_key if key == "tpot_ms" else key) for key in slo}
-        return request.get("status") == Status.OK and meets_slo(figures, slo)
+    def meets(request: RequestFigures) -> bool:
+        named: dict[str, float | None] = {
+            "e2e_ms": request["e2e_ms"],
+            "ttft_ms": request["ttft_ms"],
+            "tpot_ms": request[tpot_key],
+            "chunk_itl_ms": request["chunk_itl_ms"],
+        }
+        figures = {key: named.get(key) for key in slo}
+        return request["status"] == Status.OK and meets_slo(figures, slo)
 
     return sum(1 for r in requests if meets(r)) / span
 
 
-def request_figures(record: RequestRecord, derived: Mapping[str, Any]) -> dict[str, str | float | None]:
-    """The per-request figures goodput reads: derived.jsonl's line plus the raw status and e2e."""
+def _figure(line: JSONMapping, key: str) -> float | None:
+    value = line.get(key)
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def request_figures(record: RequestRecord, derived: JSONMapping) -> RequestFigures:
+    """The per-request figures goodput reads: derived.jsonl's line (JSON as read: a figure that is not
+    a number is None) plus the raw status and e2e."""
     return {
         "status": record.status,
         "e2e_ms": record.e2e_ms,
-        "ttft_ms": derived.get("ttft_ms"),
-        "tpot_ms": derived.get("tpot_ms"),
-        "chunk_itl_ms": derived.get("chunk_itl_ms"),
+        "ttft_ms": _figure(derived, "ttft_ms"),
+        "tpot_ms": _figure(derived, "tpot_ms"),
+        "chunk_itl_ms": _figure(derived, "chunk_itl_ms"),
     }
 
 
 def trial_figures(
     block: VariantSummary,
     records: Sequence[RequestRecord],
-    requests: Sequence[Mapping[str, Any]],
+    requests: Sequence[RequestFigures],
     slo: Mapping[str, float],
     *,
     base: VariantSummary | None = None,
     gate: QualityGate = QualityGate.RELATIVE,
-) -> dict[str, Any]:
+) -> TrialFigures:
     """One trial of one point: a summary's variant block plus what needs the records (span,
     throughput, goodput). `base` is the baseline variant's block at the same load (None for the
     baseline itself), against which the quality gate judges this one."""
     span = span_s(records)
     ok = [r for r in records if r.status == Status.OK]
     tokens = sum(r.completion_tokens or 0 for r in ok)
-    figures: dict[str, Any] = {
+    acceptance = block.decode_tokens_per_chunk.get("mean")
+
+    def latency(name: LatencyFigure) -> Percentiles:
+        stats = block.distributions.get(name) or {}
+        return {p: stats.get(p) for p in PERCENTILES}
+
+    return {
         "requests": block.requests,
         "errors": block.errors,
         "duration_s": span,
         "output_tokens_per_s": tokens / span if span else None,
         "requests_per_s": len(ok) / span if span else None,
-        "acceptance_length": block.decode_tokens_per_chunk.get("mean"),
+        "acceptance_length": acceptance,
         "findings": sum(block.findings.values()),
         "goodput_rps": goodput(requests, slo, span, "tpot_ms"),
         "goodput_chunk_rps": goodput(requests, slo, span, "chunk_itl_ms"),
@@ -199,11 +331,12 @@ def trial_figures(
         "not_comparable": block_validity(
             block_counts(block), base=block_counts(base) if base is not None else None, gate=gate
         ).reason,
+        "itl_ms": latency("itl_ms"),
+        "chunk_itl_ms": latency("chunk_itl_ms"),
+        "ttft_ms": latency("ttft_ms"),
+        "tpot_ms": latency("tpot_ms"),
+        "e2e_ms": latency("e2e_ms"),
     }
-    for name in LATENCY_FIGURES:
-        stats = block.distributions.get(name) or {}
-        figures[name] = {p: stats.get(p) for p in PERCENTILES}
-    return figures
 
 
 def _spread(values: Sequence[float | None]) -> list[float] | None:
@@ -211,7 +344,7 @@ def _spread(values: Sequence[float | None]) -> list[float] | None:
     return [min(kept), max(kept)] if len(kept) > 1 else None
 
 
-SCALARS = (
+SCALARS: tuple[Scalar, ...] = (
     "output_tokens_per_s",
     "requests_per_s",
     "acceptance_length",
@@ -221,17 +354,15 @@ SCALARS = (
 )
 
 
-def pool_trials(axis: LoadAxis, value: float, trials: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def pool_trials(axis: LoadAxis, value: float, trials: Sequence[TrialFigures]) -> SweepPoint:
     """A point over its trials: the median of each figure, its [min, max] under `spread` when there
     were several trials (the plots' error bars), requests and findings summed, and `not_comparable`
     when any trial broke analysis.validity's rule."""
-    point: dict[str, Any] = {
-        axis: int(value) if axis == LoadAxis.CONCURRENCY else value,
-        "trials": len(trials),
-        "requests": sum(t["requests"] for t in trials),
-        "errors": sum(t["errors"] for t in trials),
-        "findings": sum(t["findings"] for t in trials),
-    }
+    point: SweepPoint = {"concurrency": int(value)} if axis == LoadAxis.CONCURRENCY else {"rate": value}
+    point["trials"] = len(trials)
+    point["requests"] = sum(t["requests"] for t in trials)
+    point["errors"] = sum(t["errors"] for t in trials)
+    point["findings"] = sum(t["findings"] for t in trials)
     # Only where it applies, so a sweep.json of comparable points reads as before.
     if reasons := "; ".join(dict.fromkeys(r for t in trials if (r := t.get("not_comparable")))):
         point["not_comparable"] = reasons
@@ -241,22 +372,23 @@ def pool_trials(axis: LoadAxis, value: float, trials: Sequence[Mapping[str, Any]
         if (band := _spread([t[key] for t in trials])) is not None:
             spread[key] = band
     for name in LATENCY_FIGURES:
-        point[name] = {}
+        pooled: Percentiles = {}
         for pct in PERCENTILES:
             values = [t[name][pct] for t in trials]
-            point[name][pct] = median(values)
+            pooled[pct] = median(values)
             if (band := _spread(values)) is not None:
                 spread[f"{name}.{pct}"] = band
+        point[name] = pooled
     if spread:
         point["spread"] = spread
     return point
 
 
-def sla_figure(point: Mapping[str, Any], term: SlaTerm) -> float | None:
-    return (point.get(term.figure) or {}).get(term.percentile)
+def sla_figure(point: SweepPoint, term: SlaTerm) -> float | None:
+    return latency_of(point, term.figure).get(term.percentile)
 
 
-def meets_sla(point: Mapping[str, Any], sla: Sequence[SlaTerm]) -> bool:
+def meets_sla(point: SweepPoint, sla: Sequence[SlaTerm]) -> bool:
     return all(term.met(sla_figure(point, term)) for term in sla)
 
 
@@ -273,7 +405,7 @@ class SlaSearch:
 
 
 def sla_search(
-    points: Mapping[float, Mapping[str, Any]],
+    points: Mapping[float, SweepPoint],
     grid: Sequence[float],
     sla: Sequence[SlaTerm],
     precision: float,
@@ -310,9 +442,11 @@ def sla_search(
     return SlaSearch(probe=None, limit=lo, failed_at=hi, above_range=False)
 
 
-def per_token_speedup(base: Mapping[str, Any], other: Mapping[str, Any]) -> float | None:
+def per_token_speedup(base: SweepPoint, other: SweepPoint) -> float | None:
     """How many times faster `other` is per token than `base` (token ITL p50; >1: other is faster)."""
-    return speedup(p50(base, "itl_ms"), p50(other, "itl_ms"), lower_is_better=True)
+    return speedup(
+        latency_of(base, "itl_ms").get("p50"), latency_of(other, "itl_ms").get("p50"), lower_is_better=True
+    )
 
 
 def _load_words(axis: LoadAxis, value: float) -> str:
@@ -337,15 +471,15 @@ class Crossover:
 
 
 def crossover(
-    axis: LoadAxis, base: str, variant: str, series: Mapping[str, Sequence[Mapping[str, Any]]]
+    axis: LoadAxis, base: str, variant: str, series: Mapping[str, Sequence[SweepPoint]]
 ) -> Crossover:
     """The load at which `variant` stops being faster per token than `base`, over the loads both
     measured where both are comparable (analysis.validity: a point cut short or failing is left out,
     and the sentence the report leads with says so)."""
-    by_load = {p[axis]: p for p in series[base]}
-    shared = [p for p in series[variant] if p[axis] in by_load]
-    unlike = {p[axis]: why for p in shared if (why := _unlike(base, by_load[p[axis]], variant, p))}
-    measured = [(p[axis], per_token_speedup(by_load[p[axis]], p)) for p in shared if p[axis] not in unlike]
+    by_load = {load_of(p, axis): p for p in series[base]}
+    shared = [(load, p) for p in series[variant] if (load := load_of(p, axis)) in by_load]
+    unlike = {load: why for load, p in shared if (why := _unlike(base, by_load[load], variant, p))}
+    measured = [(load, per_token_speedup(by_load[load], p)) for load, p in shared if load not in unlike]
     pairs = sorted((load, s) for load, s in measured if s is not None)
     left_out = "".join(
         f" Not comparable at {_load_words(axis, load)} ({why}): left out."
@@ -358,7 +492,7 @@ def crossover(
     return dataclasses.replace(crossed, headline=crossed.headline + left_out)
 
 
-def _unlike(base: str, base_point: Mapping[str, Any], variant: str, point: Mapping[str, Any]) -> str:
+def _unlike(base: str, base_point: SweepPoint, variant: str, point: SweepPoint) -> str:
     """Why a load's two points may not be compared ("" when they may): each side's reason, named."""
     reasons = ((base, base_point.get("not_comparable")), (variant, point.get("not_comparable")))
     return "; ".join(f"{name}: {why}" for name, why in reasons if why)
@@ -392,7 +526,7 @@ def _crossover(axis: LoadAxis, base: str, variant: str, pairs: Sequence[tuple[fl
 
 
 def sla_words(
-    axis: LoadAxis, variant: str, search: SlaSearch, sla: Sequence[SlaTerm], point: Mapping[str, Any] | None
+    axis: LoadAxis, variant: str, search: SlaSearch, sla: Sequence[SlaTerm], point: SweepPoint | None
 ) -> str:
     terms = ", ".join(str(t) for t in sla)
     if search.limit is None:
@@ -412,7 +546,7 @@ class SlaVariant(msgspec.Struct, kw_only=True):
     limit: float | None
     failed_at: float | None
     above_range: bool
-    point: dict[str, Any] | None
+    point: SweepPoint | None
     words: str
 
 
@@ -440,14 +574,14 @@ class BestSetting(msgspec.Struct, kw_only=True):
     words: str
 
 
-def _itl(point: Mapping[str, Any]) -> float | None:
-    value = (point.get("itl_ms") or {}).get("p50")
+def _itl(point: SweepPoint) -> float | None:
+    value = latency_of(point, "itl_ms").get("p50")
     return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
 
 
 def best_settings(
     axis: LoadAxis,
-    series: Mapping[str, Sequence[Mapping[str, Any]]],
+    series: Mapping[str, Sequence[SweepPoint]],
     settings: Mapping[str, Mapping[str, ServeValue]],
 ) -> list[BestSetting]:
     """Per swept variant and load, the best setting by token ITL (and goodput): "which K?" answered
@@ -457,10 +591,10 @@ def best_settings(
         groups.setdefault(str(setting["variant"]), []).append(name)
     found = []
     for base, names in groups.items():
-        by_load: dict[float, dict[str, Mapping[str, Any]]] = {}
+        by_load: dict[float, dict[str, SweepPoint]] = {}
         for name in names:
             for point in series.get(name, []):
-                by_load.setdefault(float(point[axis]), {})[name] = point
+                by_load.setdefault(float(load_of(point, axis)), {})[name] = point
         for load, points in sorted(by_load.items()):
             found.append(_best_at(axis, base, load, points, settings))
     return found
@@ -470,13 +604,13 @@ def _best_at(
     axis: LoadAxis,
     base: str,
     load: float,
-    points: Mapping[str, Mapping[str, Any]],
+    points: Mapping[str, SweepPoint],
     settings: Mapping[str, Mapping[str, ServeValue]],
 ) -> BestSetting:
     def label(name: str) -> str:
         return setting_label({k: v for k, v in settings[name].items() if k != "variant"})
 
-    left_out = {name: str(p["not_comparable"]) for name, p in points.items() if p.get("not_comparable")}
+    left_out = {name: why for name, p in points.items() if (why := p.get("not_comparable"))}
     itl = {name: v for name, p in points.items() if name not in left_out and (v := _itl(p)) is not None}
     good = {
         name: float(v)
@@ -519,7 +653,7 @@ class SweepResult(msgspec.Struct, kw_only=True, omit_defaults=True):
     grid: list[float]
     trials: int
     goodput_slo: dict[str, float] | None
-    variants: dict[str, list[dict[str, Any]]]
+    variants: dict[str, list[SweepPoint]]
     crossovers: list[Crossover]
     headline: list[str]
     sla: SlaVerdicts | None = None
@@ -534,7 +668,7 @@ class SweepResult(msgspec.Struct, kw_only=True, omit_defaults=True):
         return data
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> SweepResult:
+    def from_json(cls, data: JSONMapping) -> SweepResult:
         """A sweep.json's content (format 1, unversioned, or the current one: the keys are the same)."""
         try:
             return msgspec.convert({k: v for k, v in data.items() if k != FORMAT_KEY}, cls)
@@ -550,7 +684,7 @@ def sweep_result(
     axis: LoadAxis,
     grid: list[float],
     trials: int,
-    series: dict[str, list[dict[str, Any]]],
+    series: dict[str, list[SweepPoint]],
     *,
     goodput: Mapping[str, float] | None = None,
     sla: str | None = None,
@@ -567,7 +701,7 @@ def sweep_result(
         terms = parse_sla(sla)
         verdicts = SlaVerdicts(terms=sla, precision=sla_precision, variants={})
         for name in measured:
-            points = {p[axis]: p for p in series[name]}
+            points = {load_of(p, axis): p for p in series[name]}
             search = sla_search(points, grid, terms, sla_precision)
             at = points.get(search.limit) if search.limit is not None else None
             words = sla_words(axis, name, search, terms, at)

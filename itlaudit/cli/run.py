@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypedDict
 import typer
 from rich.console import Console
 
-from itlaudit.analysis.convergence import trials_settings
+from itlaudit.analysis.convergence import ConvergenceSettings, trials_settings
 from itlaudit.cli.options import (
     DEFAULT_CI_WIDTH_PCT,
     DEFAULT_MAX_TRIALS,
@@ -298,7 +298,7 @@ def run(
 
 def _trials_settings(
     trials: str, ci_width: float, max_trials: int, cooldown: float
-) -> tuple[int, dict[str, Any] | None]:
+) -> tuple[int, ConvergenceSettings | None]:
     """--trials/--ci-width/--max-trials/--cooldown read once for run and compare; bad ones are one line."""
     try:
         return trials_settings(trials, ci_width, max_trials, cooldown)
@@ -312,7 +312,7 @@ def _run_trials(
     flags: ScenarioFlags,
     capture: CaptureOptions,
     count: int,
-    convergence: dict[str, Any] | None,
+    convergence: ConvergenceSettings | None,
     run_once: Callable[..., RunOutcome],
 ) -> int:
     """--trials N|auto: each trial a run folder under one (--out, else reports/<scenario>-trials-<time>),

@@ -5,7 +5,7 @@ ITL figure also draws each point's 95% interval of the mean (the rule its trials
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
-from itlaudit.analysis.sweep import SweepResult
+from itlaudit.analysis.sweep import LatencyFigure, Scalar, SweepPoint, SweepResult, latency_of, load_of
 from itlaudit.analysis.validity import NOT_COMPARABLE
 from itlaudit.model.vocabulary import LoadAxis
 from itlaudit.report.plot_style import DPI, LOG_SPAN, NEUTRAL_GREY, WIDE, colour, plt, save_figure
@@ -45,12 +45,24 @@ def _load_label(axis: LoadAxis) -> str:
     return "concurrency (streams)" if axis == LoadAxis.CONCURRENCY else "request rate (requests/s)"
 
 
-def _values(points: Sequence[Mapping[str, Any]], key: str, pct: str | None = None) -> np.ndarray:
-    out = [(p.get(key) or {}).get(pct) if pct else p.get(key) for p in points]
-    return np.array([np.nan if v is None else v for v in out], dtype=float)
+def _column(values: Iterable[float | None]) -> np.ndarray:
+    return np.array([np.nan if v is None else v for v in values], dtype=float)
 
 
-def _error(points: Sequence[Mapping[str, Any]], key: str, centre: np.ndarray) -> np.ndarray | None:
+def _values(points: Sequence[SweepPoint], figure: LatencyFigure, pct: str) -> np.ndarray:
+    """Each point's `pct` of a latency figure (nan where it has none)."""
+    return _column(latency_of(p, figure).get(pct) for p in points)
+
+
+def _scalars(points: Sequence[SweepPoint], key: Scalar) -> np.ndarray:
+    return _column(p.get(key) for p in points)
+
+
+def _loads(points: Sequence[SweepPoint], axis: LoadAxis) -> np.ndarray:
+    return _column(load_of(p, axis) for p in points)
+
+
+def _error(points: Sequence[SweepPoint], key: str, centre: np.ndarray) -> np.ndarray | None:
     """Distances from the plotted median to the trials' min and max, or None without trials."""
     bands = [(p.get("spread") or {}).get(key) for p in points]
     if not any(bands):
@@ -60,12 +72,10 @@ def _error(points: Sequence[Mapping[str, Any]], key: str, centre: np.ndarray) ->
     return np.array([low, high])
 
 
-def _draw_intervals(
-    ax: Axes, x: np.ndarray, points: Sequence[Mapping[str, Any]], line: Any, name: str
-) -> None:
+def _draw_intervals(ax: Axes, x: np.ndarray, points: Sequence[SweepPoint], line: Any, name: str) -> None:
     """--trials auto: each point's bootstrap interval of the mean p50 token ITL (sweep.json's
     `convergence`), beside the median of its trials; nothing for points without one."""
-    found = [((p.get("convergence") or {}).get("interval") or None) for p in points]
+    found = [(stopped.get("interval") if (stopped := p.get("convergence")) else None) or None for p in points]
     kept = [
         (xi, i) for xi, i in zip(x, found, strict=True) if isinstance(i, dict) and i.get("mean") is not None
     ]
@@ -110,7 +120,7 @@ def plot_itl_vs_throughput(sweep: SweepResult, path: Path) -> Path | None:
     for index, (name, points) in enumerate(series.items()):
         if not points:
             continue
-        x = _values(points, "output_tokens_per_s")
+        x = _scalars(points, "output_tokens_per_s")
         xs_all.append(x)
         p50 = _values(points, "itl_ms", "p50")
         ax.errorbar(
@@ -161,7 +171,7 @@ def plot_ttft_vs_load(sweep: SweepResult, path: Path) -> Path | None:
     for index, (name, points) in enumerate(series.items()):
         if not points:
             continue
-        x = _values(points, axis)
+        x = _loads(points, axis)
         p50 = _values(points, "ttft_ms", "p50")
         ax.errorbar(
             x,
@@ -199,20 +209,12 @@ def plot_speedup_vs_load(sweep: SweepResult, path: Path) -> Path | None:
     names = list(series)
     fig, ax = plt.subplots(figsize=WIDE, dpi=DPI)
     for found in crossovers:
-        base = {p[axis]: p for p in series[found.base]}
-        points = [p for p in series[found.variant] if p[axis] in base]
-        x = np.array([p[axis] for p in points], dtype=float)
-        unlike = np.array(
-            [bool(p.get("not_comparable") or base[p[axis]].get("not_comparable")) for p in points]
-        )
+        base = {load_of(p, axis): p for p in series[found.base]}
+        pairs = [(p, base[load]) for p in series[found.variant] if (load := load_of(p, axis)) in base]
+        x = np.array([load_of(p, axis) for p, _ in pairs], dtype=float)
+        unlike = np.array([bool(p.get("not_comparable") or b.get("not_comparable")) for p, b in pairs])
         y = np.array(
-            [
-                base[p[axis]]["itl_ms"]["p50"] / p["itl_ms"]["p50"]
-                # either side may have no token ITL (every reply in one read): no speedup there
-                if p["itl_ms"]["p50"] and base[p[axis]]["itl_ms"]["p50"] and not bad
-                else np.nan
-                for p, bad in zip(points, unlike, strict=True)
-            ]
+            [_speedup(p, b) if not bad else np.nan for (p, b), bad in zip(pairs, unlike, strict=True)]
         )
         if unlike.any():
             ax.plot(
@@ -267,7 +269,7 @@ def plot_itl_by_setting(sweep: SweepResult, path: Path) -> Path | None:
     labels = [n.removeprefix(f"{sweep.settings[n]['variant']}-") for n in names]
     fig, ax = plt.subplots(figsize=WIDE, dpi=DPI)
     for index, load in enumerate(sweep.grid):
-        at = [next((p for p in sweep.variants[n] if p[axis] == load), None) for n in names]
+        at = [next((p for p in sweep.variants[n] if load_of(p, axis) == load), None) for n in names]
         measured = np.array([_itl_or_nan(p) for p in at])
         bad = np.array([bool(p and p.get("not_comparable")) for p in at])
         x = np.arange(len(names))
@@ -290,10 +292,17 @@ def plot_itl_by_setting(sweep: SweepResult, path: Path) -> Path | None:
     )
 
 
-def _itl_or_nan(point: Mapping[str, Any] | None) -> float:
+def _speedup(point: SweepPoint, base: SweepPoint) -> float:
+    """The base's token ITL p50 over the point's; nan where either has none (every reply in one
+    read): no speedup there."""
+    mine, theirs = latency_of(point, "itl_ms").get("p50"), latency_of(base, "itl_ms").get("p50")
+    return theirs / mine if mine and theirs else float("nan")
+
+
+def _itl_or_nan(point: SweepPoint | None) -> float:
     if point is None:
         return float("nan")
-    value = (point.get("itl_ms") or {}).get("p50")
+    value = latency_of(point, "itl_ms").get("p50")
     return float(value) if isinstance(value, int | float) else float("nan")
 
 

@@ -4,12 +4,11 @@ the per-point table and the figures. Reads sweep.json's content only."""
 from __future__ import annotations
 
 import html
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from itlaudit.analysis.convergence import Interval
-from itlaudit.analysis.sweep import SweepResult
+from itlaudit.analysis.sweep import LatencyFigure, SweepPoint, SweepResult, load_of
 from itlaudit.model.stop import requested
 from itlaudit.model.vocabulary import LoadAxis
 from itlaudit.report.html import figure_html, inline_markdown, page_html, table_html
@@ -38,7 +37,7 @@ def _num(value: float | None, digits: int = 1) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
-def _pair(point: Mapping[str, Any], key: str) -> str:
+def _pair(point: SweepPoint, key: LatencyFigure) -> str:
     return f"{_num(point[key]['p50'], 2)} / {_num(point[key]['p99'], 2)}"
 
 
@@ -47,7 +46,7 @@ def table_rows(sweep: SweepResult) -> list[list[str]]:
     rows = []
     for name, points in sweep.variants.items():
         for p in points:
-            load = f"{int(p[axis])}" if axis == LoadAxis.CONCURRENCY else f"{p[axis]:g}/s"
+            load = f"{int(load_of(p, axis))}" if axis == LoadAxis.CONCURRENCY else f"{load_of(p, axis):g}/s"
             good = (
                 "–" if p["goodput_rps"] is None else f"{p['goodput_rps']:.2f} / {p['goodput_chunk_rps']:.2f}"
             )
@@ -87,13 +86,18 @@ def convergence_lines(sweep: SweepResult) -> list[str]:
     for variant, points in sweep.variants.items():
         for point in points:
             stopped = point.get("convergence")
-            if not isinstance(stopped, dict) or not isinstance(stopped.get("interval"), dict):
+            found = stopped.get("interval") if isinstance(stopped, dict) else None
+            if stopped is None or not isinstance(found, dict):
                 continue
-            found = stopped["interval"]
-            keys = ("mean", "low", "high", "confidence", "trials")
-            interval = Interval(**{key: found[key] for key in keys}).text(" ms")
+            interval = Interval(
+                mean=found["mean"],
+                low=found["low"],
+                high=found["high"],
+                confidence=found["confidence"],
+                trials=found["trials"],
+            ).text(" ms")
             lines.append(
-                f"{variant} {sweep.axis} {point.get(sweep.axis)}: {stopped.get('metric')} {interval}; "
+                f"{variant} {sweep.axis} {load_of(point, sweep.axis)}: {stopped.get('metric')} {interval}; "
                 f"{stopped.get('reason')}"
             )
     return lines

@@ -22,14 +22,15 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 
-from itlaudit.analysis.convergence import ConvergenceRule
+from itlaudit.analysis.convergence import ConvergenceRule, ConvergenceSettings
 from itlaudit.analysis.summary import RunSummary, VariantSummary
 from itlaudit.analysis.sweep import (
+    SweepPoint,
     SweepResult,
+    TrialFigures,
     parse_sla,
     pool_trials,
     request_figures,
@@ -96,7 +97,7 @@ class SweepConfig:
     sla_precision: float = 1.0
     goodput: dict[str, float] = field(default_factory=dict)
     # --trials auto: ConvergenceRule's fields, the metric and cooldown_s; `trials` is then the most.
-    convergence: dict[str, Any] | None = None
+    convergence: ConvergenceSettings | None = None
     # The workload's digest (workload_digest): an edited scenario under the same name is another
     # experiment, which --resume refuses. A sweep folder from before it has none and is not checked.
     workload: str | None = None
@@ -114,8 +115,10 @@ class SweepConfig:
     def rule(self) -> ConvergenceRule | None:
         if self.convergence is None:
             return None
-        keys = ("ci_width_pct", "min_trials", "max_trials")
-        return ConvergenceRule(**{key: self.convergence[key] for key in keys})
+        found = self.convergence
+        return ConvergenceRule(
+            ci_width_pct=found["ci_width_pct"], min_trials=found["min_trials"], max_trials=found["max_trials"]
+        )
 
 
 def workload_digest(scenario: Scenario) -> str:
@@ -194,10 +197,10 @@ def _base_blocks(sweep_dir: Path, config: SweepConfig, variant: str) -> dict[flo
     return blocks
 
 
-def variant_points(sweep_dir: Path, config: SweepConfig, variant: str) -> dict[float, JSONObject]:
+def variant_points(sweep_dir: Path, config: SweepConfig, variant: str) -> dict[float, SweepPoint]:
     """Every finished load of a variant (grid and SLA probes), pooled over its trials; each trial's
     validity judged against the baseline's block at the same load."""
-    trials: dict[float, list[JSONObject]] = {}
+    trials: dict[float, list[TrialFigures]] = {}
     bases = _base_blocks(sweep_dir, config, variant)
     for load, folder in _finished_trials(sweep_dir, variant):
         records = load_records(folder / REQUESTS_FILE)
@@ -215,7 +218,7 @@ def variant_points(sweep_dir: Path, config: SweepConfig, variant: str) -> dict[f
     for load, point in points.items():
         stopped = _convergence_file(sweep_dir, variant, config.axis, load)
         if stopped.is_file():  # --trials auto: why the point stopped, and its interval
-            point["convergence"] = read_versioned(stopped)
+            point["convergence"] = read_versioned(stopped)  # PointConvergence: its writer is above
     return points
 
 
@@ -329,17 +332,17 @@ class _Sweeper:
         """The load's trials: all of them, or with --trials auto until the interval of the metric's
         mean over them is narrow enough (analysis.convergence), a cooldown apart."""
         scenario = point_scenario(self.scenario, self.config.axis, value, variant)
-        rule, auto = self.config.rule(), self.config.convergence or {}
+        rule, auto = self.config.rule(), self.config.convergence
         figures: list[float] = []
         for number in range(1, self.config.trials + 1):
             check()  # a signal between two trials: the next one never starts
             folder = trial_dir(self.sweep_dir, variant, self.config.axis, value, number)
             ran: RunSummary | None = None
             if _finished_load(folder) is None:
-                if figures and auto.get("cooldown_s"):
+                if figures and auto and auto.get("cooldown_s"):
                     wait_or_stop(auto["cooldown_s"])
                 ran = self._run_trial(_Trial(scenario, variant, value, number, folder), server)
-            if rule is None:
+            if rule is None or auto is None:
                 continue
             # the trial just run hands its summary over; one a resumed sweep finished earlier is read
             summary = ran if ran is not None else RunFolder.open(folder).summary

@@ -10,9 +10,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from itlaudit.analysis.convergence import ConvergenceRule, Progress, mean_interval
+from itlaudit.analysis.convergence import ConvergenceRule, ConvergenceSettings, Progress, mean_interval
 from itlaudit.analysis.validity import variant_validity
 from itlaudit.model.scenario import Scenario
 from itlaudit.store.rundir import DEFAULT_REPORTS, new_run_dir, write_versioned
@@ -56,7 +55,7 @@ def run_trials(
     run_one: Callable[[Path], RunOutcome],
     *,
     count: int,
-    convergence: dict[str, Any] | None,
+    convergence: ConvergenceSettings | None,
     folder: Path | None = None,
 ) -> TrialsOutcome:
     """`run_one(trial_folder)` runs the scenario once; with `convergence` (cli's --trials auto
