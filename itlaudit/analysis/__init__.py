@@ -136,7 +136,7 @@ SURFACE = Surface(
             "workload_differences",
             "workload_of",
         ),
-        "roofline": ("variant_floor",),
+        "roofline": ("FloorFigures", "variant_floor"),
         "server_metrics": (
             "ENERGY_COUNTER",
             "ENERGY_POWER",

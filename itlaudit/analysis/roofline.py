@@ -19,14 +19,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from itlaudit.model.codes import LAUNCH_BOUND, Finding
+from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.meta import Roofline
 
 __all__ = [
     "BANDWIDTHS",
     "Bandwidth",
+    "FloorFigures",
     "ModelBytes",
     "bandwidth_for",
     "decode_floor",
@@ -105,9 +106,14 @@ class ModelBytes:
         return self.weight_bytes + batch * (self.kv_bytes(context_tokens) + self.state_bytes)
 
 
+# A variant's floor figures as its summary.json server block holds them (numbers, the bandwidth's
+# source, the family, the device, or a note why there is none).
+FloorFigures = dict[str, float | str | None]
+
+
 def decode_floor(
     model: ModelBytes, bandwidth: Bandwidth, context_tokens: float, batch: int = 1
-) -> dict[str, Any]:
+) -> FloorFigures:
     """The floor for a K0 token at `batch` sequences of `context_tokens` context: the step's bytes over
     the bandwidth, in ms (one token per sequence per step)."""
     step = model.step_bytes(context_tokens, batch)
@@ -123,10 +129,14 @@ def decode_floor(
     }
 
 
+# A checkpoint's config.json as read: its keys differ by model family, so it stays JSON, and every
+# value is narrowed (a number, a list, a table) where it is read.
+ModelConfig = Mapping[str, object]
+
 _DTYPE_BYTES = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "float8_e4m3fn": 1.0}
 
 
-def _bytes_per_parameter(config: Mapping[str, Any]) -> float:
+def _bytes_per_parameter(config: ModelConfig) -> float:
     """The dtype's bytes, or the quantization's bits over 8 (fp8 checkpoints: 1; 4-bit GPTQ/AWQ: 0.5;
     MXFP4 and NVFP4, ModelOpt's quant_algo included: 0.5, their block scales and the layers they leave
     unquantized left out)."""
@@ -145,14 +155,20 @@ def _bytes_per_parameter(config: Mapping[str, Any]) -> float:
     return _DTYPE_BYTES.get(dtype, 2.0)
 
 
-def _number(config: Mapping[str, Any], key: str, default: float | None = None) -> float:
+def _number(config: ModelConfig, key: str, default: float | None = None) -> float:
     value = config.get(key, default)
     if not isinstance(value, int | float) or isinstance(value, bool):
         raise ValueError(f"config.json has no number {key!r}")
     return float(value)
 
 
-def _text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
+def _count(config: ModelConfig, key: str) -> float:
+    """A number the config may leave out or null: 0 then."""
+    value = config.get(key)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
+
+
+def _text_config(config: ModelConfig) -> ModelConfig:
     """A multimodal checkpoint's language model (Gemma 3, Qwen3.5/3.6): its text_config, the dtype
     and quantization of the whole kept where the text part does not say them."""
     text = config.get("text_config")
@@ -162,29 +178,29 @@ def _text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
     return {**inherited, **text}
 
 
-def _mlp(config: Mapping[str, Any], hidden: float, moe: bool) -> float:
+def _mlp(config: ModelConfig, hidden: float, moe: bool) -> float:
     """One layer's MLP parameters a token reads: gate, up and down projections; for a mixture of
     experts the routed experts a token uses, the shared experts and the router."""
     if not moe:
         return 3 * hidden * _number(config, "intermediate_size")
     expert = 3 * hidden * _number(config, "moe_intermediate_size")
     active = _number(config, "num_experts_per_tok")
-    experts = config.get("num_experts") or config.get("n_routed_experts") or 0
+    experts = _count(config, "num_experts") or _count(config, "n_routed_experts")
     shared = 0.0
-    if isinstance(config.get("shared_expert_intermediate_size"), int | float):
-        shared = 3 * hidden * float(config["shared_expert_intermediate_size"])
-    elif isinstance(config.get("n_shared_experts"), int | float):
-        shared = float(config["n_shared_experts"]) * expert
-    return active * expert + shared + hidden * float(experts)
+    if isinstance(size := config.get("shared_expert_intermediate_size"), int | float):
+        shared = 3 * hidden * float(size)
+    elif isinstance(count := config.get("n_shared_experts"), int | float):
+        shared = float(count) * expert
+    return active * expert + shared + hidden * experts
 
 
-def _is_moe(config: Mapping[str, Any]) -> bool:
+def _is_moe(config: ModelConfig) -> bool:
     return isinstance(config.get("moe_intermediate_size"), int | float) and bool(
         config.get("num_experts") or config.get("n_routed_experts")
     )
 
 
-def _layer_types(config: Mapping[str, Any], layers: int) -> Sequence[str]:
+def _layer_types(config: ModelConfig, layers: int) -> Sequence[str]:
     """Each layer's attention: "full_attention", "sliding_attention" or "linear_attention", from
     layer_types, or the hybrid's interval (Qwen3-Next: one full layer in full_attention_interval)."""
     named = config.get("layer_types")
@@ -199,9 +215,10 @@ def _layer_types(config: Mapping[str, Any], layers: int) -> Sequence[str]:
     return ["full_attention"] * layers
 
 
-def model_bytes(raw: Mapping[str, Any]) -> ModelBytes:
+def model_bytes(raw: ModelConfig) -> ModelBytes:
     """The decode step's bytes for a config.json (see the module docstring); ValueError naming the key
-    a config lacks."""
+    a config lacks. The config is JSON as a checkpoint ships it (its keys differ by family): every value
+    is narrowed where it is read."""
     config = _text_config(raw)
     family = str(config.get("model_type") or raw.get("model_type") or "unknown")
     hidden = _number(config, "hidden_size")
@@ -221,7 +238,7 @@ def model_bytes(raw: Mapping[str, Any]) -> ModelBytes:
         # the hybrids' full attention gates its output: the query projection is twice as wide
         gated = bool(config.get("attn_output_gate")) or "linear_attention" in kinds
         attention = hidden * heads * head_dim * (3 if gated else 2) + 2 * hidden * kv_heads * head_dim
-        window = config.get("sliding_window") if isinstance(config.get("sliding_window"), int) else None
+        window = found if isinstance(found := config.get("sliding_window"), int) else None
         full = sum(1 for kind in kinds if kind == "full_attention")
         sliding = sum(1 for kind in kinds if kind == "sliding_attention")
         kv_layers = tuple(
@@ -230,8 +247,10 @@ def model_bytes(raw: Mapping[str, Any]) -> ModelBytes:
             if count
         )
         linear, state = _linear_attention(config, hidden)
-    dense_first = int(config.get("first_k_dense_replace") or 0)
-    dense_layers = set(config.get("mlp_only_layers") or []) | set(range(dense_first))
+    dense_first = int(first) if isinstance(first := config.get("first_k_dense_replace"), int | float) else 0
+    dense = config.get("mlp_only_layers")
+    dense_layers = {i for i in dense if isinstance(i, int)} if isinstance(dense, list) else set()
+    dense_layers |= set(range(dense_first))
     moe = _is_moe(config)
     weights = 0.0
     for index, kind in enumerate(kinds):
@@ -250,7 +269,7 @@ def model_bytes(raw: Mapping[str, Any]) -> ModelBytes:
     )
 
 
-def _mla(config: Mapping[str, Any], hidden: float, heads: float) -> tuple[float, float]:
+def _mla(config: ModelConfig, hidden: float, heads: float) -> tuple[float, float]:
     """DeepSeek-V3's multi-head latent attention: its projections' parameters, and the elements per
     token its cache keeps (the compressed latent and the rotary key)."""
     rope, nope = _number(config, "qk_rope_head_dim"), _number(config, "qk_nope_head_dim")
@@ -264,7 +283,7 @@ def _mla(config: Mapping[str, Any], hidden: float, heads: float) -> tuple[float,
     return query + keys_values + heads * value * hidden, latent + rope
 
 
-def _linear_attention(config: Mapping[str, Any], hidden: float) -> tuple[float, float]:
+def _linear_attention(config: ModelConfig, hidden: float) -> tuple[float, float]:
     """A Gated DeltaNet layer (Qwen3-Next, Qwen3.5/3.6): its projections' parameters (q, k, v, the
     output gate z, the b and a gates, the output), and its recurrent state's bytes per sequence (one
     key-by-value matrix per value head, in float32)."""
@@ -291,7 +310,7 @@ def variant_floor(
     context_tokens: float,
     batch: int,
     itl_p50_ms: float | None,
-) -> dict[str, Any]:
+) -> FloorFigures:
     """One variant's floor for summary.json's server block, from meta.json's `roofline` (the config
     as read, a given bandwidth or bytes per token), the device NVML named, the run's mean context and
     batch, and its token ITL p50: `floor_share` is floor / ITL (1 is the roofline; above 1 only a
@@ -320,8 +339,8 @@ def variant_floor(
             return {"floor_note": f"no floor: {exc}"}
     figures = decode_floor(model, bandwidth, context_tokens, batch)
     figures["floor_device"] = device
-    if itl_p50_ms:
-        figures["floor_share"] = figures["floor_ms"] / itl_p50_ms
+    if itl_p50_ms and isinstance(floor := figures["floor_ms"], float):
+        figures["floor_share"] = floor / itl_p50_ms
     return figures
 
 
@@ -331,24 +350,28 @@ LAUNCH_BOUND_SHARE = 0.10
 LAUNCH_BOUND_UTIL_PCT = 50.0
 
 
-def launch_bound_finding(variant: str, server: Mapping[str, Any]) -> Finding | None:
+def launch_bound_finding(variant: str, server: Mapping[str, object]) -> Finding | None:
     """launch_bound for a variant whose token ITL p50 is under LAUNCH_BOUND_SHARE of its floor's speed
     while NVML's utilisation p50 is under LAUNCH_BOUND_UTIL_PCT: neither memory nor compute is the
     limit, kernel launches or the host CPU are (eager mode, CUDA graphs off, a small model), so a
     ratio against another variant measures the host as much as the server. Needs both figures."""
     share, util, floor = server.get("floor_share"), server.get("gpu_util_p50_pct"), server.get("floor_ms")
-    if not all(isinstance(v, int | float) for v in (share, util, floor)):
+    if (
+        not isinstance(share, int | float)
+        or not isinstance(util, int | float)
+        or not isinstance(floor, int | float)
+    ):
         return None
-    if share >= LAUNCH_BOUND_SHARE or util >= LAUNCH_BOUND_UTIL_PCT:  # type: ignore[operator]
+    if share >= LAUNCH_BOUND_SHARE or util >= LAUNCH_BOUND_UTIL_PCT:
         return None
-    itl = floor / share  # type: ignore[operator]
+    itl = floor / share
     message = (
         f"Variant {variant!r}: token ITL p50 {itl:.3g} ms is {share:.2%} of the memory-bandwidth floor's "
         f"speed ({floor:.3g} ms a step) while NVML saw the GPU busy {util:.0f}% of the time (p50): the step "
         "waits on kernel launches or the CPU, not on the GPU (eager mode? CUDA graphs off?). Its speed "
         "moves with the host: compare repeated trials (--trials), not one ratio."
     )
-    evidence = {
+    evidence: JSONObject = {
         "variant": variant,
         "token_itl_p50_ms": itl,
         "floor_ms": floor,

@@ -11,7 +11,7 @@ import msgspec
 
 from itlaudit.analysis.metrics import request_metrics
 from itlaudit.analysis.request_acceptance import pooled_server_acceptance
-from itlaudit.analysis.roofline import variant_floor
+from itlaudit.analysis.roofline import FloorFigures, variant_floor
 from itlaudit.analysis.server_metrics import GPU_TELEMETRY_FILE, SERVER_METRICS_FILE, variant_server_figures
 from itlaudit.model.formats import FORMAT_KEY, check_format
 from itlaudit.model.jsonvalue import JSONObject
@@ -94,7 +94,7 @@ def _device(gpu_rows: Sequence[JSONObject], meta: Meta) -> str | None:
 
 def _floor(
     meta: Meta, name: str, records: Sequence[RequestRecord], gpu_rows: Sequence[JSONObject]
-) -> JSONObject:
+) -> FloorFigures:
     """The variant's memory-bandwidth floor (analysis.roofline.variant_floor) at the run's mean context
     (prompt plus half the reply: the middle of a decode) and batch (the concurrency cap, or every
     request where none), beside its token ITL p50. The run's --model-config, else the config.json
