@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, NotRequired, TypedDict, cast
+from typing import NotRequired, TypedDict, cast
 
 import msgspec
 
@@ -30,8 +30,8 @@ from itlaudit.analysis.quality import text_quality
 from itlaudit.analysis.summary import RunSummary, VariantSummary
 from itlaudit.errors import DuplicateRunError, ItlauditError, RecordsError
 from itlaudit.model.formats import check_format, stamped
-from itlaudit.model.jsonvalue import JSONObject
-from itlaudit.model.meta import Meta, MetaVariant
+from itlaudit.model.jsonvalue import JSONMapping, JSONObject
+from itlaudit.model.meta import GpuInfo, Meta, MetaVariant
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.redact import redact_args, redact_env, redact_json
 from itlaudit.model.run_context import SIMULATOR, server_build
@@ -132,7 +132,7 @@ def relevant_env(environ: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in sorted(environ.items()) if _ENV_RE.match(k)}
 
 
-def gpu_identity(gpus: Sequence[Mapping[str, Any]] | None) -> list[str] | None:
+def gpu_identity(gpus: Sequence[GpuInfo] | None) -> list[str] | None:
     """Name and compute capability of each GPU (environment.gpus()); the driver is left out, as an
     upgrade of it alone does not make another experiment. None when nvidia-smi could not tell."""
     if not gpus:
@@ -143,11 +143,11 @@ def gpu_identity(gpus: Sequence[Mapping[str, Any]] | None) -> list[str] | None:
 def variant_fingerprint(
     scenario: Scenario,
     variant: str,
-    server: Mapping[str, Any],
+    server: Mapping[str, object],
     environ: Mapping[str, str] | None = None,
     *,
     url: str | None = None,
-    gpus: Sequence[Mapping[str, Any]] | None = None,
+    gpus: Sequence[GpuInfo] | None = None,
 ) -> Fingerprint:
     """The fingerprint of one variant. `server` is what the running server says about itself
     (`{"version", "system_fingerprint"}`, e.g. from capture.server_info.server_identity, or recovered
@@ -161,10 +161,10 @@ def variant_fingerprint(
         names = ", ".join(v.name for v in scenario.variants)
         raise ItlauditError(f"variant {variant!r} is not in scenario {scenario.name!r} ({names})")
     workload = scenario.workload
-    system_fingerprint = server.get("system_fingerprint")
+    system_fingerprint = _text(server.get("system_fingerprint"))
     launch = chosen.launch
     build: FingerprintBuild = {
-        "version": server.get("version") or version_from_system_fingerprint(system_fingerprint),
+        "version": _text(server.get("version")) or version_from_system_fingerprint(system_fingerprint),
         "system_fingerprint": system_fingerprint,
         "url": None if launch is not None else url,
         "gpus": gpu_identity(gpus) if launch is not None else None,
@@ -224,11 +224,24 @@ def load_ledger(path: Path) -> list[JSONObject]:
     return lines
 
 
-def _runs(lines: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _table(line: JSONMapping, key: str) -> JSONMapping:
+    """A ledger line's table (a run's `result`, its fingerprint's parts, their `build`); {} where a
+    line lacks it."""
+    found = line.get(key)
+    return found if isinstance(found, Mapping) else {}
+
+
+# A ledger line is JSON as read back (load_ledger): a run or a conclusion, of any itlaudit since the
+# first ledger, so each value is narrowed where it is read.
+def _runs(lines: Sequence[JSONMapping]) -> list[JSONMapping]:
     return [line for line in lines if line.get("kind") == KIND_RUN]
 
 
-def find_run(fingerprint: Fingerprint | str, lines: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+def find_run(fingerprint: Fingerprint | str, lines: Sequence[JSONMapping]) -> JSONMapping | None:
     """The earliest ledger run with this fingerprint, if any."""
     digest = fingerprint if isinstance(fingerprint, str) else fingerprint.digest
     return next((line for line in _runs(lines) if line.get("fingerprint") == digest), None)
@@ -236,7 +249,7 @@ def find_run(fingerprint: Fingerprint | str, lines: Sequence[Mapping[str, Any]])
 
 def check_new_run(
     fingerprint: Fingerprint | str, ledger_path: Path, *, no_repeat: bool = False
-) -> Mapping[str, Any] | None:
+) -> JSONMapping | None:
     """Call before a run: the earlier ledger run of this fingerprint (a repeat), or None. With
     `no_repeat` a repeat raises DuplicateRunError naming the earlier run instead."""
     earlier = find_run(fingerprint, load_ledger(ledger_path))
@@ -246,12 +259,12 @@ def check_new_run(
     raise DuplicateRunError(
         f"fingerprint {digest} (same server, build, server args, environment and workload) was already "
         f"run as variant {earlier.get('variant')!r} of run {earlier.get('run_id')!r} "
-        f"({earlier.get('run_dir')}), result: {format_result(earlier.get('result') or {})}; "
+        f"({earlier.get('run_dir')}), result: {format_result(_table(earlier, 'result'))}; "
         "drop --no-repeat to repeat it on purpose"
     )
 
 
-def repeat_warning(earlier: Mapping[str, Any], variant: str, run_dir: Path) -> str:
+def repeat_warning(earlier: JSONMapping, variant: str, run_dir: Path) -> str:
     """The one line `run` prints for a repeat: which earlier run, and the command that compares them."""
     return (
         f"{variant}: same experiment as run {earlier.get('run_id')!r} "
@@ -286,7 +299,7 @@ def run_line(
     run_id: str,
     run_dir: Path,
     fingerprint: Fingerprint,
-    result: Mapping[str, Any],
+    result: JSONObject,
     repeat_of: str | None = None,
 ) -> JSONObject:
     return stamped(
@@ -316,25 +329,25 @@ def conclusion_line(run_id: str, variant: str, text: str) -> JSONObject:
     )
 
 
-def append(ledger_path: Path, lines: Sequence[Mapping[str, Any]]) -> None:
+def append(ledger_path: Path, lines: Sequence[JSONMapping]) -> None:
     with RecordWriter(ledger_path) as writer:
         for line in lines:
             writer.write(redact_json(dict(line)))
 
 
-def format_result(result: Mapping[str, Any]) -> str:
+def format_result(result: JSONMapping) -> str:
     def num(key: str, fmt: str) -> str:
         value = result.get(key)
         return "?" if value is None else format(value, fmt)
 
-    found = ", ".join(f"{c}×{n}" for c, n in (result.get("findings") or {}).items()) or "no findings"
+    found = ", ".join(f"{c}×{n}" for c, n in _table(result, "findings").items()) or "no findings"
     return (
         f"{result.get('requests')} req, tokens p50 {num('completion_tokens_p50', 'g')}, "
         f"ITL p50 {num('itl_ms_p50', '.2f')} ms, digit_ratio max {num('max_digit_ratio', '.4f')}, {found}"
     )
 
 
-def matrix(lines: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
+def matrix(lines: Sequence[JSONMapping]) -> list[dict[str, str]]:
     """Seed 003's experiment matrix, one row per recorded variant run, latest conclusion attached."""
     conclusions = {
         (line.get("run_id"), line.get("variant")): str(line.get("text"))
@@ -343,15 +356,15 @@ def matrix(lines: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
     }
     rows = []
     for line in _runs(lines):
-        parts = line.get("fingerprint_parts") or {}
-        build = parts.get("build") or {}
+        build = _table(_table(line, "fingerprint_parts"), "build")
+        result = _table(line, "result")
         rows.append(
             {
                 "run": str(line.get("run_id")),
                 "variant": str(line.get("variant")),
                 "build": _build_text(build),
-                "result": format_result(line.get("result") or {}) + _repeat_note(line),
-                "hash": str((line.get("result") or {}).get("outputs_sha256", ""))[:DIGEST_CHARS],
+                "result": format_result(result) + _repeat_note(line),
+                "hash": str(result.get("outputs_sha256", ""))[:DIGEST_CHARS],
                 "fingerprint": str(line.get("fingerprint")),
                 "conclusion": conclusions.get((line.get("run_id"), line.get("variant")), ""),
             }
@@ -359,15 +372,15 @@ def matrix(lines: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
     return rows
 
 
-def _build_text(build: Mapping[str, Any]) -> str:
+def _build_text(build: JSONMapping) -> str:
     """The build as the matrix names it, its system_fingerprint beside it when the server sent one
     (never "(None)")."""
-    named = server_build(build.get("version"))
+    named = server_build(_text(build.get("version")))
     fingerprint = build.get("system_fingerprint")
     return f"{named} ({fingerprint})" if fingerprint else named
 
 
-def _repeat_note(line: Mapping[str, Any]) -> str:
+def _repeat_note(line: JSONMapping) -> str:
     if line.get("repeat_of"):
         return f" (repeat of {line['repeat_of']})"
     return " (forced)" if line.get("forced") else ""  # ledgers written before repeats were allowed
@@ -465,7 +478,7 @@ def record_run(
             run_dir,
             fingerprint,
             variant_result(summary.variants.get(name), [r for r in records if r.variant == name]),
-            (earlier[name] or {}).get("run_id"),
+            _text((earlier[name] or {}).get("run_id")),
         )
         for name, fingerprint in fingerprints.items()
     ]
