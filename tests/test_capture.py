@@ -5,6 +5,7 @@ server can send ending in one line or a finding."""
 from __future__ import annotations
 
 import json
+import os
 import resource
 import signal
 import subprocess
@@ -412,3 +413,29 @@ def test_loop_lag_window_is_numpys_p99_and_max_of_the_streams_samples(count: int
     assert p99 == pytest.approx(float(np.percentile(inside, 99)), rel=1e-12)
     assert top == float(inside.max())
     assert probe.window(len(probe.samples_ms), len(probe.samples_ms)) == (None, None)
+
+
+FORKSERVER_FOLDER = (
+    "from itlaudit.capture.workers import prestart_workers\nprestart_workers()\n"
+    "import multiprocessing.util\nprint(multiprocessing.util.get_temp_dir())"
+)
+
+
+@pytest.mark.parametrize("depth", [0, 90])
+def test_capture_workers_start_under_a_tmpdir_too_deep_for_a_unix_socket(tmp_path: Path, depth: int) -> None:
+    """The forkserver's socket lives in multiprocessing's folder under TMPDIR; with TMPDIR 90 bytes deep
+    (a test's folder under pytest-xdist was enough) every run ended in "OSError: AF_UNIX path too
+    long". Such a folder is made under /tmp; a TMPDIR that fits keeps it. A fresh interpreter each,
+    ~1 s."""
+    tmpdir = tmp_path / ("d" * max(1, depth - len(str(tmp_path))))
+    tmpdir.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-c", FORKSERVER_FOLDER],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "TMPDIR": str(tmpdir)},
+    )
+    assert done.returncode == 0, done.stderr
+    folder = Path(done.stdout.strip())
+    assert folder.parent == (Path("/tmp") if depth else tmpdir), folder

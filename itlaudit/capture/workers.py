@@ -27,9 +27,11 @@ import gc
 import math
 import multiprocessing
 import multiprocessing.context
+import multiprocessing.util
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -348,11 +350,31 @@ class WorkerHandle:
         }
 
 
+# A Unix socket's path is at most 107 bytes. The forkserver listens on one in multiprocessing's temp
+# folder, which it makes under TMPDIR on first use: TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX, 32 bytes
+# more. A deep TMPDIR (a CI workspace, a test's folder under pytest-xdist) ended every run in
+# "OSError: AF_UNIX path too long"; then that folder is made under /tmp (CPython 3.12+ does the same).
+_SOCKET_PATH_MAX = 107
+_TEMP_SOCKET_TAIL = len("/pymp-XXXXXXXX/listener-XXXXXXXX")
+
+
+def _short_socket_folder() -> None:
+    """multiprocessing's temp folder (made once a process) where a socket's path in it fits."""
+    if len(os.fsencode(tempfile.gettempdir())) + _TEMP_SOCKET_TAIL <= _SOCKET_PATH_MAX:
+        return
+    chosen, tempfile.tempdir = tempfile.tempdir, "/tmp"
+    try:
+        multiprocessing.util.get_temp_dir()
+    finally:
+        tempfile.tempdir = chosen
+
+
 def _context() -> multiprocessing.context.BaseContext:
     """The workers' start method: forkserver on Linux (its server imports this module once, and each
     worker forks from it), spawn elsewhere."""
     context = multiprocessing.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
     if context.get_start_method() == "forkserver":
+        _short_socket_folder()
         context.set_forkserver_preload(["itlaudit.capture.workers"])
     return context
 
