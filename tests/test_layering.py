@@ -220,6 +220,38 @@ def test_each_surface_name_lives_in_its_home_and_resolves_through_the_package(or
             package.not_offered  # noqa: B018
 
 
+def test_each_surface_offers_only_what_other_stages_take_and_is_the_one_statement(order: list[str]) -> None:
+    """A package's SURFACE is the one place its public names are stated (issue 37 item 6): a stage's
+    modules declare no `__all__` of their own, and every name or module a surface offers is imported
+    by some module of another stage, so the surface is cut to what is used."""
+    declaring = [
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.glob("*/**/*.py")
+        if path.name != "__init__.py"
+        and "__all__"
+        in {
+            target.id
+            for node in ast.parse(path.read_text(encoding="utf-8")).body
+            if isinstance(node, ast.Assign)
+            for target in node.targets
+            if isinstance(target, ast.Name)
+        }
+    ]
+    assert declaring == []
+    taken = {
+        (target.split(".")[1], name)
+        for source, target, name, _ in imported_names(PACKAGE)
+        if target.split(".")[1] != source.split(".")[1]
+    }
+    unused = [
+        f"itlaudit.{stage}: {name}"
+        for stage, (homes, modules) in stage_surfaces(order).items()
+        for name in [*homes, *modules]
+        if (stage, name) not in taken
+    ]
+    assert unused == []
+
+
 def test_importing_a_stage_package_loads_none_of_its_modules(order: list[str]) -> None:
     """The surfaces are lazy: `import itlaudit.analysis` costs its __init__, not the stage."""
     stages = [stage for stage in order if stage != "errors"]

@@ -49,7 +49,6 @@ SURFACE = Surface(
         "convergence": (
             "DEFAULT_CI_WIDTH_PCT",
             "DEFAULT_MAX_TRIALS",
-            "DEFAULT_MIN_TRIALS",
             "ConvergenceRule",
             "ConvergenceSettings",
             "Interval",
@@ -58,7 +57,6 @@ SURFACE = Surface(
             "trials_settings",
         ),
         "derive": (
-            "derive_request",
             "derive_requests",
             "request_line",
             "summarize_run",
@@ -81,7 +79,6 @@ SURFACE = Surface(
         ),
         "findings": (
             "CODES",
-            "Finding",
             "truncated_requests",
         ),
         "importers": (
@@ -108,9 +105,8 @@ SURFACE = Surface(
         "metrics": (
             "SUMMARY_METRICS",
             "TOKEN_SOURCE_CHUNKS",
-            "tokens_at_chunk_ends",
-            "decode_gaps",
             "content_chunk_mask",
+            "decode_gaps",
             "p50",
             "per_chunk_itl_ms",
             "ratio",
@@ -118,6 +114,7 @@ SURFACE = Surface(
             "settled_records",
             "speedup",
             "token_counts",
+            "tokens_at_chunk_ends",
         ),
         "quality": (
             "DEFAULT_THRESHOLDS",
@@ -129,6 +126,10 @@ SURFACE = Surface(
             "pooled_server_acceptance",
             "server_acceptance",
         ),
+        "roofline": (
+            "FloorFigures",
+            "variant_floor",
+        ),
         "run_diff": (
             "MetricDiff",
             "RunDiff",
@@ -136,7 +137,6 @@ SURFACE = Surface(
             "workload_differences",
             "workload_of",
         ),
-        "roofline": ("FloorFigures", "variant_floor"),
         "server_metrics": (
             "ENERGY_COUNTER",
             "ENERGY_POWER",

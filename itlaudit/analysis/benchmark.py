@@ -36,8 +36,6 @@ from itlaudit.analysis.metrics import (
 from itlaudit.model.block import BlockSettings
 from itlaudit.model.records import RequestRecord, Status
 
-__all__ = ["benchmark_figures", "meets_slo", "request_span_ms"]
-
 
 def request_span_ms(record: RequestRecord) -> tuple[float, float] | None:
     """(send, end) in ms from the variant's start, or None for a record without a dispatch offset (an

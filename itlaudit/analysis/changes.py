@@ -36,30 +36,6 @@ import numpy as np
 from itlaudit.analysis.stats import compare_samples
 from itlaudit.model.vocabulary import Shift
 
-__all__ = [
-    "BASE_VARIANT",
-    "SAMPLE_FIELDS",
-    "SERIES",
-    "SERVER",
-    "SERVER_SERIES",
-    "SPEEDUP",
-    "STREAM_SERIES",
-    "Blind",
-    "Change",
-    "ChangeJSON",
-    "CheckSettings",
-    "Evidence",
-    "EvidenceJSON",
-    "Point",
-    "PointState",
-    "SeriesSpec",
-    "annotate",
-    "blind_families",
-    "find_changes",
-    "open_changes",
-    "point_values",
-]
-
 # The per-request raw figures a point keeps (RequestMetrics' names): token ITL, TPOT, TTFT, decode
 # throughput, output length, and acceptance as the stream shows it (decode tokens per chunk).
 SAMPLE_FIELDS = (

@@ -18,15 +18,6 @@ from itlaudit.model.formats import FORMAT_KEY
 from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import RequestRecord, Status
 
-__all__ = [
-    "ACCEPTANCE_TOLERANCE",
-    "CompareResult",
-    "VariantComparison",
-    "build_comparison",
-    "stream_acceptance_length",
-    "stream_accepted_tokens",
-]
-
 # Stream and counters measure the same thing but round differently (the last chunk of a request
 # carries the remainder, prefill is excluded); past 10% they describe different traffic.
 ACCEPTANCE_TOLERANCE = 0.10

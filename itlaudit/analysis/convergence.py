@@ -25,19 +25,6 @@ from itlaudit.model.schedule import LONGEST_SCHEDULE_S
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = [
-    "DEFAULT_CI_WIDTH_PCT",
-    "DEFAULT_MAX_TRIALS",
-    "DEFAULT_MIN_TRIALS",
-    "ConvergenceRule",
-    "ConvergenceSettings",
-    "Interval",
-    "Progress",
-    "mean_interval",
-    "median_ratio_interval",
-    "trials_settings",
-]
-
 DEFAULT_CI_WIDTH_PCT = 5.0  # the interval's full width as a % of the mean: a 5 % move stands out
 DEFAULT_MIN_TRIALS = 3  # two figures bootstrap to an interval that says little about a third
 DEFAULT_MAX_TRIALS = 10

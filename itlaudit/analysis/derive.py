@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from itlaudit.analysis.benchmark import benchmark_figures
-from itlaudit.analysis.findings import Finding, request_findings, run_findings
+from itlaudit.analysis.findings import request_findings, run_findings
 from itlaudit.analysis.metrics import (
     RequestMetrics,
     request_metrics,
@@ -27,22 +27,10 @@ from itlaudit.analysis.request_acceptance import server_acceptance
 from itlaudit.analysis.roofline import launch_bound_finding
 from itlaudit.analysis.summary import Figures, LoopLag, RunSummary, VariantSummary
 from itlaudit.model.block import BlockSettings
-from itlaudit.model.codes import REGISTRY, Scope
+from itlaudit.model.codes import REGISTRY, Finding, Scope
 from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import RequestRecord, Status
 from itlaudit.model.run_context import QualitySettings
-
-__all__ = [
-    "CATEGORY_METRICS",
-    "RequestDerivation",
-    "by_category",
-    "derive_request",
-    "derive_requests",
-    "request_line",
-    "schedule_lag_ms",
-    "summarize_run",
-    "with_comparison_findings",
-]
 
 
 class RequestDerivation(NamedTuple):

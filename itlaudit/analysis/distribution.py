@@ -32,17 +32,6 @@ from itlaudit.model.codes import SPEC_DECODE_DISTRIBUTION_SHIFT, Finding
 from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import RequestRecord, Status
 
-__all__ = [
-    "ALPHA",
-    "BOOTSTRAP_RESAMPLES",
-    "MIN_EFFECT_NATS",
-    "ScoredOutput",
-    "distribution_shift",
-    "quality_figures",
-    "sampled",
-    "speculates",
-]
-
 # A comparison per variant, and a false alarm on a healthy server sends someone hunting for a bug:
 # 1 %, not 5 %.
 ALPHA = 0.01

@@ -17,19 +17,6 @@ import numpy as np
 
 from itlaudit.model.sendlog import ResponseSends, SendLog
 
-__all__ = [
-    "LAG_BUDGET_MS",
-    "ChunkJoin",
-    "Fidelity",
-    "SendLag",
-    "added_lag_ms",
-    "grade",
-    "join_chunks",
-    "send_lag",
-    "token_itl_ms",
-    "true_token_itl_ms",
-]
-
 LAG_BUDGET_MS = 1.0  # the p99 added lag a faithful client keeps (issue 13)
 
 

@@ -42,10 +42,6 @@ from itlaudit.analysis.stream_rules import (
 )
 from itlaudit.model.codes import (
     COMMON_CAP,
-    CONNECTION_ERROR,
-    HTTP_ERROR,
-    NO_DONE_SENTINEL,
-    STREAM_ERROR,
     TRUNCATION_CODES,
     Finding,
     Scope,
@@ -54,18 +50,6 @@ from itlaudit.model.codes import (
 from itlaudit.model.records import RequestRecord, Status
 
 # STREAM_ERROR and the other codes below are re-exported for bisect/verdict.py, which reads them here.
-__all__ = [
-    "CODES",
-    "CONNECTION_ERROR",
-    "HTTP_ERROR",
-    "NO_DONE_SENTINEL",
-    "STREAM_ERROR",
-    "TRUNCATION_CODES",
-    "Finding",
-    "request_findings",
-    "run_findings",
-    "truncated_requests",
-]
 
 # The codes these rules emit (the comparison codes come from comparison and lossless; launch_bound, a
 # variant's, from roofline, which judges the server block beside the floor).

@@ -16,8 +16,6 @@ from itlaudit.analysis.metrics import summarize
 from itlaudit.errors import RecordsError
 from itlaudit.model.jsonvalue import JSONMapping
 
-__all__ = ["AIPERF", "VLLM_BENCH", "ImportedBenchmark", "Stats", "parse_import"]
-
 VLLM_BENCH = "vllm bench serve"
 AIPERF = "AIPerf"
 

@@ -17,24 +17,6 @@ from typing import Any
 from itlaudit.errors import ServerRejectedError
 from itlaudit.model.jsonvalue import JSONObject, JSONValue
 
-__all__ = [
-    "DEFAULT_SWEEP_SIZES",
-    "TOKEN_ID_PREFIX",
-    "PairFigures",
-    "PromptFigures",
-    "PromptObservations",
-    "SweepFigures",
-    "TopLogprobs",
-    "decision",
-    "figures_json",
-    "max_abs_delta",
-    "parse_generate_top_logprobs",
-    "parse_top_logprobs",
-    "prompt_figures",
-    "set_difference",
-    "summarize",
-]
-
 # One scored position: candidate token id → logprob.
 TopLogprobs = dict[int, float]
 

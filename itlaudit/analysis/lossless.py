@@ -19,16 +19,6 @@ from itlaudit.model.codes import SPEC_DECODE_OUTPUT_MISMATCH, Finding, Severity
 from itlaudit.model.jsonvalue import JSONMapping, JSONObject, ReadOnlyJSON
 from itlaudit.model.records import RequestRecord, Status
 
-__all__ = [
-    "NEAR_TIE_NATS",
-    "output_token_ids",
-    "prompt_index",
-    "spec_decode_mismatches",
-    "with_divergence_logprobs",
-    "with_execution_modes",
-    "without_logprobs",
-]
-
 # Seed 000 measured bf16 batch variance of up to ~0.2 nats on a real model: a base-server margin
 # below that between its top two candidates is a tie that variance can legitimately break.
 NEAR_TIE_NATS = 0.2

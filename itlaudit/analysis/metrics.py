@@ -22,33 +22,6 @@ import numpy as np
 from itlaudit.model.block import percentile_key
 from itlaudit.model.records import ChunkSeries, RequestRecord, Status
 
-__all__ = [
-    "PERCENTILES",
-    "SUMMARY_METRICS",
-    "TOKEN_SOURCE_CHUNKS",
-    "TOKEN_SOURCE_TOKENIZER",
-    "TOKEN_SOURCE_TOKEN_IDS",
-    "TOKEN_SOURCE_USAGE",
-    "RequestMetrics",
-    "answer_ms",
-    "channel_gaps",
-    "content_chunk_mask",
-    "decode_gaps",
-    "distribution",
-    "median",
-    "p50",
-    "per_chunk_itl_ms",
-    "ratio",
-    "request_metrics",
-    "settled_records",
-    "speedup",
-    "summarize",
-    "token_counts",
-    "tokens_at_chunk_ends",
-    "tokens_per_chunk_hist",
-    "variant_summary",
-]
-
 TOKEN_SOURCE_USAGE = "usage"
 TOKEN_SOURCE_TOKEN_IDS = "token_ids"
 # A local tokenizer over the streamed text (--tokenizer): the tokens each chunk completed, re-counted.

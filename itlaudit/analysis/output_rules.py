@@ -22,22 +22,6 @@ from itlaudit.model.codes import (
 )
 from itlaudit.model.records import RequestRecord, Status
 
-__all__ = [
-    "COMPLETIONS_DEFAULT_MAX_TOKENS",
-    "COMPLETIONS_DEFAULT_TEXT",
-    "completions_default_stop",
-    "cut_short",
-    "exact_tokens",
-    "gibberish_finding",
-    "ignore_eos_finding",
-    "min_tokens_finding",
-    "prompt_tokens_finding",
-    "reasoning_truncated_finding",
-    "stop_ids_finding",
-    "stop_reason_finding",
-    "truncation_finding",
-]
-
 
 def exact_tokens(record: RequestRecord, metrics: RequestMetrics) -> int | None:
     """The completion length when it is really known: a chunk count undercounts MTP output and would

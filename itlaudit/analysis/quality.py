@@ -30,22 +30,6 @@ from itlaudit.model.jsonvalue import JSONObject
 if TYPE_CHECKING:  # numpy is imported where a figure is computed: the CLI shows these defaults
     import numpy as np
 
-__all__ = [
-    "DEFAULT_THRESHOLDS",
-    "REPEATED_NUM_MIN_REPEATS",
-    "REP_NS",
-    "WEIRD_RUN_MIN_CHARS",
-    "WEIRD_RUN_MIN_DIGITS",
-    "GibberishThresholds",
-    "TextQuality",
-    "compression_ratio",
-    "gibberish_reasons",
-    "rep_n",
-    "text_quality",
-    "text_sha256",
-    "weird_runs",
-]
-
 REP_NS = (2, 3, 4)
 # A "weird run" is a stretch of only digits, punctuation, symbols and spaces within one line that is
 # long and digit-heavy: "2026-06-15 12:30:45 2026-06-16" qualifies, a markdown rule "|---|---|" does

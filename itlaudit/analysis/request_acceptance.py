@@ -12,9 +12,6 @@ from itlaudit.model.codes import SPEC_DECODE_METRICS_DISAGREE, Finding
 from itlaudit.model.jsonvalue import JSONObject, JSONValue
 from itlaudit.model.records import RequestRecord, Status
 
-__all__ = ["pooled_server_acceptance", "server_acceptance", "server_acceptance_finding"]
-
-
 # vLLM's metrics.speculative_decoding keys for each count (vllm/v1/metrics/stats.py).
 _VLLM_KEYS = {
     "steps": "num_spec_steps",

@@ -24,18 +24,6 @@ from itlaudit.model.codes import LAUNCH_BOUND, Finding
 from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.meta import Roofline
 
-__all__ = [
-    "BANDWIDTHS",
-    "Bandwidth",
-    "FloorFigures",
-    "ModelBytes",
-    "bandwidth_for",
-    "decode_floor",
-    "launch_bound_finding",
-    "model_bytes",
-    "variant_floor",
-]
-
 
 @dataclass(frozen=True)
 class Bandwidth:

@@ -23,17 +23,6 @@ from itlaudit.model.records import RequestRecord, Status
 from itlaudit.model.run_context import QualitySettings
 from itlaudit.model.vocabulary import Shift
 
-__all__ = [
-    "DIFF_METRICS",
-    "ERROR_RATE",
-    "MetricDiff",
-    "RunDiff",
-    "diff_runs",
-    "error_rate_comparison",
-    "workload_differences",
-    "workload_of",
-]
-
 ERROR_RATE = ("error_rate", "error rate")
 # Workload fields a run's fingerprint carries (ledger.variant_fingerprint); num_requests is left out,
 # since more requests of the same workload only sharpen the comparison.

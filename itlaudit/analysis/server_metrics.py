@@ -32,27 +32,6 @@ from itlaudit.analysis.specdecode import ACCEPTED_PER_POS, DRAFTS, PREFIX_CACHE_
 from itlaudit.errors import MetricsParseError
 from itlaudit.model.jsonvalue import JSONObject
 
-__all__ = [
-    "GPU_TELEMETRY_FILE",
-    "KV_USAGE",
-    "QUEUE_TIME",
-    "RUNNING",
-    "SERVER_METRICS_FILE",
-    "SIGNALS",
-    "SIGNAL_CHANGE",
-    "WAITING",
-    "Scrape",
-    "Signal",
-    "SignalChange",
-    "delta_row",
-    "gpu_figures",
-    "parse_scrape",
-    "per_position_series",
-    "signal_changes",
-    "summarize_series",
-    "variant_server_figures",
-]
-
 SERVER_METRICS_FILE = "server_metrics.jsonl"
 GPU_TELEMETRY_FILE = "gpu_telemetry.jsonl"  # telemetry/nvml.py's rows
 

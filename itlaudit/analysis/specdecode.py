@@ -15,22 +15,6 @@ from typing import Any
 from itlaudit.errors import MetricsParseError
 from itlaudit.model.jsonvalue import JSONObject
 
-__all__ = [
-    "ACCEPTED",
-    "ACCEPTED_PER_POS",
-    "DRAFTS",
-    "DRAFT_TOKENS",
-    "GENERATION_TOKENS",
-    "PREFIX_CACHE_HITS",
-    "PREFIX_CACHE_QUERIES",
-    "CounterSnapshot",
-    "SpecDecodeStats",
-    "parse_counters",
-    "spec_decode_delta",
-    "speculation_text",
-    "step_token_limit",
-]
-
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"

@@ -20,15 +20,6 @@ import numpy as np
 from itlaudit.analysis import metrics
 from itlaudit.model.vocabulary import Shift
 
-__all__ = [
-    "EXACT_SPLITS",
-    "SAME_BAND",
-    "Comparison",
-    "compare_samples",
-    "min_achievable_p",
-]
-
-
 # A ratio within ±2 % of 1 is worded "≈ same" wherever itlaudit words a factor without a test (the
 # report's headline, the plots): "1.00× slower" would suggest a difference that is not there.
 SAME_BAND = 0.02

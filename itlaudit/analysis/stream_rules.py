@@ -34,19 +34,6 @@ from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import DURATION_CUT, RequestRecord, Status
 from itlaudit.model.vocabulary import StampMode
 
-__all__ = [
-    "CLIENT_SATURATED_SHARE",
-    "CLIENT_SATURATED_SHARE_KERNEL",
-    "COALESCED_MAX_SHARE",
-    "COALESCED_MIN_GAPS",
-    "client_saturated_finding",
-    "coalesced_finding",
-    "tokens_text",
-    "transport_findings",
-    "usage_missing_finding",
-    "usage_non_monotonic_finding",
-]
-
 # Chunks that arrive in the same socket read as the previous one were not timed separately. A few
 # happen under any load; past a quarter of the gaps the per-chunk series shows delivery bursts, not
 # engine steps (seen for real: a starved 2-core vLLM CPU server flushed 257 chunks in one read).

@@ -19,8 +19,6 @@ from itlaudit.errors import RecordsError
 from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.vocabulary import QualityGate
 
-__all__ = ["Figures", "LoopLag", "PartialBy", "RecordsSeen", "RunSummary", "VariantSummary"]
-
 # summarize()'s count/mean/p50/p90/p99 of one per-request figure (None where no request had it).
 Figures = dict[str, float | int | None]
 

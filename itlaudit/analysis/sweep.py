@@ -28,42 +28,6 @@ from itlaudit.model.serve_params import ServeValue, setting_label
 from itlaudit.model.vocabulary import LoadAxis, QualityGate
 from itlaudit.model.workload import BOUNDS as WORKLOAD_BOUNDS
 
-__all__ = [
-    "LATENCY_FIGURES",
-    "PERCENTILES",
-    "SCALARS",
-    "BestSetting",
-    "Crossover",
-    "LatencyFigure",
-    "PointConvergence",
-    "RequestFigures",
-    "Scalar",
-    "SlaSearch",
-    "SlaTerm",
-    "SlaVariant",
-    "SlaVerdicts",
-    "SweepPoint",
-    "SweepResult",
-    "TrialFigures",
-    "best_settings",
-    "crossover",
-    "goodput",
-    "latency_of",
-    "load_of",
-    "meets_sla",
-    "parse_points",
-    "parse_sla",
-    "per_token_speedup",
-    "pool_trials",
-    "request_figures",
-    "sla_figure",
-    "sla_search",
-    "sla_words",
-    "span_s",
-    "sweep_result",
-    "trial_figures",
-]
-
 PERCENTILES = ("p50", "p90", "p99")
 # The latency figures a point reports and an SLA may name, each as {p50, p90, p99}.
 LatencyFigure = Literal["itl_ms", "chunk_itl_ms", "ttft_ms", "tpot_ms", "e2e_ms"]

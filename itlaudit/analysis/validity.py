@@ -31,20 +31,6 @@ from itlaudit.model.codes import COMMON_CAP, GIBBERISH_SUSPECTED, TRUNCATION_COD
 from itlaudit.model.jsonvalue import JSONMapping
 from itlaudit.model.vocabulary import QualityGate
 
-__all__ = [
-    "COMPARABLE",
-    "NOT_COMPARABLE",
-    "BlockCounts",
-    "CommonCap",
-    "Validity",
-    "block_counts",
-    "block_validity",
-    "comparison_validity",
-    "mostly_gibberish",
-    "quality_note",
-    "variant_validity",
-]
-
 NOT_COMPARABLE = "not comparable"
 
 

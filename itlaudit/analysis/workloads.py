@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from itlaudit.analysis.specdecode import PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES, CounterSnapshot
 
-__all__ = ["prefix_cache_delta"]
-
 
 def prefix_cache_delta(before: CounterSnapshot, after: CounterSnapshot) -> dict[str, float | None] | None:
     """Tokens queried and hit over the window and their ratio (None where nothing was queried);

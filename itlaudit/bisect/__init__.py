@@ -24,10 +24,7 @@ SURFACE = Surface(
         ),
         "dryrun": ("dry_run_report",),
         "prefetch": ("Prefetcher",),
-        "probe": (
-            "ProbeConfig",
-            "run_probe",
-        ),
+        "probe": ("run_probe",),
         "providers": ("PROVIDERS",),
         "providers.pip": ("PipOptions",),
         "providers.wheels": ("WheelsOptions",),

@@ -46,8 +46,6 @@ from itlaudit.model.vocabulary import Verdict
 from itlaudit.report.progress import Reporter, duration
 from itlaudit.serve.launch_config import launch_spec
 
-__all__ = ["Bisection", "LocalProber", "Prober", "RayProber", "probe_config", "probe_scenario"]
-
 
 def probe_scenario(settings: Settings) -> tuple[Scenario, dict[str, LaunchSpec]]:
     """The scenario reduced to the chosen variants (default: all of them, in its order), and the

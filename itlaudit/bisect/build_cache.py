@@ -18,8 +18,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypedDict
 
-__all__ = ["MARKER", "BuildCache", "BuildInfo", "Releaser", "parse_size"]
-
 MARKER = ".itlaudit-build.json"
 _SIZE_UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 

@@ -26,20 +26,6 @@ from packaging.version import InvalidVersion, Version
 from itlaudit.errors import BisectError, ItlauditError
 from itlaudit.side.client import SIDE_TIMEOUT_S, BlockingSideClient
 
-__all__ = [
-    "PYPI_SIMPLE",
-    "SHORT_SHA",
-    "Build",
-    "BuildKind",
-    "check_ends",
-    "commits_from_file",
-    "commits_from_repo",
-    "fetch_versions",
-    "is_vllm_clone",
-    "parse_simple_index",
-    "versions_between",
-]
-
 BuildKind = Literal["commit", "version"]
 SHORT_SHA = 9
 _SHA_RE = re.compile(r"^[0-9a-fA-F]{4,40}$")

@@ -32,8 +32,6 @@ from itlaudit.bisect.settings import ProbeSetup, make_provider
 from itlaudit.errors import BisectError
 from itlaudit.model.vocabulary import Verdict
 
-__all__ = ["LOST_NODE_RETRIES", "probe_task", "require_gpus", "run_probe_on_ray"]
-
 LOST_NODE_RETRIES = 1  # reruns of a probe whose node died under it, before it counts as a skip
 
 Packed = tuple[ProbeResult, bytes, str | None]

@@ -22,8 +22,6 @@ from itlaudit.bisect.search import Search
 from itlaudit.bisect.settings import Settings, commit_source, list_builds, make_provider
 from itlaudit.errors import BisectError
 
-__all__ = ["LOOKUP_THREADS", "dry_run_report", "expected_probes"]
-
 LOOKUP_THREADS = 8
 
 

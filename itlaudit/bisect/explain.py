@@ -7,8 +7,6 @@ from itlaudit.analysis import stats
 from itlaudit.bisect.figures import ERROR_CODES, Figures, median
 from itlaudit.model.vocabulary import Shift
 
-__all__ = ["MIN_SAMPLES", "explain", "itl_comparison", "itl_text", "ms"]
-
 # Fewer per-request ITL values than this and the U test cannot separate anything at alpha 0.05.
 MIN_SAMPLES = 5
 # Chunk ITL this much above token ITL means chunks carry several tokens (MTP / spec decode): the chunk

@@ -14,19 +14,17 @@ from typing import TypedDict
 
 import numpy as np
 
-from itlaudit.analysis import findings
 from itlaudit.analysis.derive import summarize_run
 from itlaudit.analysis.metrics import request_metrics
 from itlaudit.analysis.summary import RunSummary
 from itlaudit.analysis.validity import Validity, block_validity, mostly_gibberish
+from itlaudit.model import codes
 from itlaudit.model.records import RequestRecord
 from itlaudit.store.jsonl import load_records
 from itlaudit.store.rundir import REQUESTS_FILE
 
-__all__ = ["ERROR_CODES", "Figures", "ProbeFigures", "median", "read_probe", "read_trial", "trial_figures"]
-
 ERROR_CODES = frozenset(
-    {findings.STREAM_ERROR, findings.HTTP_ERROR, findings.CONNECTION_ERROR, findings.NO_DONE_SENTINEL}
+    {codes.STREAM_ERROR, codes.HTTP_ERROR, codes.CONNECTION_ERROR, codes.NO_DONE_SENTINEL}
 )
 
 
@@ -77,7 +75,7 @@ class Figures:
 
     @property
     def truncated(self) -> int:
-        return sum(self.findings[c] for c in findings.TRUNCATION_CODES)
+        return sum(self.findings[c] for c in codes.TRUNCATION_CODES)
 
     @property
     def failures(self) -> int:

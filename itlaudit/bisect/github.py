@@ -28,21 +28,6 @@ from itlaudit.model.access import Access
 from itlaudit.model.jsonvalue import JSONValue
 from itlaudit.side.client import SIDE_TIMEOUT_S, BlockingSideClient, server_error_message
 
-__all__ = [
-    "DEFAULT_API",
-    "MAX_PAGES",
-    "PER_PAGE",
-    "TOKEN_ENV",
-    "CommitRef",
-    "CompareCommit",
-    "ComparePage",
-    "Fetch",
-    "commits_from_github",
-    "compare_pages",
-    "first_parent_chain",
-    "http_fetch",
-]
-
 DEFAULT_API = "https://api.github.com"
 TOKEN_ENV = "GITHUB_TOKEN"
 PER_PAGE = 100  # the API's maximum page size

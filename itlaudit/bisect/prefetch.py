@@ -10,8 +10,6 @@ from itlaudit.bisect.build_range import Build
 from itlaudit.bisect.providers import Prepared, Provider
 from itlaudit.model.stop import check
 
-__all__ = ["Prefetcher"]
-
 
 class Prefetcher:
     def __init__(self, provider: Provider, *, background: bool) -> None:

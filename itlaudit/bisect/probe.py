@@ -31,8 +31,6 @@ from itlaudit.workflows.run_folder import RunFolder
 from itlaudit.workflows.server import VariantServer
 from itlaudit.workflows.signals import mark_interrupted
 
-__all__ = ["OnServer", "ProbeConfig", "ProbeResult", "run_probe", "run_trial"]
-
 # Called with the server's process group once it is up, so the state file can name it.
 OnServer = Callable[[int | None], None]
 

@@ -23,17 +23,6 @@ from itlaudit.report.diff import why_it_moved
 from itlaudit.report.markdown import table_cell
 from itlaudit.workflows.run_folder import RunFolder
 
-__all__ = [
-    "PLOT_FILE",
-    "REPORT_FILE",
-    "build_url",
-    "compare_url",
-    "render_markdown",
-    "render_plot",
-    "variant_names",
-    "write_report",
-]
-
 REPORT_FILE = "report.md"
 PLOT_FILE = "bisect.png"
 _COLOURS: dict[str, str] = {  # keyed by Verdict, a StrEnum: a verdict read back as text finds it

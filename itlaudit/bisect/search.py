@@ -15,8 +15,6 @@ import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-__all__ = ["Answer", "Search"]
-
 
 class Answer(StrEnum):
     YES = "yes"  # the regression (or, with --find-fix, the fix) is present

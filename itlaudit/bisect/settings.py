@@ -32,8 +32,6 @@ from itlaudit.errors import BisectError
 from itlaudit.model.jsonvalue import JSONObject, JSONValue
 from itlaudit.serve.testbed import default_cache_dir
 
-__all__ = ["DEFAULT_SCENARIO", "ProbeSetup", "Settings", "commit_source", "list_builds", "make_provider"]
-
 # The seed case as a packaged scenario: what a bare `itlaudit bisect --from A --to B` runs.
 DEFAULT_SCENARIO = Path(__file__).resolve().parent.parent / "data" / "bisect-seed.toml"
 # What bisect.json keeps of the capture options: the rest is the invocation's (headers, API key).

@@ -36,21 +36,6 @@ from itlaudit.model.vocabulary import Verdict
 if TYPE_CHECKING:
     from itlaudit.bisect.figures import ProbeFigures
 
-__all__ = [
-    "FORMAT",
-    "STATE_FILE",
-    "BisectResult",
-    "PendingProbe",
-    "ProbeRecord",
-    "State",
-    "answer",
-    "cmdline",
-    "load",
-    "same_build",
-    "set_aside",
-    "stop_orphan",
-]
-
 STATE_FILE = "bisect.json"
 # 2: probes run every chosen variant; metrics are per variant. 3: `in_progress` is a list (a parallel
 # round has several probes in flight) and probes carry their round. 4: `settings` typed in parts (the

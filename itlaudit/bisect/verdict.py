@@ -25,17 +25,10 @@ from itlaudit.analysis import findings, stats
 from itlaudit.bisect.explain import MIN_SAMPLES, explain, itl_comparison, itl_text, ms
 from itlaudit.bisect.figures import Figures, median
 from itlaudit.errors import BisectError
+from itlaudit.model import codes
 from itlaudit.model.jsonvalue import JSONMapping, ReadOnlyJSON
 from itlaudit.model.registry import Registry
 from itlaudit.model.vocabulary import Shift, Verdict
-
-__all__ = [
-    "JUDGES",
-    "Judge",
-    "Judgement",
-    "ScriptJudge",
-    "parse_regress",
-]
 
 SCRIPT_SKIP = 125
 
@@ -286,7 +279,7 @@ class _CodesJudge(Judge, ABC):
 class TruncationJudge(_CodesJudge, name="truncation"):
     @property
     def codes(self) -> tuple[str, ...]:
-        return tuple(findings.TRUNCATION_CODES)
+        return tuple(codes.TRUNCATION_CODES)
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,6 @@ SURFACE = Surface(
             "ServerIdentity",
             "environment_record",
             "scrape_counters",
-            "server_environment",
             "server_identity",
         ),
     },

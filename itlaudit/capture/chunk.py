@@ -17,18 +17,6 @@ from typing import Any
 
 import msgspec
 
-__all__ = [
-    "CHUNK_DECODE_ERRORS",
-    "Choice",
-    "Chunk",
-    "Delta",
-    "GenerateDecoder",
-    "Metrics",
-    "Usage",
-    "UsageDetails",
-    "decode_chunk",
-]
-
 
 class UsageDetails(msgspec.Struct, gc=False):
     """usage.completion_tokens_details: how many of the completion tokens were the reasoning channel's

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["Dechunker", "FramingError"]
-
 # RFC 9112 chunk-size [ chunk-ext ] (BWS before a ";" allowed), at most 20 hex digits as h11, OWS at the end.
 _CHUNK_SIZE_LINE = re.compile(rb"([0-9A-Fa-f]{1,20})(?:[ \t]*;[^\r\n]*)?[ \t]*")
 _MAX_LINE_BYTES = 16 * 1024  # a size or trailer line longer than this is garbage, not a slow sender

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from itlaudit.capture.chunk import CHUNK_DECODE_ERRORS, Chunk, GenerateDecoder, decode_chunk
-from itlaudit.capture.http1 import DECODED_CODINGS
+from itlaudit.capture.http1 import DECODED_CODINGS, Stream
 from itlaudit.capture.request_plan import PlannedRequest
 from itlaudit.capture.sse import SSEFramer
-from itlaudit.capture.transport import Stream, TransportOptions, open_stream
+from itlaudit.capture.transport import TransportOptions, open_stream
 from itlaudit.errors import ConnectTimeout, EventTooLarge, TransportError
 from itlaudit.model.access import NO_ACCESS, Access
 from itlaudit.model.records import (
@@ -36,8 +36,6 @@ from itlaudit.model.records import (
 )
 from itlaudit.model.vocabulary import DEFAULT_STAMP, Endpoint, StampMode
 from itlaudit.side.client import describe_connection_failure, server_error_message
-
-__all__ = ["DEFAULT_TIMEOUTS", "StreamOptions", "parse_retry_after", "stream_request"]
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -31,29 +31,13 @@ import numpy as np
 from itlaudit.capture.described import CaptureDescription, LoopLag, WorkerDescription, WorkerWhere
 from itlaudit.capture.environment import Lander
 from itlaudit.capture.lagprobe import new_capture_loop
-from itlaudit.capture.transport import kernel_stamps_supported
+from itlaudit.capture.stamping import kernel_stamps_supported
 from itlaudit.capture.workers import CLOCK_PINGS, START_MARGIN_NS, WorkerShare, capture_share
 from itlaudit.errors import ClusterError
 from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import RequestRecord, Status
 from itlaudit.model.vocabulary import StampMode
 from itlaudit.store.jsonl import RecordWriter
-
-__all__ = [
-    "INSTALL_HINT",
-    "POLL_S",
-    "ActorHandle",
-    "CaptureActor",
-    "capture_on_ray",
-    "collect",
-    "connect",
-    "import_ray",
-    "lost_records",
-    "lost_worker_warnings",
-    "start_actors",
-    "stop_actors",
-    "usable_cpus",
-]
 
 INSTALL_HINT = "--cluster ray needs Ray on this machine: pip install 'itlaudit[ray]'"
 # Dispatching `run` to every actor takes a Ray call each: on top of the workers' own start margin

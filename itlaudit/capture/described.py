@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-__all__ = ["CaptureDescription", "LoopLag", "LostWorker", "RandomChat", "WorkerDescription", "WorkerWhere"]
-
 
 class WorkerWhere(TypedDict):
     """Where a Ray capture actor runs (what its `where` answers)."""

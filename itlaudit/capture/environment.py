@@ -23,8 +23,6 @@ from itlaudit.model.records import RequestRecord
 if TYPE_CHECKING:
     from types import ModuleType
 
-__all__ = ["CaptureEnvironment", "Lander", "LocalProcesses", "RayCluster", "capture_environment"]
-
 OnDescribed = Callable[[CaptureDescription], None]
 _READ_SIZE = 1 << 16
 

@@ -30,8 +30,6 @@ from itlaudit.capture.stamping import READ_SIZE, Inbox
 from itlaudit.errors import BadFraming, ConnectionDropped, TLSFailure, TransportError
 from itlaudit.model.vocabulary import StampMode
 
-__all__ = ["DECODED_CODINGS", "Stream", "Target", "one_line", "tls_failure"]
-
 _MESSAGE_CHARS = 200
 # Content-Encoding → zlib wbits: gzip's header and trailer, or the zlib format that "deflate" names.
 DECODED_CODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}

@@ -21,8 +21,6 @@ import selectors
 import time
 from typing import Any
 
-__all__ = ["TICK_S", "LagProbe", "new_capture_loop"]
-
 TICK_S = 0.001
 
 

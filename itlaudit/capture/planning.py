@@ -28,17 +28,6 @@ from itlaudit.model.scenario_toml import Located
 from itlaudit.model.schedule import send_offsets_s
 from itlaudit.side.client import SideClient, server_error_message
 
-__all__ = [
-    "OnPrepare",
-    "Pacer",
-    "check_prompts_fit",
-    "plan_variant",
-    "reply_lengths",
-    "reset_prefix_cache",
-    "resolve_model",
-    "sent_prompt",
-]
-
 # Preparation's progress: (what is being done, how many of how many), e.g. ("encoding requests", 3, 8).
 OnPrepare = Callable[[str, int, int], None]
 _PACE_S = 0.1  # the most work done between two yields to the loop (and progress reports)

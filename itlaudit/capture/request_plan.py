@@ -16,13 +16,6 @@ from itlaudit.model.vocabulary import Endpoint
 # which are JSON objects passed through to the server as they are.
 Prompt: TypeAlias = str | list[int] | list[JSONObject]
 
-__all__ = [
-    "PlannedRequest",
-    "Prompt",
-    "build_body",
-    "plan_request",
-]
-
 
 def build_body(
     endpoint: Endpoint,

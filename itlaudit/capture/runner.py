@@ -34,18 +34,6 @@ if TYPE_CHECKING:
     from itlaudit.capture.request_plan import PlannedRequest
     from itlaudit.side.client import SideClient
 
-__all__ = [
-    "CaptureOptions",
-    "CapturePlan",
-    "CaptureResult",
-    "OnCapture",
-    "OnDone",
-    "RecordLander",
-    "capture",
-    "plan_capture",
-    "variant_access",
-]
-
 OnDone = Callable[[], None]  # one more record landed (progress: decoding waits until the capture ends)
 OnCapture = Callable[[CaptureDescription], None]
 

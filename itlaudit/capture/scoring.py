@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from itlaudit.analysis.distribution import ScoredOutput
-from itlaudit.analysis.findings import Finding
 from itlaudit.analysis.invariance import (
     DEFAULT_SWEEP_SIZES,
     PromptObservations,
@@ -34,6 +33,7 @@ from itlaudit.analysis.invariance import (
 from itlaudit.analysis.lossless import output_token_ids, with_divergence_logprobs
 from itlaudit.capture.request_plan import Prompt
 from itlaudit.errors import ItlauditError, ServerRejectedError
+from itlaudit.model.codes import Finding
 from itlaudit.model.jsonvalue import JSONObject, JSONValue
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.run_context import is_sglang
@@ -41,18 +41,6 @@ from itlaudit.model.vocabulary import Endpoint
 
 if TYPE_CHECKING:
     from itlaudit.side.client import SideClient
-
-__all__ = [
-    "DEFAULT_REPEATS",
-    "DEFAULT_TOP_K",
-    "SCORING_CONCURRENCY",
-    "SGLangScorer",
-    "Scorer",
-    "explain_mismatch",
-    "observe",
-    "score_outputs",
-    "scorer_for",
-]
 
 DEFAULT_REPEATS = 40
 DEFAULT_TOP_K = 20

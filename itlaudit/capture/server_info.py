@@ -21,16 +21,6 @@ from itlaudit.model.run_context import is_sglang, is_simulator
 from itlaudit.serve.environment import commit_of, non_default_args, server_env
 from itlaudit.side.client import BlockingSideClient, SideClient
 
-__all__ = [
-    "VERSION_TIMEOUT_S",
-    "ServerIdentity",
-    "environment_record",
-    "fetch_version",
-    "scrape_counters",
-    "server_environment",
-    "server_identity",
-]
-
 
 class ServerIdentity(TypedDict, total=False):
     """What build is answering (a ledger fingerprints it): /version, the system_fingerprint of a

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 from itlaudit.errors import EventTooLarge
 
-__all__ = ["MAX_EVENT_BYTES", "SSEFramer"]
-
 # One event's bytes at most: over ten times the 5 MB single event the campaign kept (row 4), above the
 # 50 MB one it captured (N20); an OpenAI-compatible stream's events are deltas of a few KB.
 MAX_EVENT_BYTES = 64 * 1024 * 1024

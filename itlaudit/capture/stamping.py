@@ -36,15 +36,6 @@ import sys
 import time
 from collections.abc import Callable
 
-__all__ = [
-    "READ_SIZE",
-    "SO_TIMESTAMPNS",
-    "Inbox",
-    "KernelReader",
-    "StampingProtocol",
-    "kernel_stamps_supported",
-]
-
 # asm-generic value of SO_TIMESTAMPNS (= SCM_TIMESTAMPNS); the Python socket module does not export it.
 # Alpha, MIPS, PA-RISC and SPARC number their socket options differently, hence the machine list.
 SO_TIMESTAMPNS = 35

@@ -30,8 +30,6 @@ from itlaudit.model.scenario import Scenario
 from itlaudit.model.vocabulary import Endpoint
 from itlaudit.side.client import SideClient, server_error_message
 
-__all__ = ["ChatPrompts", "ServerTokenizer", "fit_text", "random_chat_prompts"]
-
 _TIMEOUT_S = 60.0  # a round trip of a long prompt on a busy server
 _IN_FLIGHT = 8  # round trips at once: enough to hide latency, few enough not to crowd a small server
 

@@ -28,8 +28,6 @@ from itlaudit.capture.stamping import (
 from itlaudit.errors import ConnectFailed, ConnectTimeout, TransportError
 from itlaudit.model.vocabulary import StampMode
 
-__all__ = ["Stream", "TransportOptions", "kernel_stamps_supported", "open_stream"]
-
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _STAMP_MODES = tuple(StampMode)  # checked once a stream: a constant, as the literal pair was
 

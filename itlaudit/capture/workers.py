@@ -43,29 +43,13 @@ from itlaudit.capture.client import StreamOptions, stream_request
 from itlaudit.capture.described import WorkerDescription
 from itlaudit.capture.lagprobe import LagProbe, new_capture_loop
 from itlaudit.capture.request_plan import PlannedRequest
-from itlaudit.capture.transport import kernel_stamps_supported
+from itlaudit.capture.stamping import kernel_stamps_supported
 from itlaudit.errors import RecordsError
 from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import RequestRecord, Status
 from itlaudit.model.vocabulary import StampMode
 from itlaudit.serve.orphans import die_with_parent
 from itlaudit.store.jsonl import RecordWriter
-
-__all__ = [
-    "CLOCK_PINGS",
-    "RETRY_AFTER_CAP_S",
-    "START_MARGIN_NS",
-    "STREAMS_PER_WORKER",
-    "WorkerHandle",
-    "WorkerShare",
-    "available_cores",
-    "capture_share",
-    "rejected",
-    "split_shares",
-    "start_workers",
-    "worker_count",
-    "worker_main",
-]
 
 # Streams per worker for `--workers auto`. A chunk costs a worker ~40 µs of CPU on the 2-core development
 # machine (kernel stamps, h11 framing, SSE, msgspec: measured with 16 streams × 500 chunks/s), so 16

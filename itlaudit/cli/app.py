@@ -19,8 +19,6 @@ from itlaudit.model.redact import redact_terminal
 from itlaudit.model.stop import handle_signals, interruption, requested
 from itlaudit.store.rundir import TOO_DEEP
 
-__all__ = ["COMMANDS", "GATE", "MEASURE", "READ", "TOOLS", "app", "main", "version"]
-
 # The command list's panels, in the order a newcomer needs them.
 MEASURE, READ, GATE, TOOLS = "Measure", "Read results", "Gate a release", "Tools"
 

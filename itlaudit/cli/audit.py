@@ -23,18 +23,6 @@ from itlaudit.store.rundir import REQUESTS_FILE, new_run_dir
 if TYPE_CHECKING:
     from itlaudit.workflows.audit import VariantInvariance
 
-__all__ = [
-    "MATRIX_WIDTH",
-    "LedgerOpt",
-    "invariance",
-    "ledger",
-    "ledger_add",
-    "ledger_app",
-    "ledger_conclude",
-    "out",
-    "quality",
-]
-
 MATRIX_WIDTH = 200
 out = Console(soft_wrap=True)
 

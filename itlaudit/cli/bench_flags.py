@@ -19,8 +19,6 @@ from pathlib import Path
 from itlaudit.errors import ScenarioError
 from itlaudit.model.jsonvalue import JSONObject
 
-__all__ = ["BENCH_OPTIONS", "BenchLine", "bench_argv"]
-
 # itlaudit counts tokens from the server's usage (stream_options.include_usage); its --tokenizer, a local
 # folder, counts only a server that sends no usage or ids per chunk.
 _NO_TOKENIZER = (

@@ -24,8 +24,6 @@ from itlaudit.cli.probe_setup import GENERAL, PROVIDER, probe_setup_options
 from itlaudit.errors import BisectError, RunInterrupted
 from itlaudit.model.stop import interruption
 
-__all__ = ["Opt", "bisect", "err", "out"]
-
 if TYPE_CHECKING:
     from itlaudit.bisect.state import State
 

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeAlias, TypeVar
 
 import typer
 
-from itlaudit.analysis.convergence import DEFAULT_CI_WIDTH_PCT, DEFAULT_MAX_TRIALS
 from itlaudit.errors import ClusterError, ScenarioError
 from itlaudit.model import vocabulary
 from itlaudit.model.access import Access, api_key_header, header_problem, tls_problem
@@ -36,38 +35,6 @@ from itlaudit.telemetry.defaults import DEFAULT_PERIOD_S
 if TYPE_CHECKING:  # the capture stage (numpy behind it) loads when a command runs, not for its --help
     from itlaudit.capture.runner import CaptureOptions
     from itlaudit.telemetry.window import Telemetry
-
-__all__ = [
-    "CAPTURE",
-    "DEFAULT_CI_WIDTH_PCT",
-    "DEFAULT_MAX_TRIALS",
-    "WORKLOAD",
-    "ApiKeyOption",
-    "CaCertOption",
-    "CiWidthOption",
-    "ClusterOption",
-    "CooldownOption",
-    "HeaderOption",
-    "InsecureOption",
-    "MaxTrialsOption",
-    "PlotsOption",
-    "ScenarioArgument",
-    "StampOption",
-    "TrialsOption",
-    "UrlOption",
-    "VariantOption",
-    "WorkersOption",
-    "build_capture",
-    "capture_options",
-    "choices",
-    "cluster_option",
-    "parse_cluster",
-    "parse_url",
-    "parse_variant_urls",
-    "trial_capture_options",
-    "with_options",
-    "workload_flags",
-]
 
 T = TypeVar("T")
 

@@ -25,8 +25,6 @@ from itlaudit.cli.options import ONLY_HELP, choices
 from itlaudit.errors import BisectError
 from itlaudit.serve.testbed import default_cache_dir
 
-__all__ = ["GENERAL", "PROVIDER", "probe_setup_options"]
-
 GENERAL, PROVIDER = "General", "Build provider"
 
 if TYPE_CHECKING:

@@ -14,8 +14,6 @@ import typer
 
 from itlaudit.cli.app import app
 
-__all__ = ["option_table"]
-
 _HEADER = """# Every option of every command
 
 Generated from the command line's own parser by `python -m itlaudit.cli.reference` (do not edit by

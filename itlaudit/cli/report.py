@@ -31,8 +31,6 @@ from itlaudit.store.rundir import PARTIAL_DIR
 from itlaudit.store.server_metrics import server_blocks
 from itlaudit.workflows.report import Run, combine_runs, load_run, report_runs, still_written
 
-__all__ = ["FAIL_ON", "LiveOption", "diff", "export", "load_import", "out", "report"]
-
 out = Console()
 FAIL_ON = (Shift.WORSE, Shift.UNKNOWN, "findings")
 if TYPE_CHECKING:

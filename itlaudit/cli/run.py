@@ -14,10 +14,13 @@ from typing import TYPE_CHECKING, Annotated, Any, TypedDict
 import typer
 from rich.console import Console
 
-from itlaudit.analysis.convergence import ConvergenceSettings, trials_settings
-from itlaudit.cli.options import (
+from itlaudit.analysis.convergence import (
     DEFAULT_CI_WIDTH_PCT,
     DEFAULT_MAX_TRIALS,
+    ConvergenceSettings,
+    trials_settings,
+)
+from itlaudit.cli.options import (
     CiWidthOption,
     CooldownOption,
     FailOnFindingsOption,
@@ -39,8 +42,6 @@ if TYPE_CHECKING:  # the run workflow (the capture stack, numpy) loads when a co
     from itlaudit.capture.runner import CaptureOptions
     from itlaudit.workflows.ledger import LedgerPolicy
     from itlaudit.workflows.run import RunOutcome
-
-__all__ = ["DEMO_SCENARIO", "LEDGER", "RunSettings", "compare", "demo", "run", "run_settings"]
 
 DEMO_SCENARIO = Path(__file__).resolve().parent.parent / "data" / "demo.toml"
 LEDGER = Path("reports") / "ledger.jsonl"

@@ -18,8 +18,6 @@ from itlaudit.cli.options import ClusterOption, StampOption, WorkersOption, buil
 from itlaudit.errors import ScenarioError
 from itlaudit.model.vocabulary import DEFAULT_STAMP
 
-__all__ = ["BUDGET", "describe", "out", "selfcheck"]
-
 out = Console(soft_wrap=True)
 
 BUDGET = f"{LAG_BUDGET_MS:g} ms p99 added lag, min ≥ -{LAG_BUDGET_MS:g} ms, every chunk stamped"

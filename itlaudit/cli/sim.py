@@ -21,8 +21,6 @@ else:
     DraftSampler = choices("DraftSampler", DRAFT_SAMPLERS)
     Dialect = choices("Dialect", DIALECTS)
 
-__all__ = ["sim"]
-
 _SHOWN = {"model", "num_speculative_tokens", "step_ms", "ttft_ms"}  # named first, given or not
 
 

@@ -22,8 +22,6 @@ from itlaudit.smoke.junit import write_junit_error
 from itlaudit.smoke.output import table_lines, verdict_line
 from itlaudit.smoke.suite import load_suite
 
-__all__ = ["DEFAULT_SUITE", "err", "out", "smoke"]
-
 # The checkout's scenarios/ folder, found from the package rather than the working directory, so a bare
 # `itlaudit smoke` works from anywhere.
 DEFAULT_SUITE = Path(__file__).resolve().parents[2] / "scenarios" / "smoke" / "dgx-spark"

@@ -21,9 +21,6 @@ from rich.markup import escape
 from typer._click import Command  # typer vendors click; its commands are this class
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
-__all__ = ["Entry", "LazyRoot", "restyle"]
-
-
 # --- Help style ------------------------------------------------------------------------------------
 # typer (>= 0.29) labels every parameter with its Python annotation (`<bool>`, `<list[str]>`, `<path>`)
 # and writes a required argument as `{name}` in the usage line; a metavar replaces the label of an

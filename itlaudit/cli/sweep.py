@@ -8,12 +8,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from itlaudit.analysis.convergence import trials_settings
+from itlaudit.analysis.convergence import DEFAULT_CI_WIDTH_PCT, DEFAULT_MAX_TRIALS, trials_settings
 from itlaudit.analysis.sweep import parse_points, parse_sla
 from itlaudit.capture.runner import CaptureOptions
 from itlaudit.cli.options import (
-    DEFAULT_CI_WIDTH_PCT,
-    DEFAULT_MAX_TRIALS,
     CiWidthOption,
     CooldownOption,
     FailOnFindingsOption,
@@ -28,8 +26,6 @@ from itlaudit.errors import SweepError
 from itlaudit.model.scenario import ScenarioFlags, build_scenario
 from itlaudit.model.serve_params import parse_serve_param
 from itlaudit.model.vocabulary import LoadAxis
-
-__all__ = ["err", "out", "sweep"]
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True)

@@ -18,14 +18,6 @@ from itlaudit.serve.testbed import (
     installed,
 )
 
-__all__ = [
-    "Which",
-    "build_model_command",
-    "default_model_dir",
-    "install_command",
-    "testbed_app",
-]
-
 testbed_app = typer.Typer(no_args_is_help=True, help="Install the vLLM CPU testbed and build its models.")
 
 

@@ -25,8 +25,6 @@ from itlaudit.cli.options import with_options
 from itlaudit.cli.probe_setup import probe_setup_options
 from itlaudit.errors import ItlauditError
 
-__all__ = ["track_app"]
-
 if TYPE_CHECKING:
     from itlaudit.analysis.changes import Blind, Change, CheckSettings
 

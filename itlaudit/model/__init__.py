@@ -19,6 +19,10 @@ SURFACE = Surface(
             "tls_problem",
             "url_credentials_problem",
         ),
+        "block": (
+            "BlockSettings",
+            "percentile_key",
+        ),
         "codes": (
             "ACCEPTANCE_LENGTH_MISMATCH",
             "CHOICES_INTERLEAVED",
@@ -55,7 +59,6 @@ SURFACE = Surface(
             "Severity",
             "codes_in",
         ),
-        "jsonvalue": ("JSONMapping", "JSONObject", "JSONScalar", "JSONValue", "ReadOnlyJSON"),
         "datasets": (
             "DATASET_KINDS",
             "MAX_ROUND_TRIPS",
@@ -73,11 +76,27 @@ SURFACE = Surface(
             "check_format",
             "stamped",
         ),
+        "jsonvalue": (
+            "JSONMapping",
+            "JSONObject",
+            "JSONScalar",
+            "JSONValue",
+            "ReadOnlyJSON",
+        ),
         "launch": (
             "READY_TIMEOUT_S",
             "LaunchKind",
             "LaunchSpec",
             "launch_kind_problem",
+        ),
+        "meta": (
+            "EnvironmentRecord",
+            "GpuInfo",
+            "HostEnvironment",
+            "Meta",
+            "MetaVariant",
+            "Roofline",
+            "WorkloadMeta",
         ),
         "records": (
             "DURATION_CUT",
@@ -100,16 +119,6 @@ SURFACE = Surface(
             "redact_url",
             "remember_secrets",
         ),
-        "block": ("BlockSettings", "parse_goodput", "percentile_key"),
-        "meta": (
-            "EnvironmentRecord",
-            "GpuInfo",
-            "HostEnvironment",
-            "Meta",
-            "MetaVariant",
-            "Roofline",
-            "WorkloadMeta",
-        ),
         "registry": ("Registry",),
         "run_context": (
             "SGLANG_VERSION_PREFIX",
@@ -128,7 +137,6 @@ SURFACE = Surface(
             "RunLabels",
             "parse_metadata",
         ),
-        "serve_params": ("ServeValue", "expand", "parse_serve_param", "setting_label"),
         "scenario": (
             "COMPILED",
             "EAGER",
@@ -141,12 +149,21 @@ SURFACE = Surface(
             "scenario_toml",
         ),
         "scenario_toml": ("Located",),
-        "tokenizer": ("LocalTokenizer",),
         "schedule": (
             "DURATION_GRACE_S",
             "LONGEST_SCHEDULE_S",
             "Arrivals",
             "send_offsets_s",
+        ),
+        "sendlog": (
+            "ResponseSends",
+            "SendLog",
+        ),
+        "serve_params": (
+            "ServeValue",
+            "expand",
+            "parse_serve_param",
+            "setting_label",
         ),
         "stop": (
             "check",
@@ -159,10 +176,7 @@ SURFACE = Surface(
             "run_stoppable",
             "wait_or_stop",
         ),
-        "sendlog": (
-            "ResponseSends",
-            "SendLog",
-        ),
+        "tokenizer": ("LocalTokenizer",),
         "vocabulary": (
             "DEFAULT_STAMP",
             "Endpoint",
@@ -174,7 +188,7 @@ SURFACE = Surface(
         ),
         "workload": ("BOUNDS",),
     },
-    modules=("vocabulary",),
+    modules=("codes", "vocabulary"),
 )
 __all__ = SURFACE.names
 __getattr__ = SURFACE.getattr

@@ -26,19 +26,6 @@ from urllib.parse import urlsplit
 from itlaudit.errors import ScenarioError
 from itlaudit.model.redact import header_secret_values, redact_url, remember_secrets
 
-__all__ = [
-    "API_KEY_ENV",
-    "FRAMING_HEADERS",
-    "HEADER_NAME",
-    "NO_ACCESS",
-    "TLS_ADVICE",
-    "Access",
-    "api_key_header",
-    "header_problem",
-    "tls_problem",
-    "url_credentials_problem",
-]
-
 API_KEY_ENV = ("OPENAI_API_KEY", "VLLM_API_KEY")
 HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an RFC 9110 token
 

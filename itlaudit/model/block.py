@@ -16,17 +16,6 @@ from dataclasses import dataclass, field
 from itlaudit.errors import ScenarioError
 from itlaudit.model.meta import Meta
 
-__all__ = [
-    "BLOCK_METRICS",
-    "DEFAULT_BLOCK_PERCENTILES",
-    "GOODPUT_KEYS",
-    "BlockSettings",
-    "parse_goodput",
-    "parse_metric_percentiles",
-    "parse_percentile_metrics",
-    "percentile_key",
-]
-
 GOODPUT_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
 # vllm bench's SLO names (its --goodput KEY:VALUE) for itlaudit's.
 _VLLM_GOODPUT = {"ttft": "ttft_ms", "tpot": "tpot_ms", "e2el": "e2e_ms", "e2el_ms": "e2e_ms"}

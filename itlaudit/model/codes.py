@@ -15,43 +15,6 @@ from typing import Any
 
 from itlaudit.model.jsonvalue import JSONMapping
 
-__all__ = [
-    "ACCEPTANCE_LENGTH_MISMATCH",
-    "CHOICES_INTERLEAVED",
-    "CHUNKS_COALESCED",
-    "CLIENT_SATURATED",
-    "CODES",
-    "COMMON_CAP",
-    "CONNECTION_ERROR",
-    "CUT_BY_DURATION",
-    "GIBBERISH_SUSPECTED",
-    "HTTP_ERROR",
-    "IGNORE_EOS_VIOLATED",
-    "INVALID_UTF8",
-    "MIN_TOKENS_VIOLATED",
-    "NO_DONE_SENTINEL",
-    "PROMPT_TOKENS_MISMATCH",
-    "RATE_LIMITED",
-    "REGISTRY",
-    "SPEC_DECODE_DISTRIBUTION_SHIFT",
-    "SPEC_DECODE_METRICS_DISAGREE",
-    "SPEC_DECODE_OUTPUT_MISMATCH",
-    "STOP_REASON_UNEXPECTED",
-    "STOP_TOKEN_IDS_IGNORED",
-    "STREAM_BUNDLED",
-    "STREAM_ERROR",
-    "STREAM_STALLED",
-    "TRUNCATED_BELOW_MAX_TOKENS",
-    "TRUNCATION_CODES",
-    "USAGE_MISSING",
-    "USAGE_NON_MONOTONIC",
-    "Finding",
-    "FindingCode",
-    "Scope",
-    "Severity",
-    "codes_in",
-]
-
 
 class Severity(StrEnum):
     """error: the figures cannot be taken at face value; warning: worth knowing, not wrong."""

@@ -57,35 +57,6 @@ from itlaudit.model.scenario_toml import SEQUENCE_TOKENS, TOKEN_ID, Bound
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = [
-    "CHARS_PER_TOKEN",
-    "DATASET_BOUNDS",
-    "DATASET_KINDS",
-    "DEFAULT_VOCAB_SIZE",
-    "FIRST_TOKEN_ID",
-    "MAX_DRAWN_TOKENS",
-    "MAX_ROUND_TRIPS",
-    "REPLY_KINDS",
-    "SPEED_BENCH_SUBSETS",
-    "TOKEN_ID_KINDS",
-    "TRACE_FORMATS",
-    "Dataset",
-    "DatasetEntry",
-    "chat_prompt_note",
-    "jsonl_dataset",
-    "load_dataset",
-    "multi_turn_dataset",
-    "prefix_repetition_dataset",
-    "random_dataset",
-    "refit_ids",
-    "refit_rng",
-    "sharegpt_dataset",
-    "spec_bench_dataset",
-    "speed_bench_dataset",
-    "trace_dataset",
-    "usable_text",
-]
-
 DATASET_KINDS = (
     "random",
     "jsonl",

@@ -18,18 +18,6 @@ from typing import Any, TypeVar
 
 from itlaudit.errors import RecordsError
 
-__all__ = [
-    "FORMAT",
-    "FORMAT_KEY",
-    "PREVIOUS_FORMAT",
-    "READABLE_FORMATS",
-    "RECORDS_FORMAT",
-    "RECORDS_FORMAT_KEY",
-    "check_format",
-    "format_of",
-    "stamped",
-]
-
 FORMAT_KEY = "format"
 # 1: unversioned (every file before versions). 2: the same content with `format` in meta.json,
 # summary.json, compare.json, sweep.json, sweep-config.json, point.json, invariance.json, the ledger's

@@ -12,8 +12,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TypeAlias
 
-__all__ = ["JSONMapping", "JSONObject", "JSONScalar", "JSONValue", "ReadOnlyJSON"]
-
 JSONScalar: TypeAlias = str | int | float | bool | None
 JSONValue: TypeAlias = JSONScalar | list["JSONValue"] | dict[str, "JSONValue"]
 # A JSON object being built or decoded (json.loads gives one of these when the text is an object).

@@ -15,8 +15,6 @@ from typing import Any
 
 from itlaudit.errors import LaunchError
 
-__all__ = ["READY_TIMEOUT_S", "LaunchKind", "LaunchSpec", "launch_kind_problem"]
-
 # How long a started server may take to answer /health and /v1/models: the one default for a
 # scenario's, a smoke suite's and bisect's launches. A compiled vLLM engine on a large model (CUDA
 # graphs, torch.compile) takes minutes; a server that is still silent after ten is not coming up.

@@ -30,17 +30,6 @@ from itlaudit.errors import RecordsError
 from itlaudit.model.jsonvalue import JSONObject, JSONScalar
 from itlaudit.model.vocabulary import QualityGate
 
-__all__ = [
-    "META_KEYS",
-    "EnvironmentRecord",
-    "GpuInfo",
-    "HostEnvironment",
-    "Meta",
-    "MetaVariant",
-    "Roofline",
-    "WorkloadMeta",
-]
-
 # A free-form block (see the module's docstring): read with isinstance, never trusted as a shape.
 Block = Mapping[str, object]
 

@@ -15,15 +15,6 @@ from typing import Any
 from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.vocabulary import Endpoint, StampMode
 
-__all__ = [
-    "DURATION_CUT",
-    "ChunkSeries",
-    "RequestParams",
-    "RequestRecord",
-    "Status",
-    "Timeouts",
-]
-
 
 class Status(StrEnum):
     """A request's outcome as the client saw it (not a judgement of the output). A StrEnum, so

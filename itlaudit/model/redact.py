@@ -35,26 +35,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-__all__ = [
-    "MASK",
-    "RedactedStream",
-    "header_secret_values",
-    "is_secret_name",
-    "known_secrets",
-    "launch_secret_values",
-    "looks_secret",
-    "redact_args",
-    "redact_bytes",
-    "redact_env",
-    "redact_file",
-    "redact_json",
-    "redact_terminal",
-    "redact_text",
-    "redact_url",
-    "remember_secrets",
-    "secret_values",
-]
-
 if TYPE_CHECKING:  # scenario imports access, which imports this module
     from itlaudit.model.launch import LaunchSpec
 

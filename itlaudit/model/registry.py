@@ -13,8 +13,6 @@ from typing import Generic, TypeVar
 
 from itlaudit.errors import ItlauditError
 
-__all__ = ["Registry"]
-
 T = TypeVar("T")
 
 

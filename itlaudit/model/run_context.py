@@ -17,20 +17,6 @@ from itlaudit.model.meta import Meta, MetaVariant, WorkloadMeta
 from itlaudit.model.scenario import Scenario
 from itlaudit.model.vocabulary import QualityGate
 
-__all__ = [
-    "SGLANG_VERSION_PREFIX",
-    "SIMULATOR",
-    "QualitySettings",
-    "VariantMeta",
-    "is_sglang",
-    "is_simulator",
-    "quality_settings",
-    "server_build",
-    "simulator_version",
-    "variant_meta",
-    "workload_meta",
-]
-
 # The name the simulator answers with: the start of its /version, its models' owned_by, and its
 # system_fingerprint (`itlaudit-sim-<version>-<hash8>`, where vLLM's is `vllm-<version>-<hash8>`).
 SIMULATOR = "itlaudit-sim"

@@ -12,8 +12,6 @@ from typing import TypedDict
 from itlaudit.errors import ScenarioError
 from itlaudit.model.redact import redact_args, redact_text
 
-__all__ = ["LabelsMeta", "RunLabels", "parse_metadata"]
-
 
 class LabelsMeta(TypedDict):
     """The run's labels as meta.json holds them (None where the run had no command line)."""

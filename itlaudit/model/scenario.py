@@ -47,21 +47,6 @@ from itlaudit.model.tokenizer import tokenizer_file
 from itlaudit.model.vocabulary import Endpoint, QualityGate
 from itlaudit.model.workload import SECONDS, Workload, parse_workload
 
-__all__ = [
-    "COMPILED",
-    "EAGER",
-    "EXECUTION_MODES",
-    "FLAG_KEYS",
-    "Scenario",
-    "ScenarioFlags",
-    "Variant",
-    "build_scenario",
-    "load_scenario",
-    "parse_scenario",
-    "scenario_from_raw",
-    "scenario_toml",
-]
-
 # Scenario and variant names become file and folder names (reports/<name>-<time>/, server-<variant>.log)
 # and plot labels: no path separators, no leading dot, nothing matplotlib reads as markup (`$`).
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._+=@,-]{0,63}$")

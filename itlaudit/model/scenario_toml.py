@@ -16,21 +16,6 @@ from typing import TypeVar, overload
 
 from itlaudit.errors import ScenarioError
 
-__all__ = [
-    "SEQUENCE_TOKENS",
-    "TOKEN_ID",
-    "Bound",
-    "Located",
-    "check_bound",
-    "dump_toml",
-    "get_number",
-    "get_table",
-    "get_value",
-    "int_list",
-    "reject_unknown_keys",
-    "str_list",
-]
-
 
 class Located:
     """Finds the line of a key in the TOML text, so validation errors can point at it."""

@@ -24,17 +24,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = [
-    "DURATION_GRACE_S",
-    "LONGEST_SCHEDULE_S",
-    "Arrivals",
-    "RampUp",
-    "expected_span_s",
-    "request_rates",
-    "send_offsets_s",
-    "trace_offsets_s",
-]
-
 LONGEST_SCHEDULE_S = 86_400.0  # a day: the longest schedule (or duration, or wait) a scenario may set
 # How long streams still open at duration_s may go on before they are cut (status timeout, limit
 # duration_cut_s): AIPerf's default --benchmark-grace-period, the same rule under the same name.

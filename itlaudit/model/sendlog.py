@@ -16,8 +16,6 @@ import msgspec
 from itlaudit.errors import RecordsError
 from itlaudit.model.jsonvalue import JSONObject
 
-__all__ = ["SEND_LOG_FORMAT", "ResponseSends", "SendLog"]
-
 SEND_LOG_FORMAT = "itlaudit-send-log/1"
 
 

@@ -28,16 +28,6 @@ from itlaudit.model.launch import LaunchKind, LaunchSpec
 if TYPE_CHECKING:  # model.scenario reads [sweep.serve] through this module
     from itlaudit.model.scenario import Scenario, Variant
 
-__all__ = [
-    "SPECULATIVE_KEYS",
-    "ServeValue",
-    "apply_setting",
-    "expand",
-    "parse_serve_param",
-    "serve_settings",
-    "setting_label",
-]
-
 ServeValue = bool | int | float | str
 
 # --speculative-config keys a sweep may name bare; `speculative_config.KEY` names any other.

@@ -30,18 +30,6 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import IO
 
-__all__ = [
-    "check",
-    "end_group",
-    "group_alive",
-    "handle_signals",
-    "interruption",
-    "on_second",
-    "requested",
-    "run_stoppable",
-    "wait_or_stop",
-]
-
 # A signalled command has 5 s to exit (issue 39). What it waits for to end gracefully (a launched
 # server's SIGTERM) is given until this long after the signal, then killed: the rest of the bound is
 # the folder's wrap-up (the derivation and a report without plots, ~1 s on the loaded 2-core box).

@@ -19,8 +19,6 @@ from typing import Any
 
 from itlaudit.errors import ScenarioError
 
-__all__ = ["LocalTokenizer", "tokenizer_file"]
-
 TOKENIZER_FILE = "tokenizer.json"
 _INSTALL = "pip install 'itlaudit[tokenizer]'"
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["DEFAULT_STAMP", "Endpoint", "LoadAxis", "QualityGate", "Shift", "StampMode", "Verdict"]
-
 
 class Endpoint(StrEnum):
     """The API a scenario streams from (its `endpoint` key): the OpenAI-style completions and chat

@@ -29,17 +29,6 @@ from itlaudit.model.scenario_toml import (
 )
 from itlaudit.model.schedule import DURATION_GRACE_S, LONGEST_SCHEDULE_S, Arrivals, RampUp, expected_span_s
 
-__all__ = [
-    "ARRIVAL_KEYS",
-    "BOUNDS",
-    "EXTRA_BODY_BOUNDS",
-    "MAX_REQUESTS",
-    "SECONDS",
-    "TIMEOUT_KEYS",
-    "Workload",
-    "parse_workload",
-]
-
 # The range of every numeric [workload] key (docs/scenarios.md "Bounds" lists them). The ceilings are
 # far above any real benchmark and low enough that what they let through is built in seconds.
 MAX_REQUESTS = 1_000_000  # each planned request holds its encoded body in memory before the run

@@ -11,7 +11,10 @@ SURFACE = Surface(
             "host_facts",
             "server_fact",
         ),
-        "diff": ("render_diff", "why_it_moved"),
+        "diff": (
+            "render_diff",
+            "why_it_moved",
+        ),
         "markdown": (
             "PARTIAL_HEADING",
             "table_cell",

@@ -21,8 +21,6 @@ from itlaudit.model.meta import EnvironmentRecord, HostEnvironment, Meta, Worklo
 from itlaudit.model.run_context import server_build
 from itlaudit.model.vocabulary import QualityGate
 
-__all__ = ["Fact", "context_facts", "host_facts", "server_fact", "workload_text"]
-
 Fact = tuple[str, str]  # (label, raw text): rendered as "**label**: text"
 
 

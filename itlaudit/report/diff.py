@@ -11,8 +11,6 @@ from itlaudit.analysis.validity import NOT_COMPARABLE
 from itlaudit.model.vocabulary import Shift
 from itlaudit.report.markdown import escape, table_cell
 
-__all__ = ["render_diff", "why_it_moved"]
-
 _ICON = {
     Shift.BETTER: "✅ better",
     Shift.WORSE: "❌ worse",

@@ -37,8 +37,6 @@ from itlaudit.report.markdown import (
     summary_rows,
 )
 
-__all__ = ["figure_html", "inline_markdown", "page_html", "render_html", "table_html"]
-
 _CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 _STYLE = """
 body { font: 15px/1.45 system-ui, sans-serif; max-width: 1180px; margin: 2em auto; padding: 0 1em;

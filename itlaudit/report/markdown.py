@@ -14,47 +14,6 @@ from itlaudit.analysis.summary import Figures, RunSummary, VariantSummary
 from itlaudit.analysis.validity import Validity, comparison_validity, quality_note, variant_validity
 from itlaudit.model.codes import CLIENT_SATURATED, LAUNCH_BOUND, TRUNCATION_CODES, Finding
 
-__all__ = [
-    "CATEGORY_COLUMNS",
-    "CATEGORY_HEADER",
-    "CATEGORY_NOTE",
-    "EXPLANATION",
-    "FINDINGS_FILE",
-    "FINDING_EXAMPLES",
-    "IMPORT_ROWS",
-    "NO_FINDINGS",
-    "PARTIAL_HEADING",
-    "RESULT_NOTE",
-    "RESULT_ROWS",
-    "SERVER_HEADING",
-    "SERVER_NOTE",
-    "SUMMARY_ROWS",
-    "FindingGroup",
-    "category_rows",
-    "category_section",
-    "cell",
-    "comparison_sentence",
-    "context_section",
-    "escape",
-    "finding_groups",
-    "floor_lines",
-    "group_findings",
-    "headline",
-    "import_rows",
-    "imported_section",
-    "not_comparable_sentence",
-    "partial_warning",
-    "render_report",
-    "result_rows",
-    "saturation_warning",
-    "server_rows",
-    "server_section",
-    "stat_pair",
-    "summary_rows",
-    "table_cell",
-    "usage_warning",
-]
-
 EXPLANATION = (
     "**Why two ITL columns.** Under speculative decoding or MTP the server emits several tokens per "
     "engine step and sends them in one SSE chunk. Tools that time chunks (vllm bench serve's ITL list, "

@@ -13,7 +13,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display on CI machines and servers; must precede pyplot
 
-import matplotlib.pyplot as plt
+import matplotlib.pyplot as pyplot
 import numpy as np
 from matplotlib.figure import Figure
 
@@ -21,28 +21,8 @@ from itlaudit.analysis.stats import SAME_BAND, Comparison
 from itlaudit.analysis.validity import Validity
 from itlaudit.model.vocabulary import Shift
 
-__all__ = [
-    "BETTER_GREEN",
-    "CROWDED",
-    "DPI",
-    "INVALID_HATCH",
-    "LOG_SPAN",
-    "NEUTRAL_GREY",
-    "NO_VERDICT",
-    "SAME_BAND",
-    "TICK_WIDTH",
-    "TRUNCATION_RED",
-    "WIDE",
-    "Colour",
-    "colour",
-    "plt",
-    "save_figure",
-    "spans_decades",
-    "speedup_words",
-    "tick_label",
-    "variant_colour",
-    "verdict_words",
-]
+# pyplot as the report's figures use it, configured above (Agg): plots.py and sweep_plots.py take it here.
+plt = pyplot
 
 # Labels carry names from scenarios and run folders: `$...$` there is text, never mathtext (which fails
 # on arbitrary input and would abort the report).

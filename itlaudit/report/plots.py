@@ -49,23 +49,6 @@ from itlaudit.report.plot_style import (
 )
 from itlaudit.serve.orphans import die_with_parent
 
-__all__ = [
-    "CDF_CLIP_PERCENTILE",
-    "PLOTS",
-    "SERVER_TIMELINE_SIZE",
-    "TIMELINE_SAMPLE",
-    "PlotFunction",
-    "VariantView",
-    "plot_acceptance",
-    "plot_itl_cdf",
-    "plot_itl_headline",
-    "plot_latency_bars",
-    "plot_server_timeline",
-    "plot_timeline",
-    "plot_tokens_per_chunk",
-    "write_plots",
-]
-
 TIMELINE_SAMPLE = 20  # lines per panel: more is a blur, fewer hides the spread
 
 

@@ -30,8 +30,6 @@ from rich.progress import (
 
 from itlaudit.model.redact import redact_url
 
-__all__ = ["DEFAULT_PERIOD_S", "PERIOD_ENV", "CaptureProgress", "Reporter", "duration"]
-
 DEFAULT_PERIOD_S = 10.0
 # Overrides the heartbeat period (seconds): the tests use it so as not to wait 10 s for a line.
 PERIOD_ENV = "ITLAUDIT_PROGRESS_PERIOD_S"

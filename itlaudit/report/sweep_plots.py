@@ -19,14 +19,6 @@ from itlaudit.analysis.validity import NOT_COMPARABLE
 from itlaudit.model.vocabulary import LoadAxis
 from itlaudit.report.plot_style import DPI, LOG_SPAN, NEUTRAL_GREY, WIDE, colour, plt, save_figure
 
-__all__ = [
-    "plot_itl_by_setting",
-    "plot_itl_vs_throughput",
-    "plot_speedup_vs_load",
-    "plot_ttft_vs_load",
-    "write_sweep_plots",
-]
-
 
 def _finish(
     fig: Figure, ax: Axes, path: Path, *, xlabel: str, ylabel: str, title: str, columns: int = 1

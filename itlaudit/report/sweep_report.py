@@ -14,8 +14,6 @@ from itlaudit.model.vocabulary import LoadAxis
 from itlaudit.report.html import figure_html, inline_markdown, page_html, table_html
 from itlaudit.report.sweep_plots import write_sweep_plots
 
-__all__ = ["EXPLANATION", "HEADER", "render_html", "render_markdown", "table_rows", "write_sweep_report"]
-
 HEADER = (
     "variant",
     "load",

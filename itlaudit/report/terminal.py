@@ -21,8 +21,6 @@ from itlaudit.model.codes import CUT_BY_DURATION
 from itlaudit.model.meta import Meta
 from itlaudit.model.run_context import server_build, variant_meta
 
-__all__ = ["WIDTH", "Line", "result_block"]
-
 WIDTH = 50  # vllm bench's block width; its labels take 40 columns
 _NONE = "n/a"
 

@@ -31,16 +31,6 @@ from itlaudit.report.markdown import render_report
 if TYPE_CHECKING:
     from itlaudit.report.plots import VariantView
 
-__all__ = [
-    "PLOTS_SKIPPED",
-    "REPORT_HTML",
-    "REPORT_MD",
-    "draws_plots",
-    "plots_skipped",
-    "variant_views",
-    "write_reports",
-]
-
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
 # The context fact a report carries when its plots were not drawn, so a reader knows why none show.

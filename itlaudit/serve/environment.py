@@ -24,15 +24,6 @@ from itlaudit.model.launch import LaunchKind
 from itlaudit.model.meta import GpuInfo, HostEnvironment
 from itlaudit.model.redact import redact_env, redact_json
 
-__all__ = [
-    "commit_of",
-    "gpus",
-    "host_environment",
-    "non_default_args",
-    "recorded_env",
-    "server_env",
-]
-
 # Environment passed to the server that changes what the engine does (kernels, attention backend,
 # arch-specific code paths): the overrides worth recording next to a result.
 _RECORDED_ENV = re.compile(r"^(VLLM_.*|CUTE_DSL_ARCH|CUDA_VISIBLE_DEVICES|NVIDIA_VISIBLE_DEVICES)$")

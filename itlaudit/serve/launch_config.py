@@ -10,8 +10,6 @@ import sys
 from itlaudit.model.launch import LaunchSpec
 from itlaudit.serve.testbed import default_cache_dir
 
-__all__ = ["launch_spec"]
-
 
 def _expand(text: str) -> str:
     """`{python}` is this interpreter, `{cache}` itlaudit's cache folder (testbed venvs, models):

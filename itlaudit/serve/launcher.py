@@ -40,18 +40,6 @@ from itlaudit.serve.orphans import (
 )
 from itlaudit.side.client import BlockingSideClient
 
-__all__ = [
-    "LAUNCHERS",
-    "LaunchedServer",
-    "command_argv",
-    "docker_argv",
-    "fill_placeholders",
-    "free_port",
-    "launch",
-    "python_argv",
-    "sglang_argv",
-]
-
 CONTAINER_PORT = 8000
 LOG_TAIL_LINES = 15
 # Readiness is asked every 50 ms: a simulator or a small server is up within a second and a bisection or

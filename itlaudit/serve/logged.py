@@ -6,8 +6,6 @@ from pathlib import Path
 
 from itlaudit.model.stop import run_stoppable
 
-__all__ = ["run_logged"]
-
 
 def run_logged(argv: list[str], log_path: Path) -> int:
     """The command's exit code; OSError (it could not start) is left to the caller to name. A signal

@@ -19,15 +19,6 @@ from pathlib import Path
 
 from itlaudit.model.stop import group_alive
 
-__all__ = [
-    "OWNER_ENV",
-    "die_with_parent",
-    "pid_dir",
-    "reap_orphans",
-    "remove_container",
-    "write_pid_file",
-]
-
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # Every launched server's environment names the itlaudit that started it: the reaper kills a group
 # only when its leader carries its pid file's owner (a recycled pid is someone else's process).

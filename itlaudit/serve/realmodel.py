@@ -30,8 +30,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["BOS", "EOS_IDS", "PACKAGES", "build", "main"]
-
 BOS = "<bos>"
 EOS_IDS = [1, 106]  # <eos>, <end_of_turn>
 # The distributions whose versions decide the converted bytes (the caller's rebuild stamp reads them).

@@ -21,22 +21,6 @@ from typing import Literal
 from itlaudit.errors import TestbedError
 from itlaudit.serve.logged import run_logged
 
-__all__ = [
-    "DEFAULT_VERSION",
-    "INSTALL_MARKER",
-    "MODEL_MARKER",
-    "REAL_MODEL_PACKAGES",
-    "UNWANTED",
-    "TinyArch",
-    "build_model",
-    "build_real_model",
-    "default_cache_dir",
-    "default_real_model_dir",
-    "install",
-    "installed",
-    "venv_dir",
-]
-
 DEFAULT_VERSION = "0.32.0"
 INSTALL_MARKER = ".itlaudit-installed.json"
 MODEL_MARKER = ".itlaudit-model.json"

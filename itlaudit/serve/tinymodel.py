@@ -53,31 +53,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-__all__ = [
-    "ANSWER",
-    "CHAT_TEMPLATE",
-    "CORPUS",
-    "EOS",
-    "HEADS",
-    "HIDDEN",
-    "INIT_STD",
-    "INTERMEDIATE",
-    "KV_HEADS",
-    "LAYERS",
-    "MAX_POS",
-    "NUM_MTP_LAYERS",
-    "RESIDUAL_SCALE",
-    "SPECIAL_TOKENS",
-    "THINKING",
-    "THINK_END",
-    "THINK_START",
-    "VOCAB",
-    "WALK_LOGIT",
-    "build",
-    "main",
-    "mtp_layer_weights",
-]
-
 if TYPE_CHECKING:  # the testbed venv's packages: names for the annotations only, never imported at run time
     from tokenizers import Tokenizer
     from torch import Tensor

@@ -59,8 +59,6 @@ from itlaudit.serve.sim.wire import (
     usage_info,
 )
 
-__all__ = ["TruthConfig", "TruthServer", "main", "raise_priority", "serve_truth"]
-
 # How long before a tick the loop's timer is armed; the rest is slept with nanosleep's precision.
 _EARLY_WAKE_NS = 1_200_000
 _REALTIME_PRIORITY = 10

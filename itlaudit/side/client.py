@@ -50,17 +50,6 @@ from itlaudit.model.run_context import SGLANG_VERSION_PREFIX
 if TYPE_CHECKING:
     import aiohttp
 
-__all__ = [
-    "READY_PROBE_TIMEOUT_S",
-    "SIDE_TIMEOUT_S",
-    "BlockingSideClient",
-    "SideAnswer",
-    "SideClient",
-    "TokenizeAnswer",
-    "describe_connection_failure",
-    "server_error_message",
-]
-
 # The one timeout of a side request: long enough for a busy server's /v1/models or a GitHub page.
 SIDE_TIMEOUT_S = 30.0
 # A readiness probe is asked again every fraction of a second, so one that hangs must give up soon.

@@ -24,20 +24,6 @@ from itlaudit.model.records import RequestRecord, Status
 from itlaudit.model.vocabulary import QualityGate
 from itlaudit.smoke.suite import DEFAULT_METRIC, CheckParams, CheckSpec, Suite
 
-__all__ = [
-    "MAX_EXAMPLES",
-    "AcceptanceFigures",
-    "CheckResult",
-    "FindingExample",
-    "Outcome",
-    "RequestOutcome",
-    "Results",
-    "VariantFigures",
-    "evaluate",
-    "exit_code",
-    "variant_figures",
-]
-
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 # Enough examples to show a pattern in a JUnit failure without burying it.
 MAX_EXAMPLES = 3

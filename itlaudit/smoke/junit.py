@@ -13,8 +13,6 @@ from pathlib import Path
 
 from itlaudit.smoke.checks import FAIL, SKIP, CheckResult
 
-__all__ = ["write_junit", "write_junit_error"]
-
 
 def _suite_element(
     name: str,

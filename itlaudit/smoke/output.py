@@ -14,8 +14,6 @@ from itlaudit.smoke.checks import FAIL, PASS, SKIP, CheckResult
 if TYPE_CHECKING:
     from itlaudit.smoke.runner import SmokeEnvironment, SmokeReport
 
-__all__ = ["render_markdown", "table_lines", "verdict_line"]
-
 
 def verdict_line(results: Sequence[CheckResult], runtime_s: float) -> str:
     counts = Counter(r.status for r in results)

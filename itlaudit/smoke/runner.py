@@ -31,17 +31,6 @@ from itlaudit.store.rundir import DEFAULT_REPORTS, new_run_dir, read_versioned, 
 from itlaudit.workflows.compare import run_compare
 from itlaudit.workflows.server import VariantServer
 
-__all__ = [
-    "JUNIT_FILE",
-    "REPORT_FILE",
-    "SMOKE_FILE",
-    "SmokeEnvironment",
-    "SmokeOutcome",
-    "SmokeReport",
-    "load_baseline",
-    "run_smoke",
-]
-
 SMOKE_FILE = "smoke.json"
 REPORT_FILE = "report.md"
 JUNIT_FILE = "junit.xml"

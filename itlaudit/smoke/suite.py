@@ -23,21 +23,6 @@ from itlaudit.model.codes import ACCEPTANCE_LENGTH_MISMATCH
 from itlaudit.model.launch import READY_TIMEOUT_S, LaunchKind, LaunchSpec, launch_kind_problem
 from itlaudit.model.scenario import Scenario, load_scenario
 
-__all__ = [
-    "CHECK_KEYS",
-    "DEFAULT_METRIC",
-    "FINDING_CODES",
-    "STATS",
-    "SUITE_FILE",
-    "CheckParams",
-    "CheckSpec",
-    "ServerSpec",
-    "Suite",
-    "load_suite",
-    "parse_launch_option",
-    "server_launch",
-]
-
 SUITE_FILE = "suite.toml"
 STATS = ("mean", "p50", "p90", "p99")
 FINDING_CODES = (*CODES, ACCEPTANCE_LENGTH_MISMATCH)

@@ -22,8 +22,6 @@ from itlaudit.analysis.metrics import content_chunk_mask
 from itlaudit.errors import RecordsError
 from itlaudit.model.records import RequestRecord
 
-__all__ = ["CHUNK_COLUMNS", "CHUNK_FORMATS", "chunks_frame", "write_chunks", "write_table"]
-
 CHUNK_FORMATS = ("csv", "parquet")
 CHUNK_COLUMNS = (
     "variant",

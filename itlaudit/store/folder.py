@@ -21,8 +21,6 @@ from itlaudit.model.formats import RECORDS_FORMAT, RECORDS_FORMAT_KEY, check_for
 from itlaudit.model.meta import Meta
 from itlaudit.store.rundir import COMPARE_FILE, META_FILE, SUMMARY_FILE, read_versioned
 
-__all__ = ["RunFiles"]
-
 
 class RunFiles:
     """The typed files of the run folder at `path`, each read on first use and kept."""

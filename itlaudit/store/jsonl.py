@@ -25,8 +25,6 @@ from itlaudit.model.tokenizer import LocalTokenizer
 from itlaudit.store.folder import RunFiles
 from itlaudit.store.rundir import TOO_DEEP
 
-__all__ = ["RecordFile", "RecordWriter", "iter_jsonl", "load_records", "read_records"]
-
 
 class RecordWriter:
     """Append-only JSONL writer whose encoding, writing and fsync happen on its own thread, so the

@@ -41,31 +41,6 @@ from itlaudit.store.folder import RunFiles
 from itlaudit.store.jsonl import RecordWriter, iter_jsonl, load_records
 from itlaudit.store.rundir import META_FILE, REQUESTS_FILE
 
-__all__ = [
-    "DEFAULT_LEDGER",
-    "DIGEST_CHARS",
-    "KIND_CONCLUSION",
-    "KIND_RUN",
-    "Fingerprint",
-    "append",
-    "check_new_run",
-    "conclusion_line",
-    "find_run",
-    "format_result",
-    "gpu_identity",
-    "load_ledger",
-    "matrix",
-    "outputs_sha256",
-    "record_run",
-    "relevant_env",
-    "repeat_warning",
-    "run_fingerprints",
-    "run_line",
-    "variant_fingerprint",
-    "variant_result",
-    "version_from_system_fingerprint",
-]
-
 DEFAULT_LEDGER = Path("reports") / "ledger.jsonl"
 KIND_RUN = "run"
 KIND_CONCLUSION = "conclusion"

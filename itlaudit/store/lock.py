@@ -26,8 +26,6 @@ from pathlib import Path
 
 from itlaudit.errors import RunDirError
 
-__all__ = ["LOCK_FILE", "Holder", "hold_run_lock", "live_holder", "refuse_if_live"]
-
 LOCK_FILE = "run.lock"
 # A reader holds its shared lock for microseconds while it checks: a run that finds the lock taken
 # retries this long before it believes another run holds it.

@@ -48,17 +48,6 @@ from itlaudit.store.folder import RunFiles
 from itlaudit.store.jsonl import load_records
 from itlaudit.store.rundir import REQUESTS_FILE, write_json
 
-__all__ = [
-    "BACKENDS",
-    "PER_REQUEST_ARRAYS",
-    "VLLM_NAME",
-    "VLLM_STATISTICS",
-    "result_json",
-    "result_paths",
-    "save_result",
-    "vllm_file_name",
-]
-
 # In a --save-result file name, the place for vllm bench serve's own default name (bench_flags).
 VLLM_NAME = "{vllm_name}"
 # vllm bench serve's per-request arrays written only with --save-detailed (`latencies` and

@@ -20,27 +20,6 @@ from itlaudit.errors import RunDirError
 from itlaudit.model.formats import RECORDS_FORMAT, RECORDS_FORMAT_KEY, check_format, stamped
 from itlaudit.model.jsonvalue import JSONMapping
 
-__all__ = [
-    "COMPARE_FILE",
-    "CSV_FILE",
-    "DEFAULT_REPORTS",
-    "DERIVED_FILE",
-    "META_FILE",
-    "PARTIAL_DIR",
-    "REPORT_FILE",
-    "REQUESTS_FILE",
-    "SUMMARY_FILE",
-    "new_run_dir",
-    "read_json",
-    "read_versioned",
-    "remove_partial",
-    "server_log_name",
-    "write_json",
-    "write_jsonl",
-    "write_meta",
-    "write_versioned",
-]
-
 REQUESTS_FILE = "requests.jsonl"
 DERIVED_FILE = "derived.jsonl"
 SUMMARY_FILE = "summary.json"

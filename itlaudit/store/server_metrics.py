@@ -20,8 +20,6 @@ from itlaudit.model.records import RequestRecord, Status
 from itlaudit.store.folder import RunFiles
 from itlaudit.store.jsonl import iter_jsonl
 
-__all__ = ["read_server_metrics", "read_telemetry", "server_blocks"]
-
 
 def read_server_metrics(run_dir: Path, name: str = SERVER_METRICS_FILE) -> dict[str, list[JSONObject]]:
     """{variant: rows} with a time (`t_ns`): figures and error rows; empty when the run sampled

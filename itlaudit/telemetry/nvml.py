@@ -19,12 +19,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from itlaudit.analysis.server_metrics import GPU_TELEMETRY_FILE
 from itlaudit.model.jsonvalue import JSONObject, JSONValue
 from itlaudit.telemetry.defaults import DEFAULT_PERIOD_S
 from itlaudit.telemetry.metrics_sampler import PeriodicSampler, SampleFailed, SamplerRecord
-
-__all__ = ["GPU_TELEMETRY_FILE", "THROTTLE_REASONS", "NvmlSampler", "open_gpus", "throttle_names"]
 
 # NVML's clock-event reason bits (nvml.h, nvmlClocksEventReason*), named as a reader wants them.
 THROTTLE_REASONS = {

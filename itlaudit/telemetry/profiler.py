@@ -17,8 +17,6 @@ from itlaudit.errors import ItlauditError
 from itlaudit.model.access import NO_ACCESS, Access
 from itlaudit.side.client import BlockingSideClient
 
-__all__ = ["PROFILE_TIMEOUT_S", "ProfileRecord", "Profiler", "trace_dir"]
-
 # Stopping writes the trace, which takes a while on a long window: more than a side request's usual.
 PROFILE_TIMEOUT_S = 300.0
 

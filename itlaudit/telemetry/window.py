@@ -24,8 +24,6 @@ from itlaudit.telemetry.metrics_sampler import MetricsSampler, PeriodicSampler, 
 if TYPE_CHECKING:
     from itlaudit.telemetry.profiler import Profiler, ProfileRecord
 
-__all__ = ["Telemetry", "TelemetryRecord", "TelemetryWindow", "parse_gpus"]
-
 
 def parse_gpus(text: str | None) -> tuple[int, ...] | None:
     """--gpu's value: GPU indices on this host, comma-separated (None: not given)."""

@@ -49,22 +49,6 @@ from itlaudit.errors import TrackError
 from itlaudit.model.jsonvalue import JSONMapping, JSONObject
 from itlaudit.model.redact import redact_url
 
-__all__ = [
-    "BUILD_STATUSES",
-    "DEFAULT_DB",
-    "FAILED",
-    "MIGRATIONS",
-    "PROBED",
-    "SCHEMA_VERSION",
-    "SKIPPED",
-    "BisectRecord",
-    "History",
-    "NewPoint",
-    "damaged",
-    "digest",
-    "open_history",
-]
-
 DEFAULT_DB = Path("~/.cache/itlaudit/history.sqlite")
 _meta = sa.MetaData()
 schema_table = sa.Table("track_schema", _meta, sa.Column("version", sa.Integer, nullable=False))

@@ -54,16 +54,6 @@ from itlaudit.store.rundir import META_FILE, REQUESTS_FILE, write_meta
 from itlaudit.track.db import FAILED, PROBED, SKIPPED, History, NewPoint, digest
 from itlaudit.track.record import BuildInfo, run_points
 
-__all__ = [
-    "EXIT_CANNOT_TELL",
-    "EXIT_REGRESSION",
-    "NightlyResult",
-    "bisect_change",
-    "bisect_unexplained",
-    "nightly",
-    "nightly_builds",
-]
-
 # `track nightly` and `track check` exit codes, as `git bisect run` reads a script's: 0 good, 1 bad (a
 # confirmed regression is open), 125 cannot tell (there were new builds and none could be probed, or a
 # family's latest builds hold no valid point: nothing was tested); 2 is bad input.

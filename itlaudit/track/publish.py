@@ -61,8 +61,6 @@ from itlaudit.errors import TrackError
 from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.track.db import BisectRecord, History, damaged
 
-__all__ = ["CLASS_COLOURS", "DEFAULT_GITHUB_REPO", "MANIFEST", "Published", "publish"]
-
 ASSETS = Path(__file__).resolve().parent.parent / "data"
 MANIFEST = "dashboard.json"  # what a publish wrote: a later publish into the same folder replaces it
 DEFAULT_GITHUB_REPO = "vllm-project/vllm"  # as `itlaudit bisect --github-repo`

@@ -39,8 +39,6 @@ from itlaudit.store.server_metrics import read_telemetry
 from itlaudit.track.db import NewPoint, open_history
 from itlaudit.workflows.run_folder import RunFolder
 
-__all__ = ["BuildInfo", "find_run_dirs", "record", "run_points"]
-
 
 @dataclass(frozen=True)
 class BuildInfo:

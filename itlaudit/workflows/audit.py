@@ -19,15 +19,6 @@ from itlaudit.workflows.signals import run_until_stopped
 if TYPE_CHECKING:
     from itlaudit.capture.server_info import ServerIdentity
 
-__all__ = [
-    "DEFAULT_PROMPTS",
-    "INVARIANCE_FILE",
-    "InvarianceSettings",
-    "VariantInvariance",
-    "invariance_audit",
-    "invariance_targets",
-]
-
 INVARIANCE_FILE = "invariance.json"
 DEFAULT_PROMPTS = (
     "The quick brown fox jumps over the lazy dog. Answer A or B:",

@@ -15,7 +15,6 @@ from rich.console import Console
 
 from itlaudit.analysis.comparison import CompareResult, build_comparison
 from itlaudit.analysis.distribution import distribution_shift, sampled, speculates
-from itlaudit.analysis.findings import Finding
 from itlaudit.analysis.lossless import prompt_index, with_execution_modes, without_logprobs
 from itlaudit.analysis.specdecode import CounterSnapshot, spec_decode_delta, step_token_limit
 from itlaudit.analysis.workloads import prefix_cache_delta
@@ -26,7 +25,7 @@ from itlaudit.capture.scoring import Scorer, explain_mismatch, score_outputs, sc
 from itlaudit.capture.server_info import scrape_counters
 from itlaudit.errors import ItlauditError
 from itlaudit.model.access import Access
-from itlaudit.model.codes import SPEC_DECODE_OUTPUT_MISMATCH
+from itlaudit.model.codes import SPEC_DECODE_OUTPUT_MISMATCH, Finding
 from itlaudit.model.jsonvalue import JSONObject
 from itlaudit.model.records import RequestRecord
 from itlaudit.model.run_labels import RunLabels
@@ -42,8 +41,6 @@ from itlaudit.workflows.run_folder import RunFolder
 from itlaudit.workflows.server import VariantServer
 from itlaudit.workflows.signals import run_until_stopped
 from itlaudit.workflows.variant_pass import WindowHook
-
-__all__ = ["CounterWindow", "audit_distribution", "execution_mode", "explain_mismatches", "run_compare"]
 
 # Why a chat scenario's sampled outputs are not scored: the server's chat template wraps the messages,
 # so the ids the output followed are not known to score after.

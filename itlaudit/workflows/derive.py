@@ -39,8 +39,6 @@ from itlaudit.store.rundir import (
 )
 from itlaudit.store.server_metrics import read_telemetry, server_blocks
 
-__all__ = ["Derivation", "derive_figures", "with_comparison", "write_derived", "write_report"]
-
 
 def _csv_rows(records: Sequence[RequestRecord], derived: Sequence[JSONObject]) -> list[dict[str, Any]]:
     """requests.csv's rows, one a request: the raw scalars and the derived figures (chunk arrays stay

@@ -19,8 +19,6 @@ from itlaudit.serve.environment import gpus as host_gpus
 if TYPE_CHECKING:
     from itlaudit.capture.server_info import ServerIdentity
 
-__all__ = ["LedgerPolicy"]
-
 
 @dataclass(frozen=True)
 class LedgerPolicy:

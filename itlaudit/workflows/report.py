@@ -32,8 +32,6 @@ from itlaudit.store.rundir import (
 from itlaudit.workflows.derive import write_derived
 from itlaudit.workflows.run_folder import RunFolder
 
-__all__ = ["Run", "combine_runs", "load_run", "report_runs", "still_written"]
-
 
 @dataclasses.dataclass(frozen=True)
 class Run:

@@ -35,8 +35,6 @@ if TYPE_CHECKING:
     from itlaudit.workflows.run_folder import RunFolder
     from itlaudit.workflows.variant_pass import PassResult, WindowHook
 
-__all__ = ["RunOutcome", "run_scenario"]
-
 
 @dataclass
 class RunOutcome:

@@ -41,8 +41,6 @@ if TYPE_CHECKING:
     from itlaudit.workflows.ledger import LedgerPolicy
     from itlaudit.workflows.server import VariantServer
 
-__all__ = ["RunFolder", "TallyWriter"]
-
 # The labels' keys of a run no command line named (a bisect trial, a sweep's trial).
 _UNLABELLED: LabelsMeta = {"command_line": None, "label": None, "metadata": {}, "backend": None}
 

@@ -26,20 +26,6 @@ from itlaudit.serve.launcher import LaunchedServer, launch
 from itlaudit.serve.truth import TruthConfig
 from itlaudit.side.client import BlockingSideClient
 
-__all__ = [
-    "MAX_SEARCH_STREAMS",
-    "Trial",
-    "fetch_send_log",
-    "grade_run",
-    "reset_send_log",
-    "run_itlaudit",
-    "run_trial",
-    "search_streams",
-    "selfcheck_scenario_toml",
-    "truth_server",
-    "verdict",
-]
-
 if TYPE_CHECKING:
     from itlaudit.capture.runner import CaptureOptions
 

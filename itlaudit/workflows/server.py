@@ -25,8 +25,6 @@ from itlaudit.model.scenario import Variant
 from itlaudit.report.progress import Reporter
 from itlaudit.store.rundir import server_log_name
 
-__all__ = ["RUN_DIR_ENV", "VariantServer"]
-
 RUN_DIR_ENV = "ITLAUDIT_RUN_DIR"
 
 

@@ -21,8 +21,6 @@ from itlaudit.store.rundir import SUMMARY_FILE
 if TYPE_CHECKING:
     from itlaudit.workflows.run_folder import RunFolder
 
-__all__ = ["held_signals", "mark_interrupted", "run_until_stopped"]
-
 _T = TypeVar("_T")
 
 

@@ -62,22 +62,6 @@ from itlaudit.workflows.run_folder import RunFolder
 from itlaudit.workflows.server import VariantServer
 from itlaudit.workflows.signals import mark_interrupted
 
-__all__ = [
-    "CONFIG_FILE",
-    "POINT_FILE",
-    "SWEEP_FILE",
-    "SweepConfig",
-    "build_sweep",
-    "open_sweep_dir",
-    "point_scenario",
-    "run_sweep",
-    "selected_variants",
-    "serve_grid",
-    "trial_dir",
-    "variant_points",
-    "write_sweep_outputs",
-]
-
 CONFIG_FILE = "sweep-config.json"
 SWEEP_FILE = "sweep.json"
 POINT_FILE = "point.json"  # written last in a trial's run folder: the trial is finished

@@ -17,8 +17,6 @@ from itlaudit.model.scenario import Scenario
 from itlaudit.store.rundir import DEFAULT_REPORTS, new_run_dir, write_versioned
 from itlaudit.workflows.run import RunOutcome
 
-__all__ = ["TRIALS_FILE", "TrialsOutcome", "run_trials"]
-
 TRIALS_FILE = "trials.json"
 METRIC = "itl_ms"  # each trial's figure: a variant's p50 token ITL
 

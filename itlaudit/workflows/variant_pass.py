@@ -54,8 +54,6 @@ if TYPE_CHECKING:
     from itlaudit.capture.planning import OnPrepare
     from itlaudit.workflows.run_folder import RunFolder
 
-__all__ = ["PassResult", "VariantPass", "WindowHook"]
-
 
 class WindowHook:
     """Called around a variant's measured window; a subclass overrides what it needs. What a call

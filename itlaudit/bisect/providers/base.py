@@ -14,8 +14,6 @@ from itlaudit.bisect.build_cache import BuildCache, BuildInfo
 from itlaudit.bisect.build_range import Build
 from itlaudit.model.launch import LaunchSpec
 
-__all__ = ["Found", "Prepared", "Provider", "ProviderOptions"]
-
 
 @dataclass(frozen=True)
 class Prepared:

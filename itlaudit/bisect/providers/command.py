@@ -20,8 +20,6 @@ from itlaudit.model.launch import LaunchKind, LaunchSpec
 from itlaudit.model.stop import run_stoppable
 from itlaudit.serve.launcher import fill_placeholders
 
-__all__ = ["CommandOptions", "CommandProvider", "fill"]
-
 
 def fill(template: list[str], build: Build) -> list[str]:
     values = {"{commit}": build.ref, "{short}": build.ref[:SHORT_SHA], "{version}": build.ref}

@@ -25,15 +25,6 @@ from itlaudit.model.stop import run_stoppable
 from itlaudit.serve.launcher import fill_placeholders
 from itlaudit.serve.logged import run_logged
 
-__all__ = [
-    "DEFAULT_IMAGES",
-    "PULL_LOG",
-    "DockerOptions",
-    "DockerProvider",
-    "image_candidates",
-    "release_image",
-]
-
 DEFAULT_IMAGES = (
     "vllm/vllm-openai:nightly-{commit}",
     "public.ecr.aws/q9t5s3a7/vllm-release-repo:{commit}-{arch}",

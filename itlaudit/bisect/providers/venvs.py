@@ -13,8 +13,6 @@ from pathlib import Path
 from itlaudit.errors import BuildUnavailable
 from itlaudit.serve.logged import run_logged
 
-__all__ = ["INSTALL_LOG", "dist_version", "install"]
-
 INSTALL_LOG = "install.log"
 
 

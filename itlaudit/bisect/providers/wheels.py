@@ -27,19 +27,6 @@ from itlaudit.model.jsonvalue import JSONMapping
 from itlaudit.model.launch import LaunchKind, LaunchSpec
 from itlaudit.side.client import BlockingSideClient
 
-__all__ = [
-    "DEFAULT_URL",
-    "DEFAULT_VARIANTS",
-    "Unreachable",
-    "WheelChoice",
-    "WheelsOptions",
-    "WheelsProvider",
-    "commit_of_version",
-    "metadata_url",
-    "pick_wheel",
-    "version_matches",
-]
-
 DEFAULT_URL = "https://wheels.vllm.ai"
 # "" is the unsuffixed default index; cu130 and cu129 cover both sides of the 2026 default change.
 DEFAULT_VARIANTS = ("", "cu130", "cu129")

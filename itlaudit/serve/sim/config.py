@@ -8,18 +8,6 @@ from dataclasses import dataclass
 from itlaudit import __version__
 from itlaudit.model.run_context import SIMULATOR, simulator_version
 
-__all__ = [
-    "ARGMAX",
-    "DIALECTS",
-    "DRAFT_SAMPLERS",
-    "FLAT",
-    "MODEL",
-    "SGLANG",
-    "SIM_VERSION",
-    "VLLM",
-    "SimConfig",
-]
-
 # Where the simulator's accepted draft tokens come from (SimConfig.draft_sampler).
 MODEL = "model"  # the model: lossless, as speculative sampling must be
 ARGMAX = "argmax"  # fault: the model's argmax, a greedy drafter's token taken as is

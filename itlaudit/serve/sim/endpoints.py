@@ -16,8 +16,6 @@ from itlaudit.serve.sim.wire import (
     usage_info,
 )
 
-__all__ = ["ChatApi", "CompletionApi", "EndpointApi"]
-
 
 class EndpointApi(ABC):
     """What differs between /v1/completions and /v1/chat/completions; the streaming loop is shared."""

@@ -16,8 +16,6 @@ from itlaudit.serve.sim.lm import BigramModel
 from itlaudit.serve.sim.load import Load, RequestSpecMetrics
 from itlaudit.serve.sim.vocab import DIGIT_TOKEN_ID, FIRST_REGULAR_TOKEN_ID, avoid_token, token_bytes
 
-__all__ = ["Engine", "Job", "Step", "TokenLogprob"]
-
 
 @dataclass
 class Job:

@@ -21,8 +21,6 @@ import numpy as np
 from itlaudit.serve.sim.config import ARGMAX, FLAT, MODEL, SimConfig
 from itlaudit.serve.sim.vocab import FIRST_REGULAR_TOKEN_ID
 
-__all__ = ["BigramModel"]
-
 
 class BigramModel:
     """Next-token log-probabilities given the previous token; EOS and the special ids are never drawn."""

@@ -18,8 +18,6 @@ from typing import Any
 
 from itlaudit.model.jsonvalue import JSONObject, JSONValue
 
-__all__ = ["BLOCK_TOKENS", "QUEUE_BUCKETS_S", "Load", "RequestSpecMetrics"]
-
 BLOCK_TOKENS = 16  # vLLM's default KV block size: prefix hits come in whole blocks
 # vllm:request_queue_time_seconds' buckets (vLLM 0.32's request_latency_buckets), +Inf last.
 QUEUE_BUCKETS_S = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0)

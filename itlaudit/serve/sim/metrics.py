@@ -12,8 +12,6 @@ from prometheus_client.registry import Collector
 from itlaudit.serve.sim.engine import Engine
 from itlaudit.serve.sim.load import QUEUE_BUCKETS_S
 
-__all__ = ["MetricsCollector"]
-
 
 class MetricsCollector(Collector):
     """Renders vLLM's /metrics names; labels sorted as in real vLLM's multiprocess output."""

@@ -50,8 +50,6 @@ from itlaudit.serve.sim.wire import (
     usage_info,
 )
 
-__all__ = ["make_app", "run_sim", "serve"]
-
 _ENGINE: web.AppKey[Engine] = web.AppKey("engine", Engine)
 _SEND_LOG: web.AppKey[SendLog] = web.AppKey("send_log", SendLog)
 

@@ -62,17 +62,6 @@ from itlaudit.serve.sim.wire import DONE_FRAME, bad_request, sse_frame
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-__all__ = [
-    "SGLANG_DEFAULT_MAX_NEW_TOKENS",
-    "GenerateRequest",
-    "LogprobAsk",
-    "SGLangMetrics",
-    "generate_request",
-    "info_routes",
-    "native_frames",
-    "openai_choice",
-]
-
 # SamplingParams' default max_new_tokens (srt/sampling/sampling_params.py).
 SGLANG_DEFAULT_MAX_NEW_TOKENS = 128
 _ERROR_MESSAGE = "The engine hit an error (injected by the simulator)."

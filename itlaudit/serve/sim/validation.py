@@ -12,8 +12,6 @@ from itlaudit.serve.sim.endpoints import EndpointApi
 from itlaudit.serve.sim.engine import Job
 from itlaudit.serve.sim.wire import bad_request
 
-__all__ = ["MAX_LOGPROBS", "parse_job"]
-
 # vLLM's default --max-logprobs.
 MAX_LOGPROBS = 20
 

@@ -7,15 +7,6 @@ import zlib
 
 from itlaudit.serve.sim.config import SimConfig
 
-__all__ = [
-    "BOS_TOKEN_ID",
-    "DIGIT_TOKEN_ID",
-    "FIRST_REGULAR_TOKEN_ID",
-    "avoid_token",
-    "token_bytes",
-    "tokenize",
-]
-
 BOS_TOKEN_ID = 1  # id 0 is <unk>, which the simulator never emits
 FIRST_REGULAR_TOKEN_ID = 3
 

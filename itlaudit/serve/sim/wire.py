@@ -19,23 +19,6 @@ from itlaudit.model.run_context import SIMULATOR
 from itlaudit.serve.sim.config import SimConfig
 from itlaudit.serve.sim.engine import Job, TokenLogprob
 
-__all__ = [
-    "DONE_FRAME",
-    "ENGINE_DEAD_FRAME",
-    "ENGINE_DEAD_MESSAGE",
-    "ResponseContext",
-    "bad_request",
-    "chunk_envelope",
-    "completion_logprobs",
-    "dump_json",
-    "error_body",
-    "full_usage_info",
-    "model_list",
-    "rejection_body",
-    "sse_frame",
-    "usage_info",
-]
-
 # Raised by vLLM's AsyncLLM when the engine core process dies; the serving layer turns it into the
 # streaming error frame (vllm/v1/engine/exceptions.py, EngineDeadError).
 ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
