@@ -12,7 +12,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, NotRequired, TypedDict
+from typing import Literal, NotRequired, TypedDict, get_args
 
 import msgspec
 
@@ -308,14 +308,7 @@ def _spread(values: Sequence[float | None]) -> list[float] | None:
     return [min(kept), max(kept)] if len(kept) > 1 else None
 
 
-SCALARS: tuple[Scalar, ...] = (
-    "output_tokens_per_s",
-    "requests_per_s",
-    "acceptance_length",
-    "goodput_rps",
-    "goodput_chunk_rps",
-    "duration_s",
-)
+SCALARS: tuple[Scalar, ...] = get_args(Scalar)  # the Literal's names, in its order
 
 
 def pool_trials(axis: LoadAxis, value: float, trials: Sequence[TrialFigures]) -> SweepPoint:
