@@ -48,14 +48,13 @@ def choices(name: str, values: Iterable[str]) -> type[StrEnum]:
     return StrEnum(name, [(value, value) for value in values])  # type: ignore[return-value]
 
 
+# typer takes the vocabulary's enums themselves; a registry's names (the dataset kinds) become a choice.
+Endpoint = vocabulary.Endpoint
+QualityGate = vocabulary.QualityGate
 if TYPE_CHECKING:  # members are str at run time too
-    Endpoint: TypeAlias = str
     DatasetName: TypeAlias = str
-    QualityGate: TypeAlias = str
 else:
-    Endpoint = choices("Endpoint", vocabulary.Endpoint)
     DatasetName = choices("DatasetName", DATASET_KINDS)
-    QualityGate = choices("QualityGate", vocabulary.QualityGate)
 
 
 CAPTURE = "Capture and access"
